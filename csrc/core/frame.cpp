@@ -1,0 +1,152 @@
+#include "frame.h"
+
+#include <sstream>
+
+#include "dtype.h"
+
+namespace rr {
+
+const char* callKindName(int32_t kind) {
+  switch (static_cast<CallKind>(kind)) {
+    case CallKind::kAllReduce: return "all_reduce";
+    case CallKind::kAllReduceAvg: return "all_reduce_avg";
+    case CallKind::kAllReduceCoalesced: return "all_reduce_coalesced";
+    case CallKind::kReduceScatter: return "reduce_scatter";
+    case CallKind::kAllGather: return "all_gather";
+  }
+  return "unknown-call";
+}
+
+const char* frameErrorName(int32_t error) {
+  switch (static_cast<FrameError>(error)) {
+    case FrameError::kNone: return "none";
+    case FrameError::kUnsupported: return "unsupported dtype/op";
+    case FrameError::kNotATensor: return "argument is not a tensor";
+    case FrameError::kSparse: return "sparse tensor";
+    case FrameError::kDevice: return "tensor on an unsupported device";
+    case FrameError::kOther: return "invalid arguments";
+  }
+  return "unknown error";
+}
+
+uint64_t hashShape(const int64_t* dims, int ndim) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the dims
+  for (int i = 0; i < ndim; ++i) {
+    uint64_t v = static_cast<uint64_t>(dims[i]);
+    for (int b = 0; b < 8; ++b) {
+      h ^= (v >> (8 * b)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  }
+  return h ^ static_cast<uint64_t>(ndim);
+}
+
+void setShape(Frame& f, const int64_t* dims, int ndim) {
+  f.ndim = ndim;
+  for (int i = 0; i < kFrameMaxDims; ++i) f.dims[i] = i < ndim ? dims[i] : 0;
+  f.shape_hash = hashShape(dims, ndim);
+}
+
+namespace {
+std::string shapeString(const Frame& f) {
+  std::ostringstream os;
+  os << "[";
+  const int shown = f.ndim < kFrameMaxDims ? f.ndim : kFrameMaxDims;
+  for (int i = 0; i < shown; ++i) os << (i ? ", " : "") << f.dims[i];
+  if (f.ndim > kFrameMaxDims) os << ", ...";
+  os << "]";
+  return os.str();
+}
+std::string opString(const Frame& f) {
+  return redOpName(static_cast<RedOp>(f.op));
+}
+}  // namespace
+
+std::string describeFrame(const Frame& f) {
+  std::ostringstream os;
+  os << callKindName(f.kind);
+  if (f.error != 0) {
+    os << " refused locally (" << frameErrorName(f.error) << ")";
+    return os.str();
+  }
+  os << "(op=" << opString(f) << ", dtype=" << dtypeName(static_cast<DType>(f.dtype))
+     << ", numel=" << f.numel << ", shape=" << shapeString(f)
+     << ", device=" << (f.device_type == 1 ? "cuda" : "cpu");
+  if (f.accum_float32) os << ", accum_dtype=float32";
+  if (f.ntensors != 1) os << ", tensors=" << f.ntensors;
+  os << ")";
+  return os.str();
+}
+
+std::string compareFrames(const std::vector<Frame>& frames, const std::string& group) {
+  if (frames.empty()) return "";
+  std::ostringstream os;
+  bool bad = false;
+  // Corrupt or foreign frames first: they mean the ranks are not even running the same protocol.
+  for (size_t r = 0; r < frames.size(); ++r) {
+    const Frame& f = frames[r];
+    if (f.magic != kFrameMagic || f.version != kFrameVersion) {
+      os << "\n  rank " << r << " sent an unreadable agreement frame (another ringreduce version, "
+         << "or another library using the same tags)";
+      bad = true;
+    }
+  }
+  const Frame& ref = frames[0];
+  auto differs = [&](const Frame& f) {
+    return f.error != 0 || ref.error != 0 || f.kind != ref.kind || f.seq != ref.seq || f.op != ref.op ||
+           f.dtype != ref.dtype || f.numel != ref.numel || f.ndim != ref.ndim ||
+           f.shape_hash != ref.shape_hash || f.accum_float32 != ref.accum_float32 ||
+           f.device_type != ref.device_type || f.algorithm != ref.algorithm ||
+           f.ntensors != ref.ntensors;
+  };
+  bool any = bad;
+  for (const Frame& f : frames) any = any || differs(f);
+  if (!any) return "";
+
+  std::ostringstream head;
+  head << "ringreduce: ranks of " << group << " disagree on call #" << ref.seq << " ("
+       << callKindName(ref.kind) << "); every rank raises this error and no data was exchanged. "
+       << "What each rank passed:";
+  for (size_t r = 0; r < frames.size(); ++r) {
+    os << "\n  rank " << r << ": " << describeFrame(frames[r]);
+    if (frames[r].seq != ref.seq) os << " as call #" << frames[r].seq;
+  }
+  // A one-line summary of which fields differ, for people who read only the first line.
+  std::ostringstream what;
+  const char* sep = "";
+  auto note = [&](bool cond, const char* name) {
+    if (cond) {
+      what << sep << name;
+      sep = ", ";
+    }
+  };
+  bool err = false, kind = false, op = false, dt = false, numel = false, shape = false, acc = false,
+       dev = false, seq = false, nt = false, alg = false;
+  for (const Frame& f : frames) {
+    err = err || f.error != 0;
+    kind = kind || f.kind != ref.kind;
+    op = op || f.op != ref.op;
+    dt = dt || f.dtype != ref.dtype;
+    numel = numel || f.numel != ref.numel;
+    shape = shape || f.ndim != ref.ndim || f.shape_hash != ref.shape_hash;
+    acc = acc || f.accum_float32 != ref.accum_float32;
+    dev = dev || f.device_type != ref.device_type;
+    seq = seq || f.seq != ref.seq;
+    nt = nt || f.ntensors != ref.ntensors;
+    alg = alg || f.algorithm != ref.algorithm;
+  }
+  note(err, "a rank refused the call");
+  note(kind, "collective");
+  note(op, "op");
+  note(dt, "dtype");
+  note(numel, "numel");
+  note(shape, "shape");
+  note(acc, "accum_dtype");
+  note(dev, "device");
+  note(seq, "call sequence (a rank skipped or added a call)");
+  note(nt, "number of tensors");
+  note(alg, "algorithm");
+  return head.str() + " [differs: " + what.str() + "]" + os.str();
+}
+
+}  // namespace rr

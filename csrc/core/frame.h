@@ -1,0 +1,76 @@
+// ringreduce core: the fixed-size agreement frame that precedes every payload.
+//
+// Note [Cross-rank agreement]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Before any payload moves, every rank's Frame travels once around the ring (n-1 hops of
+// kFrameBytes, a ring all-gather), so every rank sees every rank's frame. Because the frame has one
+// size for every call, a disagreement can never become a size mismatch inside the transport (stock
+// gloo aborts the process on one) nor silent garbage (same bytes, different dtype). A rank that
+// refuses the call locally (integer AVG, unsupported dtype, not a tensor) still sends its frame
+// with `error` set, then raises its own error; the others raise RuntimeError naming it. After the
+// exchange every rank runs compareFrames() on the same n frames and so reaches the same verdict:
+// either all proceed with the payload, or all raise.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace rr {
+
+constexpr uint32_t kFrameMagic = 0x52524652u;  // "RRFR"
+constexpr uint32_t kFrameVersion = 1;
+constexpr int kFrameMaxDims = 8;
+
+enum class CallKind : int32_t {
+  kAllReduce = 0,
+  kAllReduceAvg = 1,
+  kAllReduceCoalesced = 2,
+  kReduceScatter = 3,
+  kAllGather = 4,
+};
+
+enum class FrameError : int32_t {
+  kNone = 0,
+  kUnsupported = 1,  // dtype/op pair refused (e.g. AVG on integers)
+  kNotATensor = 2,
+  kSparse = 3,
+  kDevice = 4,       // tensor on a device this group/build cannot serve
+  kOther = 5,
+};
+
+struct Frame {
+  uint32_t magic = kFrameMagic;
+  uint32_t version = kFrameVersion;
+  int32_t rank = 0;
+  int32_t kind = 0;  // CallKind
+  uint64_t seq = 0;
+  int32_t op = 0;     // RedOp
+  int32_t dtype = 0;  // DType
+  int32_t accum_float32 = 0;
+  int32_t device_type = 0;  // 0 cpu, 1 cuda
+  int64_t numel = 0;
+  int32_t ndim = 0;
+  int32_t error = 0;  // FrameError
+  int64_t dims[kFrameMaxDims] = {0, 0, 0, 0, 0, 0, 0, 0};
+  uint64_t shape_hash = 0;  // covers all dims, also beyond kFrameMaxDims
+  int32_t algorithm = 0;
+  int32_t ntensors = 1;  // coalesced calls
+  uint64_t reserved = 0;
+};
+static_assert(sizeof(Frame) == 144, "the frame's wire size is part of the protocol");
+constexpr size_t kFrameBytes = sizeof(Frame);
+
+const char* callKindName(int32_t kind);
+const char* frameErrorName(int32_t error);
+
+uint64_t hashShape(const int64_t* dims, int ndim);
+void setShape(Frame& f, const int64_t* dims, int ndim);
+std::string describeFrame(const Frame& f);  // "all_reduce(op=SUM, dtype=float32, shape=[4, 5], ...)"
+
+// Returns "" when all frames agree (frames[i] is rank i's), else a message naming the call, its
+// sequence number, every differing rank and what it passed. `group` names the group for humans.
+std::string compareFrames(const std::vector<Frame>& frames, const std::string& group);
+
+}  // namespace rr

@@ -1,0 +1,305 @@
+// ringreduce core: element types and reduction functors shared by the CPU loops and CUDA kernels.
+//
+// Note [Reduction contract]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// * Storage types are plain structs (Half, BFloat16, Bool8, Complex<T>) so that this header needs
+//   neither torch nor cuda_fp16.h. Each storage type has an accumulation type Acc:
+//     float32 -> float, float64 -> double, float16/bfloat16 -> float (float32 accumulation inside a
+//     hop), integers -> themselves (arithmetic done in the unsigned type of the same width, so
+//     overflow wraps exactly like torch's and is never undefined behaviour), bool -> 0/1 byte
+//     (SUM/MAX = or, MIN/PRODUCT = and, as torch's NCCL backend maps them), complex -> (re, im) pairs.
+// * One reduction step computes dst = store(combine(load(a), load(b))): a is the local operand, b
+//   the partial received from the previous rank. The ring fixes which rank's value enters at which
+//   hop from (world size, numel) alone, so every rank and every segment size gives the same bits.
+// * Half types are rounded to their own type after every hop (what NCCL does), unless the plan
+//   carries partials in float32 (accum_dtype=float32); then dst/b may be float and only the final
+//   store rounds.
+// * AVG is SUM followed by one division of the fully reduced value by the world size, in float32 for
+//   half types (and float32), float64 for float64/complex128: `sum / n`, correctly rounded, which is
+//   what `t.div_(n)` computes. With `round_sum` the sum is first rounded to the destination type
+//   (the value an all_reduce(SUM) would have produced), so AVG == all_reduce(SUM) then div_(n) bit
+//   for bit. No pre-multiplication by 1/n (NCCL's bf16 AVG carries a +0.195% bias for n=3).
+// * MAX/MIN propagate NaN (like torch.maximum/minimum).
+#pragma once
+
+#include "common.h"
+#include "dtype.h"
+
+namespace rr {
+
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Bool8 {
+  uint8_t bits;
+};
+template <typename T>
+struct Complex {
+  T re;
+  T im;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Half-type conversions (round to nearest even; NaN stays NaN; overflow goes to infinity).
+RR_HD_INLINE float halfBitsToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1fu) return bitCast<float>(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0) {
+    // zero or subnormal: mantissa * 2^-24, exact in float
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    return sign ? -magnitude : magnitude;
+  }
+  return bitCast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+RR_HD_INLINE uint16_t floatToHalfBits(float value) {
+  uint32_t bits = bitCast<uint32_t>(value);
+  const uint32_t sign = bits & 0x80000000u;
+  bits ^= sign;
+  uint16_t out;
+  if (bits >= 0x47800000u) {  // >= 65536 (or inf/nan): inf, or a quiet NaN
+    out = bits > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (bits < 0x38800000u) {  // below 2^-14: the result is subnormal or zero
+    // Adding 0.5 shifts the value so that float's own round-to-nearest-even rounds at 2^-24.
+    const float shifted = bitCast<float>(bits) + 0.5f;
+    out = static_cast<uint16_t>(bitCast<uint32_t>(shifted) - 0x3f000000u);
+  } else {
+    const uint32_t odd = (bits >> 13) & 1u;
+    bits += 0xc8000fffu;  // rebias the exponent (-112 << 23) and add half an ulp minus one
+    bits += odd;          // ties to even
+    out = static_cast<uint16_t>(bits >> 13);
+  }
+  return static_cast<uint16_t>(out | (sign >> 16));
+}
+
+RR_HD_INLINE float bf16BitsToFloat(uint16_t b) { return bitCast<float>(static_cast<uint32_t>(b) << 16); }
+
+RR_HD_INLINE uint16_t floatToBf16Bits(float value) {
+  uint32_t bits = bitCast<uint32_t>(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;  // canonical quiet NaN, as torch
+  bits += 0x7fffu + ((bits >> 16) & 1u);                   // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accumulation type of each storage type, and the conversions in and out of it.
+template <typename T>
+struct AccOf {
+  using type = T;
+};
+template <>
+struct AccOf<Half> {
+  using type = float;
+};
+template <>
+struct AccOf<BFloat16> {
+  using type = float;
+};
+template <>
+struct AccOf<Bool8> {
+  using type = uint8_t;
+};
+
+template <typename Acc, typename T>
+struct Convert {
+  RR_HD_INLINE static Acc load(const T& v) { return static_cast<Acc>(v); }
+  RR_HD_INLINE static T store(const Acc& v) { return static_cast<T>(v); }
+};
+template <>
+struct Convert<float, Half> {
+  RR_HD_INLINE static float load(const Half& v) { return halfBitsToFloat(v.bits); }
+  RR_HD_INLINE static Half store(const float& v) { return Half{floatToHalfBits(v)}; }
+};
+template <>
+struct Convert<float, BFloat16> {
+  RR_HD_INLINE static float load(const BFloat16& v) { return bf16BitsToFloat(v.bits); }
+  RR_HD_INLINE static BFloat16 store(const float& v) { return BFloat16{floatToBf16Bits(v)}; }
+};
+template <>
+struct Convert<uint8_t, Bool8> {
+  RR_HD_INLINE static uint8_t load(const Bool8& v) { return v.bits != 0; }
+  RR_HD_INLINE static Bool8 store(const uint8_t& v) { return Bool8{static_cast<uint8_t>(v != 0)}; }
+};
+template <typename R>
+struct Convert<Complex<R>, Complex<R>> {
+  RR_HD_INLINE static Complex<R> load(const Complex<R>& v) { return v; }
+  RR_HD_INLINE static Complex<R> store(const Complex<R>& v) { return v; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Unsigned arithmetic for wrapping integer SUM/PRODUCT (signed overflow is undefined in C++).
+// 8/16-bit values are widened to uint32_t first: uint16_t*uint16_t would promote to signed int.
+template <typename T>
+struct WrapOf {
+  using type = uint32_t;
+};
+template <>
+struct WrapOf<int64_t> {
+  using type = uint64_t;
+};
+
+template <typename T>
+RR_HD_INLINE T wrapAdd(T a, T b) {
+  using U = typename WrapOf<T>::type;
+  return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+}
+template <typename T>
+RR_HD_INLINE T wrapMul(T a, T b) {
+  using U = typename WrapOf<T>::type;
+  return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+}
+
+// ---------------------------------------------------------------------------------------------
+// combine(a, b) for each accumulation type and op.
+template <RedOp op>
+struct Combine;
+
+template <>
+struct Combine<RedOp::kSum> {
+  RR_HD_INLINE static float apply(float a, float b) { return a + b; }
+  RR_HD_INLINE static double apply(double a, double b) { return a + b; }
+  RR_HD_INLINE static int8_t apply(int8_t a, int8_t b) { return wrapAdd(a, b); }
+  RR_HD_INLINE static int16_t apply(int16_t a, int16_t b) { return wrapAdd(a, b); }
+  RR_HD_INLINE static int32_t apply(int32_t a, int32_t b) { return wrapAdd(a, b); }
+  RR_HD_INLINE static int64_t apply(int64_t a, int64_t b) { return wrapAdd(a, b); }
+  RR_HD_INLINE static uint8_t apply(uint8_t a, uint8_t b) { return wrapAdd(a, b); }
+  template <typename R>
+  RR_HD_INLINE static Complex<R> apply(Complex<R> a, Complex<R> b) {
+    return Complex<R>{a.re + b.re, a.im + b.im};
+  }
+};
+// AVG combines like SUM; the division happens once, in finalize().
+template <>
+struct Combine<RedOp::kAvg> : Combine<RedOp::kSum> {};
+
+template <>
+struct Combine<RedOp::kMax> {
+  template <typename T>
+  RR_HD_INLINE static T apply(T a, T b) {
+    return (a != a || a > b) ? a : b;  // NaN in a wins; NaN in b: a > b is false, so b wins
+  }
+};
+template <>
+struct Combine<RedOp::kMin> {
+  template <typename T>
+  RR_HD_INLINE static T apply(T a, T b) {
+    return (a != a || a < b) ? a : b;
+  }
+};
+template <>
+struct Combine<RedOp::kProduct> {
+  RR_HD_INLINE static float apply(float a, float b) { return a * b; }
+  RR_HD_INLINE static double apply(double a, double b) { return a * b; }
+  RR_HD_INLINE static int8_t apply(int8_t a, int8_t b) { return wrapMul(a, b); }
+  RR_HD_INLINE static int16_t apply(int16_t a, int16_t b) { return wrapMul(a, b); }
+  RR_HD_INLINE static int32_t apply(int32_t a, int32_t b) { return wrapMul(a, b); }
+  RR_HD_INLINE static int64_t apply(int64_t a, int64_t b) { return wrapMul(a, b); }
+  RR_HD_INLINE static uint8_t apply(uint8_t a, uint8_t b) { return wrapMul(a, b); }
+};
+
+// bool: SUM/MAX/AVG-never (AVG is refused for bool) = or; MIN/PRODUCT = and.
+template <RedOp op>
+RR_HD_INLINE uint8_t combineBool(uint8_t a, uint8_t b) {
+  return (op == RedOp::kMin || op == RedOp::kProduct) ? static_cast<uint8_t>(a & b)
+                                                      : static_cast<uint8_t>(a | b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The final division of AVG: sum / n in the accumulation precision (float for half types and
+// float32, double for float64, per component for complex). Integers are never averaged.
+RR_HD_INLINE float divideBy(float s, int n) { return s / static_cast<float>(n); }
+RR_HD_INLINE double divideBy(double s, int n) { return s / static_cast<double>(n); }
+template <typename R>
+RR_HD_INLINE Complex<R> divideBy(Complex<R> s, int n) {
+  return Complex<R>{s.re / static_cast<R>(n), s.im / static_cast<R>(n)};
+}
+template <typename T>
+RR_HD_INLINE T divideBy(T s, int) {
+  return s;  // integral types: unreachable, AVG is refused before any data moves
+}
+
+// ---------------------------------------------------------------------------------------------
+// One reduction step on one element. TA: local operand, TB: received partial, TD: destination.
+// Mixed types occur only for half types with float32 partials (TA/TB/TD in {T, float}).
+// `divisor` > 0 applies AVG's final division; `round_sum` first rounds the sum to TD.
+template <typename TA, typename TB, typename TD, RedOp op>
+struct ReduceStep {
+  using Acc = typename AccOf<TD>::type;
+
+  RR_HD_INLINE static TD apply(const TA& a, const TB& b, int divisor, bool round_sum) {
+    const Acc x = Convert<Acc, TA>::load(a);
+    const Acc y = Convert<Acc, TB>::load(b);
+    Acc s = Combine<op>::apply(x, y);
+    if (op == RedOp::kAvg && divisor > 0) {
+      if (round_sum) s = Convert<Acc, TD>::load(Convert<Acc, TD>::store(s));
+      s = divideBy(s, divisor);
+    }
+    return Convert<Acc, TD>::store(s);
+  }
+};
+
+template <RedOp op>
+struct ReduceStep<Bool8, Bool8, Bool8, op> {
+  RR_HD_INLINE static Bool8 apply(const Bool8& a, const Bool8& b, int, bool) {
+    return Bool8{combineBool<op>(a.bits != 0, b.bits != 0)};
+  }
+};
+
+// Maps a DType to its storage type, for dispatch at the boundary.
+template <DType t>
+struct StorageOf;
+template <>
+struct StorageOf<DType::kFloat32> {
+  using type = float;
+};
+template <>
+struct StorageOf<DType::kFloat64> {
+  using type = double;
+};
+template <>
+struct StorageOf<DType::kFloat16> {
+  using type = Half;
+};
+template <>
+struct StorageOf<DType::kBFloat16> {
+  using type = BFloat16;
+};
+template <>
+struct StorageOf<DType::kInt8> {
+  using type = int8_t;
+};
+template <>
+struct StorageOf<DType::kInt16> {
+  using type = int16_t;
+};
+template <>
+struct StorageOf<DType::kInt32> {
+  using type = int32_t;
+};
+template <>
+struct StorageOf<DType::kInt64> {
+  using type = int64_t;
+};
+template <>
+struct StorageOf<DType::kUInt8> {
+  using type = uint8_t;
+};
+template <>
+struct StorageOf<DType::kBool> {
+  using type = Bool8;
+};
+template <>
+struct StorageOf<DType::kComplex64> {
+  using type = Complex<float>;
+};
+template <>
+struct StorageOf<DType::kComplex128> {
+  using type = Complex<double>;
+};
+
+}  // namespace rr

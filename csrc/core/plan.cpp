@@ -1,0 +1,392 @@
+#include "plan.h"
+
+#include <deque>
+#include <sstream>
+#include <unordered_map>
+
+#include "error.h"
+
+namespace rr {
+
+namespace {
+
+// Note [Hazard tracking]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Every span the plan touches is one whole "region": segment j of chunk c of kData, segment j of
+// kAccum, or staging slot k. Spans of one region may differ in length (short tail chunks) but
+// always start at the region's start, so two accesses conflict exactly when they name the same
+// region. For each region the builder remembers the last writer and the readers since; before it
+// emits an op, it emits the waits that order the op after every conflicting earlier op:
+//   * earlier exchange X, any op O: O's queue waits exchangeEvent(X) (exchanges complete out of
+//     order), unless O's queue already knows X completed;
+//   * earlier compute C, exchange O: kComm waits computeEvent(C) (and so, transitively, every
+//     earlier compute and every exchange those computes waited for);
+//   * earlier compute C, compute O: nothing, kCompute is in order.
+struct Access {
+  int64_t region;
+  bool write;
+};
+
+struct OpRef {
+  bool is_compute;
+  int32_t exchange;
+};
+
+struct RegionState {
+  bool has_writer = false;
+  OpRef writer{false, -1};
+  std::vector<OpRef> readers;
+};
+
+struct Builder {
+  Plan& plan;
+  int S;
+  int num_rs;
+  std::vector<char> has_compute;      // per exchange: a reduce/copy consumes its receive
+  std::vector<int32_t> compute_pos;   // per exchange: position in compute order, -1 if not emitted
+  std::vector<Op> computes;           // per exchange
+  std::vector<std::vector<Access>> ex_access, co_access;
+  std::deque<int32_t> pending;        // exchanges whose compute is not yet emitted, in order
+  std::unordered_map<int64_t, RegionState> regions;
+  int32_t computes_emitted = 0;
+  // What each queue knows has completed:
+  std::vector<int32_t> compute_saw_x;  // per exchange: compute position at which kCompute waited it, -1
+  std::vector<char> comm_saw_x;        // per exchange: kComm waited it directly
+  int32_t comm_knows_compute = -1;     // kComm waited computeEvent of the compute at this position
+
+  int32_t index(Phase phase, int step, int seg) const {
+    return (phase == Phase::kReduceScatter ? 0 : num_rs) + step * S + seg;
+  }
+
+  void emit(const Op& op) { plan.ops.push_back(op); }
+
+  void emitWait(Queue q, int32_t event) {
+    Op w{OpKind::kWait, q};
+    w.event = event;
+    emit(w);
+  }
+
+  bool commKnowsExchange(int32_t x) const {
+    if (comm_saw_x[x]) return true;
+    // kComm waited a compute at or after the point where kCompute waited x.
+    return compute_saw_x[x] >= 0 && compute_saw_x[x] <= comm_knows_compute;
+  }
+
+  // Conflicting earlier ops for `acc` (for writes: the writer and readers; for reads: the writer).
+  void conflicts(const Access& acc, std::vector<OpRef>& out) {
+    auto it = regions.find(acc.region);
+    if (it == regions.end()) return;
+    if (it->second.has_writer) out.push_back(it->second.writer);
+    if (acc.write)
+      for (const OpRef& r : it->second.readers) out.push_back(r);
+  }
+
+  void record(const Access& acc, OpRef self) {
+    RegionState& st = regions[acc.region];
+    if (acc.write) {
+      st.has_writer = true;
+      st.writer = self;
+      st.readers.clear();
+    } else {
+      st.readers.push_back(self);
+    }
+  }
+
+  void emitCompute(int32_t e) {
+    std::vector<OpRef> deps;
+    for (const Access& a : co_access[e]) conflicts(a, deps);
+    for (const OpRef& d : deps) {
+      if (d.is_compute) continue;  // kCompute is in order
+      if (compute_saw_x[d.exchange] >= 0) continue;
+      emitWait(Queue::kCompute, Plan::exchangeEvent(d.exchange));
+      compute_saw_x[d.exchange] = computes_emitted;
+    }
+    emit(computes[e]);
+    Op rec{OpKind::kRecord, Queue::kCompute};
+    rec.event = Plan::computeEvent(e);
+    emit(rec);
+    for (const Access& a : co_access[e]) record(a, OpRef{true, e});
+    compute_pos[e] = computes_emitted++;
+  }
+
+  void popCompute() {
+    const int32_t front = pending.front();
+    pending.pop_front();
+    emitCompute(front);
+  }
+
+  static bool clash(const std::vector<Access>& x, const std::vector<Access>& y) {
+    for (const Access& a : x)
+      for (const Access& c : y)
+        if (a.region == c.region && (a.write || c.write)) return true;
+    return false;
+  }
+
+  void emitExchange(int32_t e) {
+    // Program order is "exchange e, then its compute"; computes deferred in `pending` still come
+    // before exchange e logically, so a pending compute that touches one of e's regions is emitted
+    // now (with everything before it), and the hazard check below then orders e after it.
+    for (size_t i = pending.size(); i-- > 0;) {
+      if (clash(co_access[pending[i]], ex_access[e])) {
+        const int32_t target = pending[i];
+        while (compute_pos[target] < 0) popCompute();
+        break;
+      }
+    }
+    std::vector<OpRef> deps;
+    for (const Access& a : ex_access[e]) conflicts(a, deps);
+    // Computes first: a wait on the latest of them covers the earlier ones.
+    int32_t need_compute = -1;
+    for (const OpRef& d : deps) {
+      if (!d.is_compute) continue;
+      while (compute_pos[d.exchange] < 0) popCompute();
+      if (compute_pos[d.exchange] > comm_knows_compute && compute_pos[d.exchange] > need_compute)
+        need_compute = compute_pos[d.exchange];
+    }
+    if (need_compute >= 0) {
+      // find the exchange whose compute sits at position need_compute
+      for (int32_t x = 0; x < plan.num_exchanges; ++x) {
+        if (compute_pos[x] == need_compute) {
+          emitWait(Queue::kComm, Plan::computeEvent(x));
+          break;
+        }
+      }
+      comm_knows_compute = need_compute;
+    }
+    for (const OpRef& d : deps) {
+      if (d.is_compute || d.exchange == e || commKnowsExchange(d.exchange)) continue;
+      emitWait(Queue::kComm, Plan::exchangeEvent(d.exchange));
+      comm_saw_x[d.exchange] = 1;
+    }
+    Op ex{OpKind::kExchange, Queue::kComm};
+    ex.exchange = e;
+    // spans were stored in the compute op or rebuilt by the caller; see build()
+    ex.send = ex_send[e];
+    ex.recv = ex_recv[e];
+    emit(ex);
+    Op rec{OpKind::kRecord, Queue::kComm};
+    rec.event = Plan::exchangeEvent(e);
+    emit(rec);
+    for (const Access& a : ex_access[e]) record(a, OpRef{false, e});
+  }
+
+  std::vector<Span> ex_send, ex_recv;
+};
+
+constexpr int64_t kRegionData = 0;
+constexpr int64_t kRegionAccum = 1;
+constexpr int64_t kRegionSlot = 2;
+int64_t regionKey(int64_t kind, int64_t index) { return (kind << 40) | index; }
+
+}  // namespace
+
+int64_t Plan::stagingBytes() const {
+  const int64_t narrow = static_cast<int64_t>(dtypeSize(dtype));
+  const int64_t widest = accum_float32 && narrow < 4 ? 4 : narrow;
+  return static_cast<int64_t>(num_slots) * slot_elems * widest;
+}
+
+Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptions& options) {
+  RR_CHECK(nranks >= 1, kValue, "ringreduce: world size must be >= 1, got ", nranks);
+  RR_CHECK(rank >= 0 && rank < nranks, kValue, "ringreduce: rank ", rank, " outside [0, ", nranks, ")");
+  RR_CHECK(numel >= 0, kValue, "ringreduce: numel must be >= 0, got ", numel);
+  RR_CHECK(options.num_slots >= 1, kValue, "ringreduce: need at least one staging slot, got ",
+           options.num_slots);
+  RR_CHECK(options.max_segment_bytes >= 16, kValue,
+           "ringreduce: the segment size must be at least 16 bytes, got ", options.max_segment_bytes);
+
+  Plan plan;
+  plan.dtype = dtype;
+  // float32 partials only matter when partials travel, i.e. with more than two ranks; with two,
+  // the single (final) reduce-scatter step already accumulates in float32 and rounds once.
+  plan.accum_float32 = options.accum_float32 && isHalfType(dtype) && nranks > 2;
+  plan.wire = plan.accum_float32 ? DType::kFloat32 : dtype;
+  plan.gather_into_data = options.gather_into_data;
+  plan.rank = rank;
+  plan.next = (rank + 1) % nranks;
+  plan.prev = (rank + nranks - 1) % nranks;
+  const int64_t elem = static_cast<int64_t>(dtypeSize(dtype));
+  const int64_t wire_elem = plan.accum_float32 ? 4 : elem;
+  plan.sched = makeRingSchedule(nranks, numel, elem, wire_elem, options.max_segment_bytes);
+  const RingSchedule& sc = plan.sched;
+  if (nranks == 1 || numel == 0) return plan;
+
+  const int n = nranks;
+  const int S = sc.nsegs;
+  plan.num_slots = options.num_slots;
+  plan.slot_elems = sc.segment;
+  plan.accum_elems = plan.accum_float32 ? sc.chunk : 0;
+  plan.num_exchanges = 2 * (n - 1) * S;
+  plan.num_events = 2 * plan.num_exchanges;
+  const int32_t E = plan.num_exchanges;
+
+  Builder b{plan, S, (n - 1) * S};
+  b.has_compute.assign(E, 0);
+  b.compute_pos.assign(E, -1);
+  b.computes.resize(E);
+  b.ex_access.resize(E);
+  b.co_access.resize(E);
+  b.compute_saw_x.assign(E, -1);
+  b.comm_saw_x.assign(E, 0);
+  b.ex_send.resize(E);
+  b.ex_recv.resize(E);
+  plan.exchanges.resize(E);
+
+  const bool accum = plan.accum_float32;
+  const int lookahead = plan.num_slots - 1;
+  int32_t staged = 0;  // receives into staging so far
+  auto dataRegion = [&](int chunk, int j) { return regionKey(kRegionData, int64_t(chunk) * S + j); };
+
+  for (int phase_i = 0; phase_i < 2; ++phase_i) {
+    const Phase phase = phase_i == 0 ? Phase::kReduceScatter : Phase::kAllGather;
+    for (int s = 0; s < n - 1; ++s) {
+      for (int j = 0; j < S; ++j) {
+        const int32_t e = b.index(phase, s, j);
+        ExchangeInfo info;
+        info.phase = phase;
+        info.step = s;
+        info.segment = j;
+        if (phase == Phase::kReduceScatter) {
+          // Reduce-scatter step s: pass on the partial of chunk (r - s); receive the partial of
+          // chunk (r - s - 1) and add our own contribution. After n-1 steps rank r holds the
+          // complete chunk (r + 1), the one it owns.
+          info.send_chunk = modRing(rank - s, n);
+          info.recv_chunk = modRing(rank - s - 1, n);
+        } else {
+          // All-gather step s: pass on the completed chunk (r + 1 - s); receive chunk (r - s).
+          info.send_chunk = modRing(rank + 1 - s, n);
+          info.recv_chunk = modRing(rank - s, n);
+        }
+        plan.exchanges[e] = info;
+
+        const Range send_r = sc.segmentRange(info.send_chunk, j);
+        const Range recv_r = sc.segmentRange(info.recv_chunk, j);
+        if (send_r.empty() && recv_r.empty()) continue;  // both neighbours skip it too
+
+        if (!send_r.empty()) {
+          if (phase == Phase::kReduceScatter && accum && s > 0) {
+            b.ex_send[e] = Span{BufKind::kAccum, -1, true, sc.segmentOffset(j), send_r.size()};
+            b.ex_access[e].push_back({regionKey(kRegionAccum, j), false});
+          } else {
+            b.ex_send[e] = Span{BufKind::kData, -1, false, send_r.begin, send_r.size()};
+            b.ex_access[e].push_back({dataRegion(info.send_chunk, j), false});
+          }
+        }
+        if (!recv_r.empty()) {
+          if (phase == Phase::kAllGather && plan.gather_into_data) {
+            b.ex_recv[e] = Span{BufKind::kData, -1, false, recv_r.begin, recv_r.size()};
+            b.ex_access[e].push_back({dataRegion(info.recv_chunk, j), true});
+          } else {
+            const int32_t slot = staged % plan.num_slots;
+            ++staged;
+            const bool wide = phase == Phase::kReduceScatter && accum && s > 0;
+            b.ex_recv[e] = Span{BufKind::kStaging, slot, wide, 0, recv_r.size()};
+            b.ex_access[e].push_back({regionKey(kRegionSlot, slot), true});
+            b.has_compute[e] = 1;
+            Op c{phase == Phase::kReduceScatter ? OpKind::kReduce : OpKind::kCopy, Queue::kCompute};
+            c.exchange = e;
+            c.recv = b.ex_recv[e];
+            b.co_access[e].push_back({regionKey(kRegionSlot, slot), false});
+            const Span data_span{BufKind::kData, -1, false, recv_r.begin, recv_r.size()};
+            if (phase == Phase::kReduceScatter) {
+              c.a = data_span;
+              c.final = (s == n - 2);
+              b.co_access[e].push_back({dataRegion(info.recv_chunk, j), false});
+              if (accum && !c.final) {
+                c.dst = Span{BufKind::kAccum, -1, true, sc.segmentOffset(j), recv_r.size()};
+                b.co_access[e].push_back({regionKey(kRegionAccum, j), true});
+              } else {
+                c.dst = data_span;
+                b.co_access[e].push_back({dataRegion(info.recv_chunk, j), true});
+              }
+            } else {
+              c.dst = data_span;
+              b.co_access[e].push_back({dataRegion(info.recv_chunk, j), true});
+            }
+            b.computes[e] = c;
+          }
+        }
+
+        b.emitExchange(e);
+        if (b.has_compute[e]) b.pending.push_back(e);
+        while (static_cast<int>(b.pending.size()) > lookahead) b.popCompute();
+      }
+    }
+  }
+  while (!b.pending.empty()) b.popCompute();
+  // Drain: the plan ends when kCompute has seen every exchange complete (sends included), so
+  // "kCompute done" means the whole call is done and the tensor may be handed back.
+  for (int32_t e = 0; e < E; ++e) {
+    const bool emitted = !b.ex_access[e].empty();
+    if (emitted && b.compute_saw_x[e] < 0) {
+      b.emitWait(Queue::kCompute, Plan::exchangeEvent(e));
+      b.compute_saw_x[e] = b.computes_emitted;
+    }
+  }
+  return plan;
+}
+
+namespace {
+const char* bufName(BufKind k) {
+  switch (k) {
+    case BufKind::kNone: return "-";
+    case BufKind::kData: return "data";
+    case BufKind::kAccum: return "accum";
+    case BufKind::kStaging: return "slot";
+  }
+  return "?";
+}
+void putSpan(std::ostringstream& os, const Span& s) {
+  if (s.empty()) {
+    os << "-";
+    return;
+  }
+  os << bufName(s.buf);
+  if (s.buf == BufKind::kStaging) os << s.slot;
+  os << "[" << s.offset << "+" << s.count << (s.wide ? ",f32" : "") << "]";
+}
+}  // namespace
+
+std::string Plan::describe() const {
+  std::ostringstream os;
+  os << "plan rank " << rank << "/" << sched.nranks << " numel " << sched.numel << " chunk "
+     << sched.chunk << " segment " << sched.segment << " nsegs " << sched.nsegs << " slots "
+     << num_slots << (accum_float32 ? " accum_f32" : "") << (gather_into_data ? " gather_direct" : "")
+     << "\n";
+  for (const Op& op : ops) {
+    os << (op.queue == Queue::kComm ? "  comm    " : "  compute ");
+    switch (op.kind) {
+      case OpKind::kExchange:
+        os << "exchange " << op.exchange << " send ";
+        putSpan(os, op.send);
+        os << " recv ";
+        putSpan(os, op.recv);
+        break;
+      case OpKind::kReduce:
+        os << "reduce " << op.exchange << " ";
+        putSpan(os, op.dst);
+        os << " = ";
+        putSpan(os, op.a);
+        os << " + ";
+        putSpan(os, op.recv);
+        if (op.final) os << " final";
+        break;
+      case OpKind::kCopy:
+        os << "copy " << op.exchange << " ";
+        putSpan(os, op.dst);
+        os << " = ";
+        putSpan(os, op.recv);
+        break;
+      case OpKind::kRecord:
+        os << "record " << op.event;
+        break;
+      case OpKind::kWait:
+        os << "wait " << op.event;
+        break;
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace rr

@@ -1,0 +1,123 @@
+// ringreduce core: the step plan that every transport executes.
+//
+// Note [One ring, two transports, one plan]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// buildPlan() turns (world size, rank, numel, dtype, options) into the ordered list of operations
+// one rank performs for a ring all-reduce: 2(n-1) ring steps, each cut into `nsegs` segment
+// *exchanges* (send one segment to the next rank, receive one from the previous rank), and the
+// reductions and copies that consume what was received.
+//
+// Execution model (what both transports and the checker implement):
+//   * Two queues per rank. kCompute (reduce/copy; the reduce stream on GPU, the worker thread on
+//     CPU) runs its ops in order, each completing before the next starts. kComm (exchanges; the
+//     NCCL stream on GPU, posted gloo send/recv on CPU) *issues* its ops in order, but they may
+//     complete in any order (the CPU transport keeps several exchanges in flight).
+//   * kExchange: send `send` (if non-empty) to rank `next` and receive into `recv` (if non-empty)
+//     from rank `prev`, as one group (ncclGroupStart/End on GPU). It completes when both halves
+//     have completed. The exchange with index e of rank r pairs with the exchange of the same index
+//     on its neighbours: r's send of exchange e is next's receive of exchange e (same byte count).
+//   * kRecord(event) marks a point in its queue: the event fires when every earlier op of that
+//     queue has completed. kWait(event) holds back every later op of its queue until the event has
+//     fired. Every event is recorded once and every wait comes after its record in list order, so
+//     a transport that walks the list sequentially (the CPU transport) never waits for an event
+//     it has not yet recorded.
+//   * Event ids: exchangeEvent(e) = "exchange e complete" (recorded on kComm right after it),
+//     computeEvent(e) = "the reduce/copy of exchange e complete" (recorded on kCompute).
+// The builder derives every wait from buffer hazards (read-after-write, write-after-read,
+// write-after-write on each segment of each buffer) and adds nothing else, so a missing wait is a
+// race; the plan checker runs plans with random completion orders and detects it.
+//
+// Buffers: kData is the tensor (contiguous, numel elements of the tensor's dtype); kAccum is one
+// chunk of float32 partials (only with accum_dtype=float32 on half types); kStaging slot k is a
+// receive buffer of `slot_elems` wire elements. A late message must never land in user memory, so
+// the CPU transport receives every segment into staging; the GPU transport may receive the
+// all-gather straight into kData (gather_into_data), since NCCL aborts rather than delivers late.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "dtype.h"
+#include "schedule.h"
+
+namespace rr {
+
+enum class Queue : uint8_t { kComm = 0, kCompute = 1 };
+enum class BufKind : uint8_t { kNone = 0, kData = 1, kAccum = 2, kStaging = 3 };
+enum class OpKind : uint8_t { kExchange = 0, kReduce = 1, kCopy = 2, kRecord = 3, kWait = 4 };
+enum class Phase : uint8_t { kReduceScatter = 0, kAllGather = 1 };
+
+// A run of elements in one buffer. `wide`: the elements are float32 partials (accum mode), else
+// elements of the tensor's dtype. Offsets and counts are in elements of that type.
+struct Span {
+  BufKind buf = BufKind::kNone;
+  int32_t slot = -1;  // staging slot, for kStaging
+  bool wide = false;
+  int64_t offset = 0;
+  int64_t count = 0;
+  bool empty() const { return count <= 0; }
+};
+
+struct Op {
+  OpKind kind;
+  Queue queue;
+  int32_t exchange = -1;  // exchange index (kExchange, kReduce, kCopy)
+  int32_t event = -1;     // kRecord, kWait
+  Span send;              // kExchange: what goes to `next`
+  Span recv;              // kExchange: where data from `prev` lands; kReduce/kCopy: the source
+  Span a;                 // kReduce: the local operand
+  Span dst;               // kReduce/kCopy: the destination
+  bool final = false;     // kReduce: last reduction of the owned chunk (AVG divides here)
+};
+
+// Static description of one exchange (for transports, tests and diagnostics).
+struct ExchangeInfo {
+  Phase phase;
+  int32_t step;     // ring step within the phase, 0..n-2
+  int32_t segment;  // segment index within the chunk
+  int32_t send_chunk;
+  int32_t recv_chunk;
+};
+
+struct PlanOptions {
+  int64_t max_segment_bytes = 1 << 20;
+  int32_t num_slots = 4;         // staging slots; also bounds the exchanges in flight
+  bool accum_float32 = false;    // half types: partials travel as float32
+  bool gather_into_data = false; // all-gather receives straight into kData (GPU transport)
+  bool average = false;          // op is AVG: the final reduce divides by n
+};
+
+struct Plan {
+  RingSchedule sched;
+  DType dtype = DType::kFloat32;
+  DType wire = DType::kFloat32;  // type of wide elements (float32) when accum is on, else dtype
+  int32_t rank = 0;
+  int32_t next = 0;
+  int32_t prev = 0;
+  int32_t num_slots = 0;
+  int64_t slot_elems = 0;   // elements (of the widest wire type) per staging slot
+  int64_t accum_elems = 0;  // float32 elements of kAccum (one chunk), 0 when unused
+  bool accum_float32 = false;
+  bool gather_into_data = false;
+  int32_t num_exchanges = 0;  // exchanges in the full grid (indices 0..num_exchanges-1)
+  int32_t num_events = 0;
+  std::vector<ExchangeInfo> exchanges;  // indexed by exchange id
+  std::vector<Op> ops;
+
+  static int32_t exchangeEvent(int32_t e) { return 2 * e; }
+  static int32_t computeEvent(int32_t e) { return 2 * e + 1; }
+
+  int64_t stagingBytes() const;  // bytes of all staging slots
+  std::string describe() const;  // human-readable op list, for debugging and test failures
+};
+
+// Builds the plan of `rank` in a ring of `nranks`. Throws rr::Error(kValue) on bad arguments.
+Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptions& options);
+
+// The element size of a span's elements.
+inline int64_t spanElemSize(const Plan& plan, const Span& s) {
+  return static_cast<int64_t>(dtypeSize(s.wide ? DType::kFloat32 : plan.dtype));
+}
+
+}  // namespace rr

@@ -1,0 +1,70 @@
+// ringreduce core: the ring schedule, i.e. which elements form which chunk and segment.
+//
+// Note [Chunk ownership]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The tensor (numel elements, in logical row-major order) is cut into n chunks of `chunk` elements,
+// `chunk` = ceil(numel / n) rounded up to 16 bytes, the last chunks shorter or empty (numel < n and
+// uneven splits included). Chunk c starts its reduction at rank c and is completed at rank c - 1
+// (mod n), which owns it: owner(r) = chunk (r + 1) mod n. These bounds depend on (n, numel, element
+// size) only - never on the segment size - so the order in which contributions are combined, and so
+// every result bit, is the same run to run and for any pipelining.
+//
+// Each chunk is cut into `nsegs` segments of `segment` elements (same count for every chunk; the
+// tail segments of a short chunk are shorter or empty). segment = min(max_segment, ceil(chunk / 2))
+// rounded to 16 bytes, so even a 1 MiB message has two segments in flight.
+#pragma once
+
+#include "common.h"
+
+namespace rr {
+
+struct Range {
+  int64_t begin;
+  int64_t end;
+  RR_HD_INLINE int64_t size() const { return end - begin; }
+  RR_HD_INLINE bool empty() const { return end <= begin; }
+};
+
+struct RingSchedule {
+  int32_t nranks = 1;
+  int64_t numel = 0;
+  int64_t align = 1;    // elements per 16 bytes
+  int64_t chunk = 0;    // nominal elements per chunk (multiple of align)
+  int64_t segment = 0;  // elements per segment (multiple of align)
+  int32_t nsegs = 0;    // segments per chunk
+
+  RR_HD_INLINE Range chunkRange(int c) const {
+    const int64_t b = minI64(static_cast<int64_t>(c) * chunk, numel);
+    const int64_t e = minI64(static_cast<int64_t>(c + 1) * chunk, numel);
+    return Range{b, e};
+  }
+  // Segment j of chunk c, in elements of the whole tensor.
+  RR_HD_INLINE Range segmentRange(int c, int j) const {
+    const Range ch = chunkRange(c);
+    const int64_t b = minI64(ch.begin + static_cast<int64_t>(j) * segment, ch.end);
+    const int64_t e = minI64(b + segment, ch.end);
+    return Range{b, e};
+  }
+  // Offset of segment j inside any chunk (for buffers of one chunk, e.g. float32 partials).
+  RR_HD_INLINE int64_t segmentOffset(int j) const { return static_cast<int64_t>(j) * segment; }
+  RR_HD_INLINE int ownedChunk(int rank) const { return modRing(rank + 1, nranks); }
+};
+
+// elem_size: bytes of the tensor's element (chunk alignment); wire_elem_size: bytes of the widest
+// element that crosses the wire (float32 partials with accum_dtype); max_segment_bytes: the cap.
+RR_HD_INLINE RingSchedule makeRingSchedule(int nranks, int64_t numel, int64_t elem_size,
+                                           int64_t wire_elem_size, int64_t max_segment_bytes) {
+  RingSchedule s;
+  s.nranks = nranks;
+  s.numel = numel;
+  s.align = maxI64(1, 16 / elem_size);
+  if (numel <= 0 || nranks <= 0) return s;
+  s.chunk = roundUp(ceilDiv(numel, nranks), s.align);
+  int64_t cap = (max_segment_bytes / wire_elem_size) / s.align * s.align;
+  if (cap < s.align) cap = s.align;
+  s.segment = minI64(cap, roundUp(ceilDiv(s.chunk, 2), s.align));
+  s.nsegs = static_cast<int32_t>(ceilDiv(s.chunk, s.segment));
+  return s;
+}
+
+}  // namespace rr
