@@ -1,0 +1,114 @@
+// ringreduce GPU: the body of the reduce kernel, written once for device and host.
+//
+// Note [Vectorized reduce with scalar head and tail]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// dst[i] = ReduceStep<TA, TB, TD, op>(a[i], b[i]) for i < count (functors.h, Note [Reduction
+// contract]); dst may alias a (the reduce-scatter reduces in place). The three operands need not
+// share an alignment: a and dst point into the user's tensor at any storage offset, b into a
+// staging slot or the float32 partials. So:
+//   * V = 16 / (largest element size) elements form one vector; a vector of TD is loaded/stored as
+//     one aligned Pack<TD, V> (16 bytes for the widest operand; 8 for half next to float32).
+//   * head = elements until dst is aligned to a whole Pack; the body then runs in whole vectors;
+//     the tail is what is left. If dst's address is not even a multiple of sizeof(TD), everything
+//     is "head" (scalar).
+//   * At the body's start, a and b are checked separately: an operand whose address is not
+//     Pack-aligned there is loaded element by element (same values, fewer bytes per load).
+// Work is split over `nthreads` threads with grid-stride loops; thread t takes head/tail elements
+// t, t + nthreads, ... and vectors t, t + nthreads, ... Every element is computed by exactly one
+// thread with the same functor, so the result does not depend on the launch shape.
+//
+// This header is CUDA-free: the kernel (reduce_kernels.cu) calls reduceRange() with its global
+// thread index, and the host tests call it for every simulated thread of a small grid, so the
+// head/body/tail split and the per-element arithmetic are exercised on CPU exactly as compiled
+// for the device (modulo the compiler).
+#pragma once
+
+#include <cstdint>
+
+#include "../core/common.h"
+#include "../core/functors.h"
+
+namespace rr {
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <typename TA, typename TB, typename TD>
+struct VectorShape {
+  static constexpr size_t kMax = sizeof(TA) > sizeof(TB) ? (sizeof(TA) > sizeof(TD) ? sizeof(TA) : sizeof(TD))
+                                                         : (sizeof(TB) > sizeof(TD) ? sizeof(TB) : sizeof(TD));
+  static constexpr int V = kMax >= 16 ? 1 : static_cast<int>(16 / kMax);
+};
+
+template <typename T, int V>
+RR_HD_INLINE bool packAligned(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) % (sizeof(T) * V)) == 0;
+}
+
+// Elements before dst reaches Pack<TD, V> alignment (count when it never does).
+template <typename TD, int V>
+RR_HD_INLINE int64_t headElements(const void* dst, int64_t count) {
+  const uintptr_t bytes = sizeof(TD) * V;
+  const uintptr_t mis = reinterpret_cast<uintptr_t>(dst) % bytes;
+  if (mis % sizeof(TD) != 0) return count;
+  const int64_t h = static_cast<int64_t>(((bytes - mis) % bytes) / sizeof(TD));
+  return h < count ? h : count;
+}
+
+template <typename TA, typename TB, typename TD, RedOp op>
+struct ReduceBody {
+  static constexpr int V = VectorShape<TA, TB, TD>::V;
+  using Step = ReduceStep<TA, TB, TD, op>;
+
+  // The elements of [0, count) that belong to `thread` of `nthreads`.
+  RR_HD_INLINE static void run(const TA* a, const TB* b, TD* dst, int64_t count, int divisor,
+                               bool round_sum, int64_t thread, int64_t nthreads) {
+    const int64_t head = headElements<TD, V>(dst, count);
+    const int64_t nvec = (count - head) / V;
+    const int64_t tail = head + nvec * V;
+    for (int64_t i = thread; i < head; i += nthreads) dst[i] = Step::apply(a[i], b[i], divisor, round_sum);
+    if (nvec > 0) {
+      const TA* va = a + head;
+      const TB* vb = b + head;
+      TD* vd = dst + head;
+      const bool a_vec = packAligned<TA, V>(va);
+      const bool b_vec = packAligned<TB, V>(vb);
+      for (int64_t k = thread; k < nvec; k += nthreads) {
+        Pack<TA, V> pa;
+        Pack<TB, V> pb;
+        if (a_vec) {
+          pa = reinterpret_cast<const Pack<TA, V>*>(va)[k];
+        } else {
+          for (int u = 0; u < V; ++u) pa.v[u] = va[k * V + u];
+        }
+        if (b_vec) {
+          pb = reinterpret_cast<const Pack<TB, V>*>(vb)[k];
+        } else {
+          for (int u = 0; u < V; ++u) pb.v[u] = vb[k * V + u];
+        }
+        Pack<TD, V> pd;
+        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(pa.v[u], pb.v[u], divisor, round_sum);
+        reinterpret_cast<Pack<TD, V>*>(vd)[k] = pd;
+      }
+    }
+    for (int64_t i = tail + thread; i < count; i += nthreads)
+      dst[i] = Step::apply(a[i], b[i], divisor, round_sum);
+  }
+};
+
+// The (TA, TB, TD) combinations the plan produces (Note [Reduction contract]): all operands of
+// the tensor's type, or, for float16/bfloat16 with accum_dtype=float32, float32 partials in b
+// and/or dst. Each width pattern is one case of this enum.
+enum class Widths : int { kNarrow = 0, kToWide = 1, kWideToWide = 2, kWideToNarrow = 3 };
+
+RR_HD_INLINE int widthsOf(bool a_wide, bool b_wide, bool dst_wide) {
+  if (a_wide) return -1;  // the local operand is always the tensor itself
+  if (!b_wide && !dst_wide) return static_cast<int>(Widths::kNarrow);
+  if (!b_wide && dst_wide) return static_cast<int>(Widths::kToWide);
+  if (b_wide && dst_wide) return static_cast<int>(Widths::kWideToWide);
+  return static_cast<int>(Widths::kWideToNarrow);
+}
+
+}  // namespace rr

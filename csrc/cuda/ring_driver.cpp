@@ -1,0 +1,145 @@
+#include "ring_driver.h"
+
+#include "../core/error.h"
+
+namespace rr {
+
+namespace {
+
+char* spanAddress(const Plan& plan, const DeviceBuffers& b, const Span& s) {
+  char* base = nullptr;
+  switch (s.buf) {
+    case BufKind::kData: base = static_cast<char*>(b.data); break;
+    case BufKind::kAccum: base = static_cast<char*>(b.accum); break;
+    case BufKind::kStaging:
+      RR_CHECK(s.slot >= 0 && static_cast<size_t>(s.slot) < b.slots.size(), kRuntime,
+               "ringreduce internal error: plan names staging slot ", s.slot, " of ", b.slots.size());
+      base = static_cast<char*>(b.slots[static_cast<size_t>(s.slot)]);
+      break;
+    case BufKind::kNone: break;
+  }
+  RR_CHECK(base != nullptr, kRuntime, "ringreduce internal error: plan names a missing buffer");
+  return base + s.offset * spanElemSize(plan, s);
+}
+
+size_t spanBytes(const Plan& plan, const Span& s) {
+  return s.empty() ? 0 : static_cast<size_t>(s.count * spanElemSize(plan, s));
+}
+
+// Every span must lie inside its buffer: checked once, before anything is enqueued, so that a
+// planning bug is an exception here rather than an out-of-bounds write on the device.
+void checkSpan(const Plan& plan, const DeviceBuffers& b, const Span& s) {
+  if (s.empty()) return;
+  const int64_t end = (s.offset + s.count) * spanElemSize(plan, s);
+  switch (s.buf) {
+    case BufKind::kData:
+      RR_CHECK(b.data != nullptr && !s.wide && end <= plan.sched.numel * static_cast<int64_t>(dtypeSize(plan.dtype)),
+               kRuntime, "ringreduce internal error: data span out of range");
+      break;
+    case BufKind::kAccum:
+      RR_CHECK(b.accum != nullptr && s.wide && s.offset + s.count <= plan.accum_elems, kRuntime,
+               "ringreduce internal error: accum span out of range");
+      break;
+    case BufKind::kStaging:
+      RR_CHECK(s.offset == 0 && end <= static_cast<int64_t>(b.slot_bytes), kRuntime,
+               "ringreduce internal error: staging span of ", end, " bytes in a slot of ", b.slot_bytes);
+      break;
+    case BufKind::kNone:
+      RR_THROW(kRuntime, "ringreduce internal error: non-empty span without a buffer");
+  }
+}
+
+}  // namespace
+
+size_t slotBytesFor(const Plan& plan) {
+  if (plan.num_slots == 0) return 0;
+  return static_cast<size_t>(plan.stagingBytes() / plan.num_slots);
+}
+
+EventMap mapWaitedEvents(const Plan& plan) {
+  EventMap m;
+  m.dense.assign(static_cast<size_t>(plan.num_events), -1);
+  for (const Op& o : plan.ops) {
+    if (o.kind != OpKind::kWait) continue;
+    RR_CHECK(o.event >= 0 && o.event < plan.num_events, kRuntime,
+             "ringreduce internal error: wait for unknown event ", o.event);
+    int32_t& d = m.dense[static_cast<size_t>(o.event)];
+    if (d < 0) d = m.count++;
+  }
+  return m;
+}
+
+void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& be,
+                     bool caller_waits) {
+  RR_CHECK(buffers.slots.size() >= static_cast<size_t>(plan.num_slots), kRuntime,
+           "ringreduce internal error: plan needs ", plan.num_slots, " staging slots, have ",
+           buffers.slots.size());
+  RR_CHECK(buffers.slot_bytes >= slotBytesFor(plan), kRuntime,
+           "ringreduce internal error: staging slots of ", buffers.slot_bytes, " bytes, plan needs ",
+           slotBytesFor(plan));
+  for (const Op& o : plan.ops) {
+    checkSpan(plan, buffers, o.send);
+    checkSpan(plan, buffers, o.recv);
+    checkSpan(plan, buffers, o.a);
+    checkSpan(plan, buffers, o.dst);
+  }
+  const EventMap events = mapWaitedEvents(plan);
+  const int n = plan.sched.nranks;
+  const bool round_sum = !plan.accum_float32;
+  be.prepare(events.count);
+
+  // Framing, steps 1-2 of Note [Driving the plan on streams].
+  be.record(Stream::kCaller, kCallStartEvent);
+  be.wait(Stream::kComm, kCallStartEvent);
+  be.wait(Stream::kCompute, kCallStartEvent);
+  be.wait(Stream::kComm, kPrevCallDoneEvent);
+
+  for (const Op& o : plan.ops) {
+    const Stream s = o.queue == Queue::kComm ? Stream::kComm : Stream::kCompute;
+    switch (o.kind) {
+      case OpKind::kExchange: {
+        // Reduce-scatter: send our partial of chunk (r - step) onward, receive the partial of
+        // chunk (r - step - 1) into a staging slot. All-gather: forward a completed chunk,
+        // receive the next one straight into the output (plan.gather_into_data).
+        const size_t sb = spanBytes(plan, o.send);
+        const size_t rb = spanBytes(plan, o.recv);
+        be.exchange(sb ? spanAddress(plan, buffers, o.send) : nullptr, sb,
+                    rb ? spanAddress(plan, buffers, o.recv) : nullptr, rb);
+        break;
+      }
+      case OpKind::kReduce: {
+        // dst = a (op) received partial; the last reduce of the owned chunk divides for AVG.
+        ReduceLaunch l;
+        l.a = spanAddress(plan, buffers, o.a);
+        l.a_wide = o.a.wide;
+        l.b = spanAddress(plan, buffers, o.recv);
+        l.b_wide = o.recv.wide;
+        l.dst = spanAddress(plan, buffers, o.dst);
+        l.dst_wide = o.dst.wide;
+        l.count = o.dst.count;
+        l.divisor = (o.final && op == RedOp::kAvg) ? n : 0;
+        l.round_sum = round_sum;
+        be.reduce(l);
+        break;
+      }
+      case OpKind::kCopy:
+        be.copy(spanAddress(plan, buffers, o.dst), spanAddress(plan, buffers, o.recv),
+                spanBytes(plan, o.dst));
+        break;
+      case OpKind::kRecord: {
+        const int32_t d = events.dense.at(static_cast<size_t>(o.event));
+        if (d >= 0) be.record(s, d);  // nobody waits for it: nothing to record
+        break;
+      }
+      case OpKind::kWait:
+        be.wait(s, events.dense.at(static_cast<size_t>(o.event)));
+        break;
+    }
+  }
+
+  // Framing, steps 4-5.
+  be.record(Stream::kCompute, kCallDoneEvent);
+  if (caller_waits) be.wait(Stream::kCaller, kCallDoneEvent);
+}
+
+}  // namespace rr
