@@ -1,0 +1,146 @@
+// ringreduce torch layer: the Python module ringreduce._C.
+//
+// The only translation unit besides cpu_group.cpp (and, in CUDA builds, cuda_bindings.cpp) that
+// sees torch. It converts Python arguments to the core's types once, maps rr::Error kinds to the
+// Python exceptions users expect, and releases the GIL around every blocking call.
+#include <torch/extension.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include "../core/error.h"
+#include "../core/frame.h"
+#include "../core/plan.h"
+#include "cpu_group.h"
+
+#ifdef RR_WITH_CUDA
+void registerCudaBindings(pybind11::module& m);
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+void raiseAs(int kind, const std::string& msg) {
+  switch (static_cast<rr::ErrorKind>(kind)) {
+    case rr::ErrorKind::kType: throw py::type_error(msg);
+    case rr::ErrorKind::kValue: throw py::value_error(msg);
+    case rr::ErrorKind::kRuntime: break;
+    case rr::ErrorKind::kBackend: {
+      py::object cls = py::module::import("torch.distributed").attr("DistBackendError");
+      PyErr_SetString(cls.ptr(), msg.c_str());
+      throw py::error_already_set();
+    }
+  }
+  throw std::runtime_error(msg);
+}
+
+py::dict planSummary(int nranks, int rank, int64_t numel, int dtype, int64_t segment_bytes,
+                     int num_slots, bool accum, bool gather) {
+  rr::PlanOptions o;
+  o.max_segment_bytes = segment_bytes;
+  o.num_slots = num_slots;
+  o.accum_float32 = accum;
+  o.gather_into_data = gather;
+  const rr::Plan p = rr::buildPlan(nranks, rank, numel, static_cast<rr::DType>(dtype), o);
+  py::dict d;
+  d["chunk"] = p.sched.chunk;
+  d["segment"] = p.sched.segment;
+  d["nsegs"] = p.sched.nsegs;
+  d["num_exchanges"] = p.num_exchanges;
+  d["num_ops"] = static_cast<int64_t>(p.ops.size());
+  d["staging_bytes"] = p.stagingBytes();
+  d["accum_elems"] = p.accum_elems;
+  d["owned_chunk"] = p.sched.ownedChunk(rank);
+  py::list bounds;
+  for (int c = 0; c < nranks; ++c) {
+    const rr::Range r = p.sched.chunkRange(c);
+    bounds.append(py::make_tuple(r.begin, r.end));
+  }
+  d["chunks"] = bounds;
+  d["text"] = p.describe();
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "ringreduce native core: ring plan, CPU transport over c10d send/recv, CUDA+NCCL driver";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const rr::Error& e) {
+      raiseAs(static_cast<int>(e.kind()), e.what());
+    }
+  });
+
+  py::class_<rr::CallHandle, std::shared_ptr<rr::CallHandle>>(m, "CallHandle")
+      .def("wait", &rr::CallHandle::wait, py::arg("timeout_ms") = -1,
+           py::call_guard<py::gil_scoped_release>())
+      .def("is_completed", &rr::CallHandle::isCompleted)
+      .def("ok", &rr::CallHandle::ok)
+      .def("error_kind", &rr::CallHandle::errorKind)
+      .def("error_message", &rr::CallHandle::errorMessage)
+      .def("raise_error", [](rr::CallHandle& h) { raiseAs(h.errorKind(), h.errorMessage()); })
+      .def("seconds", &rr::CallHandle::seconds)
+      .def_property_readonly("seq", &rr::CallHandle::seq)
+      .def("get_future", [](const rr::CallHandle& h) {
+        return std::make_shared<torch::jit::PythonFutureWrapper>(h.future());
+      });
+
+  m.def(
+      "submit_cpu",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& group_name,
+         std::optional<at::Tensor> tensor, int op, bool accum_float32, int kind, int local_error,
+         int ntensors, bool check, int64_t segment_bytes, int num_slots, int64_t timeout_ms) {
+        rr::CallOptions o;
+        o.op = static_cast<rr::RedOp>(op);
+        o.accum_float32 = accum_float32;
+        o.kind = kind;
+        o.local_error = local_error;
+        o.ntensors = ntensors;
+        o.check = check;
+        o.segment_bytes = segment_bytes;
+        o.num_slots = num_slots;
+        o.timeout_ms = timeout_ms;
+        auto rt = rr::runtimeFor(pg, group_name);
+        return rt->submit(tensor.has_value() ? *tensor : at::Tensor(), o);
+      },
+      py::arg("group"), py::arg("group_name"), py::arg("tensor"), py::arg("op"),
+      py::arg("accum_float32"), py::arg("kind"), py::arg("local_error"), py::arg("ntensors"),
+      py::arg("check"), py::arg("segment_bytes"), py::arg("num_slots"), py::arg("timeout_ms"));
+
+  m.def("group_next_seq", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name) {
+    return rr::runtimeFor(pg, name)->nextSeq();
+  });
+  m.def("group_poisoned", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name) {
+    return rr::runtimeFor(pg, name)->poisoned();
+  });
+  m.def("group_staging_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name) {
+    return rr::runtimeFor(pg, name)->stagingBytes();
+  });
+  m.def("shutdown", &rr::shutdownAll, py::call_guard<py::gil_scoped_release>(),
+        "Finish queued calls and join every group worker (called at interpreter exit).");
+
+  m.def("dtype_code", [](at::ScalarType t) { return static_cast<int>(rr::toDType(t)); });
+  m.def("unsupported_reason", [](int dtype, int op) -> py::object {
+    const char* why = rr::unsupportedReason(static_cast<rr::DType>(dtype), static_cast<rr::RedOp>(op));
+    if (why == nullptr) return py::none();
+    return py::str(why);
+  });
+  m.def("plan_summary", &planSummary, py::arg("nranks"), py::arg("rank"), py::arg("numel"),
+        py::arg("dtype"), py::arg("segment_bytes") = 1 << 20, py::arg("num_slots") = 4,
+        py::arg("accum_float32") = false, py::arg("gather_into_data") = false,
+        "The ring schedule and plan one rank would run (for tests and docs).");
+
+  py::dict info;
+  info["version"] = RR_VERSION;
+  info["torch_built"] = RR_TORCH_VERSION;
+  info["frame_bytes"] = static_cast<int64_t>(rr::kFrameBytes);
+#ifdef RR_WITH_CUDA
+  info["cuda"] = true;
+  registerCudaBindings(m);
+#else
+  info["cuda"] = false;
+#endif
+  m.attr("native_info") = info;
+}

@@ -1,0 +1,44 @@
+"""ringreduce: gradient averaging with its own pipelined ring all-reduce.
+
+NCCL send/recv with ringreduce's CUDA kernels on GPUs, torch.distributed point-to-point (gloo) on
+CPUs. See README.md and docs/algorithm.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+
+import torch
+
+from ringreduce._native import C as _C
+from ringreduce.ops import ReduceOp, all_reduce, all_reduce_avg
+from ringreduce.work import Work
+
+__version__ = _C.native_info["version"]
+
+
+def build_info() -> dict:
+    """What this installation was built with.
+
+    Keys: version, cuda (bool: CUDA+NCCL compiled in), nccl_version (NCCL headers compiled
+    against, "x.y.z" or None), nccl_runtime_version (the libnccl loaded now, or None), cuda_archs
+    (list of compute capabilities), torch (the running torch), torch_built (the torch it was built
+    against).
+    """
+    info = {
+        "version": __version__,
+        "cuda": bool(_C.native_info["cuda"]),
+        "nccl_version": None,
+        "nccl_runtime_version": None,
+        "cuda_archs": [],
+        "torch": torch.__version__,
+        "torch_built": _C.native_info["torch_built"],
+    }
+    if info["cuda"] and hasattr(_C, "cuda_build_info"):
+        info.update(_C.cuda_build_info())
+    return info
+
+
+atexit.register(_C.shutdown)
+
+__all__ = ["ReduceOp", "Work", "all_reduce", "all_reduce_avg", "build_info"]

@@ -1,0 +1,238 @@
+"""The collectives: all_reduce, all_reduce_avg and ReduceOp."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringreduce import _config
+from ringreduce._groups import GroupInfo, resolve
+from ringreduce._native import C
+from ringreduce.work import Work
+
+# Call kinds and local-refusal codes of the agreement frame (csrc/core/frame.h).
+KIND_ALL_REDUCE = 0
+KIND_ALL_REDUCE_AVG = 1
+KIND_ALL_REDUCE_COALESCED = 2
+KIND_REDUCE_SCATTER = 3
+KIND_ALL_GATHER = 4
+
+_ERR_UNSUPPORTED = 1
+_ERR_NOT_A_TENSOR = 2
+_ERR_SPARSE = 3
+_ERR_DEVICE = 4
+_ERR_OTHER = 5
+
+ALGORITHMS = ("auto", "ring", "hierarchical")
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction operators. Functions also accept "sum"/"avg"/... and torch.distributed.ReduceOp."""
+
+    SUM = 0
+    AVG = 1
+    MAX = 2
+    MIN = 3
+    PRODUCT = 4
+
+
+_DIST_OPS = {
+    dist.ReduceOp.SUM: ReduceOp.SUM,
+    dist.ReduceOp.AVG: ReduceOp.AVG,
+    dist.ReduceOp.MAX: ReduceOp.MAX,
+    dist.ReduceOp.MIN: ReduceOp.MIN,
+    dist.ReduceOp.PRODUCT: ReduceOp.PRODUCT,
+}
+
+
+def to_reduce_op(op: Any) -> ReduceOp:
+    """Normalizes `op`; raises ValueError for unknown operators (BAND, PREMUL_SUM, ...)."""
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        try:
+            return ReduceOp[op.strip().upper()]
+        except KeyError:
+            pass
+    else:
+        for dist_op, ours in _DIST_OPS.items():
+            try:
+                if op == dist_op:
+                    return ours
+            except Exception:  # noqa: BLE001 - foreign comparison
+                continue
+        if isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(ReduceOp):
+            return ReduceOp(op)
+    raise ValueError(
+        f"ringreduce: unsupported reduce op {op!r}; use one of SUM, AVG, MAX, MIN, PRODUCT "
+        "(ringreduce.ReduceOp, a string, or torch.distributed.ReduceOp)"
+    )
+
+
+def _local_refusal(
+    tensor: Any, op: Any, accum_dtype: torch.dtype | None, algorithm: str
+) -> tuple[int, BaseException | None, ReduceOp | None, bool]:
+    """(frame error code, exception to raise, op, accum_float32) from purely local checks."""
+    if not isinstance(tensor, torch.Tensor):
+        return _ERR_NOT_A_TENSOR, TypeError(
+            f"ringreduce: expected a torch.Tensor, got {type(tensor).__name__}"
+        ), None, False
+    try:
+        rop = to_reduce_op(op)
+    except ValueError as exc:
+        return _ERR_UNSUPPORTED, exc, None, False
+    if algorithm not in ALGORITHMS:
+        return _ERR_OTHER, ValueError(
+            f"ringreduce: algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
+        ), rop, False
+    if algorithm == "hierarchical":
+        return _ERR_OTHER, ValueError(
+            "ringreduce: algorithm='hierarchical' is not available in this version; use 'ring' or 'auto'"
+        ), rop, False
+    if tensor.is_sparse or tensor.layout != torch.strided:
+        return _ERR_SPARSE, ValueError(
+            f"ringreduce: only dense (strided) tensors are supported, got layout {tensor.layout}; "
+            "call .to_dense() first"
+        ), rop, False
+    if tensor.device.type not in ("cpu", "cuda"):
+        return _ERR_DEVICE, ValueError(
+            f"ringreduce: tensors on {tensor.device.type} are not supported; use CPU or CUDA tensors"
+        ), rop, False
+    if tensor.is_cuda and not C.native_info["cuda"]:
+        return _ERR_DEVICE, RuntimeError(
+            "ringreduce: got a CUDA tensor, but this ringreduce build has no CUDA support. Reinstall it "
+            "where a CUDA toolkit is found (set CUDA_HOME) with a CUDA build of torch, or reduce a CPU tensor"
+        ), rop, False
+    try:
+        code = C.dtype_code(tensor.dtype)
+    except TypeError as exc:
+        return _ERR_UNSUPPORTED, TypeError(f"{exc} (op {rop.name})"), rop, False
+    why = C.unsupported_reason(code, int(rop))
+    if why is not None:
+        return _ERR_UNSUPPORTED, TypeError(
+            f"ringreduce: op {rop.name} is not supported for dtype {str(tensor.dtype).replace('torch.', '')}: {why}"
+        ), rop, False
+    accum = False
+    if accum_dtype is not None and accum_dtype != tensor.dtype:
+        if accum_dtype == torch.float32 and tensor.dtype in (torch.float16, torch.bfloat16):
+            accum = True
+        else:
+            return _ERR_UNSUPPORTED, TypeError(
+                f"ringreduce: accum_dtype={accum_dtype} is not supported for {tensor.dtype} tensors; "
+                "accum_dtype=torch.float32 applies to float16/bfloat16 (partial sums then travel in float32)"
+            ), rop, False
+    return 0, None, rop, accum
+
+
+def _submit_cpu(
+    info: GroupInfo,
+    tensor: torch.Tensor | None,
+    op: ReduceOp,
+    accum: bool,
+    kind: int,
+    local_error: int,
+    ntensors: int,
+    check: bool,
+) -> Any:
+    return C.submit_cpu(
+        info.pg,
+        info.name,
+        tensor,
+        int(op),
+        accum,
+        kind,
+        local_error,
+        ntensors,
+        check,
+        _config.segment_bytes(),
+        _config.num_slots(),
+        _config.timeout_ms(),
+    )
+
+
+def _refuse(info: GroupInfo | None, kind: int, code: int, exc: BaseException, is_cuda: bool) -> None:
+    """Tells the other ranks (agreement frame marked as an error) before raising locally."""
+    if info is not None and info.size > 1 and not is_cuda and _config.check_enabled(is_cuda):
+        handle = _submit_cpu(info, None, ReduceOp.SUM, False, kind, code, 1, True)
+        handle.wait(-1)  # the others raise "rank r refused"; we raise our own, clearer error
+    raise exc
+
+
+def _run(
+    tensor: Any,
+    op: Any,
+    group: dist.ProcessGroup | None,
+    async_op: bool,
+    accum_dtype: torch.dtype | None,
+    algorithm: str,
+    kind: int,
+    ntensors: int = 1,
+) -> Work | None:
+    info = resolve(group)
+    is_cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
+    code, exc, rop, accum = _local_refusal(tensor, op, accum_dtype, algorithm)
+    if exc is not None:
+        if info is None:
+            raise exc
+        _refuse(info, kind, code, exc, is_cuda)
+    assert rop is not None
+    if info is None or tensor.numel() == 0 or info.size == 1:
+        return Work.completed([tensor]) if async_op else None
+    if tensor.is_cuda:
+        from ringreduce import _cuda
+
+        return _cuda.cuda_all_reduce(tensor, rop, info, async_op, accum, kind)
+    check = _config.check_enabled(False)
+    handle = _submit_cpu(info, tensor, rop, accum, kind, 0, ntensors, check)
+    work = Work(handle, [tensor], describe=f"{'all_reduce'} {rop.name} on {info.name}")
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    op: Any = ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    accum_dtype: torch.dtype | None = None,
+    algorithm: str = "auto",
+) -> Work | None:
+    """Reduces `tensor` across the ranks of `group` in place with ringreduce's ring.
+
+    Every rank ends with bitwise-identical values. `op` is SUM, AVG, MAX, MIN or PRODUCT (also as a
+    string or torch.distributed.ReduceOp). AVG divides the fully reduced sum once by the world size
+    (float32 for half types, float64 for float64/complex128), so it equals all_reduce(SUM) then
+    div_(world_size). Half-type partial sums are rounded at every hop unless
+    ``accum_dtype=torch.float32``, which carries them in float32 (1.5x the bytes) and rounds once;
+    note that fp16 sums can overflow (65504) where a pre-divided average would not: use
+    accum_dtype for such data.
+
+    Any strides, views, transposed or channels_last tensors work (matched by logical index; memory
+    outside the tensor's elements is untouched). With ``async_op=True`` returns a :class:`Work` at
+    once (CPU: the ring runs on the group's worker thread; CUDA: on ringreduce's streams, ordered
+    after the current stream). Raises TypeError for non-tensors and unsupported dtype/op pairs
+    (integer AVG included, before any data moves), ValueError for sparse tensors and bad
+    arguments, RuntimeError when ranks disagree (every rank raises, naming what differs) and
+    torch.distributed.DistBackendError when a peer dies or the group's timeout
+    (RINGREDUCE_TIMEOUT) passes. A rank outside `group` returns at once.
+    """
+    return _run(tensor, op, group, async_op, accum_dtype, algorithm, KIND_ALL_REDUCE)
+
+
+def all_reduce_avg(
+    tensor: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    accum_dtype: torch.dtype | None = None,
+) -> Work | None:
+    """Averages `tensor` across `group` in place: ``all_reduce(tensor, op=ReduceOp.AVG, ...)``.
+
+    The drop-in for ``dist.all_reduce(t); t /= world_size``. Integer and bool tensors raise
+    TypeError before any payload moves, leaving the tensor unchanged.
+    """
+    return _run(tensor, ReduceOp.AVG, group, async_op, accum_dtype, "auto", KIND_ALL_REDUCE_AVG)

@@ -1,0 +1,96 @@
+"""Work: the handle of an asynchronous ringreduce call, shaped like torch.distributed's Work."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Callable
+
+import torch
+
+
+class Work:
+    """Handle of an ``async_op=True`` call.
+
+    ``wait(timeout=None)`` blocks until the call completed and returns True; it raises the call's
+    error (``RuntimeError`` for a cross-rank mismatch, ``torch.distributed.DistBackendError`` for a
+    dead peer or transport timeout) and raises ``RuntimeError`` if ``timeout`` (a
+    ``datetime.timedelta``) passes first. ``get_future()`` returns a ``torch.futures.Future`` whose
+    value is ``[tensor]`` (a list, as torch.distributed's), completed by ringreduce's worker.
+    """
+
+    def __init__(
+        self,
+        handle: Any | None,
+        result: list[torch.Tensor],
+        *,
+        describe: str = "ringreduce call",
+        finalize: Callable[[], None] | None = None,
+        future: torch.futures.Future | None = None,
+    ) -> None:
+        self._handle = handle
+        self._result = result
+        self._describe = describe
+        self._finalize = finalize
+        self._finalized = handle is None
+        self._future = future
+
+    @classmethod
+    def completed(cls, result: list[torch.Tensor]) -> "Work":
+        """A Work that is already done (numel 0, world size 1, non-member)."""
+        return cls(None, result)
+
+    def _raise_if_failed(self) -> None:
+        if self._handle is not None and not self._handle.ok():
+            self._handle.raise_error()
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if self._handle is not None:
+            if timeout is None:
+                ms = -1
+            elif isinstance(timeout, datetime.timedelta):
+                ms = max(0, int(timeout.total_seconds() * 1000))
+            else:
+                raise TypeError(f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}")
+            if not self._handle.wait(ms):
+                raise RuntimeError(
+                    f"ringreduce: {self._describe} (call #{self._handle.seq}) did not complete within "
+                    f"{timeout}; the ring is still running in the background"
+                )
+            self._raise_if_failed()
+        if not self._finalized:
+            self._finalized = True
+            if self._finalize is not None:
+                self._finalize()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._handle is None or self._handle.is_completed()
+
+    def is_success(self) -> bool:
+        return self.is_completed() and (self._handle is None or self._handle.ok())
+
+    def exception(self) -> BaseException | None:
+        if self._handle is None or not self._handle.is_completed() or self._handle.ok():
+            return None
+        try:
+            self._handle.raise_error()
+        except BaseException as exc:  # noqa: BLE001 - returned, not swallowed
+            return exc
+        return None
+
+    def get_future(self) -> torch.futures.Future:
+        if self._future is None:
+            if self._handle is None:
+                fut: torch.futures.Future = torch.futures.Future()
+                fut.set_result(self._result)
+                self._future = fut
+            else:
+                self._future = self._handle.get_future()
+        return self._future
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def __repr__(self) -> str:
+        state = "completed" if self.is_completed() else "pending"
+        return f"<ringreduce.Work {self._describe} {state}>"

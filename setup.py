@@ -1,0 +1,152 @@
+"""Build of ringreduce._C: the CPU ring always, CUDA+NCCL when a toolkit and a CUDA torch exist.
+
+Environment knobs:
+  CUDA_HOME / CUDA_PATH   CUDA toolkit (else /usr/local/cuda, else the folder above the real nvcc)
+  NCCL_HOME               NCCL headers/library (else the nvidia-nccl wheel that CUDA torch installs)
+  TORCH_CUDA_ARCH_LIST    GPU architectures (default "8.0;9.0")
+  RINGREDUCE_FORCE_CPU=1  skip CUDA even when it is available
+  RINGREDUCE_REQUIRE_CUDA=1  fail instead of falling back to a CPU-only build (CI uses this)
+  MAX_JOBS                parallel compile jobs (ninja)
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import sys
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+VERSION = "0.1.0"
+
+
+def _log(msg: str) -> None:
+    print(f"[ringreduce setup] {msg}", file=sys.stderr)
+
+
+def _real_nvcc_home() -> str | None:
+    """The toolkit folder above the real nvcc binary (PATH may hold a wrapper script)."""
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        return None
+    path = os.path.realpath(nvcc)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head != b"\x7fELF":  # a wrapper script: find the binary it execs
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for token in f.read().split():
+                    token = token.strip("\"'")
+                    if token.endswith("/nvcc") and os.path.isfile(token):
+                        path = os.path.realpath(token)
+                        break
+                else:
+                    return None
+    except OSError:
+        return None
+    home = os.path.dirname(os.path.dirname(path))
+    return home if os.path.isfile(os.path.join(home, "bin", "nvcc")) else None
+
+
+def find_cuda_home() -> str | None:
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+            return home
+    if os.path.isfile("/usr/local/cuda/bin/nvcc"):
+        return "/usr/local/cuda"
+    return _real_nvcc_home()
+
+
+def find_nccl() -> tuple[str, str] | None:
+    """(include dir, lib dir) holding nccl.h and libnccl.so*."""
+    candidates = []
+    if os.environ.get("NCCL_HOME"):
+        candidates.append(os.environ["NCCL_HOME"])
+    for site in sys.path:
+        candidates.append(os.path.join(site, "nvidia", "nccl"))
+    for base in candidates:
+        inc, lib = os.path.join(base, "include"), os.path.join(base, "lib")
+        if os.path.isfile(os.path.join(inc, "nccl.h")) and glob.glob(os.path.join(lib, "libnccl.so*")):
+            return inc, lib
+    return None
+
+
+# CUDA_HOME must be right before torch.utils.cpp_extension is imported: it guesses at import time.
+CUDA_HOME = None if os.environ.get("RINGREDUCE_FORCE_CPU") == "1" else find_cuda_home()
+if CUDA_HOME:
+    os.environ["CUDA_HOME"] = CUDA_HOME
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+
+def sources(pattern: str) -> list[str]:
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+def build_extension():
+    cxx_flags = ["-O3", "-std=c++20", "-Wall", "-Wno-unused-function"]
+    define_macros = [("RR_VERSION", f'"{VERSION}"'), ("RR_TORCH_VERSION", f'"{torch.__version__}"')]
+    srcs = sources("csrc/core/*.cpp") + sources("csrc/cpu/*.cpp") + sources("csrc/torch/*.cpp")
+    cuda_srcs = sources("csrc/cuda/*.cu") + sources("csrc/cuda/*.cpp")
+    torch_cuda_glue = sources("csrc/torch/cuda_*.cpp")
+    srcs = [s for s in srcs if s not in torch_cuda_glue]
+
+    nccl = find_nccl()
+    reasons = []
+    if not CUDA_HOME:
+        reasons.append("no CUDA toolkit found (set CUDA_HOME)")
+    if torch.version.cuda is None:
+        reasons.append("torch is a CPU-only build")
+    if nccl is None:
+        reasons.append("no NCCL found (install the nvidia-nccl wheel or set NCCL_HOME)")
+    if not cuda_srcs:
+        reasons.append("no CUDA sources")
+    if reasons:
+        msg = "building ringreduce WITHOUT CUDA: " + "; ".join(reasons)
+        if os.environ.get("RINGREDUCE_REQUIRE_CUDA") == "1":
+            raise SystemExit(f"[ringreduce setup] RINGREDUCE_REQUIRE_CUDA=1 but {msg}")
+        _log(msg)
+        return CppExtension(
+            "ringreduce._C",
+            srcs,
+            include_dirs=[os.path.join(ROOT, "csrc")],
+            define_macros=define_macros,
+            extra_compile_args={"cxx": cxx_flags},
+        )
+
+    inc, lib = nccl
+    archs = os.environ["TORCH_CUDA_ARCH_LIST"]
+    _log(f"building ringreduce with CUDA ({CUDA_HOME}, archs {archs}) and NCCL ({lib})")
+    arch_list = ",".join(a.strip() for a in archs.replace(",", ";").split(";") if a.strip())
+    define_macros += [("RR_WITH_CUDA", "1"), ("RR_CUDA_ARCHS", f'"{arch_list}"')]
+    return CUDAExtension(
+        "ringreduce._C",
+        srcs + torch_cuda_glue + cuda_srcs,
+        include_dirs=[os.path.join(ROOT, "csrc"), inc],
+        library_dirs=[lib],
+        libraries=[":libnccl.so.2"] if not glob.glob(os.path.join(lib, "libnccl.so")) else ["nccl"],
+        define_macros=define_macros,
+        extra_compile_args={
+            "cxx": cxx_flags,
+            "nvcc": ["-O3", "-std=c++20", "--expt-relaxed-constexpr", "-lineinfo"],
+        },
+        extra_link_args=[f"-Wl,-rpath,{lib}"],
+    )
+
+
+setup(
+    name="ringreduce",
+    version=VERSION,
+    description="Gradient averaging with a pipelined ring all-reduce over NCCL and gloo point-to-point",
+    packages=find_packages(include=["ringreduce", "ringreduce.*"]),
+    package_data={"ringreduce": ["py.typed"]},
+    ext_modules=[build_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.4", "numpy"],
+)
