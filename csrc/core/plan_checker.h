@@ -1,0 +1,69 @@
+// ringreduce core: the plan checker, which proves the ordering of a set of plans on the CPU.
+//
+// Note [Plan checker]
+// ~~~~~~~~~~~~~~~~~~~
+// The GPU transport interprets plans with NCCL calls, kernels and events on two streams; it can
+// never run on a machine without GPUs. The checker runs the plans of all n ranks together under
+// the execution model of Note [One ring, two transports, one plan] (plan.h) and fails on anything
+// a transport could get wrong by following them. It works in three layers:
+//
+//   1. Static checks. Every op is well formed (queue, buffer, slot, bounds, widths); every event
+//      is recorded once, on the queue its id names (exchangeEvent on kComm after its exchange,
+//      computeEvent on kCompute), and before every wait on it in list order (the CPU executor
+//      walks the list on one thread; cudaStreamWaitEvent on an unrecorded event is a no-op).
+//      Transports match messages per (peer, tag) in posting order, so the k-th non-empty send of
+//      rank r must be the k-th non-empty receive of rank r+1: same exchange index, same element
+//      count, same element width.
+//
+//   2. Exact happens-before. Nodes: every op of each queue, plus the completion of each exchange.
+//      Edges: queue order (kCompute runs in order; kComm issues in order), exchange issue ->
+//      its completion, the sender's issue -> the receiver's completion, completion of exchange e
+//      -> every wait on exchangeEvent(e), the kCompute record -> every wait on computeEvent(e).
+//      Nothing else: a send may complete before its receiver posted (eager transports), a
+//      record on kComm is taken to mean only "exchange e complete" (what the CPU executor
+//      implements; the GPU stream event knows more). A cycle is a deadlock. Vector clocks carry
+//      two positions per rank (kCompute, kComm); knowing the completion of exchange e reduces to
+//      knowing a wait on exchangeEvent(e). An exchange touches its send span (read) and receive
+//      span (write) from its issue until its completion; a reduce/copy touches its spans at one
+//      point. Any two accesses of one rank to overlapping bytes of one buffer, at least one a
+//      write, must be ordered end -> start; otherwise it is a data race (a missing wait, a
+//      staging slot reused before its reduce finished). The plan must also end on kCompute
+//      knowing every exchange complete (the tensor is handed back then).
+//
+//   3. Randomized simulation of values. Each element carries the set of ranks whose contribution
+//      it holds (uint64 bitmask, so n <= 64), its logical index, the number of AVG divisions and a
+//      hash of its reduction tree. Ops run with random delays (both the two-queue model of the GPU
+//      and the one-thread list walk of the CPU executor), sends complete only after the matching
+//      receive was posted (the strict rendezvous, so deadlocks show), message data is read and
+//      written at random moments inside the exchange. A reduce must see disjoint masks of the same
+//      element; a final reduce must produce the full mask on the chunk's owner and (AVG) divide
+//      exactly once; copies must bring finished values; at the end every element of every rank
+//      must hold the full mask, the right number of divisions and the same reduction tree.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "plan.h"
+
+namespace rr {
+
+struct CheckOptions {
+  bool average = false;  // AVG: final reduces divide, finished elements carry exactly one division
+  uint64_t seed = 1;
+  int trials = 3;        // randomized simulations per execution model (two-queue and CPU list walk)
+};
+
+// Checks the plans of all ranks (plans[r] is rank r's, as built by buildPlan or altered by a
+// test). Returns "" when they are correct, else a description of the first failure found.
+std::string checkPlanSet(const std::vector<Plan>& plans, const CheckOptions& options);
+
+// Builds the plan of every rank with buildPlan() and checks them; a failure message starts with
+// the parameters. `opt.average` selects AVG semantics.
+std::string checkPlans(int nranks, int64_t numel, DType dtype, const PlanOptions& opt, uint64_t seed,
+                       int trials);
+
+// One op of a plan as text ("op #12 compute reduce x5 data[8+4] = data[8+4] + slot1[0+4] final").
+std::string describeOp(const Plan& plan, int op_index);
+
+}  // namespace rr
