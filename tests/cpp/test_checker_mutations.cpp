@@ -1,0 +1,410 @@
+// The checker has teeth: every deliberate break of a correct plan set is reported. Each mutation
+// alters one rank's plan (or one op of it) and checkPlanSet must return a non-empty message.
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "core/error.h"
+#include "core/plan.h"
+#include "core/plan_checker.h"
+
+using namespace rr;
+
+namespace {
+
+struct Setup {
+  int n;
+  int64_t numel;
+  DType dtype;
+  int slots;
+  int64_t seg;
+  bool accum;
+  bool gather;
+  bool avg;
+};
+
+const Setup kSetups[] = {
+    {2, 37, DType::kFloat32, 2, 16, false, false, true},
+    {3, 50, DType::kFloat16, 3, 16, true, false, true},
+    {3, 50, DType::kBFloat16, 1, 16, false, true, false},
+    {4, 61, DType::kInt32, 4, 16, false, false, false},
+    {4, 100, DType::kFloat16, 2, 16, true, true, true},
+    {5, 23, DType::kFloat64, 3, 16, false, true, true},
+    {2, 9, DType::kInt8, 1, 16, false, false, false},
+};
+
+std::vector<Plan> build(const Setup& s) {
+  PlanOptions o;
+  o.max_segment_bytes = s.seg;
+  o.num_slots = s.slots;
+  o.accum_float32 = s.accum;
+  o.gather_into_data = s.gather;
+  o.average = s.avg;
+  std::vector<Plan> plans;
+  for (int r = 0; r < s.n; ++r) plans.push_back(buildPlan(s.n, r, s.numel, s.dtype, o));
+  return plans;
+}
+
+std::string check(const std::vector<Plan>& plans, const Setup& s) {
+  CheckOptions co;
+  co.average = s.avg;
+  co.seed = 5;
+  co.trials = 2;
+  return checkPlanSet(plans, co);
+}
+
+std::string setupText(const Setup& s) {
+  return detail::concat("n=", s.n, " numel=", s.numel, " ", dtypeName(s.dtype), " slots=", s.slots,
+                        " seg=", s.seg, s.accum ? " accum" : "", s.gather ? " gather" : "", s.avg ? " avg" : "");
+}
+
+// Applies `mutate` to rank r's plan at op index i for every (r, i) it accepts (returns true);
+// every mutated set must fail. Returns the number of mutations tried.
+int mutateAll(const Setup& s, const char* what, const std::function<bool(Plan&, int)>& mutate,
+              std::vector<int> ranks = {}) {
+  const std::vector<Plan> base = build(s);
+  if (ranks.empty())
+    for (int r = 0; r < s.n; ++r) ranks.push_back(r);
+  int tried = 0;
+  for (int r : ranks) {
+    for (int i = 0; i < static_cast<int>(base[r].ops.size()); ++i) {
+      std::vector<Plan> plans = base;
+      if (!mutate(plans[r], i)) continue;
+      ++tried;
+      const std::string err = check(plans, s);
+      CHECK_MSG(!err.empty(), what << " at rank " << r << " " << describeOp(base[r], i) << " went unnoticed ("
+                                   << setupText(s) << ")\n" << base[r].describe());
+    }
+  }
+  return tried;
+}
+
+// Position of the next op after i on the same queue, -1 if none.
+int nextOnQueue(const Plan& p, int i) {
+  for (int k = i + 1; k < static_cast<int>(p.ops.size()); ++k)
+    if (p.ops[k].queue == p.ops[i].queue) return k;
+  return -1;
+}
+
+bool eventWaited(const Plan& p, int32_t event) {
+  for (const Op& o : p.ops)
+    if (o.kind == OpKind::kWait && o.event == event) return true;
+  return false;
+}
+
+// An independent oracle for delete_any_wait: an explicit happens-before graph (op nodes,
+// exchange completion nodes) searched backwards. Deleting wait W is harmless when the first op
+// after W on its queue that is not itself a wait (or, when only waits follow, the queue's last
+// op) still happens after W's source without W: then every op's ordering is as before.
+bool waitIsImplied(const std::vector<Plan>& base_plans, int rank, int wait_op) {
+  std::vector<Plan> plans = base_plans;
+  const Op w = plans[rank].ops[wait_op];
+  plans[rank].ops.erase(plans[rank].ops.begin() + wait_op);
+  const int n = static_cast<int>(plans.size());
+  std::vector<int> base(n), cbase(n);
+  int total = 0;
+  for (int r = 0; r < n; ++r) {
+    base[r] = total;
+    total += static_cast<int>(plans[r].ops.size());
+  }
+  for (int r = 0; r < n; ++r) {
+    cbase[r] = total;
+    total += plans[r].num_exchanges;
+  }
+  std::vector<std::vector<int>> preds(static_cast<size_t>(total));
+  for (int r = 0; r < n; ++r) {
+    const Plan& p = plans[r];
+    std::vector<int> rec(static_cast<size_t>(p.num_events), -1);
+    for (int i = 0; i < static_cast<int>(p.ops.size()); ++i)
+      if (p.ops[i].kind == OpKind::kRecord) rec[p.ops[i].event] = i;
+    int last[2] = {-1, -1};
+    for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
+      const Op& o = p.ops[i];
+      const int q = o.queue == Queue::kComm ? 0 : 1;
+      if (last[q] >= 0) preds[base[r] + i].push_back(base[r] + last[q]);
+      last[q] = i;
+      if (o.kind == OpKind::kWait) {
+        if (o.event % 2 == 0) preds[base[r] + i].push_back(cbase[r] + o.event / 2);
+        else preds[base[r] + i].push_back(base[r] + rec[o.event]);
+      }
+      if (o.kind == OpKind::kExchange) {
+        preds[cbase[r] + o.exchange].push_back(base[r] + i);
+        if (!o.recv.empty()) {
+          const Plan& pp = plans[p.prev];
+          for (int k = 0; k < static_cast<int>(pp.ops.size()); ++k)
+            if (pp.ops[k].kind == OpKind::kExchange && pp.ops[k].exchange == o.exchange)
+              preds[cbase[r] + o.exchange].push_back(base[p.prev] + k);
+        }
+      }
+    }
+  }
+  const Plan& p = plans[rank];
+  int target = -1;
+  for (int k = wait_op; k < static_cast<int>(p.ops.size()); ++k) {
+    if (p.ops[k].queue != w.queue) continue;
+    target = k;
+    if (p.ops[k].kind != OpKind::kWait) break;
+  }
+  if (target < 0) return false;
+  int source = -1;
+  if (w.event % 2 == 0) {
+    source = cbase[rank] + w.event / 2;
+  } else {
+    for (int i = 0; i < static_cast<int>(p.ops.size()); ++i)
+      if (p.ops[i].kind == OpKind::kRecord && p.ops[i].event == w.event) source = base[rank] + i;
+  }
+  std::vector<char> seen(static_cast<size_t>(total), 0);
+  std::vector<int> stack = {base[rank] + target};
+  seen[stack[0]] = 1;
+  while (!stack.empty()) {
+    const int v = stack.back();
+    stack.pop_back();
+    if (v == source) return true;
+    for (int u : preds[v])
+      if (!seen[u]) {
+        seen[u] = 1;
+        stack.push_back(u);
+      }
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE(unmutated_plans_pass) {
+  for (const Setup& s : kSetups) {
+    const std::string err = check(build(s), s);
+    CHECK_MSG(err.empty(), err);
+  }
+}
+
+TEST_CASE(delete_any_wait) {
+  // Every wait whose ordering is not already implied must be missed when deleted. A wait that is
+  // implied by others (an independent breadth-first search over the happens-before graph says
+  // so) may go: the builder's drain emits a few of those when the all-gather lands in kData.
+  for (const Setup& s : kSetups) {
+    const std::vector<Plan> base = build(s);
+    int needed = 0, redundant = 0;
+    for (int r = 0; r < s.n; ++r) {
+      for (int i = 0; i < static_cast<int>(base[r].ops.size()); ++i) {
+        if (base[r].ops[i].kind != OpKind::kWait) continue;
+        const bool implied = waitIsImplied(base, r, i);
+        std::vector<Plan> plans = base;
+        plans[r].ops.erase(plans[r].ops.begin() + i);
+        const std::string err = check(plans, s);
+        if (implied) {
+          ++redundant;
+          CHECK_MSG(err.empty(), "deleting an implied wait was reported: " << err);
+        } else {
+          ++needed;
+          CHECK_MSG(!err.empty(), "deleting rank " << r << " " << describeOp(base[r], i) << " went unnoticed ("
+                                                   << setupText(s) << ")\n" << base[r].describe());
+        }
+      }
+    }
+    CHECK(needed > 0);
+    std::printf("  %s: %d needed waits caught, %d implied waits\n", setupText(s).c_str(), needed, redundant);
+  }
+}
+
+TEST_CASE(swap_wait_with_the_op_it_guards) {
+  // Move the op that follows a wait on its queue ahead of the wait.
+  for (const Setup& s : kSetups) {
+    const int tried = mutateAll(s, "swapping a wait with the op after it", [](Plan& p, int i) {
+      if (p.ops[i].kind != OpKind::kWait) return false;
+      const int k = nextOnQueue(p, i);
+      if (k < 0 || p.ops[k].kind == OpKind::kWait || p.ops[k].kind == OpKind::kRecord) return false;
+      std::swap(p.ops[i], p.ops[k]);
+      return true;
+    });
+    CHECK(tried > 0);
+  }
+}
+
+TEST_CASE(swap_exchange_with_its_record_or_next_exchange) {
+  for (const Setup& s : kSetups) {
+    mutateAll(s, "recording an exchange event before the exchange", [](Plan& p, int i) {
+      if (p.ops[i].kind != OpKind::kExchange) return false;
+      const int k = nextOnQueue(p, i);
+      if (k < 0 || p.ops[k].kind != OpKind::kRecord || !eventWaited(p, p.ops[k].event)) return false;
+      std::swap(p.ops[i], p.ops[k]);
+      return true;
+    });
+    mutateAll(s, "swapping two exchanges (message order)", [](Plan& p, int i) {
+      if (p.ops[i].kind != OpKind::kExchange) return false;
+      for (int k = i + 1; k < static_cast<int>(p.ops.size()); ++k) {
+        if (p.ops[k].kind != OpKind::kExchange) continue;
+        std::swap(p.ops[i], p.ops[k]);
+        return true;
+      }
+      return false;
+    });
+  }
+}
+
+TEST_CASE(change_a_slot_index) {
+  for (const Setup& s : kSetups) {
+    if (s.slots < 2) continue;
+    mutateAll(s, "changing an exchange's receive slot", [](Plan& p, int i) {
+      Op& o = p.ops[i];
+      if (o.kind != OpKind::kExchange || o.recv.buf != BufKind::kStaging) return false;
+      o.recv.slot = (o.recv.slot + 1) % p.num_slots;
+      return true;
+    });
+    mutateAll(s, "changing a reduce/copy's source slot", [](Plan& p, int i) {
+      Op& o = p.ops[i];
+      if ((o.kind != OpKind::kReduce && o.kind != OpKind::kCopy) || o.recv.buf != BufKind::kStaging) return false;
+      o.recv.slot = (o.recv.slot + 1) % p.num_slots;
+      return true;
+    });
+  }
+}
+
+TEST_CASE(change_a_byte_count) {
+  for (const Setup& s : kSetups) {
+    mutateAll(s, "shrinking a send", [](Plan& p, int i) {
+      Op& o = p.ops[i];
+      if (o.kind != OpKind::kExchange || o.send.count < 1) return false;
+      o.send.count -= 1;
+      return true;
+    });
+    mutateAll(s, "shrinking a receive", [](Plan& p, int i) {
+      Op& o = p.ops[i];
+      if (o.kind != OpKind::kExchange || o.recv.count < 1) return false;
+      o.recv.count -= 1;
+      return true;
+    });
+    mutateAll(s, "shrinking a reduce/copy", [](Plan& p, int i) {
+      Op& o = p.ops[i];
+      if (o.kind != OpKind::kReduce && o.kind != OpKind::kCopy) return false;
+      if (o.dst.count < 2) return false;
+      o.dst.count -= 1;
+      o.recv.count -= 1;
+      o.a.count = o.kind == OpKind::kReduce ? o.a.count - 1 : o.a.count;
+      return true;
+    });
+    mutateAll(s, "sending float32 partials as narrow elements", [](Plan& p, int i) {
+      Op& o = p.ops[i];
+      if (o.kind != OpKind::kExchange || !o.send.wide) return false;
+      o.send.wide = false;
+      o.send.buf = BufKind::kData;
+      return true;
+    });
+  }
+}
+
+TEST_CASE(shift_an_offset) {
+  for (const Setup& s : kSetups) {
+    mutateAll(s, "shifting a reduce's destination", [](Plan& p, int i) {
+      Op& o = p.ops[i];
+      if (o.kind != OpKind::kReduce || o.dst.buf != BufKind::kData || o.dst.offset == 0) return false;
+      o.dst.offset -= 1;
+      return true;
+    });
+    mutateAll(s, "shifting a send's source", [](Plan& p, int i) {
+      Op& o = p.ops[i];
+      if (o.kind != OpKind::kExchange || o.send.buf != BufKind::kData || o.send.offset == 0) return false;
+      o.send.offset -= 1;
+      return true;
+    });
+  }
+}
+
+TEST_CASE(drop_any_op) {
+  // Records nobody waits on are the only non-wait ops whose loss is harmless.
+  for (const Setup& s : kSetups) {
+    const int tried = mutateAll(s, "dropping an op", [](Plan& p, int i) {
+      if (p.ops[i].kind == OpKind::kWait) return false;  // delete_any_wait
+      if (p.ops[i].kind == OpKind::kRecord && !eventWaited(p, p.ops[i].event)) return false;
+      p.ops.erase(p.ops.begin() + i);
+      return true;
+    });
+    CHECK(tried > 0);
+  }
+}
+
+TEST_CASE(final_flag_and_average) {
+  for (const Setup& s : kSetups) {
+    if (!s.avg) continue;
+    mutateAll(s, "clearing AVG's final divide", [](Plan& p, int i) {
+      Op& o = p.ops[i];
+      if (o.kind != OpKind::kReduce || !o.final) return false;
+      o.final = false;
+      return true;
+    });
+    mutateAll(s, "dividing at a non-final reduce", [](Plan& p, int i) {
+      Op& o = p.ops[i];
+      if (o.kind != OpKind::kReduce || o.final) return false;
+      o.final = true;
+      return true;
+    });
+  }
+}
+
+TEST_CASE(move_a_wait_later) {
+  // A wait moved after the op it guards, by one position in the list (the CPU executor's order).
+  for (const Setup& s : kSetups) {
+    mutateAll(s, "moving a wait behind the next op of its queue", [](Plan& p, int i) {
+      if (p.ops[i].kind != OpKind::kWait) return false;
+      const int k = nextOnQueue(p, i);
+      if (k < 0 || p.ops[k].kind == OpKind::kWait || p.ops[k].kind == OpKind::kRecord) return false;
+      const Op w = p.ops[i];
+      p.ops.erase(p.ops.begin() + i);
+      p.ops.insert(p.ops.begin() + k, w);  // k shifted down by one: lands right after the guarded op
+      return true;
+    });
+  }
+}
+
+TEST_CASE(hand_made_failures_are_described) {
+  // Specific messages for specific faults.
+  const Setup s{3, 50, DType::kFloat32, 2, 16, false, false, true};
+  {
+    std::vector<Plan> plans = build(s);
+    // Rank 1's first receive expects one element less than rank 0 sends.
+    for (Op& o : plans[1].ops) {
+      if (o.kind == OpKind::kExchange && o.recv.count > 1) {
+        o.recv.count -= 1;
+        break;
+      }
+    }
+    const std::string err = check(plans, s);
+    CHECK_MSG(err.find("send/recv mismatch") != std::string::npos, err);
+  }
+  {
+    // Reuse one slot for everything: slot index changes on every receive and its reduce.
+    std::vector<Plan> plans = build(s);
+    for (Op& o : plans[2].ops) {
+      if (o.recv.buf == BufKind::kStaging) o.recv.slot = 0;
+    }
+    const std::string err = check(plans, s);
+    CHECK_MSG(err.find("staging slot 0 reused") != std::string::npos || err.find("data race") != std::string::npos, err);
+  }
+  {
+    std::vector<Plan> plans = build(s);
+    for (size_t i = 0; i < plans[0].ops.size(); ++i) {
+      if (plans[0].ops[i].kind == OpKind::kReduce) {
+        plans[0].ops.erase(plans[0].ops.begin() + static_cast<long>(i));
+        break;
+      }
+    }
+    const std::string err = check(plans, s);
+    CHECK_MSG(!err.empty(), "dropped reduce");
+  }
+  {
+    // A send with no receive at all on the peer.
+    std::vector<Plan> plans = build(s);
+    for (Op& o : plans[1].ops) {
+      if (o.kind == OpKind::kExchange && !o.recv.empty()) {
+        o.recv.count = 0;
+        break;
+      }
+    }
+    const std::string err = check(plans, s);
+    CHECK_MSG(err.find("send/recv mismatch") != std::string::npos, err);
+  }
+}
+
+TEST_MAIN()
