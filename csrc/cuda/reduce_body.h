@@ -62,6 +62,29 @@ struct ReduceBody {
   static constexpr int V = VectorShape<TA, TB, TD>::V;
   using Step = ReduceStep<TA, TB, TD, op>;
 
+  // Vectors [0, nvec) of the body; dst is Pack-aligned, a/b are when kVecA/kVecB.
+  template <bool kVecA, bool kVecB>
+  RR_HD_INLINE static void body(const TA* va, const TB* vb, TD* vd, int64_t nvec, int divisor, bool round_sum,
+                                int64_t thread, int64_t nthreads) {
+    for (int64_t k = thread; k < nvec; k += nthreads) {
+      Pack<TD, V> pd;
+      if constexpr (kVecA && kVecB) {
+        const Pack<TA, V> pa = reinterpret_cast<const Pack<TA, V>*>(va)[k];
+        const Pack<TB, V> pb = reinterpret_cast<const Pack<TB, V>*>(vb)[k];
+        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(pa.v[u], pb.v[u], divisor, round_sum);
+      } else if constexpr (kVecA) {
+        const Pack<TA, V> pa = reinterpret_cast<const Pack<TA, V>*>(va)[k];
+        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(pa.v[u], vb[k * V + u], divisor, round_sum);
+      } else if constexpr (kVecB) {
+        const Pack<TB, V> pb = reinterpret_cast<const Pack<TB, V>*>(vb)[k];
+        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(va[k * V + u], pb.v[u], divisor, round_sum);
+      } else {
+        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(va[k * V + u], vb[k * V + u], divisor, round_sum);
+      }
+      reinterpret_cast<Pack<TD, V>*>(vd)[k] = pd;
+    }
+  }
+
   // The elements of [0, count) that belong to `thread` of `nthreads`.
   RR_HD_INLINE static void run(const TA* a, const TB* b, TD* dst, int64_t count, int divisor,
                                bool round_sum, int64_t thread, int64_t nthreads) {
@@ -70,27 +93,18 @@ struct ReduceBody {
     const int64_t tail = head + nvec * V;
     for (int64_t i = thread; i < head; i += nthreads) dst[i] = Step::apply(a[i], b[i], divisor, round_sum);
     if (nvec > 0) {
-      const TA* va = a + head;
-      const TB* vb = b + head;
-      TD* vd = dst + head;
-      const bool a_vec = packAligned<TA, V>(va);
-      const bool b_vec = packAligned<TB, V>(vb);
-      for (int64_t k = thread; k < nvec; k += nthreads) {
-        Pack<TA, V> pa;
-        Pack<TB, V> pb;
-        if (a_vec) {
-          pa = reinterpret_cast<const Pack<TA, V>*>(va)[k];
-        } else {
-          for (int u = 0; u < V; ++u) pa.v[u] = va[k * V + u];
-        }
-        if (b_vec) {
-          pb = reinterpret_cast<const Pack<TB, V>*>(vb)[k];
-        } else {
-          for (int u = 0; u < V; ++u) pb.v[u] = vb[k * V + u];
-        }
-        Pack<TD, V> pd;
-        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(pa.v[u], pb.v[u], divisor, round_sum);
-        reinterpret_cast<Pack<TD, V>*>(vd)[k] = pd;
+      // Four loop versions rather than a branch per vector: with both loads in one loop body a
+      // compiler may merge them into the aligned one (GCC does), faulting on misaligned operands.
+      const bool a_vec = packAligned<TA, V>(a + head);
+      const bool b_vec = packAligned<TB, V>(b + head);
+      if (a_vec && b_vec) {
+        body<true, true>(a + head, b + head, dst + head, nvec, divisor, round_sum, thread, nthreads);
+      } else if (a_vec) {
+        body<true, false>(a + head, b + head, dst + head, nvec, divisor, round_sum, thread, nthreads);
+      } else if (b_vec) {
+        body<false, true>(a + head, b + head, dst + head, nvec, divisor, round_sum, thread, nthreads);
+      } else {
+        body<false, false>(a + head, b + head, dst + head, nvec, divisor, round_sum, thread, nthreads);
       }
     }
     for (int64_t i = tail + thread; i < count; i += nthreads)

@@ -13,6 +13,7 @@
 #include "../core/functors.h"
 #include "cuda_check.h"
 #include "reduce_body.h"
+#include "reduce_dispatch.h"
 #include "reduce_kernels.cuh"
 
 namespace rr {
@@ -101,10 +102,10 @@ RR_INST(Complex<double>, Complex<double>, Complex<double>, kAvg)
 #undef RR_INST_ALL_OPS
 #undef RR_INST
 
-// ---- dispatch ------------------------------------------------------------------------------------
+// ---- dispatch (reduce_dispatch.h) --------------------------------------------------------------
 namespace {
 
-struct Args {
+struct KernelLauncher {
   const void* a;
   const void* b;
   void* dst;
@@ -112,98 +113,23 @@ struct Args {
   int divisor;
   bool round_sum;
   cudaStream_t stream;
+  template <typename TA, typename TB, typename TD, RedOp op>
+  void run() {
+    launchTyped<TA, TB, TD, op>(a, b, dst, count, divisor, round_sum, stream);
+  }
 };
-
-template <typename T, RedOp op>
-void byWidths(int widths, const Args& x) {
-  switch (static_cast<Widths>(widths)) {
-    case Widths::kNarrow:
-      return launchTyped<T, T, T, op>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    case Widths::kToWide:
-      return launchTyped<T, T, float, op>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    case Widths::kWideToWide:
-      return launchTyped<T, float, float, op>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    case Widths::kWideToNarrow:
-      return launchTyped<T, float, T, op>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-  }
-  RR_THROW(kRuntime, "ringreduce internal error: unexpected operand widths ", widths);
-}
-
-template <typename T>
-void halfType(RedOp op, int widths, const Args& x) {
-  switch (op) {
-    case RedOp::kSum: return byWidths<T, RedOp::kSum>(widths, x);
-    case RedOp::kAvg: return byWidths<T, RedOp::kAvg>(widths, x);
-    case RedOp::kMax: return byWidths<T, RedOp::kMax>(widths, x);
-    case RedOp::kMin: return byWidths<T, RedOp::kMin>(widths, x);
-    case RedOp::kProduct: return byWidths<T, RedOp::kProduct>(widths, x);
-  }
-  RR_THROW(kType, "ringreduce: unknown op code ", static_cast<int>(op));
-}
-
-template <typename T>
-void narrow(RedOp op, const Args& x) {
-  switch (op) {
-    case RedOp::kSum: return launchTyped<T, T, T, RedOp::kSum>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    case RedOp::kAvg: return launchTyped<T, T, T, RedOp::kAvg>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    case RedOp::kMax: return launchTyped<T, T, T, RedOp::kMax>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    case RedOp::kMin: return launchTyped<T, T, T, RedOp::kMin>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    case RedOp::kProduct:
-      return launchTyped<T, T, T, RedOp::kProduct>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-  }
-  RR_THROW(kType, "ringreduce: unknown op code ", static_cast<int>(op));
-}
-
-template <typename T>
-void integral(RedOp op, const Args& x) {  // AVG refused by checkSupported() before we get here
-  switch (op) {
-    case RedOp::kSum: return launchTyped<T, T, T, RedOp::kSum>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    case RedOp::kMax: return launchTyped<T, T, T, RedOp::kMax>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    case RedOp::kMin: return launchTyped<T, T, T, RedOp::kMin>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    case RedOp::kProduct:
-      return launchTyped<T, T, T, RedOp::kProduct>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    case RedOp::kAvg: break;
-  }
-  RR_THROW(kType, "ringreduce: op ", redOpName(op), " is not supported for integer tensors");
-}
-
-template <typename T>
-void complexType(RedOp op, const Args& x) {
-  switch (op) {
-    case RedOp::kSum: return launchTyped<T, T, T, RedOp::kSum>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    case RedOp::kAvg: return launchTyped<T, T, T, RedOp::kAvg>(x.a, x.b, x.dst, x.count, x.divisor, x.round_sum, x.stream);
-    default: break;
-  }
-  RR_THROW(kType, "ringreduce: op ", redOpName(op), " is not supported for complex tensors");
-}
 
 }  // namespace
 
 void launchReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide,
                   void* dst, bool dst_wide, int64_t count, int divisor, bool round_sum,
                   cudaStream_t stream) {
-  checkSupported(dtype, op);
-  const int widths = widthsOf(a_wide, b_wide, dst_wide);
-  RR_CHECK(widths == static_cast<int>(Widths::kNarrow) || (widths > 0 && isHalfType(dtype)), kRuntime,
-           "ringreduce internal error: float32 partials requested for ", dtypeName(dtype), " (a=", a_wide,
-           " b=", b_wide, " dst=", dst_wide, ")");
-  if (count <= 0) return;
-  const Args x{a, b, dst, count, divisor, round_sum, stream};
-  switch (dtype) {
-    case DType::kFloat32: return narrow<float>(op, x);
-    case DType::kFloat64: return narrow<double>(op, x);
-    case DType::kFloat16: return halfType<Half>(op, widths, x);
-    case DType::kBFloat16: return halfType<BFloat16>(op, widths, x);
-    case DType::kInt8: return integral<int8_t>(op, x);
-    case DType::kInt16: return integral<int16_t>(op, x);
-    case DType::kInt32: return integral<int32_t>(op, x);
-    case DType::kInt64: return integral<int64_t>(op, x);
-    case DType::kUInt8: return integral<uint8_t>(op, x);
-    case DType::kBool: return integral<Bool8>(op, x);
-    case DType::kComplex64: return complexType<Complex<float>>(op, x);
-    case DType::kComplex128: return complexType<Complex<double>>(op, x);
+  if (count <= 0) {
+    checkSupported(dtype, op);
+    return;
   }
-  RR_THROW(kType, "ringreduce: unknown dtype code ", static_cast<int>(dtype));
+  KernelLauncher l{a, b, dst, count, divisor, round_sum, stream};
+  dispatchReduce(dtype, op, a_wide, b_wide, dst_wide, l);
 }
 
 }  // namespace rr

@@ -51,6 +51,18 @@ void checkSpan(const Plan& plan, const DeviceBuffers& b, const Span& s) {
 
 }  // namespace
 
+PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t segment_bytes, int32_t num_slots,
+                           int64_t slot_bytes) {
+  PlanOptions o;
+  const int64_t wanted = segment_bytes > 0 ? segment_bytes : kGpuDefaultSegmentBytes;
+  o.max_segment_bytes = maxI64(16, minI64(wanted, slot_bytes));
+  o.num_slots = num_slots;
+  o.accum_float32 = accum_float32;
+  o.gather_into_data = true;
+  o.average = op == RedOp::kAvg;
+  return o;
+}
+
 size_t slotBytesFor(const Plan& plan) {
   if (plan.num_slots == 0) return 0;
   return static_cast<size_t>(plan.stagingBytes() / plan.num_slots);
@@ -138,6 +150,7 @@ void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, D
   }
 
   // Framing, steps 4-5.
+  be.finish();
   be.record(Stream::kCompute, kCallDoneEvent);
   if (caller_waits) be.wait(Stream::kCaller, kCallDoneEvent);
 }

@@ -19,7 +19,7 @@
 //      may still read a slot the first exchange of this call overwrites. (kCompute is in order and
 //      needs no such wait.)
 //   3. the plan's ops.
-//   4. record kCallDone on kCompute. The plan ends with kCompute waiting every exchange, so
+//   4. backend.finish() (extra work on kCompute), then record kCallDone on kCompute. The plan ends with kCompute waiting every exchange, so
 //      kCallDone fires when the whole call, sends included, has finished.
 //   5. synchronous calls: kCaller waits kCallDone (asynchronous calls do this in Work.wait()).
 //
@@ -71,6 +71,9 @@ class DeviceBackend {
   // `event` is a dense plan event index (>= 0) or a framing event (< 0).
   virtual void record(Stream stream, int32_t event) = 0;
   virtual void wait(Stream stream, int32_t event) = 0;
+  // Last work of the call on kCompute, after every plan op and before kCallDone is recorded
+  // (the torch glue copies a non-contiguous tensor's working copy back here).
+  virtual void finish() {}
 };
 
 // Device addresses of the buffers a plan names.
@@ -93,6 +96,12 @@ EventMap mapWaitedEvents(const Plan& plan);
 // (kRuntime) if the buffers do not fit the plan, before anything is enqueued.
 void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& backend,
                      bool caller_waits);
+
+// The plan options of the GPU transport: the all-gather lands in the output (gather_into_data);
+// segment_bytes <= 0 means the default (1 MiB); segments are capped so that one fits a slot.
+constexpr int64_t kGpuDefaultSegmentBytes = 1 << 20;
+PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t segment_bytes, int32_t num_slots,
+                           int64_t slot_bytes);
 
 // Bytes one staging slot needs for `plan`.
 size_t slotBytesFor(const Plan& plan);

@@ -1,0 +1,423 @@
+#include "cuda_ring.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "cuda_check.h"
+#include "reduce_kernels.cuh"
+
+namespace rr {
+
+namespace {
+
+constexpr auto kHostPoll = std::chrono::microseconds(20);
+constexpr auto kWatchdogBusyPoll = std::chrono::milliseconds(1);
+constexpr auto kWatchdogIdlePoll = std::chrono::milliseconds(100);
+
+// Polls `event` until it fired; throws kBackend on a CUDA error, when `comm` was aborted, or when
+// `deadline` passes (then `on_timeout` names what timed out).
+void hostWait(cudaEvent_t event, NcclComm& comm, std::chrono::steady_clock::time_point deadline,
+              const std::string& what) {
+  while (true) {
+    const cudaError_t q = cudaEventQuery(event);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) RR_CUDA_CHECK(q);
+    comm.checkUsable();
+    if (std::chrono::steady_clock::now() > deadline) {
+      RR_THROW(kBackend, "ringreduce: ", what, " on ", comm.name(), " (rank ", comm.rank(), " of ", comm.size(),
+               ") did not finish within ", comm.timeout().count(), " ms");
+    }
+    std::this_thread::sleep_for(kHostPoll);
+  }
+}
+
+}  // namespace
+
+// ---- EventPool ---------------------------------------------------------------------------------
+
+EventPool::~EventPool() {
+  // Destroying an event whose record is pending is allowed (resources are freed on completion).
+  for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
+}
+
+cudaEvent_t EventPool::acquire() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!free_.empty()) {
+      cudaEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+  }
+  DeviceGuard guard(device_);
+  cudaEvent_t e = nullptr;
+  RR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void EventPool::release(cudaEvent_t event) {
+  if (event == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.push_back(event);
+}
+
+// ---- CudaWork ----------------------------------------------------------------------------------
+
+CudaWork::CudaWork(std::shared_ptr<EventPool> pool, std::shared_ptr<NcclComm> comm, uint64_t seq, int device)
+    : pool_(std::move(pool)), comm_(std::move(comm)), seq_(seq), device_(device) {}
+
+CudaWork::~CudaWork() {
+  pool_->release(start_);
+  pool_->release(done_);
+}
+
+void CudaWork::fail(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_.load() == kDone) return;
+  error_ = reason;
+  state_.store(kFailed);
+}
+
+std::string CudaWork::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+bool CudaWork::isCompleted() {
+  const int s = state_.load();
+  if (s != kPending) return true;
+  const cudaError_t q = cudaEventQuery(done_);
+  if (q == cudaSuccess) {
+    markDone();
+    return true;
+  }
+  if (q != cudaErrorNotReady) RR_CUDA_CHECK(q);
+  return false;
+}
+
+void CudaWork::streamWait(cudaStream_t stream) {
+  if (state_.load() == kFailed) {
+    RR_THROW(kBackend, "ringreduce: all-reduce #", seq_, " on ", comm_->name(), " failed: ", error());
+  }
+  DeviceGuard guard(device_);
+  RR_CUDA_CHECK(cudaStreamWaitEvent(stream, done_, 0));
+}
+
+void CudaWork::synchronize(std::chrono::milliseconds timeout) {
+  const auto limit = timeout.count() > 0 ? timeout : comm_->timeout();
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!isCompleted()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      RR_THROW(kBackend, "ringreduce: all-reduce #", seq_, " on ", comm_->name(), " (rank ", comm_->rank(),
+               ") did not finish within ", limit.count(), " ms");
+    }
+    std::this_thread::sleep_for(kHostPoll);
+  }
+  if (state_.load() == kFailed) {
+    RR_THROW(kBackend, "ringreduce: all-reduce #", seq_, " on ", comm_->name(), " failed: ", error());
+  }
+}
+
+// ---- CudaBackend: the DeviceBackend of real GPUs -------------------------------------------------
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  CudaBackend(CudaRing& ring, CudaWork& work, DType dtype, RedOp op, cudaStream_t caller,
+              const std::function<void()>& epilogue)
+      : ring_(ring), work_(work), dtype_(dtype), op_(op), caller_(caller), epilogue_(epilogue) {}
+
+  bool enqueuedAnything() const { return enqueued_; }
+
+  void prepare(int32_t num_events) override {
+    while (static_cast<int32_t>(ring_.plan_events_.size()) < num_events)
+      ring_.plan_events_.push_back(ring_.pool_->acquire());
+  }
+
+  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override {
+    enqueued_ = true;
+    ring_.comm_->sendRecv(send, send_bytes, (ring_.rank() + 1) % ring_.size(), recv, recv_bytes,
+                          (ring_.rank() + ring_.size() - 1) % ring_.size(), ring_.comm_stream_);
+  }
+
+  void reduce(const ReduceLaunch& l) override {
+    enqueued_ = true;
+    launchReduce(dtype_, op_, l.a, l.a_wide, l.b, l.b_wide, l.dst, l.dst_wide, l.count, l.divisor,
+                 l.round_sum, ring_.compute_stream_);
+  }
+
+  void copy(void* dst, const void* src, size_t bytes) override {
+    enqueued_ = true;
+    RR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ring_.compute_stream_));
+  }
+
+  void record(Stream stream, int32_t event) override {
+    enqueued_ = true;
+    RR_CUDA_CHECK(cudaEventRecord(eventOf(event), streamOf(stream)));
+  }
+
+  void finish() override {
+    if (epilogue_) {
+      enqueued_ = true;
+      epilogue_();
+    }
+  }
+
+  void wait(Stream stream, int32_t event) override {
+    if (event == kPrevCallDoneEvent) {
+      if (!ring_.last_work_) return;  // first call on this ring
+      RR_CUDA_CHECK(cudaStreamWaitEvent(streamOf(stream), ring_.last_work_->done_, 0));
+      return;
+    }
+    RR_CUDA_CHECK(cudaStreamWaitEvent(streamOf(stream), eventOf(event), 0));
+  }
+
+ private:
+  cudaStream_t streamOf(Stream s) const {
+    switch (s) {
+      case Stream::kComm: return ring_.comm_stream_;
+      case Stream::kCompute: return ring_.compute_stream_;
+      case Stream::kCaller: return caller_;
+    }
+    RR_THROW(kRuntime, "ringreduce internal error: unknown stream");
+  }
+  cudaEvent_t eventOf(int32_t e) const {
+    if (e == kCallStartEvent) return work_.start_;
+    if (e == kCallDoneEvent) return work_.done_;
+    RR_CHECK(e >= 0 && static_cast<size_t>(e) < ring_.plan_events_.size(), kRuntime,
+             "ringreduce internal error: event ", e, " outside the pool");
+    return ring_.plan_events_[static_cast<size_t>(e)];
+  }
+
+  CudaRing& ring_;
+  CudaWork& work_;
+  DType dtype_;
+  RedOp op_;
+  cudaStream_t caller_;
+  const std::function<void()>& epilogue_;
+  bool enqueued_ = false;
+};
+
+// ---- CudaRing ----------------------------------------------------------------------------------
+
+CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots, int64_t staging_bytes)
+    : comm_(std::move(comm)), pool_(std::make_shared<EventPool>(comm_->device())), num_slots_(num_slots) {
+  RR_CHECK(num_slots_ >= 1, kValue, "ringreduce: need at least one staging slot");
+  // Slots are multiples of 256 bytes so that every slot starts 16-byte aligned (vector loads).
+  slot_bytes_ = (staging_bytes / num_slots_) / 256 * 256;
+  RR_CHECK(slot_bytes_ >= 256, kValue, "ringreduce: staging of ", staging_bytes, " bytes is too small for ",
+           num_slots_, " slots");
+  DeviceGuard guard(comm_->device());
+  try {
+    int lo = 0, hi = 0;
+    RR_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    // The communication stream gets the higher priority: its kernels are tiny and gate the peers.
+    RR_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi));
+    RR_CUDA_CHECK(cudaStreamCreateWithPriority(&compute_stream_, cudaStreamNonBlocking, lo));
+    RR_CUDA_CHECK(cudaMalloc(&staging_, static_cast<size_t>(slot_bytes_) * num_slots_));
+    RR_CUDA_CHECK(cudaMalloc(&frames_dev_, kFrameBytes * static_cast<size_t>(comm_->size())));
+    RR_CUDA_CHECK(cudaMallocHost(&frames_host_, kFrameBytes * static_cast<size_t>(comm_->size())));
+  } catch (...) {
+    shutdown("construction failed");
+    throw;
+  }
+  watchdog_ = std::thread([this] { watchdogLoop(); });
+}
+
+CudaRing::~CudaRing() { shutdown("the ring was destroyed"); }
+
+void CudaRing::checkOpen() const {
+  RR_CHECK(!shut_down_, kBackend, "ringreduce: the NCCL communicator ", comm_->name(),
+           " was shut down (process exit or an explicit abort)");
+}
+
+Plan CudaRing::makePlan(int64_t numel, DType dtype, RedOp op, bool accum_float32, int64_t segment_bytes) const {
+  return buildPlan(comm_->size(), comm_->rank(), numel, dtype,
+                   gpuPlanOptions(op, accum_float32, segment_bytes, num_slots_, slot_bytes_));
+}
+
+std::shared_ptr<CudaWork> CudaRing::enqueue(const Plan& plan, RedOp op, void* data, void* accum,
+                                            cudaStream_t caller, bool caller_waits,
+                                            const std::function<void()>& epilogue) {
+  std::lock_guard<std::mutex> lock(call_mu_);
+  checkOpen();
+  comm_->checkUsable();
+  checkSupported(plan.dtype, op);
+  RR_CHECK(plan.sched.nranks == size() && plan.rank == rank(), kRuntime,
+           "ringreduce internal error: plan for rank ", plan.rank, "/", plan.sched.nranks, " on ring rank ",
+           rank(), "/", size());
+  DeviceGuard guard(device());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  RR_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture));
+  RR_CHECK(capture == cudaStreamCaptureStatusNone, kRuntime,
+           "ringreduce: all_reduce on CUDA tensors cannot be captured in a CUDA graph (its NCCL "
+           "communicator is non-blocking and its ring is driven from the host); call it outside "
+           "torch.cuda.graph() or use torch.distributed.all_reduce inside the graph");
+
+  std::shared_ptr<CudaWork> work(new CudaWork(pool_, comm_, next_seq_, device()));
+  work->start_ = pool_->acquire();
+  work->done_ = pool_->acquire();
+  DeviceBuffers buffers;
+  buffers.data = data;
+  buffers.accum = accum;
+  buffers.slot_bytes = static_cast<size_t>(slot_bytes_);
+  for (int32_t k = 0; k < num_slots_; ++k)
+    buffers.slots.push_back(static_cast<char*>(staging_) + static_cast<int64_t>(k) * slot_bytes_);
+
+  CudaBackend backend(*this, *work, plan.dtype, op, caller, epilogue);
+  try {
+    enqueueRingCall(plan, op, buffers, backend, caller_waits);
+  } catch (const std::exception& e) {
+    if (backend.enqueuedAnything()) {
+      // Half a ring is on the streams and the peers wait for the rest: only an abort unblocks them.
+      const std::string reason = std::string("enqueueing all-reduce #") + std::to_string(next_seq_) +
+                                 " failed: " + e.what();
+      comm_->abort(reason);
+      failAll(reason);
+    }
+    throw;
+  }
+  ++next_seq_;
+  last_work_ = work;
+  {
+    std::lock_guard<std::mutex> wl(wd_mu_);
+    in_flight_.push_back(work);
+  }
+  wd_cv_.notify_one();
+  return work;
+}
+
+std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine) {
+  std::lock_guard<std::mutex> lock(call_mu_);
+  checkOpen();
+  comm_->checkUsable();
+  const int n = size();
+  const int r = rank();
+  DeviceGuard guard(device());
+  char* host = static_cast<char*>(frames_host_);
+  char* dev = static_cast<char*>(frames_dev_);
+  std::memcpy(host + static_cast<size_t>(r) * kFrameBytes, &mine, kFrameBytes);
+  cudaEvent_t done = pool_->acquire();
+  try {
+    RR_CUDA_CHECK(cudaMemcpyAsync(dev + static_cast<size_t>(r) * kFrameBytes, host + static_cast<size_t>(r) * kFrameBytes,
+                                  kFrameBytes, cudaMemcpyHostToDevice, comm_stream_));
+    // Hop h: forward the frame of rank (r - h), receive the frame of rank (r - h - 1).
+    for (int h = 0; h < n - 1; ++h) {
+      const int out = modRing(r - h, n);
+      const int in = modRing(r - h - 1, n);
+      comm_->sendRecv(dev + static_cast<size_t>(out) * kFrameBytes, kFrameBytes, (r + 1) % n,
+                      dev + static_cast<size_t>(in) * kFrameBytes, kFrameBytes, (r + n - 1) % n, comm_stream_);
+    }
+    RR_CUDA_CHECK(cudaMemcpyAsync(host, dev, kFrameBytes * static_cast<size_t>(n), cudaMemcpyDeviceToHost,
+                                  comm_stream_));
+    RR_CUDA_CHECK(cudaEventRecord(done, comm_stream_));
+    hostWait(done, *comm_, std::chrono::steady_clock::now() + comm_->timeout(), "the agreement check");
+  } catch (const std::exception& e) {
+    const std::string reason = std::string("agreement check failed: ") + e.what();
+    comm_->abort(reason);
+    failAll(reason);
+    pool_->release(done);
+    throw;
+  }
+  pool_->release(done);
+  std::vector<Frame> frames(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) std::memcpy(&frames[static_cast<size_t>(i)], host + static_cast<size_t>(i) * kFrameBytes, kFrameBytes);
+  return frames;
+}
+
+void CudaRing::failAll(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(wd_mu_);
+  for (auto& w : in_flight_) w->fail(reason);
+  in_flight_.clear();
+}
+
+void CudaRing::watchdogLoop() {
+  (void)cudaSetDevice(device());  // events and NCCL state of this device; failures show up below
+  std::unique_lock<std::mutex> lock(wd_mu_);
+  while (!wd_stop_) {
+    wd_cv_.wait_for(lock, in_flight_.empty() ? kWatchdogIdlePoll : kWatchdogBusyPoll);
+    if (wd_stop_) break;
+    if (in_flight_.empty()) continue;
+    std::string reason;
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      CudaWork& w = **it;
+      const cudaError_t q = cudaEventQuery(w.done_);
+      if (q == cudaSuccess) {
+        w.markDone();
+        it = in_flight_.erase(it);
+        continue;
+      }
+      if (q != cudaErrorNotReady) {
+        reason = std::string("CUDA error while all-reduce #") + std::to_string(w.seq_) + " was running: " +
+                 cudaGetErrorString(q);
+        break;
+      }
+      if (!w.started_) {
+        // The timeout runs from the moment the call's start event fired on the GPU, i.e. once the
+        // work queued before it on the caller's stream is done.
+        const cudaError_t s = cudaEventQuery(w.start_);
+        if (s == cudaSuccess) {
+          w.started_ = true;
+          w.started_at_ = now;
+        } else if (s != cudaErrorNotReady) {
+          reason = std::string("CUDA error: ") + cudaGetErrorString(s);
+          break;
+        }
+      }
+      if (w.started_ && now - w.started_at_ > comm_->timeout()) {
+        reason = std::string("all-reduce #") + std::to_string(w.seq_) + " did not finish within " +
+                 std::to_string(comm_->timeout().count()) +
+                 " ms of starting (a peer died, never called, or called with a different size)";
+        break;
+      }
+      ++it;
+    }
+    if (reason.empty() && !in_flight_.empty()) reason = comm_->pollError();
+    if (!reason.empty()) {
+      std::fprintf(stderr, "[ringreduce watchdog] rank %d of %d, communicator %s: %s; aborting the NCCL communicator\n",
+                   rank(), size(), comm_->name().c_str(), reason.c_str());
+      comm_->abort(reason);
+      for (auto& w : in_flight_) w->fail(reason);
+      in_flight_.clear();
+    }
+  }
+}
+
+void CudaRing::shutdown(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(wd_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    wd_stop_ = true;
+  }
+  wd_cv_.notify_all();
+  if (watchdog_.joinable()) {
+    if (watchdog_.get_id() == std::this_thread::get_id()) {
+      watchdog_.detach();  // unreachable in practice: the watchdog never calls shutdown()
+    } else {
+      watchdog_.join();
+    }
+  }
+  std::lock_guard<std::mutex> call_lock(call_mu_);
+  comm_->abort("shut down: " + reason);
+  failAll("the communicator was shut down: " + reason);
+  // After the abort NCCL's kernels return, so the streams drain; free nothing the GPU may still use.
+  int previous = -1;
+  const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
+  if (previous != device()) (void)cudaSetDevice(device());
+  if (comm_stream_ != nullptr) (void)cudaStreamSynchronize(comm_stream_);
+  if (compute_stream_ != nullptr) (void)cudaStreamSynchronize(compute_stream_);
+  for (cudaEvent_t e : plan_events_) pool_->release(e);
+  plan_events_.clear();
+  last_work_.reset();
+  if (staging_ != nullptr) (void)cudaFree(staging_);
+  if (frames_dev_ != nullptr) (void)cudaFree(frames_dev_);
+  if (frames_host_ != nullptr) (void)cudaFreeHost(frames_host_);
+  staging_ = frames_dev_ = frames_host_ = nullptr;
+  if (comm_stream_ != nullptr) (void)cudaStreamDestroy(comm_stream_);
+  if (compute_stream_ != nullptr) (void)cudaStreamDestroy(compute_stream_);
+  comm_stream_ = compute_stream_ = nullptr;
+  if (have_previous && previous != device()) (void)cudaSetDevice(previous);
+}
+
+}  // namespace rr

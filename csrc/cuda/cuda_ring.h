@@ -1,0 +1,187 @@
+// ringreduce GPU: the ring all-reduce over one NCCL communicator.
+//
+// CudaRing owns everything one process group needs on one GPU (DESIGN.md, "GPU transport"):
+//   * the non-blocking NCCL communicator (nccl_comm.h);
+//   * a communication stream (grouped ncclSend/ncclRecv) and a reduce stream (kernels), so that
+//     the reduction of segment k overlaps the transfer of segment k + 1;
+//   * the staging slots (num_slots x slot_bytes <= 8 MiB), shared by all calls on the group;
+//   * the event pool (plan events, reused call after call; per-call start/done events);
+//   * a watchdog thread that polls in-flight calls and ncclCommGetAsyncError and aborts the
+//     communicator on an error or when a started call exceeds the timeout.
+// The plan is enqueued by enqueueRingCall() (ring_driver.h) through CudaBackend below; nothing in
+// this file decides which buffer or segment a step touches.
+//
+// Note [Ordering, lifetime, failure]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// * A call is ordered after everything the caller enqueued on its stream before the call (start
+//   event), and after the previous call on this ring (its done event, Note [Driving the plan on
+//   streams]). Calls on one ring are serialized on the GPU in call order.
+// * CudaWork::streamWait() makes another stream wait for the call; a synchronous call does that to
+//   the caller's stream before returning. Nothing here blocks the host except synchronize() and
+//   the opt-in agreement check (exchangeFrames()).
+// * The caller keeps the tensor alive for the streams (the torch glue calls recordStream); the
+//   ring keeps its staging until shutdown().
+// * On an NCCL error, a failed launch, or a timeout, the communicator is aborted: NCCL's kernels
+//   return, the streams drain (the results are garbage), every in-flight CudaWork is marked
+//   failed, and every later call on the ring throws rr::Error(kBackend). The watchdog prints
+//   the reason to stderr at once, since a synchronous caller may already have returned.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../core/frame.h"
+#include "../core/plan.h"
+#include "nccl_comm.h"
+#include "ring_driver.h"
+
+namespace rr {
+
+// Staging defaults (DESIGN.md section 5: a few segments, <= 8 MiB per group).
+constexpr int32_t kCudaStagingSlots = 4;
+constexpr int64_t kCudaStagingBytes = 8 << 20;
+
+// A pool of cudaEventDisableTiming events on one device, shared by a ring and its works.
+class EventPool : public std::enable_shared_from_this<EventPool> {
+ public:
+  explicit EventPool(int device) : device_(device) {}
+  ~EventPool();
+  cudaEvent_t acquire();             // throws kBackend
+  void release(cudaEvent_t event);   // never throws
+
+ private:
+  int device_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
+// One enqueued call. Shared by the caller's handle and the watchdog.
+class CudaWork {
+ public:
+  ~CudaWork();
+  CudaWork(const CudaWork&) = delete;
+  CudaWork& operator=(const CudaWork&) = delete;
+
+  uint64_t seq() const { return seq_; }
+  int device() const { return device_; }
+  // True once the GPU finished the call or the call failed (never blocks).
+  bool isCompleted();
+  // The call failed (communicator aborted before it finished): the reason, else "".
+  std::string error() const;
+  // Makes `stream` wait for the call (no host sync). Throws kBackend if the call already failed.
+  void streamWait(cudaStream_t stream);
+  // Blocks the host until the call finished; throws kBackend on failure or after `timeout`
+  // (timeout <= 0: the ring's timeout; a timeout does not abort the communicator by itself).
+  void synchronize(std::chrono::milliseconds timeout);
+  cudaEvent_t doneEvent() const { return done_; }
+
+ private:
+  friend class CudaRing;
+  friend class CudaBackend;
+  CudaWork(std::shared_ptr<EventPool> pool, std::shared_ptr<NcclComm> comm, uint64_t seq, int device);
+  void fail(const std::string& reason);
+  void markDone() { state_.store(kDone); }
+
+  static constexpr int kPending = 0;
+  static constexpr int kDone = 1;
+  static constexpr int kFailed = 2;
+
+  std::shared_ptr<EventPool> pool_;
+  std::shared_ptr<NcclComm> comm_;
+  uint64_t seq_;
+  int device_;
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  std::atomic<int> state_{kPending};
+  mutable std::mutex mu_;
+  std::string error_;
+  // watchdog bookkeeping (watchdog thread only)
+  bool started_ = false;
+  std::chrono::steady_clock::time_point started_at_;
+};
+
+class CudaRing {
+ public:
+  // Takes ownership of an initialized communicator. Creates the streams, the staging slots and the
+  // watchdog thread on the communicator's device.
+  explicit CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots = kCudaStagingSlots,
+                    int64_t staging_bytes = kCudaStagingBytes);
+  ~CudaRing();  // shutdown("ring destroyed") if not done yet
+  CudaRing(const CudaRing&) = delete;
+  CudaRing& operator=(const CudaRing&) = delete;
+
+  NcclComm& comm() { return *comm_; }
+  int device() const { return comm_->device(); }
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  cudaStream_t commStream() const { return comm_stream_; }
+  cudaStream_t computeStream() const { return compute_stream_; }
+  int64_t slotBytes() const { return slot_bytes_; }
+  int32_t numSlots() const { return num_slots_; }
+
+  // The plan of this rank for a call (gather_into_data: the all-gather lands in the output).
+  // segment_bytes <= 0 means the default (1 MiB); it is capped so that a segment fits a slot.
+  Plan makePlan(int64_t numel, DType dtype, RedOp op, bool accum_float32, int64_t segment_bytes) const;
+
+  // Enqueues the call. `data`: plan.sched.numel contiguous elements on this device; `accum`:
+  // plan.accum_elems float32 (or null when 0). Ordered after `caller`'s prior work; if
+  // `caller_waits`, `caller` waits for the result. Throws kBackend (communicator unusable, NCCL or
+  // CUDA failure: the communicator is then aborted), kRuntime (CUDA graph capture).
+  // `epilogue` (may be empty) runs on the enqueueing thread after the plan, to enqueue more work
+  // on computeStream() that the call's done event must cover.
+  std::shared_ptr<CudaWork> enqueue(const Plan& plan, RedOp op, void* data, void* accum,
+                                    cudaStream_t caller, bool caller_waits,
+                                    const std::function<void()>& epilogue = {});
+
+  // Ring all-gather of one agreement frame (Note [Cross-rank agreement]) over NCCL. Blocks the
+  // host until done or the timeout (then aborts and throws kBackend).
+  std::vector<Frame> exchangeFrames(const Frame& mine);
+
+  // Per-ring call counter: the `seq` of the next call (frames carry it).
+  uint64_t nextSeq() const { return next_seq_; }
+
+  // Stops the watchdog (joined), aborts the communicator, frees streams and staging. Idempotent;
+  // never throws. In-flight works are marked failed with `reason`.
+  void shutdown(const std::string& reason);
+  bool isShutdown() const { return shut_down_.load(); }
+
+ private:
+  friend class CudaBackend;
+  void watchdogLoop();
+  void failAll(const std::string& reason);
+  void checkOpen() const;
+
+  std::shared_ptr<NcclComm> comm_;
+  std::shared_ptr<EventPool> pool_;
+  int32_t num_slots_;
+  int64_t slot_bytes_;
+  cudaStream_t comm_stream_ = nullptr;
+  cudaStream_t compute_stream_ = nullptr;
+  void* staging_ = nullptr;
+  void* frames_dev_ = nullptr;   // size() frames, for exchangeFrames
+  void* frames_host_ = nullptr;  // pinned mirror
+  std::vector<cudaEvent_t> plan_events_;
+  std::shared_ptr<CudaWork> last_work_;  // its done event orders the next call (kPrevCallDoneEvent)
+  uint64_t next_seq_ = 0;
+  std::mutex call_mu_;  // one enqueue at a time
+
+  // watchdog
+  std::mutex wd_mu_;
+  std::condition_variable wd_cv_;
+  std::deque<std::shared_ptr<CudaWork>> in_flight_;
+  bool wd_stop_ = false;
+  std::thread watchdog_;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace rr

@@ -1,0 +1,172 @@
+#include "nccl_comm.h"
+
+#include <cstring>
+#include <thread>
+
+#include "cuda_check.h"
+
+namespace rr {
+
+namespace {
+constexpr auto kPollInterval = std::chrono::microseconds(50);
+
+std::string describeNccl(ncclResult_t r, ncclComm_t comm) {
+  std::string s = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && last[0] != '\0') {
+    s += " (";
+    s += last;
+    s += ")";
+  }
+  return s;
+}
+}  // namespace
+
+DeviceGuard::DeviceGuard(int device) {
+  RR_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device) RR_CUDA_CHECK(cudaSetDevice(device));
+}
+
+DeviceGuard::~DeviceGuard() {
+  int now = -1;
+  // A destructor must not throw; restoring the device cannot fail for a device we were on.
+  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
+}
+
+std::string NcclComm::newUniqueId() {
+  ncclUniqueId id;
+  RR_NCCL_CHECK(ncclGetUniqueId(&id));
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+int NcclComm::runtimeVersion() {
+  int v = 0;
+  RR_NCCL_CHECK(ncclGetVersion(&v));
+  return v;
+}
+
+NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int device,
+                   std::chrono::milliseconds timeout, const std::string& name)
+    : nranks_(nranks), rank_(rank), device_(device), timeout_(timeout), name_(name) {
+  RR_CHECK(unique_id.size() == sizeof(ncclUniqueId::internal), kValue, "ringreduce: an NCCL unique id has ",
+           sizeof(ncclUniqueId::internal), " bytes, got ", unique_id.size());
+  RR_CHECK(nranks >= 1 && rank >= 0 && rank < nranks, kValue, "ringreduce: rank ", rank, " of ", nranks);
+  RR_CHECK(timeout.count() > 0, kValue, "ringreduce: the NCCL timeout must be positive");
+  ncclUniqueId id;
+  std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  config.commName = name_.c_str();
+  DeviceGuard guard(device_);
+  std::unique_lock<std::mutex> lock(mu_);
+  const ncclResult_t r = ncclCommInitRankConfig(&comm_, nranks_, id, rank_, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+    aborted_ = true;
+    RR_THROW(kBackend, "ringreduce: ncclCommInitRankConfig for ", name_, " (rank ", rank_, " of ", nranks_,
+             ", device ", device_, ") failed: ", describeNccl(r, nullptr));
+  }
+  waitReady(lock, r, "ncclCommInitRankConfig", std::chrono::steady_clock::now() + timeout_);
+}
+
+NcclComm::~NcclComm() {
+  std::unique_lock<std::mutex> lock(mu_);
+  abortLocked("the communicator was destroyed");
+}
+
+void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first, const char* what,
+                         std::chrono::steady_clock::time_point deadline) {
+  ncclResult_t state = first;
+  while (true) {
+    if (aborted_) {
+      RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " was aborted during ", what, ": ",
+               abort_reason_);
+    }
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      const std::string msg = std::string(what) + " failed: " + describeNccl(state, comm_);
+      abortLocked(msg);
+      RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg);
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      const std::string msg = std::string(what) + " did not complete within " +
+                              std::to_string(timeout_.count()) + " ms (a peer did not join or died)";
+      abortLocked(msg);
+      RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg);
+    }
+    lock.unlock();
+    std::this_thread::sleep_for(kPollInterval);
+    lock.lock();
+    if (aborted_ || comm_ == nullptr) continue;  // reported at the top
+    const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
+    if (q != ncclSuccess) state = q;
+  }
+}
+
+void NcclComm::sendRecv(const void* send, size_t send_bytes, int next, void* recv, size_t recv_bytes,
+                        int prev, cudaStream_t stream) {
+  if (send_bytes == 0 && recv_bytes == 0) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  checkUsableLocked();
+  // Bytes as ncclUint8: the element type does not matter to a copy, and both sides of each
+  // pair agree on the byte count (Note [One ring, two transports, one plan]).
+  ncclResult_t r = ncclGroupStart();
+  if (r == ncclSuccess && send_bytes > 0) r = ncclSend(send, send_bytes, ncclUint8, next, comm_, stream);
+  if (r == ncclSuccess && recv_bytes > 0) r = ncclRecv(recv, recv_bytes, ncclUint8, prev, comm_, stream);
+  // Always close the group, even after a failure inside it, so that this thread's group depth is
+  // balanced for the next call.
+  const ncclResult_t end = ncclGroupEnd();
+  if (r == ncclSuccess || r == ncclInProgress) r = end;
+  waitReady(lock, r, "ncclGroupEnd(ncclSend, ncclRecv)", std::chrono::steady_clock::now() + timeout_);
+}
+
+std::string NcclComm::pollError() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (aborted_ || comm_ == nullptr) return "";
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
+  if (q != ncclSuccess) return std::string("ncclCommGetAsyncError failed: ") + describeNccl(q, comm_);
+  if (state == ncclSuccess || state == ncclInProgress) return "";
+  return std::string("asynchronous NCCL error: ") + describeNccl(state, comm_);
+}
+
+void NcclComm::abort(const std::string& reason) {
+  std::unique_lock<std::mutex> lock(mu_);
+  abortLocked(reason);
+}
+
+void NcclComm::abortLocked(const std::string& reason) {
+  if (aborted_.exchange(true)) return;
+  abort_reason_ = reason;
+  if (comm_ == nullptr) return;
+  // The device must be current for NCCL's teardown. Errors cannot be reported to anyone useful
+  // here (this also runs on the watchdog thread and in the destructor): the communicator is gone
+  // either way and every later use reports abort_reason_.
+  int previous = -1;
+  const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
+  if (previous != device_) (void)cudaSetDevice(device_);
+  (void)ncclCommAbort(comm_);
+  comm_ = nullptr;
+  if (have_previous && previous != device_) (void)cudaSetDevice(previous);
+}
+
+std::string NcclComm::abortReason() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return abort_reason_;
+}
+
+void NcclComm::checkUsable() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  checkUsableLocked();
+}
+
+void NcclComm::checkUsableLocked() const {
+  if (aborted_) {
+    RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, " of ", nranks_,
+             ") is unusable after an earlier failure: ", abort_reason_,
+             ". Create a new process group to continue.");
+  }
+}
+
+}  // namespace rr

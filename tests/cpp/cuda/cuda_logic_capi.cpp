@@ -1,0 +1,135 @@
+// ringreduce tests: a C entry point to the GPU driver's host-testable logic, loaded with ctypes by
+// tests/test_cuda_logic.py (built there with the host compiler; no torch, no CUDA).
+//
+//   rr_kernel_reduce   the reduce kernel's body (ReduceBody through reduce_dispatch.h) on a
+//                      simulated grid of threads
+//   rr_sim_allreduce   whole ring all-reduces of n ranks through enqueueRingCall() (the GPU
+//                      driver) on the simulated streams of sim_device.h
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../../../csrc/core/error.h"
+#include "../../../csrc/core/plan.h"
+#include "../../../csrc/cuda/ring_driver.h"
+#include "sim_device.h"
+
+namespace {
+void putError(const std::string& msg, char* err, int errlen) {
+  if (err == nullptr || errlen <= 0) return;
+  std::strncpy(err, msg.c_str(), static_cast<size_t>(errlen - 1));
+  err[errlen - 1] = '\0';
+}
+}  // namespace
+
+extern "C" {
+
+// Returns 0, or -1 with the message in err (rr::Error kind in *kind).
+int rr_kernel_reduce(int dtype, int op, const void* a, int a_wide, const void* b, int b_wide, void* dst,
+                     int dst_wide, long long count, int divisor, int round_sum, int nthreads, int* kind, char* err,
+                     int errlen) {
+  try {
+    rr::sim::hostKernelReduce(static_cast<rr::DType>(dtype), static_cast<rr::RedOp>(op), a, a_wide != 0, b,
+                              b_wide != 0, dst, dst_wide != 0, count, divisor, round_sum != 0, nthreads);
+    return 0;
+  } catch (const rr::Error& e) {
+    if (kind) *kind = static_cast<int>(e.kind());
+    putError(e.what(), err, errlen);
+  } catch (const std::exception& e) {
+    if (kind) *kind = -1;
+    putError(e.what(), err, errlen);
+  }
+  return -1;
+}
+
+// Runs `ncalls` all-reduces on a simulated ring of `nranks`. inputs/outputs: ncalls * nranks host
+// buffers of `numel` elements (call c, rank r at index c * nranks + r). Call c is asynchronous
+// when bit c of async_mask is set: its Work.wait() is enqueued on the caller stream only after
+// every call was enqueued. `data_offset` elements of padding precede each rank's device tensor
+// (misaligned storage offsets); the padding must be untouched at the end. Returns 0, or -1 with
+// the first failure (race, deadlock, mismatch, exception) in err.
+int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_float32, long long segment_bytes,
+                     int num_slots, long long slot_bytes, int ncalls, unsigned long long async_mask,
+                     unsigned long long seed, int fault, int data_offset, int gather_into_data,
+                     const void* const* inputs,
+                     void* const* outputs, char* err, int errlen) {
+  try {
+    const rr::DType dt = static_cast<rr::DType>(dtype);
+    const rr::RedOp rop = static_cast<rr::RedOp>(op);
+    const size_t elem = rr::dtypeSize(dt);
+    const size_t pad = static_cast<size_t>(data_offset) * elem;
+    const size_t bytes = static_cast<size_t>(numel) * elem;
+    rr::sim::SimDevice dev(nranks, num_slots, static_cast<size_t>(slot_bytes), seed);
+    // Device memory of every call and rank: padding, tensor, padding (0x5A sentinels).
+    std::vector<std::vector<unsigned char>> data(static_cast<size_t>(ncalls * nranks));
+    std::vector<std::vector<float>> accum(static_cast<size_t>(ncalls * nranks));
+    std::vector<rr::sim::SimCall> calls(static_cast<size_t>(ncalls * nranks));
+    rr::PlanOptions opts = rr::gpuPlanOptions(rop, accum_float32 != 0, segment_bytes, num_slots, slot_bytes);
+    // gather_into_data = 0 runs the CPU transport's plan shape (all-gather through staging and
+    // kCopy) through the GPU driver: the driver must be correct for any valid plan.
+    opts.gather_into_data = gather_into_data != 0;
+
+    for (int c = 0; c < ncalls; ++c) {
+      const bool async = (async_mask >> c) & 1u;
+      for (int r = 0; r < nranks; ++r) {
+        const size_t i = static_cast<size_t>(c * nranks + r);
+        data[i].assign(pad + bytes + 64, 0x5A);
+        unsigned char* tensor = data[i].data() + pad;
+        const void* in = inputs[i];
+        // The producer: the caller's kernel that writes the tensor right before the call.
+        dev.callerOp(r, "producer of call " + std::to_string(c), {}, {{tensor, bytes}},
+                     [tensor, in, bytes]() { std::memcpy(tensor, in, bytes); });
+        const rr::Plan plan = rr::buildPlan(nranks, r, numel, dt, opts);
+        accum[i].assign(static_cast<size_t>(plan.accum_elems) + 16, -12345.0f);
+        rr::DeviceBuffers buf;
+        buf.data = tensor;
+        buf.accum = plan.accum_elems > 0 ? accum[i].data() : nullptr;
+        buf.slot_bytes = dev.rank(r).slot_bytes;
+        for (auto& s : dev.rank(r).slots) buf.slots.push_back(s.data());
+        {
+          auto be = dev.backend(r, dt, rop, static_cast<rr::sim::Fault>(fault), &calls[i]);
+          rr::enqueueRingCall(plan, rop, buf, *be, /*caller_waits=*/!async);
+        }
+        if (!async) {
+          void* out = outputs[i];
+          dev.callerOp(r, "consumer of call " + std::to_string(c), {{tensor, bytes}}, {},
+                       [tensor, out, bytes]() { std::memcpy(out, tensor, bytes); });
+        }
+      }
+    }
+    for (int c = 0; c < ncalls; ++c) {
+      if (!((async_mask >> c) & 1u)) continue;
+      for (int r = 0; r < nranks; ++r) {
+        const size_t i = static_cast<size_t>(c * nranks + r);
+        unsigned char* tensor = data[i].data() + pad;
+        void* out = outputs[i];
+        dev.callerWait(r, calls[i]);
+        dev.callerOp(r, "consumer of call " + std::to_string(c), {{tensor, bytes}}, {},
+                     [tensor, out, bytes]() { std::memcpy(out, tensor, bytes); });
+      }
+    }
+    const std::string failure = dev.run();
+    if (!failure.empty()) {
+      putError(failure, err, errlen);
+      return -1;
+    }
+    for (size_t i = 0; i < data.size(); ++i) {
+      for (size_t k = 0; k < pad; ++k)
+        if (data[i][k] != 0x5A) {
+          putError("memory before the tensor was modified (call/rank " + std::to_string(i) + ")", err, errlen);
+          return -1;
+        }
+      for (size_t k = pad + bytes; k < data[i].size(); ++k)
+        if (data[i][k] != 0x5A) {
+          putError("memory after the tensor was modified (call/rank " + std::to_string(i) + ")", err, errlen);
+          return -1;
+        }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    putError(std::string("exception: ") + e.what(), err, errlen);
+    return -1;
+  }
+}
+
+}  // extern "C"

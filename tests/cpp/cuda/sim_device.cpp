@@ -1,0 +1,447 @@
+#include "sim_device.h"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <sstream>
+
+#include "../../../csrc/core/error.h"
+#include "../../../csrc/cuda/reduce_body.h"
+#include "../../../csrc/cuda/reduce_dispatch.h"
+
+namespace rr {
+namespace sim {
+
+struct Event {
+  int64_t latest_enqueued = -1;  // record id of the latest enqueued record of this event
+};
+
+struct Msg {
+  std::vector<unsigned char> bytes;
+  bool consumed = false;
+  std::string what;
+};
+
+struct Op {
+  enum Kind { kRecord, kWait, kExchange, kWork } kind = kWork;
+  std::string what;
+  int64_t record_id = -1;  // kRecord: own record; kWait: captured record (-1: no-op)
+  // kExchange
+  const void* send = nullptr;
+  size_t send_bytes = 0;
+  void* recv = nullptr;
+  size_t recv_bytes = 0;
+  int phase = 0;  // 0 not started, 1 send posted, 2 receive done
+  std::shared_ptr<Msg> out;
+  // kWork and kExchange
+  std::vector<SimDevice::Access> reads, writes;
+  std::function<void()> fn;
+  uint64_t epoch = 0;
+};
+
+namespace {
+constexpr int kStreams = 3;
+const char* streamName(int s) {
+  switch (s) {
+    case 0: return "comm";
+    case 1: return "compute";
+    default: return "caller";
+  }
+}
+}  // namespace
+
+struct SimDevice::Impl {
+  struct StreamState {
+    std::deque<std::unique_ptr<Op>> q;
+  };
+  struct RecordState {
+    bool fired = false;
+    std::vector<uint64_t> vc;
+    std::string what;
+  };
+  struct AccessRec {
+    uintptr_t lo, hi;
+    bool write;
+    int comp;
+    uint64_t epoch;
+    std::string what;
+  };
+
+  int n;
+  std::mt19937_64 rng;
+  std::vector<StreamState> streams;            // n * 3
+  std::vector<std::vector<uint64_t>> vcs;      // per stream: vector clock over n * 3 components
+  std::vector<RecordState> records;
+  std::vector<std::vector<std::shared_ptr<Msg>>> outbox;  // per rank: messages to rank + 1
+  std::vector<size_t> received;                           // per rank: messages taken from rank - 1
+  std::vector<std::vector<AccessRec>> accesses;           // per rank
+  std::string failure;
+
+  Impl(int nranks, uint64_t seed) : n(nranks), rng(seed), streams(static_cast<size_t>(nranks * kStreams)) {
+    vcs.assign(static_cast<size_t>(n * kStreams), std::vector<uint64_t>(static_cast<size_t>(n * kStreams), 0));
+    outbox.resize(static_cast<size_t>(n));
+    received.assign(static_cast<size_t>(n), 0);
+    accesses.resize(static_cast<size_t>(n));
+  }
+
+  static std::string opName(int comp, const Op& op) {
+    std::ostringstream os;
+    os << "rank " << comp / kStreams << " " << streamName(comp % kStreams) << ": " << op.what;
+    return os.str();
+  }
+
+  bool checkAccess(int comp, const Op& op, const SimDevice::Access& a, bool write) {
+    if (a.bytes == 0) return true;
+    const int r = comp / kStreams;
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(a.ptr);
+    const uintptr_t hi = lo + a.bytes;
+    const std::vector<uint64_t>& vc = vcs[static_cast<size_t>(comp)];
+    for (const AccessRec& p : accesses[static_cast<size_t>(r)]) {
+      if (p.hi <= lo || hi <= p.lo) continue;
+      if (!p.write && !write) continue;
+      if (p.comp == comp) continue;  // stream order
+      if (p.epoch <= vc[static_cast<size_t>(p.comp)]) continue;  // ordered by a captured wait
+      std::ostringstream os;
+      os << "data race on rank " << r << ": " << (write ? "write" : "read") << " by [" << opName(comp, op)
+         << "] is not ordered after the " << (p.write ? "write" : "read") << " by [rank " << r << " "
+         << streamName(p.comp % kStreams) << ": " << p.what << "] (bytes overlap)";
+      failure = os.str();
+      return false;
+    }
+    accesses[static_cast<size_t>(r)].push_back(AccessRec{lo, hi, write, comp, op.epoch, op.what});
+    return true;
+  }
+
+  bool startOp(int comp, Op& op) {
+    std::vector<uint64_t>& vc = vcs[static_cast<size_t>(comp)];
+    op.epoch = ++vc[static_cast<size_t>(comp)];
+    for (const auto& a : op.reads)
+      if (!checkAccess(comp, op, a, false)) return false;
+    for (const auto& a : op.writes)
+      if (!checkAccess(comp, op, a, true)) return false;
+    return true;
+  }
+
+  // Can the head of stream `comp` make progress now?
+  bool runnable(int comp) {
+    StreamState& st = streams[static_cast<size_t>(comp)];
+    if (st.q.empty()) return false;
+    const Op& op = *st.q.front();
+    const int r = comp / kStreams;
+    switch (op.kind) {
+      case Op::kRecord:
+      case Op::kWork: return true;
+      case Op::kWait: return op.record_id < 0 || records[static_cast<size_t>(op.record_id)].fired;
+      case Op::kExchange:
+        if (op.phase == 0) return true;
+        if (op.phase == 1) {
+          if (op.recv_bytes == 0) return true;
+          const int prev = (r + n - 1) % n;
+          return outbox[static_cast<size_t>(prev)].size() > received[static_cast<size_t>(r)];
+        }
+        return !op.out || op.out->consumed;
+    }
+    return false;
+  }
+
+  // Advances the head of stream `comp` by one step. Returns false on failure.
+  bool step(int comp) {
+    StreamState& st = streams[static_cast<size_t>(comp)];
+    Op& op = *st.q.front();
+    const int r = comp / kStreams;
+    std::vector<uint64_t>& vc = vcs[static_cast<size_t>(comp)];
+    switch (op.kind) {
+      case Op::kRecord: {
+        op.epoch = ++vc[static_cast<size_t>(comp)];
+        RecordState& rs = records[static_cast<size_t>(op.record_id)];
+        rs.fired = true;
+        rs.vc = vc;
+        st.q.pop_front();
+        return true;
+      }
+      case Op::kWait: {
+        if (op.record_id >= 0) {
+          const RecordState& rs = records[static_cast<size_t>(op.record_id)];
+          for (size_t i = 0; i < vc.size(); ++i) vc[i] = std::max(vc[i], rs.vc[i]);
+        }
+        st.q.pop_front();
+        return true;
+      }
+      case Op::kWork: {
+        if (!startOp(comp, op)) return false;
+        if (op.fn) op.fn();
+        st.q.pop_front();
+        return true;
+      }
+      case Op::kExchange: {
+        if (op.phase == 0) {
+          // The exchange's accesses last until it completes; they are logged with its start epoch.
+          if (!startOp(comp, op)) return false;
+          if (op.send_bytes > 0) {
+            op.out = std::make_shared<Msg>();
+            op.out->bytes.assign(static_cast<const unsigned char*>(op.send),
+                                 static_cast<const unsigned char*>(op.send) + op.send_bytes);
+            op.out->what = opName(comp, op);
+            outbox[static_cast<size_t>(r)].push_back(op.out);
+          }
+          op.phase = 1;
+          return true;
+        }
+        if (op.phase == 1) {
+          if (op.recv_bytes > 0) {
+            const int prev = (r + n - 1) % n;
+            std::shared_ptr<Msg> m = outbox[static_cast<size_t>(prev)][received[static_cast<size_t>(r)]++];
+            if (m->bytes.size() != op.recv_bytes) {
+              std::ostringstream os;
+              os << "size mismatch: [" << opName(comp, op) << "] expects " << op.recv_bytes << " bytes, ["
+                 << m->what << "] sent " << m->bytes.size();
+              failure = os.str();
+              return false;
+            }
+            std::memcpy(op.recv, m->bytes.data(), op.recv_bytes);
+            m->consumed = true;
+          }
+          op.phase = 2;
+          return true;
+        }
+        st.q.pop_front();
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+SimDevice::SimDevice(int nranks, int num_slots, size_t slot_bytes, uint64_t seed)
+    : nranks_(nranks), impl_(new Impl(nranks, seed)) {
+  for (int r = 0; r < nranks; ++r) {
+    auto sr = std::make_unique<SimRank>();
+    sr->rank = r;
+    sr->slot_bytes = slot_bytes;
+    // Staging is filled with garbage so that a reduce that reads a slot before the receive landed
+    // produces a visibly wrong value even where the race check would not look.
+    sr->slots.assign(static_cast<size_t>(num_slots), std::vector<unsigned char>(slot_bytes + 64, 0xA5));
+    ranks_.push_back(std::move(sr));
+  }
+}
+
+SimDevice::~SimDevice() = default;
+
+std::shared_ptr<Event> SimDevice::newEvent() { return std::make_shared<Event>(); }
+
+int64_t SimDevice::enqueueRecordId(const std::shared_ptr<Event>& e) {
+  const int64_t id = static_cast<int64_t>(impl_->records.size());
+  impl_->records.emplace_back();
+  e->latest_enqueued = id;
+  return id;
+}
+
+void SimDevice::enqueue(int r, Stream s, std::unique_ptr<Op> op) {
+  impl_->streams[static_cast<size_t>(r * kStreams + static_cast<int>(s))].q.push_back(std::move(op));
+}
+
+void SimDevice::callerOp(int r, const std::string& what, std::vector<Access> reads, std::vector<Access> writes,
+                         std::function<void()> fn) {
+  auto op = std::make_unique<Op>();
+  op->kind = Op::kWork;
+  op->what = what;
+  op->reads = std::move(reads);
+  op->writes = std::move(writes);
+  op->fn = std::move(fn);
+  enqueue(r, Stream::kCaller, std::move(op));
+}
+
+void SimDevice::callerWait(int r, const SimCall& call) {
+  auto op = std::make_unique<Op>();
+  op->kind = Op::kWait;
+  op->what = "Work.wait()";
+  op->record_id = call.done->latest_enqueued;
+  enqueue(r, Stream::kCaller, std::move(op));
+}
+
+std::string SimDevice::run() {
+  Impl& m = *impl_;
+  const int total = nranks_ * kStreams;
+  std::vector<int> ready;
+  while (m.failure.empty()) {
+    ready.clear();
+    bool any = false;
+    for (int c = 0; c < total; ++c) {
+      if (!m.streams[static_cast<size_t>(c)].q.empty()) any = true;
+      if (m.runnable(c)) ready.push_back(c);
+    }
+    if (!any) return "";
+    if (ready.empty()) {
+      std::ostringstream os;
+      os << "deadlock: no stream can make progress; heads:";
+      for (int c = 0; c < total; ++c) {
+        const auto& q = m.streams[static_cast<size_t>(c)].q;
+        if (!q.empty()) os << "\n  [" << Impl::opName(c, *q.front()) << "]";
+      }
+      return os.str();
+    }
+    const int c = ready[static_cast<size_t>(m.rng() % ready.size())];
+    if (!m.step(c)) break;
+  }
+  return m.failure;
+}
+
+// ---- the backend -------------------------------------------------------------------------------
+
+namespace {
+
+class SimBackend final : public DeviceBackend {
+ public:
+  SimBackend(SimDevice& dev, int r, DType dtype, RedOp op, Fault fault, SimCall* call)
+      : dev_(dev), r_(r), dtype_(dtype), op_(op), fault_(fault), call_(call) {
+    call_->start = dev_.newEvent();
+    call_->done = dev_.newEvent();
+  }
+
+  void prepare(int32_t num_events) override {
+    SimRank& sr = dev_.rank(r_);
+    while (static_cast<int32_t>(sr.plan_events.size()) < num_events) sr.plan_events.push_back(dev_.newEvent());
+  }
+
+  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override {
+    auto op = std::make_unique<Op>();
+    op->kind = Op::kExchange;
+    op->what = "exchange #" + std::to_string(exchanges_++) + " send " + std::to_string(send_bytes) + "B recv " +
+               std::to_string(recv_bytes) + "B";
+    op->send = send;
+    op->send_bytes = send_bytes;
+    op->recv = recv;
+    op->recv_bytes = recv_bytes;
+    op->reads.push_back({send, send_bytes});
+    op->writes.push_back({recv, recv_bytes});
+    dev_.enqueue(r_, Stream::kComm, std::move(op));
+  }
+
+  void reduce(const ReduceLaunch& l) override {
+    ReduceLaunch x = l;
+    if (fault_ == Fault::kShiftReduce && !shifted_ && x.count > 1) {
+      shifted_ = true;
+      x.dst = static_cast<char*>(x.dst) + (x.dst_wide ? 4 : dtypeSize(dtype_));
+      x.count -= 1;
+    }
+    const size_t narrow = dtypeSize(dtype_);
+    auto op = std::make_unique<Op>();
+    op->kind = Op::kWork;
+    op->what = "reduce #" + std::to_string(reduces_++) + " of " + std::to_string(x.count) + " elements" +
+               (x.divisor > 0 ? " (final, divides)" : "");
+    op->reads.push_back({x.a, static_cast<size_t>(x.count) * (x.a_wide ? 4 : narrow)});
+    op->reads.push_back({x.b, static_cast<size_t>(x.count) * (x.b_wide ? 4 : narrow)});
+    op->writes.push_back({x.dst, static_cast<size_t>(x.count) * (x.dst_wide ? 4 : narrow)});
+    const DType dtype = dtype_;
+    const RedOp rop = op_;
+    op->fn = [dtype, rop, x]() {
+      hostKernelReduce(dtype, rop, x.a, x.a_wide, x.b, x.b_wide, x.dst, x.dst_wide, x.count, x.divisor, x.round_sum,
+                       /*nthreads=*/7);
+    };
+    dev_.enqueue(r_, Stream::kCompute, std::move(op));
+  }
+
+  void copy(void* dst, const void* src, size_t bytes) override {
+    auto op = std::make_unique<Op>();
+    op->kind = Op::kWork;
+    op->what = "copy of " + std::to_string(bytes) + "B";
+    op->reads.push_back({src, bytes});
+    op->writes.push_back({dst, bytes});
+    op->fn = [dst, src, bytes]() { std::memcpy(dst, src, bytes); };
+    dev_.enqueue(r_, Stream::kCompute, std::move(op));
+  }
+
+  void record(Stream s, int32_t event) override {
+    auto op = std::make_unique<Op>();
+    op->kind = Op::kRecord;
+    op->what = "record " + eventName(event);
+    op->record_id = dev_.enqueueRecordId(eventOf(event));
+    dev_.enqueue(r_, s, std::move(op));
+  }
+
+  void wait(Stream s, int32_t event) override {
+    if (fault_ == Fault::kSkipPrevCallWait && event == kPrevCallDoneEvent) return;
+    if (fault_ == Fault::kSkipCallerStart && event == kCallStartEvent) return;
+    if (fault_ == Fault::kSkipCallerDone && event == kCallDoneEvent) return;
+    if (fault_ == Fault::kDropFirstPlanWait && event >= 0 && s == Stream::kCompute && !dropped_) {
+      dropped_ = true;
+      return;
+    }
+    std::shared_ptr<Event> e;
+    if (event == kPrevCallDoneEvent) {
+      e = dev_.rank(r_).last_done;
+      if (!e) return;  // first call
+    } else {
+      e = eventOf(event);
+    }
+    auto op = std::make_unique<Op>();
+    op->kind = Op::kWait;
+    op->what = "wait " + eventName(event);
+    op->record_id = e->latest_enqueued;  // captured now, as cudaStreamWaitEvent does
+    dev_.enqueue(r_, s, std::move(op));
+  }
+
+  ~SimBackend() override { dev_.rank(r_).last_done = call_->done; }
+
+ private:
+  std::shared_ptr<Event> eventOf(int32_t e) {
+    if (e == kCallStartEvent) return call_->start;
+    if (e == kCallDoneEvent) return call_->done;
+    SimRank& sr = dev_.rank(r_);
+    RR_CHECK(e >= 0 && static_cast<size_t>(e) < sr.plan_events.size(), kRuntime, "sim: event ", e,
+             " outside the pool of ", sr.plan_events.size());
+    return sr.plan_events[static_cast<size_t>(e)];
+  }
+  static std::string eventName(int32_t e) {
+    if (e == kCallStartEvent) return "call-start";
+    if (e == kCallDoneEvent) return "call-done";
+    if (e == kPrevCallDoneEvent) return "previous-call-done";
+    return "plan-event " + std::to_string(e);
+  }
+
+  SimDevice& dev_;
+  int r_;
+  DType dtype_;
+  RedOp op_;
+  Fault fault_;
+  SimCall* call_;
+  int exchanges_ = 0;
+  int reduces_ = 0;
+  bool dropped_ = false;
+  bool shifted_ = false;
+};
+
+struct HostGridLauncher {
+  const void* a;
+  const void* b;
+  void* dst;
+  int64_t count;
+  int divisor;
+  bool round_sum;
+  int nthreads;
+  template <typename TA, typename TB, typename TD, RedOp op>
+  void run() {
+    for (int t = 0; t < nthreads; ++t)
+      ReduceBody<TA, TB, TD, op>::run(static_cast<const TA*>(a), static_cast<const TB*>(b), static_cast<TD*>(dst),
+                                       count, divisor, round_sum, t, nthreads);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceBackend> SimDevice::backend(int r, DType dtype, RedOp op, Fault fault, SimCall* call) {
+  return std::make_unique<SimBackend>(*this, r, dtype, op, fault, call);
+}
+
+void hostKernelReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide, void* dst,
+                      bool dst_wide, int64_t count, int divisor, bool round_sum, int nthreads) {
+  if (count <= 0) {
+    checkSupported(dtype, op);
+    return;
+  }
+  HostGridLauncher l{a, b, dst, count, divisor, round_sum, nthreads < 1 ? 1 : nthreads};
+  dispatchReduce(dtype, op, a_wide, b_wide, dst_wide, l);
+}
+
+}  // namespace sim
+}  // namespace rr

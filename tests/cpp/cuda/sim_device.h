@@ -1,0 +1,112 @@
+// ringreduce tests: a simulated GPU for the ring driver, run on the host.
+//
+// Note [Simulated streams]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// SimDevice gives every rank of an in-process ring three streams (kComm, kCompute, kCaller) with
+// CUDA's semantics, and a DeviceBackend (ring_driver.h) that only *enqueues* onto them, exactly
+// like the CUDA backend. A seeded random scheduler then advances one stream at a time, across all
+// ranks, so every interleaving CUDA allows can occur:
+//   * a stream runs its ops in order; an event record fires when it is reached; a stream wait
+//     captures, when it is enqueued, the event's latest enqueued record (none: a no-op, as in CUDA)
+//     and blocks until that record fired;
+//   * an exchange posts its send when it reaches the head of kComm, then blocks until the matching
+//     message from the previous rank arrived (matched per peer in posting order, like NCCL p2p;
+//     byte counts must agree) and its own message was consumed (strict rendezvous, so a
+//     cyclic wait shows as a deadlock instead of passing by luck);
+//   * reduces run the same ReduceBody, through the same dispatch, as the CUDA kernel (on a
+//     simulated grid of threads); copies are memcpy.
+// Every memory access is checked for races with vector clocks (one component per rank and
+// stream): two accesses of one rank to overlapping bytes, at least one a write, must be ordered by
+// stream order and captured event waits; otherwise the run fails naming both ops. An exchange's
+// accesses count from the moment it started until it completed. So a missing wait, a staging slot
+// reused before its reduce finished, or a call that reads the tensor before the caller's producer
+// wrote it fails deterministically, not only when the data happens to come out wrong.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../../../csrc/core/plan.h"
+#include "../../../csrc/cuda/ring_driver.h"
+
+namespace rr {
+namespace sim {
+
+// The interpreter decisions a test may break on purpose, to prove that the simulator notices.
+enum class Fault : int {
+  kNone = 0,
+  kSkipPrevCallWait = 1,   // kComm does not wait for the previous call
+  kSkipCallerStart = 2,    // kComm/kCompute do not wait for the caller's stream
+  kDropFirstPlanWait = 3,  // the first kWait of the plan on kCompute is not enqueued
+  kShiftReduce = 4,        // one reduce writes one element too far
+  kSkipCallerDone = 5,     // the caller does not wait for the call's end
+};
+
+struct Event;   // a physical event
+struct Op;      // an enqueued stream op
+
+class SimDevice;
+
+// Per-rank persistent state (what CudaRing owns): staging slots and the plan-event pool.
+struct SimRank {
+  int rank = 0;
+  std::vector<std::vector<unsigned char>> slots;
+  size_t slot_bytes = 0;
+  std::vector<std::shared_ptr<Event>> plan_events;
+  std::shared_ptr<Event> last_done;  // kPrevCallDoneEvent
+};
+
+// One call's framing events.
+struct SimCall {
+  std::shared_ptr<Event> start;
+  std::shared_ptr<Event> done;
+};
+
+class SimDevice {
+ public:
+  SimDevice(int nranks, int num_slots, size_t slot_bytes, uint64_t seed);
+  ~SimDevice();
+
+  int nranks() const { return nranks_; }
+  SimRank& rank(int r) { return *ranks_[static_cast<size_t>(r)]; }
+
+  // A backend enqueueing one call of rank r (lives as long as the call's ops are enqueued).
+  std::unique_ptr<DeviceBackend> backend(int r, DType dtype, RedOp op, Fault fault, SimCall* call);
+
+  // Caller-stream op: runs `fn` when reached; `reads`/`writes` are its accesses (checked).
+  struct Access {
+    const void* ptr;
+    size_t bytes;
+  };
+  void callerOp(int r, const std::string& what, std::vector<Access> reads, std::vector<Access> writes,
+                std::function<void()> fn);
+  // Caller-stream wait for a call's done event (what Work.wait() enqueues).
+  void callerWait(int r, const SimCall& call);
+
+  // Runs every stream of every rank to the end. Returns "" or the first failure (race,
+  // deadlock, size mismatch, ...).
+  std::string run();
+
+  // For DeviceBackend implementations.
+  void enqueue(int r, Stream s, std::unique_ptr<Op> op);
+  std::shared_ptr<Event> newEvent();
+  int64_t enqueueRecordId(const std::shared_ptr<Event>& e);
+
+ private:
+  struct Impl;
+  int nranks_;
+  std::vector<std::unique_ptr<SimRank>> ranks_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The reduce of the CUDA kernel, on the host: ReduceBody over `nthreads` simulated threads,
+// dispatched by reduce_dispatch.h exactly as launchReduce() dispatches the kernels.
+void hostKernelReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide,
+                      void* dst, bool dst_wide, int64_t count, int divisor, bool round_sum, int nthreads);
+
+}  // namespace sim
+}  // namespace rr

@@ -1,0 +1,448 @@
+"""The GPU path's logic, run on the CPU (no GPU, no NCCL, no ringreduce._C needed).
+
+Two parts of csrc/cuda are plain C++ and are compiled here with the host compiler into a small
+ctypes library (tests/cpp/cuda/cuda_logic_capi.cpp):
+
+* the reduce kernel's body (csrc/cuda/reduce_body.h) through the kernel's own dtype dispatch
+  (csrc/cuda/reduce_dispatch.h), on a simulated grid of threads, compared with torch on every
+  dtype, op and float32-partial variant, at misaligned addresses (scalar head, vector body, tail);
+* the GPU ring driver (csrc/cuda/ring_driver.cpp, what CudaRing runs over NCCL and CUDA streams)
+  on simulated CUDA streams with random interleavings and a vector-clock race detector
+  (tests/cpp/cuda/sim_device.h): whole all-reduces on n in-process ranks with exact,
+  position-dependent data, back-to-back and asynchronous calls sharing the staging slots, and
+  deliberately broken interpreter decisions that must be caught.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = [
+    "tests/cpp/cuda/cuda_logic_capi.cpp",
+    "tests/cpp/cuda/sim_device.cpp",
+    "csrc/cuda/ring_driver.cpp",
+    "csrc/core/plan.cpp",
+    "csrc/core/dtype.cpp",
+]
+HEADERS = [
+    "tests/cpp/cuda/sim_device.h",
+    "csrc/cuda/ring_driver.h",
+    "csrc/cuda/reduce_body.h",
+    "csrc/cuda/reduce_dispatch.h",
+    "csrc/core/functors.h",
+    "csrc/core/plan.h",
+    "csrc/core/schedule.h",
+    "csrc/core/dtype.h",
+    "csrc/core/common.h",
+    "csrc/core/error.h",
+]
+
+# csrc/core/dtype.h codes
+DTYPES = {
+    torch.float32: 0,
+    torch.float64: 1,
+    torch.float16: 2,
+    torch.bfloat16: 3,
+    torch.int8: 4,
+    torch.int16: 5,
+    torch.int32: 6,
+    torch.int64: 7,
+    torch.uint8: 8,
+    torch.bool: 9,
+    torch.complex64: 10,
+    torch.complex128: 11,
+}
+SUM, AVG, MAX, MIN, PRODUCT = range(5)
+OPS = {"SUM": SUM, "AVG": AVG, "MAX": MAX, "MIN": MIN, "PRODUCT": PRODUCT}
+HALF = (torch.float16, torch.bfloat16)
+FLOATING = (torch.float32, torch.float64, *HALF)
+COMPLEX = (torch.complex64, torch.complex128)
+
+
+def supported(dtype: torch.dtype, op: int) -> bool:
+    if op == AVG:
+        return dtype in FLOATING or dtype in COMPLEX
+    if dtype in COMPLEX:
+        return op == SUM
+    return True
+
+
+@pytest.fixture(scope="module")
+def lib() -> ctypes.CDLL:
+    h = hashlib.sha256()
+    for rel in SOURCES + HEADERS:
+        h.update((ROOT / rel).read_bytes())
+    out_dir = Path(tempfile.gettempdir()) / f"ringreduce_cuda_logic_{h.hexdigest()[:16]}"
+    so = out_dir / "libcudalogic.so"
+    if not so.exists():
+        cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+        assert cxx, "a C++ compiler is needed to build the GPU-logic test library (set CXX)"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / f"libcudalogic.{os.getpid()}.so"
+        cmd = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-o", str(tmp)] + [str(ROOT / s) for s in SOURCES]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0, f"building the GPU-logic test library failed:\n{' '.join(cmd)}\n{proc.stderr}"
+        os.replace(tmp, so)
+    lib = ctypes.CDLL(str(so))
+    lib.rr_kernel_reduce.restype = ctypes.c_int
+    lib.rr_kernel_reduce.argtypes = [
+        ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+        ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_int,
+    ]
+    lib.rr_sim_allreduce.restype = ctypes.c_int
+    lib.rr_sim_allreduce.argtypes = [
+        ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+        ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int,
+        ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_char_p, ctypes.c_int,
+    ]
+    return lib
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel body against torch
+
+
+def kernel_reduce(lib, dtype, op, a, b, dst, *, divisor=0, round_sum=True, nthreads=5):
+    kind = ctypes.c_int(0)
+    err = ctypes.create_string_buffer(2048)
+    rc = lib.rr_kernel_reduce(
+        DTYPES[dtype], op, a.data_ptr(), int(a.dtype == torch.float32 and dtype in HALF),
+        b.data_ptr(), int(b.dtype == torch.float32 and dtype in HALF), dst.data_ptr(),
+        int(dst.dtype == torch.float32 and dtype in HALF), a.numel(), divisor, int(round_sum), nthreads,
+        ctypes.byref(kind), err, len(err),
+    )
+    return rc, kind.value, err.value.decode()
+
+
+def random_values(dtype: torch.dtype, n: int, gen: torch.Generator) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=gen).bool()
+    if dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
+        info = torch.iinfo(dtype)
+        lo, hi = max(info.min, -(2**62)), min(info.max, 2**62)
+        return torch.randint(lo, hi, (n,), generator=gen, dtype=torch.int64).to(dtype)
+    if dtype in COMPLEX:
+        real = torch.float32 if dtype == torch.complex64 else torch.float64
+        return torch.complex(torch.randn(n, generator=gen, dtype=real), torch.randn(n, generator=gen, dtype=real)) * 50
+    x = torch.randn(n, generator=gen, dtype=torch.float64) * 300
+    if n >= 8:  # specials: NaN on either side, infinities, fp16 overflow
+        x[1] = float("nan")
+        x[3] = float("inf")
+        x[5] = -float("inf")
+        x[6] = 60000.0
+    return x.to(dtype)
+
+
+def reference(dtype, op, a, b, dst_dtype, divisor, round_sum):
+    """What ReduceStep must produce, computed with torch ops in the accumulation precision."""
+    if dtype == torch.bool:
+        return (a | b) if op in (SUM, MAX) else (a & b)
+    if dtype in COMPLEX:
+        s = a.to(dtype) + b.to(dtype)
+        if op == AVG and divisor > 0:
+            s = torch.complex(s.real / divisor, s.imag / divisor)
+        return s
+    if dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
+        return {SUM: a + b, PRODUCT: a * b, MAX: torch.maximum(a, b), MIN: torch.minimum(a, b)}[op]
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    x, y = a.to(acc), b.to(acc)
+    if op in (SUM, AVG):
+        s = x + y
+    elif op == PRODUCT:
+        s = x * y
+    elif op == MAX:
+        s = torch.maximum(x, y)
+    else:
+        s = torch.minimum(x, y)
+    if op == AVG and divisor > 0:
+        if round_sum:
+            s = s.to(dst_dtype).to(acc)
+        s = s / divisor
+    return s.to(dst_dtype)
+
+
+def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return False
+    if x.is_floating_point() or x.is_complex():
+        xr, yr = (torch.view_as_real(x), torch.view_as_real(y)) if x.is_complex() else (x, y)
+        both_nan = torch.isnan(xr) & torch.isnan(yr)
+        return bool(((xr == yr) | both_nan).all())
+    return bool((x == y).all())
+
+
+def width_variants(dtype):
+    """(b dtype, dst dtype) pairs the plan produces: float32 partials only for half types."""
+    if dtype in HALF:
+        return [(dtype, dtype), (dtype, torch.float32), (torch.float32, torch.float32), (torch.float32, dtype)]
+    return [(dtype, dtype)]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=lambda d: str(d).replace("torch.", ""))
+def test_kernel_body_matches_torch(lib, dtype):
+    gen = torch.Generator().manual_seed(1234 + DTYPES[dtype])
+    checked = 0
+    for op_name, op in OPS.items():
+        if not supported(dtype, op):
+            continue
+        for b_dtype, dst_dtype in width_variants(dtype):
+            for count in (0, 1, 3, 8, 33, 257):
+                # misalign a, b and dst independently: head, vector body with per-operand
+                # vector/scalar loads, tail
+                for offs in ((0, 0, 0), (1, 0, 1), (0, 3, 2), (5, 1, 0), (2, 2, 2)):
+                    for divisor, round_sum in ((0, True), (3, True), (3, False)) if op == AVG else ((0, True),):
+                        a_full = random_values(dtype, count + 8, gen)
+                        b_full = random_values(b_dtype if b_dtype != torch.float32 else dtype, count + 8, gen).to(b_dtype)
+                        d_full = torch.zeros(count + 8, dtype=dst_dtype)
+                        a = a_full[offs[0] : offs[0] + count]
+                        b = b_full[offs[1] : offs[1] + count]
+                        dst = d_full[offs[2] : offs[2] + count]
+                        before = d_full.clone()
+                        for nthreads in (1, 4):
+                            dst.fill_(0)
+                            rc, kind, msg = kernel_reduce(lib, dtype, op, a, b, dst, divisor=divisor,
+                                                          round_sum=round_sum, nthreads=nthreads)
+                            assert rc == 0, msg
+                            want = reference(dtype, op, a, b, dst_dtype, divisor, round_sum)
+                            assert same_bits(dst, want), (
+                                f"{op_name} {dtype} b={b_dtype} dst={dst_dtype} count={count} offs={offs} "
+                                f"divisor={divisor} round_sum={round_sum} nthreads={nthreads}\n"
+                                f"a={a}\nb={b}\ngot={dst}\nwant={want}"
+                            )
+                        outside = torch.cat([d_full[: offs[2]], d_full[offs[2] + count :]])
+                        assert same_bits(outside, torch.cat([before[: offs[2]], before[offs[2] + count :]]))
+                        checked += 1
+    assert checked > 0
+
+
+def test_kernel_body_in_place(lib):
+    """dst aliases a, as in the reduce-scatter (data = data + staging)."""
+    gen = torch.Generator().manual_seed(7)
+    for dtype in (torch.float32, torch.bfloat16, torch.int8):
+        for off in range(4):
+            a_full = random_values(dtype, 200, gen)
+            b = random_values(dtype, 150, gen)
+            a = a_full[off : off + 150]
+            want = reference(dtype, SUM, a.clone(), b, dtype, 0, True)
+            rc, _, msg = kernel_reduce(lib, dtype, SUM, a, b, a, nthreads=3)
+            assert rc == 0, msg
+            assert same_bits(a, want)
+
+
+def test_kernel_body_refuses_unsupported(lib):
+    x = torch.zeros(4, dtype=torch.int32)
+    rc, kind, msg = kernel_reduce(lib, torch.int32, AVG, x, x, x)
+    assert rc != 0 and kind == 0 and "AVG" in msg  # kType -> TypeError
+    c = torch.zeros(4, dtype=torch.complex64)
+    rc, kind, msg = kernel_reduce(lib, torch.complex64, MAX, c, c, c)
+    assert rc != 0 and kind == 0
+    f = torch.zeros(4, dtype=torch.float32)
+    # float32 partials are only defined for half types
+    kind_v = ctypes.c_int(0)
+    err = ctypes.create_string_buffer(512)
+    rc = lib.rr_kernel_reduce(0, SUM, f.data_ptr(), 0, f.data_ptr(), 1, f.data_ptr(), 0, 4, 0, 1, 1,
+                              ctypes.byref(kind_v), err, 512)
+    assert rc != 0 and kind_v.value == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU ring driver on simulated streams
+
+
+def exact_inputs(dtype, op, nranks, numel, call):
+    """Position-dependent values whose reduction is exact in every dtype (bf16 sums <= 256)."""
+    i = torch.arange(numel, dtype=torch.int64)
+    out = []
+    for r in range(nranks):
+        if dtype == torch.bool:
+            v = ((i * 3 + r + call) % 4) == 0
+        elif op == PRODUCT:
+            v = torch.tensor([-2, -1, 1, 2])[(i * 5 + r * 3 + call) % 4]
+        elif op in (MAX, MIN):
+            v = ((i * 13 + r * 7 + call) % 23) - 11
+        else:
+            v = ((i * 7 + r * 5 + call) % 17) - 6
+        if dtype in COMPLEX:
+            t = torch.complex(v.double(), (v * 2 - 1).double()).to(dtype)
+        elif dtype == torch.bool:
+            t = v
+        else:
+            t = v.to(dtype)
+        out.append(t.contiguous())
+    return out
+
+
+def expected(dtype, op, inputs):
+    """The all-gathered inputs reduced locally in float64/int64 (AVG: divide like the ring)."""
+    n = len(inputs)
+    if dtype == torch.bool:
+        st = torch.stack(inputs)
+        return st.any(0) if op in (SUM, MAX) else st.all(0)
+    if dtype in COMPLEX:
+        s = torch.stack([t.to(torch.complex128) for t in inputs]).sum(0)
+        if op == AVG:
+            real = torch.float32 if dtype == torch.complex64 else torch.float64
+            re, im = s.real.to(real) / n, s.imag.to(real) / n
+            return torch.complex(re, im).to(dtype)
+        return s.to(dtype)
+    if dtype.is_floating_point:
+        st = torch.stack([t.to(torch.float64) for t in inputs])
+    else:
+        st = torch.stack([t.to(torch.int64) for t in inputs])
+    if op in (SUM, AVG):
+        s = st.sum(0)
+    elif op == PRODUCT:
+        s = st.prod(0)
+    elif op == MAX:
+        s = st.max(0).values
+    else:
+        s = st.min(0).values
+    if op == AVG:
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        return (s.to(acc) / n).to(dtype)
+    if not dtype.is_floating_point:  # wrap like torch's integer arithmetic
+        bits = torch.iinfo(dtype).bits
+        s = s & ((1 << bits) - 1) if bits < 64 else s
+        if bits < 64 and torch.iinfo(dtype).min < 0:
+            s = torch.where(s >= (1 << (bits - 1)), s - (1 << bits), s)
+        return s.to(dtype)
+    return s.to(dtype)
+
+
+def sim_allreduce(lib, *, nranks, numel, dtype, op, accum=False, segment_bytes=64, num_slots=4,
+                  slot_bytes=None, ncalls=1, async_mask=0, seed=1, fault=0, data_offset=0, inputs=None,
+                  gather_into_data=True):
+    elem = torch.empty((), dtype=dtype).element_size()
+    if slot_bytes is None:
+        slot_bytes = max(256, segment_bytes * 4)
+    if inputs is None:
+        inputs = [exact_inputs(dtype, op, nranks, numel, c) for c in range(ncalls)]
+    flat_in = [t for call in inputs for t in call]
+    outs = [torch.full((numel,), 0, dtype=dtype) for _ in flat_in]
+    in_ptrs = (ctypes.c_void_p * len(flat_in))(*[t.data_ptr() for t in flat_in])
+    out_ptrs = (ctypes.c_void_p * len(outs))(*[t.data_ptr() for t in outs])
+    err = ctypes.create_string_buffer(8192)
+    rc = lib.rr_sim_allreduce(nranks, numel, DTYPES[dtype], op, int(accum), segment_bytes, num_slots, slot_bytes,
+                              ncalls, async_mask, seed, fault, data_offset, int(gather_into_data), in_ptrs, out_ptrs,
+                              err, len(err))
+    del elem
+    results = [outs[c * nranks : (c + 1) * nranks] for c in range(ncalls)]
+    return rc, err.value.decode(), inputs, results
+
+
+def check_results(dtype, op, inputs, results, label):
+    for c, (ins, outs) in enumerate(zip(inputs, results)):
+        want = expected(dtype, op, ins)
+        for r, got in enumerate(outs):
+            assert same_bits(got, want), f"{label} call {c} rank {r}:\ngot  {got}\nwant {want}"
+            assert same_bits(got, outs[0]), f"{label}: ranks 0 and {r} differ"
+
+
+SWEEP_DTYPES = list(DTYPES)
+
+
+@pytest.mark.parametrize("dtype", SWEEP_DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_sim_driver_exact(lib, dtype):
+    """Every dtype and op, world sizes 2-5, counts around the chunking edges, tiny segments."""
+    runs = 0
+    for op_name, op in OPS.items():
+        if not supported(dtype, op):
+            continue
+        for nranks in (2, 3, 5):
+            for numel in (1, nranks - 1, nranks + 1, 37, 203):
+                if numel <= 0:
+                    continue
+                for accum in ((False, True) if dtype in HALF else (False,)):
+                    seg = 16 if numel < 100 else 48
+                    seed = 1000 * nranks + numel + 7 * op
+                    rc, msg, ins, outs = sim_allreduce(lib, nranks=nranks, numel=numel, dtype=dtype, op=op,
+                                                       accum=accum, segment_bytes=seg, seed=seed,
+                                                       num_slots=2 + (numel % 3), data_offset=numel % 3,
+                                                       gather_into_data=(numel % 2 == 1))
+                    label = f"{op_name} {dtype} n={nranks} numel={numel} accum={accum}"
+                    assert rc == 0, f"{label}: {msg}"
+                    check_results(dtype, op, ins, outs, label)
+                    runs += 1
+    assert runs > 0
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+@pytest.mark.parametrize("num_slots", [1, 2, 4])
+def test_sim_driver_many_interleavings(lib, nranks, num_slots):
+    """One configuration, many random schedules: back-to-back sync and async calls share the slots."""
+    for seed in range(12):
+        rc, msg, ins, outs = sim_allreduce(lib, nranks=nranks, numel=301, dtype=torch.float32, op=SUM,
+                                           segment_bytes=32, num_slots=num_slots, ncalls=3, async_mask=0b101,
+                                           seed=seed, data_offset=1, gather_into_data=seed % 2 == 0)
+        assert rc == 0, f"seed {seed}: {msg}"
+        check_results(torch.float32, SUM, ins, outs, f"seed {seed}")
+
+
+def test_sim_driver_avg_bf16_accum_large(lib):
+    """AVG with float32 partials over many segments (the plan's kAccum path) and a default-size slot."""
+    rc, msg, ins, outs = sim_allreduce(lib, nranks=4, numel=4099, dtype=torch.bfloat16, op=AVG, accum=True,
+                                       segment_bytes=256, num_slots=4, ncalls=2, async_mask=0b11, seed=3)
+    assert rc == 0, msg
+    check_results(torch.bfloat16, AVG, ins, outs, "bf16 avg accum")
+
+
+def test_sim_driver_random_data_matches_sequential_reduction(lib):
+    """Random float32 data: the ring's fixed combination order, reproduced sequentially."""
+    gen = torch.Generator().manual_seed(5)
+    n, numel = 3, 500
+    ins = [[torch.randn(numel, generator=gen) for _ in range(n)]]
+    rc, msg, _, outs = sim_allreduce(lib, nranks=n, numel=numel, dtype=torch.float32, op=SUM, segment_bytes=64,
+                                     inputs=ins, seed=11)
+    assert rc == 0, msg
+    ref = torch.stack(ins[0]).double().sum(0)
+    for got in outs[0]:
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+        assert same_bits(got, outs[0][0])
+
+
+FAULTS = {
+    # With gather_into_data (the GPU plan) the all-gather's sends already order kComm after every
+    # staging read, so the previous-call wait is defense in depth there; it is required for
+    # plans that read staging in the all-gather (the CPU shape), which is what this case runs.
+    1: "kComm skips the previous call's done event",
+    2: "the call does not wait for the caller's stream",
+    3: "the first plan wait on kCompute is dropped",
+    4: "one reduce writes one element off",
+    5: "the caller does not wait for the call",
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_sim_catches_broken_driver(lib, fault):
+    """The simulator must fail each deliberately broken interpreter decision (else it proves nothing)."""
+    caught = 0
+    for seed in range(4):
+        rc, msg, ins, outs = sim_allreduce(lib, nranks=3, numel=97, dtype=torch.float32, op=SUM, segment_bytes=16,
+                                           num_slots=2, ncalls=2, async_mask=0b11 if fault == 1 else 0, seed=seed,
+                                           fault=fault, gather_into_data=fault != 1)
+        if rc != 0:
+            assert msg, "a failure must carry a message"
+            caught += 1
+            continue
+        wrong = any(not same_bits(g, expected(torch.float32, SUM, ins[c]))
+                    for c in range(len(ins)) for g in outs[c])
+        caught += int(wrong)
+    assert caught == 4, f"fault {fault} ({FAULTS[fault]}) went unnoticed in {4 - caught} of 4 schedules"
+
+
+def test_sim_data_race_message_names_ops(lib):
+    rc, msg, _, _ = sim_allreduce(lib, nranks=2, numel=64, dtype=torch.float32, op=SUM, segment_bytes=16,
+                                  fault=2, seed=0)
+    assert rc != 0 and "data race" in msg and "producer" in msg
