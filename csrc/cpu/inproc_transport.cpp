@@ -55,6 +55,9 @@ void InprocHub::matchLocked(Channel& ch) {
     auto d = std::make_shared<Delivery>();
     d->send = s;
     d->recv = r;
+    d->src = s->data;
+    d->dst = r->data;
+    d->bytes = s->bytes;
     int64_t us = 0;
     if (options_.max_delay_us > 0)
       us = static_cast<int64_t>(rng_() % static_cast<uint64_t>(options_.max_delay_us + 1));
@@ -67,16 +70,13 @@ void InprocHub::matchLocked(Channel& ch) {
 
 void InprocHub::deliver(std::unique_lock<std::mutex>& lk, Delivery& d) {
   d.state = Delivery::kCopying;
-  // Both requests stay referenced by `d`; the owners keep the buffers alive until completion.
-  void* dst = d.recv->data;
-  const void* src = d.send->data;
-  const size_t bytes = d.send->bytes;
+  // The owners keep both buffers alive until their requests complete (or forever after abandon()).
   lk.unlock();
-  if (bytes > 0) std::memcpy(dst, src, bytes);
+  if (d.bytes > 0) std::memcpy(d.dst, d.src, d.bytes);
   lk.lock();
   d.state = Delivery::kDone;
-  d.send->done = true;
-  d.recv->done = true;
+  if (auto s = d.send.lock()) s->done = true;
+  if (auto r = d.recv.lock()) r->done = true;
   cv_.notify_all();
 }
 
@@ -91,7 +91,8 @@ void InprocHub::wait(int rank, int64_t id) {
     if (!req->error.empty()) RR_THROW(kBackend, req->error);
     if (req->done) return;
     const auto now = Clock::now();
-    Delivery* d = req->delivery.get();
+    const std::shared_ptr<Delivery> keep = req->delivery;
+    Delivery* d = keep.get();
     if (d && d->state == Delivery::kPending && now >= d->ready) {
       deliver(lk, *d);
       continue;

@@ -43,8 +43,13 @@ class InprocHub {
  private:
   friend class InprocTransport;
   struct Request;
+  // A matched pair. Requests own their delivery; the delivery only observes them (weak), so a
+  // rank that abandons its requests leaves the copy into its (still alive) buffer possible.
   struct Delivery {
-    std::shared_ptr<Request> send, recv;
+    std::weak_ptr<Request> send, recv;
+    const void* src = nullptr;
+    void* dst = nullptr;
+    size_t bytes = 0;
     std::chrono::steady_clock::time_point ready;
     enum State { kPending, kCopying, kDone } state = kPending;
   };

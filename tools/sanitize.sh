@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds the torch-free core and its C++ tests under AddressSanitizer, UndefinedBehaviorSanitizer
+# and ThreadSanitizer (build-asan, build-ubsan, build-tsan in the repo root) and runs ctest in each.
+# Prints the time of each stage; exits non-zero if any configure, build or test failed.
+#
+#   tools/sanitize.sh                 # all three
+#   tools/sanitize.sh thread          # only some: address | undefined | thread
+#   JOBS=2 tools/sanitize.sh
+set -u -o pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+jobs="${JOBS:-2}"
+if [ "$#" -gt 0 ]; then sanitizers=("$@"); else sanitizers=(address undefined thread); fi
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+
+status=0
+summary=()
+for san in "${sanitizers[@]}"; do
+  case "$san" in
+    address) dir="$root/build-asan" ;;
+    undefined) dir="$root/build-ubsan" ;;
+    thread) dir="$root/build-tsan" ;;
+    *) echo "unknown sanitizer '$san' (address, undefined, thread)" >&2; exit 2 ;;
+  esac
+  echo "=== $san: $dir"
+  start=$(date +%s)
+  result=ok
+  if ! cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRR_SANITIZE="$san" >/dev/null; then
+    result="configure failed"
+  elif ! ninja -C "$dir" -j"$jobs"; then
+    result="build failed"
+  fi
+  built=$(date +%s)
+  if [ "$result" = ok ] && ! ctest --test-dir "$dir" -j"$jobs" --output-on-failure; then
+    result="tests failed"
+  fi
+  end=$(date +%s)
+  line="$san: $result (build $((built - start)) s, tests $((end - built)) s, total $((end - start)) s)"
+  echo "=== $line"
+  summary+=("$line")
+  [ "$result" = ok ] || status=1
+done
+
+echo
+echo "sanitizer summary:"
+for line in "${summary[@]}"; do echo "  $line"; done
+exit $status
