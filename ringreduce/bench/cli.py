@@ -1,0 +1,166 @@
+"""Command line of ``python -m ringreduce.bench``: parse, pick backend and ranks, launch."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from ringreduce.bench.config import BenchConfig
+from ringreduce.bench.sizes import DTYPES, parse_dtype, parse_size, size_sweep
+
+DEFAULT_BEGIN = "1K"
+DEFAULT_END = "64M"
+DEFAULT_FACTOR = 4.0
+DEFAULT_SECONDS = 4.0
+TRAIN_MODULE = "ringreduce.bench.train_step"
+
+_EPILOG = f"""\
+defaults: -b {DEFAULT_BEGIN} -e {DEFAULT_END} -f {DEFAULT_FACTOR:g} -d float -o avg -w 5, iterations chosen per size
+so each implementation runs about {DEFAULT_SECONDS:g} s (10..1000 iterations); on a 2-core machine with 2 CPU
+ranks the default run takes about 3 minutes. Sizes take binary units (K = 1024, as nccl-tests).
+
+time (us) is the median over the timed iterations on each rank, averaged over ranks (the slowest
+rank's median is in the JSON); algbw = bytes / time; busbw = algbw * 2(n-1)/n; #wrong counts wrong
+elements after one extra call on exact data, summed over ranks; ratio = ringreduce time / stock time.
+
+examples:
+  python -m ringreduce.bench                                   # 2 CPU ranks or all GPUs
+  python -m ringreduce.bench -b 1M -e 64M -f 4 --nproc 4       # the DESIGN.md section 5 sizes
+  python -m ringreduce.bench -b 8 -e 1M -f 4 --check-cost      # cost of the agreement check
+  torchrun --nnodes 2 --nproc-per-node 8 ... -m ringreduce.bench -b 8 -e 256M -f 2
+  python -m ringreduce.bench --mode train [train-step options]  # training-step benchmark
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also documents the defaults in --help)."""
+    p = argparse.ArgumentParser(
+        prog="python -m ringreduce.bench",
+        description="nccl-tests-style all-reduce sweep: ringreduce against stock torch.distributed "
+        "(gloo on CPUs; NCCL and NCCL_ALGO=RING on GPUs).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--mode", choices=("allreduce", "train"), default="allreduce",
+                   help="allreduce sweep (default) or the training-step benchmark (other args go to it)")
+    sizes = p.add_argument_group("sizes")
+    sizes.add_argument("-b", "--minbytes", default=DEFAULT_BEGIN, help=f"first size (default {DEFAULT_BEGIN})")
+    sizes.add_argument("-e", "--maxbytes", default=DEFAULT_END, help=f"last size (default {DEFAULT_END})")
+    step = sizes.add_mutually_exclusive_group()
+    step.add_argument("-f", "--stepfactor", type=float, default=None,
+                      help=f"multiply the size by this (default {DEFAULT_FACTOR:g})")
+    step.add_argument("-i", "--stepbytes", default=None, help="add this many bytes instead of multiplying")
+    run = p.add_argument_group("what and how long")
+    run.add_argument("-d", "--dtype", default="float", help=f"element type: {', '.join(DTYPES)} (default float)")
+    run.add_argument("-o", "--op", choices=("sum", "avg"), default="avg",
+                     help="avg: ringreduce.all_reduce_avg vs all_reduce+div_ (gloo) / ReduceOp.AVG (NCCL); "
+                     "sum: all_reduce SUM (default avg)")
+    run.add_argument("-n", "--iters", type=int, default=None,
+                     help="timed iterations per implementation and size (default: auto, see --seconds)")
+    run.add_argument("-w", "--warmup", type=int, default=5, help="untimed calls per implementation and size (default 5)")
+    run.add_argument("--seconds", type=float, default=DEFAULT_SECONDS,
+                     help=f"auto iterations: timed seconds per implementation and size (default {DEFAULT_SECONDS:g})")
+    run.add_argument("--min-iters", type=int, default=10, help="auto iterations: at least this many (default 10)")
+    run.add_argument("--max-iters", type=int, default=1000, help="auto iterations: at most this many (default 1000)")
+    run.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
+                     help="ringreduce's cross-rank agreement check on/off (default: the library's: on for CPU, "
+                     "off for GPU; RINGREDUCE_CHECK)")
+    run.add_argument("--check-cost", action="store_true",
+                     help="also time ringreduce with RINGREDUCE_CHECK=0, interleaved; adds a check(us) column")
+    run.add_argument("--no-nccl-ring", dest="nccl_ring", action="store_false",
+                     help="on GPUs, skip stock NCCL with NCCL_ALGO=RING")
+    ranks = p.add_argument_group("ranks")
+    ranks.add_argument("--nproc", type=int, default=None,
+                       help="local ranks to spawn (default: all GPUs if >= 2, else 2 CPU ranks); "
+                       "ignored under torchrun")
+    ranks.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
+                       help="auto: nccl with >= 2 GPUs and a CUDA build of ringreduce, else gloo")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", dest="json_path", default=None, help="write every row and the machine to FILE")
+    out.add_argument("--plot", dest="plot_path", default=None, help="write busbw vs size to FILE.png")
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
+    return p
+
+
+def _resolve_backend(requested: str, launched: bool) -> str:
+    import torch
+
+    import ringreduce
+
+    cuda_build = bool(ringreduce.build_info()["cuda"])
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "auto":
+        enough = gpus >= 1 if launched else gpus >= 2
+        return "nccl" if enough and cuda_build else "gloo"
+    if requested == "nccl" and (gpus == 0 or not cuda_build):
+        raise SystemExit("ringreduce.bench: --backend nccl needs CUDA GPUs and a CUDA build of ringreduce "
+                         f"(GPUs visible: {gpus}, ringreduce CUDA build: {cuda_build})")
+    return requested
+
+
+def make_config(args: argparse.Namespace, argv: list[str], backend: str, launcher: str) -> BenchConfig:
+    """Validates the parsed arguments and turns them into the ranks' BenchConfig."""
+    dtype = parse_dtype(args.dtype)
+    if args.op == "avg" and not dtype.is_floating:
+        raise SystemExit(f"ringreduce.bench: --op avg needs a floating type, not {dtype.name} (use --op sum)")
+    if args.check is False and args.check_cost:
+        raise SystemExit("ringreduce.bench: --check-cost compares check on and off; drop --no-check")
+    if args.iters is not None and args.iters < 1:
+        raise SystemExit("ringreduce.bench: --iters must be >= 1")
+    if args.warmup < 0:
+        raise SystemExit("ringreduce.bench: --warmup must be >= 0")
+    increment = parse_size(args.stepbytes) if args.stepbytes is not None else None
+    factor = None if increment is not None else (args.stepfactor or DEFAULT_FACTOR)
+    sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), factor, increment, dtype.itemsize)
+    if not sizes:
+        raise SystemExit("ringreduce.bench: no size in the range holds a whole element")
+    return BenchConfig(
+        sizes=sizes, dtype=dtype.name, op=args.op, backend=backend, iters=args.iters, warmup=args.warmup,
+        seconds_per_size=args.seconds, min_iters=args.min_iters, max_iters=args.max_iters,
+        check=True if args.check_cost and backend == "nccl" and args.check is None else args.check,
+        check_cost=args.check_cost, nccl_ring=args.nccl_ring, json_path=args.json_path,
+        plot_path=args.plot_path, command=[sys.executable, "-m", "ringreduce.bench", *argv], launcher=launcher,
+        quiet=args.quiet,
+    )
+
+
+def run_train(argv: list[str]) -> int:
+    """Forwards `argv` to ringreduce.bench.train_step.main, or explains that it is not installed."""
+    if importlib.util.find_spec(TRAIN_MODULE) is None:
+        sys.stderr.write(f"ringreduce.bench: --mode train needs {TRAIN_MODULE}, which this installation lacks "
+                         "(the training-step benchmark); run the all-reduce sweep without --mode train\n")
+        return 2
+    result = importlib.import_module(TRAIN_MODULE).main(argv)
+    return int(result) if isinstance(result, int) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmark; returns the exit code (1 if any result was wrong)."""
+    from ringreduce.bench.launch import spawn_local, under_launcher
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--mode", default="allreduce")
+    known, rest = pre.parse_known_args(argv)
+    if known.mode == "train":
+        return run_train(rest)
+    args = build_parser().parse_args(argv)
+    launched = under_launcher()
+    backend = _resolve_backend(args.backend, launched)
+    cfg = make_config(args, argv, backend, "torchrun" if launched else "spawn")
+    if launched:
+        if args.nproc is not None:
+            sys.stderr.write("ringreduce.bench: --nproc is ignored under torchrun (the launcher sets the ranks)\n")
+        from ringreduce.bench.rank_main import run_rank
+
+        return run_rank(cfg)
+    import torch
+
+    nproc = args.nproc if args.nproc is not None else (torch.cuda.device_count() if backend == "nccl" else 2)
+    if nproc < 2:
+        raise SystemExit("ringreduce.bench: --nproc must be >= 2")
+    if backend == "nccl" and nproc > torch.cuda.device_count():
+        raise SystemExit(f"ringreduce.bench: --nproc {nproc} exceeds the {torch.cuda.device_count()} visible GPUs")
+    return spawn_local(cfg, nproc)

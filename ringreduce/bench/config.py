@@ -1,0 +1,28 @@
+"""The benchmark's settings, shared by the launcher and every rank (picklable)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class BenchConfig:
+    """What to sweep and how; built by the CLI, sent to every rank."""
+
+    sizes: list[int]  # bytes, already rounded to whole elements
+    dtype: str  # nccl-tests name: float, double, half, bfloat16, int8, uint8, int32, int64
+    op: str  # "sum" or "avg"
+    backend: str  # "gloo" or "nccl" (resolved, never "auto")
+    iters: int | None = None  # fixed timed iterations per implementation and size; None = auto
+    warmup: int = 5
+    seconds_per_size: float = 5.0  # auto iters: timed seconds per implementation and size
+    min_iters: int = 10
+    max_iters: int = 1000
+    check: bool | None = None  # ringreduce's agreement check: None = library default
+    check_cost: bool = False  # also time ringreduce with RINGREDUCE_CHECK=0
+    nccl_ring: bool = True  # on NCCL: also stock NCCL with NCCL_ALGO=RING
+    json_path: str | None = None
+    plot_path: str | None = None
+    command: list[str] = field(default_factory=list)
+    launcher: str = "spawn"  # "spawn" (local ranks started by the CLI) or "torchrun"
+    quiet: bool = False  # no progress lines on stderr

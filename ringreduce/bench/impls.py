@@ -1,0 +1,112 @@
+"""The implementations compared: ringreduce and the stock torch.distributed all_reduce.
+
+Each is an in-place all-reduce of one tensor plus the environment it runs under (ringreduce reads
+RINGREDUCE_CHECK at every call, so the check on/off A/B alternates in one process). Stock NCCL with
+``NCCL_ALGO=RING`` gets its own process group, created while the variable is set: NCCL reads
+NCCL_ALGO when a communicator is initialized.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+import ringreduce
+
+RINGREDUCE = "ringreduce"
+RINGREDUCE_NOCHECK = "rr-nocheck"
+GLOO = "gloo"
+NCCL = "nccl"
+NCCL_RING = "nccl-ring"
+
+
+@dataclass
+class Impl:
+    """One implementation: a name, an in-place all-reduce, the env it needs, how it is checked."""
+
+    name: str
+    run: Callable[[torch.Tensor], None]
+    env: dict[str, str | None] = field(default_factory=dict)  # None removes the variable
+    rtol: float = 0.0  # 0: results must be exact
+    is_ringreduce: bool = False
+
+    def enter(self) -> None:
+        """Applies this implementation's environment (outside the timed region)."""
+        for key, value in self.env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _ringreduce_call(op: str) -> Callable[[torch.Tensor], None]:
+    if op == "avg":
+        return lambda t: ringreduce.all_reduce_avg(t)
+    return lambda t: ringreduce.all_reduce(t, op=ringreduce.ReduceOp.SUM)
+
+
+def _stock_call(op: str, backend: str, world_size: int, group: dist.ProcessGroup | None) -> Callable[[torch.Tensor], None]:
+    if op == "sum":
+        return lambda t: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    if backend == "nccl":
+        return lambda t: dist.all_reduce(t, op=dist.ReduceOp.AVG, group=group)
+
+    def sum_then_divide(t: torch.Tensor) -> None:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+        t.div_(world_size)
+
+    return sum_then_divide
+
+
+def _ring_group(device: torch.device) -> dist.ProcessGroup:
+    """A new NCCL group whose communicator is initialized with NCCL_ALGO=RING (then restored)."""
+    saved = os.environ.get("NCCL_ALGO")
+    os.environ["NCCL_ALGO"] = "RING"
+    try:
+        group = dist.new_group(backend="nccl")
+        dist.all_reduce(torch.zeros(1, device=device), group=group)  # communicator init happens here
+        torch.cuda.synchronize(device)
+    finally:
+        if saved is None:
+            os.environ.pop("NCCL_ALGO", None)
+        else:
+            os.environ["NCCL_ALGO"] = saved
+    return group
+
+
+def stock_rtol(op: str, backend: str, dtype: torch.dtype, world_size: int) -> float:
+    """Tolerance for the stock result: NCCL's AVG multiplies by a rounded 1/n before summing."""
+    if op == "avg" and backend == "nccl" and dtype.is_floating_point:
+        return world_size * torch.finfo(dtype).eps
+    return 0.0
+
+
+def build_impls(
+    op: str, backend: str, device: torch.device, dtype: torch.dtype, check: bool | None, check_cost: bool,
+    nccl_ring: bool,
+) -> list[Impl]:
+    """The implementations to compare, in table order: ringreduce first, then the stock ones.
+
+    Communicators are created here (collective: every rank must call it with the same arguments),
+    before any is timed; ringreduce's and the default NCCL communicator exist before NCCL_ALGO is set.
+    """
+    n = dist.get_world_size()
+    user_check = os.environ.get("RINGREDUCE_CHECK")
+    check_env: str | None = user_check if check is None else ("1" if check else "0")
+    impls = [Impl(RINGREDUCE, _ringreduce_call(op), {"RINGREDUCE_CHECK": check_env}, is_ringreduce=True)]
+    if check_cost:
+        impls.append(Impl(RINGREDUCE_NOCHECK, _ringreduce_call(op), {"RINGREDUCE_CHECK": "0"}, is_ringreduce=True))
+    rtol = stock_rtol(op, backend, dtype, n)
+    impls.append(Impl(NCCL if backend == "nccl" else GLOO, _stock_call(op, backend, n, None), rtol=rtol))
+    warm = torch.zeros(16, device=device)
+    for impl in impls:
+        impl.enter()
+        impl.run(warm)
+    if backend == "nccl" and nccl_ring:
+        group = _ring_group(device)
+        impls.append(Impl(NCCL_RING, _stock_call(op, backend, n, group), rtol=rtol))
+    return impls

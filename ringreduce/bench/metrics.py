@@ -1,0 +1,81 @@
+"""nccl-tests arithmetic and the reduction of per-rank measurements to one row per implementation."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+
+def algbw_gbs(size_bytes: int, time_us: float) -> float:
+    """Algorithm bandwidth in GB/s (1e9 bytes/s, as nccl-tests): message bytes / time."""
+    if time_us <= 0:
+        return 0.0
+    return size_bytes / (time_us * 1e-6) / 1e9
+
+
+def busbw_factor(world_size: int) -> float:
+    """All-reduce bus-bandwidth factor 2(n-1)/n: bytes each rank sends per message byte in a ring."""
+    if world_size <= 1:
+        return 0.0
+    return 2.0 * (world_size - 1) / world_size
+
+
+def busbw_gbs(size_bytes: int, time_us: float, world_size: int) -> float:
+    """Bus bandwidth in GB/s: algbw * 2(n-1)/n, comparable with the link rate at any world size."""
+    return algbw_gbs(size_bytes, time_us) * busbw_factor(world_size)
+
+
+def aggregate_size(
+    size: int, count: int, type_name: str, op: str, world_size: int, per_rank: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One row per implementation from every rank's measurements of one size.
+
+    `per_rank[r]` is rank r's result: {"iters", "warmup", "impls": {name: {"median_us", "mean_us",
+    "min_us", "max_us", "wrong", "peak_rss", "rss_growth", "rss_exact", "cuda_growth"}}}.
+    time_us is the per-rank median averaged over ranks (nccl-tests averages over ranks), time_us_max
+    the slowest rank's median; #wrong is summed over ranks; memory is the maximum over ranks.
+    """
+    rows = []
+    for name in per_rank[0]["impls"]:
+        stats = [rank["impls"][name] for rank in per_rank]
+        medians = [s["median_us"] for s in stats]
+        time_us = statistics.fmean(medians)
+        cuda = [s["cuda_growth"] for s in stats if s.get("cuda_growth") is not None]
+        rows.append({
+            "size": size,
+            "count": count,
+            "type": type_name,
+            "redop": op,
+            "impl": name,
+            "iters": per_rank[0]["iters"],
+            "warmup": per_rank[0]["warmup"],
+            "time_us": time_us,
+            "time_us_max": max(medians),
+            "mean_us": statistics.fmean(s["mean_us"] for s in stats),
+            "min_us": min(s["min_us"] for s in stats),
+            "per_rank_median_us": medians,
+            "algbw_gbs": algbw_gbs(size, time_us),
+            "busbw_gbs": busbw_gbs(size, time_us, world_size),
+            "wrong": sum(int(s["wrong"]) for s in stats),
+            "peak_rss_bytes": max(int(s["peak_rss"]) for s in stats),
+            "rss_growth_bytes": max(int(s["rss_growth"]) for s in stats),
+            "rss_exact": all(bool(s["rss_exact"]) for s in stats),
+            "cuda_growth_bytes": max(cuda) if cuda else None,
+        })
+    return rows
+
+
+def time_ratio(rows: list[dict[str, Any]], numerator: str, denominator: str) -> float | None:
+    """time(numerator) / time(denominator) among the rows of one size, or None if either is absent."""
+    by_impl = {row["impl"]: row for row in rows}
+    if numerator not in by_impl or denominator not in by_impl or by_impl[denominator]["time_us"] <= 0:
+        return None
+    return by_impl[numerator]["time_us"] / by_impl[denominator]["time_us"]
+
+
+def average_busbw(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Average busbw over the sweep, per implementation (the nccl-tests footer)."""
+    out: dict[str, list[float]] = {}
+    for row in rows:
+        out.setdefault(row["impl"], []).append(row["busbw_gbs"])
+    return {name: statistics.fmean(values) for name, values in out.items()}

@@ -1,0 +1,85 @@
+"""One rank of the benchmark: join the process group, run the sweep, and (rank 0) write the results."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringreduce.bench.config import BenchConfig
+from ringreduce.bench.machine import describe
+from ringreduce.bench.sweep import RankContext, run_sweep
+
+STAGING_BOUND_BYTES = 8 << 20  # DESIGN.md section 5: ringreduce's own memory per group, by default
+PG_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def _init(cfg: BenchConfig) -> RankContext:
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if cfg.backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=PG_TIMEOUT, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=PG_TIMEOUT)
+    return RankContext(rank=rank, world_size=world_size, device=device)
+
+
+def _finish(cfg: BenchConfig, rows: list[dict[str, Any]], stock: str, machine: dict[str, Any], elapsed: float) -> int:
+    from ringreduce.bench.report import build_report, write_json
+    from ringreduce.bench.table import Layout, footer, memory_lines
+
+    impls = tuple(dict.fromkeys(row["impl"] for row in rows))
+    layout = Layout(impls, stock)
+    print("\n".join(footer(rows, layout) + memory_lines(rows, layout, STAGING_BOUND_BYTES)), flush=True)
+    doc = build_report(cfg, machine, rows, stock, elapsed)
+    if cfg.json_path:
+        write_json(doc, cfg.json_path)
+        print(f"# JSON written to {cfg.json_path}", flush=True)
+    if cfg.plot_path:
+        from ringreduce.bench.plot import write_plot
+
+        write_plot(doc, cfg.plot_path)
+        print(f"# plot written to {cfg.plot_path}", flush=True)
+    return 0 if doc["summary"]["wrong_total"] == 0 else 1
+
+
+def _banner(cfg: BenchConfig, machine: dict[str, Any]) -> str:
+    threads = f"torch threads {machine['torch_threads']}"
+    iters = f"iters {cfg.iters}" if cfg.iters is not None else f"iters auto (~{cfg.seconds_per_size:g} s/size each)"
+    check = {None: "default", True: "on", False: "off"}[cfg.check]
+    return (f"# ringreduce.bench all_reduce: {machine['world_size']} ranks, backend {cfg.backend}, launcher "
+            f"{cfg.launcher}, {threads}\n# {machine['cpu_model']} ({machine['cpu_cores']} cores)"
+            + (f", GPUs: {', '.join(machine['gpus'])}" if machine["gpus"] else "")
+            + f"\n# torch {machine['torch']}, NCCL {machine['nccl']}, ringreduce {machine['ringreduce']['version']}"
+            + f"\n# warmup {cfg.warmup}, {iters}, agreement check {check}; time = median per rank, mean over ranks"
+            + "\n#")
+
+
+def run_rank(cfg: BenchConfig) -> int:
+    """Runs this process's rank (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the environment)."""
+    ctx = _init(cfg)
+    try:
+        started = time.monotonic()
+        hosts: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(hosts, os.uname().nodename)
+        machine = describe(cfg.backend, ctx.world_size, [str(h) for h in hosts])
+        if ctx.rank == 0:
+            print(_banner(cfg, machine), flush=True)
+        result = run_sweep(cfg, ctx)
+        code = 0
+        if result is not None:
+            rows, stock = result
+            code = _finish(cfg, rows, stock, machine, time.monotonic() - started)
+        codes = torch.tensor([code], device=ctx.device)
+        dist.all_reduce(codes, op=dist.ReduceOp.MAX)  # ranks leave together; a late rank must not see dead peers
+        return int(codes.item())
+    finally:
+        dist.destroy_process_group()

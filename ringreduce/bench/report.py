@@ -1,0 +1,114 @@
+"""The JSON record of a sweep: machine, command, settings, every row; and its schema check."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from ringreduce.bench.config import BenchConfig
+from ringreduce.bench.impls import RINGREDUCE
+from ringreduce.bench.metrics import average_busbw, time_ratio
+
+SCHEMA = "ringreduce.bench.allreduce/1"
+
+ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "size": int,
+    "count": int,
+    "type": str,
+    "redop": str,
+    "impl": str,
+    "iters": int,
+    "warmup": int,
+    "time_us": float,
+    "time_us_max": float,
+    "mean_us": float,
+    "min_us": float,
+    "per_rank_median_us": list,
+    "algbw_gbs": float,
+    "busbw_gbs": float,
+    "wrong": int,
+    "peak_rss_bytes": int,
+    "rss_growth_bytes": int,
+    "rss_exact": bool,
+    "cuda_growth_bytes": (int, type(None)),
+}
+TOP_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "schema": str,
+    "command": list,
+    "config": dict,
+    "machine": dict,
+    "world_size": int,
+    "stock": str,
+    "rows": list,
+    "summary": dict,
+    "elapsed_s": float,
+}
+MACHINE_FIELDS = ("cpu_model", "cpu_cores", "gpus", "torch", "nccl", "world_size", "ringreduce")
+
+
+def build_report(
+    cfg: BenchConfig, machine: dict[str, Any], rows: list[dict[str, Any]], stock: str, elapsed_s: float
+) -> dict[str, Any]:
+    """The JSON document: every row plus per-size ratios and the average busbw per implementation."""
+    ratios = {}
+    for size in sorted({row["size"] for row in rows}):
+        value = time_ratio([row for row in rows if row["size"] == size], RINGREDUCE, stock)
+        if value is not None:
+            ratios[str(size)] = value
+    return {
+        "schema": SCHEMA,
+        "command": list(cfg.command),
+        "config": asdict(cfg),
+        "machine": machine,
+        "world_size": int(machine["world_size"]),
+        "stock": stock,
+        "rows": rows,
+        "summary": {"avg_busbw_gbs": average_busbw(rows), "time_ratio_vs_stock": ratios,
+                    "wrong_total": sum(row["wrong"] for row in rows)},
+        "elapsed_s": float(elapsed_s),
+    }
+
+
+def _type_ok(value: Any, expected: type | tuple[type, ...]) -> bool:
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def validate_report(doc: Any) -> list[str]:
+    """Problems with a JSON document against the schema (an empty list means valid)."""
+    if not isinstance(doc, dict):
+        return ["document is not an object"]
+    problems = []
+    for key, expected in TOP_FIELDS.items():
+        if key not in doc:
+            problems.append(f"missing top-level field {key!r}")
+        elif not _type_ok(doc[key], expected):
+            problems.append(f"field {key!r} has type {type(doc[key]).__name__}")
+    if doc.get("schema") not in (None, SCHEMA):
+        problems.append(f"schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
+    machine = doc.get("machine") if isinstance(doc.get("machine"), dict) else {}
+    problems += [f"machine lacks {key!r}" for key in MACHINE_FIELDS if key not in machine]
+    for i, row in enumerate(doc.get("rows") or []):
+        if not isinstance(row, dict):
+            problems.append(f"row {i} is not an object")
+            continue
+        for key, expected in ROW_FIELDS.items():
+            if key not in row:
+                problems.append(f"row {i} lacks {key!r}")
+            elif not _type_ok(row[key], expected):
+                problems.append(f"row {i} field {key!r} has type {type(row[key]).__name__}")
+    return problems
+
+
+def write_json(doc: dict[str, Any], path: str) -> None:
+    """Writes the document, indented, after checking it against the schema."""
+    problems = validate_report(doc)
+    if problems:
+        raise ValueError("benchmark JSON does not match its schema: " + "; ".join(problems))
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")

@@ -1,0 +1,137 @@
+"""What every rank runs: for each size, memory probe, warm-up, interleaved timed loop, correctness.
+
+Per size and implementation: one first call with its peak memory measured, ``warmup`` untimed
+calls, then ``iters`` timed calls per implementation interleaved A B B A A B ... (the order flips
+every round so drift and noise hit all implementations alike), then one call on fresh pattern data
+whose result is compared with the known sum (#wrong). Rank 0 gathers every rank's numbers, prints a
+table line per size as it goes and a progress line on stderr.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringreduce.bench.config import BenchConfig
+from ringreduce.bench.data import count_wrong, fill_pattern, pattern_modulus
+from ringreduce.bench.impls import GLOO, NCCL, Impl, build_impls
+from ringreduce.bench.memory import measure_call
+from ringreduce.bench.metrics import aggregate_size
+from ringreduce.bench.sizes import DTYPES, format_size
+from ringreduce.bench.timing import CallTimer, auto_iters, summarize
+
+
+@dataclass
+class RankContext:
+    """This process's place in the run."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+
+def _agree_max(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _interleaved(impls: list[Impl], round_index: int) -> list[Impl]:
+    return impls if round_index % 2 == 0 else impls[::-1]
+
+
+def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: int) -> dict[str, Any]:
+    """This rank's measurements of one size (see metrics.aggregate_size for the layout)."""
+    dtype = DTYPES[cfg.dtype].torch_dtype
+    count = size // DTYPES[cfg.dtype].itemsize
+    k = pattern_modulus(dtype, ctx.world_size)
+    bufs = {}
+    for impl in impls:
+        bufs[impl.name] = torch.empty(count, dtype=dtype, device=ctx.device)
+        fill_pattern(bufs[impl.name], ctx.rank, k)
+    results: dict[str, dict[str, Any]] = {impl.name: {} for impl in impls}
+
+    # First call of each implementation at this size, with its peak memory.
+    probe_s = {}
+    for impl in impls:
+        impl.enter()
+        t0 = time.perf_counter()
+        mem = measure_call(lambda impl=impl: impl.run(bufs[impl.name]), ctx.device)
+        probe_s[impl.name] = time.perf_counter() - t0
+        results[impl.name].update(peak_rss=mem.peak_rss, rss_growth=mem.rss_growth, rss_exact=mem.rss_exact,
+                                  cuda_growth=mem.cuda_growth)
+
+    warm = {impl.name: CallTimer(ctx.device) for impl in impls}
+    for w in range(cfg.warmup):
+        for impl in _interleaved(impls, w):
+            impl.enter()
+            warm[impl.name].time(lambda impl=impl: impl.run(bufs[impl.name]))
+    if cfg.iters is not None:
+        iters = cfg.iters
+    else:
+        estimates = [statistics.median(warm[i.name].seconds()) if cfg.warmup else probe_s[i.name] for i in impls]
+        iters = auto_iters(_agree_max(max(estimates), ctx.device), cfg.seconds_per_size, cfg.min_iters,
+                           cfg.max_iters)
+
+    timers = {impl.name: CallTimer(ctx.device) for impl in impls}
+    dist.barrier()
+    for it in range(iters):
+        for impl in _interleaved(impls, it):
+            impl.enter()
+            timers[impl.name].time(lambda impl=impl: impl.run(bufs[impl.name]))
+    for impl in impls:
+        results[impl.name].update(summarize(timers[impl.name].seconds()))
+
+    # Correctness, outside the timed loop: fresh pattern data, one call, compare with the known result.
+    for impl in impls:
+        buf = bufs[impl.name]
+        fill_pattern(buf, ctx.rank, k)
+        impl.enter()
+        impl.run(buf)
+        results[impl.name]["wrong"] = count_wrong(buf, ctx.world_size, k, cfg.op, impl.rtol)
+    return {"size": size, "count": count, "iters": iters, "warmup": cfg.warmup, "impls": results}
+
+
+def _progress(cfg: BenchConfig, index: int, total: int, size: int, started: float) -> None:
+    if cfg.quiet:
+        return
+    elapsed = time.monotonic() - started
+    end = "\r" if sys.stderr.isatty() and index < total else "\n"
+    sys.stderr.write(f"ringreduce.bench: {index}/{total} sizes done (last {format_size(size)}B), "
+                     f"{elapsed:.1f} s elapsed{' ' * 8}{end}")
+    sys.stderr.flush()
+
+
+def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]], str] | None:
+    """Runs the whole sweep on this rank. Rank 0 returns (rows, stock name) and prints as it goes."""
+    from ringreduce.bench.table import Layout, format_row, header
+
+    impls = build_impls(cfg.op, cfg.backend, ctx.device, DTYPES[cfg.dtype].torch_dtype, cfg.check,
+                        cfg.check_cost, cfg.nccl_ring)
+    stock = NCCL if cfg.backend == "nccl" else GLOO
+    layout = Layout(tuple(impl.name for impl in impls), stock)
+    if ctx.rank == 0:
+        print("\n".join(header(layout)), flush=True)
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    for index, size in enumerate(cfg.sizes, 1):
+        mine = measure_size(cfg, ctx, impls, size)
+        gathered: list[Any] | None = [None] * ctx.world_size if ctx.rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if ctx.rank == 0:
+            assert gathered is not None
+            size_rows = aggregate_size(size, mine["count"], cfg.dtype, cfg.op, ctx.world_size, gathered)
+            rows.extend(size_rows)
+            print(format_row(size_rows, layout), flush=True)
+            _progress(cfg, index, len(cfg.sizes), size, started)
+    for impl in impls:
+        if impl.is_ringreduce:
+            impl.enter()  # leave RINGREDUCE_CHECK as the user had it
+            break
+    return (rows, stock) if ctx.rank == 0 else None

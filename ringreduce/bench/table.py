@@ -1,0 +1,124 @@
+"""The printed table: nccl-tests columns per implementation side by side, derived columns, footer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ringreduce.bench.impls import NCCL_RING, RINGREDUCE, RINGREDUCE_NOCHECK
+from ringreduce.bench.metrics import average_busbw, time_ratio
+from ringreduce.bench.sizes import format_size
+
+_KEY = "{:>12} {:>12} {:>8} {:>6}"
+_GROUP = " {:>10} {:>8} {:>8} {:>6}"
+_GROUP_WIDTH = 35
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which implementations the table shows (in order) and which one is the stock baseline."""
+
+    impls: tuple[str, ...]
+    stock: str
+
+    @property
+    def extras(self) -> tuple[str, ...]:
+        """Derived columns: time ratio vs stock, the agreement check's cost, busbw % of NCCL RING."""
+        cols = []
+        if RINGREDUCE in self.impls and self.stock in self.impls:
+            cols.append("ratio")
+        if RINGREDUCE_NOCHECK in self.impls:
+            cols.append("check(us)")
+        if NCCL_RING in self.impls:
+            cols.append("%ring")
+        return tuple(cols)
+
+
+def header(layout: Layout) -> list[str]:
+    """Three '#' lines: implementation names over their groups, column names, units."""
+    names = "#" + " " * 41 + "".join(f"{name:>{_GROUP_WIDTH}}" for name in layout.impls)
+    cols = "#" + _KEY.format("size", "count", "type", "redop")[1:]
+    units = "#" + _KEY.format("(B)", "(elements)", "", "")[1:]
+    for _ in layout.impls:
+        cols += _GROUP.format("time", "algbw", "busbw", "#wrong")
+        units += _GROUP.format("(us)", "(GB/s)", "(GB/s)", "")
+    for extra in layout.extras:
+        cols += f" {extra:>9}"
+        units += " " * 10
+    return [names, cols, units.rstrip()]
+
+
+def _extra_value(extra: str, rows: list[dict[str, Any]], layout: Layout) -> str:
+    by_impl = {row["impl"]: row for row in rows}
+    if extra == "ratio":
+        value = time_ratio(rows, RINGREDUCE, layout.stock)
+        return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"
+    if extra == "check(us)":
+        return f"{by_impl[RINGREDUCE]['time_us'] - by_impl[RINGREDUCE_NOCHECK]['time_us']:9.1f}"
+    ring = by_impl[NCCL_RING]["busbw_gbs"]
+    return f"{100.0 * by_impl[RINGREDUCE]['busbw_gbs'] / ring:8.1f}%" if ring > 0 else f"{'n/a':>9}"
+
+
+def format_row(rows: list[dict[str, Any]], layout: Layout) -> str:
+    """The table line of one size from its rows (one per implementation)."""
+    first = rows[0]
+    by_impl = {row["impl"]: row for row in rows}
+    line = " " + _KEY.format(first["size"], first["count"], first["type"], first["redop"])
+    for name in layout.impls:
+        row = by_impl[name]
+        line += _GROUP.format(
+            f"{row['time_us']:.1f}", f"{row['algbw_gbs']:.3f}", f"{row['busbw_gbs']:.3f}", row["wrong"]
+        )
+    for extra in layout.extras:
+        line += " " + _extra_value(extra, rows, layout)
+    return line
+
+
+def footer(rows: list[dict[str, Any]], layout: Layout, highlight: tuple[int, ...] = (1 << 20, 16 << 20, 64 << 20)) -> list[str]:
+    """nccl-tests' closing lines (#wrong total, average busbw) plus the ratios at the highlighted sizes."""
+    wrong = sum(row["wrong"] for row in rows)
+    avg = average_busbw(rows)
+    lines = [
+        f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
+        "# Avg bus bandwidth    : " + "  ".join(f"{name} {avg[name]:.4g}" for name in layout.impls if name in avg)
+        + "  (GB/s)",
+    ]
+    ratios = []
+    for size in highlight:
+        size_rows = [row for row in rows if row["size"] == size]
+        value = time_ratio(size_rows, RINGREDUCE, layout.stock) if size_rows else None
+        if value is not None:
+            ratios.append(f"{format_size(size)} {value:.3f}")
+    if ratios:
+        lines.append(f"# Time ratio {RINGREDUCE}/{layout.stock}: " + "  ".join(ratios)
+                     + "  (DESIGN.md section 5 target on CPU: <= 1.10)")
+    return lines
+
+
+def memory_lines(rows: list[dict[str, Any]], layout: Layout, bound_bytes: int) -> list[str]:
+    """Peak memory per rank for each implementation (maximum over ranks and sizes).
+
+    'growth' is the RSS a first call at a size added over the RSS just before it (inputs already
+    allocated); ringreduce's is compared with DESIGN.md section 5's staging bound.
+    """
+    lines = ["#", "# Peak memory per rank (max over ranks and sizes; growth = peak during the first call of a size"
+             " minus RSS before it)"]
+    for name in layout.impls:
+        mine = [row for row in rows if row["impl"] == name]
+        if not mine:
+            continue
+        peak = max(row["peak_rss_bytes"] for row in mine) / MIB
+        worst = max(mine, key=lambda row: row["rss_growth_bytes"])
+        text = (f"#   {name:<12} peak RSS {peak:8.1f} MiB   growth {worst['rss_growth_bytes'] / MIB:7.2f} MiB"
+                f" (at {format_size(worst['size'])})")
+        cuda = [row["cuda_growth_bytes"] for row in mine if row.get("cuda_growth_bytes") is not None]
+        if cuda:
+            text += f"   CUDA alloc growth {max(cuda) / MIB:7.2f} MiB"
+        if name in (RINGREDUCE, RINGREDUCE_NOCHECK):
+            ok = worst["rss_growth_bytes"] <= bound_bytes + MIB
+            text += f"   bound {bound_bytes / MIB:.0f} MiB staging: {'OK' if ok else 'OVER'}"
+        if not all(row["rss_exact"] for row in mine):
+            text += "   (VmHWM not resettable: lifetime peaks)"
+        lines.append(text)
+    return lines

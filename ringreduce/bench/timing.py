@@ -1,0 +1,64 @@
+"""Per-call timers: host wall clock on CPU, CUDA events on the current stream on GPU.
+
+CPU calls are synchronous, so ``perf_counter`` around the call is its duration. On CUDA, collectives
+return once queued and the caller's stream waits for them; an event pair on the current stream around
+each call brackets exactly that call (the next call's start event fires only after the stream's
+wait for the previous one), so back-to-back calls are timed without host synchronization.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+class CallTimer:
+    """Collects the duration of each call to ``time(fn)``; ``seconds()`` returns them in order."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._cuda = device.type == "cuda"
+        self._host: list[float] = []
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def time(self, fn: Callable[[], None]) -> None:
+        """Runs fn once and records its duration."""
+        if self._cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            self._events.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            self._host.append(time.perf_counter() - t0)
+
+    def seconds(self) -> list[float]:
+        """Durations in seconds of every timed call so far (synchronizes the device on CUDA)."""
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+            return [s.elapsed_time(e) / 1e3 for s, e in self._events]
+        return list(self._host)
+
+
+def summarize(seconds: list[float]) -> dict[str, float]:
+    """median/mean/min/max of per-call durations, in microseconds."""
+    us = [s * 1e6 for s in seconds]
+    return {
+        "median_us": statistics.median(us),
+        "mean_us": statistics.fmean(us),
+        "min_us": min(us),
+        "max_us": max(us),
+    }
+
+
+def auto_iters(estimate_s: float, seconds_per_size: float, min_iters: int, max_iters: int) -> int:
+    """Iterations so that one implementation spends about `seconds_per_size` on a size."""
+    if estimate_s <= 0:
+        return max_iters
+    return int(max(min_iters, min(max_iters, round(seconds_per_size / estimate_s))))
