@@ -75,10 +75,8 @@ struct ReduceBody {
       } else if constexpr (kVecA) {
         const Pack<TA, V> pa = reinterpret_cast<const Pack<TA, V>*>(va)[k];
         for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(pa.v[u], vb[k * V + u], divisor, round_sum);
-      } else if constexpr (kVecB) {
-        const Pack<TB, V> pb = reinterpret_cast<const Pack<TB, V>*>(vb)[k];
-        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(va[k * V + u], pb.v[u], divisor, round_sum);
       } else {
+        static_assert(!kVecB, "b is loaded as a vector only together with a");
         for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(va[k * V + u], vb[k * V + u], divisor, round_sum);
       }
       reinterpret_cast<Pack<TD, V>*>(vd)[k] = pd;
@@ -93,16 +91,18 @@ struct ReduceBody {
     const int64_t tail = head + nvec * V;
     for (int64_t i = thread; i < head; i += nthreads) dst[i] = Step::apply(a[i], b[i], divisor, round_sum);
     if (nvec > 0) {
-      // Four loop versions rather than a branch per vector: with both loads in one loop body a
-      // compiler may merge them into the aligned one (GCC does), faulting on misaligned operands.
+      // Separate loop versions rather than a branch per vector: with both loads in one loop body
+      // a compiler may merge them into the aligned one (GCC does), faulting on misaligned
+      // operands. Three versions cover the layouts that occur: a is dst itself or sits in the
+      // same tensor (in-place reduce-scatter), b in a 16-byte aligned staging slot, which lines up
+      // with a exactly when the tensor's storage offset does. The rare "b aligned, a not" (float32
+      // partials written next to a misaligned tensor) takes the scalar-load version.
       const bool a_vec = packAligned<TA, V>(a + head);
       const bool b_vec = packAligned<TB, V>(b + head);
       if (a_vec && b_vec) {
         body<true, true>(a + head, b + head, dst + head, nvec, divisor, round_sum, thread, nthreads);
       } else if (a_vec) {
         body<true, false>(a + head, b + head, dst + head, nvec, divisor, round_sum, thread, nthreads);
-      } else if (b_vec) {
-        body<false, true>(a + head, b + head, dst + head, nvec, divisor, round_sum, thread, nthreads);
       } else {
         body<false, false>(a + head, b + head, dst + head, nvec, divisor, round_sum, thread, nthreads);
       }

@@ -15,6 +15,8 @@
 //   CudaWorkHandle: wait(timeout_ms=-1) -> bool, is_completed(), ok(), error_kind(),
 //       error_message(), raise_error(), synchronize(timeout_ms=-1), get_future(), seq
 //   cuda_build_info() -> dict, cuda_group_timeout_ms(pg) -> int
+//   _cuda_loopback_all_reduce(tensors, op, accum_float32, segment_bytes, num_slots)  (test hook:
+//       the whole driver on one GPU, ranks as threads, no NCCL; loopback_ring.h)
 // Every failure is an rr::Error, which bindings.cpp translates (kBackend -> DistBackendError).
 #include <torch/extension.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -32,6 +34,7 @@
 #include "../core/error.h"
 #include "../core/frame.h"
 #include "../cuda/cuda_ring.h"
+#include "../cuda/loopback_ring.h"
 #include "../cuda/nccl_comm.h"
 #include "cpu_group.h"  // rr::toDType
 
@@ -287,6 +290,29 @@ void registerCudaBindings(pybind11::module& m) {
         py::arg("group_name"),
         "Ring all-reduce of a CUDA tensor in place on `comm`, ordered after the current stream. "
         "Returns a CudaWorkHandle when async_op, else None (the current stream then waits).");
+  m.def(
+      "_cuda_loopback_all_reduce",
+      [](const std::vector<at::Tensor>& tensors, int op, bool accum_float32, int64_t segment_bytes, int num_slots) {
+        RR_CHECK(!tensors.empty(), kValue, "ringreduce: need at least one tensor");
+        const at::Tensor& t0 = tensors[0];
+        std::vector<void*> ptrs;
+        for (const at::Tensor& t : tensors) {
+          RR_CHECK(t.is_cuda() && t.is_contiguous() && t.device() == t0.device() && t.scalar_type() == t0.scalar_type() &&
+                       t.numel() == t0.numel(),
+                   kValue, "ringreduce loopback: tensors must be contiguous, on one device, of one dtype and size");
+          ptrs.push_back(t.data_ptr());
+        }
+        const int device = t0.get_device();
+        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+        cudaStream_t caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+        py::gil_scoped_release nogil;
+        loopbackAllReduce(device, ptrs, t0.numel(), toDType(t0.scalar_type()), static_cast<RedOp>(op), accum_float32,
+                          segment_bytes, num_slots, kCudaStagingBytes / num_slots / 256 * 256, caller);
+      },
+      py::arg("tensors"), py::arg("op"), py::arg("accum_float32") = false, py::arg("segment_bytes") = 0,
+      py::arg("num_slots") = kCudaStagingSlots,
+      "Test hook: all-reduce `tensors` (one per simulated rank, one GPU) through the GPU driver, "
+      "with cudaMemcpyAsync + events in place of NCCL. Synchronizes the current stream.");
   m.def(
       "cuda_refuse",
       [](const std::shared_ptr<CudaRing>& ring, int kind, int error, int op, const std::string& group_name) {

@@ -1,0 +1,234 @@
+#include "loopback_ring.h"
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "../core/plan.h"
+#include "cuda_check.h"
+#include "nccl_comm.h"  // DeviceGuard
+#include "reduce_kernels.cuh"
+#include "ring_driver.h"
+
+namespace rr {
+
+namespace {
+
+struct Post {
+  const void* ptr = nullptr;
+  size_t bytes = 0;
+  cudaEvent_t ready = nullptr;
+  cudaEvent_t consumed = nullptr;  // set by the receiver
+  bool taken = false;
+};
+
+// Everything the rank threads share. All host waits also wake up on `failed`.
+struct Shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool failed = false;
+  std::vector<std::deque<std::shared_ptr<Post>>> edges;  // edges[r]: posts from r to r + 1
+  std::vector<size_t> taken;                             // taken[r]: posts rank r took from r - 1
+  std::vector<cudaEvent_t> all_events;                   // destroyed at the end
+
+  cudaEvent_t newEvent() {
+    cudaEvent_t e = nullptr;
+    RR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    std::lock_guard<std::mutex> lock(mu);
+    all_events.push_back(e);
+    return e;
+  }
+  template <typename Pred>
+  void waitFor(std::unique_lock<std::mutex>& lock, Pred pred) {
+    cv.wait(lock, [&] { return failed || pred(); });
+    RR_CHECK(!failed, kRuntime, "ringreduce loopback: another rank failed");
+  }
+};
+
+struct RankState {
+  int rank = 0;
+  int nranks = 0;
+  cudaStream_t comm = nullptr;
+  cudaStream_t compute = nullptr;
+  std::vector<void*> slots;
+  void* accum = nullptr;
+  std::vector<cudaEvent_t> plan_events;
+  cudaEvent_t start = nullptr;
+  cudaEvent_t done = nullptr;
+};
+
+class LoopbackBackend final : public DeviceBackend {
+ public:
+  LoopbackBackend(Shared& sh, RankState& st, DType dtype, RedOp op, cudaStream_t caller)
+      : sh_(sh), st_(st), dtype_(dtype), op_(op), caller_(caller) {}
+
+  void prepare(int32_t num_events) override {
+    while (static_cast<int32_t>(st_.plan_events.size()) < num_events) st_.plan_events.push_back(sh_.newEvent());
+  }
+
+  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override {
+    const int prev = (st_.rank + st_.nranks - 1) % st_.nranks;
+    std::shared_ptr<Post> mine;
+    if (send_bytes > 0) {
+      mine = std::make_shared<Post>();
+      mine->ptr = send;
+      mine->bytes = send_bytes;
+      mine->ready = sh_.newEvent();
+      RR_CUDA_CHECK(cudaEventRecord(mine->ready, st_.comm));
+      std::lock_guard<std::mutex> lock(sh_.mu);
+      sh_.edges[static_cast<size_t>(st_.rank)].push_back(mine);
+      sh_.cv.notify_all();
+    }
+    if (recv_bytes > 0) {
+      std::shared_ptr<Post> in;
+      {
+        std::unique_lock<std::mutex> lock(sh_.mu);
+        auto& edge = sh_.edges[static_cast<size_t>(prev)];
+        size_t& k = sh_.taken[static_cast<size_t>(st_.rank)];
+        sh_.waitFor(lock, [&] { return edge.size() > k; });
+        in = edge[k++];
+      }
+      RR_CHECK(in->bytes == recv_bytes, kRuntime, "ringreduce loopback: rank ", st_.rank, " expects ", recv_bytes,
+               " bytes, rank ", prev, " sent ", in->bytes);
+      RR_CUDA_CHECK(cudaStreamWaitEvent(st_.comm, in->ready, 0));
+      RR_CUDA_CHECK(cudaMemcpyAsync(recv, in->ptr, recv_bytes, cudaMemcpyDeviceToDevice, st_.comm));
+      cudaEvent_t consumed = sh_.newEvent();
+      RR_CUDA_CHECK(cudaEventRecord(consumed, st_.comm));
+      std::lock_guard<std::mutex> lock(sh_.mu);
+      in->consumed = consumed;
+      in->taken = true;
+      sh_.cv.notify_all();
+    }
+    if (mine) {
+      cudaEvent_t consumed = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(sh_.mu);
+        sh_.waitFor(lock, [&] { return mine->taken; });
+        consumed = mine->consumed;
+      }
+      RR_CUDA_CHECK(cudaStreamWaitEvent(st_.comm, consumed, 0));
+    }
+  }
+
+  void reduce(const ReduceLaunch& l) override {
+    launchReduce(dtype_, op_, l.a, l.a_wide, l.b, l.b_wide, l.dst, l.dst_wide, l.count, l.divisor, l.round_sum,
+                 st_.compute);
+  }
+
+  void copy(void* dst, const void* src, size_t bytes) override {
+    RR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st_.compute));
+  }
+
+  void record(Stream s, int32_t event) override { RR_CUDA_CHECK(cudaEventRecord(eventOf(event), streamOf(s))); }
+
+  void wait(Stream s, int32_t event) override {
+    if (event == kPrevCallDoneEvent) return;  // one call per loopback run
+    RR_CUDA_CHECK(cudaStreamWaitEvent(streamOf(s), eventOf(event), 0));
+  }
+
+ private:
+  cudaStream_t streamOf(Stream s) const {
+    return s == Stream::kComm ? st_.comm : s == Stream::kCompute ? st_.compute : caller_;
+  }
+  cudaEvent_t eventOf(int32_t e) const {
+    if (e == kCallStartEvent) return st_.start;
+    if (e == kCallDoneEvent) return st_.done;
+    RR_CHECK(e >= 0 && static_cast<size_t>(e) < st_.plan_events.size(), kRuntime,
+             "ringreduce loopback: event ", e, " outside the pool");
+    return st_.plan_events[static_cast<size_t>(e)];
+  }
+
+  Shared& sh_;
+  RankState& st_;
+  DType dtype_;
+  RedOp op_;
+  cudaStream_t caller_;
+};
+
+}  // namespace
+
+void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel, DType dtype, RedOp op,
+                       bool accum_float32, int64_t segment_bytes, int32_t num_slots, int64_t slot_bytes,
+                       cudaStream_t caller) {
+  const int n = static_cast<int>(data.size());
+  RR_CHECK(n >= 1, kValue, "ringreduce loopback: need at least one rank");
+  RR_CHECK(num_slots >= 1 && slot_bytes >= 256, kValue, "ringreduce loopback: bad staging");
+  checkSupported(dtype, op);
+  DeviceGuard guard(device);
+  Shared sh;
+  sh.edges.resize(static_cast<size_t>(n));
+  sh.taken.assign(static_cast<size_t>(n), 0);
+  std::vector<RankState> ranks(static_cast<size_t>(n));
+  std::vector<Plan> plans;
+  const PlanOptions opts = gpuPlanOptions(op, accum_float32, segment_bytes, num_slots, slot_bytes);
+  for (int r = 0; r < n; ++r) plans.push_back(buildPlan(n, r, numel, dtype, opts));
+
+  auto cleanup = [&]() noexcept {
+    for (RankState& st : ranks) {
+      if (st.comm) (void)cudaStreamSynchronize(st.comm);
+      if (st.compute) (void)cudaStreamSynchronize(st.compute);
+    }
+    for (RankState& st : ranks) {
+      for (void* s : st.slots) (void)cudaFree(s);
+      if (st.accum) (void)cudaFree(st.accum);
+      if (st.comm) (void)cudaStreamDestroy(st.comm);
+      if (st.compute) (void)cudaStreamDestroy(st.compute);
+    }
+    for (cudaEvent_t e : sh.all_events) (void)cudaEventDestroy(e);
+  };
+
+  try {
+    for (int r = 0; r < n; ++r) {
+      RankState& st = ranks[static_cast<size_t>(r)];
+      st.rank = r;
+      st.nranks = n;
+      RR_CUDA_CHECK(cudaStreamCreateWithFlags(&st.comm, cudaStreamNonBlocking));
+      RR_CUDA_CHECK(cudaStreamCreateWithFlags(&st.compute, cudaStreamNonBlocking));
+      for (int32_t k = 0; k < num_slots; ++k) {
+        void* p = nullptr;
+        RR_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(slot_bytes)));
+        st.slots.push_back(p);
+      }
+      if (plans[static_cast<size_t>(r)].accum_elems > 0)
+        RR_CUDA_CHECK(cudaMalloc(&st.accum, static_cast<size_t>(plans[static_cast<size_t>(r)].accum_elems) * 4));
+      st.start = sh.newEvent();
+      st.done = sh.newEvent();
+    }
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r]() {
+        try {
+          DeviceGuard tg(device);
+          RankState& st = ranks[static_cast<size_t>(r)];
+          DeviceBuffers b;
+          b.data = data[static_cast<size_t>(r)];
+          b.accum = st.accum;
+          b.slots = st.slots;
+          b.slot_bytes = static_cast<size_t>(slot_bytes);
+          LoopbackBackend be(sh, st, dtype, op, caller);
+          enqueueRingCall(plans[static_cast<size_t>(r)], op, b, be, /*caller_waits=*/true);
+        } catch (...) {
+          errors[static_cast<size_t>(r)] = std::current_exception();
+          std::lock_guard<std::mutex> lock(sh.mu);
+          sh.failed = true;
+          sh.cv.notify_all();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    // The caller stream waits for every rank's done event; the staging must outlive the GPU work.
+    RR_CUDA_CHECK(cudaStreamSynchronize(caller));
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  cleanup();
+}
+
+}  // namespace rr

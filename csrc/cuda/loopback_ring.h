@@ -1,0 +1,37 @@
+// ringreduce GPU: the whole GPU driver on ONE GPU, without NCCL (a test fake).
+//
+// Note [Loopback ring]
+// ~~~~~~~~~~~~~~~~~~~
+// loopbackAllReduce() runs a ring of n ranks as n host threads in one process, all on one device.
+// Each rank has its own communication and reduce streams, staging slots and plan events, and
+// enqueues its plan with enqueueRingCall() exactly like CudaRing does; only the exchange differs:
+// instead of ncclGroupStart/ncclSend/ncclRecv/ncclGroupEnd it is
+//   sender:   record `ready` on its comm stream, post (pointer, bytes, ready) to the next rank;
+//   receiver: take the matching post (in posting order, byte counts checked), make its comm stream
+//             wait `ready`, cudaMemcpyAsync device-to-device into its receive buffer, record
+//             `consumed`, hand `consumed` back;
+//   sender:   make its comm stream wait `consumed` (NCCL's send also completes only once received).
+// The host threads block only on each other's *enqueueing* (never on the GPU), in exchange order,
+// so the rendezvous cannot deadlock. A single-GPU machine thereby runs the kernels, both streams
+// per rank, the events, double-buffered staging and the call framing of the real driver; only the
+// NCCL calls themselves need several GPUs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "../core/dtype.h"
+
+namespace rr {
+
+// data[r]: rank r's tensor (numel contiguous elements of dtype) on `device`. Ordered after, and
+// waited for by, `caller` (as a synchronous all_reduce). Staging: num_slots slots of
+// slot_bytes per rank. Throws rr::Error (kBackend for CUDA failures, kRuntime on a rendezvous
+// mismatch); on an error the streams are synchronized before returning.
+void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel, DType dtype, RedOp op,
+                       bool accum_float32, int64_t segment_bytes, int32_t num_slots, int64_t slot_bytes,
+                       cudaStream_t caller);
+
+}  // namespace rr

@@ -1,0 +1,82 @@
+// ringreduce GPU: the reduce kernel template and its typed launcher, for the .cu files only.
+//
+// The instantiations are split over two translation units so that the two halves compile in
+// parallel (reduce_kernels.cu: 32/64-bit floats, integers, bool, complex, and the dispatch;
+// reduce_kernels_half.cu: float16/bfloat16 with their float32-partial variants). Each TU declares
+// the other's instantiations `extern`, so every kernel is compiled exactly once.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../core/functors.h"
+#include "cuda_check.h"
+#include "reduce_body.h"
+#include "reduce_kernels.cuh"
+
+namespace rr {
+
+template <typename TA, typename TB, typename TD, RedOp op>
+__global__ void __launch_bounds__(kReduceThreads)
+    reduceKernel(const TA* a, const TB* b, TD* dst, int64_t count, int divisor, bool round_sum) {
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nthreads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  ReduceBody<TA, TB, TD, op>::run(a, b, dst, count, divisor, round_sum, thread, nthreads);
+}
+
+// Multiprocessors of the current device (cached per device).
+int reduceSmCount();
+
+template <typename TA, typename TB, typename TD, RedOp op>
+void launchTyped(const void* a, const void* b, void* dst, int64_t count, int divisor, bool round_sum,
+                 cudaStream_t stream) {
+  constexpr int V = ReduceBody<TA, TB, TD, op>::V;
+  // One thread per vector (plus head/tail), at most 8 blocks per SM: the grid-stride loop covers
+  // the rest. Segments are <= a few MiB, so this is a few thousand blocks at most.
+  const int64_t work = ceilDiv(count, V);
+  const int64_t wanted = ceilDiv(work, kReduceThreads);
+  const int64_t blocks = maxI64(1, minI64(wanted, static_cast<int64_t>(reduceSmCount()) * 8));
+  reduceKernel<TA, TB, TD, op><<<static_cast<unsigned>(blocks), kReduceThreads, 0, stream>>>(
+      static_cast<const TA*>(a), static_cast<const TB*>(b), static_cast<TD*>(dst), count, divisor,
+      round_sum);
+  RR_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace rr
+
+// RR_INST_PREFIX is `template` (instantiate here) or `extern template` (instantiated elsewhere).
+#define RR_INST(TA, TB, TD, OP)                                                                          \
+  RR_INST_PREFIX void launchTyped<TA, TB, TD, RedOp::OP>(const void*, const void*, void*, int64_t, int, \
+                                                          bool, cudaStream_t);
+#define RR_INST_ALL_OPS(TA, TB, TD) \
+  RR_INST(TA, TB, TD, kSum)         \
+  RR_INST(TA, TB, TD, kAvg)         \
+  RR_INST(TA, TB, TD, kMax)         \
+  RR_INST(TA, TB, TD, kMin)         \
+  RR_INST(TA, TB, TD, kProduct)
+#define RR_INST_NO_AVG(T) \
+  RR_INST(T, T, T, kSum)  \
+  RR_INST(T, T, T, kMax)  \
+  RR_INST(T, T, T, kMin)  \
+  RR_INST(T, T, T, kProduct)
+// float16/bfloat16: all operands narrow, and the three float32-partial patterns of the plan.
+#define RR_INST_HALF(T)            \
+  RR_INST_ALL_OPS(T, T, T)         \
+  RR_INST_ALL_OPS(T, T, float)     \
+  RR_INST_ALL_OPS(T, float, float) \
+  RR_INST_ALL_OPS(T, float, T)
+#define RR_INST_HALF_TYPES \
+  RR_INST_HALF(Half)       \
+  RR_INST_HALF(BFloat16)
+#define RR_INST_OTHER_TYPES                                        \
+  RR_INST_ALL_OPS(float, float, float)                             \
+  RR_INST_ALL_OPS(double, double, double)                          \
+  RR_INST_NO_AVG(int8_t)                                           \
+  RR_INST_NO_AVG(int16_t)                                          \
+  RR_INST_NO_AVG(int32_t)                                          \
+  RR_INST_NO_AVG(int64_t)                                          \
+  RR_INST_NO_AVG(uint8_t)                                          \
+  RR_INST_NO_AVG(Bool8)                                            \
+  RR_INST(Complex<float>, Complex<float>, Complex<float>, kSum)    \
+  RR_INST(Complex<float>, Complex<float>, Complex<float>, kAvg)    \
+  RR_INST(Complex<double>, Complex<double>, Complex<double>, kSum) \
+  RR_INST(Complex<double>, Complex<double>, Complex<double>, kAvg)

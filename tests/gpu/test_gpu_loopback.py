@@ -1,0 +1,67 @@
+"""The GPU driver on ONE GPU: ranks as threads with their own streams, NCCL replaced by
+cudaMemcpyAsync + events (csrc/cuda/loopback_ring.h). Needs >= 1 GPU; skipped otherwise.
+
+Runs the real kernels, both streams per rank, the events, double-buffered staging and the call
+framing, leaving only the NCCL calls to the multi-GPU tests. Not run where ringreduce was written
+(no GPU there).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpu.gpu_ranks import need_gpus
+from refdata import ALL_TYPES, OPS, bits_equal, exact_input, reference, supported
+
+pytestmark = [pytest.mark.gpu, need_gpus(1)]
+
+OP_CODES = {"sum": 0, "avg": 1, "max": 2, "min": 3, "product": 4}
+
+
+def _loopback(tensors, op, accum=False, segment_bytes=0, num_slots=4):
+    from ringreduce._native import C
+
+    if not hasattr(C, "_cuda_loopback_all_reduce"):
+        pytest.fail("ringreduce was built without CUDA; the GPU tests need the CUDA build")
+    C._cuda_loopback_all_reduce(tensors, OP_CODES[op], accum, segment_bytes, num_slots)
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 5, 8])
+def test_loopback_exact_every_dtype_and_op(nranks):
+    dev = torch.device("cuda", 0)
+    for dtype in ALL_TYPES:
+        for op in OPS:
+            if not supported(dtype, op):
+                continue
+            for numel in sorted({1, nranks - 1 or 1, nranks + 1, 37, 4099}):
+                for seg, slots in ((16, 1), (64, 2), (0, 4)):
+                    for accum in ((False, True) if dtype in (torch.float16, torch.bfloat16) else (False,)):
+                        ins = [exact_input(numel, r, dtype, op) for r in range(nranks)]
+                        want = reference(torch.stack(ins), op)
+                        ts = [t.to(dev) for t in ins]
+                        _loopback(ts, op, accum, seg, slots)
+                        for r, t in enumerate(ts):
+                            assert bits_equal(t.cpu(), want), f"{op} {dtype} n={nranks} numel={numel} rank {r}"
+
+
+def test_loopback_large_default_segments():
+    dev = torch.device("cuda", 0)
+    n, numel = 4, 3 * 2**20 + 11
+    ins = [exact_input(numel, r, torch.bfloat16, "avg") for r in range(n)]
+    want = reference(torch.stack(ins), "avg")
+    ts = [t.to(dev) for t in ins]
+    _loopback(ts, "avg", accum=True)
+    for t in ts:
+        assert bits_equal(t.cpu(), want)
+
+
+def test_loopback_orders_after_current_stream():
+    dev = torch.device("cuda", 0)
+    ts = [torch.zeros(2**20, device=dev) for _ in range(3)]
+    torch.cuda._sleep(100_000_000)
+    for r, t in enumerate(ts):
+        t.fill_(r + 1)
+    _loopback(ts, "sum")
+    for t in ts:
+        assert bool((t == 6).all())
