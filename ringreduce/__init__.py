@@ -11,6 +11,8 @@ import atexit
 import torch
 
 from ringreduce._native import C as _C
+from ringreduce.coalesced import all_reduce_coalesced
+from ringreduce.hooks import GradientAverager, ddp_comm_hook
 from ringreduce.ops import ReduceOp, all_reduce, all_reduce_avg
 from ringreduce.work import Work
 
@@ -41,4 +43,13 @@ def build_info() -> dict:
 
 atexit.register(_C.shutdown)
 
-__all__ = ["ReduceOp", "Work", "all_reduce", "all_reduce_avg", "build_info"]
+__all__ = [
+    "GradientAverager",
+    "ReduceOp",
+    "Work",
+    "all_reduce",
+    "all_reduce_avg",
+    "all_reduce_coalesced",
+    "build_info",
+    "ddp_comm_hook",
+]

@@ -1,0 +1,526 @@
+"""Gradient averaging overlapped with backward: GradientAverager and a DDP communication hook.
+
+Note [Buckets and launch order]
+    Parameters that require grad are packed, in reverse registration order (roughly the order in
+    which backward produces their gradients), into flat buckets, one dtype and device per bucket.
+    The first bucket of each (dtype, device) is capped at ``first_bucket_mb`` so that communication
+    starts early; the others at ``bucket_cap_mb``. The assignment depends only on the parameter
+    list, so it is identical on every rank. A bucket is *ready* when every one of its parameters
+    has had its gradient accumulated in this backward (a post-accumulate-grad hook); ready buckets
+    are launched as asynchronous ringreduce AVG all-reduces **strictly in bucket-index order**:
+    post-accumulate-grad hooks fire in different orders on different ranks, and an out-of-order
+    launch would pair rank A's bucket 2 with rank B's bucket 1.
+
+Note [End of backward]
+    The first hook of a synced backward queues a callback on the autograd engine. It launches
+    the buckets that never became ready (their missing gradients as zeros), waits for every bucket
+    and writes the averages back. Under reentrant activation checkpointing the inner backward is a
+    separate graph task whose callbacks run when the *inner* backward ends, while the outer one is
+    still going. Such a callback sees the outer node still executing
+    (``torch._C._current_autograd_node()`` is not None); it does not finish the round but puts a
+    post-hook on that outer node, which queues the callback again, this time on the outer graph
+    task.
+
+Note [Unused parameters]
+    A parameter is *used* on a rank when its gradient was accumulated since the last synced
+    backward (no_sync steps included). The used flags ride as extra elements of the last bucket
+    (AVG of 0/1 flags is non-zero iff some rank used the parameter), so deciding costs no extra
+    round trip. Parameters used by some rank get the average on every rank (a rank without a
+    gradient contributes zeros); parameters no rank used keep their gradient untouched (None stays
+    None), as DDP with ``find_unused_parameters=True`` does. The last bucket is launched only after
+    all earlier ones, i.e. when all hooks have fired or at the end of backward, so its flags are
+    final when it goes out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringreduce._groups import resolve
+from ringreduce.ops import ReduceOp, all_reduce
+from ringreduce.work import Work
+
+_MB = 1024 * 1024
+_HALF_TYPES = (torch.float16, torch.bfloat16)
+_NO_GROUP = object()
+
+
+@dataclass
+class _Bucket:
+    index: int
+    dtype: torch.dtype
+    device: torch.device
+    params: list[int]  # indices into GradientAverager._params
+    offsets: list[int]
+    numel: int  # gradient elements (the flags, if any, follow them)
+    buffer: torch.Tensor | None = None
+    pending: int = 0
+    launched: bool = False
+    work: Work | None = None
+    flags: int = 0  # number of used-flag elements after the gradients (last bucket only)
+
+
+def _collect_params(module_or_params: Any) -> list[torch.nn.Parameter]:
+    if isinstance(module_or_params, torch.nn.Module):
+        candidates: Iterable[Any] = module_or_params.parameters()
+    elif isinstance(module_or_params, torch.Tensor):
+        candidates = [module_or_params]
+    else:
+        try:
+            candidates = list(module_or_params)
+        except TypeError:
+            raise TypeError(
+                "ringreduce.GradientAverager: expected an nn.Module or an iterable of parameters, got "
+                f"{type(module_or_params).__name__}"
+            ) from None
+    seen: set[int] = set()
+    params = []
+    for p in candidates:
+        if isinstance(p, dict) and "params" in p:  # optimizer-style parameter groups
+            raise TypeError(
+                "ringreduce.GradientAverager: pass the module or a flat iterable of parameters, not "
+                "optimizer parameter groups"
+            )
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"ringreduce.GradientAverager: expected parameters (tensors), got {type(p).__name__}")
+        if not p.requires_grad or id(p) in seen:  # tied parameters are averaged once
+            continue
+        if not p.is_leaf:
+            raise ValueError(
+                "ringreduce.GradientAverager: every parameter must be a leaf tensor (an nn.Parameter or "
+                "a tensor created with requires_grad=True); got a non-leaf tensor"
+            )
+        if p.layout != torch.strided:
+            raise ValueError(f"ringreduce.GradientAverager: only dense parameters are supported, got {p.layout}")
+        seen.add(id(p))
+        params.append(p)
+    return params
+
+
+def _assign_buckets(
+    params: list[torch.Tensor], cap_bytes: int, first_cap_bytes: int
+) -> list[tuple[torch.dtype, torch.device, list[int]]]:
+    """Groups parameter indices into buckets: reverse order, per (dtype, device), capped in bytes.
+
+    Returns the buckets in launch order (by the reverse position of their first parameter).
+    """
+    open_: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    size: dict[tuple[torch.dtype, torch.device], int] = {}
+    closed_count: dict[tuple[torch.dtype, torch.device], int] = {}
+    done: list[tuple[int, torch.dtype, torch.device, list[int]]] = []
+    order = list(range(len(params) - 1, -1, -1))
+    position = {i: pos for pos, i in enumerate(order)}
+
+    def close(key: tuple[torch.dtype, torch.device]) -> None:
+        members = open_.pop(key)
+        size.pop(key)
+        closed_count[key] = closed_count.get(key, 0) + 1
+        done.append((position[members[0]], key[0], key[1], members))
+
+    for i in order:
+        p = params[i]
+        key = (p.dtype, p.device)
+        open_.setdefault(key, []).append(i)
+        size[key] = size.get(key, 0) + p.numel() * p.element_size()
+        limit = first_cap_bytes if closed_count.get(key, 0) == 0 else cap_bytes
+        if size[key] >= limit:
+            close(key)
+    for key in list(open_):
+        close(key)
+    done.sort(key=lambda b: b[0])
+    return [(dtype, device, members) for _, dtype, device, members in done]
+
+
+def _slot_view(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """The bucket slot of a parameter, shaped like it and with its memory layout when it is dense."""
+    strides = torch.empty_like(like, device="meta").stride()  # dense strides in like's dim order
+    return buffer.as_strided(like.shape, strides, buffer.storage_offset() + offset)
+
+
+def _is_view_of(grad: torch.Tensor, slot: torch.Tensor) -> bool:
+    return (
+        grad.data_ptr() == slot.data_ptr()
+        and grad.shape == slot.shape
+        and grad.stride() == slot.stride()
+        and grad.dtype == slot.dtype
+        and grad.device == slot.device
+    )
+
+
+class GradientAverager:
+    """Averages gradients across the ranks of `group` while backward runs (ringreduce's ring).
+
+    Registers a post-accumulate-grad hook on every parameter of `module_or_params` that requires
+    grad (an ``nn.Module`` or an iterable of parameters; tied parameters count once). Gradients are
+    packed into flat per-dtype, per-device buckets in reverse parameter order, ``first_bucket_mb``
+    for the first and ``bucket_cap_mb`` for the others; each bucket is averaged with
+    ``ringreduce.all_reduce(op=AVG, async_op=True)`` as soon as it and every bucket before it are
+    complete, so communication overlaps the rest of backward. At the end of backward (an autograd
+    callback; activation checkpointing, reentrant or not, is handled) the remaining buckets are
+    launched, every bucket is waited for and ``.grad`` holds the average over ranks (on GPUs the
+    caller's stream is ordered after the reductions). Every rank must run the same sequence of
+    synced backwards, each reaching at least one of the parameters.
+
+    - Parameters used on some ranks only get identical averaged gradients everywhere; parameters no
+      rank used keep their ``.grad`` (None stays None). No extra round trip: see Note [Unused
+      parameters].
+    - ``no_sync()``: backwards inside it only accumulate locally; the next synced backward averages
+      the accumulated gradients.
+    - ``gradient_as_bucket_view=True``: ``.grad`` tensors are views into the bucket buffers (no
+      extra gradient memory, no copy back), re-established after ``zero_grad(set_to_none=True)``.
+    - ``accum_dtype=torch.float32``: float16/bfloat16 buckets carry float32 partial sums.
+
+    Raises RuntimeError when a parameter receives a gradient while its bucket from a previous
+    backward is still being averaged (a second backward before the first was synchronized, e.g.
+    after a backward that raised part way: call ``synchronize()`` first).
+
+    ``timeline``: set it to a list to record, per launched bucket, a dict with ``bucket``,
+    ``bytes``, ``launched`` and ``done`` (``time.perf_counter()`` values; ``done`` is set from the
+    completion callback) and, per synced backward, ``{"backward_end": t}`` (diagnostics for the
+    overlap report of ``python -m ringreduce.bench.train_step``).
+    """
+
+    def __init__(
+        self,
+        module_or_params: Any,
+        group: dist.ProcessGroup | None = None,
+        bucket_cap_mb: float = 25.0,
+        first_bucket_mb: float = 1.0,
+        gradient_as_bucket_view: bool = False,
+        accum_dtype: torch.dtype | None = None,
+    ) -> None:
+        if not bucket_cap_mb > 0 or not first_bucket_mb > 0:
+            raise ValueError(
+                f"ringreduce.GradientAverager: bucket_cap_mb ({bucket_cap_mb}) and first_bucket_mb "
+                f"({first_bucket_mb}) must be > 0"
+            )
+        if accum_dtype not in (None, torch.float32):
+            raise TypeError(
+                f"ringreduce.GradientAverager: accum_dtype must be None or torch.float32, got {accum_dtype}"
+            )
+        resolve(group)  # a clear error now if torch.distributed is not initialized
+        self.group = group
+        self.accum_dtype = accum_dtype
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
+        self.timeline: list[dict[str, Any]] | None = None
+        self._params = _collect_params(module_or_params)
+        cap = max(1, int(bucket_cap_mb * _MB))
+        first_cap = max(1, min(cap, int(first_bucket_mb * _MB)))
+        self._buckets: list[_Bucket] = []
+        self._bucket_of: list[int] = [0] * len(self._params)
+        self._slots: list[torch.Tensor] = [torch.empty(0)] * len(self._params)
+        for index, (dtype, device, members) in enumerate(_assign_buckets(self._params, cap, first_cap)):
+            offsets, numel = [], 0
+            for i in members:
+                offsets.append(numel)
+                numel += self._params[i].numel()
+                self._bucket_of[i] = index
+            self._buckets.append(_Bucket(index, dtype, device, members, offsets, numel))
+        if self._buckets:
+            self._buckets[-1].flags = len(self._params)
+        for b in self._buckets:
+            b.buffer = torch.zeros(b.numel + b.flags, dtype=b.dtype, device=b.device)
+            for i, off in zip(b.params, b.offsets, strict=True):
+                self._slots[i] = _slot_view(b.buffer, off, self._params[i])
+        self._lock = threading.RLock()
+        self._sync = True
+        self._removed = False
+        self._used = [False] * len(self._params)  # accumulated since the last synced backward
+        self._ready = [False] * len(self._params)  # hook fired in the current round
+        self._round = False  # a synced backward started and is not yet finished
+        self._next = 0  # next bucket to launch
+        self._callback_tasks: set[int] = set()
+        self._handles = []
+        for i, p in enumerate(self._params):
+            self._handles.append(p.register_hook(self._make_pre_hook(i)))
+            self._handles.append(p.register_post_accumulate_grad_hook(self._make_post_hook(i)))
+        if self.gradient_as_bucket_view:
+            with torch.no_grad():
+                for i, p in enumerate(self._params):
+                    if p.grad is not None:
+                        self._slots[i].copy_(p.grad)
+                        p.grad = self._slots[i]
+
+    # ----------------------------------------------------------------------------------- public
+
+    @property
+    def bucket_sizes(self) -> list[int]:
+        """Elements per bucket in launch order (the used flags of the last bucket excluded)."""
+        return [b.numel for b in self._buckets]
+
+    @property
+    def bucket_parameters(self) -> list[list[torch.Tensor]]:
+        """The parameters of each bucket, in launch order."""
+        return [[self._params[i] for i in b.params] for b in self._buckets]
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backwards inside accumulate gradients locally; the next synced backward averages them."""
+        with self._lock:
+            previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._sync = previous
+
+    def synchronize(self) -> None:
+        """Blocks until every bucket of the current synced backward is averaged into ``.grad``.
+
+        Called automatically at the end of backward; calling it again is a no-op. After a backward
+        that raised part way it launches the remaining buckets (zeros for missing gradients) and
+        completes the round, so every rank must call it at the same point.
+        """
+        with self._lock:
+            self._finish_round()
+
+    def remove(self) -> None:
+        """Completes a pending round, then detaches every hook: training is local afterwards."""
+        if self._removed:
+            return
+        try:
+            self.synchronize()
+        finally:
+            self._detach()
+
+    def __enter__(self) -> GradientAverager:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.remove()
+        else:  # do not start collectives other ranks may never join; just wait for launched ones
+            self._abandon_round()
+            self._detach()
+
+    def __repr__(self) -> str:
+        return (
+            f"<ringreduce.GradientAverager {len(self._params)} params in {len(self._buckets)} buckets "
+            f"{self.bucket_sizes} view={self.gradient_as_bucket_view}>"
+        )
+
+    # ------------------------------------------------------------------------------------ hooks
+
+    def _make_pre_hook(self, i: int) -> Any:
+        def pre_hook(grad: torch.Tensor) -> None:
+            # Runs before the gradient is accumulated into .grad: refuse while our bucket is in flight
+            # (accumulating now would race with the ring or be overwritten by the average).
+            if self._round and self._buckets[self._bucket_of[i]].launched:
+                raise RuntimeError(
+                    f"ringreduce.GradientAverager: parameter #{i} (shape {tuple(self._params[i].shape)}) got a "
+                    "gradient while its bucket from an earlier backward is still being averaged: a second "
+                    "backward started before the first was synchronized. Let the first backward finish (or "
+                    "call synchronize() after a backward that raised) before starting another; a parameter "
+                    "that gets gradients in two graph tasks of one backward (used both inside and outside a "
+                    "reentrant checkpoint) is not supported"
+                )
+
+        return pre_hook
+
+    def _make_post_hook(self, i: int) -> Any:
+        def post_hook(param: torch.Tensor) -> None:
+            with self._lock:
+                self._on_grad_ready(i, param)
+
+        return post_hook
+
+    def _on_grad_ready(self, i: int, param: torch.Tensor) -> None:
+        if self._removed:
+            return
+        grad = param.grad
+        if grad is not None and grad.layout != torch.strided:
+            raise RuntimeError(
+                f"ringreduce.GradientAverager: parameter #{i} got a {grad.layout} gradient; only dense "
+                "gradients are supported (e.g. nn.Embedding(sparse=False))"
+            )
+        if self.gradient_as_bucket_view and grad is not None and not _is_view_of(grad, self._slots[i]):
+            self._slots[i].copy_(grad)
+            param.grad = self._slots[i]
+        self._used[i] = True
+        if not self._sync:
+            return
+        if not self._round:
+            self._start_round()
+        self._queue_end_callback()
+        if self._ready[i]:
+            return  # accumulated again before its bucket went out: the launch copies the total
+        self._ready[i] = True
+        bucket = self._buckets[self._bucket_of[i]]
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._launch_in_order(upto=len(self._buckets), force=False)
+
+    def _start_round(self) -> None:
+        self._round = True
+        self._next = 0
+        self._ready = [False] * len(self._params)
+        for b in self._buckets:
+            b.pending = len(b.params)
+            b.launched = False
+            b.work = None
+
+    def _queue_end_callback(self) -> None:
+        task = torch._C._current_graph_task_id()
+        if task in self._callback_tasks:
+            return
+        self._callback_tasks.add(task)
+        torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+
+    def _on_backward_end(self) -> None:
+        outer = torch._C._current_autograd_node()
+        if outer is not None:
+            # A nested (reentrant) backward ended inside the outer node `outer`: finish the round at
+            # the end of the outer backward instead. See Note [End of backward].
+            holder: list[Any] = []
+
+            def after_outer_node(*_: Any) -> None:
+                holder[0].remove()
+                with self._lock:
+                    if self._round:
+                        self._queue_end_callback()
+
+            holder.append(outer.register_hook(after_outer_node))
+            return
+        if self.timeline is not None:
+            self.timeline.append({"backward_end": time.perf_counter()})
+        with self._lock:
+            self._finish_round()
+
+    # --------------------------------------------------------------------------------- launching
+
+    def _launch_in_order(self, upto: int, force: bool) -> None:
+        while self._next < upto:
+            bucket = self._buckets[self._next]
+            if bucket.pending > 0 and not force:
+                return
+            self._launch(bucket)
+            self._next += 1
+
+    def _launch(self, bucket: _Bucket) -> None:
+        assert bucket.buffer is not None
+        with torch.no_grad():
+            for i in bucket.params:
+                p, slot = self._params[i], self._slots[i]
+                grad = p.grad
+                if grad is None:
+                    slot.zero_()  # unused here: contribute zeros (the slot may hold an old value)
+                elif not _is_view_of(grad, slot):
+                    slot.copy_(grad)
+                    if self.gradient_as_bucket_view:
+                        p.grad = slot
+            if bucket.flags:
+                flags = torch.tensor(self._used, dtype=torch.float32).to(bucket.dtype)
+                bucket.buffer[bucket.numel :].copy_(flags)
+        accum = self.accum_dtype if bucket.dtype in _HALF_TYPES else None
+        work = all_reduce(bucket.buffer, op=ReduceOp.AVG, group=self.group, async_op=True, accum_dtype=accum)
+        assert work is not None
+        bucket.work = work
+        bucket.launched = True
+        if self.timeline is not None:
+            entry = {
+                "bucket": bucket.index,
+                "bytes": bucket.buffer.numel() * bucket.buffer.element_size(),
+                "launched": time.perf_counter(),
+                "done": None,
+            }
+            self.timeline.append(entry)
+            work.get_future().add_done_callback(lambda _f, e=entry: e.__setitem__("done", time.perf_counter()))
+
+    # ---------------------------------------------------------------------------------- finishing
+
+    def _finish_round(self) -> None:
+        if not self._round:
+            return
+        try:
+            self._launch_in_order(upto=len(self._buckets), force=True)
+            all_used_here = all(self._used)
+            if all_used_here:
+                # Every parameter is used somewhere: copy each bucket back as soon as it is done.
+                for b in self._buckets:
+                    self._wait(b)
+                    self._copy_back(b, None)
+            else:
+                for b in self._buckets:
+                    self._wait(b)
+                last = self._buckets[-1]
+                assert last.buffer is not None
+                used = (last.buffer[last.numel :] != 0).tolist()
+                for b in self._buckets:
+                    self._copy_back(b, used)
+        except BaseException:
+            self._abandon_round()
+            raise
+        self._end_round()
+
+    def _wait(self, bucket: _Bucket) -> None:
+        assert bucket.work is not None
+        bucket.work.wait()
+
+    def _copy_back(self, bucket: _Bucket, used: list[bool] | None) -> None:
+        with torch.no_grad():
+            for i in bucket.params:
+                if used is not None and not used[i]:
+                    continue  # no rank used it: leave .grad as it was (None stays None)
+                p, slot = self._params[i], self._slots[i]
+                if self.gradient_as_bucket_view:
+                    if p.grad is None or not _is_view_of(p.grad, slot):
+                        p.grad = slot
+                elif p.grad is None:
+                    p.grad = slot.clone()
+                else:
+                    p.grad.copy_(slot)
+
+    def _end_round(self) -> None:
+        self._round = False
+        self._next = 0
+        self._used = [False] * len(self._params)
+        self._callback_tasks.clear()
+        for b in self._buckets:
+            b.work = None
+            b.launched = False
+
+    def _abandon_round(self) -> None:
+        """Forgets the current round after an error, waiting (errors ignored) for launched buckets."""
+        for b in self._buckets:
+            if b.work is not None:
+                with contextlib.suppress(Exception):
+                    b.work.wait()
+        self._end_round()
+
+    def _detach(self) -> None:
+        self._removed = True
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def ddp_comm_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+    """DDP communication hook that averages each gradient bucket with ringreduce's ring.
+
+    Register it with ``ddp.register_comm_hook(state, ringreduce.ddp_comm_hook)`` where `state` is
+    None (the default group), a ``ProcessGroup``, or an object with a ``process_group`` attribute
+    (use the group DDP was built with). The bucket is averaged in place asynchronously (sum, then
+    one division by the world size: no fp16 pre-division) and the returned Future's value is the
+    bucket tensor itself, as DDP requires. On CPU the Future is completed by ringreduce's worker
+    thread; on GPUs the reduction runs on ringreduce's streams.
+    """
+    group = state
+    if state is not None and not isinstance(state, dist.ProcessGroup):
+        group = getattr(state, "process_group", _NO_GROUP)
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            "ringreduce.ddp_comm_hook: state must be None, a torch.distributed.ProcessGroup or an object "
+            f"with a process_group attribute, got {type(state).__name__}"
+        )
+    buffer = bucket.buffer()
+    work = all_reduce(buffer, op=ReduceOp.AVG, group=group, async_op=True)
+    assert work is not None
+    return work.get_future().then(lambda fut: fut.value()[0])
