@@ -19,6 +19,17 @@ class GroupInfo:
 _warned_non_member: set[int] = set()
 
 
+def _warn_non_member(key: int) -> None:
+    if key in _warned_non_member:
+        return
+    _warned_non_member.add(key)
+    warnings.warn(
+        "ringreduce: this rank is not a member of the given group; the call returns at once "
+        "and leaves the tensor unchanged (as torch.distributed does)",
+        stacklevel=4,
+    )
+
+
 def resolve(group: dist.ProcessGroup | None) -> GroupInfo | None:
     """Returns the group's info, or None when this process is not a member of `group`.
 
@@ -31,23 +42,17 @@ def resolve(group: dist.ProcessGroup | None) -> GroupInfo | None:
             "ringreduce: the default process group is not initialized; call "
             "torch.distributed.init_process_group(backend=...) first (e.g. under torchrun)"
         )
+    if group is dist.GroupMember.NON_GROUP_MEMBER:  # what dist.new_group returns to outsiders
+        _warn_non_member(-1)
+        return None
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(
             f"ringreduce: group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}"
         )
     pg = group if group is not None else dist.group.WORLD
-    if pg is dist.GroupMember.NON_GROUP_MEMBER:
-        return None
     rank = dist.get_rank(pg)
     if rank < 0:
-        key = id(pg)
-        if key not in _warned_non_member:
-            _warned_non_member.add(key)
-            warnings.warn(
-                "ringreduce: this rank is not a member of the given group; the call returns at once "
-                "and leaves the tensor unchanged (as torch.distributed does)",
-                stacklevel=3,
-            )
+        _warn_non_member(id(pg))
         return None
     size = dist.get_world_size(pg)
     if group is None or pg is dist.group.WORLD:

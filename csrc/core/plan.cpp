@@ -49,6 +49,7 @@ struct Builder {
   std::deque<int32_t> pending;        // exchanges whose compute is not yet emitted, in order
   std::unordered_map<int64_t, RegionState> regions;
   int32_t computes_emitted = 0;
+  std::vector<int32_t> compute_order;  // position in compute order -> exchange
   // What each queue knows has completed:
   std::vector<int32_t> compute_saw_x;  // per exchange: compute position at which kCompute waited it, -1
   std::vector<char> comm_saw_x;        // per exchange: kComm waited it directly
@@ -107,6 +108,7 @@ struct Builder {
     emit(rec);
     for (const Access& a : co_access[e]) record(a, OpRef{true, e});
     compute_pos[e] = computes_emitted++;
+    compute_order.push_back(e);
   }
 
   void popCompute() {
@@ -144,13 +146,7 @@ struct Builder {
         need_compute = compute_pos[d.exchange];
     }
     if (need_compute >= 0) {
-      // find the exchange whose compute sits at position need_compute
-      for (int32_t x = 0; x < plan.num_exchanges; ++x) {
-        if (compute_pos[x] == need_compute) {
-          emitWait(Queue::kComm, Plan::computeEvent(x));
-          break;
-        }
-      }
+      emitWait(Queue::kComm, Plan::computeEvent(compute_order[static_cast<size_t>(need_compute)]));
       comm_knows_compute = need_compute;
     }
     for (const OpRef& d : deps) {

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Quickstart command 2: set up (venv, torch, build) and run every test: C++ unit tests (ctest)
+# and the Python suite (pytest; GPU tests run only where >= 2 GPUs exist).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck disable=SC1091
+. "$ROOT/scripts/setup_env.sh"
+cd "$ROOT"
+
+echo "[test] C++ unit tests (csrc/core, csrc/cpu) via CMake + ctest"
+cmake -S . -B build-ctest -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-ctest -j "${MAX_JOBS:-2}"
+ctest --test-dir build-ctest --output-on-failure
+
+echo "[test] Python suite"
+python -m pytest -q "$@"

@@ -1,0 +1,110 @@
+"""Exact, position-dependent test data and float64 references built from an all_gather."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+FLOAT_TYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INT_TYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
+COMPLEX_TYPES = [torch.complex64, torch.complex128]
+ALL_TYPES = FLOAT_TYPES + INT_TYPES + [torch.bool] + COMPLEX_TYPES
+OPS = ["sum", "avg", "max", "min", "product"]
+
+
+def supported(dtype: torch.dtype, op: str) -> bool:
+    if op == "avg" and (dtype in INT_TYPES or dtype == torch.bool):
+        return False
+    if dtype in COMPLEX_TYPES and op in ("max", "min", "product"):
+        return False
+    return True
+
+
+def exact_input(numel: int, rank: int, dtype: torch.dtype, op: str) -> torch.Tensor:
+    """Values whose reductions are exact in every dtype and differ by position and rank.
+
+    Floats: integers in [-8, 8] (sums of 5 ranks stay <= 40, exact even in bfloat16); for PRODUCT
+    powers of two in {+-0.5, +-1, +-2}. Integers: up to 100, so int8/uint8 sums and products wrap.
+    """
+    i = torch.arange(numel, dtype=torch.int64)
+    if dtype == torch.bool:
+        return ((i * 3 + rank) % 4 == 0) if op in ("sum", "max") else ((i + rank) % 5 != 0)
+    if dtype in INT_TYPES:
+        v = (i * 37 + rank * 11 + 5) % 100
+        if dtype != torch.uint8:
+            v = v - 40
+        return v.to(dtype)
+    if op == "product":
+        choices = torch.tensor([0.5, 1.0, 2.0, -1.0, -2.0, 1.0, 2.0], dtype=torch.float64)
+        v = choices[(i * 5 + rank * 3) % len(choices)]
+    else:
+        v = ((i * 7 + rank * 5) % 17 - 8).to(torch.float64)
+    if dtype in COMPLEX_TYPES:
+        im = ((i * 3 + rank) % 9 - 4).to(torch.float64)
+        return torch.complex(v, im).to(dtype)
+    return v.to(dtype)
+
+
+def gather_inputs(t: torch.Tensor, group=None) -> torch.Tensor:
+    """All ranks' copies of `t` stacked on a new dim 0 (gathered as raw bytes: works for any dtype)."""
+    flat = t.contiguous().view(-1)
+    raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+    n = dist.get_world_size(group)
+    outs = [torch.empty_like(raw) for _ in range(n)]
+    dist.all_gather(outs, raw, group=group)
+    return torch.stack([o.view(t.dtype).view(t.shape) if o.numel() else t.new_empty(t.shape) for o in outs])
+
+
+def reference(stack: torch.Tensor, op: str) -> torch.Tensor:
+    """Reduce the gathered inputs locally: float64 for floats/complex, wrapping int64 for integers."""
+    dtype = stack.dtype
+    n = stack.shape[0]
+    if dtype == torch.bool:
+        if op in ("sum", "max"):
+            return stack.any(0)
+        return stack.all(0)
+    if dtype in INT_TYPES:
+        w = stack.to(torch.int64)
+        if op == "sum":
+            r = w.sum(0)
+        elif op == "product":
+            r = w.prod(0)
+        elif op == "max":
+            r = w.max(0).values
+        else:
+            r = w.min(0).values
+        return r.to(dtype)  # int64 -> narrower wraps, like torch's own integer arithmetic
+    wide = stack.to(torch.complex128 if dtype in COMPLEX_TYPES else torch.float64)
+    if op == "sum":
+        r = wide.sum(0)
+    elif op == "avg":
+        r = wide.sum(0)
+        # per component: sum / n correctly rounded (complex division by a complex n is not)
+        r = torch.complex(r.real / n, r.imag / n) if r.is_complex() else r / n
+    elif op == "product":
+        r = wide.prod(0)
+    elif op == "max":
+        r = wide.max(0).values
+    else:
+        r = wide.min(0).values
+    return r.to(dtype)
+
+
+def same_on_all_ranks(t: torch.Tensor, group=None) -> bool:
+    """Bitwise equality of `t` across ranks."""
+    stack = gather_inputs(t, group)
+    raw = stack.reshape(stack.shape[0], -1).contiguous()
+    if raw.numel() == 0:
+        return True
+    b = raw.view(torch.uint8) if raw.dtype != torch.bool else raw.to(torch.uint8)
+    return all(torch.equal(b[0], b[i]) for i in range(1, b.shape[0]))
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))

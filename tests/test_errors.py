@@ -1,0 +1,261 @@
+"""Bad input, cross-rank disagreement, dead and silent peers: clear exceptions, never a crash or hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from ranks import run_ranks, spawn_ranks
+
+import ringreduce as rr
+
+
+def _expect(fn, exc_type, *needles):
+    try:
+        fn()
+    except exc_type as exc:
+        msg = str(exc)
+        missing = [n for n in needles if n not in msg]
+        return "ok" if not missing else f"message lacks {missing}: {msg}"
+    except BaseException as exc:  # noqa: BLE001
+        return f"raised {type(exc).__name__} instead of {exc_type.__name__}: {exc}"
+    return f"did not raise {exc_type.__name__}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Local refusals: raised before any payload moves; the others are told through the frame
+
+
+def _local_refusals(rank: int, ws: int) -> dict:
+    out = {}
+    # every rank: integer AVG -> TypeError, tensor unchanged
+    t = torch.arange(10, dtype=torch.int32)
+    out["int_avg"] = _expect(lambda: rr.all_reduce_avg(t), TypeError, "AVG", "int32")
+    out["int_avg_unchanged"] = "ok" if torch.equal(t, torch.arange(10, dtype=torch.int32)) else "changed"
+    b = torch.ones(4, dtype=torch.bool)
+    out["bool_avg"] = _expect(lambda: rr.all_reduce(b, op="avg"), TypeError, "AVG", "bool")
+    out["complex_max"] = _expect(lambda: rr.all_reduce(torch.ones(3, dtype=torch.complex64), op="max"),
+                                 TypeError, "MAX", "complex64")
+    out["not_a_tensor"] = _expect(lambda: rr.all_reduce([1.0, 2.0]), TypeError, "torch.Tensor", "list")
+    out["unsupported_dtype"] = _expect(lambda: rr.all_reduce(torch.ones(3, dtype=torch.uint16)), TypeError,
+                                       "uint16")
+    out["sparse"] = _expect(lambda: rr.all_reduce(torch.eye(3).to_sparse()), ValueError, "dense")
+    out["bad_op"] = _expect(lambda: rr.all_reduce(torch.ones(3), op="band"), ValueError, "unsupported reduce op")
+    out["bad_accum"] = _expect(lambda: rr.all_reduce(torch.ones(3), accum_dtype=torch.float16), TypeError,
+                               "accum_dtype")
+    out["bad_algorithm"] = _expect(lambda: rr.all_reduce(torch.ones(3), algorithm="tree"), ValueError, "algorithm")
+    out["bad_group"] = _expect(lambda: rr.all_reduce(torch.ones(3), group=3), TypeError, "ProcessGroup")
+    # after all that, the group still works
+    x = torch.ones(5)
+    rr.all_reduce(x)
+    out["still_works"] = "ok" if torch.equal(x, torch.full((5,), float(ws))) else f"got {x}"
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_local_refusals_on_every_rank(ws):
+    for r in run_ranks(ws, _local_refusals):
+        bad = {k: v for k, v in r.items() if v != "ok"}
+        assert not bad, bad
+
+
+def _one_rank_refuses(rank: int, ws: int) -> dict:
+    out = {}
+    t = torch.arange(6, dtype=torch.int64) if rank == 1 else torch.arange(6, dtype=torch.float32)
+    if rank == 1:
+        out["avg"] = _expect(lambda: rr.all_reduce_avg(t), TypeError, "AVG")
+        out["unchanged"] = "ok" if torch.equal(t, torch.arange(6)) else "changed"
+    else:
+        out["avg"] = _expect(lambda: rr.all_reduce_avg(t), RuntimeError, "rank 1 refused", "all_reduce_avg")
+        out["unchanged"] = "ok" if torch.equal(t, torch.arange(6, dtype=torch.float32)) else "changed"
+    # a non-tensor on rank 0 only
+    u = torch.ones(3)
+    if rank == 0:
+        out["nontensor"] = _expect(lambda: rr.all_reduce("grad"), TypeError, "torch.Tensor")
+    else:
+        out["nontensor"] = _expect(lambda: rr.all_reduce(u), RuntimeError, "rank 0 refused", "not a tensor")
+    x = torch.ones(5)
+    rr.all_reduce(x)
+    out["still_works"] = "ok" if torch.equal(x, torch.full((5,), float(ws))) else f"got {x}"
+    return out
+
+
+def test_one_rank_refusing_makes_all_raise():
+    for r in run_ranks(3, _one_rank_refuses):
+        bad = {k: v for k, v in r.items() if v != "ok"}
+        assert not bad, bad
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-rank mismatches on 3 ranks: every rank raises RuntimeError naming what differs
+
+
+def _mismatches(rank: int, ws: int) -> dict:
+    out = {}
+    cases = {
+        "numel": (lambda: torch.ones(100 if rank != 2 else 200), "sum", "numel"),
+        "dtype_same_size": (lambda: torch.ones(64, dtype=torch.float32 if rank != 1 else torch.int32), "sum", "dtype"),
+        "dtype_size": (lambda: torch.ones(64, dtype=torch.float32 if rank != 0 else torch.float64), "sum", "dtype"),
+        "shape_same_numel": (lambda: torch.ones(6, 4) if rank != 2 else torch.ones(4, 6), "sum", "shape"),
+        "op": (lambda: torch.ones(8), "max" if rank == 1 else "sum", "op"),
+    }
+    for name, (make, op, field) in cases.items():
+        t = make()
+        before = t.clone()
+        out[name] = _expect(lambda t=t, op=op: rr.all_reduce(t, op=op), RuntimeError, "disagree", field, "call #",
+                            "rank 0", "rank 1", "rank 2")
+        if not torch.equal(t, before):
+            out[name + "_unchanged"] = "tensor was modified"
+    # all_reduce_avg on rank 2 vs all_reduce SUM elsewhere: the message names both calls
+    t = torch.ones(8)
+    fn = (lambda: rr.all_reduce_avg(t)) if rank == 2 else (lambda: rr.all_reduce(t, op="sum"))
+    out["avg_vs_sum"] = _expect(fn, RuntimeError, "all_reduce_avg", "all_reduce(op=SUM")
+    # async: the error surfaces from wait() and from the future
+    w = rr.all_reduce(torch.ones(10 + rank), async_op=True)
+    out["async_wait"] = _expect(w.wait, RuntimeError, "numel")
+    out["async_future"] = _expect(lambda: rr.all_reduce(torch.ones(10 + rank), async_op=True).get_future().wait(),
+                                  RuntimeError, "numel")
+    # the group remains usable: no payload moved
+    x = torch.full((1000,), float(rank))
+    rr.all_reduce(x)
+    out["still_works"] = "ok" if torch.equal(x, torch.full((1000,), float(sum(range(ws))))) else f"got {x[:3]}"
+    return out
+
+
+def test_mismatches_raise_on_every_rank():
+    for r in run_ranks(3, _mismatches):
+        bad = {k: v for k, v in r.items() if v != "ok"}
+        assert not bad, bad
+
+
+def test_not_initialized():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        rr.all_reduce(torch.ones(3))
+
+
+# ---------------------------------------------------------------------------------------------
+# Dead, silent and slow peers (fresh processes: these poison their groups on purpose)
+
+
+def _peer_exits_before_calling(rank: int, ws: int) -> dict:
+    if rank == ws - 1:
+        os._exit(3)
+    start = time.monotonic()
+    t = torch.ones(1 << 16)
+    res = {}
+    try:
+        rr.all_reduce(t)
+        res["first"] = "no error"
+    except dist.DistBackendError as exc:
+        res["first"] = "DistBackendError"
+        res["msg"] = str(exc)
+    res["elapsed"] = time.monotonic() - start
+    try:
+        rr.all_reduce(torch.ones(4))
+        res["second"] = "no error"
+    except dist.DistBackendError as exc:
+        res["second"] = "unusable" if "unusable" in str(exc) else str(exc)
+    res["threads"] = threading.active_count()
+    return res
+
+
+def test_peer_that_exits_before_calling():
+    out = spawn_ranks(3, _peer_exits_before_calling, env={"RINGREDUCE_TIMEOUT": "10"}, timeout=120)
+    assert out[2][0] == "died" and out[2][2] == 3
+    for status, res, code in out[:2]:
+        assert status == "ok" and code == 0, (status, res, code)
+        assert res["first"] == "DistBackendError", res
+        assert res["elapsed"] < 60, res
+        assert res["second"] == "unusable", res
+
+
+def _peer_never_calls(rank: int, ws: int) -> dict:
+    res = {}
+    if rank == 1:
+        time.sleep(8)
+        return {"slept": True}
+    start = time.monotonic()
+    try:
+        rr.all_reduce(torch.ones(1000))
+        res["err"] = "none"
+    except dist.DistBackendError as exc:
+        res["err"] = "DistBackendError" if "timeout" in str(exc).lower() or "timed out" in str(exc).lower() else str(exc)
+    res["elapsed"] = time.monotonic() - start
+    return res
+
+
+def test_peer_that_never_calls_times_out():
+    out = spawn_ranks(2, _peer_never_calls, env={"RINGREDUCE_TIMEOUT": "2"}, timeout=120)
+    status, res, code = out[0]
+    assert status == "ok" and code == 0, out
+    assert res["err"] == "DistBackendError", res
+    assert 1.5 <= res["elapsed"] < 7, res
+
+
+def _killed_mid_ring(rank: int, ws: int) -> dict:
+    t = torch.ones(16 << 20)  # 64 MiB: many segments in flight
+    rr.all_reduce(t)  # warm-up, completes
+    dist.barrier()
+    if rank == 1:
+        threading.Timer(0.02, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    res = {}
+    start = time.monotonic()
+    try:
+        for _ in range(50):
+            rr.all_reduce(t)
+        res["err"] = "none"
+    except dist.DistBackendError:
+        res["err"] = "DistBackendError"
+    except RuntimeError as exc:
+        res["err"] = f"RuntimeError: {exc}"
+    res["elapsed"] = time.monotonic() - start
+    w = rr.all_reduce(torch.ones(3), async_op=True)
+    try:
+        w.wait()
+        res["async"] = "none"
+    except dist.DistBackendError:
+        res["async"] = "DistBackendError"
+    try:
+        rr.all_reduce(torch.ones(3), async_op=True).get_future().wait()
+        res["future"] = "none"
+    except RuntimeError:
+        res["future"] = "raised"
+    return res
+
+
+def test_peer_killed_mid_ring():
+    out = spawn_ranks(3, _killed_mid_ring, env={"RINGREDUCE_TIMEOUT": "15"}, timeout=180)
+    assert out[1][0] == "died" and out[1][2] == -signal.SIGKILL, out[1]
+    for r in (0, 2):
+        status, res, code = out[r]
+        assert status == "ok" and code == 0, (r, status, res, code)
+        assert res["err"] == "DistBackendError", res
+        assert res["async"] == "DistBackendError" and res["future"] == "raised", res
+
+
+def _wait_timeout(rank: int, ws: int) -> dict:
+    import datetime
+
+    res = {}
+    if rank == 1:
+        time.sleep(3)
+    t = torch.ones(100)
+    w = rr.all_reduce(t, async_op=True)
+    if rank == 0:
+        res["short"] = _expect(lambda: w.wait(timeout=datetime.timedelta(milliseconds=200)), RuntimeError,
+                               "did not complete")
+    w.wait()
+    res["value"] = bool(torch.equal(t, torch.full((100,), 2.0)))
+    return res
+
+
+def test_wait_with_timeout_raises_then_completes():
+    out = spawn_ranks(2, _wait_timeout, timeout=120)
+    assert out[0][0] == "ok" and out[0][1]["short"] == "ok" and out[0][1]["value"], out
+    assert out[1][0] == "ok" and out[1][1]["value"], out
