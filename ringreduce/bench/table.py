@@ -11,7 +11,7 @@ from ringreduce.bench.sizes import format_size
 
 _KEY = "{:>12} {:>12} {:>8} {:>6}"
 _GROUP = " {:>10} {:>8} {:>8} {:>6}"
-_GROUP_WIDTH = 35
+_GROUP_WIDTH = 36
 MIB = 1 << 20
 
 
@@ -38,8 +38,8 @@ class Layout:
 def header(layout: Layout) -> list[str]:
     """Three '#' lines: implementation names over their groups, column names, units."""
     names = "#" + " " * 41 + "".join(f"{name:>{_GROUP_WIDTH}}" for name in layout.impls)
-    cols = "#" + _KEY.format("size", "count", "type", "redop")[1:]
-    units = "#" + _KEY.format("(B)", "(elements)", "", "")[1:]
+    cols = "#" + _KEY.format("size", "count", "type", "redop")
+    units = "#" + _KEY.format("(B)", "(elements)", "", "")
     for _ in layout.impls:
         cols += _GROUP.format("time", "algbw", "busbw", "#wrong")
         units += _GROUP.format("(us)", "(GB/s)", "(GB/s)", "")

@@ -1,0 +1,199 @@
+"""The benchmark: pure arithmetic and formatting, a short real sweep, and ringreduce's memory bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from ranks import run_ranks, spawn_ranks
+
+from ringreduce.bench.config import BenchConfig
+from ringreduce.bench.data import count_wrong, expected_chunk, fill_pattern, pattern_modulus
+from ringreduce.bench.metrics import aggregate_size, algbw_gbs, average_busbw, busbw_factor, busbw_gbs, time_ratio
+from ringreduce.bench.report import build_report, validate_report
+from ringreduce.bench.sizes import format_size, parse_dtype, parse_size, size_sweep
+from ringreduce.bench.table import Layout, footer, format_row, header, memory_lines
+from ringreduce.bench.timing import auto_iters
+
+MIB = 1 << 20
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rank_stats(median: float, wrong: int = 0, growth: int = MIB) -> dict:
+    return {"median_us": median, "mean_us": median * 1.1, "min_us": median * 0.9, "max_us": median * 2,
+            "wrong": wrong, "peak_rss": 500 * MIB, "rss_growth": growth, "rss_exact": True, "cuda_growth": None}
+
+
+def _fake_rows(size: int = 16 * MIB) -> list[dict]:
+    per_rank = [
+        {"iters": 20, "warmup": 5, "impls": {"ringreduce": _rank_stats(100.0), "gloo": _rank_stats(200.0)}},
+        {"iters": 20, "warmup": 5, "impls": {"ringreduce": _rank_stats(300.0, wrong=2), "gloo": _rank_stats(200.0)}},
+    ]
+    return aggregate_size(size, size // 4, "float", "avg", 2, per_rank)
+
+
+# (a) pure functions -------------------------------------------------------------------------------
+
+
+def test_bandwidth_arithmetic() -> None:
+    assert algbw_gbs(1_000_000_000, 1e6) == pytest.approx(1.0)
+    assert busbw_factor(2) == 1.0 and busbw_factor(4) == 1.5 and busbw_factor(8) == 1.75
+    assert busbw_factor(1) == 0.0
+    assert busbw_gbs(64 * MIB, 58_000.0, 2) == pytest.approx(64 * MIB / 0.058 / 1e9)
+    assert busbw_gbs(64 * MIB, 100.0, 4) == pytest.approx(algbw_gbs(64 * MIB, 100.0) * 1.5)
+    assert algbw_gbs(10, 0.0) == 0.0
+
+
+def test_aggregate_means_over_ranks_and_sums_wrong() -> None:
+    rows = _fake_rows()
+    rr, gloo = rows
+    assert rr["impl"] == "ringreduce" and rr["time_us"] == 200.0 and rr["time_us_max"] == 300.0
+    assert rr["per_rank_median_us"] == [100.0, 300.0] and rr["wrong"] == 2
+    assert rr["busbw_gbs"] == pytest.approx(busbw_gbs(16 * MIB, 200.0, 2))
+    assert time_ratio(rows, "ringreduce", "gloo") == pytest.approx(1.0)
+    assert time_ratio(rows, "ringreduce", "nccl") is None
+    assert average_busbw(rows)["gloo"] == pytest.approx(gloo["busbw_gbs"])
+
+
+def test_table_lines_line_up() -> None:
+    layout = Layout(("ringreduce", "rr-nocheck", "gloo"), "gloo")
+    assert layout.extras == ("ratio", "check(us)")
+    rows = _fake_rows()
+    rows.insert(1, dict(rows[0], impl="rr-nocheck", time_us=150.0, wrong=0))
+    head = header(layout)
+    line = format_row(rows, layout)
+    assert len(head) == 3 and all(h.startswith("#") for h in head)
+    assert len(head[1]) == len(line)
+    fields = line.split()
+    assert fields[:4] == [str(16 * MIB), str(4 * MIB), "float", "avg"]
+    assert fields[4] == "200.0" and fields[7] == "2" and fields[11] == "0"  # times, #wrong
+    assert fields[-2] == "1.000" and fields[-1] == "50.0"  # ratio, check cost (us)
+    foot = footer(rows, layout)
+    assert foot[0] == "# Out of bounds values : 2 FAILED"
+    assert "16M 1.000" in foot[2]
+    mem = "\n".join(memory_lines(rows, layout, 8 * MIB))
+    assert "bound 8 MiB staging: OK" in mem
+
+
+def test_nccl_layout_has_ring_column() -> None:
+    layout = Layout(("ringreduce", "nccl", "nccl-ring"), "nccl")
+    assert layout.extras == ("ratio", "%ring")
+    rows = aggregate_size(MIB, MIB // 4, "float", "avg", 8, [
+        {"iters": 5, "warmup": 1, "impls": {"ringreduce": _rank_stats(100.0), "nccl": _rank_stats(80.0),
+                                            "nccl-ring": _rank_stats(90.0)}}])
+    assert format_row(rows, layout).endswith("1.250     90.0%")
+
+
+def test_json_schema() -> None:
+    cfg = BenchConfig(sizes=[16 * MIB], dtype="float", op="avg", backend="gloo", command=["python", "-m", "x"])
+    machine = {"cpu_model": "cpu", "cpu_cores": 2, "gpus": [], "torch": "2", "nccl": None, "world_size": 2,
+               "ringreduce": {"version": "0"}}
+    doc = build_report(cfg, machine, _fake_rows(), "gloo", 1.5)
+    assert validate_report(doc) == []
+    assert validate_report(json.loads(json.dumps(doc))) == []
+    assert doc["summary"]["time_ratio_vs_stock"] == {str(16 * MIB): pytest.approx(1.0)}
+    assert doc["summary"]["wrong_total"] == 2
+    broken = json.loads(json.dumps(doc))
+    del broken["rows"][0]["busbw_gbs"]
+    broken["machine"].pop("cpu_model")
+    broken["world_size"] = "2"
+    problems = validate_report(broken)
+    assert len(problems) == 3 and any("busbw_gbs" in p for p in problems)
+    assert validate_report([]) == ["document is not an object"]
+
+
+def test_sizes_and_dtypes() -> None:
+    assert parse_size("8") == 8 and parse_size("1K") == 1024 and parse_size("256M") == 256 * MIB
+    assert parse_size("1GiB") == 1 << 30 and parse_size("0.5K") == 512
+    with pytest.raises(ValueError):
+        parse_size("12Q")
+    assert format_size(64 * MIB) == "64M" and format_size(1000) == "1000"
+    assert size_sweep(8, 256 * MIB, 2, None, 4)[:3] == [8, 16, 32] and size_sweep(8, 256 * MIB, 2, None, 4)[-1] == 256 * MIB
+    assert size_sweep(1024, 64 * MIB, 4, None, 4) == [1024 << (2 * i) for i in range(9)]
+    assert size_sweep(2, 10, None, 3, 4) == [4, 8]  # rounded down to whole float elements
+    assert parse_dtype("float32").name == "float" and parse_dtype("bf16").torch_dtype == torch.bfloat16
+    with pytest.raises(ValueError):
+        parse_dtype("complex32")
+    assert auto_iters(0.06, 4.0, 10, 1000) == 67 and auto_iters(1e-5, 4.0, 10, 1000) == 1000
+    assert auto_iters(10.0, 4.0, 10, 1000) == 10
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.float64])
+@pytest.mark.parametrize("world_size", [2, 3, 5, 17])
+def test_pattern_expected_matches_brute_force(dtype: torch.dtype, world_size: int) -> None:
+    k = pattern_modulus(dtype, world_size)
+    assert k % 3 != 0 and 2 <= k <= 16
+    count = 1000
+    total = torch.zeros(count, dtype=torch.float64)
+    for r in range(world_size):
+        t = torch.empty(count, dtype=dtype)
+        fill_pattern(t, r, k)
+        total += t.double()
+    assert torch.equal(expected_chunk(0, count, world_size, k, "sum", dtype, torch.device("cpu")), total.to(dtype))
+    if dtype.is_floating_point:
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        avg = (total.to(acc) / world_size).to(dtype)
+        assert count_wrong(avg, world_size, k, "avg") == 0
+        avg[7] += 1
+        assert count_wrong(avg, world_size, k, "avg") == 1
+
+
+# (b) a short real sweep ---------------------------------------------------------------------------
+
+
+def test_cli_short_sweep(tmp_path) -> None:
+    out = tmp_path / "bench.json"
+    png = tmp_path / "bench.png"
+    cmd = [sys.executable, "-m", "ringreduce.bench", "--nproc", "2", "-b", "1K", "-e", "256K", "-f", "16",
+           "-n", "5", "-w", "1", "--check-cost", "--json", str(out), "--plot", str(png), "-q"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "# Out of bounds values : 0 OK" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert validate_report(doc) == []
+    assert {row["impl"] for row in doc["rows"]} == {"ringreduce", "rr-nocheck", "gloo"}
+    assert sorted({row["size"] for row in doc["rows"]}) == [1024, 16 * 1024, 256 * 1024]
+    assert all(row["wrong"] == 0 for row in doc["rows"]), doc["rows"]
+    assert all(row["iters"] == 5 for row in doc["rows"])
+    assert png.stat().st_size > 10_000
+
+
+def _sweep_on_rank(rank: int, world_size: int, cfg: BenchConfig) -> list | None:
+    from ringreduce.bench.sweep import RankContext, run_sweep
+
+    result = run_sweep(cfg, RankContext(rank, world_size, torch.device("cpu")))
+    return None if result is None else result[0]
+
+
+def test_sweep_sum_bfloat16_on_pool() -> None:
+    cfg = BenchConfig(sizes=[2, 1000, 65538], dtype="bfloat16", op="sum", backend="gloo", iters=3, warmup=1,
+                      quiet=True)
+    rows = run_ranks(2, _sweep_on_rank, cfg, timeout=120)[0]
+    assert len(rows) == 6 and all(row["wrong"] == 0 for row in rows), rows
+    assert [row["count"] for row in rows[::2]] == [1, 500, 32769]
+
+
+# (c) ringreduce's memory bound --------------------------------------------------------------------
+
+
+def _rss_growth_of_all_reduce(rank: int, world_size: int, mib: int) -> float:
+    import ringreduce
+    from ringreduce.bench.memory import measure_call
+
+    x = torch.full((mib * MIB // 4,), float(rank + 1))  # allocated and touched before measuring
+    mem = measure_call(lambda: ringreduce.all_reduce_avg(x), torch.device("cpu"))
+    assert mem.rss_exact, "VmHWM could not be reset (/proc/self/clear_refs)"
+    assert float(x[0]) == 1.5 and float(x[-1]) == 1.5
+    return mem.rss_growth / MIB
+
+
+def test_ringreduce_memory_is_a_few_segments() -> None:
+    """DESIGN.md section 5: a 64 MiB float32 all-reduce adds only staging (<= 8 MiB) over its input."""
+    results = spawn_ranks(2, _rss_growth_of_all_reduce, 64, timeout=150)
+    for status, growth, code in results:
+        assert status == "ok" and code == 0, (status, growth, code)
+        assert growth <= 8 + 1.0, f"peak RSS grew by {growth:.2f} MiB over the 64 MiB input"
