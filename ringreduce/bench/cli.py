@@ -13,7 +13,7 @@ from ringreduce.bench.sizes import DTYPES, parse_dtype, parse_size, size_sweep
 DEFAULT_BEGIN = "1K"
 DEFAULT_END = "64M"
 DEFAULT_FACTOR = 4.0
-DEFAULT_SECONDS = 4.0
+DEFAULT_SECONDS = 6.0
 TRAIN_MODULE = "ringreduce.bench.train_step"
 
 _EPILOG = f"""\

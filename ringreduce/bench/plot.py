@@ -24,6 +24,7 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rows = doc["rows"]
     stock = doc["stock"]
@@ -45,7 +46,7 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
     else:
         ax_bw.set_ylim(bottom=0)
     ax_bw.set_ylabel("bus bandwidth (GB/s)  [algbw x 2(n-1)/n]")
-    ax_bw.grid(True, which="both", alpha=0.3)
+    ax_bw.grid(True, which="major", alpha=0.35)
     ax_bw.legend(loc="upper left")
     first = rows[0]
     ax_bw.set_title(
@@ -66,8 +67,11 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
     ax_ratio.grid(True, alpha=0.35)
     ax_ratio.legend(loc="upper right", fontsize=8)
     if ratios:
-        top = max(max(ratios), 1.15)
-        ax_ratio.set_ylim(min(min(ratios), 0.9) * 0.95, top * 1.05)
+        low, high = min(min(ratios), 0.9) * 0.9, max(max(ratios), 1.15) * 1.1
+        if high / low > 4:  # large small-message ratios would flatten the region around 1
+            ax_ratio.set_yscale("log", base=2)
+            ax_ratio.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax_ratio.set_ylim(low, high)
     ax_ratio.set_xticks(sizes)
     ax_ratio.set_xticklabels([format_size(size) for size in sizes], rotation=45 if len(sizes) > 12 else 0)
     ax_ratio.minorticks_off()
