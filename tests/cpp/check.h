@@ -13,6 +13,14 @@
 
 namespace rrtest {
 
+// Sanitizer builds (RR_SANITIZE) run thinner sweeps: they look for memory, UB and thread bugs in
+// the same code paths, not for more parameter combinations.
+#if defined(RR_TEST_SANITIZED)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
 struct Case {
   const char* name;
   std::function<void()> fn;
@@ -48,10 +56,16 @@ std::string pairText(const char* ea, const char* eb, const A& a, const B& b) {
   return os.str();
 }
 
+// argv[1]: a substring of the case names to run, or --shard=K/N to run cases K, K+N, K+2N, ...
+// (ctest runs the shards of one executable in parallel).
 inline int runAll(int argc, char** argv) {
   const char* filter = argc > 1 ? argv[1] : nullptr;
-  int ran = 0;
+  int shard = 0, nshards = 1;
+  if (filter && std::sscanf(filter, "--shard=%d/%d", &shard, &nshards) == 2) filter = nullptr;
+  int ran = 0, index = -1;
   for (const Case& c : cases()) {
+    ++index;
+    if (nshards > 1 && index % nshards != shard) continue;
     if (filter && !std::strstr(c.name, filter)) continue;
     const int before = failures();
     const auto t0 = std::chrono::steady_clock::now();

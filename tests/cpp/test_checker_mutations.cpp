@@ -51,7 +51,7 @@ std::string check(const std::vector<Plan>& plans, const Setup& s) {
   CheckOptions co;
   co.average = s.avg;
   co.seed = 5;
-  co.trials = 2;
+  co.trials = 1;  // element values do not depend on timing; races are found exactly
   return checkPlanSet(plans, co);
 }
 
