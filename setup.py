@@ -139,6 +139,15 @@ def build_extension():
     )
 
 
+class BuildExt(BuildExtension):
+    """torch's BuildExtension with a persistent object folder, so ninja rebuilds only what changed
+    (pip's editable installs otherwise compile everything in a fresh temporary folder)."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.build_temp = os.path.join(ROOT, "build-ext")
+
+
 setup(
     name="ringreduce",
     version=VERSION,
@@ -146,7 +155,7 @@ setup(
     packages=find_packages(include=["ringreduce", "ringreduce.*"]),
     package_data={"ringreduce": ["py.typed"]},
     ext_modules=[build_extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExt.with_options(use_ninja=True)},
     python_requires=">=3.10",
     install_requires=["torch>=2.4", "numpy"],
 )
