@@ -1,0 +1,386 @@
+"""Training-step benchmark: time per step of a ~25M-parameter model under each way to average.
+
+``python -m ringreduce.bench.train_step`` spawns 2 local ranks (gloo on 127.0.0.1, or one GPU each
+when >= 2 GPUs and ``--backend nccl``), or runs as one rank under torchrun. For each variant it
+trains the same model (a stack of Linear layers, identical seeds, SGD) and reports the median time
+per step over many steps in one run, averaged over ranks:
+
+- ``local``: no communication at all (the compute-only baseline),
+- ``ddp``: stock DistributedDataParallel,
+- ``ddp+hook``: DDP with ``ringreduce.ddp_comm_hook``,
+- ``averager``: ``ringreduce.GradientAverager``,
+- ``loop-gloo``: the hand-written loop: backward, then ``dist.all_reduce`` + ``div_`` of every grad,
+- ``loop-rr``: the same loop with ``ringreduce.all_reduce_avg``,
+- ``coalesced``: backward, then one ``ringreduce.all_reduce_coalesced`` of all grads.
+
+Overlap: for the hook variants (``ddp+hook``, ``averager``) every bucket's launch and completion
+times are recorded, and the ring's busy time (one worker per group: a bucket starts when it was
+launched and the previous one finished) is intersected with backward (from its start to the last
+gradient's accumulation). ``hidden`` is that intersection over the busy time. For every variant,
+``exposed`` = step time - the ``local`` step time, the communication cost that backward did not
+absorb. On a 2-core machine two CPU ranks leave no spare core, so overlap cannot make steps much
+faster there: the report says how much of the ring runs concurrently with backward anyway.
+
+The final parameters of the averaging variants are compared (max abs difference, at most 1e-5:
+they train the same model on the same data; ``local`` trains on this rank's slice only); the exit
+code is 1 if they disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+VARIANTS = ("local", "ddp", "ddp+hook", "averager", "loop-gloo", "loop-rr", "coalesced")
+HOOKED = ("ddp+hook", "averager")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ringreduce.bench.train_step",
+        description="Time per training step: stock DDP vs DDP+ringreduce hook vs GradientAverager vs the "
+        "hand-written all-reduce loop, with the overlap of communication and backward.",
+    )
+    p.add_argument("--nproc", type=int, default=2, help="local ranks to spawn (ignored under torchrun)")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto: nccl with one GPU per rank when enough GPUs, else gloo on CPU")
+    p.add_argument("--layers", type=int, default=6, help="Linear layers (default 6)")
+    p.add_argument("--width", type=int, default=2048, help="features per layer (default 2048: 6 x 4.2M = 25.2M params)")
+    p.add_argument("--batch", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per variant (median reported)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="bucket cap of DDP and GradientAverager")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
+    p.add_argument("--json", dest="json_path", default=None, help="write the results as JSON to this file")
+    return p
+
+
+# ------------------------------------------------------------------------------------ the model
+
+
+def make_model(layers: int, width: int, device: torch.device) -> nn.Sequential:
+    torch.manual_seed(0)
+    mods: list[nn.Module] = []
+    for k in range(layers):
+        mods.append(nn.Linear(width, width))
+        if k + 1 < layers:
+            mods.append(nn.ReLU())
+    return nn.Sequential(*mods).to(device)
+
+
+def batch_for(step: int, rank: int, batch: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(10_000 * step + rank)
+    x = torch.randn(batch, width, generator=g)
+    y = torch.randn(batch, width, generator=g)
+    return x.to(device), y.to(device)
+
+
+# ------------------------------------------------------------------------------------- timeline
+
+
+class _GradClock:
+    """Post-accumulate-grad hooks that remember when the last gradient of a backward was ready."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.last = 0.0
+        self.handles = [p.register_post_accumulate_grad_hook(self._hook) for p in params]
+
+    def _hook(self, _p: torch.Tensor) -> None:
+        self.last = time.perf_counter()
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def overlap(backward: tuple[float, float], buckets: list[tuple[float, float]]) -> tuple[float, float]:
+    """(busy seconds of the ring, seconds of it inside backward) for buckets run one after another.
+
+    Each bucket is (launched, done); the group's single worker starts a bucket when it was launched
+    and the previous bucket finished.
+    """
+    b0, b1 = backward
+    busy = hidden = 0.0
+    prev_done = float("-inf")
+    for launched, done in sorted(buckets):
+        start = max(launched, prev_done)
+        if done > start:
+            busy += done - start
+            hidden += max(0.0, min(done, b1) - max(start, b0))
+        prev_done = max(prev_done, done)
+    return busy, hidden
+
+
+def _timed_comm_hook(events: list[dict[str, Any]]) -> Any:
+    """ringreduce.ddp_comm_hook, recording (launched, done) of every bucket into `events`.
+
+    No annotations on purpose: DDP compares them as objects and this module's are strings.
+    """
+    from ringreduce.hooks import ddp_comm_hook
+
+    def timed_hook(state, bucket):  # noqa: ANN001, ANN202
+        entry: dict[str, Any] = {"launched": time.perf_counter(), "done": None}
+        events.append(entry)
+        fut = ddp_comm_hook(state, bucket)
+        fut.add_done_callback(lambda _f: entry.__setitem__("done", time.perf_counter()))
+        return fut
+
+    return timed_hook
+
+
+# ------------------------------------------------------------------------------------- variants
+
+
+def _run_variant(name: str, args: argparse.Namespace, device: torch.device, rank: int, ws: int) -> dict[str, Any]:
+    import ringreduce as rr
+
+    model = make_model(args.layers, args.width, device)
+    params = list(model.parameters())
+    clock = _GradClock(params)  # registered first: fires before any averaging hook
+    trained: nn.Module = model
+    averager = None
+    hook_events: list[dict[str, Any]] | None = None
+    if name == "ddp":
+        trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    elif name == "ddp+hook":
+        trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+        hook_events = []
+        trained.register_comm_hook(None, _timed_comm_hook(hook_events))
+    elif name == "averager":
+        averager = rr.GradientAverager(model, bucket_cap_mb=args.bucket_cap_mb)
+        averager.timeline = []
+    opt = torch.optim.SGD(params, lr=1e-3)
+    loss_fn = nn.MSELoss()
+
+    def after_backward() -> None:
+        if name == "loop-gloo":
+            for p in params:
+                dist.all_reduce(p.grad)
+                p.grad.div_(ws)
+        elif name == "loop-rr":
+            for p in params:
+                rr.all_reduce_avg(p.grad)
+        elif name == "coalesced":
+            rr.all_reduce_coalesced([p.grad for p in params], op=rr.ReduceOp.AVG)
+
+    def sync_device() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    times, hidden_fracs, busy_s, hidden_s = [], [], [], []
+    for step in range(args.warmup + args.steps):
+        x, y = batch_for(step, rank, args.batch, args.width, device)
+        if averager is not None:
+            averager.timeline = []
+        if hook_events is not None:
+            hook_events.clear()
+        sync_device()
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        loss = loss_fn(trained(x), y)
+        tb = time.perf_counter()
+        loss.backward()
+        after_backward()
+        opt.step()
+        sync_device()
+        t1 = time.perf_counter()
+        if step < args.warmup:
+            continue
+        times.append(t1 - t0)
+        events: list[tuple[float, float]] = []
+        if averager is not None and averager.timeline is not None:
+            events = [(e["launched"], e["done"]) for e in averager.timeline if "bucket" in e and e["done"] is not None]
+        elif hook_events is not None:
+            events = [(e["launched"], e["done"]) for e in hook_events if e["done"] is not None]
+        if events:
+            busy, hidden = overlap((tb, clock.last), events)
+            busy_s.append(busy)
+            hidden_s.append(hidden)
+            hidden_fracs.append(hidden / busy if busy > 0 else 0.0)
+    if averager is not None:
+        averager.remove()
+    clock.remove()
+    result: dict[str, Any] = {
+        "variant": name,
+        "median_ms": statistics.median(times) * 1e3,
+        "min_ms": min(times) * 1e3,
+        "final_params": None if name == "local" else torch.cat([p.detach().reshape(-1).cpu() for p in params]),
+    }
+    if hidden_fracs:
+        result["comm_ms"] = statistics.median(busy_s) * 1e3
+        result["hidden_ms"] = statistics.median(hidden_s) * 1e3
+        result["hidden_frac"] = statistics.median(hidden_fracs)
+    del trained, model, opt
+    return result
+
+
+def _mean_over_ranks(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t.item()) / dist.get_world_size()
+
+
+def run_rank(args: argparse.Namespace) -> int:
+    """Runs every variant on this rank (process group already initialized); rank 0 prints."""
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    nparams = sum(p.numel() for p in make_model(args.layers, args.width, torch.device("meta")).parameters())
+    rows = []
+    for name in names:
+        r = _run_variant(name, args, device, rank, ws)
+        for key in ("median_ms", "min_ms", "comm_ms", "hidden_ms", "hidden_frac"):
+            if key in r:
+                r[key] = _mean_over_ranks(r[key], device)
+        rows.append(r)
+    local_ms = next((r["median_ms"] for r in rows if r["variant"] == "local"), None)
+    ddp_ms = next((r["median_ms"] for r in rows if r["variant"] == "ddp"), None)
+    for r in rows:
+        r["exposed_ms"] = r["median_ms"] - local_ms if local_ms is not None and r["variant"] != "local" else None
+        r["vs_ddp"] = r["median_ms"] / ddp_ms if ddp_ms else None
+    agree = True
+    reference = None
+    for r in rows:
+        final = r.pop("final_params")
+        if final is None:
+            continue
+        if reference is None:
+            reference, r["max_param_diff"] = final, 0.0
+            continue
+        r["max_param_diff"] = float((final - reference).abs().max())
+        agree = agree and r["max_param_diff"] <= 1e-5
+    agree = _mean_over_ranks(float(agree), device) == 1.0
+    if rank == 0:
+        _print(rows, args, ws, nparams, device, agree)
+        if args.json_path:
+            doc = {
+                "benchmark": "train_step",
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "world_size": ws,
+                "backend": dist.get_backend(),
+                "device": str(device.type),
+                "params": nparams,
+                "model": f"{args.layers} x Linear({args.width}, {args.width})",
+                "batch_per_rank": args.batch,
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "bucket_cap_mb": args.bucket_cap_mb,
+                "torch_threads": torch.get_num_threads(),
+                "results_agree": agree,
+                "rows": rows,
+                "command": [sys.executable, "-m", "ringreduce.bench.train_step", *args.argv],
+            }
+            with open(args.json_path, "w") as f:
+                json.dump(doc, f, indent=2)
+    return 0 if agree else 1
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _print(rows: list[dict[str, Any]], args: argparse.Namespace, ws: int, nparams: int, device: torch.device,
+           agree: bool) -> None:
+    print(f"# ringreduce train-step benchmark: {args.layers} x Linear({args.width}, {args.width}) = "
+          f"{nparams / 1e6:.1f}M params, batch {args.batch}/rank, {ws} ranks, {dist.get_backend()} on "
+          f"{device.type}, {torch.get_num_threads()} torch threads/rank, bucket cap {args.bucket_cap_mb} MB")
+    print(f"# median of {args.steps} steps after {args.warmup} warm-up steps, averaged over ranks; "
+          "exposed = step - local step; hidden = ring time inside backward / ring time (timestamps)")
+    head = f"{'variant':>10} {'step ms':>9} {'min ms':>8} {'vs ddp':>7} {'exposed ms':>11} {'ring ms':>8} " \
+           f"{'hidden ms':>10} {'hidden':>7}"
+    print(head)
+    for r in rows:
+        print(f"{r['variant']:>10} {r['median_ms']:9.1f} {r['min_ms']:8.1f} {_fmt(r['vs_ddp'], '7.3f'):>7} "
+              f"{_fmt(r['exposed_ms'], '11.1f'):>11} {_fmt(r.get('comm_ms'), '8.1f'):>8} "
+              f"{_fmt(r.get('hidden_ms'), '10.1f'):>10} "
+              f"{_fmt(None if 'hidden_frac' not in r else 100 * r['hidden_frac'], '6.1f'):>6}%")
+    diffs = [r["max_param_diff"] for r in rows if r.get("max_param_diff") is not None]
+    print(f"# final parameters of the averaging variants {'agree' if agree else 'DISAGREE'} "
+          f"(max abs difference {max(diffs, default=0.0):.2e})")
+
+
+# ------------------------------------------------------------------------------------- launching
+
+
+def _init(backend: str) -> None:
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=600))
+
+
+def _child(args: argparse.Namespace, env: dict[str, str], threads: int) -> None:
+    os.environ.update(env)
+    torch.set_num_threads(threads)
+    _init(args.backend)
+    try:
+        code = run_rank(args)
+    finally:
+        dist.destroy_process_group()
+    sys.exit(code)
+
+
+def _resolve_backend(requested: str, nproc: int) -> str:
+    if requested != "auto":
+        return requested
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nproc else "gloo"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmark (spawning local ranks unless under torchrun); returns the exit code."""
+    from ringreduce.bench.launch import free_port, under_launcher
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    if under_launcher():
+        args.backend = _resolve_backend(args.backend, int(os.environ["LOCAL_WORLD_SIZE"])
+                                        if "LOCAL_WORLD_SIZE" in os.environ else 1)
+        _init(args.backend)
+        try:
+            return run_rank(args)
+        finally:
+            dist.destroy_process_group()
+    args.backend = _resolve_backend(args.backend, args.nproc)
+    port = free_port()
+    threads = max(1, (os.cpu_count() or 1) // args.nproc)
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(args.nproc):
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+               "WORLD_SIZE": str(args.nproc), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(args.nproc),
+               "GLOO_SOCKET_IFNAME": "lo"}
+        proc = ctx.Process(target=_child, args=(args, env, threads), name=f"train_step rank {rank}")
+        proc.start()
+        procs.append(proc)
+    while any(p.exitcode is None for p in procs):
+        if any(p.exitcode not in (None, 0) for p in procs):
+            time.sleep(5)  # a failed rank leaves the others blocked in a collective
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+            break
+        time.sleep(0.1)
+    for p in procs:
+        p.join()
+    return max((abs(p.exitcode) for p in procs if p.exitcode is not None), default=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
