@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the torch-free core and its C++ tests under AddressSanitizer, UndefinedBehaviorSanitizer
 # and ThreadSanitizer (build-asan, build-ubsan, build-tsan in the repo root) and runs ctest in each.
-# Prints the time of each stage; exits non-zero if any configure, build or test failed.
+# Prints the time of each stage; exits non-zero if any configure, build or test failed. nvcc is not
+# used (RR_CUDA=OFF): the host-side GPU driver test still runs under each sanitizer.
 #
 #   tools/sanitize.sh                 # all three
 #   tools/sanitize.sh thread          # only some: address | undefined | thread
@@ -28,7 +29,7 @@ for san in "${sanitizers[@]}"; do
   echo "=== $san: $dir"
   start=$(date +%s)
   result=ok
-  if ! cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRR_SANITIZE="$san" >/dev/null; then
+  if ! cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRR_SANITIZE="$san" -DRR_CUDA=OFF >/dev/null; then
     result="configure failed"
   elif ! ninja -C "$dir" -j"$jobs"; then
     result="build failed"
