@@ -16,6 +16,7 @@ _STYLE = {
     "nccl": ("tab:blue", "s", "--"),
     "nccl-ring": ("tab:green", "^", "-."),
 }
+_RATIO_TICKS = (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 def write_plot(doc: dict[str, Any], path: str) -> None:
@@ -67,11 +68,17 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
     ax_ratio.grid(True, alpha=0.35)
     ax_ratio.legend(loc="upper right", fontsize=8)
     if ratios:
-        low, high = min(min(ratios), 0.9) * 0.9, max(max(ratios), 1.15) * 1.1
-        if high / low > 4:  # large small-message ratios would flatten the region around 1
-            ax_ratio.set_yscale("log", base=2)
+        low, high = min(min(ratios), 0.9) * 0.9, max(max(ratios), 1.15) * 1.25
+        if high / low > 2:  # large small-message ratios would flatten the region around 1
+            ax_ratio.set_yscale("log")
+            ax_ratio.yaxis.set_major_locator(
+                matplotlib.ticker.FixedLocator([t for t in _RATIO_TICKS if low <= t <= high]))
+            ax_ratio.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax_ratio.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax_ratio.set_ylim(low, high)
+        for size, value in zip(ratio_sizes, ratios, strict=True):
+            ax_ratio.annotate(f"{value:.2f}", (size, value), textcoords="offset points", xytext=(0, 6),
+                              ha="center", fontsize=8, color="tab:red")
     ax_ratio.set_xticks(sizes)
     ax_ratio.set_xticklabels([format_size(size) for size in sizes], rotation=45 if len(sizes) > 12 else 0)
     ax_ratio.minorticks_off()
