@@ -108,8 +108,12 @@ def _local_refusal(
         ), rop, False
     try:
         code = C.dtype_code(tensor.dtype)
-    except TypeError as exc:
-        return _ERR_UNSUPPORTED, TypeError(f"{exc} (op {rop.name})"), rop, False
+    except TypeError:
+        return _ERR_UNSUPPORTED, TypeError(
+            f"ringreduce: dtype {str(tensor.dtype).replace('torch.', '')} is not supported (op {rop.name}); "
+            "supported: float32, float64, float16, bfloat16, int8, int16, int32, int64, uint8, bool, "
+            "complex64, complex128 - convert the tensor first"
+        ), rop, False
     why = C.unsupported_reason(code, int(rop))
     if why is not None:
         return _ERR_UNSUPPORTED, TypeError(
@@ -153,11 +157,19 @@ def _submit_cpu(
     )
 
 
-def _refuse(info: GroupInfo | None, kind: int, code: int, exc: BaseException, is_cuda: bool) -> None:
+def _refuse(
+    info: GroupInfo | None, kind: int, code: int, exc: BaseException, tensor: Any
+) -> None:
     """Tells the other ranks (agreement frame marked as an error) before raising locally."""
-    if info is not None and info.size > 1 and not is_cuda and _config.check_enabled(is_cuda):
-        handle = _submit_cpu(info, None, ReduceOp.SUM, False, kind, code, 1, True)
-        handle.wait(-1)  # the others raise "rank r refused"; we raise our own, clearer error
+    is_cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
+    if info is not None and info.size > 1 and _config.check_enabled(is_cuda):
+        if is_cuda and C.native_info["cuda"]:
+            from ringreduce import _cuda
+
+            _cuda.cuda_refuse(info, tensor.device, kind, code)
+        elif not is_cuda:
+            handle = _submit_cpu(info, None, ReduceOp.SUM, False, kind, code, 1, True)
+            handle.wait(-1)  # the others raise "rank r refused"; we raise our own, clearer error
     raise exc
 
 
@@ -172,12 +184,11 @@ def _run(
     ntensors: int = 1,
 ) -> Work | None:
     info = resolve(group)
-    is_cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
     code, exc, rop, accum = _local_refusal(tensor, op, accum_dtype, algorithm)
     if exc is not None:
         if info is None:
             raise exc
-        _refuse(info, kind, code, exc, is_cuda)
+        _refuse(info, kind, code, exc, tensor)
     assert rop is not None
     if info is None or tensor.numel() == 0 or info.size == 1:
         return Work.completed([tensor]) if async_op else None
