@@ -140,7 +140,9 @@ def _submit_cpu(
     local_error: int,
     ntensors: int,
     check: bool,
+    run_inline: bool = False,
 ) -> Any:
+    """Submits one CPU call; with run_inline a call with nothing queued before it runs right here."""
     return C.submit_cpu(
         info.pg,
         info.name,
@@ -154,6 +156,7 @@ def _submit_cpu(
         _config.segment_bytes(),
         _config.num_slots(),
         _config.timeout_ms(),
+        run_inline,
     )
 
 
@@ -168,7 +171,7 @@ def _refuse(
 
             _cuda.cuda_refuse(info, tensor.device, kind, code)
         elif not is_cuda:
-            handle = _submit_cpu(info, None, ReduceOp.SUM, False, kind, code, 1, True)
+            handle = _submit_cpu(info, None, ReduceOp.SUM, False, kind, code, 1, True, run_inline=True)
             handle.wait(-1)  # the others raise "rank r refused"; we raise our own, clearer error
     raise exc
 
@@ -197,7 +200,7 @@ def _run(
 
         return _cuda.cuda_all_reduce(tensor, rop, info, async_op, accum, kind)
     check = _config.check_enabled(False)
-    handle = _submit_cpu(info, tensor, rop, accum, kind, 0, ntensors, check)
+    handle = _submit_cpu(info, tensor, rop, accum, kind, 0, ntensors, check, run_inline=not async_op)
     work = Work(handle, [tensor], describe=f"{'all_reduce'} {rop.name} on {info.name}")
     if async_op:
         return work

@@ -2,8 +2,8 @@
 //
 // Note [Cross-rank agreement]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Before any payload moves, every rank's Frame travels once around the ring (n-1 hops of
-// kFrameBytes, a ring all-gather), so every rank sees every rank's frame. Because the frame has one
+// Before any payload moves, every rank's Frame is all-gathered (kFrameBytes per message: straight to
+// every peer in small groups, around the ring in large ones), so every rank sees every frame. Because the frame has one
 // size for every call, a disagreement can never become a size mismatch inside the transport (stock
 // gloo aborts the process on one) nor silent garbage (same bytes, different dtype). A rank that
 // refuses the call locally (integer AVG, unsupported dtype, not a tensor) still sends its frame

@@ -86,9 +86,22 @@ std::vector<Frame> exchangeFrames(Transport& t, const Frame& mine, int tag) {
   const int r = t.rank();
   std::vector<Frame> frames(static_cast<size_t>(n));
   frames[static_cast<size_t>(r)] = mine;
+  if (n <= kDirectFrameRanks) {
+    // Every rank sends its frame straight to every other rank: one message latency instead of
+    // the ring's n-1 (the agreement check is on every CPU call, so its latency matters).
+    std::vector<int64_t> reqs;
+    reqs.reserve(static_cast<size_t>(2 * (n - 1)));
+    for (int p = 0; p < n; ++p)
+      if (p != r) reqs.push_back(t.irecv(&frames[static_cast<size_t>(p)], kFrameBytes, p, tag));
+    for (int p = 0; p < n; ++p)
+      if (p != r) reqs.push_back(t.isend(&frames[static_cast<size_t>(r)], kFrameBytes, p, tag));
+    for (int64_t q : reqs) t.wait(q);
+    return frames;
+  }
   const int next = (r + 1) % n;
   const int prev = (r + n - 1) % n;
-  // Hop h: forward the frame of rank (r - h), receive the frame of rank (r - h - 1).
+  // Larger groups: a ring all-gather. Hop h forwards the frame of rank (r - h) and receives the
+  // frame of rank (r - h - 1).
   for (int h = 0; h < n - 1; ++h) {
     const int out = (r - h + n) % n;
     const int in = (r - h - 1 + 2 * n) % n;

@@ -21,7 +21,10 @@ struct RingBuffers {
 // `buffers` alive.
 void executePlan(const Plan& plan, RedOp op, Transport& transport, const RingBuffers& buffers, int tag);
 
-// Ring all-gather of one fixed-size frame: returns every rank's frame, indexed by rank.
+// Up to this many ranks, frames go straight to every peer (one latency); beyond, around the ring.
+constexpr int kDirectFrameRanks = 16;
+
+// All-gather of one fixed-size frame: returns every rank's frame, indexed by rank.
 std::vector<Frame> exchangeFrames(Transport& transport, const Frame& mine, int tag);
 
 }  // namespace rr

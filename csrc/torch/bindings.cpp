@@ -91,7 +91,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "submit_cpu",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& group_name,
          std::optional<at::Tensor> tensor, int op, bool accum_float32, int kind, int local_error,
-         int ntensors, bool check, int64_t segment_bytes, int num_slots, int64_t timeout_ms) {
+         int ntensors, bool check, int64_t segment_bytes, int num_slots, int64_t timeout_ms,
+         bool run_inline) {
         rr::CallOptions o;
         o.op = static_cast<rr::RedOp>(op);
         o.accum_float32 = accum_float32;
@@ -103,11 +104,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         o.num_slots = num_slots;
         o.timeout_ms = timeout_ms;
         auto rt = rr::runtimeFor(pg, group_name);
-        return rt->submit(tensor.has_value() ? *tensor : at::Tensor(), o);
+        at::Tensor t = tensor.has_value() ? *tensor : at::Tensor();
+        py::gil_scoped_release nogil;  // an inline call runs the whole ring here
+        return rt->submit(t, o, run_inline);
       },
       py::arg("group"), py::arg("group_name"), py::arg("tensor"), py::arg("op"),
       py::arg("accum_float32"), py::arg("kind"), py::arg("local_error"), py::arg("ntensors"),
-      py::arg("check"), py::arg("segment_bytes"), py::arg("num_slots"), py::arg("timeout_ms"));
+      py::arg("check"), py::arg("segment_bytes"), py::arg("num_slots"), py::arg("timeout_ms"),
+      py::arg("run_inline") = false);
 
   m.def("group_next_seq", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name) {
     return rr::runtimeFor(pg, name)->nextSeq();

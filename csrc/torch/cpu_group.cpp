@@ -244,16 +244,30 @@ std::chrono::milliseconds GroupRuntime::timeoutFor(const CallOptions& opt) const
   }
 }
 
-std::shared_ptr<CallHandle> GroupRuntime::submit(const at::Tensor& tensor, const CallOptions& opt) {
+std::shared_ptr<CallHandle> GroupRuntime::submit(const at::Tensor& tensor, const CallOptions& opt,
+                                                 bool run_inline) {
   auto call = std::make_shared<CallHandle>();
   call->tensor_ = tensor;
   call->opt_ = opt;
   call->future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  bool inline_now = false;
   {
     std::lock_guard<std::mutex> g(mu_);
     RR_CHECK(!stop_, kRuntime, "ringreduce: ", name_, " is shut down (interpreter exiting)");
     call->seq_ = next_seq_++;
-    queue_.push_back(call);
+    if (run_inline && queue_.empty() && !busy_) {
+      busy_ = true;
+      inline_now = true;
+    } else {
+      queue_.push_back(call);
+    }
+  }
+  if (inline_now) {
+    execute(*call);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      busy_ = false;
+    }
   }
   cv_.notify_all();
   return call;
@@ -264,28 +278,38 @@ void GroupRuntime::loop() {
     std::shared_ptr<CallHandle> call;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      cv_.wait(lk, [&] { return (stop_ && !busy_) || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;  // stop_ and drained
       call = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
-    const auto start = std::chrono::steady_clock::now();
-    bool ok = false;
-    int kind = static_cast<int>(ErrorKind::kRuntime);
-    std::string msg;
-    try {
-      run(*call);
-      ok = true;
-    } catch (const Error& e) {
-      kind = static_cast<int>(e.kind());
-      msg = e.what();
-    } catch (const std::exception& e) {
-      kind = static_cast<int>(ErrorKind::kBackend);
-      msg = std::string("ringreduce: call failed on ") + name_ + ": " + e.what();
+    execute(*call);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      busy_ = false;
     }
-    call->seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    call->finish(ok, kind, msg);
+    cv_.notify_all();
   }
+}
+
+void GroupRuntime::execute(CallHandle& call) {
+  const auto start = std::chrono::steady_clock::now();
+  bool ok = false;
+  int kind = static_cast<int>(ErrorKind::kRuntime);
+  std::string msg;
+  try {
+    run(call);
+    ok = true;
+  } catch (const Error& e) {
+    kind = static_cast<int>(e.kind());
+    msg = e.what();
+  } catch (const std::exception& e) {
+    kind = static_cast<int>(ErrorKind::kBackend);
+    msg = std::string("ringreduce: call failed on ") + name_ + ": " + e.what();
+  }
+  call.seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  call.finish(ok, kind, msg);
 }
 
 void GroupRuntime::run(CallHandle& call) {

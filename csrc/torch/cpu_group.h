@@ -80,8 +80,11 @@ class GroupRuntime {
   GroupRuntime(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string name);
   ~GroupRuntime();
 
-  // Enqueue a call (tensor may be undefined for a local refusal). Assigns the sequence number.
-  std::shared_ptr<CallHandle> submit(const at::Tensor& tensor, const CallOptions& opt);
+  // Submit a call (tensor may be undefined for a local refusal); assigns the sequence number.
+  // With run_inline, a call that would run next anyway (queue empty, worker idle) runs on the
+  // calling thread (which has released the GIL): a synchronous call then costs no thread handoff.
+  // Otherwise the call is queued for the worker, behind the calls submitted before it.
+  std::shared_ptr<CallHandle> submit(const at::Tensor& tensor, const CallOptions& opt, bool run_inline);
   void shutdown();  // finish queued calls, join the worker
   uint64_t nextSeq();
   bool poisoned();
@@ -91,6 +94,7 @@ class GroupRuntime {
 
  private:
   void loop();
+  void execute(CallHandle& call);  // run() + timing + completion, never throws
   void run(CallHandle& call);
   std::chrono::milliseconds timeoutFor(const CallOptions& opt) const;
 
@@ -104,6 +108,7 @@ class GroupRuntime {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<CallHandle>> queue_;
   bool stop_ = false;
+  bool busy_ = false;  // a call is executing (on the worker or inline)
   uint64_t next_seq_ = 0;
   bool poisoned_ = false;
   std::string poison_reason_;
