@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import enum
+import logging
+import os
+import time
 from typing import Any
 
 import torch
@@ -27,6 +30,44 @@ _ERR_DEVICE = 4
 _ERR_OTHER = 5
 
 ALGORITHMS = ("auto", "ring", "hierarchical")
+_KIND_NAMES = {
+    KIND_ALL_REDUCE: "all_reduce",
+    KIND_ALL_REDUCE_AVG: "all_reduce_avg",
+    KIND_ALL_REDUCE_COALESCED: "all_reduce_coalesced",
+    KIND_REDUCE_SCATTER: "reduce_scatter",
+    KIND_ALL_GATHER: "all_gather",
+}
+
+logger = logging.getLogger("ringreduce")
+
+
+def _debug_level() -> int:
+    """RINGREDUCE_DEBUG=INFO logs every call; DETAIL adds the ring's parameters. 0 when unset."""
+    raw = os.environ.get("RINGREDUCE_DEBUG", "").upper()
+    if raw in ("", "0", "OFF", "WARN", "WARNING"):
+        return 0
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[ringreduce %(process)d] %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    return 2 if raw == "DETAIL" else 1
+
+
+def _log_call(info: GroupInfo, handle: Any, tensor: torch.Tensor, op: ReduceOp, kind: int, level: int,
+              async_op: bool, accum: bool, seconds: float | None) -> None:
+    msg = (
+        f"rank {info.rank}/{info.size} {info.name} call #{handle.seq} {_KIND_NAMES.get(kind, kind)} "
+        f"op={op.name} dtype={str(tensor.dtype).replace('torch.', '')} numel={tensor.numel()} "
+        f"algorithm=ring device={tensor.device.type}{' accum=float32' if accum else ''}"
+    )
+    msg += " async (submitted)" if seconds is None else f" time={seconds * 1e6:.0f}us"
+    if level >= 2:
+        msg += (
+            f" segment_bytes={_config.segment_bytes()} slots={_config.num_slots()} "
+            f"check={_config.check_enabled(tensor.is_cuda)} contiguous={tensor.is_contiguous()}"
+        )
+    logger.info(msg)
 
 
 class ReduceOp(enum.IntEnum):
@@ -200,12 +241,17 @@ def _run(
 
         return _cuda.cuda_all_reduce(tensor, rop, info, async_op, accum, kind)
     check = _config.check_enabled(False)
-    handle = _submit_cpu(info, tensor, rop, accum, kind, 0, ntensors, check, run_inline=not async_op)
-    work = Work(handle, [tensor], describe=f"{'all_reduce'} {rop.name} on {info.name}")
-    if async_op:
-        return work
-    work.wait()
-    return None
+    level = _debug_level()
+    start = time.perf_counter()
+    with torch.profiler.record_function(f"ringreduce.{_KIND_NAMES.get(kind, 'call')}"):
+        handle = _submit_cpu(info, tensor, rop, accum, kind, 0, ntensors, check, run_inline=not async_op)
+        work = Work(handle, [tensor], describe=f"{_KIND_NAMES.get(kind, 'call')} {rop.name} on {info.name}")
+        if not async_op:
+            work.wait()
+    if level:
+        _log_call(info, handle, tensor, rop, kind, level, async_op, accum,
+                  None if async_op else time.perf_counter() - start)
+    return work if async_op else None
 
 
 def all_reduce(

@@ -380,6 +380,10 @@ void GroupRuntime::run(CallHandle& call) {
       slot_bytes_ = 0;
       poisoned_ = true;
       poison_reason_ = std::string("call #") + std::to_string(call.seq_) + " failed: " + e.what();
+      // Every error names the call (sequence number, collective) and the group.
+      throw Error(ErrorKind::kBackend, std::string("ringreduce: call #") + std::to_string(call.seq_) + " (" +
+                                           callKindName(opt.kind) + ") on " + name_ + " failed; the group is "
+                                           "now unusable for ringreduce. " + e.what());
     }
     throw;
   }

@@ -1,0 +1,71 @@
+"""What a user reaches for when debugging: RINGREDUCE_DEBUG logs, profiler ranges, named errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+from ranks import run_ranks, spawn_ranks
+
+import ringreduce as rr
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _debug_log(rank: int, ws: int) -> dict:
+    cap = _Capture()
+    log = logging.getLogger("ringreduce")
+    log.addHandler(cap)
+    try:
+        os.environ["RINGREDUCE_DEBUG"] = "INFO"
+        rr.all_reduce_avg(torch.ones(10, dtype=torch.bfloat16), accum_dtype=torch.float32)
+        w = rr.all_reduce(torch.ones(3), op="max", async_op=True)
+        w.wait()
+        os.environ["RINGREDUCE_DEBUG"] = "DETAIL"
+        rr.all_reduce(torch.ones(5))
+        os.environ.pop("RINGREDUCE_DEBUG")
+        rr.all_reduce(torch.ones(5))  # not logged
+        with torch.profiler.profile() as prof:
+            rr.all_reduce(torch.ones(7))
+        names = [e.name for e in prof.events()]
+    finally:
+        log.removeHandler(cap)
+    return {"lines": cap.lines, "profiled": any(n == "ringreduce.all_reduce" for n in names)}
+
+
+def test_debug_logging_and_profiler_ranges():
+    for rank, res in enumerate(run_ranks(2, _debug_log)):
+        lines = res["lines"]
+        assert len(lines) == 3, lines
+        assert f"rank {rank}/2" in lines[0] and "all_reduce_avg" in lines[0] and "dtype=bfloat16" in lines[0]
+        assert "accum=float32" in lines[0] and "numel=10" in lines[0] and "time=" in lines[0]
+        assert "call #" in lines[1] and "op=MAX" in lines[1] and "async" in lines[1]
+        assert "segment_bytes=" in lines[2] and "slots=" in lines[2] and "check=True" in lines[2]
+        assert res["profiled"]
+
+
+def _dead_peer_error(rank: int, ws: int) -> str:
+    rr.all_reduce(torch.ones(4))  # call #0 succeeds
+    if rank == 1:
+        os._exit(0)
+    try:
+        rr.all_reduce(torch.ones(4))
+    except dist.DistBackendError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_transport_errors_name_the_call_and_group():
+    out = spawn_ranks(2, _dead_peer_error, env={"RINGREDUCE_TIMEOUT": "10"}, timeout=120)
+    status, msg, code = out[0]
+    assert status == "ok" and code == 0, out
+    assert "call #1 (all_reduce)" in msg and "WORLD" in msg and "unusable" in msg, msg
