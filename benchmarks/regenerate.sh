@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Regenerates every figure quoted in README.md and benchmarks/README.md (CPU, this machine):
+# the default 2-rank sweep, the DESIGN.md section 5 sizes at 4 ranks, the agreement-check cost and
+# the training-step comparison. Run it on an otherwise idle machine; it takes about 10 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=benchmarks/results
+mkdir -p "$out"
+python -m ringreduce.bench --json "$out/cpu-2ranks.json" --plot "$out/cpu-2ranks.png" | tee "$out/cpu-2ranks.txt"
+python -m ringreduce.bench -b 1M -e 64M -f 4 --nproc 4 --json "$out/cpu-4ranks.json" \
+  --plot "$out/cpu-4ranks.png" | tee "$out/cpu-4ranks.txt"
+python -m ringreduce.bench -b 8 -e 1M -f 4 --check-cost --seconds 3 \
+  --json "$out/cpu-2ranks-check-cost.json" | tee "$out/cpu-2ranks-check-cost.txt"
+python -m ringreduce.bench.train_step --json "$out/train-step-2ranks.json" | tee "$out/train-step-2ranks.txt"
