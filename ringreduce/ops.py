@@ -239,7 +239,9 @@ def _run(
     if tensor.is_cuda:
         from ringreduce import _cuda
 
-        return _cuda.cuda_all_reduce(tensor, rop, info, async_op, accum, kind)
+        name = f"ringreduce.{_KIND_NAMES.get(kind, 'call')}"
+        with torch.profiler.record_function(name), torch.cuda.nvtx.range(name):
+            return _cuda.cuda_all_reduce(tensor, rop, info, async_op, accum, kind)
     check = _config.check_enabled(False)
     level = _debug_level()
     start = time.perf_counter()

@@ -143,9 +143,14 @@ def test_not_initialized():
 # Dead, silent and slow peers (fresh processes: these poison their groups on purpose)
 
 
+def _os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
 def _peer_exits_before_calling(rank: int, ws: int) -> dict:
     if rank == ws - 1:
         os._exit(3)
+    threads_before = _os_threads()  # before ringreduce's worker for WORLD exists
     start = time.monotonic()
     t = torch.ones(1 << 16)
     res = {}
@@ -161,7 +166,14 @@ def _peer_exits_before_calling(rank: int, ws: int) -> dict:
         res["second"] = "no error"
     except dist.DistBackendError as exc:
         res["second"] = "unusable" if "unusable" in str(exc) else str(exc)
-    res["threads"] = threading.active_count()
+    w = rr.all_reduce(torch.ones(4), async_op=True)
+    try:
+        w.wait()
+        res["async"] = "no error"
+    except dist.DistBackendError:
+        res["async"] = "raised"
+    time.sleep(0.5)
+    res["threads_left"] = _os_threads() - threads_before
     return res
 
 
@@ -172,7 +184,8 @@ def test_peer_that_exits_before_calling():
         assert status == "ok" and code == 0, (status, res, code)
         assert res["first"] == "DistBackendError", res
         assert res["elapsed"] < 60, res
-        assert res["second"] == "unusable", res
+        assert res["second"] == "unusable" and res["async"] == "raised", res
+        assert res["threads_left"] <= 0, res  # the failed group's worker has exited
 
 
 def _peer_never_calls(rank: int, ws: int) -> dict:

@@ -255,7 +255,8 @@ std::shared_ptr<CallHandle> GroupRuntime::submit(const at::Tensor& tensor, const
     std::lock_guard<std::mutex> g(mu_);
     RR_CHECK(!stop_, kRuntime, "ringreduce: ", name_, " is shut down (interpreter exiting)");
     call->seq_ = next_seq_++;
-    if (run_inline && queue_.empty() && !busy_) {
+    if (poisoned_ || (run_inline && queue_.empty() && !busy_)) {
+      // A poisoned group's worker has exited: its calls fail right here, at once.
       busy_ = true;
       inline_now = true;
     } else {
@@ -276,13 +277,25 @@ std::shared_ptr<CallHandle> GroupRuntime::submit(const at::Tensor& tensor, const
 void GroupRuntime::loop() {
   for (;;) {
     std::shared_ptr<CallHandle> call;
+    std::deque<std::shared_ptr<CallHandle>> orphans;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return (stop_ && !busy_) || (!queue_.empty() && !busy_); });
-      if (queue_.empty()) return;  // stop_ and drained
-      call = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
+      cv_.wait(lk, [&] { return !busy_ && (stop_ || poisoned_ || !queue_.empty()); });
+      if (poisoned_) {
+        // Note [A failed group keeps no thread]: after a transport failure the group is unusable,
+        // so the worker fails what is queued and exits; later calls fail at once in submit().
+        orphans.swap(queue_);
+      } else if (queue_.empty()) {
+        return;  // stop_ and drained
+      } else {
+        call = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+      }
+    }
+    if (!call) {
+      for (auto& c : orphans) execute(*c);
+      return;
     }
     execute(*call);
     {
@@ -380,6 +393,7 @@ void GroupRuntime::run(CallHandle& call) {
       slot_bytes_ = 0;
       poisoned_ = true;
       poison_reason_ = std::string("call #") + std::to_string(call.seq_) + " failed: " + e.what();
+      cv_.notify_all();  // wakes the worker, which exits (see loop())
       // Every error names the call (sequence number, collective) and the group.
       throw Error(ErrorKind::kBackend, std::string("ringreduce: call #") + std::to_string(call.seq_) + " (" +
                                            callKindName(opt.kind) + ") on " + name_ + " failed; the group is "
