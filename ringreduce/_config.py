@@ -51,3 +51,11 @@ def timeout_ms() -> int:
     if seconds <= 0:
         raise ValueError(f"ringreduce: RINGREDUCE_TIMEOUT={raw!r} must be > 0")
     return max(1, int(seconds * 1000))
+
+
+def run_inline() -> bool:
+    """RINGREDUCE_INLINE=1: run a synchronous CPU call on the calling thread when nothing is queued
+    before it (saves two thread handoffs). Off by default: on the 2-vCPU VMs this project measures on,
+    the handoff to the group's worker gave steadier and, in the median, lower latency (see
+    docs/algorithm.md, "Where the time goes")."""
+    return os.environ.get("RINGREDUCE_INLINE", "") in ("1", "true", "True", "on")

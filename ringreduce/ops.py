@@ -246,7 +246,9 @@ def _run(
     level = _debug_level()
     start = time.perf_counter()
     with torch.profiler.record_function(f"ringreduce.{_KIND_NAMES.get(kind, 'call')}"):
-        handle = _submit_cpu(info, tensor, rop, accum, kind, 0, ntensors, check, run_inline=not async_op)
+        handle = _submit_cpu(
+            info, tensor, rop, accum, kind, 0, ntensors, check, run_inline=not async_op and _config.run_inline()
+        )
         work = Work(handle, [tensor], describe=f"{_KIND_NAMES.get(kind, 'call')} {rop.name} on {info.name}")
         if not async_op:
             work.wait()

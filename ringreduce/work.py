@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ class Work:
         self._future = future
 
     @classmethod
-    def completed(cls, result: list[torch.Tensor]) -> "Work":
+    def completed(cls, result: list[torch.Tensor]) -> Work:
         """A Work that is already done (numel 0, world size 1, non-member)."""
         return cls(None, result)
 

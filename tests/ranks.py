@@ -18,7 +18,8 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _CTX = mp.get_context("spawn")
 DEFAULT_TIMEOUT = 180.0
@@ -239,7 +240,7 @@ def spawn_ranks(
         conns.append(parent)
     out: list[tuple[str, Any, int | None]] = [("died", None, None)] * world_size
     deadline = time.monotonic() + timeout
-    for r, (p, c) in enumerate(zip(procs, conns)):
+    for r, (p, c) in enumerate(zip(procs, conns, strict=False), strict=False):
         left = max(0.0, deadline - time.monotonic())
         got = None
         if c.poll(left):

@@ -47,7 +47,7 @@ def exact_input(numel: int, rank: int, dtype: torch.dtype, op: str) -> torch.Ten
 
 def gather_inputs(t: torch.Tensor, group=None) -> torch.Tensor:
     """All ranks' copies of `t` stacked on a new dim 0 (gathered as raw bytes: works for any dtype)."""
-    flat = t.contiguous().view(-1)
+    flat = torch.empty(t.shape, dtype=t.dtype).copy_(t).view(-1)  # dense even for odd-stride size-1 dims
     raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
     n = dist.get_world_size(group)
     outs = [torch.empty_like(raw) for _ in range(n)]
@@ -107,4 +107,6 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return True
     if a.dtype == torch.bool:
         return torch.equal(a, b)
-    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+    da = torch.empty(a.shape, dtype=a.dtype).copy_(a).view(-1)
+    db = torch.empty(b.shape, dtype=b.dtype).copy_(b).view(-1)
+    return torch.equal(da.view(torch.uint8), db.view(torch.uint8))

@@ -51,10 +51,13 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
       case OpKind::kExchange: {
         Pending& p = pending.at(static_cast<size_t>(o.exchange));
         // Receive first so the peer's data has somewhere to land as soon as it is sent.
+        // One tag per exchange (mod kTagsPerCall): several exchanges in flight on one tag make
+        // gloo match them strictly one after another, each paying a full round trip.
+        const int xtag = tag + (o.exchange % kTagsPerCall);
         if (!o.recv.empty())
-          p.recv = t.irecv(spanPtr(plan, buffers, o.recv), spanBytes(plan, o.recv), plan.prev, tag);
+          p.recv = t.irecv(spanPtr(plan, buffers, o.recv), spanBytes(plan, o.recv), plan.prev, xtag);
         if (!o.send.empty())
-          p.send = t.isend(spanPtr(plan, buffers, o.send), spanBytes(plan, o.send), plan.next, tag);
+          p.send = t.isend(spanPtr(plan, buffers, o.send), spanBytes(plan, o.send), plan.next, xtag);
         break;
       }
       case OpKind::kWait:

@@ -15,6 +15,9 @@ struct RingBuffers {
   std::vector<void*> slots;        // plan.num_slots buffers of plan.slot_elems widest elements
 };
 
+// Exchange e of a call uses tag + (e mod kTagsPerCall).
+constexpr int kTagsPerCall = 4096;
+
 // Runs every op of `plan` in list order: exchanges are posted (several in flight), waits block on
 // the requests of the exchange they name, reduces and copies run inline. All messages use `tag`.
 // Throws whatever the transport throws; the caller then abandons the transport and keeps

@@ -334,7 +334,8 @@ void GroupRuntime::run(CallHandle& call) {
   }
   const std::chrono::milliseconds timeout = timeoutFor(opt);
   C10dTransport transport(backend_, rank_, size_, timeout, name_);
-  const int payload_tag = kPayloadTagBase + static_cast<int>(call.seq_ % kPayloadTagRange);
+  const int payload_tag =
+      kPayloadTagBase + static_cast<int>((call.seq_ * kTagsPerCall) % (kPayloadTagRange - kTagsPerCall));
   try {
     if (opt.check) {
       const Frame mine = makeFrame(call.tensor_, opt, rank_, call.seq_);

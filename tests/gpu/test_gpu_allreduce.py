@@ -18,9 +18,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
 
 from gpu.gpu_ranks import need_gpus, run_gpu_ranks
-from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
 
 pytestmark = [pytest.mark.gpu, need_gpus(2)]
 
@@ -181,7 +181,7 @@ def _groups_and_counts(rank: int, n: int) -> None:
         x = exact_input(1000 + i, rank, torch.float16, "sum").to(dev)
         tensors.append((x, reference(gather_inputs(x), "sum")))
         works.append(rr.all_reduce(x, async_op=True))
-    for w, (x, want) in zip(works, tensors):
+    for w, (x, want) in zip(works, tensors, strict=False):
         w.wait()
         assert bits_equal(x, want)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from refdata import ALL_TYPES, OPS, bits_equal, exact_input, reference, supported
 
 from gpu.gpu_ranks import need_gpus
-from refdata import ALL_TYPES, OPS, bits_equal, exact_input, reference, supported
 
 pytestmark = [pytest.mark.gpu, need_gpus(1)]
 
