@@ -214,6 +214,7 @@ def _refuse(
         elif not is_cuda:
             handle = _submit_cpu(info, None, ReduceOp.SUM, False, kind, code, 1, True, run_inline=True)
             handle.wait(-1)  # the others raise "rank r refused"; we raise our own, clearer error
+            exc.args = (f"{exc.args[0]} (call #{handle.seq} on {info.name}; the other ranks were told)",)
     raise exc
 
 
