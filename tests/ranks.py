@@ -240,7 +240,7 @@ def spawn_ranks(
         conns.append(parent)
     out: list[tuple[str, Any, int | None]] = [("died", None, None)] * world_size
     deadline = time.monotonic() + timeout
-    for r, (p, c) in enumerate(zip(procs, conns, strict=False), strict=False):
+    for r, (p, c) in enumerate(zip(procs, conns, strict=True)):
         left = max(0.0, deadline - time.monotonic())
         got = None
         if c.poll(left):

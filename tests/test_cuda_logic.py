@@ -343,7 +343,7 @@ def sim_allreduce(lib, *, nranks, numel, dtype, op, accum=False, segment_bytes=6
 
 
 def check_results(dtype, op, inputs, results, label):
-    for c, (ins, outs) in enumerate(zip(inputs, results, strict=False), strict=False):
+    for c, (ins, outs) in enumerate(zip(inputs, results, strict=True)):
         want = expected(dtype, op, ins)
         for r, got in enumerate(outs):
             assert same_bits(got, want), f"{label} call {c} rank {r}:\ngot  {got}\nwant {want}"
