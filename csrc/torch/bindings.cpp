@@ -81,7 +81,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("error_kind", &rr::CallHandle::errorKind)
       .def("error_message", &rr::CallHandle::errorMessage)
       .def("raise_error", [](rr::CallHandle& h) { raiseAs(h.errorKind(), h.errorMessage()); })
-      .def("seconds", &rr::CallHandle::seconds)
       .def_property_readonly("seq", &rr::CallHandle::seq)
       .def("get_future", [](const rr::CallHandle& h) {
         return std::make_shared<torch::jit::PythonFutureWrapper>(h.future());
@@ -113,15 +112,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("check"), py::arg("segment_bytes"), py::arg("num_slots"), py::arg("timeout_ms"),
       py::arg("run_inline") = false);
 
-  m.def("group_next_seq", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name) {
-    return rr::runtimeFor(pg, name)->nextSeq();
-  });
-  m.def("group_poisoned", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name) {
-    return rr::runtimeFor(pg, name)->poisoned();
-  });
-  m.def("group_staging_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name) {
-    return rr::runtimeFor(pg, name)->stagingBytes();
-  });
   m.def("shutdown", &rr::shutdownAll, py::call_guard<py::gil_scoped_release>(),
         "Finish queued calls and join every group worker (called at interpreter exit).");
 

@@ -162,11 +162,6 @@ std::string CallHandle::errorMessage() {
   std::lock_guard<std::mutex> g(mu_);
   return error_;
 }
-double CallHandle::seconds() {
-  std::lock_guard<std::mutex> g(mu_);
-  return seconds_;
-}
-
 void CallHandle::finish(bool ok, int kind, const std::string& msg) {
   // The future first (its callbacks may run Python: no lock held), then the waiters, so that a
   // returned wait() always sees a completed future.
@@ -217,22 +212,6 @@ void GroupRuntime::shutdown() {
       worker_.join();
     }
   }
-}
-
-uint64_t GroupRuntime::nextSeq() {
-  std::lock_guard<std::mutex> g(mu_);
-  return next_seq_;
-}
-
-bool GroupRuntime::poisoned() {
-  std::lock_guard<std::mutex> g(mu_);
-  return poisoned_;
-}
-
-int64_t GroupRuntime::stagingBytes() {
-  std::lock_guard<std::mutex> g(mu_);
-  return static_cast<int64_t>(slots_.size()) * slot_bytes_ +
-         static_cast<int64_t>(accum_.capacity() * sizeof(float));
 }
 
 std::chrono::milliseconds GroupRuntime::timeoutFor(const CallOptions& opt) const {
@@ -307,7 +286,6 @@ void GroupRuntime::loop() {
 }
 
 void GroupRuntime::execute(CallHandle& call) {
-  const auto start = std::chrono::steady_clock::now();
   bool ok = false;
   int kind = static_cast<int>(ErrorKind::kRuntime);
   std::string msg;
@@ -321,7 +299,6 @@ void GroupRuntime::execute(CallHandle& call) {
     kind = static_cast<int>(ErrorKind::kBackend);
     msg = std::string("ringreduce: call failed on ") + name_ + ": " + e.what();
   }
-  call.seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   call.finish(ok, kind, msg);
 }
 
@@ -362,10 +339,8 @@ void GroupRuntime::run(CallHandle& call) {
 
     RingBuffers bufs;
     bufs.data = work.data_ptr();
-    const int64_t widest = plan.accum_float32 ? 4 : static_cast<int64_t>(dtypeSize(dtype));
-    const int64_t need = plan.slot_elems * (widest > static_cast<int64_t>(dtypeSize(dtype))
-                                                ? widest
-                                                : static_cast<int64_t>(dtypeSize(dtype)));
+    // Slots are sized by the plan (Plan::stagingBytes) and only ever grow.
+    const int64_t need = plan.num_slots > 0 ? plan.stagingBytes() / plan.num_slots : 0;
     if (need > slot_bytes_ || static_cast<int>(slots_.size()) < plan.num_slots) {
       std::lock_guard<std::mutex> g(mu_);
       const int64_t bytes = need > slot_bytes_ ? need : slot_bytes_;

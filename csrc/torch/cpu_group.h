@@ -55,7 +55,6 @@ class CallHandle {
   int errorKind();  // ErrorKind as int; valid when completed and !ok()
   std::string errorMessage();
   uint64_t seq() const { return seq_; }
-  double seconds();  // wall time the worker spent on the call
   c10::intrusive_ptr<c10::ivalue::Future> future() const { return future_; }
 
  private:
@@ -71,7 +70,6 @@ class CallHandle {
   bool ok_ = false;
   int error_kind_ = 0;
   std::string error_;
-  double seconds_ = 0;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -86,11 +84,8 @@ class GroupRuntime {
   // Otherwise the call is queued for the worker, behind the calls submitted before it.
   std::shared_ptr<CallHandle> submit(const at::Tensor& tensor, const CallOptions& opt, bool run_inline);
   void shutdown();  // finish queued calls, join the worker
-  uint64_t nextSeq();
-  bool poisoned();
   int rank() const { return rank_; }
   int size() const { return size_; }
-  int64_t stagingBytes();
 
  private:
   void loop();
