@@ -14,6 +14,8 @@ from ringreduce._native import C as _C
 from ringreduce.coalesced import all_reduce_coalesced
 from ringreduce.hooks import GradientAverager, ddp_comm_hook
 from ringreduce.ops import ReduceOp, all_reduce, all_reduce_avg
+from ringreduce.scatter_gather import all_gather, reduce_scatter
+from ringreduce import nn  # noqa: E402 - the autograd-aware collectives (ringreduce.nn.all_gather, ...)
 from ringreduce.work import Work
 
 __version__ = _C.native_info["version"]
@@ -50,6 +52,9 @@ __all__ = [
     "all_reduce",
     "all_reduce_avg",
     "all_reduce_coalesced",
+    "all_gather",
+    "nn",
+    "reduce_scatter",
     "build_info",
     "ddp_comm_hook",
 ]

@@ -1,19 +1,30 @@
-"""Process-group resolution shared by every collective."""
+"""Process-group resolution shared by every collective: process groups, DeviceMesh, node layout."""
 
 from __future__ import annotations
 
+import os
+import threading
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 
 
 @dataclass(frozen=True)
 class GroupInfo:
-    pg: dist.ProcessGroup
-    rank: int  # rank inside the group
-    size: int
+    pg: dist.ProcessGroup  # the group whose transport (gloo send/recv, NCCL communicator) carries the ring
+    rank: int  # this process's index in the ring
+    size: int  # ranks in the ring
     name: str  # for messages
+    # The ring's ranks as ranks of `pg`, in ring order; () = every rank of pg in rank order. A
+    # DeviceMesh sub-mesh is a ring over a rank list of WORLD (Note [Sub-rings by rank list] in
+    # csrc/core/transport.h): no process group is created for it.
+    members: tuple[int, ...] = ()
+
+    def member_ranks(self) -> tuple[int, ...]:
+        """The ring's ranks in `pg`, explicitly."""
+        return self.members if self.members else tuple(range(self.size))
 
 
 _warned_non_member: set[int] = set()
@@ -30,10 +41,61 @@ def _warn_non_member(key: int) -> None:
     )
 
 
-def resolve(group: dist.ProcessGroup | None) -> GroupInfo | None:
-    """Returns the group's info, or None when this process is not a member of `group`.
+def _is_device_mesh(obj: Any) -> bool:
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+    except ImportError:  # pragma: no cover - torch without DeviceMesh
+        return False
+    return isinstance(obj, DeviceMesh)
 
-    Raises RuntimeError (with what to do) when torch.distributed is not initialized.
+
+def _resolve_mesh(mesh: Any) -> GroupInfo | None:
+    """A DeviceMesh: 1-D uses the dimension's own group; an n-D (sub-)mesh is flattened into one ring
+    over this rank's slice (row-major order), a rank list of WORLD."""
+    dims = getattr(mesh, "mesh_dim_names", None)
+    label = f"DeviceMesh{tuple(dims) if dims else ''}"
+    if mesh.ndim == 1:
+        pg = mesh.get_group()
+        info = _resolve_pg(pg)
+        if info is None:
+            return None
+        return GroupInfo(pg=info.pg, rank=info.rank, size=info.size, name=f"{label} ({info.name})")
+    ranks = [int(r) for r in mesh.mesh.flatten().tolist()]
+    world = dist.group.WORLD
+    me = dist.get_rank()
+    if me not in ranks:
+        _warn_non_member(hash(tuple(ranks)))
+        return None
+    members = tuple(dist.get_group_rank(world, r) for r in ranks)
+    return GroupInfo(
+        pg=world, rank=ranks.index(me), size=len(ranks), name=f"{label} ranks {ranks} (flattened)", members=members
+    )
+
+
+def _resolve_pg(pg: dist.ProcessGroup) -> GroupInfo | None:
+    rank = dist.get_rank(pg)
+    if rank < 0:
+        _warn_non_member(id(pg))
+        return None
+    size = dist.get_world_size(pg)
+    if pg is dist.group.WORLD:
+        name = f"WORLD (size {size})"
+    else:
+        try:
+            ranks = dist.get_process_group_ranks(pg)
+        except Exception:  # noqa: BLE001 - naming only
+            ranks = []
+        pgname = getattr(pg, "group_name", "") or ""
+        name = f"group {pgname!r} ranks {ranks}" if ranks else f"group {pgname!r} (size {size})"
+    return GroupInfo(pg=pg, rank=rank, size=size, name=name)
+
+
+def resolve(group: Any) -> GroupInfo | None:
+    """Returns the ring's info, or None when this process is not a member of `group`.
+
+    `group`: None (WORLD), a ProcessGroup, or a DeviceMesh (1-D, or a multi-dimensional sub-mesh such
+    as ``mesh["dp", "cp"]``, flattened). Raises RuntimeError (with what to do) when
+    torch.distributed is not initialized, TypeError for anything else.
     """
     if not dist.is_available():
         raise RuntimeError("ringreduce needs torch.distributed, which this torch build lacks")
@@ -45,23 +107,102 @@ def resolve(group: dist.ProcessGroup | None) -> GroupInfo | None:
     if group is dist.GroupMember.NON_GROUP_MEMBER:  # what dist.new_group returns to outsiders
         _warn_non_member(-1)
         return None
+    if _is_device_mesh(group):
+        return _resolve_mesh(group)
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(
-            f"ringreduce: group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}"
+            "ringreduce: group must be a torch.distributed.ProcessGroup, a DeviceMesh or None, got "
+            f"{type(group).__name__}"
         )
-    pg = group if group is not None else dist.group.WORLD
-    rank = dist.get_rank(pg)
-    if rank < 0:
-        _warn_non_member(id(pg))
+    return _resolve_pg(group if group is not None else dist.group.WORLD)
+
+
+# ---------------------------------------------------------------------------------------------
+# Node layout for the hierarchical all-reduce
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    members: tuple[int, ...]  # ranks of the ring's pg, node by node (node k: members[k*L:(k+1)*L])
+    local_size: int  # L: ranks of the ring per node
+    nodes: int  # M
+    node_of_member: tuple[int, ...]  # node id of each ring member, in the ring's own order
+    uniform: bool  # every node holds the same number of the ring's ranks
+
+
+_layout_lock = threading.Lock()
+_layouts: dict[tuple[Any, ...], NodeLayout] = {}
+_NODE_KEY = "ringreduce/node_of_rank/{rank}"
+
+
+def local_size_override() -> int | None:
+    """RINGREDUCE_LOCAL_SIZE: simulate nodes of this many consecutive global ranks (tests, one host)."""
+    raw = os.environ.get("RINGREDUCE_LOCAL_SIZE", "").strip()
+    if not raw:
         return None
-    size = dist.get_world_size(pg)
-    if group is None or pg is dist.group.WORLD:
-        name = f"WORLD (size {size})"
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"RINGREDUCE_LOCAL_SIZE must be a positive integer, got {raw!r}")
+    return value
+
+
+def _node_of_global_ranks(global_ranks: list[int]) -> list[int]:
+    """Node id of each global rank, from the launcher (GROUP_RANK, LOCAL_WORLD_SIZE) or the override.
+
+    Hostnames are never used: simulated nodes share one host. Under torchrun, ranks are numbered node
+    by node (rank = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK), which is checked on this rank; a
+    launcher that numbers otherwise gets the node ids exchanged through the default store.
+    """
+    override = local_size_override()
+    if override is not None:
+        return [g // override for g in global_ranks]
+    group_rank = os.environ.get("GROUP_RANK")
+    local_world = os.environ.get("LOCAL_WORLD_SIZE")
+    world = os.environ.get("WORLD_SIZE")
+    if group_rank is None or local_world is None:
+        return [0 for _ in global_ranks]  # no launcher information: one node
+    lws, node = int(local_world), int(group_rank)
+    if world is not None and int(world) == lws:
+        return [0 for _ in global_ranks]
+    me = dist.get_rank()
+    if lws > 0 and me // lws == node:
+        return [g // lws for g in global_ranks]
+    store = dist.distributed_c10d._get_default_store()
+    store.set(_NODE_KEY.format(rank=me), str(node))
+    return [int(store.get(_NODE_KEY.format(rank=g)).decode()) for g in global_ranks]
+
+
+def node_layout(info: GroupInfo) -> NodeLayout:
+    """How the ring's ranks spread over nodes (cached per group and rank list)."""
+    # Keyed by the environment too: tests change RINGREDUCE_LOCAL_SIZE within one process.
+    env = tuple(os.environ.get(k) for k in ("RINGREDUCE_LOCAL_SIZE", "GROUP_RANK", "LOCAL_WORLD_SIZE"))
+    key = (id(info.pg), info.members, env)
+    with _layout_lock:
+        cached = _layouts.get(key)
+    if cached is not None:
+        return cached
+    ring = info.member_ranks()
+    if info.pg is dist.group.WORLD:
+        global_ranks = list(ring)
     else:
-        try:
-            ranks = dist.get_process_group_ranks(pg)
-        except Exception:  # noqa: BLE001 - naming only
-            ranks = []
-        pgname = getattr(pg, "group_name", "") or ""
-        name = f"group {pgname!r} ranks {ranks}" if ranks else f"group {pgname!r} (size {size})"
-    return GroupInfo(pg=pg, rank=rank, size=size, name=name)
+        global_ranks = [dist.get_global_rank(info.pg, r) for r in ring]
+    nodes = _node_of_global_ranks(global_ranks)
+    order = sorted(range(len(ring)), key=lambda i: (nodes[i], global_ranks[i]))
+    counts: dict[int, int] = {}
+    for nd in nodes:
+        counts[nd] = counts.get(nd, 0) + 1
+    sizes = set(counts.values())
+    uniform = len(sizes) == 1
+    layout = NodeLayout(
+        members=tuple(ring[i] for i in order),
+        local_size=sizes.pop() if uniform else 0,
+        nodes=len(counts),
+        node_of_member=tuple(nodes),
+        uniform=uniform,
+    )
+    with _layout_lock:
+        _layouts[key] = layout
+    return layout

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ringreduce import _config
-from ringreduce._groups import GroupInfo, resolve
+from ringreduce._groups import GroupInfo, node_layout, resolve
 from ringreduce._native import C
 from ringreduce.work import Work
 
@@ -55,11 +55,12 @@ def _debug_level() -> int:
 
 
 def _log_call(info: GroupInfo, handle: Any, tensor: torch.Tensor, op: ReduceOp, kind: int, level: int,
-              async_op: bool, accum: bool, seconds: float | None) -> None:
+              async_op: bool, accum: bool, seconds: float | None, local_size: int = 0) -> None:
+    algo = f"hierarchical(local_size={local_size})" if local_size else "ring"
     msg = (
         f"rank {info.rank}/{info.size} {info.name} call #{handle.seq} {_KIND_NAMES.get(kind, kind)} "
         f"op={op.name} dtype={str(tensor.dtype).replace('torch.', '')} numel={tensor.numel()} "
-        f"algorithm=ring device={tensor.device.type}{' accum=float32' if accum else ''}"
+        f"algorithm={algo} device={tensor.device.type}{' accum=float32' if accum else ''}"
     )
     msg += " async (submitted)" if seconds is None else f" time={seconds * 1e6:.0f}us"
     if level >= 2:
@@ -129,10 +130,6 @@ def _local_refusal(
         return _ERR_OTHER, ValueError(
             f"ringreduce: algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
         ), rop, False
-    if algorithm == "hierarchical":
-        return _ERR_OTHER, ValueError(
-            "ringreduce: algorithm='hierarchical' is not available in this version; use 'ring' or 'auto'"
-        ), rop, False
     if tensor.is_sparse or tensor.layout != torch.strided:
         return _ERR_SPARSE, ValueError(
             f"ringreduce: only dense (strided) tensors are supported, got layout {tensor.layout}; "
@@ -182,8 +179,19 @@ def _submit_cpu(
     ntensors: int,
     check: bool,
     run_inline: bool = False,
+    *,
+    members: tuple[int, ...] | None = None,
+    output: torch.Tensor | None = None,
+    local_size: int = 0,
+    phases: int = 3,
+    owner_shift: int = 0,
+    exact_chunks: bool = False,
 ) -> Any:
-    """Submits one CPU call; with run_inline a call with nothing queued before it runs right here."""
+    """Submits one CPU call; with run_inline a call with nothing queued before it runs right here.
+
+    members: the ring's ranks in info.pg (default info.members); local_size > 0: hierarchical over
+    members ordered node by node; phases/owner_shift/exact_chunks: reduce_scatter and all_gather.
+    """
     return C.submit_cpu(
         info.pg,
         info.name,
@@ -198,11 +206,17 @@ def _submit_cpu(
         _config.num_slots(),
         _config.timeout_ms(),
         run_inline,
+        list(info.members if members is None else members),
+        output,
+        local_size,
+        phases,
+        owner_shift,
+        exact_chunks,
     )
 
 
 def _refuse(
-    info: GroupInfo | None, kind: int, code: int, exc: BaseException, tensor: Any
+    info: GroupInfo | None, kind: int, code: int, exc: BaseException, tensor: Any, algorithm: str = "ring"
 ) -> None:
     """Tells the other ranks (agreement frame marked as an error) before raising locally."""
     is_cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
@@ -212,10 +226,40 @@ def _refuse(
 
             _cuda.cuda_refuse(info, tensor.device, kind, code)
         elif not is_cuda:
-            handle = _submit_cpu(info, None, ReduceOp.SUM, False, kind, code, 1, True, run_inline=True)
+            # The frame goes to the ring the other ranks run this call on (the hierarchical one may
+            # order the ranks node by node: another ring, another tag space).
+            try:
+                _, members = choose_algorithm(info, algorithm if algorithm in ALGORITHMS else "auto")
+            except ValueError:
+                members = info.members
+            handle = _submit_cpu(
+                info, None, ReduceOp.SUM, False, kind, code, 1, True, run_inline=True, members=members
+            )
             handle.wait(-1)  # the others raise "rank r refused"; we raise our own, clearer error
             exc.args = (f"{exc.args[0]} (call #{handle.seq} on {info.name}; the other ranks were told)",)
     raise exc
+
+
+def choose_algorithm(info: GroupInfo, algorithm: str) -> tuple[int, tuple[int, ...]]:
+    """(local_size, members) of a call: local_size 0 is the flat ring over info.members; L > 0 the
+    hierarchical all-reduce over `members` ordered node by node, L ranks per node.
+
+    "auto" picks hierarchical when the ring spans several nodes with the same number of its ranks on
+    each and more than one per node; "hierarchical" on one node (or one rank per node) is the flat
+    ring, since the node ring (or the cross-node ring) would be the whole ring.
+    """
+    if algorithm == "ring" or info.size <= 2:
+        return 0, info.members
+    layout = node_layout(info)
+    if algorithm == "hierarchical" and not layout.uniform:
+        raise ValueError(
+            f"ringreduce: algorithm='hierarchical' needs the same number of ranks of {info.name} on every "
+            f"node, got node ids {list(layout.node_of_member)} (from GROUP_RANK/LOCAL_WORLD_SIZE or "
+            "RINGREDUCE_LOCAL_SIZE); use algorithm='ring' or 'auto'"
+        )
+    if layout.uniform and layout.nodes > 1 and layout.local_size > 1:
+        return layout.local_size, layout.members
+    return 0, info.members
 
 
 def _run(
@@ -233,29 +277,33 @@ def _run(
     if exc is not None:
         if info is None:
             raise exc
-        _refuse(info, kind, code, exc, tensor)
+        _refuse(info, kind, code, exc, tensor, algorithm)
     assert rop is not None
     if info is None or tensor.numel() == 0 or info.size == 1:
         return Work.completed([tensor]) if async_op else None
+    local_size, members = choose_algorithm(info, algorithm)
     if tensor.is_cuda:
         from ringreduce import _cuda
 
         name = f"ringreduce.{_KIND_NAMES.get(kind, 'call')}"
         with torch.profiler.record_function(name), torch.cuda.nvtx.range(name):
-            return _cuda.cuda_all_reduce(tensor, rop, info, async_op, accum, kind)
+            return _cuda.cuda_all_reduce(
+                tensor, rop, info, async_op, accum, kind, local_size=local_size, members=members
+            )
     check = _config.check_enabled(False)
     level = _debug_level()
     start = time.perf_counter()
     with torch.profiler.record_function(f"ringreduce.{_KIND_NAMES.get(kind, 'call')}"):
         handle = _submit_cpu(
-            info, tensor, rop, accum, kind, 0, ntensors, check, run_inline=not async_op and _config.run_inline()
+            info, tensor, rop, accum, kind, 0, ntensors, check, run_inline=not async_op and _config.run_inline(),
+            members=members, local_size=local_size,
         )
         work = Work(handle, [tensor], describe=f"{_KIND_NAMES.get(kind, 'call')} {rop.name} on {info.name}")
         if not async_op:
             work.wait()
     if level:
         _log_call(info, handle, tensor, rop, kind, level, async_op, accum,
-                  None if async_op else time.perf_counter() - start)
+                  None if async_op else time.perf_counter() - start, local_size)
     return work if async_op else None
 
 
@@ -294,10 +342,11 @@ def all_reduce_avg(
     group: dist.ProcessGroup | None = None,
     async_op: bool = False,
     accum_dtype: torch.dtype | None = None,
+    algorithm: str = "auto",
 ) -> Work | None:
     """Averages `tensor` across `group` in place: ``all_reduce(tensor, op=ReduceOp.AVG, ...)``.
 
     The drop-in for ``dist.all_reduce(t); t /= world_size``. Integer and bool tensors raise
     TypeError before any payload moves, leaving the tensor unchanged.
     """
-    return _run(tensor, ReduceOp.AVG, group, async_op, accum_dtype, "auto", KIND_ALL_REDUCE_AVG)
+    return _run(tensor, ReduceOp.AVG, group, async_op, accum_dtype, algorithm, KIND_ALL_REDUCE_AVG)

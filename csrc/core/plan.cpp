@@ -190,6 +190,11 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
            options.num_slots);
   RR_CHECK(options.max_segment_bytes >= 16, kValue,
            "ringreduce: the segment size must be at least 16 bytes, got ", options.max_segment_bytes);
+  RR_CHECK(options.phases >= 1 && options.phases <= 3, kValue, "ringreduce: bad phase mask ",
+           int(options.phases));
+  RR_CHECK(!options.exact_chunks || numel % nranks == 0, kValue, "ringreduce: ", numel,
+           " elements do not split into ", nranks, " equal blocks");
+  RR_CHECK(options.avg_divisor >= 0, kValue, "ringreduce: bad AVG divisor ", options.avg_divisor);
 
   Plan plan;
   plan.dtype = dtype;
@@ -198,12 +203,15 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   plan.accum_float32 = options.accum_float32 && isHalfType(dtype) && nranks > 2;
   plan.wire = plan.accum_float32 ? DType::kFloat32 : dtype;
   plan.gather_into_data = options.gather_into_data;
+  plan.phases = options.phases;
+  plan.avg_divisor = options.avg_divisor > 0 ? options.avg_divisor : nranks;
   plan.rank = rank;
   plan.next = (rank + 1) % nranks;
   plan.prev = (rank + nranks - 1) % nranks;
   const int64_t elem = static_cast<int64_t>(dtypeSize(dtype));
   const int64_t wire_elem = plan.accum_float32 ? 4 : elem;
-  plan.sched = makeRingSchedule(nranks, numel, elem, wire_elem, options.max_segment_bytes);
+  plan.sched = makeRingSchedule(nranks, numel, elem, wire_elem, options.max_segment_bytes,
+                                options.exact_chunks, options.owner_shift);
   const RingSchedule& sc = plan.sched;
   if (nranks == 1 || numel == 0) return plan;
 
@@ -212,11 +220,13 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   plan.num_slots = options.num_slots;
   plan.slot_elems = sc.segment;
   plan.accum_elems = plan.accum_float32 ? sc.chunk : 0;
-  plan.num_exchanges = 2 * (n - 1) * S;
+  const bool run_rs = (options.phases & kPhaseReduceScatter) != 0;
+  const bool run_ag = (options.phases & kPhaseAllGather) != 0;
+  plan.num_exchanges = ((run_rs ? 1 : 0) + (run_ag ? 1 : 0)) * (n - 1) * S;
   plan.num_events = 2 * plan.num_exchanges;
   const int32_t E = plan.num_exchanges;
 
-  Builder b{plan, S, (n - 1) * S};
+  Builder b{plan, S, run_rs ? (n - 1) * S : 0};
   b.has_compute.assign(E, 0);
   b.compute_pos.assign(E, -1);
   b.computes.resize(E);
@@ -233,8 +243,10 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   int32_t staged = 0;  // receives into staging so far
   auto dataRegion = [&](int chunk, int j) { return regionKey(kRegionData, int64_t(chunk) * S + j); };
 
+  const int shift = sc.shift;  // physical chunk = logical chunk + shift
   for (int phase_i = 0; phase_i < 2; ++phase_i) {
     const Phase phase = phase_i == 0 ? Phase::kReduceScatter : Phase::kAllGather;
+    if (phase == Phase::kReduceScatter ? !run_rs : !run_ag) continue;
     for (int s = 0; s < n - 1; ++s) {
       for (int j = 0; j < S; ++j) {
         const int32_t e = b.index(phase, s, j);
@@ -246,12 +258,12 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
           // Reduce-scatter step s: pass on the partial of chunk (r - s); receive the partial of
           // chunk (r - s - 1) and add our own contribution. After n-1 steps rank r holds the
           // complete chunk (r + 1), the one it owns.
-          info.send_chunk = modRing(rank - s, n);
-          info.recv_chunk = modRing(rank - s - 1, n);
+          info.send_chunk = modRing(rank - s + shift, n);
+          info.recv_chunk = modRing(rank - s - 1 + shift, n);
         } else {
           // All-gather step s: pass on the completed chunk (r + 1 - s); receive chunk (r - s).
-          info.send_chunk = modRing(rank + 1 - s, n);
-          info.recv_chunk = modRing(rank - s, n);
+          info.send_chunk = modRing(rank + 1 - s + shift, n);
+          info.recv_chunk = modRing(rank - s + shift, n);
         }
         plan.exchanges[e] = info;
 
@@ -348,7 +360,10 @@ std::string Plan::describe() const {
   os << "plan rank " << rank << "/" << sched.nranks << " numel " << sched.numel << " chunk "
      << sched.chunk << " segment " << sched.segment << " nsegs " << sched.nsegs << " slots "
      << num_slots << (accum_float32 ? " accum_f32" : "") << (gather_into_data ? " gather_direct" : "")
-     << "\n";
+     << (phases == kPhaseReduceScatter ? " reduce_scatter_only" : "")
+     << (phases == kPhaseAllGather ? " all_gather_only" : "")
+     << (sched.shift != 0 ? " shift " + std::to_string(sched.shift) : std::string()) << " avg_divisor "
+     << avg_divisor << "\n";
   for (const Op& op : ops) {
     os << (op.queue == Queue::kComm ? "  comm    " : "  compute ");
     switch (op.kind) {

@@ -80,12 +80,31 @@ struct ExchangeInfo {
   int32_t recv_chunk;
 };
 
+// Which halves of the ring a plan runs (Note [Ring halves]).
+enum PhaseMask : uint8_t { kPhaseReduceScatter = 1, kPhaseAllGather = 2, kPhaseBoth = 3 };
+
+// Note [Ring halves]
+// ~~~~~~~~~~~~~~~~~~
+// A plan may run only one half of the ring:
+//   * reduce-scatter only: afterwards rank r holds the fully reduced (AVG: divided) owned chunk
+//     sched.ownedChunk(r) in kData; every other chunk of kData holds unspecified partials.
+//   * all-gather only: beforehand rank r must hold the finished owned chunk in kData; afterwards
+//     every rank holds every chunk.
+// owner_shift rotates the owner map (rank r owns chunk r + 1 + shift): reduce_scatter and
+// all_gather use shift = -1 so that rank r owns block r. exact_chunks makes every chunk exactly
+// numel / n elements (the caller's blocks), which the 16-byte rounding would otherwise move. The
+// hierarchical all-reduce runs one half on a node's ring and a full ring on a sub-range with
+// avg_divisor = the whole group's size.
 struct PlanOptions {
   int64_t max_segment_bytes = 1 << 20;
   int32_t num_slots = 4;         // staging slots; also bounds the exchanges in flight
   bool accum_float32 = false;    // half types: partials travel as float32
   bool gather_into_data = false; // all-gather receives straight into kData (GPU transport)
-  bool average = false;          // op is AVG: the final reduce divides by n
+  bool average = false;          // op is AVG: the final reduce divides by avg_divisor
+  int32_t avg_divisor = 0;       // 0: the ring's size
+  uint8_t phases = kPhaseBoth;   // PhaseMask
+  int32_t owner_shift = 0;
+  bool exact_chunks = false;     // numel must be a multiple of the ring's size
 };
 
 struct Plan {
@@ -100,6 +119,8 @@ struct Plan {
   int64_t accum_elems = 0;  // float32 elements of kAccum (one chunk), 0 when unused
   bool accum_float32 = false;
   bool gather_into_data = false;
+  uint8_t phases = kPhaseBoth;
+  int32_t avg_divisor = 1;    // what a final AVG reduce divides by
   int32_t num_exchanges = 0;  // exchanges in the full grid (indices 0..num_exchanges-1)
   int32_t num_events = 0;
   std::vector<ExchangeInfo> exchanges;  // indexed by exchange id

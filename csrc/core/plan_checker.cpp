@@ -64,6 +64,22 @@ uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+std::string phaseMaskText(uint8_t phases) {
+  switch (phases) {
+    case kPhaseReduceScatter: return "reduce-scatter only";
+    case kPhaseAllGather: return "all-gather only";
+    case kPhaseBoth: return "both halves";
+  }
+  return concat("bad phase mask ", int(phases));
+}
+
+const char* phaseText(Phase phase) {
+  return phase == Phase::kReduceScatter ? "reduce-scatter" : "all-gather";
+}
+uint8_t phaseBit(Phase phase) {
+  return phase == Phase::kReduceScatter ? kPhaseReduceScatter : kPhaseAllGather;
+}
+
 int qIndex(Queue q) { return q == Queue::kCompute ? 0 : 1; }
 const char* qText(int qi) { return qi == 0 ? "kCompute" : "kComm"; }
 
@@ -137,16 +153,47 @@ std::string staticChecks(Shared& sh) {
     const RingSchedule& b = ref.sched;
     if (p.rank != r || p.next != (r + 1) % n || p.prev != (r + n - 1) % n)
       return concat("plan ", r, " is for rank ", p.rank, " (next ", p.next, ", prev ", p.prev, ")");
+    // Note [Ring halves] (plan.h): what the plans compute is fixed by the phase mask, the owner map
+    // and the divisor; ranks that disagree on any of them run different collectives.
+    if (p.phases < kPhaseReduceScatter || p.phases > kPhaseBoth)
+      return concat("rank ", r, "'s plan has the ", phaseMaskText(p.phases), " (1..3)");
+    if (p.phases != ref.phases)
+      return concat("the ranks disagree on the phase mask: rank ", r, "'s plan runs ", phaseMaskText(p.phases),
+                    ", rank 0's ", phaseMaskText(ref.phases));
+    if (a.shift < 0 || a.shift >= n)
+      return concat("rank ", r, "'s owner shift ", a.shift, " is outside [0, ", n, ")");
+    if (a.shift != b.shift)
+      return concat("the ranks disagree on the owner map: rank ", r, "'s shift is ", a.shift, ", rank 0's ",
+                    b.shift, " (a chunk would have two owners or none)");
+    if (p.avg_divisor != ref.avg_divisor)
+      return concat("the ranks disagree on the AVG divisor: rank ", r, "'s is ", p.avg_divisor, ", rank 0's ",
+                    ref.avg_divisor);
+    if (p.avg_divisor < n)
+      return concat("rank ", r, "'s AVG divisor ", p.avg_divisor, " is smaller than its ring's size ", n,
+                    " (AVG divides the sum of at least the ring's contributions)");
     if (a.nranks != n || a.numel != b.numel || a.chunk != b.chunk || a.segment != b.segment ||
         a.nsegs != b.nsegs || a.align != b.align)
       return concat("rank ", r, "'s schedule (n ", a.nranks, ", numel ", a.numel, ", chunk ", a.chunk,
                     ", segment ", a.segment, ") differs from rank 0's (n ", b.nranks, ", numel ", b.numel,
                     ", chunk ", b.chunk, ", segment ", b.segment, ")");
+    if (a.chunk < 0 || (a.numel > 0 && n > 1 && (a.chunk * n < a.numel || a.segment <= 0 ||
+                                                  static_cast<int64_t>(a.nsegs) * a.segment < a.chunk)))
+      return concat("rank ", r, "'s schedule (numel ", a.numel, ", chunk ", a.chunk, ", segment ", a.segment,
+                    ", nsegs ", a.nsegs, ") does not cover the tensor");
     if (p.dtype != ref.dtype || p.wire != ref.wire || p.accum_float32 != ref.accum_float32 ||
         p.num_slots != ref.num_slots || p.slot_elems != ref.slot_elems ||
         p.accum_elems != ref.accum_elems || p.num_exchanges != ref.num_exchanges ||
         p.num_events != 2 * p.num_exchanges)
       return concat("rank ", r, "'s plan parameters (dtype, slots, accumulator, exchanges) differ from rank 0's");
+    // One grid of (n - 1) steps x nsegs segments per half the mask names, nothing for one rank or
+    // an empty tensor.
+    const int halves = ((p.phases & kPhaseReduceScatter) ? 1 : 0) + ((p.phases & kPhaseAllGather) ? 1 : 0);
+    const int64_t want_exchanges =
+        (n > 1 && a.numel > 0) ? static_cast<int64_t>(halves) * (n - 1) * a.nsegs : 0;
+    if (p.num_exchanges != want_exchanges || static_cast<int64_t>(p.exchanges.size()) != p.num_exchanges)
+      return concat("rank ", r, "'s plan has ", p.num_exchanges, " exchanges (", p.exchanges.size(),
+                    " described); ", phaseMaskText(p.phases), " on ", n, " ranks with ", a.nsegs,
+                    " segments per chunk needs ", want_exchanges);
 
     RankIndex& ix = sh.idx[r];
     const int E = p.num_exchanges;
@@ -168,6 +215,9 @@ std::string staticChecks(Shared& sh) {
           if (ix.exchange_op[o.exchange] >= 0)
             return concat(sh.opText(r, i), ": exchange ", o.exchange, " was already issued by op #",
                           ix.exchange_op[o.exchange]);
+          if (!(p.phases & phaseBit(p.exchanges[o.exchange].phase)))
+            return concat(sh.opText(r, i), ": a ", phaseText(p.exchanges[o.exchange].phase),
+                          " exchange in a plan that runs ", phaseMaskText(p.phases));
           ix.exchange_op[o.exchange] = i;
           if (!(err = checkSpan(sh, r, i, o.send, "send")).empty()) return err;
           if (!(err = checkSpan(sh, r, i, o.recv, "receive")).empty()) return err;
@@ -179,6 +229,12 @@ std::string staticChecks(Shared& sh) {
             return concat(sh.opText(r, i), ": reduce and copy must be on kCompute");
           if (o.exchange < 0 || o.exchange >= E)
             return concat(sh.opText(r, i), ": exchange index outside [0, ", E, ")");
+          // A reduce consumes a reduce-scatter receive, a copy an all-gather one.
+          const Phase want_phase = red ? Phase::kReduceScatter : Phase::kAllGather;
+          if (p.exchanges[o.exchange].phase != want_phase)
+            return concat(sh.opText(r, i), ": ", red ? "a reduce" : "a copy", " consumes ",
+                          phaseText(p.exchanges[o.exchange].phase), " exchange ", o.exchange, " in a plan that runs ",
+                          phaseMaskText(p.phases));
           if (o.recv.empty() || o.dst.empty() || (red && o.a.empty()))
             return concat(sh.opText(r, i), ": has an empty operand");
           if (o.recv.count != o.dst.count || (red && o.a.count != o.dst.count))
@@ -603,18 +659,29 @@ class Simulation {
   void init() {
     const Plan& ref = sh_.plans[0];
     full_ = n_ == 64 ? ~0ull : ((1ull << n_) - 1);
-    want_divs_ = (sh_.opt.average && n_ > 1) ? 1 : 0;
+    // AVG divides exactly once unless the divisor is 1 (one rank, default divisor): a ring of one
+    // with a larger divisor (a hierarchical stage) still owes its caller the division.
+    want_divs_ = (sh_.opt.average && ref.avg_divisor != 1) ? 1 : 0;
     st_.assign(static_cast<size_t>(n_), RankState{});
     for (int r = 0; r < n_; ++r) {
       const Plan& p = sh_.plans[r];
       RankState& s = st_[r];
       s.data.resize(static_cast<size_t>(ref.sched.numel));
+      const Range own = p.sched.chunkRange(p.sched.ownedChunk(r));
       for (int64_t i = 0; i < ref.sched.numel; ++i) {
         Cell& c = s.data[static_cast<size_t>(i)];
-        c.mask = 1ull << r;
-        c.hash = mix64(static_cast<uint64_t>(r) * 0x100000001b3ull ^ static_cast<uint64_t>(i));
         c.idx = i;
         c.valid = 1;
+        if (ref.phases != kPhaseAllGather) {
+          c.mask = 1ull << r;  // this rank's contribution
+          c.hash = mix64(static_cast<uint64_t>(r) * 0x100000001b3ull ^ static_cast<uint64_t>(i));
+        } else if (i >= own.begin && i < own.end) {
+          // All-gather only: the owned chunk is finished, as a reduce-scatter left it.
+          c.mask = full_;
+          c.divs = want_divs_;
+          c.hash = finishedHash(i);
+        }
+        // else: an empty element (no contributions), which nothing may copy or leave behind.
       }
       s.accum.assign(static_cast<size_t>(p.accum_elems), Cell{});
       s.slots.assign(static_cast<size_t>(p.num_slots),
@@ -877,8 +944,32 @@ class Simulation {
     return "";
   }
 
+  // The value of element i that an all-gather-only plan starts from on its owner: the same on every
+  // rank, whoever owns it.
+  static uint64_t finishedHash(int64_t i) { return mix64(0xf1a15bedull ^ (static_cast<uint64_t>(i) << 8)); }
+
   std::string checkResults() {
-    const int64_t numel = sh_.plans[0].sched.numel;
+    const Plan& ref = sh_.plans[0];
+    const int64_t numel = ref.sched.numel;
+    if (ref.phases == kPhaseReduceScatter) {
+      // Reduce-scatter only: the owned chunk is finished, the rest of the tensor is unspecified.
+      // Each chunk has one owner, so there is no cross-rank tree to compare.
+      for (int r = 0; r < n_; ++r) {
+        const std::vector<Cell>& d = st_[r].data;
+        const int own = sh_.plans[r].sched.ownedChunk(r);
+        const Range range = sh_.plans[r].sched.chunkRange(own);
+        for (int64_t i = range.begin; i < range.end; ++i) {
+          const Cell& c = d[static_cast<size_t>(i)];
+          if (c.mask != full_)
+            return concat("element ", i, " of rank ", r, " (in its owned chunk ", own, ") ends with contributions ",
+                          maskText(c.mask), " (missing ", maskText(full_ & ~c.mask), ")");
+          if (c.divs != want_divs_)
+            return concat("element ", i, " of rank ", r, " (in its owned chunk ", own, ") ends divided ",
+                          int(c.divs), " times (AVG needs ", int(want_divs_), ")");
+        }
+      }
+      return "";
+    }
     for (int r = 0; r < n_; ++r) {
       const std::vector<Cell>& d = st_[r].data;
       for (int64_t i = 0; i < numel; ++i) {
@@ -892,6 +983,8 @@ class Simulation {
         if (c.hash != st_[0].data[static_cast<size_t>(i)].hash)
           return concat("element ", i, " of rank ", r, " was reduced in a different order than on rank 0 ",
                         "(the results would not be bitwise identical)");
+        if (ref.phases == kPhaseAllGather && c.hash != finishedHash(i))
+          return concat("element ", i, " of rank ", r, " is not the finished value its owner started with");
       }
     }
     return "";
@@ -951,7 +1044,11 @@ std::string checkPlans(int nranks, int64_t numel, DType dtype, const PlanOptions
   auto params = [&] {
     return concat("[n=", nranks, " numel=", numel, " dtype=", dtypeName(dtype), " slots=", opt.num_slots,
                   " max_segment_bytes=", opt.max_segment_bytes, opt.accum_float32 ? " accum_f32" : "",
-                  opt.gather_into_data ? " gather_into_data" : "", opt.average ? " avg" : "", "] ");
+                  opt.gather_into_data ? " gather_into_data" : "", opt.average ? " avg" : "",
+                  opt.avg_divisor ? concat(" avg_divisor=", opt.avg_divisor) : std::string(),
+                  opt.phases != kPhaseBoth ? concat(" ", phaseMaskText(opt.phases)) : std::string(),
+                  opt.owner_shift ? concat(" owner_shift=", opt.owner_shift) : std::string(),
+                  opt.exact_chunks ? " exact_chunks" : "", "] ");
   };
   if (nranks < 1 || nranks > 64) return params() + "the checker supports 1..64 ranks";
   std::vector<Plan> plans;

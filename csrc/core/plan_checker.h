@@ -39,6 +39,19 @@
 //      element; a final reduce must produce the full mask on the chunk's owner and (AVG) divide
 //      exactly once; copies must bring finished values; at the end every element of every rank
 //      must hold the full mask, the right number of divisions and the same reduction tree.
+//
+// Halves (Note [Ring halves], plan.h). The phase mask, owner shift and AVG divisor are read from
+// the plans; every rank must agree on them, the divisor must be at least the ring's size and the
+// plan must hold exactly the exchanges of its halves (reduces consume reduce-scatter receives,
+// copies all-gather ones). A reduce-scatter-only set starts like a full one and must end with rank
+// r's owned chunk (sched.ownedChunk(r), under the shifted owner map) finished: full mask, and one
+// division for AVG; the rest of its tensor is unspecified and not looked at. An all-gather-only set
+// starts with rank r's owned chunk finished (full mask, the divisions AVG needs, a value that depends
+// on the element only) and every other element empty (no contributions); anything unfinished that
+// is copied or received into the tensor is reported, and at the end every element of every rank
+// must be that finished value. The divisor itself only changes what the runtime divides by: the
+// simulation counts one division per final reduce whatever it is, and AVG needs one unless the
+// divisor is 1 (so a ring of one rank with a larger divisor, which has no reduce, is reported).
 #pragma once
 
 #include <string>

@@ -32,6 +32,7 @@ struct RingSchedule {
   int64_t chunk = 0;    // nominal elements per chunk (multiple of align)
   int64_t segment = 0;  // elements per segment (multiple of align)
   int32_t nsegs = 0;    // segments per chunk
+  int32_t shift = 0;    // owner map rotation: rank r owns chunk (r + 1 + shift) mod n
 
   RR_HD_INLINE Range chunkRange(int c) const {
     const int64_t b = minI64(static_cast<int64_t>(c) * chunk, numel);
@@ -47,19 +48,23 @@ struct RingSchedule {
   }
   // Offset of segment j inside any chunk (for buffers of one chunk, e.g. float32 partials).
   RR_HD_INLINE int64_t segmentOffset(int j) const { return static_cast<int64_t>(j) * segment; }
-  RR_HD_INLINE int ownedChunk(int rank) const { return modRing(rank + 1, nranks); }
+  RR_HD_INLINE int ownedChunk(int rank) const { return modRing(rank + 1 + shift, nranks); }
 };
 
 // elem_size: bytes of the tensor's element (chunk alignment); wire_elem_size: bytes of the widest
 // element that crosses the wire (float32 partials with accum_dtype); max_segment_bytes: the cap.
+// exact_chunks: chunk = numel / n exactly (numel a multiple of n; reduce_scatter and all_gather,
+// whose blocks are the caller's, not 16-byte aligned); shift: the owner rotation (see ownedChunk).
 RR_HD_INLINE RingSchedule makeRingSchedule(int nranks, int64_t numel, int64_t elem_size,
-                                           int64_t wire_elem_size, int64_t max_segment_bytes) {
+                                           int64_t wire_elem_size, int64_t max_segment_bytes,
+                                           bool exact_chunks = false, int shift = 0) {
   RingSchedule s;
   s.nranks = nranks;
   s.numel = numel;
   s.align = maxI64(1, 16 / elem_size);
+  s.shift = nranks > 0 ? modRing(shift, nranks) : 0;
   if (numel <= 0 || nranks <= 0) return s;
-  s.chunk = roundUp(ceilDiv(numel, nranks), s.align);
+  s.chunk = exact_chunks ? numel / nranks : roundUp(ceilDiv(numel, nranks), s.align);
   int64_t cap = (max_segment_bytes / wire_elem_size) / s.align * s.align;
   if (cap < s.align) cap = s.align;
   s.segment = minI64(cap, roundUp(ceilDiv(s.chunk, 2), s.align));

@@ -35,7 +35,6 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
     bool done = false;
   };
   std::vector<Pending> pending(static_cast<size_t>(plan.num_exchanges));
-  const int n = plan.sched.nranks;
   const bool round_sum = !plan.accum_float32;
 
   auto waitExchange = [&](int32_t e) {
@@ -69,7 +68,7 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
       case OpKind::kReduce:
         hostReduce(plan.dtype, op, spanPtr(plan, buffers, o.a), o.a.wide, spanPtr(plan, buffers, o.recv),
                    o.recv.wide, spanPtr(plan, buffers, o.dst), o.dst.wide, o.dst.count,
-                   (o.final && op == RedOp::kAvg) ? n : 0, round_sum);
+                   (o.final && op == RedOp::kAvg) ? plan.avg_divisor : 0, round_sum);
         break;
       case OpKind::kCopy:
         std::memcpy(spanPtr(plan, buffers, o.dst), spanPtr(plan, buffers, o.recv), spanBytes(plan, o.dst));

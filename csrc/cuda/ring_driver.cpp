@@ -96,7 +96,6 @@ void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, D
     checkSpan(plan, buffers, o.dst);
   }
   const EventMap events = mapWaitedEvents(plan);
-  const int n = plan.sched.nranks;
   const bool round_sum = !plan.accum_float32;
   be.prepare(events.count);
 
@@ -129,7 +128,7 @@ void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, D
         l.dst = spanAddress(plan, buffers, o.dst);
         l.dst_wide = o.dst.wide;
         l.count = o.dst.count;
-        l.divisor = (o.final && op == RedOp::kAvg) ? n : 0;
+        l.divisor = (o.final && op == RedOp::kAvg) ? plan.avg_divisor : 0;
         l.round_sum = round_sum;
         be.reduce(l);
         break;

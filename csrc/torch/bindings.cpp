@@ -34,8 +34,11 @@ void raiseAs(int kind, const std::string& msg) {
 }
 
 py::dict planSummary(int nranks, int rank, int64_t numel, int dtype, int64_t segment_bytes,
-                     int num_slots, bool accum, bool gather) {
+                     int num_slots, bool accum, bool gather, int phases, int owner_shift, bool exact_chunks) {
   rr::PlanOptions o;
+  o.phases = static_cast<uint8_t>(phases);
+  o.owner_shift = owner_shift;
+  o.exact_chunks = exact_chunks;
   o.max_segment_bytes = segment_bytes;
   o.num_slots = num_slots;
   o.accum_float32 = accum;
@@ -91,7 +94,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& group_name,
          std::optional<at::Tensor> tensor, int op, bool accum_float32, int kind, int local_error,
          int ntensors, bool check, int64_t segment_bytes, int num_slots, int64_t timeout_ms,
-         bool run_inline) {
+         bool run_inline, std::vector<int> members, std::optional<at::Tensor> output, int local_size,
+         int phases, int owner_shift, bool exact_chunks) {
         rr::CallOptions o;
         o.op = static_cast<rr::RedOp>(op);
         o.accum_float32 = accum_float32;
@@ -102,15 +106,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         o.segment_bytes = segment_bytes;
         o.num_slots = num_slots;
         o.timeout_ms = timeout_ms;
-        auto rt = rr::runtimeFor(pg, group_name);
+        o.local_size = local_size;
+        o.phases = phases;
+        o.owner_shift = owner_shift;
+        o.exact_chunks = exact_chunks;
+        auto rt = rr::runtimeFor(pg, group_name, members);
         at::Tensor t = tensor.has_value() ? *tensor : at::Tensor();
+        at::Tensor out = output.has_value() ? *output : at::Tensor();
         py::gil_scoped_release nogil;  // an inline call runs the whole ring here
-        return rt->submit(t, o, run_inline);
+        return rt->submit(t, out, o, run_inline);
       },
       py::arg("group"), py::arg("group_name"), py::arg("tensor"), py::arg("op"),
       py::arg("accum_float32"), py::arg("kind"), py::arg("local_error"), py::arg("ntensors"),
       py::arg("check"), py::arg("segment_bytes"), py::arg("num_slots"), py::arg("timeout_ms"),
-      py::arg("run_inline") = false);
+      py::arg("run_inline") = false, py::arg("members") = std::vector<int>{},
+      py::arg("output") = py::none(), py::arg("local_size") = 0, py::arg("phases") = 3,
+      py::arg("owner_shift") = 0, py::arg("exact_chunks") = false);
 
   m.def("shutdown", &rr::shutdownAll, py::call_guard<py::gil_scoped_release>(),
         "Finish queued calls and join every group worker (called at interpreter exit).");
@@ -123,7 +134,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("plan_summary", &planSummary, py::arg("nranks"), py::arg("rank"), py::arg("numel"),
         py::arg("dtype"), py::arg("segment_bytes") = 1 << 20, py::arg("num_slots") = 4,
-        py::arg("accum_float32") = false, py::arg("gather_into_data") = false,
+        py::arg("accum_float32") = false, py::arg("gather_into_data") = false, py::arg("phases") = 3,
+        py::arg("owner_shift") = 0, py::arg("exact_chunks") = false,
         "The ring schedule and plan one rank would run (for tests and docs).");
 
   py::dict info;

@@ -87,8 +87,9 @@ class C10dTransport final : public Transport {
 };
 
 std::mutex g_registry_mu;
-std::map<const c10d::ProcessGroup*, std::shared_ptr<GroupRuntime>>& registry() {
-  static auto* r = new std::map<const c10d::ProcessGroup*, std::shared_ptr<GroupRuntime>>();
+using RegistryKey = std::pair<const c10d::ProcessGroup*, std::vector<int>>;
+std::map<RegistryKey, std::shared_ptr<GroupRuntime>>& registry() {
+  static auto* r = new std::map<RegistryKey, std::shared_ptr<GroupRuntime>>();
   return *r;  // leaked on purpose: never destroyed from a static destructor (workers are joined
               // by shutdownAll(), called from Python's atexit)
 }
@@ -102,6 +103,7 @@ Frame makeFrame(const at::Tensor& t, const CallOptions& opt, int rank, uint64_t 
   f.error = opt.local_error;
   f.ntensors = opt.ntensors;
   f.accum_float32 = opt.accum_float32 ? 1 : 0;
+  f.algorithm = opt.local_size;  // 0: the flat ring; L: hierarchical with L ranks per node
   if (t.defined() && opt.local_error == 0) {
     f.dtype = static_cast<int32_t>(toDType(t.scalar_type()));
     f.numel = t.numel();
@@ -166,7 +168,7 @@ void CallHandle::finish(bool ok, int kind, const std::string& msg) {
   // The future first (its callbacks may run Python: no lock held), then the waiters, so that a
   // returned wait() always sees a completed future.
   if (ok) {
-    future_->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor_}));
+    future_->markCompleted(c10::IValue(std::vector<at::Tensor>{output_.defined() ? output_ : tensor_}));
   } else {
     future_->setError(std::make_exception_ptr(std::runtime_error(msg)));
   }
@@ -183,10 +185,29 @@ void CallHandle::finish(bool ok, int kind, const std::string& msg) {
 // ---------------------------------------------------------------------------------------------
 // GroupRuntime
 
-GroupRuntime::GroupRuntime(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string name)
-    : pg_(std::move(pg)), name_(std::move(name)) {
-  rank_ = pg_->getRank();
-  size_ = pg_->getSize();
+GroupRuntime::GroupRuntime(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string name,
+                           std::vector<int> members)
+    : pg_(std::move(pg)), name_(std::move(name)), members_(std::move(members)) {
+  pg_rank_ = pg_->getRank();
+  const int pg_size = pg_->getSize();
+  if (members_.empty()) {
+    rank_ = pg_rank_;
+    size_ = pg_size;
+  } else {
+    rank_ = -1;
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the rank list: the ring's tag slot
+    for (size_t i = 0; i < members_.size(); ++i) {
+      const int m = members_[i];
+      RR_CHECK(m >= 0 && m < pg_size, kValue, "ringreduce: rank ", m, " of the ring is outside ", name_);
+      for (size_t j = 0; j < i; ++j)
+        RR_CHECK(members_[j] != m, kValue, "ringreduce: rank ", m, " appears twice in the ring's rank list");
+      if (m == pg_rank_) rank_ = static_cast<int>(i);
+      h = (h ^ static_cast<uint64_t>(m)) * 1099511628211ull;
+    }
+    RR_CHECK(rank_ >= 0, kValue, "ringreduce: this process (rank ", pg_rank_, ") is not in the ring's rank list");
+    size_ = static_cast<int>(members_.size());
+    tag_slot_ = 1 + static_cast<int>(h % static_cast<uint64_t>(kTagSlots - 1));
+  }
   try {
     backend_ = pg_->getBackend(c10::DeviceType::CPU);
   } catch (const std::exception&) {
@@ -223,10 +244,11 @@ std::chrono::milliseconds GroupRuntime::timeoutFor(const CallOptions& opt) const
   }
 }
 
-std::shared_ptr<CallHandle> GroupRuntime::submit(const at::Tensor& tensor, const CallOptions& opt,
-                                                 bool run_inline) {
+std::shared_ptr<CallHandle> GroupRuntime::submit(const at::Tensor& tensor, const at::Tensor& output,
+                                                 const CallOptions& opt, bool run_inline) {
   auto call = std::make_shared<CallHandle>();
   call->tensor_ = tensor;
+  call->output_ = output;
   call->opt_ = opt;
   call->future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
   bool inline_now = false;
@@ -302,6 +324,45 @@ void GroupRuntime::execute(CallHandle& call) {
   call.finish(ok, kind, msg);
 }
 
+void GroupRuntime::runRing(Transport& t, int rank, int size, void* data, int64_t numel, DType dtype,
+                           RedOp op, const PlanOptions& po, int tag) {
+  const Plan plan = buildPlan(size, rank, numel, dtype, po);
+  if (plan.num_exchanges == 0) return;
+  RingBuffers bufs;
+  bufs.data = data;
+  // Slots are sized by the plan (Plan::stagingBytes) and only ever grow.
+  const int64_t need = plan.num_slots > 0 ? plan.stagingBytes() / plan.num_slots : 0;
+  if (need > slot_bytes_ || static_cast<int>(slots_.size()) < plan.num_slots) {
+    std::lock_guard<std::mutex> g(mu_);
+    const int64_t bytes = need > slot_bytes_ ? need : slot_bytes_;
+    slots_.clear();
+    for (int k = 0; k < plan.num_slots; ++k) slots_.emplace_back(new char[static_cast<size_t>(bytes)]);
+    slot_bytes_ = bytes;
+  }
+  for (int k = 0; k < plan.num_slots; ++k) bufs.slots.push_back(slots_[static_cast<size_t>(k)].get());
+  if (plan.accum_elems > 0) {
+    if (static_cast<int64_t>(accum_.size()) < plan.accum_elems) {
+      std::lock_guard<std::mutex> g(mu_);
+      accum_.resize(static_cast<size_t>(plan.accum_elems));
+    }
+    bufs.accum = accum_.data();
+  }
+  executePlan(plan, op, t, bufs, tag);
+}
+
+// Note [Hierarchical all-reduce]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The ring's members are ordered node by node: member k * L + l is local rank l of node k (L ranks
+// per node, M nodes). Three rings run one after another, all over this group's transport:
+//   1. reduce-scatter inside the node (ring of L): local rank l ends with the node's sum of chunk
+//      (l + 1) mod L - the same element range on every node, since it depends on (L, numel) only;
+//   2. a full ring all-reduce of that range among the M ranks with local rank l (one per node),
+//      AVG dividing by the whole ring's size M * L once, at its final reduce;
+//   3. all-gather inside the node.
+// Each rank sends 2 (L-1)/L S bytes inside its node and 2 (M-1)/M S/L across nodes (S = tensor
+// bytes), against 2 (n-1)/n S across nodes for the flat ring's ranks at a node boundary. The
+// result is bitwise identical on every rank (stage 2 is a ring all-reduce, stage 3 copies), but
+// its rounding differs from the flat ring's, as the summation order does.
 void GroupRuntime::run(CallHandle& call) {
   const CallOptions& opt = call.opt_;
   {
@@ -310,54 +371,101 @@ void GroupRuntime::run(CallHandle& call) {
              poison_reason_, "). Tear the process group down and create a new one");
   }
   const std::chrono::milliseconds timeout = timeoutFor(opt);
-  C10dTransport transport(backend_, rank_, size_, timeout, name_);
-  const int payload_tag =
-      kPayloadTagBase + static_cast<int>((call.seq_ * kTagsPerCall) % (kPayloadTagRange - kTagsPerCall));
+  C10dTransport base(backend_, pg_rank_, pg_->getSize(), timeout, name_);
+  std::vector<int> all = members_;
+  if (all.empty())
+    for (int i = 0; i < size_; ++i) all.push_back(i);
+  RankMapTransport transport(base, all, rank_);
+  auto payloadTag = [&](int stage) {
+    const uint64_t k = call.seq_ * kStagesPerCall + static_cast<uint64_t>(stage);
+    return kPayloadTagBase + tag_slot_ * kPayloadTagsPerSlot +
+           static_cast<int>((k * kTagsPerCall) % static_cast<uint64_t>(kPayloadTagsPerSlot - kTagsPerCall));
+  };
   try {
     if (opt.check) {
-      const Frame mine = makeFrame(call.tensor_, opt, rank_, call.seq_);
-      const std::vector<Frame> frames = exchangeFrames(transport, mine, kFrameTag);
+      const Frame mine = makeFrame(call.tensor_, opt, pg_rank_, call.seq_);
+      const std::vector<Frame> frames = exchangeFrames(transport, mine, kFrameTagBase + tag_slot_);
       const std::string verdict = compareFrames(frames, name_);
       RR_CHECK(verdict.empty(), kRuntime, verdict);
     }
     RR_CHECK(opt.local_error == 0, kRuntime, "ringreduce: call #", call.seq_, " refused on this rank");
 
     at::Tensor& user = call.tensor_;
-    const DType dtype = toDType(user.scalar_type());
-    // Elements are matched by logical index: a tensor that is not row-major contiguous (views,
-    // transposes, channels_last, conj/neg views) is reduced through one contiguous copy.
-    const bool direct = user.is_contiguous() && !user.is_conj() && !user.is_neg();
-    at::Tensor work = direct ? user : user.resolve_conj().resolve_neg().contiguous();
-
+    const CallKind kind = static_cast<CallKind>(opt.kind);
     PlanOptions po;
     po.max_segment_bytes = opt.segment_bytes;
     po.num_slots = opt.num_slots;
     po.accum_float32 = opt.accum_float32;
     po.gather_into_data = false;  // late messages must land in staging, never in user memory
     po.average = opt.op == RedOp::kAvg;
-    const Plan plan = buildPlan(size_, rank_, work.numel(), dtype, po);
 
-    RingBuffers bufs;
-    bufs.data = work.data_ptr();
-    // Slots are sized by the plan (Plan::stagingBytes) and only ever grow.
-    const int64_t need = plan.num_slots > 0 ? plan.stagingBytes() / plan.num_slots : 0;
-    if (need > slot_bytes_ || static_cast<int>(slots_.size()) < plan.num_slots) {
-      std::lock_guard<std::mutex> g(mu_);
-      const int64_t bytes = need > slot_bytes_ ? need : slot_bytes_;
-      slots_.clear();
-      for (int k = 0; k < plan.num_slots; ++k) slots_.emplace_back(new char[static_cast<size_t>(bytes)]);
-      slot_bytes_ = bytes;
-    }
-    for (int k = 0; k < plan.num_slots; ++k) bufs.slots.push_back(slots_[static_cast<size_t>(k)].get());
-    if (plan.accum_elems > 0) {
-      if (static_cast<int64_t>(accum_.size()) < plan.accum_elems) {
-        std::lock_guard<std::mutex> g(mu_);
-        accum_.resize(static_cast<size_t>(plan.accum_elems));
+    if (kind == CallKind::kReduceScatter || kind == CallKind::kAllGather) {
+      // Note [Ring halves]: rank r owns block r (shift -1), blocks are exactly numel / n.
+      po.phases = static_cast<uint8_t>(opt.phases);
+      po.owner_shift = opt.owner_shift;
+      po.exact_chunks = opt.exact_chunks;
+      at::Tensor& out = call.output_;
+      const DType dtype = toDType(user.scalar_type());
+      if (kind == CallKind::kReduceScatter) {
+        // The input is left untouched (as torch's reduce_scatter_tensor): reduce a private copy.
+        at::Tensor work = user.resolve_conj().resolve_neg().contiguous();
+        if (work.data_ptr() == user.data_ptr()) work = work.clone();
+        runRing(transport, rank_, size_, work.data_ptr(), work.numel(), dtype, opt.op, po, payloadTag(0));
+        const int64_t m = work.numel() / size_;
+        out.copy_(work.reshape({-1}).narrow(0, rank_ * m, m).view(out.sizes()));
+      } else {
+        // `out` is the contiguous concatenation, allocated by the caller; our block goes in first.
+        const int64_t m = user.numel();
+        out.reshape({-1}).narrow(0, rank_ * m, m).copy_(user.resolve_conj().resolve_neg().reshape({-1}));
+        runRing(transport, rank_, size_, out.data_ptr(), out.numel(), dtype, RedOp::kSum, po, payloadTag(0));
       }
-      bufs.accum = accum_.data();
+      return;
     }
 
-    executePlan(plan, opt.op, transport, bufs, payload_tag);
+    // Elements are matched by logical index: a tensor that is not row-major contiguous (views,
+    // transposes, channels_last, conj/neg views) is reduced through one contiguous copy.
+    const int L = opt.local_size;
+    const bool hier = L > 1 && L < size_;
+    // Hierarchical with float32 accumulation for half types: the whole reduction runs on a float32
+    // copy, so partials are rounded once, at the end, as the flat ring's accum mode promises.
+    const bool upcast = hier && opt.accum_float32 && isHalfType(toDType(user.scalar_type()));
+    const bool direct = !upcast && user.is_contiguous() && !user.is_conj() && !user.is_neg();
+    at::Tensor work = direct ? user
+                      : upcast ? user.to(at::kFloat).contiguous()
+                               : user.resolve_conj().resolve_neg().contiguous();
+    const DType dtype = toDType(work.scalar_type());
+    if (!hier) {
+      runRing(transport, rank_, size_, work.data_ptr(), work.numel(), dtype, opt.op, po, payloadTag(0));
+    } else {
+      RR_CHECK(size_ % L == 0, kValue, "ringreduce: hierarchical all-reduce over ", size_,
+               " ranks needs equal nodes, got ", L, " ranks per node");
+      const int M = size_ / L;
+      const int node = rank_ / L;
+      const int local = rank_ % L;
+      std::vector<int> intra, inter;
+      for (int l = 0; l < L; ++l) intra.push_back(all[static_cast<size_t>(node * L + l)]);
+      for (int k = 0; k < M; ++k) inter.push_back(all[static_cast<size_t>(k * L + local)]);
+      RankMapTransport intra_t(base, intra, local);
+      RankMapTransport inter_t(base, inter, node);
+      const RedOp inner = opt.op == RedOp::kAvg ? RedOp::kSum : opt.op;
+      PlanOptions p1 = po;
+      p1.accum_float32 = false;
+      p1.average = false;
+      p1.phases = kPhaseReduceScatter;
+      runRing(intra_t, local, L, work.data_ptr(), work.numel(), dtype, inner, p1, payloadTag(0));
+      const RingSchedule sc = makeRingSchedule(L, work.numel(), static_cast<int64_t>(dtypeSize(dtype)),
+                                               static_cast<int64_t>(dtypeSize(dtype)), po.max_segment_bytes);
+      const Range mine = sc.chunkRange(sc.ownedChunk(local));
+      PlanOptions p2 = po;
+      p2.accum_float32 = false;
+      p2.avg_divisor = size_;
+      char* base_ptr = static_cast<char*>(work.data_ptr());
+      runRing(inter_t, node, M, base_ptr + mine.begin * static_cast<int64_t>(dtypeSize(dtype)), mine.size(),
+              dtype, opt.op, p2, payloadTag(1));
+      PlanOptions p3 = p1;
+      p3.phases = kPhaseAllGather;
+      runRing(intra_t, local, L, work.data_ptr(), work.numel(), dtype, RedOp::kSum, p3, payloadTag(2));
+    }
     if (!direct) user.copy_(work);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kBackend) {
@@ -380,16 +488,19 @@ void GroupRuntime::run(CallHandle& call) {
 }
 
 std::shared_ptr<GroupRuntime> runtimeFor(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
-                                         const std::string& name) {
+                                         const std::string& name, const std::vector<int>& members) {
+  std::vector<int> key = members;
+  bool identity = static_cast<int>(key.size()) == pg->getSize();
+  for (size_t i = 0; identity && i < key.size(); ++i) identity = key[i] == static_cast<int>(i);
+  if (identity) key.clear();
   std::lock_guard<std::mutex> g(g_registry_mu);
   auto& reg = registry();
-  auto it = reg.find(pg.get());
+  auto it = reg.find({pg.get(), key});
   if (it != reg.end()) return it->second;
-  auto rt = std::make_shared<GroupRuntime>(pg, name);
-  reg.emplace(pg.get(), rt);
+  auto rt = std::make_shared<GroupRuntime>(pg, name, key);
+  reg.emplace(std::make_pair(pg.get(), key), rt);
   return rt;
 }
-
 void shutdownAll() {
   std::vector<std::shared_ptr<GroupRuntime>> all;
   {

@@ -24,14 +24,22 @@
 #include "../core/dtype.h"
 #include "../core/error.h"
 #include "../core/frame.h"
+#include "../core/plan.h"
+#include "../core/transport.h"
 
 namespace rr {
 
-// Reserved tag range: frames travel on kFrameTag (matched in order, so a rank that skipped a call
-// is reported by sequence number); the payload of call #seq on kPayloadTagBase + seq mod range.
-constexpr int kFrameTag = 1 << 30;
-constexpr int kPayloadTagBase = (1 << 30) + 1;
-constexpr int kPayloadTagRange = (1 << 30) - 2;
+// Note [Tags]
+// Reserved tag range [2^30, 2^31), split between rings: a ring over a rank list of the group (a
+// DeviceMesh dimension) has its own runtime and tag space, slot 1 + hash(members) mod 63 (the
+// whole group: slot 0), so it can run concurrently with the group's other rings. Frames travel on
+// kFrameTagBase + slot (matched in order, so a rank that skipped a call is reported by sequence
+// number); stage s of call #seq on payloadTag(slot, seq, s), kTagsPerCall tags per stage.
+constexpr int kTagSlots = 64;
+constexpr int kFrameTagBase = 1 << 30;
+constexpr int kPayloadTagBase = (1 << 30) + kTagSlots;
+constexpr int kPayloadTagsPerSlot = ((1 << 30) - kTagSlots) / kTagSlots;
+constexpr int kStagesPerCall = 3;  // the hierarchical all-reduce runs three rings per call
 
 struct CallOptions {
   RedOp op = RedOp::kSum;
@@ -43,6 +51,13 @@ struct CallOptions {
   int64_t segment_bytes = 1 << 20;
   int32_t num_slots = 4;
   int64_t timeout_ms = -1;    // <0: the group's own timeout
+  // Hierarchical all-reduce (Note [Hierarchical all-reduce]): the ring's members are ordered node
+  // by node, local_size per node; 0 = the flat ring.
+  int32_t local_size = 0;
+  // reduce_scatter / all_gather (Note [Ring halves] in plan.h).
+  int32_t phases = 3;
+  int32_t owner_shift = 0;
+  bool exact_chunks = false;
 };
 
 // One submitted call: what Python's Work wraps.
@@ -62,6 +77,7 @@ class CallHandle {
   void finish(bool ok, int kind, const std::string& msg);
 
   at::Tensor tensor_;
+  at::Tensor output_;  // reduce_scatter / all_gather: the result (the future's value); else undefined
   CallOptions opt_;
   uint64_t seq_ = 0;
   std::mutex mu_;
@@ -75,14 +91,17 @@ class CallHandle {
 
 class GroupRuntime {
  public:
-  GroupRuntime(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string name);
+  // members: the ring's ranks in `pg` (ring order); empty = the whole group in rank order.
+  GroupRuntime(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string name, std::vector<int> members);
   ~GroupRuntime();
 
   // Submit a call (tensor may be undefined for a local refusal); assigns the sequence number.
+  // `output`: reduce_scatter's output block / all_gather's concatenated result (else undefined).
   // With run_inline, a call that would run next anyway (queue empty, worker idle) runs on the
   // calling thread (which has released the GIL): a synchronous call then costs no thread handoff.
   // Otherwise the call is queued for the worker, behind the calls submitted before it.
-  std::shared_ptr<CallHandle> submit(const at::Tensor& tensor, const CallOptions& opt, bool run_inline);
+  std::shared_ptr<CallHandle> submit(const at::Tensor& tensor, const at::Tensor& output, const CallOptions& opt,
+                                     bool run_inline);
   void shutdown();  // finish queued calls, join the worker
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -91,13 +110,19 @@ class GroupRuntime {
   void loop();
   void execute(CallHandle& call);  // run() + timing + completion, never throws
   void run(CallHandle& call);
+  // One ring over `t` (rank list already applied): builds the plan, sizes staging, executes.
+  void runRing(Transport& t, int rank, int size, void* data, int64_t numel, DType dtype, RedOp op,
+               const PlanOptions& po, int tag);
   std::chrono::milliseconds timeoutFor(const CallOptions& opt) const;
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::string name_;
-  int rank_ = 0;
+  std::vector<int> members_;  // empty: the whole group
+  int pg_rank_ = 0;
+  int rank_ = 0;              // index in the ring
   int size_ = 1;
+  int tag_slot_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -115,9 +140,10 @@ class GroupRuntime {
   std::vector<float> accum_;
 };
 
-// The registry: one runtime per ProcessGroup object, created on first use.
+// The registry: one runtime per (ProcessGroup object, rank list), created on first use. An empty
+// rank list, or one equal to 0..size-1, is the whole group.
 std::shared_ptr<GroupRuntime> runtimeFor(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
-                                         const std::string& name);
+                                         const std::string& name, const std::vector<int>& members);
 void shutdownAll();
 
 DType toDType(at::ScalarType t);  // throws kType for unsupported dtypes

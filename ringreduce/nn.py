@@ -1,0 +1,3 @@
+"""Autograd-aware collectives: all_gather whose backward is reduce_scatter, and the reverse."""
+
+from __future__ import annotations

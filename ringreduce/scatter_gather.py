@@ -1,0 +1,150 @@
+"""The ring's two halves as collectives: reduce_scatter and all_gather.
+
+Both run the same plan as the all-reduce (csrc/core/plan.cpp), one half of it, with the owner map
+rotated so that rank r owns block r and blocks of exactly ``numel / n`` elements (Note [Ring
+halves] in csrc/core/plan.h). Autograd-aware versions are in :mod:`ringreduce.nn`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ringreduce import _config, ops
+from ringreduce._groups import GroupInfo, resolve
+from ringreduce.work import Work
+
+_PHASE_REDUCE_SCATTER = 1
+_PHASE_ALL_GATHER = 2
+
+
+def _shape_error(kind: int, info: GroupInfo | None, exc: BaseException, tensor: Any) -> None:
+    ops._refuse(info, kind, ops._ERR_OTHER, exc, tensor)
+
+
+def _gathered_shape(tensor: torch.Tensor, n: int) -> tuple[int, ...]:
+    if tensor.dim() == 0:
+        return (n,)
+    return (n * tensor.shape[0], *tensor.shape[1:])
+
+
+def _run_cpu(
+    info: GroupInfo,
+    tensor: torch.Tensor,
+    output: torch.Tensor,
+    rop: ops.ReduceOp,
+    kind: int,
+    phases: int,
+    async_op: bool,
+    result: torch.Tensor,
+    finalize: Any = None,
+) -> Work | None:
+    name = ops._KIND_NAMES[kind]
+    level = ops._debug_level()
+    start = time.perf_counter()
+    with torch.profiler.record_function(f"ringreduce.{name}"):
+        handle = ops._submit_cpu(
+            info, tensor, rop, False, kind, 0, 1, _config.check_enabled(False),
+            run_inline=not async_op and _config.run_inline(),
+            output=output, phases=phases, owner_shift=-1, exact_chunks=True,
+        )
+        work = Work(handle, [result], describe=f"{name} {rop.name} on {info.name}", finalize=finalize)
+        if not async_op:
+            work.wait()
+    if level:
+        ops._log_call(info, handle, tensor, rop, kind, level, async_op, False,
+                      None if async_op else time.perf_counter() - start)
+    return work
+
+
+def reduce_scatter(
+    output: torch.Tensor,
+    input: torch.Tensor,  # noqa: A002 - torch.distributed's name
+    op: Any = ops.ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+) -> Work | None:
+    """Reduces `input` across the ranks of `group` and leaves block r of the result on rank r.
+
+    `input` holds n blocks of ``output.numel()`` elements in row-major order (n = the group's size;
+    typically shape ``(n * d0, ...)`` with `output` of shape ``(d0, ...)``, as
+    ``torch.distributed.reduce_scatter_tensor``); `output` receives block r, reduced with `op` (SUM,
+    AVG, MAX, MIN, PRODUCT; AVG divides once by n, as all_reduce's). `input` is not modified. The
+    first half of the ring all-reduce: each rank sends (n-1)/n of `input`. Any strides work. Ranks
+    that disagree on shape, dtype or op raise RuntimeError on every rank (the agreement frame);
+    `output` of the wrong size or dtype raises ValueError/TypeError. `group`: None, a ProcessGroup or
+    a DeviceMesh. A rank outside the group returns at once, leaving `output` unchanged.
+    """
+    kind = ops.KIND_REDUCE_SCATTER
+    info = resolve(group)
+    code, exc, rop, _ = ops._local_refusal(input, op, None, "ring")
+    if exc is None:
+        if not isinstance(output, torch.Tensor):
+            code, exc = ops._ERR_NOT_A_TENSOR, TypeError(
+                f"ringreduce.reduce_scatter: output must be a torch.Tensor, got {type(output).__name__}"
+            )
+        elif output.dtype != input.dtype or output.device != input.device:
+            code, exc = ops._ERR_OTHER, TypeError(
+                f"ringreduce.reduce_scatter: output ({output.dtype}, {output.device}) must have the input's "
+                f"dtype and device ({input.dtype}, {input.device})"
+            )
+        elif info is not None and input.numel() != output.numel() * info.size:
+            code, exc = ops._ERR_OTHER, ValueError(
+                f"ringreduce.reduce_scatter: input has {input.numel()} elements, but {info.size} ranks x "
+                f"output's {output.numel()} = {output.numel() * info.size}; input must be the {info.size} "
+                f"output blocks back to back (shape ({info.size} * d0, ...) for output (d0, ...))"
+            )
+        elif output.layout != torch.strided:
+            code, exc = ops._ERR_SPARSE, ValueError("ringreduce.reduce_scatter: output must be a dense tensor")
+    if exc is not None:
+        if info is None:
+            raise exc
+        _shape_error(kind, info, exc, input)
+    assert rop is not None
+    if info is None:
+        return Work.completed([output]) if async_op else None
+    if output.numel() == 0 or info.size == 1:
+        if output.numel():
+            output.copy_(input.reshape(output.shape))
+        return Work.completed([output]) if async_op else None
+    if input.is_cuda:
+        from ringreduce import _cuda
+
+        return _cuda.cuda_ring_half(input, output, rop, info, async_op, kind)
+    return _run_cpu(info, input, output, rop, kind, _PHASE_REDUCE_SCATTER, async_op, output)
+
+
+def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
+    """Gathers `tensor` from every rank of `group`, concatenated on dim 0 (rank order).
+
+    Returns a new tensor of shape ``(n * d0, ...)`` for a tensor of shape ``(d0, ...)`` (``(n,)`` for
+    a 0-d tensor), bitwise identical on every rank; the second half of the ring all-reduce. Every
+    rank must pass the same shape and dtype: uneven first dimensions raise RuntimeError on every
+    rank naming the shapes (pad to the largest, or use torch.distributed.all_gather with a list).
+    With ``async_op=True`` returns a :class:`Work` whose ``result()[0]`` (and future value) is the
+    gathered tensor. `group`: None, a ProcessGroup or a DeviceMesh. A rank outside the group gets
+    None. Autograd: use :func:`ringreduce.nn.all_gather`.
+    """
+    kind = ops.KIND_ALL_GATHER
+    info = resolve(group)
+    code, exc, _, _ = ops._local_refusal(tensor, ops.ReduceOp.SUM, None, "ring")
+    if exc is not None:
+        if info is None:
+            raise exc
+        _shape_error(kind, info, exc, tensor)
+    if info is None:
+        return None
+    out = torch.empty(_gathered_shape(tensor, info.size), dtype=tensor.dtype, device=tensor.device)
+    if tensor.numel() == 0 or info.size == 1:
+        if tensor.numel():
+            out.copy_(tensor.reshape(out.shape))
+        return Work.completed([out]) if async_op else out
+    if tensor.is_cuda:
+        from ringreduce import _cuda
+
+        work = _cuda.cuda_ring_half(tensor, out, ops.ReduceOp.SUM, info, async_op, kind)
+        return work if async_op else out
+    work = _run_cpu(info, tensor, out, ops.ReduceOp.SUM, kind, _PHASE_ALL_GATHER, async_op, out)
+    return work if async_op else out
