@@ -195,6 +195,9 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   RR_CHECK(!options.exact_chunks || numel % nranks == 0, kValue, "ringreduce: ", numel,
            " elements do not split into ", nranks, " equal blocks");
   RR_CHECK(options.avg_divisor >= 0, kValue, "ringreduce: bad AVG divisor ", options.avg_divisor);
+  // A one-rank ring has no final reduce to divide in; a larger divisor would silently not divide.
+  RR_CHECK(!(options.average && nranks == 1 && options.avg_divisor > 1), kValue,
+           "ringreduce: a one-rank ring cannot divide by ", options.avg_divisor);
 
   Plan plan;
   plan.dtype = dtype;

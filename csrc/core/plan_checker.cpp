@@ -147,30 +147,34 @@ std::string staticChecks(Shared& sh) {
   const int64_t widest = ref.accum_float32 ? std::max<int64_t>(4, sh.narrow) : sh.narrow;
   sh.slot_bytes = ref.slot_elems * widest;
   sh.idx.assign(static_cast<size_t>(n), RankIndex{});
+  // Note [Ring halves] (plan.h): what the plans compute is fixed by the phase mask, the owner map
+  // and the AVG divisor; ranks that disagree on any of them run different collectives. Checked
+  // first, so that the message names the disagreement rather than one of its consequences.
   for (int r = 0; r < n; ++r) {
     const Plan& p = P[r];
-    const RingSchedule& a = p.sched;
-    const RingSchedule& b = ref.sched;
-    if (p.rank != r || p.next != (r + 1) % n || p.prev != (r + n - 1) % n)
-      return concat("plan ", r, " is for rank ", p.rank, " (next ", p.next, ", prev ", p.prev, ")");
-    // Note [Ring halves] (plan.h): what the plans compute is fixed by the phase mask, the owner map
-    // and the divisor; ranks that disagree on any of them run different collectives.
     if (p.phases < kPhaseReduceScatter || p.phases > kPhaseBoth)
       return concat("rank ", r, "'s plan has the ", phaseMaskText(p.phases), " (1..3)");
     if (p.phases != ref.phases)
       return concat("the ranks disagree on the phase mask: rank ", r, "'s plan runs ", phaseMaskText(p.phases),
                     ", rank 0's ", phaseMaskText(ref.phases));
-    if (a.shift < 0 || a.shift >= n)
-      return concat("rank ", r, "'s owner shift ", a.shift, " is outside [0, ", n, ")");
-    if (a.shift != b.shift)
-      return concat("the ranks disagree on the owner map: rank ", r, "'s shift is ", a.shift, ", rank 0's ",
-                    b.shift, " (a chunk would have two owners or none)");
+    if (p.sched.shift < 0 || p.sched.shift >= n)
+      return concat("rank ", r, "'s owner shift ", p.sched.shift, " is outside [0, ", n, ")");
+    if (p.sched.shift != ref.sched.shift)
+      return concat("the ranks disagree on the owner map: rank ", r, "'s shift is ", p.sched.shift, ", rank 0's ",
+                    ref.sched.shift, " (a chunk would have two owners or none)");
     if (p.avg_divisor != ref.avg_divisor)
       return concat("the ranks disagree on the AVG divisor: rank ", r, "'s is ", p.avg_divisor, ", rank 0's ",
                     ref.avg_divisor);
     if (p.avg_divisor < n)
       return concat("rank ", r, "'s AVG divisor ", p.avg_divisor, " is smaller than its ring's size ", n,
                     " (AVG divides the sum of at least the ring's contributions)");
+  }
+  for (int r = 0; r < n; ++r) {
+    const Plan& p = P[r];
+    const RingSchedule& a = p.sched;
+    const RingSchedule& b = ref.sched;
+    if (p.rank != r || p.next != (r + 1) % n || p.prev != (r + n - 1) % n)
+      return concat("plan ", r, " is for rank ", p.rank, " (next ", p.next, ", prev ", p.prev, ")");
     if (a.nranks != n || a.numel != b.numel || a.chunk != b.chunk || a.segment != b.segment ||
         a.nsegs != b.nsegs || a.align != b.align)
       return concat("rank ", r, "'s schedule (n ", a.nranks, ", numel ", a.numel, ", chunk ", a.chunk,

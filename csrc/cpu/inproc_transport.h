@@ -110,15 +110,20 @@ struct InprocRankResult {
 };
 
 struct InprocRunOptions {
-  PlanOptions plan;           // plan.average is set from `op`
+  PlanOptions plan;           // plan.average is set from `op`; phases, owner_shift, exact_chunks and
+                              // avg_divisor select a half or a stage (Note [Ring halves], plan.h)
   InprocOptions transport;
   int tag = 7;
   std::vector<int> absent;    // ranks that never call (dead peers)
 };
 
 // Runs the ring all-reduce of `op` with executePlan (ring_executor.h) on n threads over one hub:
-// data[r] holds rank r's numel elements of `dtype` and is reduced in place. A rank that throws
-// abandons its transport; its staging stays alive until every thread has joined.
+// data[r] holds rank r's numel elements of `dtype` and is reduced in place. With options.plan
+// naming one half, it runs that half instead: reduce-scatter only leaves rank r's owned chunk
+// (plan.sched.ownedChunk(r); block r with owner_shift = -1 and exact_chunks) reduced and the rest
+// unspecified; all-gather only expects each rank's owned chunk filled beforehand and leaves every
+// rank with every chunk. A rank that throws abandons its transport; its staging stays alive until
+// every thread has joined.
 std::vector<InprocRankResult> runInprocAllReduce(int nranks, int64_t numel, DType dtype, RedOp op,
                                                  std::vector<std::vector<uint8_t>>& data,
                                                  const InprocRunOptions& options);

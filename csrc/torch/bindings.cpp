@@ -123,6 +123,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("output") = py::none(), py::arg("local_size") = 0, py::arg("phases") = 3,
       py::arg("owner_shift") = 0, py::arg("exact_chunks") = false);
 
+  m.def(
+      "bytes_sent",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, bool reset) { return rr::bytesSent(pg.get(), reset); },
+      py::arg("group"), py::arg("reset") = false,
+      "Payload bytes this process sent to each rank of the group on the CPU path (frames excluded).");
+
   m.def("shutdown", &rr::shutdownAll, py::call_guard<py::gil_scoped_release>(),
         "Finish queued calls and join every group worker (called at interpreter exit).");
 

@@ -22,6 +22,20 @@ std::vector<c10::intrusive_ptr<c10d::Work>>* g_graveyard_works =
     new std::vector<c10::intrusive_ptr<c10d::Work>>();  // intentionally leaked
 std::vector<std::unique_ptr<char[]>>* g_graveyard_mem = new std::vector<std::unique_ptr<char[]>>();
 
+// Note [Traffic counters]
+// Payload bytes this process sent to each peer, per process group (frames excluded): what the
+// benchmark's --traffic mode reports as cross-node bytes for the flat and hierarchical rings.
+std::mutex g_traffic_mu;
+std::map<const c10d::ProcessGroup*, std::vector<int64_t>>* g_traffic =
+    new std::map<const c10d::ProcessGroup*, std::vector<int64_t>>();  // intentionally leaked
+
+void countBytes(const c10d::ProcessGroup* pg, int size, int peer, size_t bytes) {
+  std::lock_guard<std::mutex> g(g_traffic_mu);
+  std::vector<int64_t>& v = (*g_traffic)[pg];
+  if (static_cast<int>(v.size()) < size) v.resize(static_cast<size_t>(size), 0);
+  v[static_cast<size_t>(peer)] += static_cast<int64_t>(bytes);
+}
+
 // rr::Transport over the point-to-point calls of a c10d backend (gloo for CPU tensors).
 class C10dTransport final : public Transport {
  public:
@@ -32,7 +46,11 @@ class C10dTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
+  // Counts payload bytes (Note [Traffic counters]) from now on.
+  void countFor(const c10d::ProcessGroup* pg) { count_pg_ = pg; }
+
   int64_t isend(const void* data, size_t bytes, int peer, int tag) override {
+    if (count_pg_ != nullptr) countBytes(count_pg_, size_, peer, bytes);
     std::vector<at::Tensor> t{blob(const_cast<void*>(data), bytes)};
     return post([&] { return backend_->send(t, peer, tag); }, "send to", peer);
   }
@@ -83,6 +101,7 @@ class C10dTransport final : public Transport {
   int size_;
   std::chrono::milliseconds timeout_;
   std::string group_;
+  const c10d::ProcessGroup* count_pg_ = nullptr;
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
 };
 
@@ -389,6 +408,7 @@ void GroupRuntime::run(CallHandle& call) {
       RR_CHECK(verdict.empty(), kRuntime, verdict);
     }
     RR_CHECK(opt.local_error == 0, kRuntime, "ringreduce: call #", call.seq_, " refused on this rank");
+    base.countFor(pg_.get());
 
     at::Tensor& user = call.tensor_;
     const CallKind kind = static_cast<CallKind>(opt.kind);
@@ -501,6 +521,17 @@ std::shared_ptr<GroupRuntime> runtimeFor(const c10::intrusive_ptr<c10d::ProcessG
   reg.emplace(std::make_pair(pg.get(), key), rt);
   return rt;
 }
+std::vector<int64_t> bytesSent(const c10d::ProcessGroup* pg, bool reset) {
+  std::lock_guard<std::mutex> g(g_traffic_mu);
+  std::vector<int64_t> out(static_cast<size_t>(pg->getSize()), 0);
+  auto it = g_traffic->find(pg);
+  if (it != g_traffic->end()) {
+    for (size_t i = 0; i < it->second.size() && i < out.size(); ++i) out[i] = it->second[i];
+    if (reset) it->second.assign(it->second.size(), 0);
+  }
+  return out;
+}
+
 void shutdownAll() {
   std::vector<std::shared_ptr<GroupRuntime>> all;
   {

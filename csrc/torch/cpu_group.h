@@ -146,6 +146,9 @@ std::shared_ptr<GroupRuntime> runtimeFor(const c10::intrusive_ptr<c10d::ProcessG
                                          const std::string& name, const std::vector<int>& members);
 void shutdownAll();
 
+// Payload bytes this process sent to each rank of `pg` on the CPU path (Note [Traffic counters]).
+std::vector<int64_t> bytesSent(const c10d::ProcessGroup* pg, bool reset);
+
 DType toDType(at::ScalarType t);  // throws kType for unsupported dtypes
 
 }  // namespace rr

@@ -1,0 +1,201 @@
+"""Cross-node traffic of the flat and the hierarchical ring: ``python -m ringreduce.bench.traffic``.
+
+Runs one all-reduce of each algorithm (plus a few timed ones) on every rank, reads the payload bytes
+each rank sent to each peer (the CPU transport's counters, frames excluded) and reports, per rank
+and per node, how many bytes crossed a node boundary, next to the analytic counts of
+docs/algorithm.md. Nodes come from the launcher (torchrun's GROUP_RANK / LOCAL_WORLD_SIZE) or are
+simulated on one host with ``--local-size`` (RINGREDUCE_LOCAL_SIZE): consecutive ranks form a node.
+
+    python -m ringreduce.bench.traffic --nproc 4 --local-size 2 --size 16M
+    torchrun --nnodes 2 --nproc-per-node 2 ... -m ringreduce.bench.traffic --size 16M
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringreduce.bench.sizes import parse_size
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ringreduce.bench.traffic", description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc", type=int, default=4, help="local ranks to spawn (ignored under torchrun)")
+    p.add_argument("--local-size", type=int, default=2,
+                   help="simulated ranks per node when spawning locally (RINGREDUCE_LOCAL_SIZE)")
+    p.add_argument("--size", type=parse_size, default=parse_size("16M"), help="message size in bytes")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--iters", type=int, default=5, help="timed iterations per algorithm")
+    p.add_argument("--json", default=None, help="write the report here")
+    return p
+
+
+def expected_cross_node_bytes(algorithm: str, n: int, local: int, size: int) -> dict[str, float]:
+    """Analytic cross-node payload bytes sent per rank (max and mean over ranks) for S = size bytes.
+
+    Flat ring (ranks numbered node by node): only the last rank of each node sends across, 2(n-1)/n S.
+    Hierarchical: every rank sends 2(M-1)/M * S/L across (M = n / L nodes), nothing else crosses.
+    """
+    nodes = n // local
+    if algorithm == "ring":
+        per_boundary = 2 * (n - 1) / n * size
+        return {"max": per_boundary if nodes > 1 else 0.0, "mean": per_boundary * nodes / n if nodes > 1 else 0.0}
+    per_rank = 2 * (nodes - 1) / nodes * size / local
+    return {"max": per_rank, "mean": per_rank}
+
+
+def run_rank(args: argparse.Namespace) -> dict[str, Any] | None:
+    import ringreduce as rr
+    from ringreduce._groups import node_layout, resolve
+    from ringreduce._native import C
+
+    info = resolve(None)
+    assert info is not None
+    rank, n = info.rank, info.size
+    layout = node_layout(info)
+    nodes = list(layout.node_of_member)
+    dtype = getattr(torch, args.dtype)
+    numel = max(1, args.size // torch.empty((), dtype=dtype).element_size())
+    out: dict[str, Any] = {"rank": rank, "node": nodes[rank], "algorithms": {}}
+    pg = dist.group.WORLD
+    for algo in ("ring", "hierarchical"):
+        t = torch.ones(numel, dtype=dtype) * (rank + 1)
+        C.bytes_sent(pg, True)
+        rr.all_reduce(t, algorithm=algo)
+        sent = C.bytes_sent(pg, True)
+        ok = bool(torch.all(t == n * (n + 1) / 2))
+        times = []
+        for _ in range(args.iters):
+            dist.barrier()
+            start = time.perf_counter()
+            rr.all_reduce(t, algorithm=algo)
+            times.append(time.perf_counter() - start)
+        C.bytes_sent(pg, True)
+        cross = sum(b for peer, b in enumerate(sent) if nodes[peer] != nodes[rank])
+        out["algorithms"][algo] = {
+            "sent_bytes": int(sum(sent)),
+            "cross_node_bytes": int(cross),
+            "median_us": statistics.median(times) * 1e6,
+            "correct": ok,
+        }
+    gathered: list[Any] = [None] * n
+    dist.all_gather_object(gathered, out)
+    return {"ranks": gathered, "nodes": nodes, "local_size": layout.local_size, "numel": numel} if rank == 0 else None
+
+
+def report(res: dict[str, Any], args: argparse.Namespace, size: int) -> tuple[str, dict[str, Any]]:
+    ranks = res["ranks"]
+    n = len(ranks)
+    local = res["local_size"] or n
+    nodes = sorted(set(res["nodes"]))
+    lines = [
+        f"# ringreduce cross-node traffic: {n} ranks on {len(nodes)} node(s) x {local}, {args.dtype}, "
+        f"{size} B per rank, payload bytes sent (frames excluded)",
+        f"# {'algorithm':<13}{'rank':>5}{'node':>5}{'sent (B)':>14}{'cross-node (B)':>16}{'cross / S':>11}"
+        f"{'time (us)':>12}{'ok':>4}",
+    ]
+    summary: dict[str, Any] = {}
+    for algo in ("ring", "hierarchical"):
+        for r in ranks:
+            a = r["algorithms"][algo]
+            lines.append(
+                f"  {algo:<13}{r['rank']:>5}{r['node']:>5}{a['sent_bytes']:>14}{a['cross_node_bytes']:>16}"
+                f"{a['cross_node_bytes'] / size:>11.3f}{a['median_us']:>12.0f}{'yes' if a['correct'] else 'NO':>4}"
+            )
+        per_node = {nd: sum(r["algorithms"][algo]["cross_node_bytes"] for r in ranks if r["node"] == nd) for nd in nodes}
+        cross = [r["algorithms"][algo]["cross_node_bytes"] for r in ranks]
+        expect = expected_cross_node_bytes(algo, n, local, size) if res["local_size"] else {"max": 0.0, "mean": 0.0}
+        summary[algo] = {
+            "cross_node_bytes_max_rank": max(cross),
+            "cross_node_bytes_per_node": per_node,
+            "expected_max_rank": expect["max"],
+            "median_us": statistics.median(r["algorithms"][algo]["median_us"] for r in ranks),
+            "correct": all(r["algorithms"][algo]["correct"] for r in ranks),
+        }
+        lines.append(
+            f"# {algo}: max per rank {max(cross)} B = {max(cross) / size:.3f} S (expected {expect['max'] / size:.3f} S); "
+            "per node " + ", ".join(f"node {nd} {b} B" for nd, b in per_node.items())
+        )
+    return "\n".join(lines), summary
+
+
+def _init() -> None:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+
+
+def _child(args: argparse.Namespace, env: dict[str, str], queue: Any) -> None:
+    os.environ.update(env)
+    torch.set_num_threads(1)
+    _init()
+    try:
+        queue.put(run_rank(args))
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ringreduce.bench.launch import free_port, under_launcher
+
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if under_launcher():
+        _init()
+        try:
+            res = run_rank(args)
+        finally:
+            dist.destroy_process_group()
+    else:
+        if args.nproc % args.local_size != 0:
+            print(f"--nproc {args.nproc} is not a multiple of --local-size {args.local_size}", file=sys.stderr)
+            return 2
+        port = free_port()
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        procs = []
+        for rank in range(args.nproc):
+            env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                   "WORLD_SIZE": str(args.nproc), "LOCAL_RANK": str(rank % args.local_size),
+                   "LOCAL_WORLD_SIZE": str(args.local_size), "GROUP_RANK": str(rank // args.local_size),
+                   "RINGREDUCE_LOCAL_SIZE": str(args.local_size), "GLOO_SOCKET_IFNAME": "lo"}
+            proc = ctx.Process(target=_child, args=(args, env, queue), name=f"traffic rank {rank}")
+            proc.start()
+            procs.append(proc)
+        res = None
+        deadline = time.monotonic() + 600
+        results = []
+        while len(results) < args.nproc and time.monotonic() < deadline:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break
+            try:
+                results.append(queue.get(timeout=0.5))
+            except Exception:  # noqa: BLE001 - queue.Empty: keep polling
+                continue
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        res = next((r for r in results if r is not None), None)
+        if res is None or any(p.exitcode != 0 for p in procs):
+            print("ringreduce.bench.traffic: a rank failed", file=sys.stderr)
+            return 1
+    if res is None:
+        return 0  # not rank 0 under torchrun
+    text, summary = report(res, args, args.size)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "result": res, "summary": summary}, f, indent=1, default=str)
+    return 0 if all(s["correct"] for s in summary.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
