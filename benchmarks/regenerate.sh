@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates every figure quoted in README.md and benchmarks/README.md (CPU, this machine):
 # the default 2-rank sweep, the DESIGN.md section 5 sizes at 4 ranks, the agreement-check cost and
-# the training-step comparison. Run it on an otherwise idle machine; it takes about 10 minutes.
+# the training-step comparison, and the cross-node bytes of the flat and hierarchical rings
+# (simulated nodes). Run it on an otherwise idle machine; it takes about 10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results
@@ -12,3 +13,7 @@ python -m ringreduce.bench -b 1M -e 64M -f 4 --nproc 4 --json "$out/cpu-4ranks.j
 python -m ringreduce.bench -b 8 -e 1M -f 4 --check-cost --seconds 3 \
   --json "$out/cpu-2ranks-check-cost.json" | tee "$out/cpu-2ranks-check-cost.txt"
 python -m ringreduce.bench.train_step --json "$out/train-step-2ranks.json" | tee "$out/train-step-2ranks.txt"
+python -m ringreduce.bench.traffic --nproc 4 --local-size 2 --size 16M \
+  --json "$out/traffic_4x2.json" | tee "$out/traffic_4x2.txt"
+python -m ringreduce.bench.traffic --nproc 8 --local-size 4 --size 4M --iters 3 \
+  --json "$out/traffic_8x4.json" | tee "$out/traffic_8x4.txt"
