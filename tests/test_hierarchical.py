@@ -200,3 +200,14 @@ def _mesh_hier(rank: int, ws: int) -> dict:
 def test_device_mesh_groups():
     for rank, res in enumerate(run_ranks(4, _mesh_hier)):
         assert all(res.values()), f"rank {rank}: {res}"
+
+
+def test_traffic_report_arithmetic():
+    from ringreduce.bench.traffic import expected_cross_node_bytes
+
+    S = 1 << 20
+    # the example: 2 nodes x 4 ranks
+    assert expected_cross_node_bytes("ring", 8, 4, S)["max"] == 1.75 * S
+    assert expected_cross_node_bytes("hierarchical", 8, 4, S)["max"] == 0.25 * S
+    assert expected_cross_node_bytes("ring", 4, 2, S) == {"max": 1.5 * S, "mean": 0.75 * S}
+    assert expected_cross_node_bytes("hierarchical", 4, 4, S)["max"] == 0.0  # one node
