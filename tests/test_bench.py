@@ -197,3 +197,16 @@ def test_ringreduce_memory_is_a_few_segments() -> None:
     for status, growth, code in results:
         assert status == "ok" and code == 0, (status, growth, code)
         assert growth <= 8 + 1.0, f"peak RSS grew by {growth:.2f} MiB over the 64 MiB input"
+
+
+def test_traffic_mode_reports_cross_node_bytes(tmp_path) -> None:
+    out = tmp_path / "traffic.json"
+    cmd = [sys.executable, "-m", "ringreduce.bench.traffic", "--nproc", "4", "--local-size", "2", "--size", "64K",
+           "--iters", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "# ring: max per rank 98304 B = 1.500 S (expected 1.500 S)" in proc.stdout, proc.stdout
+    assert "# hierarchical: max per rank 32768 B = 0.500 S (expected 0.500 S)" in proc.stdout, proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["summary"]["hierarchical"]["cross_node_bytes_per_node"] == {"0": 65536, "1": 65536}
+    assert all(s["correct"] for s in doc["summary"].values())
