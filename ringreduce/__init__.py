@@ -10,12 +10,12 @@ import atexit
 
 import torch
 
+from ringreduce import nn  # noqa: E402 - the autograd-aware collectives (ringreduce.nn.all_gather, ...)
 from ringreduce._native import C as _C
 from ringreduce.coalesced import all_reduce_coalesced
 from ringreduce.hooks import GradientAverager, ddp_comm_hook
 from ringreduce.ops import ReduceOp, all_reduce, all_reduce_avg
 from ringreduce.scatter_gather import all_gather, reduce_scatter
-from ringreduce import nn  # noqa: E402 - the autograd-aware collectives (ringreduce.nn.all_gather, ...)
 from ringreduce.work import Work
 
 __version__ = _C.native_info["version"]

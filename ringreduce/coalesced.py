@@ -118,7 +118,7 @@ def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, int, BaseExcepti
             "ringreduce.all_reduce_coalesced: expected a list or tuple of tensors, got "
             f"{type(tensors).__name__} (use ringreduce.all_reduce for a single tensor)"
         )
-    tensors = list(tensors)
+    tensors = [ops.local_tensor(t) for t in tensors]  # DTensors: their local shards, in place
     for k, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             return None, ops._ERR_NOT_A_TENSOR, TypeError(

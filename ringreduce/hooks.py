@@ -30,6 +30,17 @@ Note [Unused parameters]
     None), as DDP with ``find_unused_parameters=True`` does. The last bucket is launched only after
     all earlier ones, i.e. when all hooks have fired or at the end of backward, so its flags are
     final when it goes out.
+
+Note [DTensor gradients]
+    A DTensor parameter is bucketed by its local shard (shape, dtype and device of its local
+    tensor); its gradient's local shard is copied into the bucket and the average is written back
+    into that shard in place, so the gradient stays the same DTensor with the same placements (a
+    gradient the averager creates, for a parameter this rank did not use, gets the parameter's
+    placements). With ``gradient_as_bucket_view=True`` the gradient is a DTensor whose local
+    shard is the bucket slot. Averaging local shards is right for Shard and Replicate placements,
+    and for Partial placements on mesh dimensions that are *not* averaged (the average commutes
+    with the pending sum). A Partial placement on an averaged dimension would mix two reductions
+    of the same ranks: such a gradient raises RuntimeError.
 """
 
 from __future__ import annotations
@@ -44,8 +55,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce._groups import resolve
-from ringreduce.ops import ReduceOp, all_reduce
+from ringreduce._groups import _is_device_mesh, resolve
+from ringreduce.ops import ReduceOp, all_reduce, local_tensor
 from ringreduce.work import Work
 
 _MB = 1024 * 1024
@@ -155,6 +166,34 @@ def _is_view_of(grad: torch.Tensor, slot: torch.Tensor) -> bool:
     )
 
 
+def _is_dtensor(t: Any) -> bool:
+    return t is not None and local_tensor(t) is not t
+
+
+def _as_grad(local: torch.Tensor, param: torch.Tensor, like: torch.Tensor | None) -> torch.Tensor:
+    """`local` as the gradient of `param`: itself for a plain parameter; for a DTensor parameter a
+    DTensor whose local shard is `local` (same memory), with the placements of `like` (the gradient
+    it replaces) or else of `param`. See Note [DTensor gradients]."""
+    if not _is_dtensor(param):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    src = like if _is_dtensor(like) else param
+    with torch.no_grad():
+        return DTensor.from_local(
+            local, src.device_mesh, src.placements, run_check=False, shape=src.shape, stride=src.stride()
+        )
+
+
+def _global_ranks(group: Any) -> frozenset[int]:
+    """The global ranks `group` (None, a ProcessGroup or a DeviceMesh) averages over."""
+    if group is None:
+        return frozenset(range(dist.get_world_size()))
+    if _is_device_mesh(group):
+        return frozenset(int(r) for r in group.mesh.flatten().tolist())
+    return frozenset(dist.get_process_group_ranks(group))
+
+
 class GradientAverager:
     """Averages gradients across the ranks of `group` while backward runs (ringreduce's ring).
 
@@ -177,6 +216,13 @@ class GradientAverager:
     - ``gradient_as_bucket_view=True``: ``.grad`` tensors are views into the bucket buffers (no
       extra gradient memory, no copy back), re-established after ``zero_grad(set_to_none=True)``.
     - ``accum_dtype=torch.float32``: float16/bfloat16 buckets carry float32 partial sums.
+    - `group`: None (WORLD), a ProcessGroup or a DeviceMesh. ``mesh=`` names a DeviceMesh or
+      sub-mesh (``mesh["dp"]``, ``mesh["dp", "cp"]``) to average across those mesh dimensions only,
+      the same as ``group=mesh``; passing both `group` and `mesh` is a ValueError. Ranks that differ
+      in the other dimensions (tensor-parallel peers) keep their own gradients.
+    - DTensor parameters: gradients are averaged through their local shards, in place, and keep
+      their placements (Note [DTensor gradients]; a Partial placement on an averaged mesh dimension
+      raises RuntimeError).
 
     Raises RuntimeError when a parameter receives a gradient while its bucket from a previous
     backward is still being averaged (a second backward before the first was synchronized, e.g.
@@ -191,12 +237,25 @@ class GradientAverager:
     def __init__(
         self,
         module_or_params: Any,
-        group: dist.ProcessGroup | None = None,
+        group: Any = None,
         bucket_cap_mb: float = 25.0,
         first_bucket_mb: float = 1.0,
         gradient_as_bucket_view: bool = False,
         accum_dtype: torch.dtype | None = None,
+        mesh: Any = None,
     ) -> None:
+        if mesh is not None:
+            if group is not None:
+                raise ValueError(
+                    "ringreduce.GradientAverager: pass either group or mesh, not both (mesh=m is the same as "
+                    "group=m)"
+                )
+            if not _is_device_mesh(mesh):
+                raise TypeError(
+                    "ringreduce.GradientAverager: mesh must be a torch.distributed.device_mesh.DeviceMesh (or a "
+                    f"sub-mesh such as mesh['dp']), got {type(mesh).__name__}"
+                )
+            group = mesh
         if not bucket_cap_mb > 0 or not first_bucket_mb > 0:
             raise ValueError(
                 f"ringreduce.GradientAverager: bucket_cap_mb ({bucket_cap_mb}) and first_bucket_mb "
@@ -212,16 +271,20 @@ class GradientAverager:
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.timeline: list[dict[str, Any]] | None = None
         self._params = _collect_params(module_or_params)
+        # What is bucketed: the tensors themselves, or a DTensor's local shard (Note [DTensor gradients]).
+        self._locals = [local_tensor(p) for p in self._params]
+        self._averaged_ranks: frozenset[int] | None = None  # global ranks of `group`, when needed
+        self._partial_dims: dict[tuple[int, int], bool] = {}
         cap = max(1, int(bucket_cap_mb * _MB))
         first_cap = max(1, min(cap, int(first_bucket_mb * _MB)))
         self._buckets: list[_Bucket] = []
         self._bucket_of: list[int] = [0] * len(self._params)
         self._slots: list[torch.Tensor] = [torch.empty(0)] * len(self._params)
-        for index, (dtype, device, members) in enumerate(_assign_buckets(self._params, cap, first_cap)):
+        for index, (dtype, device, members) in enumerate(_assign_buckets(self._locals, cap, first_cap)):
             offsets, numel = [], 0
             for i in members:
                 offsets.append(numel)
-                numel += self._params[i].numel()
+                numel += self._locals[i].numel()
                 self._bucket_of[i] = index
             self._buckets.append(_Bucket(index, dtype, device, members, offsets, numel))
         if self._buckets:
@@ -229,7 +292,7 @@ class GradientAverager:
         for b in self._buckets:
             b.buffer = torch.zeros(b.numel + b.flags, dtype=b.dtype, device=b.device)
             for i, off in zip(b.params, b.offsets, strict=True):
-                self._slots[i] = _slot_view(b.buffer, off, self._params[i])
+                self._slots[i] = _slot_view(b.buffer, off, self._locals[i])
         self._lock = threading.RLock()
         self._sync = True
         self._removed = False
@@ -246,8 +309,8 @@ class GradientAverager:
             with torch.no_grad():
                 for i, p in enumerate(self._params):
                     if p.grad is not None:
-                        self._slots[i].copy_(p.grad)
-                        p.grad = self._slots[i]
+                        self._slots[i].copy_(local_tensor(p.grad))
+                        p.grad = _as_grad(self._slots[i], p, p.grad)
 
     # ----------------------------------------------------------------------------------- public
 
@@ -341,9 +404,12 @@ class GradientAverager:
                 f"ringreduce.GradientAverager: parameter #{i} got a {grad.layout} gradient; only dense "
                 "gradients are supported (e.g. nn.Embedding(sparse=False))"
             )
-        if self.gradient_as_bucket_view and grad is not None and not _is_view_of(grad, self._slots[i]):
-            self._slots[i].copy_(grad)
-            param.grad = self._slots[i]
+        local = local_tensor(grad)
+        if local is not grad:
+            self._check_dtensor_grad(i, grad, local)
+        if self.gradient_as_bucket_view and grad is not None and not _is_view_of(local, self._slots[i]):
+            self._slots[i].copy_(local)
+            param.grad = _as_grad(self._slots[i], param, grad)
         self._used[i] = True
         if not self._sync:
             return
@@ -357,6 +423,34 @@ class GradientAverager:
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch_in_order(upto=len(self._buckets), force=False)
+
+    def _check_dtensor_grad(self, i: int, grad: Any, local: torch.Tensor) -> None:
+        """Refuses DTensor gradients whose local shard cannot be averaged as is (Note [DTensor gradients])."""
+        if local.shape != self._slots[i].shape:
+            raise RuntimeError(
+                f"ringreduce.GradientAverager: parameter #{i} got a DTensor gradient whose local shard has shape "
+                f"{tuple(local.shape)}, but the parameter's local shard has shape {tuple(self._slots[i].shape)} "
+                f"(gradient placements {tuple(grad.placements)}); give the gradient the parameter's placements"
+            )
+        mesh = grad.device_mesh
+        for dim, placement in enumerate(grad.placements):
+            if not placement.is_partial():
+                continue
+            key = (id(mesh), dim)
+            if key not in self._partial_dims:
+                if self._averaged_ranks is None:
+                    self._averaged_ranks = _global_ranks(self.group)
+                peers = dist.get_process_group_ranks(mesh.get_group(dim))
+                self._partial_dims[key] = len(self._averaged_ranks.intersection(peers)) > 1
+            if self._partial_dims[key]:
+                names = mesh.mesh_dim_names
+                raise RuntimeError(
+                    f"ringreduce.GradientAverager: parameter #{i} got a DTensor gradient with placement {placement} "
+                    f"on mesh dimension {names[dim] if names else dim}, which this averager averages over; a "
+                    "Partial gradient is a pending sum over those ranks and averaging its local shards would mix "
+                    "the two reductions. Redistribute it (e.g. to Replicate) before it reaches .grad, or average "
+                    "over the other mesh dimensions only (mesh=...)"
+                )
 
     def _start_round(self) -> None:
         self._round = True
@@ -412,10 +506,10 @@ class GradientAverager:
                 grad = p.grad
                 if grad is None:
                     slot.zero_()  # unused here: contribute zeros (the slot may hold an old value)
-                elif not _is_view_of(grad, slot):
-                    slot.copy_(grad)
+                elif not _is_view_of(local_tensor(grad), slot):
+                    slot.copy_(local_tensor(grad))
                     if self.gradient_as_bucket_view:
-                        p.grad = slot
+                        p.grad = _as_grad(slot, p, grad)
             if bucket.flags:
                 flags = torch.tensor(self._used, dtype=torch.float32).to(bucket.dtype)
                 bucket.buffer[bucket.numel :].copy_(flags)
@@ -471,12 +565,12 @@ class GradientAverager:
                     continue  # no rank used it: leave .grad as it was (None stays None)
                 p, slot = self._params[i], self._slots[i]
                 if self.gradient_as_bucket_view:
-                    if p.grad is None or not _is_view_of(p.grad, slot):
-                        p.grad = slot
+                    if p.grad is None or not _is_view_of(local_tensor(p.grad), slot):
+                        p.grad = _as_grad(slot, p, p.grad)
                 elif p.grad is None:
-                    p.grad = slot.clone()
+                    p.grad = _as_grad(slot.clone(), p, None)
                 else:
-                    p.grad.copy_(slot)
+                    local_tensor(p.grad).copy_(slot)  # in place: a DTensor keeps its placements
 
     def _end_round(self) -> None:
         self._round = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -129,6 +130,13 @@ def _local_refusal(
     if algorithm not in ALGORITHMS:
         return _ERR_OTHER, ValueError(
             f"ringreduce: algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
+        ), rop, False
+    if getattr(type(tensor), "__torch_dispatch__", None) is not torch.Tensor.__torch_dispatch__:
+        # Wrapper subclasses (DTensor is unwrapped before, FakeTensor, functional tensors...) may have
+        # no storage of their own: never hand them to the transport.
+        return _ERR_OTHER, ValueError(
+            f"ringreduce: tensor subclass {type(tensor).__name__} is not supported; pass a plain tensor "
+            "(e.g. its local shard or .to_local())"
         ), rop, False
     if tensor.is_sparse or tensor.layout != torch.strided:
         return _ERR_SPARSE, ValueError(
@@ -262,6 +270,19 @@ def choose_algorithm(info: GroupInfo, algorithm: str) -> tuple[int, tuple[int, .
     return 0, info.members
 
 
+def local_tensor(tensor: Any) -> Any:
+    """A DTensor's local shard (a collective reduces it in place; placements stay as they are).
+
+    Anything else is returned as is. No DTensor can exist before torch.distributed.tensor is imported,
+    so plain tensors cost one dictionary lookup.
+    """
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None) if module is not None else None
+    if dtensor is not None and isinstance(tensor, dtensor):
+        return tensor._local_tensor
+    return tensor
+
+
 def _run(
     tensor: Any,
     op: Any,
@@ -272,6 +293,7 @@ def _run(
     kind: int,
     ntensors: int = 1,
 ) -> Work | None:
+    tensor = local_tensor(tensor)
     info = resolve(group)
     code, exc, rop, accum = _local_refusal(tensor, op, accum_dtype, algorithm)
     if exc is not None:
@@ -332,7 +354,8 @@ def all_reduce(
     (integer AVG included, before any data moves), ValueError for sparse tensors and bad
     arguments, RuntimeError when ranks disagree (every rank raises, naming what differs) and
     torch.distributed.DistBackendError when a peer dies or the group's timeout
-    (RINGREDUCE_TIMEOUT) passes. A rank outside `group` returns at once.
+    (RINGREDUCE_TIMEOUT) passes. A rank outside `group` returns at once. A DTensor is reduced
+    through its local shard, in place (its placements are not changed).
     """
     return _run(tensor, op, group, async_op, accum_dtype, algorithm, KIND_ALL_REDUCE)
 

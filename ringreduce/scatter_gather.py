@@ -20,10 +20,6 @@ _PHASE_REDUCE_SCATTER = 1
 _PHASE_ALL_GATHER = 2
 
 
-def _shape_error(kind: int, info: GroupInfo | None, exc: BaseException, tensor: Any) -> None:
-    ops._refuse(info, kind, ops._ERR_OTHER, exc, tensor)
-
-
 def _gathered_shape(tensor: torch.Tensor, n: int) -> tuple[int, ...]:
     if tensor.dim() == 0:
         return (n,)
@@ -78,6 +74,7 @@ def reduce_scatter(
     a DeviceMesh. A rank outside the group returns at once, leaving `output` unchanged.
     """
     kind = ops.KIND_REDUCE_SCATTER
+    input, output = ops.local_tensor(input), ops.local_tensor(output)  # DTensors: their local shards
     info = resolve(group)
     code, exc, rop, _ = ops._local_refusal(input, op, None, "ring")
     if exc is None:
@@ -101,7 +98,7 @@ def reduce_scatter(
     if exc is not None:
         if info is None:
             raise exc
-        _shape_error(kind, info, exc, input)
+        ops._refuse(info, kind, code, exc, input)
     assert rop is not None
     if info is None:
         return Work.completed([output]) if async_op else None
@@ -128,12 +125,13 @@ def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) 
     None. Autograd: use :func:`ringreduce.nn.all_gather`.
     """
     kind = ops.KIND_ALL_GATHER
+    tensor = ops.local_tensor(tensor)  # a DTensor: its local shard (the result is a plain tensor)
     info = resolve(group)
     code, exc, _, _ = ops._local_refusal(tensor, ops.ReduceOp.SUM, None, "ring")
     if exc is not None:
         if info is None:
             raise exc
-        _shape_error(kind, info, exc, tensor)
+        ops._refuse(info, kind, code, exc, tensor)
     if info is None:
         return None
     out = torch.empty(_gathered_shape(tensor, info.size), dtype=tensor.dtype, device=tensor.device)

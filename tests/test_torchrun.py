@@ -35,7 +35,7 @@ def test_torchrun_two_nodes_two_ranks_each(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for node, (p, text) in enumerate(zip(procs, outputs)):
+    for node, (p, text) in enumerate(zip(procs, outputs, strict=True)):
         assert p.returncode == 0, f"torchrun node {node} exited {p.returncode}:\n{text[-4000:]}"
     reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(4)]
     S = 1 << 20
