@@ -1,6 +1,7 @@
-"""ringreduce's GPU path: the ring all-reduce of CUDA tensors over ringreduce's own NCCL communicator.
+"""ringreduce's GPU path: the ring collectives of CUDA tensors over ringreduce's own NCCL communicator.
 
-``ringreduce.all_reduce`` calls :func:`cuda_all_reduce` for CUDA tensors after its local checks
+``ringreduce.all_reduce`` calls :func:`cuda_all_reduce`, ``ringreduce.reduce_scatter`` and
+``ringreduce.all_gather`` call :func:`cuda_ring_half` for CUDA tensors after their local checks
 (dtype/op, group membership; numel 0 and world size 1 return before). What happens here:
 
 * **One NCCL communicator per (process group, device)**, created lazily by the first CUDA call on
@@ -14,6 +15,20 @@
   After an abort every later call on the group raises ``torch.distributed.DistBackendError``;
   create a new group to continue. Communicators are aborted at interpreter exit (atexit), never
   from static destructors.
+* **Rings over rank lists use the group's communicator** (Note [Sub-rings on one communicator] in
+  csrc/cuda/ring_driver.h): a flattened DeviceMesh sub-mesh (a ring over ranks of WORLD) and the
+  three rings of the hierarchical all-reduce (inside each node, across nodes) send to the ranks
+  their rank list names over the one communicator of the process group. No communicator or process
+  group is ever created for a sub-ring. The group's communicator itself is created by the first
+  CUDA call on the group, collectively over *every* rank of the group: with a DeviceMesh sub-mesh,
+  every rank must make that first call (each on its own slice, as SPMD programs do), or call
+  :func:`init_communicator` on every rank beforehand.
+* **Hierarchical all-reduce** (``local_size > 1``, chosen by ``ringreduce.ops.choose_algorithm``):
+  the stages of Note [Hierarchical all-reduce] (csrc/torch/cpu_group.cpp) as one call on the
+  streams - reduce-scatter inside the node (AVG sums there), a full ring across nodes over the
+  node's owned range (AVG divides by the whole ring's size, once), all-gather inside the node.
+  With ``accum_dtype=torch.float32`` on half types the whole call reduces a float32 copy, rounded
+  once at the end, as on CPU.
 * **Stream semantics, as torch.distributed's NCCL backend**: the ring is ordered after everything
   already enqueued on the current CUDA stream; a synchronous call makes the current stream wait
   for the result (the host does not block); ``async_op=True`` returns a :class:`~ringreduce.Work`
@@ -91,7 +106,11 @@ def _timeout_ms(pg: dist.ProcessGroup) -> int:
 
 
 def communicator(info: GroupInfo, device: torch.device) -> Any:
-    """The NCCL communicator of `info`'s group on `device`, created on first use (collective)."""
+    """The NCCL communicator of `info`'s process group on `device`, created on first use.
+
+    Creation is collective over every rank of ``info.pg`` (not only the ring's members: a ring over
+    a rank list of the group runs over the group's communicator). Its ranks are the group's ranks.
+    """
     if device.type != "cuda" or device.index is None:
         raise ValueError(f"ringreduce: expected a CUDA device with an index, got {device}")
     key = (id(info.pg), device.index)
@@ -102,24 +121,52 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
         if entry is not None:
             return entry[1]
         C = _native()
+        # The group's ranks, not the ring's indices (info.rank/info.size describe the ring).
+        pg_rank = dist.get_rank(info.pg)
+        pg_size = dist.get_world_size(info.pg)
         generation = _generations.get(id(info.pg), 0)
         _generations[id(info.pg)] = generation + 1
         store = dist.distributed_c10d._get_process_group_store(info.pg)
         uid_key = _UID_KEY.format(generation=generation)
-        if info.rank == 0:
+        if pg_rank == 0:
             store.set(uid_key, C.nccl_unique_id())
         uid = store.get(uid_key)  # blocks until rank 0 published it (store timeout)
+        label = info.name if not info.members else f"process group of {info.name}"
         comm = C.NcclComm(
             uid,
-            info.size,
-            info.rank,
+            pg_size,
+            pg_rank,
             device.index,
             _timeout_ms(info.pg),
-            f"ringreduce {info.name} on cuda:{device.index} (generation {generation})",
+            f"ringreduce {label} on cuda:{device.index} (generation {generation})",
             _config.num_slots(),
         )
         _comms[key] = (info.pg, comm)
         return comm
+
+
+def init_communicator(group: Any = None, device: torch.device | int | None = None) -> None:
+    """Creates the NCCL communicator of `group` on `device` now (collective over the whole group).
+
+    `group`: None (WORLD), a ProcessGroup or a DeviceMesh (a multi-dimensional sub-mesh uses
+    WORLD's communicator); `device`: default the current CUDA device. Optional: the first CUDA call
+    on the group does the same. Useful before calls on DeviceMesh sub-meshes that only some ranks
+    make. A rank outside `group` does nothing.
+    """
+    from ringreduce._groups import resolve
+
+    info = resolve(group)
+    if info is None:
+        return
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    elif isinstance(device, int):
+        device = torch.device("cuda", device)
+    communicator(info, device)
+
+
+def _members(info: GroupInfo, members: Any) -> list[int]:
+    return [int(m) for m in (info.members if members is None else members)]
 
 
 def cuda_all_reduce(
@@ -129,14 +176,20 @@ def cuda_all_reduce(
     async_op: bool,
     accum_float32: bool,
     kind: int,
+    *,
+    local_size: int = 0,
+    members: Any = None,
 ) -> Work | None:
     """Ring all-reduce of a CUDA tensor in place (see the module docstring for stream semantics).
 
     `op` is a ringreduce.ReduceOp (an int 0-4), `info` the resolved group, `accum_float32` carries
-    half-type partials in float32, `kind` the call kind of the agreement frame. Returns a Work when
-    `async_op`, else None. Raises TypeError/ValueError for bad input, RuntimeError when ranks
-    disagree (RINGREDUCE_CHECK=1) or under CUDA graph capture, DistBackendError on NCCL failures,
-    timeouts and groups whose communicator was aborted.
+    half-type partials in float32, `kind` the call kind of the agreement frame. `members`: the ring's
+    ranks as ranks of ``info.pg`` in ring order (default ``info.members``; () = every rank);
+    `local_size` > 1: the hierarchical all-reduce over `members` ordered node by node, that many
+    ranks per node (0: the flat ring). Returns a Work when `async_op`, else None. Raises
+    TypeError/ValueError for bad input, RuntimeError when ranks disagree (RINGREDUCE_CHECK=1) or
+    under CUDA graph capture, DistBackendError on NCCL failures, timeouts and groups whose
+    communicator was aborted.
     """
     if not tensor.is_cuda:
         raise ValueError(f"ringreduce: cuda_all_reduce needs a CUDA tensor, got one on {tensor.device}")
@@ -151,25 +204,90 @@ def cuda_all_reduce(
         _config.check_enabled(True),
         int(kind),
         info.name,
+        _members(info, members),
+        int(local_size),
     )
     if not async_op:
         return None
     name = getattr(op, "name", str(op))
-    return Work(handle, [tensor], describe=f"all_reduce {name} on {info.name} (cuda:{tensor.device.index})")
+    algo = f" hierarchical(local_size={local_size})" if local_size and local_size > 1 else ""
+    if handle is None:
+        return Work.completed([tensor])
+    return Work(handle, [tensor], describe=f"all_reduce {name}{algo} on {info.name} (cuda:{tensor.device.index})")
 
 
-def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int) -> None:
+_HALF_NAMES = {3: "reduce_scatter", 4: "all_gather"}
+
+
+def cuda_ring_half(
+    tensor: torch.Tensor,
+    output: torch.Tensor,
+    op: Any,
+    info: GroupInfo,
+    async_op: bool,
+    kind: int,
+) -> Work | None:
+    """reduce_scatter (kind 3) or all_gather (kind 4) of CUDA tensors over ``info``'s ring.
+
+    reduce_scatter: `tensor` is the input (n blocks of ``output.numel()`` elements, left
+    untouched), `output` receives block r (r = this rank's ring index) reduced with `op`.
+    all_gather: `output` (contiguous, n times `tensor`'s elements, allocated by the caller) receives
+    every rank's `tensor` in ring order. Stream semantics as :func:`cuda_all_reduce`: ordered after
+    the current stream; a synchronous call makes the current stream wait and returns None;
+    ``async_op=True`` returns a Work whose future (CUDA-aware) holds ``[output]``.
+    """
+    if kind not in _HALF_NAMES:
+        raise ValueError(f"ringreduce: cuda_ring_half runs reduce_scatter (3) or all_gather (4), got kind {kind}")
+    if not tensor.is_cuda or not output.is_cuda:
+        raise ValueError(
+            f"ringreduce: {_HALF_NAMES[kind]} on the GPU needs CUDA tensors, got {tensor.device} and {output.device}"
+        )
+    comm = communicator(info, tensor.device)
+    handle = _native().cuda_ring_half(
+        comm,
+        tensor,
+        output,
+        int(op),
+        _config.segment_bytes(),
+        bool(async_op),
+        _config.check_enabled(True),
+        int(kind),
+        info.name,
+        _members(info, None),
+    )
+    if not async_op:
+        return None
+    if handle is None:
+        return Work.completed([output])
+    name = getattr(op, "name", str(op)) if kind == 3 else ""
+    what = f"{_HALF_NAMES[kind]}{' ' + name if name else ''}"
+    return Work(handle, [output], describe=f"{what} on {info.name} (cuda:{tensor.device.index})")
+
+
+def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, members: Any = None) -> None:
     """With RINGREDUCE_CHECK=1: tell the other ranks that this rank refused the call locally.
 
-    Sends this rank's frame marked with `error` (csrc/core/frame.h FrameError) so that the others
-    raise RuntimeError at once instead of at the timeout. Returns normally; the caller then raises
-    its own, more precise exception. Does nothing when the check is off.
+    Sends this rank's frame marked with `error` (csrc/core/frame.h FrameError) around the ring the
+    other ranks run the call on, so that they raise RuntimeError at once instead of at the timeout.
+    `members`: that ring's ranks in ``info.pg`` (ringreduce.ops.choose_algorithm); default: the
+    ring of `info` for reduce_scatter/all_gather, the ring ``algorithm="auto"`` picks otherwise.
+    Returns normally; the caller then raises its own, more precise exception. Does nothing when the
+    check is off.
     """
     if not _config.check_enabled(True) or info.size <= 1:
         return
+    if members is None:
+        members = info.members
+        if kind not in _HALF_NAMES:
+            from ringreduce.ops import choose_algorithm
+
+            try:
+                members = choose_algorithm(info, "auto")[1]
+            except ValueError:
+                members = info.members
     comm = communicator(info, device)
     try:
-        _native().cuda_refuse(comm, int(kind), int(error), 0, info.name)
+        _native().cuda_refuse(comm, int(kind), int(error), 0, info.name, _members(info, members))
     except RuntimeError:
         pass  # every rank sees the refusal; ours is reported by the caller's own exception
 

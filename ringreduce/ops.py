@@ -229,17 +229,17 @@ def _refuse(
     """Tells the other ranks (agreement frame marked as an error) before raising locally."""
     is_cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
     if info is not None and info.size > 1 and _config.check_enabled(is_cuda):
+        # The frame goes to the ring the other ranks run this call on (the hierarchical one may
+        # order the ranks node by node: another ring, another tag space).
+        try:
+            _, members = choose_algorithm(info, algorithm if algorithm in ALGORITHMS else "auto")
+        except ValueError:
+            members = info.members
         if is_cuda and C.native_info["cuda"]:
             from ringreduce import _cuda
 
-            _cuda.cuda_refuse(info, tensor.device, kind, code)
+            _cuda.cuda_refuse(info, tensor.device, kind, code, members=members)
         elif not is_cuda:
-            # The frame goes to the ring the other ranks run this call on (the hierarchical one may
-            # order the ranks node by node: another ring, another tag space).
-            try:
-                _, members = choose_algorithm(info, algorithm if algorithm in ALGORITHMS else "auto")
-            except ValueError:
-                members = info.members
             handle = _submit_cpu(
                 info, None, ReduceOp.SUM, False, kind, code, 1, True, run_inline=True, members=members
             )

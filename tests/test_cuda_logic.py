@@ -10,12 +10,17 @@ ctypes library (tests/cpp/cuda/cuda_logic_capi.cpp):
   on simulated CUDA streams with random interleavings and a vector-clock race detector
   (tests/cpp/cuda/sim_device.h): whole all-reduces on n in-process ranks with exact,
   position-dependent data, back-to-back and asynchronous calls sharing the staging slots, and
-  deliberately broken interpreter decisions that must be caught.
+  deliberately broken interpreter decisions that must be caught;
+* the stages of the other GPU collectives through the same driver (csrc/cuda/ring_driver.h):
+  reduce-scatter-only and all-gather-only rings (rank r owns block r), an AVG divisor larger than
+  the ring, rings over rank lists of one communicator running side by side (the NCCL peers each
+  rank used must be the mapped ranks), and the hierarchical all-reduce's three stages.
 """
 
 from __future__ import annotations
 
 import ctypes
+import datetime
 import hashlib
 import os
 import shutil
@@ -99,6 +104,14 @@ def lib() -> ctypes.CDLL:
         ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
         ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
         ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_int,
+    ]
+    lib.rr_sim_ring.restype = ctypes.c_int
+    lib.rr_sim_ring.argtypes = [
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int,
+        ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int,
+        ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int,
+        ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
+        ctypes.c_char_p, ctypes.c_int,
     ]
     lib.rr_sim_allreduce.restype = ctypes.c_int
     lib.rr_sim_allreduce.argtypes = [
@@ -284,9 +297,10 @@ def exact_inputs(dtype, op, nranks, numel, call):
     return out
 
 
-def expected(dtype, op, inputs):
-    """The all-gathered inputs reduced locally in float64/int64 (AVG: divide like the ring)."""
-    n = len(inputs)
+def expected(dtype, op, inputs, divisor=None):
+    """The all-gathered inputs reduced locally in float64/int64 (AVG: divide like the ring, by
+    `divisor` when given, else by the number of inputs)."""
+    n = divisor or len(inputs)
     if dtype == torch.bool:
         st = torch.stack(inputs)
         return st.any(0) if op in (SUM, MAX) else st.all(0)
@@ -446,3 +460,349 @@ def test_sim_data_race_message_names_ops(lib):
     rc, msg, _, _ = sim_allreduce(lib, nranks=2, numel=64, dtype=torch.float32, op=SUM, segment_bytes=16,
                                   fault=2, seed=0)
     assert rc != 0 and "data race" in msg and "producer" in msg
+
+
+# ---------------------------------------------------------------------------------------------
+# The other collectives' stages: ring halves, AVG divisor, rank-mapped rings, hierarchical
+
+MODE_FLAT, MODE_REDUCE_SCATTER, MODE_ALL_GATHER, MODE_HIERARCHICAL = range(4)
+
+
+def sim_ring(lib, *, comm_size, rings, mode, numel, dtype, op, local_size=0, accum=False, segment_bytes=48,
+             num_slots=3, slot_bytes=None, avg_divisor=0, ncalls=1, seed=1, fault=0, inputs=None):
+    """Runs `ncalls` calls on the rings `rings` (lists of communicator ranks, one size) side by side.
+
+    Returns (rc, message, inputs[c][k][i], outputs[c][k][i], peers) where peers[r] = (set of ranks r
+    sent to, set of ranks r received from).
+    """
+    ring_size = len(rings[0])
+    assert all(len(r) == ring_size for r in rings)
+    if slot_bytes is None:
+        slot_bytes = max(256, segment_bytes * 4)
+    if inputs is None:
+        inputs = []
+        for c in range(ncalls):
+            per_ring = []
+            for k in range(len(rings)):
+                per_ring.append(exact_inputs(dtype, op, ring_size, numel, c + 3 * k))
+            inputs.append(per_ring)
+    flat_in = [t for call in inputs for ring in call for t in ring]
+    outs = [torch.zeros(numel, dtype=dtype) for _ in flat_in]
+    members = [m for ring in rings for m in ring]
+    c_members = (ctypes.c_int * len(members))(*members)
+    in_ptrs = (ctypes.c_void_p * len(flat_in))(*[t.data_ptr() for t in flat_in])
+    out_ptrs = (ctypes.c_void_p * len(outs))(*[t.data_ptr() for t in outs])
+    peers_buf = (ctypes.c_int * (comm_size * 16))()
+    err = ctypes.create_string_buffer(8192)
+    rc = lib.rr_sim_ring(comm_size, len(rings), ring_size, c_members, mode, local_size, numel, DTYPES[dtype], op,
+                         int(accum), segment_bytes, num_slots, slot_bytes, avg_divisor, ncalls, seed, fault, in_ptrs,
+                         out_ptrs, peers_buf, err, len(err))
+    it = iter(outs)
+    results = [[[next(it) for _ in range(ring_size)] for _ in rings] for _ in range(ncalls)]
+    peers = {}
+    for r in range(comm_size):
+        row = list(peers_buf[r * 16 : (r + 1) * 16])
+        peers[r] = ({p for p in row[:8] if p >= 0}, {p for p in row[8:] if p >= 0})
+    return rc, err.value.decode(), inputs, results, peers
+
+
+def blocks(t, n):
+    return list(t.view(n, -1))
+
+
+def ring_neighbours(ring, i):
+    m = len(ring)
+    return ring[(i + 1) % m], ring[(i - 1) % m]
+
+
+@pytest.mark.parametrize("dtype", SWEEP_DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_sim_reduce_scatter_exact(lib, dtype):
+    """Reduce-scatter only (owner shift -1, exact blocks): ring index i ends with block i reduced."""
+    runs = 0
+    for op_name, op in OPS.items():
+        if not supported(dtype, op):
+            continue
+        for rings, comm in (([[0, 1]], 2), ([[0, 1, 2]], 3), ([[2, 0, 4, 1, 3]], 5)):
+            n = len(rings[0])
+            for blk in (1, 7, 33):
+                rc, msg, ins, outs, _ = sim_ring(lib, comm_size=comm, rings=rings, mode=MODE_REDUCE_SCATTER,
+                                                 numel=n * blk, dtype=dtype, op=op, segment_bytes=16,
+                                                 seed=blk + 7 * n + op)
+                label = f"{op_name} {dtype} ring={rings[0]} blk={blk}"
+                assert rc == 0, f"{label}: {msg}"
+                want = blocks(expected(dtype, op, ins[0][0]), n)
+                for i, got in enumerate(outs[0][0]):
+                    assert same_bits(blocks(got, n)[i], want[i]), f"{label} index {i}"
+                runs += 1
+    assert runs > 0
+
+
+@pytest.mark.parametrize("dtype", SWEEP_DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_sim_all_gather_exact(lib, dtype):
+    """All-gather only: ring index i starts with its own block (and garbage), ends with every block."""
+    gen = torch.Generator().manual_seed(DTYPES[dtype])
+    for rings, comm in (([[0, 1]], 2), ([[1, 2, 0]], 3), ([[4, 0, 3, 1]], 5)):
+        n = len(rings[0])
+        for blk in (1, 5, 40):
+            own = exact_inputs(dtype, SUM, n, blk, 0)
+            ins = []
+            for i in range(n):
+                raw = torch.randint(0, 256, (n * blk * own[0].element_size(),), generator=gen, dtype=torch.uint8)
+                t = raw.view(dtype).clone()  # garbage everywhere ...
+                blocks(t, n)[i].copy_(own[i])  # ... but in its own block
+                ins.append(t)
+            rc, msg, _, outs, _ = sim_ring(lib, comm_size=comm, rings=rings, mode=MODE_ALL_GATHER, numel=n * blk,
+                                           dtype=dtype, op=SUM, segment_bytes=16, seed=blk, inputs=[[ins]])
+            assert rc == 0, msg
+            want = torch.cat(own)
+            for i, got in enumerate(outs[0][0]):
+                assert same_bits(got, want), f"{dtype} ring={rings[0]} blk={blk} index {i}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64],
+                         ids=lambda d: str(d).replace("torch.", ""))
+def test_sim_avg_divisor(lib, dtype):
+    """A full ring whose AVG divides by a larger count (the hierarchical cross-node stage)."""
+    for n in (2, 3, 4):
+        for numel in (1, n + 1, 203):
+            divisor = 3 * n + 1
+            rc, msg, ins, outs, _ = sim_ring(lib, comm_size=n, rings=[list(range(n))], mode=MODE_FLAT, numel=numel,
+                                             dtype=dtype, op=AVG, avg_divisor=divisor, seed=numel)
+            assert rc == 0, msg
+            want = expected(dtype, AVG, ins[0][0], divisor=divisor)
+            for got in outs[0][0]:
+                assert same_bits(got, want), f"{dtype} n={n} numel={numel}"
+
+
+@pytest.mark.parametrize("mode", [MODE_FLAT, MODE_REDUCE_SCATTER, MODE_ALL_GATHER], ids=["flat", "rs", "ag"])
+def test_sim_rank_mapped_rings_use_mapped_peers(lib, mode):
+    """Two rings over scrambled rank lists of one 7-rank communicator, side by side: exact results,
+    and every exchange of ring index i talks to communicator ranks members[i +- 1] only."""
+    rings = [[4, 1, 6], [0, 5, 2]]
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for seed in range(4):
+            numel = 3 * (5 + 11 * seed)
+            rc, msg, ins, outs, peers = sim_ring(lib, comm_size=7, rings=rings, mode=mode, numel=numel, dtype=dtype,
+                                                 op=SUM, segment_bytes=16, num_slots=2, ncalls=2, seed=seed)
+            assert rc == 0, msg
+            for c in range(2):
+                for k, ring in enumerate(rings):
+                    if mode == MODE_ALL_GATHER:
+                        want_full = torch.cat([blocks(ins[c][k][i], 3)[i] for i in range(3)])
+                    else:
+                        want_full = expected(dtype, SUM, ins[c][k])
+                    for i, got in enumerate(outs[c][k]):
+                        if mode == MODE_REDUCE_SCATTER:
+                            assert same_bits(blocks(got, 3)[i], blocks(want_full, 3)[i])
+                        else:
+                            assert same_bits(got, want_full), f"call {c} ring {ring} index {i}"
+            for ring in rings:
+                for i, r in enumerate(ring):
+                    nxt, prv = ring_neighbours(ring, i)
+                    assert peers[r] == ({nxt}, {prv}), f"rank {r} of ring {ring}: peers {peers[r]}"
+            assert peers[3] == (set(), set()), "rank 3 is in no ring and must not communicate"
+
+
+def _hier_peers(members, local_size, i):
+    n = len(members)
+    m = n // local_size
+    node, local = divmod(i, local_size)
+    intra = [members[node * local_size + j] for j in range(local_size)]
+    inter = [members[k * local_size + local] for k in range(m)]
+    sends = {ring_neighbours(intra, local)[0], ring_neighbours(inter, node)[0]}
+    recvs = {ring_neighbours(intra, local)[1], ring_neighbours(inter, node)[1]}
+    return sends, recvs
+
+
+HIER_LAYOUTS = [
+    # (communicator size, members ordered node by node, ranks per node)
+    (4, [0, 1, 2, 3], 2),
+    (6, [3, 0, 5, 1, 4, 2], 2),
+    (6, [3, 0, 5, 1, 4, 2], 3),
+    (8, [0, 1, 2, 3, 4, 5, 6, 7], 4),
+    (8, [6, 2, 7, 3, 0, 4, 1, 5], 2),
+]
+
+
+@pytest.mark.parametrize("dtype", SWEEP_DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_sim_hierarchical_exact(lib, dtype):
+    """The three stages (intra-node reduce-scatter, cross-node ring on the owned range with AVG
+    dividing by the whole ring, intra-node all-gather) equal the flat reduction bit for bit on
+    exact data, for every dtype and op; each rank talks only to its node and cross-node neighbours."""
+    runs = 0
+    for op_name, op in OPS.items():
+        if not supported(dtype, op):
+            continue
+        for comm, members, local in HIER_LAYOUTS:
+            for numel in (1, comm - 1, comm + 3, 203):
+                rc, msg, ins, outs, peers = sim_ring(lib, comm_size=comm, rings=[members], mode=MODE_HIERARCHICAL,
+                                                     local_size=local, numel=numel, dtype=dtype, op=op,
+                                                     segment_bytes=16 if numel < 100 else 48, num_slots=2 + numel % 2,
+                                                     seed=numel + 13 * op + comm)
+                label = f"{op_name} {dtype} members={members} L={local} numel={numel}"
+                assert rc == 0, f"{label}: {msg}"
+                check_results(dtype, op, ins[0], outs[0], label)
+                for i, r in enumerate(members):
+                    sends, recvs = _hier_peers(members, local, i)
+                    assert peers[r][0] <= sends and peers[r][1] <= recvs, f"{label}: rank {r} peers {peers[r]}"
+                    if numel >= 2 * comm:
+                        assert peers[r] == (sends, recvs), f"{label}: rank {r} peers {peers[r]}"
+                runs += 1
+    assert runs > 0
+
+
+def test_sim_hierarchical_back_to_back_and_random_data(lib):
+    """Several hierarchical calls in a row share staging and events; random float32 data agrees
+    with the float64 truth within tolerance and is identical on every rank."""
+    gen = torch.Generator().manual_seed(3)
+    members, local, n = [6, 2, 7, 3, 0, 4, 1, 5], 2, 8
+    for seed in range(6):
+        rc, msg, ins, outs, _ = sim_ring(lib, comm_size=n, rings=[members], mode=MODE_HIERARCHICAL, local_size=local,
+                                         numel=301, dtype=torch.float32, op=SUM, segment_bytes=32, num_slots=2,
+                                         ncalls=3, seed=seed)
+        assert rc == 0, f"seed {seed}: {msg}"
+        for c in range(3):
+            check_results(torch.float32, SUM, ins[c], outs[c], f"seed {seed} call {c}")
+    ins = [[[torch.randn(1000, generator=gen) for _ in range(n)]]]
+    rc, msg, _, outs, _ = sim_ring(lib, comm_size=n, rings=[members], mode=MODE_HIERARCHICAL, local_size=local,
+                                   numel=1000, dtype=torch.float32, op=AVG, inputs=ins, seed=9)
+    assert rc == 0, msg
+    truth = torch.stack(ins[0][0]).double().mean(0)
+    for got in outs[0][0]:
+        torch.testing.assert_close(got.double(), truth, rtol=1e-5, atol=1e-6)
+        assert same_bits(got, outs[0][0][0])
+
+
+def test_sim_hierarchical_refuses_uneven_nodes(lib):
+    rc, msg, _, _, _ = sim_ring(lib, comm_size=6, rings=[list(range(6))], mode=MODE_HIERARCHICAL, local_size=4,
+                                numel=10, dtype=torch.float32, op=SUM)
+    assert rc != 0 and "equal nodes" in msg
+
+
+STAGE_FAULTS = {
+    6: "kComm does not wait for the previous stage",
+    7: "exchanges ignore the ring's members (peers r +- 1 of the communicator)",
+}
+
+
+@pytest.mark.parametrize("fault", sorted(STAGE_FAULTS))
+def test_sim_catches_broken_stage_driver(lib, fault):
+    """Both new interpreter decisions are load-bearing: breaking either fails every schedule."""
+    caught = 0
+    for seed in range(4):
+        if fault == 6:
+            kw = dict(comm_size=6, rings=[[3, 0, 5, 1, 4, 2]], mode=MODE_HIERARCHICAL, local_size=2, numel=97)
+        else:
+            kw = dict(comm_size=7, rings=[[4, 1, 6], [0, 5, 2]], mode=MODE_FLAT, numel=48)
+        rc, msg, ins, outs, _ = sim_ring(lib, dtype=torch.float32, op=SUM, segment_bytes=16, num_slots=2, seed=seed,
+                                         fault=fault, **kw)
+        if rc != 0:
+            assert msg
+            caught += 1
+            continue
+        caught += int(any(not same_bits(g, expected(torch.float32, SUM, ins[0][k])) for k in range(len(kw["rings"]))
+                          for g in outs[0][k]))
+    assert caught == 4, f"fault {fault} ({STAGE_FAULTS[fault]}) went unnoticed in {4 - caught} of 4 schedules"
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python glue of the GPU path (ringreduce/_cuda.py) against a recording stand-in for _C
+
+
+class _FakeNative:
+    """Records what ringreduce._cuda hands to the CUDA bindings (no GPU, no NCCL needed)."""
+
+    native_info = {"cuda": True}
+
+    def __init__(self):
+        self.calls = []
+        self.comms = []
+
+    def nccl_unique_id(self):
+        return b"u" * 128
+
+    def cuda_group_timeout_ms(self, pg):
+        return 1000
+
+    def NcclComm(self, uid, nranks, rank, device, timeout_ms, name, num_slots):  # noqa: N802 - mirrors _C
+        comm = ("comm", nranks, rank, device, name)
+        self.comms.append(comm)
+        return comm
+
+    def cuda_all_reduce(self, comm, tensor, op, accum, seg, async_op, check, kind, name, members, local_size):
+        self.calls.append(("all_reduce", comm, kind, list(members), local_size, async_op))
+        return self if async_op else None
+
+    def cuda_ring_half(self, comm, tensor, output, op, seg, async_op, check, kind, name, members):
+        self.calls.append(("ring_half", comm, kind, list(members), async_op))
+        return self if async_op else None
+
+    def cuda_refuse(self, comm, kind, error, op, name, members):
+        self.calls.append(("refuse", comm, kind, list(members)))
+
+
+class _FakeCudaTensor:
+    is_cuda = True
+    device = torch.device("cuda", 0)
+
+
+@pytest.fixture()
+def fake_cuda(monkeypatch, tmp_path):
+    import torch.distributed as dist
+
+    from ringreduce import _cuda
+
+    if dist.is_initialized():
+        pytest.skip("needs a process without a default process group")
+    # A short store timeout: a glue that waited for a unique id under the ring index (not the
+    # group's rank 0) fails here in seconds instead of hanging.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=10))
+    fake = _FakeNative()
+    monkeypatch.setattr(_cuda, "_native", lambda: fake)
+    monkeypatch.setattr(_cuda, "_comms", {})
+    monkeypatch.setattr(_cuda, "_generations", {})
+    monkeypatch.setenv("RINGREDUCE_CHECK", "1")
+    try:
+        yield _cuda, fake, dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cuda_glue_one_communicator_per_group_with_group_ranks(fake_cuda):
+    """A ring over a rank list joins the group's communicator with the GROUP's rank and size (not
+    the ring index/size), creates it once, and passes the rank list and local size to _C."""
+    from ringreduce._groups import GroupInfo
+    from ringreduce.work import Work
+
+    _cuda, fake, world = fake_cuda
+    t = _FakeCudaTensor()
+    # a made-up ring description whose index/size differ from the group's rank/size
+    sub = GroupInfo(pg=world, rank=5, size=9, name="sub", members=(0,))
+    flat = GroupInfo(pg=world, rank=0, size=1, name="world")
+    assert _cuda.cuda_all_reduce(t, 0, sub, False, False, 0) is None
+    work = _cuda.cuda_all_reduce(t, 1, flat, True, False, 1, local_size=2, members=(0,))
+    assert isinstance(work, Work) and work.result() == [t]
+    out = _FakeCudaTensor()
+    half = _cuda.cuda_ring_half(t, out, 0, sub, True, 4)
+    assert isinstance(half, Work) and half.result() == [out]
+    assert _cuda.cuda_ring_half(t, out, 0, sub, False, 3) is None
+    with pytest.raises(ValueError):
+        _cuda.cuda_ring_half(t, out, 0, sub, False, 0)
+    assert len(fake.comms) == 1, "one communicator per (group, device), shared by every ring"
+    _, nranks, rank, device, _ = fake.comms[0]
+    assert (nranks, rank, device) == (1, 0, 0)
+    assert [c[0] for c in fake.calls] == ["all_reduce", "all_reduce", "ring_half", "ring_half"]
+    assert fake.calls[0][3:5] == ([0], 0)
+    assert fake.calls[1][3:5] == ([0], 2)
+    assert fake.calls[2][2:4] == (4, [0])
+
+
+def test_cuda_glue_refusal_frames_go_around_the_call_ring(fake_cuda):
+    from ringreduce._groups import GroupInfo
+
+    _cuda, fake, world = fake_cuda
+    info = GroupInfo(pg=world, rank=0, size=2, name="sub", members=(0,))
+    _cuda.cuda_refuse(info, torch.device("cuda", 0), 3, 5)
+    _cuda.cuda_refuse(info, torch.device("cuda", 0), 0, 5, members=(0,))
+    assert fake.calls == [("refuse", fake.comms[0], 3, [0]), ("refuse", fake.comms[0], 0, [0])]

@@ -63,8 +63,9 @@ void EventPool::release(cudaEvent_t event) {
 
 // ---- CudaWork ----------------------------------------------------------------------------------
 
-CudaWork::CudaWork(std::shared_ptr<EventPool> pool, std::shared_ptr<NcclComm> comm, uint64_t seq, int device)
-    : pool_(std::move(pool)), comm_(std::move(comm)), seq_(seq), device_(device) {}
+CudaWork::CudaWork(std::shared_ptr<EventPool> pool, std::shared_ptr<NcclComm> comm, uint64_t seq, int device,
+                   std::string what)
+    : pool_(std::move(pool)), comm_(std::move(comm)), seq_(seq), device_(device), what_(std::move(what)) {}
 
 CudaWork::~CudaWork() {
   pool_->release(start_);
@@ -97,7 +98,7 @@ bool CudaWork::isCompleted() {
 
 void CudaWork::streamWait(cudaStream_t stream) {
   if (state_.load() == kFailed) {
-    RR_THROW(kBackend, "ringreduce: all-reduce #", seq_, " on ", comm_->name(), " failed: ", error());
+    RR_THROW(kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(), " failed: ", error());
   }
   DeviceGuard guard(device_);
   RR_CUDA_CHECK(cudaStreamWaitEvent(stream, done_, 0));
@@ -108,13 +109,13 @@ void CudaWork::synchronize(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (!isCompleted()) {
     if (std::chrono::steady_clock::now() > deadline) {
-      RR_THROW(kBackend, "ringreduce: all-reduce #", seq_, " on ", comm_->name(), " (rank ", comm_->rank(),
+      RR_THROW(kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(), " (rank ", comm_->rank(),
                ") did not finish within ", limit.count(), " ms");
     }
     std::this_thread::sleep_for(kHostPoll);
   }
   if (state_.load() == kFailed) {
-    RR_THROW(kBackend, "ringreduce: all-reduce #", seq_, " on ", comm_->name(), " failed: ", error());
+    RR_THROW(kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(), " failed: ", error());
   }
 }
 
@@ -122,26 +123,29 @@ void CudaWork::synchronize(std::chrono::milliseconds timeout) {
 
 class CudaBackend final : public DeviceBackend {
  public:
-  CudaBackend(CudaRing& ring, CudaWork& work, DType dtype, RedOp op, cudaStream_t caller,
+  CudaBackend(CudaRing& ring, CudaWork& work, DType dtype, cudaStream_t caller,
               const std::function<void()>& epilogue)
-      : ring_(ring), work_(work), dtype_(dtype), op_(op), caller_(caller), epilogue_(epilogue) {}
+      : ring_(ring), work_(work), dtype_(dtype), caller_(caller), epilogue_(epilogue) {}
 
   bool enqueuedAnything() const { return enqueued_; }
 
   void prepare(int32_t num_events) override {
     while (static_cast<int32_t>(ring_.plan_events_.size()) < num_events)
       ring_.plan_events_.push_back(ring_.pool_->acquire());
+    if (ring_.stage_event_ == nullptr) ring_.stage_event_ = ring_.pool_->acquire();
   }
 
-  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override {
+  // The peers are communicator ranks, already mapped through the stage's members by the driver
+  // (Note [Sub-rings on one communicator]).
+  void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
+                int recv_peer) override {
     enqueued_ = true;
-    ring_.comm_->sendRecv(send, send_bytes, (ring_.rank() + 1) % ring_.size(), recv, recv_bytes,
-                          (ring_.rank() + ring_.size() - 1) % ring_.size(), ring_.comm_stream_);
+    ring_.comm_->sendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, ring_.comm_stream_);
   }
 
   void reduce(const ReduceLaunch& l) override {
     enqueued_ = true;
-    launchReduce(dtype_, op_, l.a, l.a_wide, l.b, l.b_wide, l.dst, l.dst_wide, l.count, l.divisor,
+    launchReduce(dtype_, l.op, l.a, l.a_wide, l.b, l.b_wide, l.dst, l.dst_wide, l.count, l.divisor,
                  l.round_sum, ring_.compute_stream_);
   }
 
@@ -183,6 +187,7 @@ class CudaBackend final : public DeviceBackend {
   cudaEvent_t eventOf(int32_t e) const {
     if (e == kCallStartEvent) return work_.start_;
     if (e == kCallDoneEvent) return work_.done_;
+    if (e == kStageDoneEvent) return ring_.stage_event_;
     RR_CHECK(e >= 0 && static_cast<size_t>(e) < ring_.plan_events_.size(), kRuntime,
              "ringreduce internal error: event ", e, " outside the pool");
     return ring_.plan_events_[static_cast<size_t>(e)];
@@ -191,7 +196,6 @@ class CudaBackend final : public DeviceBackend {
   CudaRing& ring_;
   CudaWork& work_;
   DType dtype_;
-  RedOp op_;
   cudaStream_t caller_;
   const std::function<void()>& epilogue_;
   bool enqueued_ = false;
@@ -230,30 +234,49 @@ void CudaRing::checkOpen() const {
            " was shut down (process exit or an explicit abort)");
 }
 
-Plan CudaRing::makePlan(int64_t numel, DType dtype, RedOp op, bool accum_float32, int64_t segment_bytes) const {
-  return buildPlan(comm_->size(), comm_->rank(), numel, dtype,
-                   gpuPlanOptions(op, accum_float32, segment_bytes, num_slots_, slot_bytes_));
+PlanOptions CudaRing::planOptions(RedOp op, bool accum_float32, int64_t segment_bytes) const {
+  return gpuPlanOptions(op, accum_float32, segment_bytes, num_slots_, slot_bytes_);
 }
 
-std::shared_ptr<CudaWork> CudaRing::enqueue(const Plan& plan, RedOp op, void* data, void* accum,
+uint64_t CudaRing::nextSeq(const std::vector<int>& ring_key) const {
+  std::lock_guard<std::mutex> lock(call_mu_);
+  auto it = next_seq_.find(ring_key);
+  return it == next_seq_.end() ? 0 : it->second;
+}
+
+std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages, void* data, void* accum,
+                                            const std::vector<int>& ring_key, const std::string& what,
                                             cudaStream_t caller, bool caller_waits,
                                             const std::function<void()>& epilogue) {
   std::lock_guard<std::mutex> lock(call_mu_);
   checkOpen();
   comm_->checkUsable();
-  checkSupported(plan.dtype, op);
-  RR_CHECK(plan.sched.nranks == size() && plan.rank == rank(), kRuntime,
-           "ringreduce internal error: plan for rank ", plan.rank, "/", plan.sched.nranks, " on ring rank ",
-           rank(), "/", size());
+  RR_CHECK(!stages.empty(), kRuntime, "ringreduce internal error: a call without a ring");
+  const DType dtype = stages[0].plan.dtype;
+  for (const RingStage& st : stages) {
+    checkSupported(st.plan.dtype, st.op);
+    RR_CHECK(st.plan.dtype == dtype, kRuntime, "ringreduce internal error: stages of one call differ in dtype");
+    // Note [Sub-rings on one communicator]: every stage is a ring over ranks of this communicator
+    // on which this process sits at the plan's ring index.
+    RR_CHECK(static_cast<int>(st.members.size()) == st.plan.sched.nranks && st.plan.rank >= 0 &&
+                 st.plan.rank < st.plan.sched.nranks &&
+                 st.members[static_cast<size_t>(st.plan.rank)] == rank(),
+             kRuntime, "ringreduce internal error: a plan for ring index ", st.plan.rank, " of ", st.plan.sched.nranks,
+             " does not place communicator rank ", rank(), " there");
+    for (const int m : st.members)
+      RR_CHECK(m >= 0 && m < size(), kValue, "ringreduce: ring member ", m, " outside the communicator of ", size(),
+               " ranks");
+  }
   DeviceGuard guard(device());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   RR_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture));
   RR_CHECK(capture == cudaStreamCaptureStatusNone, kRuntime,
-           "ringreduce: all_reduce on CUDA tensors cannot be captured in a CUDA graph (its NCCL "
+           "ringreduce: ", what, " on CUDA tensors cannot be captured in a CUDA graph (its NCCL "
            "communicator is non-blocking and its ring is driven from the host); call it outside "
-           "torch.cuda.graph() or use torch.distributed.all_reduce inside the graph");
+           "torch.cuda.graph() or use the torch.distributed collective inside the graph");
 
-  std::shared_ptr<CudaWork> work(new CudaWork(pool_, comm_, next_seq_, device()));
+  uint64_t& seq = next_seq_[ring_key];
+  std::shared_ptr<CudaWork> work(new CudaWork(pool_, comm_, seq, device(), what));
   work->start_ = pool_->acquire();
   work->done_ = pool_->acquire();
   DeviceBuffers buffers;
@@ -263,20 +286,20 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const Plan& plan, RedOp op, void* da
   for (int32_t k = 0; k < num_slots_; ++k)
     buffers.slots.push_back(static_cast<char*>(staging_) + static_cast<int64_t>(k) * slot_bytes_);
 
-  CudaBackend backend(*this, *work, plan.dtype, op, caller, epilogue);
+  CudaBackend backend(*this, *work, dtype, caller, epilogue);
   try {
-    enqueueRingCall(plan, op, buffers, backend, caller_waits);
+    enqueueRingStages(stages, buffers, backend, caller_waits);
   } catch (const std::exception& e) {
     if (backend.enqueuedAnything()) {
       // Half a ring is on the streams and the peers wait for the rest: only an abort unblocks them.
-      const std::string reason = std::string("enqueueing all-reduce #") + std::to_string(next_seq_) +
+      const std::string reason = std::string("enqueueing ") + what + " #" + std::to_string(seq) +
                                  " failed: " + e.what();
       comm_->abort(reason);
       failAll(reason);
     }
     throw;
   }
-  ++next_seq_;
+  ++seq;
   last_work_ = work;
   {
     std::lock_guard<std::mutex> wl(wd_mu_);
@@ -286,12 +309,17 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const Plan& plan, RedOp op, void* da
   return work;
 }
 
-std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine) {
+std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine, const RingMembers& ring) {
   std::lock_guard<std::mutex> lock(call_mu_);
   checkOpen();
   comm_->checkUsable();
-  const int n = size();
-  const int r = rank();
+  const int n = ring.size();
+  const int r = ring.index;
+  RR_CHECK(n >= 1 && n <= size() && r >= 0 && r < n && ring.ranks[static_cast<size_t>(r)] == rank(), kRuntime,
+           "ringreduce internal error: agreement frames on a ring that does not hold this rank");
+  // Note [Sub-rings on one communicator]: the frames go around the ring's members only.
+  const int next_peer = ring.ranks[static_cast<size_t>((r + 1) % n)];
+  const int prev_peer = ring.ranks[static_cast<size_t>((r + n - 1) % n)];
   DeviceGuard guard(device());
   char* host = static_cast<char*>(frames_host_);
   char* dev = static_cast<char*>(frames_dev_);
@@ -304,8 +332,8 @@ std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine) {
     for (int h = 0; h < n - 1; ++h) {
       const int out = modRing(r - h, n);
       const int in = modRing(r - h - 1, n);
-      comm_->sendRecv(dev + static_cast<size_t>(out) * kFrameBytes, kFrameBytes, (r + 1) % n,
-                      dev + static_cast<size_t>(in) * kFrameBytes, kFrameBytes, (r + n - 1) % n, comm_stream_);
+      comm_->sendRecv(dev + static_cast<size_t>(out) * kFrameBytes, kFrameBytes, next_peer,
+                      dev + static_cast<size_t>(in) * kFrameBytes, kFrameBytes, prev_peer, comm_stream_);
     }
     RR_CUDA_CHECK(cudaMemcpyAsync(host, dev, kFrameBytes * static_cast<size_t>(n), cudaMemcpyDeviceToHost,
                                   comm_stream_));
@@ -348,7 +376,7 @@ void CudaRing::watchdogLoop() {
         continue;
       }
       if (q != cudaErrorNotReady) {
-        reason = std::string("CUDA error while all-reduce #") + std::to_string(w.seq_) + " was running: " +
+        reason = std::string("CUDA error while ") + w.what_ + " #" + std::to_string(w.seq_) + " was running: " +
                  cudaGetErrorString(q);
         break;
       }
@@ -365,7 +393,7 @@ void CudaRing::watchdogLoop() {
         }
       }
       if (w.started_ && now - w.started_at_ > comm_->timeout()) {
-        reason = std::string("all-reduce #") + std::to_string(w.seq_) + " did not finish within " +
+        reason = w.what_ + " #" + std::to_string(w.seq_) + " did not finish within " +
                  std::to_string(comm_->timeout().count()) +
                  " ms of starting (a peer died, never called, or called with a different size)";
         break;
@@ -409,6 +437,8 @@ void CudaRing::shutdown(const std::string& reason) {
   if (compute_stream_ != nullptr) (void)cudaStreamSynchronize(compute_stream_);
   for (cudaEvent_t e : plan_events_) pool_->release(e);
   plan_events_.clear();
+  pool_->release(stage_event_);
+  stage_event_ = nullptr;
   last_work_.reset();
   if (staging_ != nullptr) (void)cudaFree(staging_);
   if (frames_dev_ != nullptr) (void)cudaFree(frames_dev_);

@@ -8,14 +8,18 @@
 //   * the event pool (plan events, reused call after call; per-call start/done events);
 //   * a watchdog thread that polls in-flight calls and ncclCommGetAsyncError and aborts the
 //     communicator on an error or when a started call exceeds the timeout.
-// The plan is enqueued by enqueueRingCall() (ring_driver.h) through CudaBackend below; nothing in
-// this file decides which buffer or segment a step touches.
+// The stages of a call (ring_driver.h: flat ring, ring halves, hierarchical) are enqueued by
+// enqueueRingStages() through CudaBackend below; nothing in this file decides which buffer or
+// segment a step touches. Rings over rank lists of the group (Note [Sub-rings on one
+// communicator]) share the communicator, its streams, staging and events with the group's own
+// ring; each ring (rank list) has its own call counter, as the CPU path's per-ring runtimes do.
 //
 // Note [Ordering, lifetime, failure]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // * A call is ordered after everything the caller enqueued on its stream before the call (start
-//   event), and after the previous call on this ring (its done event, Note [Driving the plan on
-//   streams]). Calls on one ring are serialized on the GPU in call order.
+//   event), and after the previous call on this communicator, whatever its ring (its done event,
+//   Note [Driving the plan on streams]). Calls on one communicator are serialized on the GPU in
+//   call order.
 // * CudaWork::streamWait() makes another stream wait for the call; a synchronous call does that to
 //   the caller's stream before returning. Nothing here blocks the host except synchronize() and
 //   the opt-in agreement check (exchangeFrames()).
@@ -34,6 +38,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -74,6 +79,7 @@ class CudaWork {
 
   uint64_t seq() const { return seq_; }
   int device() const { return device_; }
+  const std::string& what() const { return what_; }  // "all-reduce", "reduce-scatter", ...
   // True once the GPU finished the call or the call failed (never blocks).
   bool isCompleted();
   // The call failed (communicator aborted before it finished): the reason, else "".
@@ -88,7 +94,8 @@ class CudaWork {
  private:
   friend class CudaRing;
   friend class CudaBackend;
-  CudaWork(std::shared_ptr<EventPool> pool, std::shared_ptr<NcclComm> comm, uint64_t seq, int device);
+  CudaWork(std::shared_ptr<EventPool> pool, std::shared_ptr<NcclComm> comm, uint64_t seq, int device,
+           std::string what);
   void fail(const std::string& reason);
   void markDone() { state_.store(kDone); }
 
@@ -100,6 +107,7 @@ class CudaWork {
   std::shared_ptr<NcclComm> comm_;
   uint64_t seq_;
   int device_;
+  std::string what_;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t done_ = nullptr;
   std::atomic<int> state_{kPending};
@@ -129,26 +137,31 @@ class CudaRing {
   int64_t slotBytes() const { return slot_bytes_; }
   int32_t numSlots() const { return num_slots_; }
 
-  // The plan of this rank for a call (gather_into_data: the all-gather lands in the output).
-  // segment_bytes <= 0 means the default (1 MiB); it is capped so that a segment fits a slot.
-  Plan makePlan(int64_t numel, DType dtype, RedOp op, bool accum_float32, int64_t segment_bytes) const;
+  // The plan options of this communicator's calls (gpuPlanOptions: the all-gather lands in the
+  // output; segment_bytes <= 0 means the default, capped so that a segment fits a staging slot).
+  PlanOptions planOptions(RedOp op, bool accum_float32, int64_t segment_bytes) const;
 
-  // Enqueues the call. `data`: plan.sched.numel contiguous elements on this device; `accum`:
-  // plan.accum_elems float32 (or null when 0). Ordered after `caller`'s prior work; if
-  // `caller_waits`, `caller` waits for the result. Throws kBackend (communicator unusable, NCCL or
-  // CUDA failure: the communicator is then aborted), kRuntime (CUDA graph capture).
-  // `epilogue` (may be empty) runs on the enqueueing thread after the plan, to enqueue more work
-  // on computeStream() that the call's done event must cover.
-  std::shared_ptr<CudaWork> enqueue(const Plan& plan, RedOp op, void* data, void* accum,
+  // Enqueues one call: `stages` (ring_driver.h; their members are ranks of this communicator and
+  // name this rank) on `data`, the call's contiguous elements on this device; `accum`: the float32
+  // partials of a single-stage plan (or null when it needs none). `ring_key` (ringKey()) names the
+  // ring whose call counter the call takes; `what` names the collective in messages. Ordered after
+  // `caller`'s prior work; if `caller_waits`, `caller` waits for the result. Throws kBackend
+  // (communicator unusable, NCCL or CUDA failure: the communicator is then aborted), kRuntime (CUDA
+  // graph capture), kValue (stages that do not fit this communicator). `epilogue` (may be empty)
+  // runs on the enqueueing thread after the last stage, to enqueue more work on computeStream()
+  // that the call's done event must cover.
+  std::shared_ptr<CudaWork> enqueue(const std::vector<RingStage>& stages, void* data, void* accum,
+                                    const std::vector<int>& ring_key, const std::string& what,
                                     cudaStream_t caller, bool caller_waits,
                                     const std::function<void()>& epilogue = {});
 
-  // Ring all-gather of one agreement frame (Note [Cross-rank agreement]) over NCCL. Blocks the
+  // All-gather of one agreement frame per ring member (Note [Cross-rank agreement]) around
+  // `ring` only (Note [Sub-rings on one communicator]); frames[i] is ring index i's. Blocks the
   // host until done or the timeout (then aborts and throws kBackend).
-  std::vector<Frame> exchangeFrames(const Frame& mine);
+  std::vector<Frame> exchangeFrames(const Frame& mine, const RingMembers& ring);
 
-  // Per-ring call counter: the `seq` of the next call (frames carry it).
-  uint64_t nextSeq() const { return next_seq_; }
+  // The `seq` of the next call on the ring `ring_key` (frames carry it; empty: the whole group).
+  uint64_t nextSeq(const std::vector<int>& ring_key = {}) const;
 
   // Stops the watchdog (joined), aborts the communicator, frees streams and staging. Idempotent;
   // never throws. In-flight works are marked failed with `reason`.
@@ -171,9 +184,10 @@ class CudaRing {
   void* frames_dev_ = nullptr;   // size() frames, for exchangeFrames
   void* frames_host_ = nullptr;  // pinned mirror
   std::vector<cudaEvent_t> plan_events_;
+  cudaEvent_t stage_event_ = nullptr;    // kStageDoneEvent, re-recorded between stages
   std::shared_ptr<CudaWork> last_work_;  // its done event orders the next call (kPrevCallDoneEvent)
-  uint64_t next_seq_ = 0;
-  std::mutex call_mu_;  // one enqueue at a time
+  std::map<std::vector<int>, uint64_t> next_seq_;  // per ring (ringKey)
+  mutable std::mutex call_mu_;  // one enqueue at a time
 
   // watchdog
   std::mutex wd_mu_;

@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -30,8 +31,9 @@ struct Shared {
   std::mutex mu;
   std::condition_variable cv;
   bool failed = false;
-  std::vector<std::deque<std::shared_ptr<Post>>> edges;  // edges[r]: posts from r to r + 1
-  std::vector<size_t> taken;                             // taken[r]: posts rank r took from r - 1
+  // Posts per (sender, receiver) pair, matched in posting order as NCCL matches p2p messages.
+  std::map<std::pair<int, int>, std::deque<std::shared_ptr<Post>>> edges;
+  std::map<std::pair<int, int>, size_t> taken;
   std::vector<cudaEvent_t> all_events;                   // destroyed at the end
 
   cudaEvent_t newEvent() {
@@ -58,19 +60,20 @@ struct RankState {
   std::vector<cudaEvent_t> plan_events;
   cudaEvent_t start = nullptr;
   cudaEvent_t done = nullptr;
+  cudaEvent_t stage = nullptr;
+  DType dtype = DType::kFloat32;
 };
 
 class LoopbackBackend final : public DeviceBackend {
  public:
-  LoopbackBackend(Shared& sh, RankState& st, DType dtype, RedOp op, cudaStream_t caller)
-      : sh_(sh), st_(st), dtype_(dtype), op_(op), caller_(caller) {}
+  LoopbackBackend(Shared& sh, RankState& st, cudaStream_t caller) : sh_(sh), st_(st), caller_(caller) {}
 
   void prepare(int32_t num_events) override {
     while (static_cast<int32_t>(st_.plan_events.size()) < num_events) st_.plan_events.push_back(sh_.newEvent());
   }
 
-  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override {
-    const int prev = (st_.rank + st_.nranks - 1) % st_.nranks;
+  void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
+                int recv_peer) override {
     std::shared_ptr<Post> mine;
     if (send_bytes > 0) {
       mine = std::make_shared<Post>();
@@ -79,20 +82,21 @@ class LoopbackBackend final : public DeviceBackend {
       mine->ready = sh_.newEvent();
       RR_CUDA_CHECK(cudaEventRecord(mine->ready, st_.comm));
       std::lock_guard<std::mutex> lock(sh_.mu);
-      sh_.edges[static_cast<size_t>(st_.rank)].push_back(mine);
+      sh_.edges[std::make_pair(st_.rank, send_peer)].push_back(mine);
       sh_.cv.notify_all();
     }
     if (recv_bytes > 0) {
       std::shared_ptr<Post> in;
       {
         std::unique_lock<std::mutex> lock(sh_.mu);
-        auto& edge = sh_.edges[static_cast<size_t>(prev)];
-        size_t& k = sh_.taken[static_cast<size_t>(st_.rank)];
+        const auto key = std::make_pair(recv_peer, st_.rank);
+        auto& edge = sh_.edges[key];
+        size_t& k = sh_.taken[key];
         sh_.waitFor(lock, [&] { return edge.size() > k; });
         in = edge[k++];
       }
       RR_CHECK(in->bytes == recv_bytes, kRuntime, "ringreduce loopback: rank ", st_.rank, " expects ", recv_bytes,
-               " bytes, rank ", prev, " sent ", in->bytes);
+               " bytes, rank ", recv_peer, " sent ", in->bytes);
       RR_CUDA_CHECK(cudaStreamWaitEvent(st_.comm, in->ready, 0));
       RR_CUDA_CHECK(cudaMemcpyAsync(recv, in->ptr, recv_bytes, cudaMemcpyDeviceToDevice, st_.comm));
       cudaEvent_t consumed = sh_.newEvent();
@@ -114,7 +118,7 @@ class LoopbackBackend final : public DeviceBackend {
   }
 
   void reduce(const ReduceLaunch& l) override {
-    launchReduce(dtype_, op_, l.a, l.a_wide, l.b, l.b_wide, l.dst, l.dst_wide, l.count, l.divisor, l.round_sum,
+    launchReduce(st_.dtype, l.op, l.a, l.a_wide, l.b, l.b_wide, l.dst, l.dst_wide, l.count, l.divisor, l.round_sum,
                  st_.compute);
   }
 
@@ -136,6 +140,7 @@ class LoopbackBackend final : public DeviceBackend {
   cudaEvent_t eventOf(int32_t e) const {
     if (e == kCallStartEvent) return st_.start;
     if (e == kCallDoneEvent) return st_.done;
+    if (e == kStageDoneEvent) return st_.stage;
     RR_CHECK(e >= 0 && static_cast<size_t>(e) < st_.plan_events.size(), kRuntime,
              "ringreduce loopback: event ", e, " outside the pool");
     return st_.plan_events[static_cast<size_t>(e)];
@@ -143,8 +148,6 @@ class LoopbackBackend final : public DeviceBackend {
 
   Shared& sh_;
   RankState& st_;
-  DType dtype_;
-  RedOp op_;
   cudaStream_t caller_;
 };
 
@@ -152,19 +155,31 @@ class LoopbackBackend final : public DeviceBackend {
 
 void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel, DType dtype, RedOp op,
                        bool accum_float32, int64_t segment_bytes, int32_t num_slots, int64_t slot_bytes,
-                       cudaStream_t caller) {
+                       cudaStream_t caller, const LoopbackShape& shape) {
   const int n = static_cast<int>(data.size());
   RR_CHECK(n >= 1, kValue, "ringreduce loopback: need at least one rank");
   RR_CHECK(num_slots >= 1 && slot_bytes >= 256, kValue, "ringreduce loopback: bad staging");
   checkSupported(dtype, op);
   DeviceGuard guard(device);
   Shared sh;
-  sh.edges.resize(static_cast<size_t>(n));
-  sh.taken.assign(static_cast<size_t>(n), 0);
   std::vector<RankState> ranks(static_cast<size_t>(n));
-  std::vector<Plan> plans;
+  // Every rank's stages, exactly as CudaRing's callers build them (ring_driver.h).
+  std::vector<std::vector<RingStage>> stages;
+  const bool hier = shape.phases == kPhaseBoth && shape.local_size > 1;
+  RR_CHECK(!(hier && accum_float32), kValue,
+           "ringreduce loopback: the hierarchical all-reduce reduces a float32 copy instead of accum_float32");
   const PlanOptions opts = gpuPlanOptions(op, accum_float32, segment_bytes, num_slots, slot_bytes);
-  for (int r = 0; r < n; ++r) plans.push_back(buildPlan(n, r, numel, dtype, opts));
+  for (int r = 0; r < n; ++r) {
+    const RingMembers ring = resolveRing(shape.order, n, r);
+    RR_CHECK(ring.size() == n, kValue, "ringreduce loopback: the ring must hold every rank");
+    if (shape.phases != kPhaseBoth) {
+      stages.push_back(ringHalfStages(ring, numel, dtype, op, opts, shape.phases));
+    } else if (hier) {
+      stages.push_back(hierarchicalStages(ring, shape.local_size, numel, dtype, op, opts));
+    } else {
+      stages.push_back(flatRingStages(ring, numel, dtype, op, opts));
+    }
+  }
 
   auto cleanup = [&]() noexcept {
     for (RankState& st : ranks) {
@@ -192,10 +207,12 @@ void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel
         RR_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(slot_bytes)));
         st.slots.push_back(p);
       }
-      if (plans[static_cast<size_t>(r)].accum_elems > 0)
-        RR_CUDA_CHECK(cudaMalloc(&st.accum, static_cast<size_t>(plans[static_cast<size_t>(r)].accum_elems) * 4));
+      const int64_t accum_elems = stages[static_cast<size_t>(r)][0].plan.accum_elems;
+      if (accum_elems > 0) RR_CUDA_CHECK(cudaMalloc(&st.accum, static_cast<size_t>(accum_elems) * 4));
       st.start = sh.newEvent();
       st.done = sh.newEvent();
+      st.stage = sh.newEvent();
+      st.dtype = dtype;
     }
     std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
     std::vector<std::thread> threads;
@@ -209,8 +226,8 @@ void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel
           b.accum = st.accum;
           b.slots = st.slots;
           b.slot_bytes = static_cast<size_t>(slot_bytes);
-          LoopbackBackend be(sh, st, dtype, op, caller);
-          enqueueRingCall(plans[static_cast<size_t>(r)], op, b, be, /*caller_waits=*/true);
+          LoopbackBackend be(sh, st, caller);
+          enqueueRingStages(stages[static_cast<size_t>(r)], b, be, /*caller_waits=*/true);
         } catch (...) {
           errors[static_cast<size_t>(r)] = std::current_exception();
           std::lock_guard<std::mutex> lock(sh.mu);

@@ -23,15 +23,28 @@
 #include <vector>
 
 #include "../core/dtype.h"
+#include "../core/plan.h"
 
 namespace rr {
+
+// Which collective the loopback ring runs, with the stages of ring_driver.h: the flat all-reduce
+// (the default), a ring half (phases = kPhaseReduceScatter: afterwards block r of data[r] holds
+// the reduced block r; kPhaseAllGather: beforehand block r of data[r] holds rank r's block), or
+// the hierarchical all-reduce (local_size > 1, no accum_float32). `order`: the ring's members as
+// ranks 0..n-1 (empty: in order; the hierarchical ring is ordered node by node), so a permuted
+// ring exercises the member mapping of Note [Sub-rings on one communicator].
+struct LoopbackShape {
+  uint8_t phases = kPhaseBoth;
+  int local_size = 0;
+  std::vector<int> order;
+};
 
 // data[r]: rank r's tensor (numel contiguous elements of dtype) on `device`. Ordered after, and
 // waited for by, `caller` (as a synchronous all_reduce). Staging: num_slots slots of
 // slot_bytes per rank. Throws rr::Error (kBackend for CUDA failures, kRuntime on a rendezvous
-// mismatch); on an error the streams are synchronized before returning.
+// mismatch, kValue for a bad shape); on an error the streams are synchronized before returning.
 void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel, DType dtype, RedOp op,
                        bool accum_float32, int64_t segment_bytes, int32_t num_slots, int64_t slot_bytes,
-                       cudaStream_t caller);
+                       cudaStream_t caller, const LoopbackShape& shape = LoopbackShape());
 
 }  // namespace rr

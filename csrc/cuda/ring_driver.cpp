@@ -81,23 +81,150 @@ EventMap mapWaitedEvents(const Plan& plan) {
   return m;
 }
 
-void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& be,
-                     bool caller_waits) {
-  RR_CHECK(buffers.slots.size() >= static_cast<size_t>(plan.num_slots), kRuntime,
-           "ringreduce internal error: plan needs ", plan.num_slots, " staging slots, have ",
-           buffers.slots.size());
-  RR_CHECK(buffers.slot_bytes >= slotBytesFor(plan), kRuntime,
-           "ringreduce internal error: staging slots of ", buffers.slot_bytes, " bytes, plan needs ",
-           slotBytesFor(plan));
-  for (const Op& o : plan.ops) {
-    checkSpan(plan, buffers, o.send);
-    checkSpan(plan, buffers, o.recv);
-    checkSpan(plan, buffers, o.a);
-    checkSpan(plan, buffers, o.dst);
+RingMembers resolveRing(const std::vector<int>& members, int comm_size, int comm_rank) {
+  RR_CHECK(comm_size >= 1 && comm_rank >= 0 && comm_rank < comm_size, kValue, "ringreduce: rank ", comm_rank,
+           " of a communicator of ", comm_size);
+  RingMembers ring;
+  if (members.empty()) {
+    for (int i = 0; i < comm_size; ++i) ring.ranks.push_back(i);
+    ring.index = comm_rank;
+    return ring;
   }
-  const EventMap events = mapWaitedEvents(plan);
-  const bool round_sum = !plan.accum_float32;
-  be.prepare(events.count);
+  std::vector<char> seen(static_cast<size_t>(comm_size), 0);
+  ring.index = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const int m = members[i];
+    RR_CHECK(m >= 0 && m < comm_size, kValue, "ringreduce: rank ", m, " of the ring is outside the group of ",
+             comm_size, " ranks");
+    RR_CHECK(!seen[static_cast<size_t>(m)], kValue, "ringreduce: rank ", m, " appears twice in the ring's rank list");
+    seen[static_cast<size_t>(m)] = 1;
+    if (m == comm_rank) ring.index = static_cast<int>(i);
+  }
+  RR_CHECK(ring.index >= 0, kValue, "ringreduce: this process (rank ", comm_rank,
+           " of the group) is not in the ring's rank list");
+  ring.ranks = members;
+  return ring;
+}
+
+std::vector<int> ringKey(const std::vector<int>& members, int comm_size) {
+  bool identity = static_cast<int>(members.size()) == comm_size;
+  for (size_t i = 0; identity && i < members.size(); ++i) identity = members[i] == static_cast<int>(i);
+  return identity ? std::vector<int>{} : members;
+}
+
+std::vector<RingStage> flatRingStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
+                                      const PlanOptions& base) {
+  PlanOptions o = base;
+  o.phases = kPhaseBoth;
+  o.average = op == RedOp::kAvg;
+  std::vector<RingStage> stages(1);
+  stages[0].plan = buildPlan(ring.size(), ring.index, numel, dtype, o);
+  stages[0].op = op;
+  stages[0].members = ring.ranks;
+  return stages;
+}
+
+std::vector<RingStage> ringHalfStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
+                                      const PlanOptions& base, uint8_t phases) {
+  RR_CHECK(phases == kPhaseReduceScatter || phases == kPhaseAllGather, kValue,
+           "ringreduce: a ring half is the reduce-scatter or the all-gather, got phase mask ", int(phases));
+  PlanOptions o = base;
+  o.phases = phases;
+  o.owner_shift = -1;  // ring index r owns block r
+  o.exact_chunks = true;
+  o.accum_float32 = false;
+  o.average = phases == kPhaseReduceScatter && op == RedOp::kAvg;
+  std::vector<RingStage> stages(1);
+  stages[0].plan = buildPlan(ring.size(), ring.index, numel, dtype, o);
+  stages[0].op = phases == kPhaseAllGather ? RedOp::kSum : op;
+  stages[0].members = ring.ranks;
+  return stages;
+}
+
+std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_size, int64_t numel, DType dtype,
+                                          RedOp op, const PlanOptions& base) {
+  const int n = ring.size();
+  const int L = local_size;
+  if (L <= 1 || L >= n) return flatRingStages(ring, numel, dtype, op, base);
+  RR_CHECK(n % L == 0, kValue, "ringreduce: hierarchical all-reduce over ", n, " ranks needs equal nodes, got ", L,
+           " ranks per node");
+  RR_CHECK(!base.accum_float32, kValue,
+           "ringreduce internal error: the hierarchical stages never carry float32 partials (reduce a float32 copy)");
+  const int M = n / L;
+  const int node = ring.index / L;
+  const int local = ring.index % L;
+  std::vector<int> intra, inter;
+  for (int l = 0; l < L; ++l) intra.push_back(ring.ranks[static_cast<size_t>(node * L + l)]);
+  for (int k = 0; k < M; ++k) inter.push_back(ring.ranks[static_cast<size_t>(k * L + local)]);
+
+  std::vector<RingStage> stages(3);
+  // 1. Reduce-scatter inside the node: local rank l ends with the node's reduction of its owned
+  //    chunk, the same element range on every node (it depends on (L, numel, dtype) only).
+  PlanOptions p1 = base;
+  p1.phases = kPhaseReduceScatter;
+  p1.owner_shift = 0;
+  p1.exact_chunks = false;
+  p1.average = false;
+  p1.avg_divisor = 0;
+  stages[0].plan = buildPlan(L, local, numel, dtype, p1);
+  stages[0].op = op == RedOp::kAvg ? RedOp::kSum : op;
+  stages[0].members = intra;
+  // 2. A full ring over that range among the M ranks with local rank `local`; AVG divides by n.
+  const RingSchedule& sc = stages[0].plan.sched;
+  const Range mine = numel > 0 ? sc.chunkRange(sc.ownedChunk(local)) : Range{0, 0};
+  PlanOptions p2 = base;
+  p2.phases = kPhaseBoth;
+  p2.owner_shift = 0;
+  p2.exact_chunks = false;
+  p2.average = op == RedOp::kAvg;
+  p2.avg_divisor = n;
+  stages[1].plan = buildPlan(M, node, mine.size(), dtype, p2);
+  stages[1].op = op;
+  stages[1].offset = mine.begin;
+  stages[1].members = inter;
+  // 3. All-gather inside the node.
+  PlanOptions p3 = p1;
+  p3.phases = kPhaseAllGather;
+  stages[2].plan = buildPlan(L, local, numel, dtype, p3);
+  stages[2].op = RedOp::kSum;
+  stages[2].members = intra;
+  return stages;
+}
+
+void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers& buffers, DeviceBackend& be,
+                       bool caller_waits) {
+  RR_CHECK(!stages.empty(), kRuntime, "ringreduce internal error: a call without a ring");
+  // Every check before anything is enqueued: a planning bug is an exception here, never an
+  // out-of-bounds access or a half-enqueued ring on the device.
+  std::vector<DeviceBuffers> bufs(stages.size());
+  std::vector<EventMap> events(stages.size());
+  int32_t num_events = 0;
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const RingStage& st = stages[k];
+    const Plan& plan = st.plan;
+    RR_CHECK(static_cast<int>(st.members.size()) == plan.sched.nranks, kRuntime,
+             "ringreduce internal error: a ring of ", plan.sched.nranks, " ranks with ", st.members.size(),
+             " members");
+    RR_CHECK(st.offset >= 0 && (stages.size() == 1 || plan.accum_elems == 0), kRuntime,
+             "ringreduce internal error: malformed stage ", k);
+    RR_CHECK(buffers.slots.size() >= static_cast<size_t>(plan.num_slots), kRuntime,
+             "ringreduce internal error: plan needs ", plan.num_slots, " staging slots, have ", buffers.slots.size());
+    RR_CHECK(buffers.slot_bytes >= slotBytesFor(plan), kRuntime, "ringreduce internal error: staging slots of ",
+             buffers.slot_bytes, " bytes, plan needs ", slotBytesFor(plan));
+    checkSupported(plan.dtype, st.op);
+    DeviceBuffers& b = bufs[k];
+    b = buffers;
+    if (b.data != nullptr) b.data = static_cast<char*>(b.data) + st.offset * static_cast<int64_t>(dtypeSize(plan.dtype));
+    for (const Op& o : plan.ops) {
+      checkSpan(plan, b, o.send);
+      checkSpan(plan, b, o.recv);
+      checkSpan(plan, b, o.a);
+      checkSpan(plan, b, o.dst);
+    }
+    events[k] = mapWaitedEvents(plan);
+    if (events[k].count > num_events) num_events = events[k].count;
+  }
+  be.prepare(num_events);
 
   // Framing, steps 1-2 of Note [Driving the plan on streams].
   be.record(Stream::kCaller, kCallStartEvent);
@@ -105,46 +232,61 @@ void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, D
   be.wait(Stream::kCompute, kCallStartEvent);
   be.wait(Stream::kComm, kPrevCallDoneEvent);
 
-  for (const Op& o : plan.ops) {
-    const Stream s = o.queue == Queue::kComm ? Stream::kComm : Stream::kCompute;
-    switch (o.kind) {
-      case OpKind::kExchange: {
-        // Reduce-scatter: send our partial of chunk (r - step) onward, receive the partial of
-        // chunk (r - step - 1) into a staging slot. All-gather: forward a completed chunk,
-        // receive the next one straight into the output (plan.gather_into_data).
-        const size_t sb = spanBytes(plan, o.send);
-        const size_t rb = spanBytes(plan, o.recv);
-        be.exchange(sb ? spanAddress(plan, buffers, o.send) : nullptr, sb,
-                    rb ? spanAddress(plan, buffers, o.recv) : nullptr, rb);
-        break;
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const RingStage& st = stages[k];
+    const Plan& plan = st.plan;
+    const DeviceBuffers& b = bufs[k];
+    const EventMap& ev = events[k];
+    const bool round_sum = !plan.accum_float32;
+    // Note [Sub-rings on one communicator]: the plan's neighbours as communicator ranks.
+    const int next_peer = st.members[static_cast<size_t>(plan.next)];
+    const int prev_peer = st.members[static_cast<size_t>(plan.prev)];
+    if (k > 0) {
+      // The previous stage is complete on kCompute (its plan ended waiting all its exchanges).
+      be.record(Stream::kCompute, kStageDoneEvent);
+      be.wait(Stream::kComm, kStageDoneEvent);
+    }
+    for (const Op& o : plan.ops) {
+      const Stream s = o.queue == Queue::kComm ? Stream::kComm : Stream::kCompute;
+      switch (o.kind) {
+        case OpKind::kExchange: {
+          // Reduce-scatter: send our partial of chunk (r - step) onward, receive the partial of
+          // chunk (r - step - 1) into a staging slot. All-gather: forward a completed chunk,
+          // receive the next one straight into the output (plan.gather_into_data).
+          const size_t sb = spanBytes(plan, o.send);
+          const size_t rb = spanBytes(plan, o.recv);
+          be.exchange(sb ? spanAddress(plan, b, o.send) : nullptr, sb, sb ? next_peer : -1,
+                      rb ? spanAddress(plan, b, o.recv) : nullptr, rb, rb ? prev_peer : -1);
+          break;
+        }
+        case OpKind::kReduce: {
+          // dst = a (op) received partial; the last reduce of the owned chunk divides for AVG.
+          ReduceLaunch l;
+          l.a = spanAddress(plan, b, o.a);
+          l.a_wide = o.a.wide;
+          l.b = spanAddress(plan, b, o.recv);
+          l.b_wide = o.recv.wide;
+          l.dst = spanAddress(plan, b, o.dst);
+          l.dst_wide = o.dst.wide;
+          l.count = o.dst.count;
+          l.divisor = (o.final && st.op == RedOp::kAvg) ? plan.avg_divisor : 0;
+          l.round_sum = round_sum;
+          l.op = st.op;
+          be.reduce(l);
+          break;
+        }
+        case OpKind::kCopy:
+          be.copy(spanAddress(plan, b, o.dst), spanAddress(plan, b, o.recv), spanBytes(plan, o.dst));
+          break;
+        case OpKind::kRecord: {
+          const int32_t d = ev.dense.at(static_cast<size_t>(o.event));
+          if (d >= 0) be.record(s, d);  // nobody waits for it: nothing to record
+          break;
+        }
+        case OpKind::kWait:
+          be.wait(s, ev.dense.at(static_cast<size_t>(o.event)));
+          break;
       }
-      case OpKind::kReduce: {
-        // dst = a (op) received partial; the last reduce of the owned chunk divides for AVG.
-        ReduceLaunch l;
-        l.a = spanAddress(plan, buffers, o.a);
-        l.a_wide = o.a.wide;
-        l.b = spanAddress(plan, buffers, o.recv);
-        l.b_wide = o.recv.wide;
-        l.dst = spanAddress(plan, buffers, o.dst);
-        l.dst_wide = o.dst.wide;
-        l.count = o.dst.count;
-        l.divisor = (o.final && op == RedOp::kAvg) ? plan.avg_divisor : 0;
-        l.round_sum = round_sum;
-        be.reduce(l);
-        break;
-      }
-      case OpKind::kCopy:
-        be.copy(spanAddress(plan, buffers, o.dst), spanAddress(plan, buffers, o.recv),
-                spanBytes(plan, o.dst));
-        break;
-      case OpKind::kRecord: {
-        const int32_t d = events.dense.at(static_cast<size_t>(o.event));
-        if (d >= 0) be.record(s, d);  // nobody waits for it: nothing to record
-        break;
-      }
-      case OpKind::kWait:
-        be.wait(s, events.dense.at(static_cast<size_t>(o.event)));
-        break;
     }
   }
 
@@ -152,6 +294,19 @@ void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, D
   be.finish();
   be.record(Stream::kCompute, kCallDoneEvent);
   if (caller_waits) be.wait(Stream::kCaller, kCallDoneEvent);
+}
+
+void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& be, bool caller_waits,
+                     const std::vector<int>& members) {
+  std::vector<RingStage> stages(1);
+  stages[0].plan = plan;
+  stages[0].op = op;
+  if (members.empty()) {
+    for (int i = 0; i < plan.sched.nranks; ++i) stages[0].members.push_back(i);
+  } else {
+    stages[0].members = members;
+  }
+  enqueueRingStages(stages, buffers, be, caller_waits);
 }
 
 }  // namespace rr

@@ -26,6 +26,27 @@
 // Plan events are numbered 0..2E-1; only those some op waits for are recorded, each on its own
 // physical event (dense indices 0..k-1, see EventMap), so a wait can never be captured by a later
 // re-record of a shared event. The backend owns the physical events and the framing events.
+//
+// A call may run several rings one after another (RingStage; the hierarchical all-reduce runs
+// three). Between two stages the driver records kStageDoneEvent on kCompute and makes kComm wait
+// it: every stage's plan ends with kCompute waiting all of its exchanges, so the next stage's
+// first send sees the previous stage's last reduce and the staging slots are free again. kCompute
+// is in order and needs nothing. Plan events are re-recorded by the next stage; every wait is
+// enqueued after the record it names, within its stage, so it captures that stage's record.
+//
+// Note [Sub-rings on one communicator]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A plan speaks of ring indices (plan.rank, plan.next, plan.prev in 0..n-1). The GPU transport owns
+// ONE NCCL communicator per (process group, device); a ring over some ranks of the group (a
+// flattened DeviceMesh slice, a node or a cross-node ring of the hierarchical all-reduce) runs over
+// that communicator, ring index i being communicator rank members[i] (RingStage::members). The
+// driver maps the indices here, where the peers of each exchange are chosen, and the agreement
+// frames travel around the same members (CudaRing::exchangeFrames). No communicator and no process
+// group is ever created for a sub-ring, so nothing collective over the whole group happens behind
+// the back of the ranks outside the ring. NCCL matches point-to-point messages per (sender,
+// receiver) pair in posting order; every stage enumerates its exchanges in the same order on both
+// ends of each pair, so rings that share ranks, run one after another or run side by side on
+// disjoint ranks never cross their messages (the same argument as for calls in sequence).
 #pragma once
 
 #include <cstddef>
@@ -43,6 +64,7 @@ enum class Stream : uint8_t { kComm = 0, kCompute = 1, kCaller = 2 };
 constexpr int32_t kCallStartEvent = -1;
 constexpr int32_t kCallDoneEvent = -2;
 constexpr int32_t kPrevCallDoneEvent = -3;
+constexpr int32_t kStageDoneEvent = -4;  // between the stages of one call (kCompute -> kComm)
 
 // Arguments of one reduce launch, mirroring hostReduce()/launchReduce().
 struct ReduceLaunch {
@@ -53,8 +75,9 @@ struct ReduceLaunch {
   void* dst;
   bool dst_wide;
   int64_t count;
-  int divisor;     // > 0: AVG's final division by the world size
+  int divisor;     // > 0: AVG's final division (plan.avg_divisor)
   bool round_sum;  // round the sum to the destination type before dividing
+  RedOp op;        // the stage's reduction (a hierarchical AVG sums in its first stage)
 };
 
 class DeviceBackend {
@@ -62,9 +85,12 @@ class DeviceBackend {
   virtual ~DeviceBackend() = default;
   // Called once per call before anything else: at least `num_events` plan events must exist.
   virtual void prepare(int32_t num_events) = 0;
-  // On kComm: send `send_bytes` from `send` to the next rank and receive `recv_bytes` into `recv`
-  // from the previous rank, as one group. Either side may be empty (null, 0 bytes).
-  virtual void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) = 0;
+  // On kComm: send `send_bytes` from `send` to communicator rank `send_peer` and receive
+  // `recv_bytes` into `recv` from communicator rank `recv_peer`, as one group. Either side may be
+  // empty (null, 0 bytes; its peer is then -1). The peers are the ring's neighbours mapped through
+  // the stage's members (Note [Sub-rings on one communicator]).
+  virtual void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
+                        int recv_peer) = 0;
   // On kCompute.
   virtual void reduce(const ReduceLaunch& launch) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
@@ -91,11 +117,63 @@ struct EventMap {
 };
 EventMap mapWaitedEvents(const Plan& plan);
 
-// Enqueues one whole call (framing + plan) on `backend`. `op` is the reduction; AVG's division is
-// fused into the final reduce of the owned chunk. `caller_waits`: step 5 above. Throws rr::Error
-// (kRuntime) if the buffers do not fit the plan, before anything is enqueued.
+// One ring of a call: `plan` over the communicator ranks `members` (ring index -> communicator
+// rank, members.size() == plan.sched.nranks), on the elements [offset, offset + plan.sched.numel)
+// of DeviceBuffers::data, reducing with `op`.
+struct RingStage {
+  Plan plan;
+  RedOp op = RedOp::kSum;
+  int64_t offset = 0;
+  std::vector<int> members;
+};
+
+// A ring over ranks of a communicator of `comm_size` ranks, explicit: ranks[i] is the
+// communicator rank of ring index i; `index` is this process's ring index.
+struct RingMembers {
+  std::vector<int> ranks;
+  int index = 0;
+  int size() const { return static_cast<int>(ranks.size()); }
+};
+
+// Checks a rank list (empty: every rank of the communicator in order) and makes it explicit.
+// Throws rr::Error(kValue) for ranks out of range, duplicates, or a list without `comm_rank`.
+RingMembers resolveRing(const std::vector<int>& members, int comm_size, int comm_rank);
+
+// The identity of a ring for its call counter (agreement frames carry it): empty for every rank
+// of the communicator in order, else the list. Two rank lists are one ring iff their keys match.
+std::vector<int> ringKey(const std::vector<int>& members, int comm_size);
+
+// The stages of each collective (`base`: gpuPlanOptions(); its phases/owner_shift/exact_chunks
+// are overridden where the collective fixes them):
+//   * flatRingStages: one full ring all-reduce over `ring` (base.avg_divisor is kept);
+//   * ringHalfStages: reduce_scatter (phases = kPhaseReduceScatter) or all_gather
+//     (kPhaseAllGather) over `ring`: Note [Ring halves], owner_shift -1 and exact blocks, so ring
+//     index r owns block r of numel / n elements;
+//   * hierarchicalStages: Note [Hierarchical all-reduce] (csrc/torch/cpu_group.cpp) over `ring`
+//     ordered node by node with `local_size` ranks per node: a reduce-scatter-only ring inside the
+//     node (AVG sums there), a full ring over the node's owned sub-range among the ranks with the
+//     same local rank (AVG divides by the whole ring's size), an all-gather-only ring inside the
+//     node. base.accum_float32 must be off (the torch glue reduces a float32 copy instead).
+//     local_size <= 1 or >= the ring's size is the flat ring. Throws kValue when local_size does
+//     not divide the ring's size.
+std::vector<RingStage> flatRingStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
+                                      const PlanOptions& base);
+std::vector<RingStage> ringHalfStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
+                                      const PlanOptions& base, uint8_t phases);
+std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_size, int64_t numel, DType dtype,
+                                          RedOp op, const PlanOptions& base);
+
+// Enqueues one whole call (framing + every stage's plan, in order) on `backend`. AVG's division is
+// fused into the final reduce of the owned chunk of a stage whose op is AVG. `buffers.data` is the
+// call's whole tensor (each stage adds its offset); `buffers.accum` serves a single-stage call.
+// `caller_waits`: step 5 above. Throws rr::Error (kRuntime) if the buffers do not fit a plan or a
+// stage is malformed, before anything is enqueued.
+void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers& buffers, DeviceBackend& backend,
+                       bool caller_waits);
+
+// A single flat ring: `members` empty means ring index i is communicator rank i.
 void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& backend,
-                     bool caller_waits);
+                     bool caller_waits, const std::vector<int>& members = {});
 
 // The plan options of the GPU transport: the all-gather lands in the output (gather_into_data);
 // segment_bytes <= 0 means the default (1 MiB); segments are capped so that one fits a slot.

@@ -19,12 +19,12 @@ pytestmark = [pytest.mark.gpu, need_gpus(1)]
 OP_CODES = {"sum": 0, "avg": 1, "max": 2, "min": 3, "product": 4}
 
 
-def _loopback(tensors, op, accum=False, segment_bytes=0, num_slots=4):
+def _loopback(tensors, op, accum=False, segment_bytes=0, num_slots=4, phases=3, local_size=0, order=()):
     from ringreduce._native import C
 
     if not hasattr(C, "_cuda_loopback_all_reduce"):
         pytest.fail("ringreduce was built without CUDA; the GPU tests need the CUDA build")
-    C._cuda_loopback_all_reduce(tensors, OP_CODES[op], accum, segment_bytes, num_slots)
+    C._cuda_loopback_all_reduce(tensors, OP_CODES[op], accum, segment_bytes, num_slots, phases, local_size, list(order))
 
 
 @pytest.mark.parametrize("nranks", [2, 3, 5, 8])
@@ -65,3 +65,52 @@ def test_loopback_orders_after_current_stream():
     _loopback(ts, "sum")
     for t in ts:
         assert bool((t == 6).all())
+
+
+# ---- the stages of the other collectives (ring_driver.h), with the real kernels -------------------
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2, 3), (2, 0, 3, 1)], ids=["in-order", "permuted"])
+def test_loopback_ring_halves(order):
+    """Reduce-scatter only and all-gather only (ring index i owns block i) over a ring of 4 ranks."""
+    dev = torch.device("cuda", 0)
+    n = len(order)
+    for dtype in ALL_TYPES:
+        for op in OPS:
+            if not supported(dtype, op):
+                continue
+            for blk in (1, 37, 4099):
+                ins = [exact_input(n * blk, r, dtype, op) for r in range(n)]
+                want = reference(torch.stack(ins), op).view(n, blk)
+                ts = [t.to(dev) for t in ins]
+                _loopback(ts, op, segment_bytes=64, num_slots=2, phases=1, order=order)
+                for r, t in enumerate(ts):
+                    i = order.index(r)
+                    assert bits_equal(t.cpu().view(n, blk)[i], want[i]), f"rs {op} {dtype} blk={blk} rank {r}"
+        own = [exact_input(37, r, dtype, "sum") for r in range(n)]
+        ts = []
+        for r in range(n):
+            t = torch.zeros(n * 37, dtype=dtype)
+            t.view(n, 37)[order.index(r)] = own[r]
+            ts.append(t.to(dev))
+        _loopback(ts, "sum", segment_bytes=64, num_slots=2, phases=2, order=order)
+        want = torch.cat([own[r] for r in order])
+        for t in ts:
+            assert bits_equal(t.cpu(), want), f"ag {dtype}"
+
+
+@pytest.mark.parametrize("n,local,order", [(4, 2, (0, 1, 2, 3)), (6, 3, (3, 0, 5, 1, 4, 2)), (8, 2, tuple(range(8)))])
+def test_loopback_hierarchical(n, local, order):
+    """The hierarchical all-reduce's three stages equal the flat reduction on exact data."""
+    dev = torch.device("cuda", 0)
+    for dtype in ALL_TYPES:
+        for op in OPS:
+            if not supported(dtype, op):
+                continue
+            for numel in (1, n + 1, 4099):
+                ins = [exact_input(numel, r, dtype, op) for r in range(n)]
+                want = reference(torch.stack(ins), op)
+                ts = [t.to(dev) for t in ins]
+                _loopback(ts, op, segment_bytes=64, num_slots=2, local_size=local, order=order)
+                for r, t in enumerate(ts):
+                    assert bits_equal(t.cpu(), want), f"{op} {dtype} n={n} L={local} numel={numel} rank {r}"

@@ -5,6 +5,10 @@
 //                      simulated grid of threads
 //   rr_sim_allreduce   whole ring all-reduces of n ranks through enqueueRingCall() (the GPU
 //                      driver) on the simulated streams of sim_device.h
+//   rr_sim_ring        the stages of every GPU collective (ring_driver.h: flat ring, reduce-scatter
+//                      only, all-gather only, hierarchical) over rank lists of one simulated
+//                      communicator, several rings side by side, reporting the peers each rank used
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -87,7 +91,7 @@ int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_f
         buf.slot_bytes = dev.rank(r).slot_bytes;
         for (auto& s : dev.rank(r).slots) buf.slots.push_back(s.data());
         {
-          auto be = dev.backend(r, dt, rop, static_cast<rr::sim::Fault>(fault), &calls[i]);
+          auto be = dev.backend(r, dt, static_cast<rr::sim::Fault>(fault), &calls[i]);
           rr::enqueueRingCall(plan, rop, buf, *be, /*caller_waits=*/!async);
         }
         if (!async) {
@@ -125,6 +129,87 @@ int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_f
           return -1;
         }
     }
+    return 0;
+  } catch (const std::exception& e) {
+    putError(std::string("exception: ") + e.what(), err, errlen);
+    return -1;
+  }
+}
+
+// Runs `ncalls` synchronous calls on `nrings` disjoint rings of `ring_size` ranks each, side by side
+// on one simulated communicator of `comm_size` ranks (ranks in no ring stay idle). members:
+// nrings * ring_size communicator ranks, ring by ring in ring order. mode: 0 the flat all-reduce
+// (avg_divisor > 0 overrides AVG's divisor), 1 reduce-scatter only, 2 all-gather only, 3 the
+// hierarchical all-reduce with local_size ranks per node (members ordered node by node).
+// inputs/outputs: ncalls * nrings * ring_size host buffers of numel elements (call c, ring k,
+// index i at (c * nrings + k) * ring_size + i): what the producer writes into the tensor, what the
+// tensor holds after the call. peers_out: comm_size * 16 ints, the distinct communicator ranks
+// each rank sent to (first 8) and received from (last 8), -1 padded. Returns 0, or -1 with the
+// first failure in err.
+int rr_sim_ring(int comm_size, int nrings, int ring_size, const int* members, int mode, int local_size,
+                long long numel, int dtype, int op, int accum_float32, long long segment_bytes, int num_slots,
+                long long slot_bytes, int avg_divisor, int ncalls, unsigned long long seed, int fault,
+                const void* const* inputs, void* const* outputs, int* peers_out, char* err, int errlen) {
+  try {
+    const rr::DType dt = static_cast<rr::DType>(dtype);
+    const rr::RedOp rop = static_cast<rr::RedOp>(op);
+    const size_t bytes = static_cast<size_t>(numel) * rr::dtypeSize(dt);
+    rr::sim::SimDevice dev(comm_size, num_slots, static_cast<size_t>(slot_bytes), seed);
+    rr::PlanOptions base = rr::gpuPlanOptions(rop, accum_float32 != 0, segment_bytes, num_slots, slot_bytes);
+    base.avg_divisor = avg_divisor;
+    const size_t nbuf = static_cast<size_t>(ncalls) * static_cast<size_t>(nrings) * static_cast<size_t>(ring_size);
+    std::vector<std::vector<unsigned char>> data(nbuf);
+    std::vector<std::vector<float>> accum(nbuf);
+    std::vector<rr::sim::SimCall> calls(nbuf);
+    for (int c = 0; c < ncalls; ++c) {
+      for (int k = 0; k < nrings; ++k) {
+        const std::vector<int> ring_ranks(members + k * ring_size, members + (k + 1) * ring_size);
+        for (int i = 0; i < ring_size; ++i) {
+          const int r = ring_ranks[static_cast<size_t>(i)];
+          const rr::RingMembers ring = rr::resolveRing(ring_ranks, comm_size, r);
+          std::vector<rr::RingStage> stages;
+          switch (mode) {
+            case 0: stages = rr::flatRingStages(ring, numel, dt, rop, base); break;
+            case 1: stages = rr::ringHalfStages(ring, numel, dt, rop, base, rr::kPhaseReduceScatter); break;
+            case 2: stages = rr::ringHalfStages(ring, numel, dt, rop, base, rr::kPhaseAllGather); break;
+            case 3: stages = rr::hierarchicalStages(ring, local_size, numel, dt, rop, base); break;
+            default: putError("unknown mode " + std::to_string(mode), err, errlen); return -1;
+          }
+          const size_t b = (static_cast<size_t>(c) * static_cast<size_t>(nrings) + static_cast<size_t>(k)) *
+                               static_cast<size_t>(ring_size) + static_cast<size_t>(i);
+          data[b].assign(bytes + 64, 0x5A);  // the tensor, then sentinels
+          const int64_t accum_elems = stages.size() == 1 ? stages[0].plan.accum_elems : 0;
+          accum[b].assign(static_cast<size_t>(accum_elems) + 16, -12345.0f);
+          rr::sim::enqueueSyncCall(dev, r, dt, stages, data[b].data(), bytes, inputs[b], outputs[b],
+                                   accum_elems > 0 ? accum[b].data() : nullptr,
+                                   static_cast<rr::sim::Fault>(fault), &calls[b]);
+        }
+      }
+    }
+    const std::string failure = dev.run();
+    for (int r = 0; r < comm_size; ++r) {
+      std::vector<int> sends, recvs;
+      for (const auto& p : dev.peersUsed(r)) {
+        if (p.send_peer >= 0 && std::find(sends.begin(), sends.end(), p.send_peer) == sends.end())
+          sends.push_back(p.send_peer);
+        if (p.recv_peer >= 0 && std::find(recvs.begin(), recvs.end(), p.recv_peer) == recvs.end())
+          recvs.push_back(p.recv_peer);
+      }
+      for (int j = 0; j < 8; ++j) {
+        peers_out[r * 16 + j] = j < static_cast<int>(sends.size()) ? sends[static_cast<size_t>(j)] : -1;
+        peers_out[r * 16 + 8 + j] = j < static_cast<int>(recvs.size()) ? recvs[static_cast<size_t>(j)] : -1;
+      }
+    }
+    if (!failure.empty()) {
+      putError(failure, err, errlen);
+      return -1;
+    }
+    for (size_t b = 0; b < data.size(); ++b)
+      for (size_t k = bytes; k < data[b].size(); ++k)
+        if (data[b][k] != 0x5A) {
+          putError("memory after the tensor was modified (buffer " + std::to_string(b) + ")", err, errlen);
+          return -1;
+        }
     return 0;
   } catch (const std::exception& e) {
     putError(std::string("exception: ") + e.what(), err, errlen);

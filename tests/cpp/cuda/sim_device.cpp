@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <sstream>
 
 #include "../../../csrc/core/error.h"
@@ -31,6 +32,8 @@ struct Op {
   size_t send_bytes = 0;
   void* recv = nullptr;
   size_t recv_bytes = 0;
+  int send_peer = -1;  // communicator ranks (Note [Sub-rings on one communicator])
+  int recv_peer = -1;
   int phase = 0;  // 0 not started, 1 send posted, 2 receive done
   std::shared_ptr<Msg> out;
   // kWork and kExchange
@@ -72,15 +75,16 @@ struct SimDevice::Impl {
   std::vector<StreamState> streams;            // n * 3
   std::vector<std::vector<uint64_t>> vcs;      // per stream: vector clock over n * 3 components
   std::vector<RecordState> records;
-  std::vector<std::vector<std::shared_ptr<Msg>>> outbox;  // per rank: messages to rank + 1
-  std::vector<size_t> received;                           // per rank: messages taken from rank - 1
+  // Point-to-point channels as NCCL matches them: per (sender, receiver) pair, in posting order.
+  std::map<std::pair<int, int>, std::vector<std::shared_ptr<Msg>>> channels;
+  std::map<std::pair<int, int>, size_t> received;
+  std::vector<std::vector<SimDevice::PeerUse>> peers;  // per rank: every exchange's peers
   std::vector<std::vector<AccessRec>> accesses;           // per rank
   std::string failure;
 
   Impl(int nranks, uint64_t seed) : n(nranks), rng(seed), streams(static_cast<size_t>(nranks * kStreams)) {
     vcs.assign(static_cast<size_t>(n * kStreams), std::vector<uint64_t>(static_cast<size_t>(n * kStreams), 0));
-    outbox.resize(static_cast<size_t>(n));
-    received.assign(static_cast<size_t>(n), 0);
+    peers.resize(static_cast<size_t>(n));
     accesses.resize(static_cast<size_t>(n));
   }
 
@@ -136,8 +140,9 @@ struct SimDevice::Impl {
         if (op.phase == 0) return true;
         if (op.phase == 1) {
           if (op.recv_bytes == 0) return true;
-          const int prev = (r + n - 1) % n;
-          return outbox[static_cast<size_t>(prev)].size() > received[static_cast<size_t>(r)];
+          const auto key = std::make_pair(op.recv_peer, r);
+          auto it = channels.find(key);
+          return it != channels.end() && it->second.size() > received[key];
         }
         return !op.out || op.out->consumed;
     }
@@ -182,15 +187,15 @@ struct SimDevice::Impl {
             op.out->bytes.assign(static_cast<const unsigned char*>(op.send),
                                  static_cast<const unsigned char*>(op.send) + op.send_bytes);
             op.out->what = opName(comp, op);
-            outbox[static_cast<size_t>(r)].push_back(op.out);
+            channels[std::make_pair(r, op.send_peer)].push_back(op.out);
           }
           op.phase = 1;
           return true;
         }
         if (op.phase == 1) {
           if (op.recv_bytes > 0) {
-            const int prev = (r + n - 1) % n;
-            std::shared_ptr<Msg> m = outbox[static_cast<size_t>(prev)][received[static_cast<size_t>(r)]++];
+            const auto key = std::make_pair(op.recv_peer, r);
+            std::shared_ptr<Msg> m = channels[key][received[key]++];
             if (m->bytes.size() != op.recv_bytes) {
               std::ostringstream os;
               os << "size mismatch: [" << opName(comp, op) << "] expects " << op.recv_bytes << " bytes, ["
@@ -236,7 +241,18 @@ int64_t SimDevice::enqueueRecordId(const std::shared_ptr<Event>& e) {
   return id;
 }
 
+const std::vector<SimDevice::PeerUse>& SimDevice::peersUsed(int r) const {
+  return impl_->peers[static_cast<size_t>(r)];
+}
+
 void SimDevice::enqueue(int r, Stream s, std::unique_ptr<Op> op) {
+  if (op->kind == Op::kExchange) {
+    RR_CHECK((op->send_bytes == 0 || (op->send_peer >= 0 && op->send_peer < nranks_ && op->send_peer != r)) &&
+                 (op->recv_bytes == 0 || (op->recv_peer >= 0 && op->recv_peer < nranks_ && op->recv_peer != r)),
+             kRuntime, "sim: rank ", r, " exchanges with peers ", op->send_peer, "/", op->recv_peer, " of ", nranks_);
+    impl_->peers[static_cast<size_t>(r)].push_back(PeerUse{op->send_bytes > 0 ? op->send_peer : -1,
+                                                            op->recv_bytes > 0 ? op->recv_peer : -1});
+  }
   impl_->streams[static_cast<size_t>(r * kStreams + static_cast<int>(s))].q.push_back(std::move(op));
 }
 
@@ -292,10 +308,11 @@ namespace {
 
 class SimBackend final : public DeviceBackend {
  public:
-  SimBackend(SimDevice& dev, int r, DType dtype, RedOp op, Fault fault, SimCall* call)
-      : dev_(dev), r_(r), dtype_(dtype), op_(op), fault_(fault), call_(call) {
+  SimBackend(SimDevice& dev, int r, DType dtype, Fault fault, SimCall* call)
+      : dev_(dev), r_(r), dtype_(dtype), fault_(fault), call_(call) {
     call_->start = dev_.newEvent();
     call_->done = dev_.newEvent();
+    call_->stage = dev_.newEvent();
   }
 
   void prepare(int32_t num_events) override {
@@ -303,15 +320,24 @@ class SimBackend final : public DeviceBackend {
     while (static_cast<int32_t>(sr.plan_events.size()) < num_events) sr.plan_events.push_back(dev_.newEvent());
   }
 
-  void exchange(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) override {
+  void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
+                int recv_peer) override {
+    if (fault_ == Fault::kUnmappedPeers) {
+      const int n = dev_.nranks();
+      if (send_bytes > 0) send_peer = (r_ + 1) % n;
+      if (recv_bytes > 0) recv_peer = (r_ + n - 1) % n;
+    }
     auto op = std::make_unique<Op>();
     op->kind = Op::kExchange;
-    op->what = "exchange #" + std::to_string(exchanges_++) + " send " + std::to_string(send_bytes) + "B recv " +
-               std::to_string(recv_bytes) + "B";
+    op->what = "exchange #" + std::to_string(exchanges_++) + " send " + std::to_string(send_bytes) + "B to " +
+               std::to_string(send_peer) + " recv " + std::to_string(recv_bytes) + "B from " +
+               std::to_string(recv_peer);
     op->send = send;
     op->send_bytes = send_bytes;
+    op->send_peer = send_peer;
     op->recv = recv;
     op->recv_bytes = recv_bytes;
+    op->recv_peer = recv_peer;
     op->reads.push_back({send, send_bytes});
     op->writes.push_back({recv, recv_bytes});
     dev_.enqueue(r_, Stream::kComm, std::move(op));
@@ -333,7 +359,7 @@ class SimBackend final : public DeviceBackend {
     op->reads.push_back({x.b, static_cast<size_t>(x.count) * (x.b_wide ? 4 : narrow)});
     op->writes.push_back({x.dst, static_cast<size_t>(x.count) * (x.dst_wide ? 4 : narrow)});
     const DType dtype = dtype_;
-    const RedOp rop = op_;
+    const RedOp rop = x.op;
     op->fn = [dtype, rop, x]() {
       hostKernelReduce(dtype, rop, x.a, x.a_wide, x.b, x.b_wide, x.dst, x.dst_wide, x.count, x.divisor, x.round_sum,
                        /*nthreads=*/7);
@@ -363,6 +389,7 @@ class SimBackend final : public DeviceBackend {
     if (fault_ == Fault::kSkipPrevCallWait && event == kPrevCallDoneEvent) return;
     if (fault_ == Fault::kSkipCallerStart && event == kCallStartEvent) return;
     if (fault_ == Fault::kSkipCallerDone && event == kCallDoneEvent) return;
+    if (fault_ == Fault::kSkipStageWait && event == kStageDoneEvent) return;
     if (fault_ == Fault::kDropFirstPlanWait && event >= 0 && s == Stream::kCompute && !dropped_) {
       dropped_ = true;
       return;
@@ -387,6 +414,7 @@ class SimBackend final : public DeviceBackend {
   std::shared_ptr<Event> eventOf(int32_t e) {
     if (e == kCallStartEvent) return call_->start;
     if (e == kCallDoneEvent) return call_->done;
+    if (e == kStageDoneEvent) return call_->stage;
     SimRank& sr = dev_.rank(r_);
     RR_CHECK(e >= 0 && static_cast<size_t>(e) < sr.plan_events.size(), kRuntime, "sim: event ", e,
              " outside the pool of ", sr.plan_events.size());
@@ -396,13 +424,13 @@ class SimBackend final : public DeviceBackend {
     if (e == kCallStartEvent) return "call-start";
     if (e == kCallDoneEvent) return "call-done";
     if (e == kPrevCallDoneEvent) return "previous-call-done";
+    if (e == kStageDoneEvent) return "stage-done";
     return "plan-event " + std::to_string(e);
   }
 
   SimDevice& dev_;
   int r_;
   DType dtype_;
-  RedOp op_;
   Fault fault_;
   SimCall* call_;
   int exchanges_ = 0;
@@ -429,8 +457,23 @@ struct HostGridLauncher {
 
 }  // namespace
 
-std::unique_ptr<DeviceBackend> SimDevice::backend(int r, DType dtype, RedOp op, Fault fault, SimCall* call) {
-  return std::make_unique<SimBackend>(*this, r, dtype, op, fault, call);
+std::unique_ptr<DeviceBackend> SimDevice::backend(int r, DType dtype, Fault fault, SimCall* call) {
+  return std::make_unique<SimBackend>(*this, r, dtype, fault, call);
+}
+
+void enqueueSyncCall(SimDevice& dev, int r, DType dtype, const std::vector<RingStage>& stages, void* tensor,
+                     size_t bytes, const void* input, void* output, void* accum, Fault fault, SimCall* call) {
+  dev.callerOp(r, "producer", {}, {{tensor, bytes}}, [tensor, input, bytes]() { std::memcpy(tensor, input, bytes); });
+  DeviceBuffers b;
+  b.data = tensor;
+  b.accum = accum;
+  b.slot_bytes = dev.rank(r).slot_bytes;
+  for (auto& s : dev.rank(r).slots) b.slots.push_back(s.data());
+  {
+    auto be = dev.backend(r, dtype, fault, call);
+    enqueueRingStages(stages, b, *be, /*caller_waits=*/true);
+  }
+  dev.callerOp(r, "consumer", {{tensor, bytes}}, {}, [tensor, output, bytes]() { std::memcpy(output, tensor, bytes); });
 }
 
 void hostKernelReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide, void* dst,

@@ -9,10 +9,12 @@
 //   * a stream runs its ops in order; an event record fires when it is reached; a stream wait
 //     captures, when it is enqueued, the event's latest enqueued record (none: a no-op, as in CUDA)
 //     and blocks until that record fired;
-//   * an exchange posts its send when it reaches the head of kComm, then blocks until the matching
-//     message from the previous rank arrived (matched per peer in posting order, like NCCL p2p;
-//     byte counts must agree) and its own message was consumed (strict rendezvous, so a
-//     cyclic wait shows as a deadlock instead of passing by luck);
+//   * an exchange posts its send to its send peer when it reaches the head of kComm, then blocks
+//     until the matching message from its receive peer arrived (matched per (sender, receiver)
+//     pair in posting order, like NCCL p2p; byte counts must agree) and its own message was
+//     consumed (strict rendezvous, so a cyclic wait shows as a deadlock instead of passing by
+//     luck). Ranks are communicator ranks: a sub-ring (Note [Sub-rings on one communicator]) talks
+//     to the peers its members name, and peersUsed() reports them;
 //   * reduces run the same ReduceBody, through the same dispatch, as the CUDA kernel (on a
 //     simulated grid of threads); copies are memcpy.
 // Every memory access is checked for races with vector clocks (one component per rank and
@@ -44,6 +46,8 @@ enum class Fault : int {
   kDropFirstPlanWait = 3,  // the first kWait of the plan on kCompute is not enqueued
   kShiftReduce = 4,        // one reduce writes one element too far
   kSkipCallerDone = 5,     // the caller does not wait for the call's end
+  kSkipStageWait = 6,      // kComm does not wait for the previous stage of the call
+  kUnmappedPeers = 7,      // exchanges talk to communicator ranks r +- 1, ignoring the members
 };
 
 struct Event;   // a physical event
@@ -64,6 +68,7 @@ struct SimRank {
 struct SimCall {
   std::shared_ptr<Event> start;
   std::shared_ptr<Event> done;
+  std::shared_ptr<Event> stage;  // kStageDoneEvent
 };
 
 class SimDevice {
@@ -74,8 +79,16 @@ class SimDevice {
   int nranks() const { return nranks_; }
   SimRank& rank(int r) { return *ranks_[static_cast<size_t>(r)]; }
 
-  // A backend enqueueing one call of rank r (lives as long as the call's ops are enqueued).
-  std::unique_ptr<DeviceBackend> backend(int r, DType dtype, RedOp op, Fault fault, SimCall* call);
+  // A backend enqueueing one call of communicator rank r (lives as long as the call's ops are
+  // enqueued). Each reduce uses the op of its ReduceLaunch.
+  std::unique_ptr<DeviceBackend> backend(int r, DType dtype, Fault fault, SimCall* call);
+
+  // The communicator ranks each exchange of rank r named, in enqueue order (-1: that side empty).
+  struct PeerUse {
+    int send_peer;
+    int recv_peer;
+  };
+  const std::vector<PeerUse>& peersUsed(int r) const;
 
   // Caller-stream op: runs `fn` when reached; `reads`/`writes` are its accesses (checked).
   struct Access {
@@ -102,6 +115,14 @@ class SimDevice {
   std::vector<std::unique_ptr<SimRank>> ranks_;
   std::unique_ptr<Impl> impl_;
 };
+
+// Enqueues one synchronous call of communicator rank r as the torch glue does: the producer (the
+// caller's kernel that writes `input` into `tensor` right before the call), the call's `stages`
+// (enqueueRingStages(), the caller's stream waiting at the end), and the consumer (copying
+// `tensor` to `output` on the caller's stream). `bytes`: the tensor's size; `accum`: float32
+// partials of a single flat stage, or null. Throws what the driver throws.
+void enqueueSyncCall(SimDevice& dev, int r, DType dtype, const std::vector<RingStage>& stages, void* tensor,
+                     size_t bytes, const void* input, void* output, void* accum, Fault fault, SimCall* call);
 
 // The reduce of the CUDA kernel, on the host: ReduceBody over `nthreads` simulated threads,
 // dispatched by reduce_dispatch.h exactly as launchReduce() dispatches the kernels.
