@@ -1,5 +1,6 @@
 #include "plan.h"
 
+#include <algorithm>
 #include <deque>
 #include <sstream>
 #include <unordered_map>
@@ -18,10 +19,18 @@ namespace {
 // region. For each region the builder remembers the last writer and the readers since; before it
 // emits an op, it emits the waits that order the op after every conflicting earlier op:
 //   * earlier exchange X, any op O: O's queue waits exchangeEvent(X) (exchanges complete out of
-//     order), unless O's queue already knows X completed;
+//     order), unless O's queue already knows enough of X. The halves of X are tracked apart: its
+//     send is a read, its receive a write. A conflict with X's receive (O reads or overwrites what
+//     X received) needs only the receive half, a recv_only wait; a conflict with X's send (O
+//     overwrites what X sends: an all-gather copy or receive into a tensor segment X sent, or,
+//     with float32 partials, the reduce of X itself into the kAccum segment X sends) needs a
+//     full wait (PlanOptions::recv_only_waits = false: every conflict does);
 //   * earlier compute C, exchange O: kComm waits computeEvent(C) (and so, transitively, every
-//     earlier compute and every exchange those computes waited for);
+//     earlier compute and every exchange half those computes waited for);
 //   * earlier compute C, compute O: nothing, kCompute is in order.
+// Each queue remembers, per exchange, whether it knows the receive completed and whether it knows
+// the whole exchange completed (a full wait teaches both). kComm also knows what kCompute knew
+// before a compute whose event kComm waited.
 struct Access {
   int64_t region;
   bool write;
@@ -30,6 +39,13 @@ struct Access {
 struct OpRef {
   bool is_compute;
   int32_t exchange;
+  bool send_half = false;  // an exchange's send (its read); else its receive (its write)
+};
+
+// An exchange an op must be ordered after, and whether it needs all of it or only the receive.
+struct ExchangeNeed {
+  int32_t exchange;
+  bool full;
 };
 
 struct RegionState {
@@ -42,6 +58,7 @@ struct Builder {
   Plan& plan;
   int S;
   int num_rs;
+  bool recv_only_waits;
   std::vector<char> has_compute;      // per exchange: a reduce/copy consumes its receive
   std::vector<int32_t> compute_pos;   // per exchange: position in compute order, -1 if not emitted
   std::vector<Op> computes;           // per exchange
@@ -50,10 +67,13 @@ struct Builder {
   std::unordered_map<int64_t, RegionState> regions;
   int32_t computes_emitted = 0;
   std::vector<int32_t> compute_order;  // position in compute order -> exchange
-  // What each queue knows has completed:
-  std::vector<int32_t> compute_saw_x;  // per exchange: compute position at which kCompute waited it, -1
-  std::vector<char> comm_saw_x;        // per exchange: kComm waited it directly
-  int32_t comm_knows_compute = -1;     // kComm waited computeEvent of the compute at this position
+  // What each queue knows has completed, per exchange: the whole exchange (`_x`) or at least its
+  // receive (`_recv`; set by full waits too).
+  std::vector<int32_t> compute_saw_x;     // compute position before which kCompute waited it fully, -1
+  std::vector<int32_t> compute_saw_recv;  // compute position before which kCompute knew its receive, -1
+  std::vector<char> comm_saw_x;           // kComm waited it fully
+  std::vector<char> comm_saw_recv;        // kComm waited it (either way)
+  int32_t comm_knows_compute = -1;        // kComm waited computeEvent of the compute at this position
 
   int32_t index(Phase phase, int step, int seg) const {
     return (phase == Phase::kReduceScatter ? 0 : num_rs) + step * S + seg;
@@ -61,16 +81,50 @@ struct Builder {
 
   void emit(const Op& op) { plan.ops.push_back(op); }
 
-  void emitWait(Queue q, int32_t event) {
+  void emitWait(Queue q, int32_t event, bool recv_only = false) {
     Op w{OpKind::kWait, q};
     w.event = event;
+    w.recv_only = recv_only;
     emit(w);
   }
 
-  bool commKnowsExchange(int32_t x) const {
-    if (comm_saw_x[x]) return true;
-    // kComm waited a compute at or after the point where kCompute waited x.
-    return compute_saw_x[x] >= 0 && compute_saw_x[x] <= comm_knows_compute;
+  bool computeKnows(const ExchangeNeed& x) const {
+    return (x.full ? compute_saw_x : compute_saw_recv)[x.exchange] >= 0;
+  }
+
+  bool commKnows(const ExchangeNeed& x) const {
+    if ((x.full ? comm_saw_x : comm_saw_recv)[x.exchange]) return true;
+    // kComm waited a compute at or after the point where kCompute learnt it.
+    const int32_t at = (x.full ? compute_saw_x : compute_saw_recv)[x.exchange];
+    return at >= 0 && at <= comm_knows_compute;
+  }
+
+  // kCompute waits exchange x (fully, or only its receive) before the next compute.
+  void computeWaits(const ExchangeNeed& x) {
+    emitWait(Queue::kCompute, Plan::exchangeEvent(x.exchange), !x.full);
+    if (x.full) compute_saw_x[x.exchange] = computes_emitted;
+    if (compute_saw_recv[x.exchange] < 0) compute_saw_recv[x.exchange] = computes_emitted;
+  }
+
+  void commWaits(const ExchangeNeed& x) {
+    emitWait(Queue::kComm, Plan::exchangeEvent(x.exchange), !x.full);
+    if (x.full) comm_saw_x[x.exchange] = 1;
+    comm_saw_recv[x.exchange] = 1;
+  }
+
+  // The exchanges among `deps` (other than `self`), in first-seen order; full when any conflict is
+  // with the exchange's send (or recv_only waits are off).
+  std::vector<ExchangeNeed> exchangeNeeds(const std::vector<OpRef>& deps, int32_t self) const {
+    std::vector<ExchangeNeed> out;
+    for (const OpRef& d : deps) {
+      if (d.is_compute || d.exchange == self) continue;
+      const bool full = d.send_half || !recv_only_waits;
+      auto it = std::find_if(out.begin(), out.end(),
+                             [&](const ExchangeNeed& x) { return x.exchange == d.exchange; });
+      if (it == out.end()) out.push_back({d.exchange, full});
+      else it->full = it->full || full;
+    }
+    return out;
   }
 
   // Conflicting earlier ops for `acc` (for writes: the writer and readers; for reads: the writer).
@@ -83,6 +137,7 @@ struct Builder {
   }
 
   void record(const Access& acc, OpRef self) {
+    self.send_half = !self.is_compute && !acc.write;
     RegionState& st = regions[acc.region];
     if (acc.write) {
       st.has_writer = true;
@@ -96,12 +151,9 @@ struct Builder {
   void emitCompute(int32_t e) {
     std::vector<OpRef> deps;
     for (const Access& a : co_access[e]) conflicts(a, deps);
-    for (const OpRef& d : deps) {
-      if (d.is_compute) continue;  // kCompute is in order
-      if (compute_saw_x[d.exchange] >= 0) continue;
-      emitWait(Queue::kCompute, Plan::exchangeEvent(d.exchange));
-      compute_saw_x[d.exchange] = computes_emitted;
-    }
+    // Earlier computes need nothing: kCompute is in order.
+    for (const ExchangeNeed& x : exchangeNeeds(deps, -1))
+      if (!computeKnows(x)) computeWaits(x);
     emit(computes[e]);
     Op rec{OpKind::kRecord, Queue::kCompute};
     rec.event = Plan::computeEvent(e);
@@ -149,11 +201,8 @@ struct Builder {
       emitWait(Queue::kComm, Plan::computeEvent(compute_order[static_cast<size_t>(need_compute)]));
       comm_knows_compute = need_compute;
     }
-    for (const OpRef& d : deps) {
-      if (d.is_compute || d.exchange == e || commKnowsExchange(d.exchange)) continue;
-      emitWait(Queue::kComm, Plan::exchangeEvent(d.exchange));
-      comm_saw_x[d.exchange] = 1;
-    }
+    for (const ExchangeNeed& x : exchangeNeeds(deps, e))
+      if (!commKnows(x)) commWaits(x);
     Op ex{OpKind::kExchange, Queue::kComm};
     ex.exchange = e;
     // spans were stored in the compute op or rebuilt by the caller; see build()
@@ -229,14 +278,16 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   plan.num_events = 2 * plan.num_exchanges;
   const int32_t E = plan.num_exchanges;
 
-  Builder b{plan, S, run_rs ? (n - 1) * S : 0};
+  Builder b{plan, S, run_rs ? (n - 1) * S : 0, options.recv_only_waits};
   b.has_compute.assign(E, 0);
   b.compute_pos.assign(E, -1);
   b.computes.resize(E);
   b.ex_access.resize(E);
   b.co_access.resize(E);
   b.compute_saw_x.assign(E, -1);
+  b.compute_saw_recv.assign(E, -1);
   b.comm_saw_x.assign(E, 0);
+  b.comm_saw_recv.assign(E, 0);
   b.ex_send.resize(E);
   b.ex_recv.resize(E);
   plan.exchanges.resize(E);
@@ -325,14 +376,12 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
     }
   }
   while (!b.pending.empty()) b.popCompute();
-  // Drain: the plan ends when kCompute has seen every exchange complete (sends included), so
-  // "kCompute done" means the whole call is done and the tensor may be handed back.
+  // Drain: the plan ends when kCompute has seen every exchange complete (sends included: full
+  // waits, also for exchanges whose receive alone it waited before), so "kCompute done" means the
+  // whole call is done and the tensor may be handed back.
   for (int32_t e = 0; e < E; ++e) {
-    const bool emitted = !b.ex_access[e].empty();
-    if (emitted && b.compute_saw_x[e] < 0) {
-      b.emitWait(Queue::kCompute, Plan::exchangeEvent(e));
-      b.compute_saw_x[e] = b.computes_emitted;
-    }
+    const ExchangeNeed whole{e, true};
+    if (!b.ex_access[e].empty() && !b.computeKnows(whole)) b.computeWaits(whole);
   }
   return plan;
 }
@@ -395,7 +444,7 @@ std::string Plan::describe() const {
         os << "record " << op.event;
         break;
       case OpKind::kWait:
-        os << "wait " << op.event;
+        os << "wait " << op.event << (op.recv_only ? " recv" : "");
         break;
     }
     os << "\n";

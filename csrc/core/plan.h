@@ -23,9 +23,23 @@
 //     it has not yet recorded.
 //   * Event ids: exchangeEvent(e) = "exchange e complete" (recorded on kComm right after it),
 //     computeEvent(e) = "the reduce/copy of exchange e complete" (recorded on kCompute).
+//   * A kWait on exchangeEvent(e) with `recv_only` set asks for less: it holds back the later ops
+//     of its queue only until the RECEIVE half of exchange e has completed (its send may still be
+//     reading). A transport may treat it as a full wait, which is always safe: the GPU does (one
+//     event after the NCCL group covers both halves); the CPU executor waits only the receive
+//     request, and waits the send request at a later full wait on the same event.
 // The builder derives every wait from buffer hazards (read-after-write, write-after-read,
 // write-after-write on each segment of each buffer) and adds nothing else, so a missing wait is a
-// race; the plan checker runs plans with random completion orders and detects it.
+// race; the plan checker runs plans with random completion orders and detects it. The two halves
+// of an exchange are separate accesses: its send reads, its receive writes. A later op that reads
+// or overwrites what an exchange received needs only the receive half (a recv_only wait), e.g. the
+// reduce of exchange e reading the slot e received into; a later op that overwrites what an
+// exchange sends needs the whole exchange (a full wait): an all-gather copy or receive over a
+// tensor segment sent during the reduce-scatter, and, with float32 partials, the reduce of
+// exchange e itself, which overwrites the kAccum segment that e sends. The plan still ends with
+// kCompute knowing every exchange fully complete (full waits, sends included). For a transport
+// that waits for both halves anyway, recv_only waits only add waits (a full one follows later);
+// PlanOptions::recv_only_waits = false builds plans with full waits only.
 //
 // Buffers: kData is the tensor (contiguous, numel elements of the tensor's dtype); kAccum is one
 // chunk of float32 partials (only with accum_dtype=float32 on half types); kStaging slot k is a
@@ -69,6 +83,7 @@ struct Op {
   Span a;                 // kReduce: the local operand
   Span dst;               // kReduce/kCopy: the destination
   bool final = false;     // kReduce: last reduction of the owned chunk (AVG divides here)
+  bool recv_only = false; // kWait on an exchangeEvent: only the receive half must have completed
 };
 
 // Static description of one exchange (for transports, tests and diagnostics).
@@ -105,6 +120,10 @@ struct PlanOptions {
   uint8_t phases = kPhaseBoth;   // PhaseMask
   int32_t owner_shift = 0;
   bool exact_chunks = false;     // numel must be a multiple of the ring's size
+  // Waits that need only an exchange's receive are recv_only (Note [One ring, two transports, one
+  // plan]). false: every exchange wait is a full one (for a transport that cannot wait for a
+  // receive alone, such as the GPU's: fewer waits, same ordering for it).
+  bool recv_only_waits = true;
 };
 
 struct Plan {

@@ -52,7 +52,8 @@ std::string maskText(uint64_t mask) {
   return os.str();
 }
 
-std::string eventText(int32_t ev) {
+std::string eventText(int32_t ev, bool recv_only = false) {
+  if (recv_only && ev % 2 == 0) return concat(ev, " (receive of exchange ", ev / 2, " complete)");
   return concat(ev, ev % 2 == 0 ? " (exchange " : " (compute of exchange ", ev / 2,
                 ev % 2 == 0 ? " complete)" : ")");
 }
@@ -89,7 +90,10 @@ struct RankIndex {
   std::vector<int32_t> pos;       // per op: 1-based position within its queue
   std::vector<int> exchange_op;   // per exchange: the kExchange op, -1
   std::vector<int> record_op;     // per event: the kRecord op, -1
-  std::vector<int32_t> first_wait[2];  // per exchange: first position of a wait on exchangeEvent
+  // Per queue, per exchange: the first position of a wait on its exchangeEvent of either kind
+  // (from there on the queue knows the receive completed), and of a full one (the whole exchange).
+  std::vector<int32_t> first_wait_recv[2];
+  std::vector<int32_t> first_wait_full[2];
 };
 
 struct Shared {
@@ -204,13 +208,18 @@ std::string staticChecks(Shared& sh) {
     ix.pos.assign(p.ops.size(), 0);
     ix.exchange_op.assign(static_cast<size_t>(E), -1);
     ix.record_op.assign(static_cast<size_t>(p.num_events), -1);
-    for (int qi = 0; qi < 2; ++qi) ix.first_wait[qi].assign(static_cast<size_t>(E), kNever);
+    for (int qi = 0; qi < 2; ++qi) {
+      ix.first_wait_recv[qi].assign(static_cast<size_t>(E), kNever);
+      ix.first_wait_full[qi].assign(static_cast<size_t>(E), kNever);
+    }
     for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
       const Op& o = p.ops[i];
       const int qi = qIndex(o.queue);
       ix.q[qi].push_back(i);
       ix.pos[i] = static_cast<int32_t>(ix.q[qi].size());
       std::string err;
+      if (o.recv_only && (o.kind != OpKind::kWait || o.event % 2 != 0))
+        return concat(sh.opText(r, i), ": recv_only is only meaningful on a wait for an exchange event");
       switch (o.kind) {
         case OpKind::kExchange:
           if (o.queue != Queue::kComm) return concat(sh.opText(r, i), ": an exchange must be on kComm");
@@ -277,8 +286,12 @@ std::string staticChecks(Shared& sh) {
                           " before it is recorded in list order (the CPU executor would skip or "
                           "deadlock on it; cudaStreamWaitEvent would not wait)");
           if (o.event % 2 == 0) {
-            int32_t& fw = ix.first_wait[qi][o.event / 2];
-            fw = std::min(fw, ix.pos[i]);
+            int32_t& fr = ix.first_wait_recv[qi][o.event / 2];
+            fr = std::min(fr, ix.pos[i]);
+            if (!o.recv_only) {
+              int32_t& ff = ix.first_wait_full[qi][o.event / 2];
+              ff = std::min(ff, ix.pos[i]);
+            }
           }
           break;
         }
@@ -342,8 +355,11 @@ class HappensBefore {
   int n_;
   int w_;  // clock width: (kCompute position, kComm position) per rank
   std::vector<std::vector<int32_t>> qclk_[2];  // per queue: per rank: len*w_
-  std::vector<std::vector<int32_t>> cclk_;     // per rank: completion clocks, E*w_
-  std::vector<std::vector<char>> completed_;
+  // Per rank: the clocks of the receive completions, E*w_. The send half of an exchange completes
+  // after its issue and nothing else (eager transports), so its completion's clock is the issue's,
+  // and a full wait joins both.
+  std::vector<std::vector<int32_t>> cclk_;
+  std::vector<std::vector<char>> completed_;  // per rank, per exchange: both completions processed
   std::vector<std::vector<int64_t>> topo_;     // per rank: per op, order of processing
 
   const int32_t* opClock(int r, int i) const {
@@ -367,6 +383,8 @@ class HappensBefore {
     const int prev = sh_.plans[r].prev;
     // Data can arrive only after the sender posted it (static checks paired the indices).
     if (!o.recv.empty() && !issued(prev, x)) return;
+    // The receive completes after this rank's issue and, when it receives, the sender's (an empty
+    // receive counts as complete at the issue).
     int32_t* c = &cclk_[r][static_cast<size_t>(x) * w_];
     join(c, opClock(r, i));
     if (!o.recv.empty()) join(c, opClock(prev, sh_.idx[prev].exchange_op[x]));
@@ -400,10 +418,14 @@ class HappensBefore {
             const int i = ix.q[qi][k];
             const Op& o = p.ops[i];
             const int32_t* src = nullptr;
+            const int32_t* send_src = nullptr;
             if (o.kind == OpKind::kWait) {
               if (o.event % 2 == 0) {
-                if (!completed_[r][o.event / 2]) break;
-                src = &cclk_[r][static_cast<size_t>(o.event / 2) * w_];
+                const int32_t x = o.event / 2;
+                if (!completed_[r][x]) break;
+                src = &cclk_[r][static_cast<size_t>(x) * w_];
+                // A full wait also follows the send's completion; a recv_only wait does not.
+                if (!o.recv_only) send_src = opClock(r, ix.exchange_op[x]);
               } else {
                 const int rec = ix.record_op[o.event];
                 if (topo_[r][rec] < 0) break;
@@ -413,6 +435,7 @@ class HappensBefore {
             int32_t* c = &qclk_[qi][r][k * w_];
             if (k > 0) join(c, c - w_);
             if (src) join(c, src);
+            if (send_src) join(c, send_src);
             c[2 * r + qi] = static_cast<int32_t>(k + 1);
             topo_[r][i] = order++;
             cur[r][qi] = k + 1;
@@ -438,10 +461,16 @@ class HappensBefore {
     return "";
   }
 
-  // Whether exchange x of rank r is known complete at a node with clock c.
+  // Whether a node with clock c follows the receive completion of exchange x of rank r (a wait of
+  // either kind on it), or also its send completion (a full wait): completions have no other
+  // successors, and a queue position in c covers every earlier op of that queue.
+  bool knowsReceived(const int32_t* c, int r, int32_t x) const {
+    const RankIndex& ix = sh_.idx[r];
+    return c[2 * r] >= ix.first_wait_recv[0][x] || c[2 * r + 1] >= ix.first_wait_recv[1][x];
+  }
   bool knowsComplete(const int32_t* c, int r, int32_t x) const {
     const RankIndex& ix = sh_.idx[r];
-    return c[2 * r] >= ix.first_wait[0][x] || c[2 * r + 1] >= ix.first_wait[1][x];
+    return c[2 * r] >= ix.first_wait_full[0][x] || c[2 * r + 1] >= ix.first_wait_full[1][x];
   }
 
   struct Access {
@@ -455,11 +484,12 @@ class HappensBefore {
     int64_t topo;
   };
 
-  // end(a) happens before start(b)
+  // end(a) happens before start(b). An exchange's receive (its write) ends at the receive
+  // completion, its send (its read) at the send completion.
   bool ordered(int r, const Access& a, const Access& b) const {
     const int32_t* c = opClock(r, b.op);
     if (!a.exchange) return c[2 * r] >= a.pos;
-    return knowsComplete(c, r, a.xchg);
+    return a.write ? knowsReceived(c, r, a.xchg) : knowsComplete(c, r, a.xchg);
   }
 
   std::string bufName(int buf) const {
@@ -579,7 +609,11 @@ enum class Model { kStreams, kListWalk };
 
 class Simulation {
  public:
-  Simulation(const Shared& sh, Model model, uint64_t seed) : sh_(sh), model_(model), rng_(seed), n_(sh.n) {}
+  Simulation(const Shared& sh, Model model, uint64_t seed) : sh_(sh), model_(model), rng_(seed), n_(sh.n) {
+    // Every other trial, sends complete long after their data was read (a late acknowledgement):
+    // whatever overwrites a send's bytes before a full wait for it then shows.
+    late_sends_ = (rng_() & 1) != 0;
+  }
 
   std::string run() {
     init();
@@ -622,9 +656,10 @@ class Simulation {
     bool busy[2] = {false, false};
     bool step_pending[2] = {false, false};
     std::vector<char> fired, rec_issued;
-    std::vector<char> ex_issued, ex_complete;
+    std::vector<char> ex_issued, ex_complete, ex_received;  // received: the receive half completed
     std::vector<int8_t> ex_left;
     std::deque<int> send_q, recv_q;  // posted, unmatched: sends to next, receives from prev
+    std::vector<int> sending;        // kExchange ops whose send is posted and not complete
   };
 
   const Shared& sh_;
@@ -639,6 +674,7 @@ class Simulation {
   std::priority_queue<Ev, std::vector<Ev>, std::greater<Ev>> events_;
   uint64_t full_ = 0;
   uint8_t want_divs_ = 0;
+  bool late_sends_ = false;
 
   double delay() {
     const uint64_t v = rng_();
@@ -694,6 +730,7 @@ class Simulation {
       s.rec_issued.assign(static_cast<size_t>(p.num_events), 0);
       s.ex_issued.assign(static_cast<size_t>(p.num_exchanges), 0);
       s.ex_complete.assign(static_cast<size_t>(p.num_exchanges), 0);
+      s.ex_received.assign(static_cast<size_t>(p.num_exchanges), 0);
       s.ex_left.assign(static_cast<size_t>(p.num_exchanges), 0);
     }
   }
@@ -733,18 +770,20 @@ class Simulation {
         break;
       case kMsgRead: readMsg(ev.a); break;
       case kMsgWrite: writeMsg(ev.a); break;
-      case kSendDone: halfDone(msgs_[ev.a].src, msgs_[ev.a].send_op); break;
-      case kRecvDone: halfDone(msgs_[ev.a].dst, msgs_[ev.a].recv_op); break;
+      case kSendDone: halfDone(msgs_[ev.a].src, msgs_[ev.a].send_op, false); break;
+      case kRecvDone: halfDone(msgs_[ev.a].dst, msgs_[ev.a].recv_op, true); break;
     }
   }
 
-  bool eventReady(int r, int32_t event) const {
+  bool waitReady(int r, const Op& w) const {
     const RankState& s = st_[r];
-    if (model_ == Model::kStreams) return s.fired[event] != 0;
-    // The CPU executor: even events wait for the exchange's requests; odd ones ran inline.
-    if (event % 2 == 1) return true;
-    const int32_t x = event / 2;
-    return !s.ex_issued[x] || s.ex_complete[x];
+    // The GPU driver: one event per exchange, so a recv_only wait is a full one.
+    if (model_ == Model::kStreams) return s.fired[w.event] != 0;
+    // The CPU executor: even events wait for the exchange's requests (recv_only: the receive
+    // request alone, its send may complete any time later); odd ones ran inline.
+    if (w.event % 2 == 1) return true;
+    const int32_t x = w.event / 2;
+    return !s.ex_issued[x] || s.ex_complete[x] || (w.recv_only && s.ex_received[x]);
   }
 
   void fire(int r, int32_t event) {
@@ -763,7 +802,7 @@ class Simulation {
     const Op& o = p.ops[i];
     switch (o.kind) {
       case OpKind::kWait:
-        if (!eventReady(r, o.event)) return;  // woken when something completes
+        if (!waitReady(r, o)) return;  // woken when something completes
         break;
       case OpKind::kRecord:
         if (o.event % 2 == 0) {
@@ -793,8 +832,12 @@ class Simulation {
     const Op& o = p.ops[i];
     s.ex_issued[o.exchange] = 1;
     s.ex_left[o.exchange] = static_cast<int8_t>((o.send.empty() ? 0 : 1) + (o.recv.empty() ? 0 : 1));
+    if (o.recv.empty()) s.ex_received[o.exchange] = 1;
     if (s.ex_left[o.exchange] == 0) completeExchange(r, o.exchange);
-    if (!o.send.empty()) s.send_q.push_back(i);
+    if (!o.send.empty()) {
+      s.send_q.push_back(i);
+      s.sending.push_back(i);
+    }
     if (!o.recv.empty()) s.recv_q.push_back(i);
     match(r);
     match(p.prev);
@@ -824,13 +867,31 @@ class Simulation {
         return;
       }
     }
-    push(now_ + delay(), kSendDone, m.src, id, -1);
+    push(now_ + (late_sends_ ? 40.0 : 0.0) + delay(), kSendDone, m.src, id, -1);
     push(now_ + delay(), kMsgWrite, m.src, id, -1);
+  }
+
+  // A write into bytes that a send of the same rank may still read (posted, not complete) is a
+  // race whatever the values: the transport may read them at any moment until the completion.
+  bool overwritesSending(int r, int i, const Span& dst) {
+    const Plan& p = sh_.plans[r];
+    const int64_t lo = dst.offset * spanElemSize(p, dst), hi = (dst.offset + dst.count) * spanElemSize(p, dst);
+    for (int j : st_[r].sending) {
+      const Span& sent = p.ops[j].send;
+      if (sent.buf != dst.buf || (dst.buf == BufKind::kStaging && sent.slot != dst.slot)) continue;
+      const int64_t es = spanElemSize(p, sent);
+      if (sent.offset * es >= hi || (sent.offset + sent.count) * es <= lo) continue;
+      fail(concat(sh_.opText(r, i), " writes ", spanText(dst), " while ", describeOp(p, j),
+                  " may still be sending ", spanText(sent), " (its send has not completed)"));
+      return true;
+    }
+    return false;
   }
 
   void writeMsg(int id) {
     Msg& m = msgs_[id];
     const Op& o = sh_.plans[m.dst].ops[m.recv_op];
+    if (overwritesSending(m.dst, m.recv_op, o.recv)) return;
     Cell* c = cells(m.dst, o.recv);
     for (int64_t k = 0; k < o.recv.count; ++k) {
       Cell v = m.payload[static_cast<size_t>(k)];
@@ -850,9 +911,16 @@ class Simulation {
     push(now_ + delay(), kRecvDone, m.dst, id, -1);
   }
 
-  void halfDone(int r, int op) {
+  void halfDone(int r, int op, bool recv) {
     const int32_t x = sh_.plans[r].ops[op].exchange;
     RankState& s = st_[r];
+    if (recv) {
+      s.ex_received[x] = 1;
+      wakeAll(r);  // a recv_only wait may proceed
+    } else {
+      const auto it = std::find(s.sending.begin(), s.sending.end(), op);
+      if (it != s.sending.end()) s.sending.erase(it);
+    }
     if (--s.ex_left[x] == 0) completeExchange(r, x);
   }
 
@@ -872,6 +940,7 @@ class Simulation {
     const Plan& p = sh_.plans[r];
     const Op& o = p.ops[i];
     auto where = [&] { return concat(sh_.opText(r, i), ": "); };
+    if (overwritesSending(r, i, o.dst)) return;
     Cell* src = cells(r, o.recv);
     Cell* dst = cells(r, o.dst);
     Cell* loc = o.kind == OpKind::kReduce ? cells(r, o.a) : nullptr;
@@ -1015,7 +1084,7 @@ std::string describeOp(const Plan& plan, int i) {
       os << "copy x" << o.exchange << " " << spanText(o.dst) << " = " << spanText(o.recv);
       break;
     case OpKind::kRecord: os << "record " << eventText(o.event); break;
-    case OpKind::kWait: os << "wait " << eventText(o.event); break;
+    case OpKind::kWait: os << "wait " << eventText(o.event, o.recv_only); break;
     default: os << "unknown kind " << static_cast<int>(o.kind);
   }
   return os.str();
@@ -1028,8 +1097,10 @@ std::string checkPlanSet(const std::vector<Plan>& plans, const CheckOptions& opt
   sh.n = static_cast<int>(plans.size());
   std::string err = staticChecks(sh);
   if (!err.empty()) return err;
-  err = HappensBefore(sh).run();
-  if (!err.empty()) return err;
+  if (options.happens_before) {
+    err = HappensBefore(sh).run();
+    if (!err.empty()) return err;
+  }
   for (int t = 0; t < std::max(1, options.trials); ++t) {
     for (Model m : {Model::kStreams, Model::kListWalk}) {
       const uint64_t seed = mix64(options.seed * 0x2545f4914f6cdd1dull + static_cast<uint64_t>(t) * 2 +
@@ -1052,7 +1123,7 @@ std::string checkPlans(int nranks, int64_t numel, DType dtype, const PlanOptions
                   opt.avg_divisor ? concat(" avg_divisor=", opt.avg_divisor) : std::string(),
                   opt.phases != kPhaseBoth ? concat(" ", phaseMaskText(opt.phases)) : std::string(),
                   opt.owner_shift ? concat(" owner_shift=", opt.owner_shift) : std::string(),
-                  opt.exact_chunks ? " exact_chunks" : "", "] ");
+                  opt.exact_chunks ? " exact_chunks" : "", opt.recv_only_waits ? "" : " full_waits_only", "] ");
   };
   if (nranks < 1 || nranks > 64) return params() + "the checker supports 1..64 ranks";
   std::vector<Plan> plans;

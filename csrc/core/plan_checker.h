@@ -11,31 +11,39 @@
 //      is recorded once, on the queue its id names (exchangeEvent on kComm after its exchange,
 //      computeEvent on kCompute), and before every wait on it in list order (the CPU executor
 //      walks the list on one thread; cudaStreamWaitEvent on an unrecorded event is a no-op).
-//      Transports match messages per (peer, tag) in posting order, so the k-th non-empty send of
-//      rank r must be the k-th non-empty receive of rank r+1: same exchange index, same element
-//      count, same element width.
+//      recv_only appears only on waits for exchange events (on either queue). Transports match
+//      messages per (peer, tag) in posting order, so the k-th non-empty send of rank r must be
+//      the k-th non-empty receive of rank r+1: same exchange index, same element count, same
+//      element width.
 //
-//   2. Exact happens-before. Nodes: every op of each queue, plus the completion of each exchange.
-//      Edges: queue order (kCompute runs in order; kComm issues in order), exchange issue ->
-//      its completion, the sender's issue -> the receiver's completion, completion of exchange e
-//      -> every wait on exchangeEvent(e), the kCompute record -> every wait on computeEvent(e).
-//      Nothing else: a send may complete before its receiver posted (eager transports), a
-//      record on kComm is taken to mean only "exchange e complete" (what the CPU executor
-//      implements; the GPU stream event knows more). A cycle is a deadlock. Vector clocks carry
-//      two positions per rank (kCompute, kComm); knowing the completion of exchange e reduces to
-//      knowing a wait on exchangeEvent(e). An exchange touches its send span (read) and receive
-//      span (write) from its issue until its completion; a reduce/copy touches its spans at one
-//      point. Any two accesses of one rank to overlapping bytes of one buffer, at least one a
-//      write, must be ordered end -> start; otherwise it is a data race (a missing wait, a
-//      staging slot reused before its reduce finished). The plan must also end on kCompute
-//      knowing every exchange complete (the tensor is handed back then).
+//   2. Exact happens-before. Nodes: every op of each queue, plus the receive completion and the
+//      send completion of each exchange. Edges: queue order (kCompute runs in order; kComm issues
+//      in order), exchange issue -> both its completions, the sender's issue -> the receiver's
+//      receive completion, the receive completion of exchange e -> every wait on exchangeEvent(e),
+//      its send completion -> every full (not recv_only) wait on it, the kCompute record -> every
+//      wait on computeEvent(e). Nothing else: a send may complete before its receiver posted
+//      (eager transports), a record on kComm is taken to mean only "exchange e complete" (what the
+//      CPU executor implements; the GPU stream event knows more), a recv_only wait only "its
+//      receive complete" (the CPU executor; the GPU waits for both). A cycle is a deadlock. Vector
+//      clocks carry two positions per rank (kCompute, kComm); knowing the receive completion of
+//      exchange e reduces to knowing a wait on exchangeEvent(e), knowing its send completion to
+//      knowing a full one. An exchange touches its send span (read) from its issue until its send
+//      completion and its receive span (write) from its issue until its receive completion; a
+//      reduce/copy touches its spans at one point. Any two accesses of one rank to overlapping
+//      bytes of one buffer, at least one a write, must be ordered end -> start; otherwise it is a
+//      data race (a missing or too weak wait, a staging slot reused before its reduce finished).
+//      The plan must also end on kCompute knowing every exchange complete, both halves (the
+//      tensor is handed back then).
 //
 //   3. Randomized simulation of values. Each element carries the set of ranks whose contribution
 //      it holds (uint64 bitmask, so n <= 64), its logical index, the number of AVG divisions and a
-//      hash of its reduction tree. Ops run with random delays (both the two-queue model of the GPU
-//      and the one-thread list walk of the CPU executor), sends complete only after the matching
-//      receive was posted (the strict rendezvous, so deadlocks show), message data is read and
-//      written at random moments inside the exchange. A reduce must see disjoint masks of the same
+//      hash of its reduction tree. Ops run with random delays (both the two-queue model of the GPU,
+//      where a recv_only wait is a full wait, and the one-thread list walk of the CPU executor,
+//      where it waits for the receive alone), sends complete only after the matching receive was
+//      posted (the strict rendezvous, so deadlocks show) and independently of the receive of the
+//      same exchange (in every other trial long after the receive), message data is read and
+//      written at random moments inside the exchange. A write into bytes that a send of the same
+//      rank has not finished sending is reported. A reduce must see disjoint masks of the same
 //      element; a final reduce must produce the full mask on the chunk's owner and (AVG) divide
 //      exactly once; copies must bring finished values; at the end every element of every rank
 //      must hold the full mask, the right number of divisions and the same reduction tree.
@@ -65,6 +73,7 @@ struct CheckOptions {
   bool average = false;  // AVG: final reduces divide, finished elements carry exactly one division
   uint64_t seed = 1;
   int trials = 3;        // randomized simulations per execution model (two-queue and CPU list walk)
+  bool happens_before = true;  // layer 2; tests turn it off to see what the simulations find alone
 };
 
 // Checks the plans of all ranks (plans[r] is rank r's, as built by buildPlan or altered by a

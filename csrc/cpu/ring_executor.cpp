@@ -29,20 +29,27 @@ size_t spanBytes(const Plan& plan, const Span& s) {
 }  // namespace
 
 void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& buffers, int tag) {
+  // Requests of each exchange (-1: that half is empty) and which of them were waited.
   struct Pending {
     int64_t send = -1;
     int64_t recv = -1;
-    bool done = false;
+    bool send_waited = false;
+    bool recv_waited = false;
   };
   std::vector<Pending> pending(static_cast<size_t>(plan.num_exchanges));
   const bool round_sum = !plan.accum_float32;
 
-  auto waitExchange = [&](int32_t e) {
+  // A recv_only wait (Note [One ring, two transports, one plan]) waits the receive request only;
+  // a full wait also the send request, whenever it comes.
+  auto waitExchange = [&](int32_t e, bool recv_only) {
     Pending& p = pending.at(static_cast<size_t>(e));
-    if (p.done) return;
-    if (p.recv >= 0) t.wait(p.recv);
+    if (!p.recv_waited) {
+      if (p.recv >= 0) t.wait(p.recv);
+      p.recv_waited = true;
+    }
+    if (recv_only || p.send_waited) return;
     if (p.send >= 0) t.wait(p.send);
-    p.done = true;
+    p.send_waited = true;
   };
 
   for (const Op& o : plan.ops) {
@@ -61,7 +68,7 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
       }
       case OpKind::kWait:
         // Even events are "exchange complete"; odd ones are computes, which already ran inline.
-        if (o.event % 2 == 0) waitExchange(o.event / 2);
+        if (o.event % 2 == 0) waitExchange(o.event / 2, o.recv_only);
         break;
       case OpKind::kRecord:
         break;
@@ -75,11 +82,12 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
         break;
     }
   }
-  // The plan ends with waits for every exchange; this is a cheap guarantee, not a second wait.
+  // The plan ends with full waits for every exchange; this is a cheap guarantee, not a second wait.
   for (int32_t e = 0; e < plan.num_exchanges; ++e) {
     const Pending& p = pending[static_cast<size_t>(e)];
-    RR_CHECK(p.done || (p.send < 0 && p.recv < 0), kRuntime,
-             "ringreduce internal error: plan left exchange ", e, " unwaited");
+    RR_CHECK((p.send < 0 || p.send_waited) && (p.recv < 0 || p.recv_waited), kRuntime,
+             "ringreduce internal error: plan left the ", p.recv >= 0 && !p.recv_waited ? "receive" : "send",
+             " of exchange ", e, " unwaited");
   }
 }
 

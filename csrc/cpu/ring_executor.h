@@ -19,7 +19,8 @@ struct RingBuffers {
 constexpr int kTagsPerCall = 4096;
 
 // Runs every op of `plan` in list order: exchanges are posted (several in flight), waits block on
-// the requests of the exchange they name, reduces and copies run inline. All messages use `tag`.
+// the requests of the exchange they name (recv_only waits on its receive request alone), reduces
+// and copies run inline. All messages use `tag`.
 // Throws whatever the transport throws; the caller then abandons the transport and keeps
 // `buffers` alive.
 void executePlan(const Plan& plan, RedOp op, Transport& transport, const RingBuffers& buffers, int tag);

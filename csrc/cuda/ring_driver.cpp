@@ -60,6 +60,9 @@ PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t segment_bytes, 
   o.accum_float32 = accum_float32;
   o.gather_into_data = true;
   o.average = op == RedOp::kAvg;
+  // One CUDA event covers both halves of an NCCL group, so a receive-only wait would be a full
+  // wait anyway; the plan without them has fewer waits on the streams.
+  o.recv_only_waits = false;
   return o;
 }
 

@@ -94,16 +94,22 @@ bool eventWaited(const Plan& p, int32_t event) {
   return false;
 }
 
-// An independent oracle for delete_any_wait: an explicit happens-before graph (op nodes,
-// exchange completion nodes) searched backwards. Deleting wait W is harmless when the first op
-// after W on its queue that is not itself a wait (or, when only waits follow, the queue's last
-// op) still happens after W's source without W: then every op's ordering is as before.
-bool waitIsImplied(const std::vector<Plan>& base_plans, int rank, int wait_op) {
+// What a mutation does to one wait: delete it, or turn a full wait into a recv_only one.
+enum class WaitCut { kDelete, kWeaken };
+
+// An independent oracle for delete_any_wait and weaken_any_full_wait: an explicit happens-before
+// graph (op nodes, receive and send completion nodes per exchange) searched backwards. Deleting
+// wait W is harmless when the first op after W on its queue that is not itself a wait (or, when
+// only waits follow, the queue's last op) still happens after W's sources without W: then every
+// op's ordering is as before. Weakening a full wait W is harmless when that op still happens after
+// the send completion W no longer waits for.
+bool waitIsImplied(const std::vector<Plan>& base_plans, int rank, int wait_op, WaitCut cut = WaitCut::kDelete) {
   std::vector<Plan> plans = base_plans;
   const Op w = plans[rank].ops[wait_op];
-  plans[rank].ops.erase(plans[rank].ops.begin() + wait_op);
+  if (cut == WaitCut::kDelete) plans[rank].ops.erase(plans[rank].ops.begin() + wait_op);
+  else plans[rank].ops[wait_op].recv_only = true;
   const int n = static_cast<int>(plans.size());
-  std::vector<int> base(n), cbase(n);
+  std::vector<int> base(n), cbase(n), sbase(n);  // ops, receive completions, send completions
   int total = 0;
   for (int r = 0; r < n; ++r) {
     base[r] = total;
@@ -111,6 +117,8 @@ bool waitIsImplied(const std::vector<Plan>& base_plans, int rank, int wait_op) {
   }
   for (int r = 0; r < n; ++r) {
     cbase[r] = total;
+    total += plans[r].num_exchanges;
+    sbase[r] = total;
     total += plans[r].num_exchanges;
   }
   std::vector<std::vector<int>> preds(static_cast<size_t>(total));
@@ -126,11 +134,16 @@ bool waitIsImplied(const std::vector<Plan>& base_plans, int rank, int wait_op) {
       if (last[q] >= 0) preds[base[r] + i].push_back(base[r] + last[q]);
       last[q] = i;
       if (o.kind == OpKind::kWait) {
-        if (o.event % 2 == 0) preds[base[r] + i].push_back(cbase[r] + o.event / 2);
-        else preds[base[r] + i].push_back(base[r] + rec[o.event]);
+        if (o.event % 2 == 0) {
+          preds[base[r] + i].push_back(cbase[r] + o.event / 2);
+          if (!o.recv_only) preds[base[r] + i].push_back(sbase[r] + o.event / 2);
+        } else {
+          preds[base[r] + i].push_back(base[r] + rec[o.event]);
+        }
       }
       if (o.kind == OpKind::kExchange) {
         preds[cbase[r] + o.exchange].push_back(base[r] + i);
+        preds[sbase[r] + o.exchange].push_back(base[r] + i);  // eager: the send needs nothing else
         if (!o.recv.empty()) {
           const Plan& pp = plans[p.prev];
           for (int k = 0; k < static_cast<int>(pp.ops.size()); ++k)
@@ -142,18 +155,19 @@ bool waitIsImplied(const std::vector<Plan>& base_plans, int rank, int wait_op) {
   }
   const Plan& p = plans[rank];
   int target = -1;
-  for (int k = wait_op; k < static_cast<int>(p.ops.size()); ++k) {
+  for (int k = cut == WaitCut::kDelete ? wait_op : wait_op + 1; k < static_cast<int>(p.ops.size()); ++k) {
     if (p.ops[k].queue != w.queue) continue;
     target = k;
     if (p.ops[k].kind != OpKind::kWait) break;
   }
   if (target < 0) return false;
-  int source = -1;
+  std::vector<int> sources;
   if (w.event % 2 == 0) {
-    source = cbase[rank] + w.event / 2;
+    if (cut == WaitCut::kDelete) sources.push_back(cbase[rank] + w.event / 2);
+    if (!w.recv_only) sources.push_back(sbase[rank] + w.event / 2);
   } else {
     for (int i = 0; i < static_cast<int>(p.ops.size()); ++i)
-      if (p.ops[i].kind == OpKind::kRecord && p.ops[i].event == w.event) source = base[rank] + i;
+      if (p.ops[i].kind == OpKind::kRecord && p.ops[i].event == w.event) sources.push_back(base[rank] + i);
   }
   std::vector<char> seen(static_cast<size_t>(total), 0);
   std::vector<int> stack = {base[rank] + target};
@@ -161,14 +175,15 @@ bool waitIsImplied(const std::vector<Plan>& base_plans, int rank, int wait_op) {
   while (!stack.empty()) {
     const int v = stack.back();
     stack.pop_back();
-    if (v == source) return true;
     for (int u : preds[v])
       if (!seen[u]) {
         seen[u] = 1;
         stack.push_back(u);
       }
   }
-  return false;
+  for (int src : sources)
+    if (!seen[src]) return false;
+  return !sources.empty();
 }
 
 }  // namespace
@@ -184,9 +199,10 @@ TEST_CASE(delete_any_wait) {
   // Every wait whose ordering is not already implied must be missed when deleted. A wait that is
   // implied by others (an independent breadth-first search over the happens-before graph says
   // so) may go: the builder's drain emits a few of those when the all-gather lands in kData.
+  // recv_only waits included: every reduce of these plans waits its own receive that way.
   for (const Setup& s : kSetups) {
     const std::vector<Plan> base = build(s);
-    int needed = 0, redundant = 0;
+    int needed = 0, redundant = 0, needed_recv_only = 0;
     for (int r = 0; r < s.n; ++r) {
       for (int i = 0; i < static_cast<int>(base[r].ops.size()); ++i) {
         if (base[r].ops[i].kind != OpKind::kWait) continue;
@@ -199,14 +215,124 @@ TEST_CASE(delete_any_wait) {
           CHECK_MSG(err.empty(), "deleting an implied wait was reported: " << err);
         } else {
           ++needed;
+          needed_recv_only += base[r].ops[i].recv_only;
           CHECK_MSG(!err.empty(), "deleting rank " << r << " " << describeOp(base[r], i) << " went unnoticed ("
                                                    << setupText(s) << ")\n" << base[r].describe());
         }
       }
     }
     CHECK(needed > 0);
-    std::printf("  %s: %d needed waits caught, %d implied waits\n", setupText(s).c_str(), needed, redundant);
+    CHECK(needed_recv_only > 0);
+    std::printf("  %s: %d needed waits caught (%d recv_only), %d implied waits\n", setupText(s).c_str(), needed,
+                needed_recv_only, redundant);
   }
+}
+
+TEST_CASE(weaken_any_full_wait) {
+  // A full wait on an exchange event turned into a recv_only one: unless the send completion is
+  // known some other way (the oracle), the op it guarded now races with the send, or the plan ends
+  // with a send still in flight. The builder emits full waits only for such needs.
+  for (const Setup& s : kSetups) {
+    const std::vector<Plan> base = build(s);
+    int needed = 0, redundant = 0, before_compute = 0;
+    for (int r = 0; r < s.n; ++r) {
+      const Plan& p = base[r];
+      for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
+        const Op& w = p.ops[i];
+        if (w.kind != OpKind::kWait || w.event % 2 != 0 || w.recv_only) continue;
+        const bool implied = waitIsImplied(base, r, i, WaitCut::kWeaken);
+        std::vector<Plan> plans = base;
+        plans[r].ops[i].recv_only = true;
+        const std::string err = check(plans, s);
+        if (implied) {
+          ++redundant;
+          CHECK_MSG(err.empty(), "weakening an implied full wait was reported: " << err);
+          continue;
+        }
+        ++needed;
+        const int k = nextOnQueue(p, i);
+        before_compute += k >= 0 && (p.ops[k].kind == OpKind::kReduce || p.ops[k].kind == OpKind::kCopy);
+        CHECK_MSG(!err.empty(), "weakening rank " << r << " " << describeOp(p, i) << " to recv_only went unnoticed ("
+                                                  << setupText(s) << ")\n" << p.describe());
+      }
+    }
+    CHECK(needed > 0);
+    // Not only the drain: a compute that overwrites what an exchange sent needs the full wait (the
+    // copies of the all-gather over the tensor's sent segments, the float32 partials of accum mode).
+    if (!s.gather) CHECK_MSG(before_compute > 0, setupText(s));
+    std::printf("  %s: %d needed full waits caught when weakened (%d right before a reduce/copy), %d implied\n",
+                setupText(s).c_str(), needed, before_compute, redundant);
+  }
+}
+
+namespace {
+
+// Accum mode, n >= 4: the non-final reduce of a reduce-scatter exchange at step >= 1 writes the
+// kAccum segment that the same exchange sends. Its full wait weakened to recv_only lets the
+// reduce overwrite the partial while the send may still be reading it.
+std::vector<std::pair<int, int>> accumSelfOverwriteWaits(const std::vector<Plan>& plans) {
+  std::vector<std::pair<int, int>> out;  // (rank, index of the full wait)
+  for (int r = 0; r < static_cast<int>(plans.size()); ++r) {
+    const Plan& p = plans[r];
+    for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
+      const Op& o = p.ops[i];
+      if (o.kind != OpKind::kReduce || o.dst.buf != BufKind::kAccum) continue;
+      const Op* ex = nullptr;
+      for (const Op& x : p.ops)
+        if (x.kind == OpKind::kExchange && x.exchange == o.exchange) ex = &x;
+      if (!ex || ex->send.buf != BufKind::kAccum || ex->send.offset != o.dst.offset) continue;
+      for (int k = i - 1; k >= 0 && p.ops[k].queue == Queue::kCompute; --k)
+        if (p.ops[k].kind == OpKind::kWait && p.ops[k].event == Plan::exchangeEvent(o.exchange) &&
+            !p.ops[k].recv_only)
+          out.push_back({r, k});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(weaken_the_accum_self_overwrite_wait) {
+  for (const Setup& s : {Setup{4, 100, DType::kFloat16, 2, 16, true, false, true},
+                         Setup{5, 77, DType::kBFloat16, 3, 16, true, true, false}}) {
+    const std::vector<Plan> base = build(s);
+    const auto waits = accumSelfOverwriteWaits(base);
+    CHECK_MSG(!waits.empty(), setupText(s) << ": no reduce waits its own exchange in full\n" << base[0].describe());
+    for (const auto& [r, i] : waits) {
+      std::vector<Plan> plans = base;
+      plans[r].ops[i].recv_only = true;
+      const std::string err = check(plans, s);
+      CHECK_MSG(err.find("data race") != std::string::npos && err.find("accum") != std::string::npos,
+                "weakening rank " << r << " " << describeOp(base[r], i) << " (" << setupText(s) << "): " << err);
+      // The value simulations alone (the CPU list walk, where the send may complete after the
+      // receive) see the overwritten partial arrive at the next rank.
+      CheckOptions co;
+      co.average = s.avg;
+      co.seed = 17;
+      co.trials = 40;
+      co.happens_before = false;
+      const std::string sim = checkPlanSet(plans, co);
+      CHECK_MSG(sim.find("list-walk") != std::string::npos,
+                "the simulation missed rank " << r << " " << describeOp(base[r], i) << " (" << setupText(s)
+                                              << "): " << sim);
+    }
+  }
+}
+
+TEST_CASE(recv_only_only_on_exchange_waits) {
+  const Setup s{3, 50, DType::kFloat32, 2, 16, false, false, true};
+  const std::vector<Plan> base = build(s);
+  int tried = 0;
+  for (int i = 0; i < static_cast<int>(base[1].ops.size()); ++i) {
+    const Op& o = base[1].ops[i];
+    if (o.kind == OpKind::kWait && o.event % 2 == 0) continue;
+    std::vector<Plan> plans = base;
+    plans[1].ops[i].recv_only = true;
+    const std::string err = check(plans, s);
+    ++tried;
+    CHECK_MSG(err.find("recv_only is only meaningful") != std::string::npos, describeOp(base[1], i) << ": " << err);
+  }
+  CHECK(tried > 0);
 }
 
 TEST_CASE(swap_wait_with_the_op_it_guards) {
