@@ -152,9 +152,10 @@ def local_size_override() -> int | None:
 def _node_of_global_ranks(global_ranks: list[int]) -> list[int]:
     """Node id of each global rank, from the launcher (GROUP_RANK, LOCAL_WORLD_SIZE) or the override.
 
-    Hostnames are never used: simulated nodes share one host. Under torchrun, ranks are numbered node
-    by node (rank = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK), which is checked on this rank; a
-    launcher that numbers otherwise gets the node ids exchanged through the default store.
+    Hostnames are never used: simulated nodes share one host. Under a launcher every rank publishes
+    its GROUP_RANK once in the default store and reads those of the ring's ranks (one multi_get): a
+    rule computed locally from numbering (torchrun numbers ranks node by node) could not notice a
+    launcher that numbers otherwise on some ranks only, and ranks must agree on the layout.
     """
     override = local_size_override()
     if override is not None:
@@ -164,15 +165,22 @@ def _node_of_global_ranks(global_ranks: list[int]) -> list[int]:
     world = os.environ.get("WORLD_SIZE")
     if group_rank is None or local_world is None:
         return [0 for _ in global_ranks]  # no launcher information: one node
-    lws, node = int(local_world), int(group_rank)
-    if world is not None and int(world) == lws:
-        return [0 for _ in global_ranks]
-    me = dist.get_rank()
-    if lws > 0 and me // lws == node:
-        return [g // lws for g in global_ranks]
+    if world is not None and int(world) == int(local_world):
+        return [0 for _ in global_ranks]  # the launcher put every rank on one node
     store = dist.distributed_c10d._get_default_store()
-    store.set(_NODE_KEY.format(rank=me), str(node))
-    return [int(store.get(_NODE_KEY.format(rank=g)).decode()) for g in global_ranks]
+    me = dist.get_rank()
+    if _published_node.get(me) != group_rank:
+        store.set(_NODE_KEY.format(rank=me), group_rank)
+        _published_node[me] = group_rank
+    keys = [_NODE_KEY.format(rank=g) for g in global_ranks]
+    try:
+        values = store.multi_get(keys)
+    except (AttributeError, NotImplementedError, RuntimeError):
+        values = [store.get(k) for k in keys]
+    return [int(v.decode() if isinstance(v, bytes) else v) for v in values]
+
+
+_published_node: dict[int, str] = {}
 
 
 def node_layout(info: GroupInfo) -> NodeLayout:

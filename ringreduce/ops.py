@@ -194,11 +194,13 @@ def _submit_cpu(
     phases: int = 3,
     owner_shift: int = 0,
     exact_chunks: bool = False,
+    node_order: tuple[int, ...] = (),
 ) -> Any:
     """Submits one CPU call; with run_inline a call with nothing queued before it runs right here.
 
-    members: the ring's ranks in info.pg (default info.members); local_size > 0: hierarchical over
-    members ordered node by node; phases/owner_shift/exact_chunks: reduce_scatter and all_gather.
+    members: the ring's ranks in info.pg (default info.members); local_size > 0: hierarchical, with
+    node_order the ring's ranks node by node (empty: the ring's own order); phases/owner_shift/
+    exact_chunks: reduce_scatter and all_gather.
     """
     return C.submit_cpu(
         info.pg,
@@ -220,6 +222,7 @@ def _submit_cpu(
         phases,
         owner_shift,
         exact_chunks,
+        list(node_order),
     )
 
 
@@ -229,20 +232,19 @@ def _refuse(
     """Tells the other ranks (agreement frame marked as an error) before raising locally."""
     is_cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
     if info is not None and info.size > 1 and _config.check_enabled(is_cuda):
-        # The frame goes to the ring the other ranks run this call on (the hierarchical one may
-        # order the ranks node by node: another ring, another tag space).
-        try:
-            _, members = choose_algorithm(info, algorithm if algorithm in ALGORITHMS else "auto")
-        except ValueError:
-            members = info.members
         if is_cuda and C.native_info["cuda"]:
             from ringreduce import _cuda
 
+            # GPU: the frame goes around the ring the other ranks run this call on (the
+            # hierarchical call's rank list is ordered node by node)
+            try:
+                _, members = choose_algorithm(info, algorithm if algorithm in ALGORITHMS else "auto")
+            except ValueError:
+                members = info.members
             _cuda.cuda_refuse(info, tensor.device, kind, code, members=members)
         elif not is_cuda:
-            handle = _submit_cpu(
-                info, None, ReduceOp.SUM, False, kind, code, 1, True, run_inline=True, members=members
-            )
+            # CPU: every call of a ring (hierarchical ones too) runs on the ring's own runtime
+            handle = _submit_cpu(info, None, ReduceOp.SUM, False, kind, code, 1, True, run_inline=True)
             handle.wait(-1)  # the others raise "rank r refused"; we raise our own, clearer error
             exc.args = (f"{exc.args[0]} (call #{handle.seq} on {info.name}; the other ranks were told)",)
     raise exc
@@ -318,7 +320,7 @@ def _run(
     with torch.profiler.record_function(f"ringreduce.{_KIND_NAMES.get(kind, 'call')}"):
         handle = _submit_cpu(
             info, tensor, rop, accum, kind, 0, ntensors, check, run_inline=not async_op and _config.run_inline(),
-            members=members, local_size=local_size,
+            local_size=local_size, node_order=members if local_size else (),
         )
         work = Work(handle, [tensor], describe=f"{_KIND_NAMES.get(kind, 'call')} {rop.name} on {info.name}")
         if not async_op:

@@ -211,3 +211,33 @@ def test_traffic_report_arithmetic():
     assert expected_cross_node_bytes("hierarchical", 8, 4, S)["max"] == 0.25 * S
     assert expected_cross_node_bytes("ring", 4, 2, S) == {"max": 1.5 * S, "mean": 0.75 * S}
     assert expected_cross_node_bytes("hierarchical", 4, 4, S)["max"] == 0.0  # one node
+
+
+def _interleaved_nodes(rank: int, ws: int) -> dict:
+    # A launcher that numbers ranks across nodes: node = rank % 2 (torchrun would give rank // 2).
+    # The node ids then come from the store, and the call runs on WORLD's own ring in node order.
+    pg = dist.group.WORLD
+    out: dict = {}
+    with _env(GROUP_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2", WORLD_SIZE=str(ws), LOCAL_RANK=str(rank // 2)):
+        from ringreduce._groups import node_layout, resolve
+
+        layout = node_layout(resolve(None))
+        out["layout"] = (layout.members, layout.local_size, layout.node_of_member)
+        for algo in ("ring", "hierarchical"):
+            t = exact_input(4096, rank, torch.float32, "sum")
+            want = reference(gather_inputs(t), "sum")
+            C.bytes_sent(pg, True)
+            rr.all_reduce(t, algorithm=algo)
+            sent = C.bytes_sent(pg, True)
+            out[algo] = (bits_equal(t, want), sum(b for p, b in enumerate(sent) if p % 2 != rank % 2))
+    return out
+
+
+def test_launcher_numbering_across_nodes():
+    res = run_ranks(4, _interleaved_nodes)
+    S = 4096 * 4
+    for rank, r in enumerate(res):
+        assert r["layout"] == ((0, 2, 1, 3), 2, (0, 1, 0, 1)), r
+        # the flat ring crosses nodes at every hop here; the hierarchical one only in stage 2
+        assert r["ring"] == (True, 3 * S // 2), (rank, r)
+        assert r["hierarchical"] == (True, S // 2), (rank, r)

@@ -192,6 +192,18 @@ def _mesh_groups(rank: int, ws: int) -> None:
     work = rr.all_reduce(d, op="sum", group=mesh["dp"], async_op=True)
     work.wait()
     assert torch.equal(d.to_local().reshape(-1), results["dp"] * 2)
+    # reduce_scatter / all_gather / coalesced take DTensors through their local shards too
+    g = rr.all_gather(d, group=mesh["dp"])
+    assert torch.equal(g, gather_inputs(d.to_local(), mesh["dp"].get_group()).reshape(74, 1))
+    blocks = DTensor.from_local(base[:36].clone(), mesh["tp"], [Shard(0)])
+    mine = torch.empty(18)
+    rr.reduce_scatter(mine, blocks, group=mesh["dp"])
+    dp_rank = dist.get_rank(mesh["dp"].get_group())
+    summed = gather_inputs(base[:36], mesh["dp"].get_group()).sum(0)
+    assert torch.equal(mine, summed[18 * dp_rank:18 * (dp_rank + 1)])
+    c1 = DTensor.from_local(base[:5].clone(), mesh["tp"], [Shard(0)])
+    rr.all_reduce_coalesced([c1, base[5:9].clone()], group=mesh["dp"])
+    assert torch.equal(c1.to_local(), gather_inputs(base[:5], mesh["dp"].get_group()).sum(0))
     # the autograd-aware gather over a mesh dimension
     x = base[:4].clone().requires_grad_(True)
     out = rr.nn.all_gather(x, group=mesh["tp"])

@@ -459,12 +459,21 @@ void GroupRuntime::run(CallHandle& call) {
     } else {
       RR_CHECK(size_ % L == 0, kValue, "ringreduce: hierarchical all-reduce over ", size_,
                " ranks needs equal nodes, got ", L, " ranks per node");
+      // The call runs on this ring's runtime (its tags, its sequence numbers) whatever the node
+      // order: a launcher that numbers ranks across nodes gives another order, not another ring.
+      const std::vector<int>& order = opt.node_order.empty() ? all : opt.node_order;
+      RR_CHECK(order.size() == all.size(), kValue, "ringreduce: the node order names ", order.size(),
+               " ranks for a ring of ", all.size());
+      int pos = -1;
+      for (size_t i = 0; i < order.size(); ++i)
+        if (order[i] == pg_rank_) pos = static_cast<int>(i);
+      RR_CHECK(pos >= 0, kValue, "ringreduce: rank ", pg_rank_, " is missing from the node order");
       const int M = size_ / L;
-      const int node = rank_ / L;
-      const int local = rank_ % L;
+      const int node = pos / L;
+      const int local = pos % L;
       std::vector<int> intra, inter;
-      for (int l = 0; l < L; ++l) intra.push_back(all[static_cast<size_t>(node * L + l)]);
-      for (int k = 0; k < M; ++k) inter.push_back(all[static_cast<size_t>(k * L + local)]);
+      for (int l = 0; l < L; ++l) intra.push_back(order[static_cast<size_t>(node * L + l)]);
+      for (int k = 0; k < M; ++k) inter.push_back(order[static_cast<size_t>(k * L + local)]);
       RankMapTransport intra_t(base, intra, local);
       RankMapTransport inter_t(base, inter, node);
       const RedOp inner = opt.op == RedOp::kAvg ? RedOp::kSum : opt.op;
