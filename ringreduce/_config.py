@@ -59,3 +59,9 @@ def run_inline() -> bool:
     the handoff to the group's worker gave steadier and, in the median, lower latency (see
     docs/algorithm.md, "Where the time goes")."""
     return os.environ.get("RINGREDUCE_INLINE", "") in ("1", "true", "True", "on")
+
+
+def recv_only_waits() -> bool:
+    """RINGREDUCE_RECV_ONLY_WAITS=0: CPU reduces wait for both halves of their exchange (diagnostic;
+    default on: a reduce waits only for the receive it consumes, see plan.h)."""
+    return os.environ.get("RINGREDUCE_RECV_ONLY_WAITS", "1") not in ("0", "false", "False", "off")

@@ -223,6 +223,7 @@ def _submit_cpu(
         owner_shift,
         exact_chunks,
         list(node_order),
+        _config.recv_only_waits(),
     )
 
 

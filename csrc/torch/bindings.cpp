@@ -95,7 +95,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
          std::optional<at::Tensor> tensor, int op, bool accum_float32, int kind, int local_error,
          int ntensors, bool check, int64_t segment_bytes, int num_slots, int64_t timeout_ms,
          bool run_inline, std::vector<int> members, std::optional<at::Tensor> output, int local_size,
-         int phases, int owner_shift, bool exact_chunks, std::vector<int> node_order) {
+         int phases, int owner_shift, bool exact_chunks, std::vector<int> node_order,
+         bool recv_only_waits) {
         rr::CallOptions o;
         o.op = static_cast<rr::RedOp>(op);
         o.accum_float32 = accum_float32;
@@ -108,6 +109,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         o.timeout_ms = timeout_ms;
         o.local_size = local_size;
         o.node_order = std::move(node_order);
+        o.recv_only_waits = recv_only_waits;
         o.phases = phases;
         o.owner_shift = owner_shift;
         o.exact_chunks = exact_chunks;
@@ -122,7 +124,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("check"), py::arg("segment_bytes"), py::arg("num_slots"), py::arg("timeout_ms"),
       py::arg("run_inline") = false, py::arg("members") = std::vector<int>{},
       py::arg("output") = py::none(), py::arg("local_size") = 0, py::arg("phases") = 3,
-      py::arg("owner_shift") = 0, py::arg("exact_chunks") = false, py::arg("node_order") = std::vector<int>{});
+      py::arg("owner_shift") = 0, py::arg("exact_chunks") = false, py::arg("node_order") = std::vector<int>{},
+      py::arg("recv_only_waits") = true);
 
   m.def(
       "bytes_sent",

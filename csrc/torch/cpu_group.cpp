@@ -418,6 +418,7 @@ void GroupRuntime::run(CallHandle& call) {
     po.accum_float32 = opt.accum_float32;
     po.gather_into_data = false;  // late messages must land in staging, never in user memory
     po.average = opt.op == RedOp::kAvg;
+    po.recv_only_waits = opt.recv_only_waits;
 
     if (kind == CallKind::kReduceScatter || kind == CallKind::kAllGather) {
       // Note [Ring halves]: rank r owns block r (shift -1), blocks are exactly numel / n.

@@ -54,6 +54,7 @@ struct CallOptions {
   // Hierarchical all-reduce (Note [Hierarchical all-reduce]): the ring's members are ordered node
   // by node, local_size per node; 0 = the flat ring.
   int32_t local_size = 0;
+  bool recv_only_waits = true;  // PlanOptions::recv_only_waits (RINGREDUCE_RECV_ONLY_WAITS)
   std::vector<int> node_order;  // hierarchical: the ring's ranks (of the pg) node by node; empty: ring order
   // reduce_scatter / all_gather (Note [Ring halves] in plan.h).
   int32_t phases = 3;
