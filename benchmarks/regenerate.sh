@@ -2,7 +2,7 @@
 # Regenerates every figure quoted in README.md and benchmarks/README.md (CPU, this machine):
 # the default 2-rank sweep, the DESIGN.md section 5 sizes at 4 ranks, the agreement-check cost and
 # the training-step comparison, and the cross-node bytes of the flat and hierarchical rings
-# (simulated nodes). Run it on an otherwise idle machine; it takes about 10 minutes.
+# (simulated nodes), and the latency breakdown (twice: the VM is noisy). Run it on an otherwise idle machine; it takes about 10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results
@@ -17,3 +17,5 @@ python -m ringreduce.bench.traffic --nproc 4 --local-size 2 --size 16M \
   --json "$out/traffic_4x2.json" | tee "$out/traffic_4x2.txt"
 python -m ringreduce.bench.traffic --nproc 8 --local-size 4 --size 4M --iters 3 \
   --json "$out/traffic_8x4.json" | tee "$out/traffic_8x4.txt"
+python benchmarks/latency_breakdown.py "$out/latency_breakdown.json" | tee "$out/latency_breakdown.txt"
+python benchmarks/latency_breakdown.py "$out/latency_breakdown_run2.json" | tee "$out/latency_breakdown_run2.txt"
