@@ -2,7 +2,8 @@
 # Regenerates every figure quoted in README.md and benchmarks/README.md (CPU, this machine):
 # the default 2-rank sweep, the DESIGN.md section 5 sizes at 4 ranks, the agreement-check cost and
 # the training-step comparison, and the cross-node bytes of the flat and hierarchical rings
-# (simulated nodes), and the latency breakdown (twice: the VM is noisy). Run it on an otherwise idle machine; it takes about 10 minutes.
+# (simulated nodes), and the latency breakdown (twice: the VM is noisy). Run it on an otherwise
+# idle machine; it takes about 15 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results
