@@ -172,11 +172,7 @@ def _node_of_global_ranks(global_ranks: list[int]) -> list[int]:
     if _published_node.get(me) != group_rank:
         store.set(_NODE_KEY.format(rank=me), group_rank)
         _published_node[me] = group_rank
-    keys = [_NODE_KEY.format(rank=g) for g in global_ranks]
-    try:
-        values = store.multi_get(keys)
-    except (AttributeError, NotImplementedError, RuntimeError):
-        values = [store.get(k) for k in keys]
+    values = store.multi_get([_NODE_KEY.format(rank=g) for g in global_ranks])
     return [int(v.decode() if isinstance(v, bytes) else v) for v in values]
 
 
