@@ -254,3 +254,16 @@ def spawn_ranks(
             p.join(timeout=5)
         out[r] = (got[0], got[1], p.exitcode) if got else ("died", None, p.exitcode)
     return out
+
+
+def expect_raises(fn: Callable[[], Any], exc_type: type[BaseException], *needles: str) -> str:
+    """"ok" if fn() raises exc_type with every needle in its message, else what happened instead
+    (returned, not raised, so a rank reports every case of a multi-rank test at once)."""
+    try:
+        fn()
+    except exc_type as exc:
+        missing = [n for n in needles if n not in str(exc)]
+        return "ok" if not missing else f"message lacks {missing}: {exc}"
+    except BaseException as exc:  # noqa: BLE001 - reported
+        return f"raised {type(exc).__name__} instead of {exc_type.__name__}: {exc}"
+    return f"did not raise {exc_type.__name__}"

@@ -10,22 +10,10 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import expect_raises as _expect
 from ranks import run_ranks, spawn_ranks
 
 import ringreduce as rr
-
-
-def _expect(fn, exc_type, *needles):
-    try:
-        fn()
-    except exc_type as exc:
-        msg = str(exc)
-        missing = [n for n in needles if n not in msg]
-        return "ok" if not missing else f"message lacks {missing}: {msg}"
-    except BaseException as exc:  # noqa: BLE001
-        return f"raised {type(exc).__name__} instead of {exc_type.__name__}: {exc}"
-    return f"did not raise {exc_type.__name__}"
-
 
 # ---------------------------------------------------------------------------------------------
 # Local refusals: raised before any payload moves; the others are told through the frame

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from ranks import expect_raises as _expect
 from ranks import run_ranks
 from refdata import gather_inputs
 
@@ -26,15 +27,6 @@ BATCH = 8  # global pairs per step, divisible by 2 and 4
 TEMPERATURE = 0.5
 
 
-def _expect(fn, exc_type, *needles) -> str:
-    try:
-        fn()
-    except exc_type as exc:
-        missing = [n for n in needles if n not in str(exc)]
-        return "ok" if not missing else f"message lacks {missing}: {exc}"
-    except BaseException as exc:  # noqa: BLE001 - reported
-        return f"raised {type(exc).__name__} instead of {exc_type.__name__}: {exc}"
-    return f"did not raise {exc_type.__name__}"
 
 
 def ints(shape: tuple[int, ...], rank: int, salt: int = 0) -> torch.Tensor:

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import expect_raises as _expect
 from ranks import run_ranks
 from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
 
@@ -158,15 +159,6 @@ def test_layouts_async_subgroups(ws):
         assert all(res.values()), f"rank {rank}: {res}"
 
 
-def _expect(fn, exc_type, *needles) -> str:
-    try:
-        fn()
-    except exc_type as exc:
-        missing = [n for n in needles if n not in str(exc)]
-        return "ok" if not missing else f"message lacks {missing}: {exc}"
-    except BaseException as exc:  # noqa: BLE001
-        return f"raised {type(exc).__name__} instead of {exc_type.__name__}: {exc}"
-    return f"did not raise {exc_type.__name__}"
 
 
 def _errors(rank: int, ws: int) -> dict:
