@@ -60,20 +60,26 @@ class C10dTransport final : public Transport {
   }
   void wait(int64_t request) override {
     auto& w = works_.at(static_cast<size_t>(request));
-    if (!w) return;
+    if (!w || waited_.at(static_cast<size_t>(request))) return;
     try {
       w->wait(timeout_);
     } catch (const std::exception& e) {
       RR_THROW(kBackend, "ringreduce: point-to-point transfer on ", group_, " failed (rank ", rank_,
                ", timeout ", timeout_.count(), " ms): ", firstLine(e.what()));
     }
-    w.reset();
+    // Note [Works live until the call ends]: the Work (and gloo's buffer inside it) is kept until
+    // the transport is destroyed at the end of the call. Destroying gloo's buffer right after its
+    // wait returns spins (sched_yield) until gloo's I/O thread lets go of it, which it does only
+    // after it has finished the read that completed the wait: measured with
+    // `perf stat -e syscalls:sys_enter_sched_yield`, ~200 yields per call and rank at 4 ranks.
+    waited_[static_cast<size_t>(request)] = 1;
   }
   void abandon() override {
     std::lock_guard<std::mutex> g(g_graveyard_mu);
-    for (auto& w : works_)
-      if (w) g_graveyard_works->push_back(std::move(w));
+    for (size_t i = 0; i < works_.size(); ++i)
+      if (works_[i] && !waited_[i]) g_graveyard_works->push_back(std::move(works_[i]));
     works_.clear();
+    waited_.clear();
   }
 
  private:
@@ -89,6 +95,7 @@ class C10dTransport final : public Transport {
   int64_t post(F&& f, const char* verb, int peer) {
     try {
       works_.push_back(f());
+      waited_.push_back(0);
     } catch (const std::exception& e) {
       RR_THROW(kBackend, "ringreduce: could not post a ", verb, " rank ", peer, " on ", group_, ": ",
                firstLine(e.what()));
@@ -103,6 +110,7 @@ class C10dTransport final : public Transport {
   std::string group_;
   const c10d::ProcessGroup* count_pg_ = nullptr;
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::vector<char> waited_;
 };
 
 std::mutex g_registry_mu;
