@@ -3,6 +3,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <map>
 
 #include "../core/plan.h"
@@ -411,7 +412,9 @@ void GroupRuntime::run(CallHandle& call) {
   try {
     if (opt.check) {
       const Frame mine = makeFrame(call.tensor_, opt, pg_rank_, call.seq_);
-      const std::vector<Frame> frames = exchangeFrames(transport, mine, kFrameTagBase + tag_slot_);
+      const std::vector<Frame> frames = members_.empty() && size_ <= kDirectFrameRanks
+                                            ? agree(mine, timeout)
+                                            : exchangeFrames(transport, mine, kFrameTagBase + tag_slot_);
       const std::string verdict = compareFrames(frames, name_);
       RR_CHECK(verdict.empty(), kRuntime, verdict);
     }
@@ -508,6 +511,7 @@ void GroupRuntime::run(CallHandle& call) {
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kBackend) {
       transport.abandon();
+      abandonFrames();
       std::lock_guard<std::mutex> g(mu_);
       std::lock_guard<std::mutex> gy(g_graveyard_mu);
       for (auto& s : slots_) g_graveyard_mem->push_back(std::move(s));
@@ -523,6 +527,90 @@ void GroupRuntime::run(CallHandle& call) {
     }
     throw;
   }
+}
+
+// Note [Pre-posted frame receives]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// gloo's send is a rendezvous: the payload leaves only once the receiver has announced a posted
+// receive, so frames exchanged with receives posted at call time cost a round trip (and, on an
+// oversubscribed host, the wake-ups of both sides) before the first payload byte moves. The
+// whole-group ring therefore posts the receives of its *next* frame exchange as soon as the
+// current one has completed, into ringreduce-owned memory; the next call (on any rank) only posts
+// its sends, which leave at once. Receives from one peer on one tag match in order, so a call
+// made with the check off leaves them for the next call with the check on. Only the whole group
+// (tag slot 0, unique per process group) does this: rank-list rings share tag slots by hash, and a
+// receive left posted on a shared tag could capture another ring's frame. After a transport
+// failure the pending receives, and the memory they write into, go to the graveyard.
+std::vector<Frame> GroupRuntime::agree(const Frame& mine, std::chrono::milliseconds timeout) {
+  const int tag = kFrameTagBase + tag_slot_;
+  if (!frame_in_) {
+    frame_in_.reset(new char[static_cast<size_t>(size_) * kFrameBytes]);
+    frame_out_.reset(new char[kFrameBytes]);
+  }
+  if (frame_recvs_.empty()) postFrameReceives();
+  std::memcpy(frame_out_.get(), &mine, kFrameBytes);
+  auto blob = [](void* data) {
+    return at::from_blob(data, {static_cast<int64_t>(kFrameBytes)}, at::TensorOptions().dtype(at::kByte));
+  };
+  frame_sends_.clear();
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    std::vector<at::Tensor> t{blob(frame_out_.get())};
+    try {
+      frame_sends_.push_back(backend_->send(t, p, tag));
+    } catch (const std::exception& e) {
+      RR_THROW(kBackend, "ringreduce: could not post a send to rank ", p, " on ", name_, ": ", e.what());
+    }
+  }
+  auto waitAll = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+    for (auto& w : works) {
+      if (!w) continue;
+      try {
+        w->wait(timeout);
+      } catch (const std::exception& e) {
+        RR_THROW(kBackend, "ringreduce: agreement frames on ", name_, " failed (rank ", rank_, ", timeout ",
+                 timeout.count(), " ms): ", e.what());
+      }
+    }
+  };
+  waitAll(frame_recvs_);
+  waitAll(frame_sends_);
+  std::vector<Frame> frames(static_cast<size_t>(size_));
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) frames[static_cast<size_t>(p)] = mine;
+    else std::memcpy(&frames[static_cast<size_t>(p)], frame_in_.get() + static_cast<size_t>(p) * kFrameBytes, kFrameBytes);
+  }
+  // Kept until the next exchange (Note [Works live until the call ends]), then replaced.
+  frame_recvs_.clear();
+  postFrameReceives();
+  return frames;
+}
+
+void GroupRuntime::postFrameReceives() {
+  const int tag = kFrameTagBase + tag_slot_;
+  frame_recvs_.assign(static_cast<size_t>(size_), {});
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    std::vector<at::Tensor> t{at::from_blob(frame_in_.get() + static_cast<size_t>(p) * kFrameBytes,
+                                            {static_cast<int64_t>(kFrameBytes)}, at::TensorOptions().dtype(at::kByte))};
+    try {
+      frame_recvs_[static_cast<size_t>(p)] = backend_->recv(t, p, tag);
+    } catch (const std::exception& e) {
+      RR_THROW(kBackend, "ringreduce: could not post a receive from rank ", p, " on ", name_, ": ", e.what());
+    }
+  }
+}
+
+void GroupRuntime::abandonFrames() {
+  std::lock_guard<std::mutex> gy(g_graveyard_mu);
+  for (auto& w : frame_recvs_)
+    if (w) g_graveyard_works->push_back(std::move(w));
+  for (auto& w : frame_sends_)
+    if (w) g_graveyard_works->push_back(std::move(w));
+  frame_recvs_.clear();
+  frame_sends_.clear();
+  if (frame_in_) g_graveyard_mem->push_back(std::move(frame_in_));
+  if (frame_out_) g_graveyard_mem->push_back(std::move(frame_out_));
 }
 
 std::shared_ptr<GroupRuntime> runtimeFor(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,

@@ -116,6 +116,11 @@ class GroupRuntime {
   void runRing(Transport& t, int rank, int size, void* data, int64_t numel, DType dtype, RedOp op,
                const PlanOptions& po, int tag);
   std::chrono::milliseconds timeoutFor(const CallOptions& opt) const;
+  // Note [Pre-posted frame receives] (whole-group rings): the agreement frames of this call, over
+  // receives posted at the end of the previous exchange; posts the next exchange's receives.
+  std::vector<Frame> agree(const Frame& mine, std::chrono::milliseconds timeout);
+  void postFrameReceives();
+  void abandonFrames();  // after a transport failure: pending receives and their memory are kept
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   c10::intrusive_ptr<c10d::Backend> backend_;
@@ -140,6 +145,10 @@ class GroupRuntime {
   std::vector<std::unique_ptr<char[]>> slots_;
   int64_t slot_bytes_ = 0;
   std::vector<float> accum_;
+  std::unique_ptr<char[]> frame_in_;   // size_ frames: where the pre-posted receives land
+  std::unique_ptr<char[]> frame_out_;  // this rank's frame while its sends are in flight
+  std::vector<c10::intrusive_ptr<c10d::Work>> frame_recvs_;  // pending, indexed by ring rank
+  std::vector<c10::intrusive_ptr<c10d::Work>> frame_sends_;
 };
 
 // The registry: one runtime per (ProcessGroup object, rank list), created on first use. An empty
