@@ -64,6 +64,13 @@ void InprocHub::matchLocked(Channel& ch) {
     d->ready = Clock::now() + std::chrono::microseconds(us);
     s->delivery = d;
     r->delivery = d;
+    if (options_.eager) {
+      // Under the hub's lock: both buffers are alive (their owners are posting or waiting).
+      if (d->bytes > 0) std::memcpy(d->dst, d->src, d->bytes);
+      d->state = Delivery::kDone;
+      s->done = true;
+      r->done = true;
+    }
   }
   cv_.notify_all();
 }

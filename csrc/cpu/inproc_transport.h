@@ -2,7 +2,8 @@
 //
 // InprocHub is the shared mailbox of one "group" of n ranks; InprocTransport is one rank's view.
 // Sends and receives are matched per (src, dst, tag) in posting order, like gloo. A matched pair
-// is delivered (one memcpy) by whichever side waits first once its random delay has passed, so
+// is delivered (one memcpy) by whichever side waits first once its random delay has passed (or,
+// with InprocOptions::eager, at once when the second side posts), so
 // data moves at a random moment between posting and completion: a plan that touches a buffer
 // while an exchange on it is in flight shows it (and ThreadSanitizer sees it). A wait that is not
 // satisfied within the hub's timeout throws rr::Error(kBackend), as a dead peer would make gloo do.
@@ -32,6 +33,10 @@ struct InprocOptions {
   std::chrono::milliseconds timeout{10000};  // per wait()
   int64_t max_delay_us = 0;                  // each matched message is delivered after U[0, max] us
   uint64_t seed = 1;                         // for the delays
+  // Deliver each message the moment its send and receive are both posted (on the posting thread),
+  // the earliest any transport could: a receive posted while its buffer is still being read, or a
+  // send whose buffer is not final yet, shows up as wrong data.
+  bool eager = false;
 };
 
 class InprocHub {

@@ -35,6 +35,7 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
     int64_t recv = -1;
     bool send_waited = false;
     bool recv_waited = false;
+    bool recv_posted = false;  // posted early (Note [Receives posted early])
   };
   std::vector<Pending> pending(static_cast<size_t>(plan.num_exchanges));
   const bool round_sum = !plan.accum_float32;
@@ -52,6 +53,51 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
     p.send_waited = true;
   };
 
+  // Note [Receives posted early]
+  // gloo's send is a rendezvous: the payload leaves once the receiver's "receive posted" notice has
+  // arrived. Posting a receive together with its exchange's send, as the plan lists them, makes
+  // every exchange whose send waited for a reduce (all of the all-gather) pay that round trip. A
+  // CPU receive lands in a staging slot, and the slot is free once the last compute op that reads
+  // it before the exchange has run (computes run inline, in list order, and each waited for the
+  // receive it reads). So each receive is posted right after that op - at the start for a slot
+  // not read before - in exchange order, and the exchange op then posts only its send. The plan
+  // is unchanged: only the moment a receive is posted moves, never before its slot is free
+  // (the executor tests deliver messages at random moments between posting and completion, so a
+  // receive posted into a slot still being read fails them).
+  const int64_t nops = static_cast<int64_t>(plan.ops.size());
+  std::vector<std::vector<int32_t>> post_after(static_cast<size_t>(nops + 1));  // index i+1: after op i
+  bool sends_from_staging = false;  // never in today's plans; a send would read the slot until it completes
+  for (const Op& o : plan.ops)
+    if (o.kind == OpKind::kExchange && !o.send.empty() && o.send.buf == BufKind::kStaging) sends_from_staging = true;
+  if (!sends_from_staging) {
+    std::vector<int64_t> last_reader(static_cast<size_t>(plan.num_slots), -1);
+    std::vector<int64_t> last_receiver(static_cast<size_t>(plan.num_slots), -1);
+    for (int64_t i = 0; i < nops; ++i) {
+      const Op& o = plan.ops[static_cast<size_t>(i)];
+      if ((o.kind == OpKind::kReduce || o.kind == OpKind::kCopy) && o.recv.buf == BufKind::kStaging)
+        last_reader[static_cast<size_t>(o.recv.slot)] = i;
+      if (o.kind != OpKind::kExchange || o.recv.empty() || o.recv.buf != BufKind::kStaging) continue;
+      const size_t k = static_cast<size_t>(o.recv.slot);
+      // A slot received into and not yet read (never in a valid plan): post with the exchange.
+      const bool free_early = last_receiver[k] <= last_reader[k];
+      post_after[static_cast<size_t>(free_early ? last_reader[k] + 1 : i)].push_back(o.exchange);
+      last_receiver[k] = i;
+    }
+  }
+  std::vector<const Op*> exchange_op(static_cast<size_t>(plan.num_exchanges), nullptr);
+  for (const Op& o : plan.ops)
+    if (o.kind == OpKind::kExchange) exchange_op[static_cast<size_t>(o.exchange)] = &o;
+  auto postReceives = [&](int64_t at) {
+    for (int32_t e : post_after[static_cast<size_t>(at)]) {
+      const Op& o = *exchange_op[static_cast<size_t>(e)];
+      Pending& p = pending.at(static_cast<size_t>(e));
+      p.recv = t.irecv(spanPtr(plan, buffers, o.recv), spanBytes(plan, o.recv), plan.prev,
+                       tag + (e % kTagsPerCall));
+      p.recv_posted = true;
+    }
+  };
+  postReceives(0);
+  int64_t op_index = 0;
   for (const Op& o : plan.ops) {
     switch (o.kind) {
       case OpKind::kExchange: {
@@ -60,7 +106,7 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
         // One tag per exchange (mod kTagsPerCall): several exchanges in flight on one tag make
         // gloo match them strictly one after another, each paying a full round trip.
         const int xtag = tag + (o.exchange % kTagsPerCall);
-        if (!o.recv.empty())
+        if (!o.recv.empty() && !p.recv_posted)
           p.recv = t.irecv(spanPtr(plan, buffers, o.recv), spanBytes(plan, o.recv), plan.prev, xtag);
         if (!o.send.empty())
           p.send = t.isend(spanPtr(plan, buffers, o.send), spanBytes(plan, o.send), plan.next, xtag);
@@ -81,6 +127,7 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
         std::memcpy(spanPtr(plan, buffers, o.dst), spanPtr(plan, buffers, o.recv), spanBytes(plan, o.dst));
         break;
     }
+    postReceives(++op_index);
   }
   // The plan ends with full waits for every exchange; this is a cheap guarantee, not a second wait.
   for (int32_t e = 0; e < plan.num_exchanges; ++e) {

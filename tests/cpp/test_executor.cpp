@@ -169,11 +169,12 @@ struct Case {
   int64_t seg;
   bool accum = false;
   int64_t delay_us = 0;
+  bool eager = false;
 };
 
 std::string caseText(const Case& c) {
   return detail::concat("n=", c.n, " numel=", c.numel, " ", dtypeName(c.dtype), " ", redOpName(c.op), " slots=", c.slots,
-                        " seg=", c.seg, c.accum ? " accum" : "", c.delay_us ? " delayed" : "");
+                        " seg=", c.seg, c.accum ? " accum" : "", c.delay_us ? " delayed" : "", c.eager ? " eager" : "");
 }
 
 void runCase(const Case& c, const Inputs* given = nullptr) {
@@ -184,6 +185,7 @@ void runCase(const Case& c, const Inputs* given = nullptr) {
   o.plan.accum_float32 = c.accum;
   o.transport.timeout = std::chrono::milliseconds(20000);
   o.transport.max_delay_us = c.delay_us;
+  o.transport.eager = c.eager;
   o.transport.seed = static_cast<uint64_t>(c.numel * 31 + c.n);
   const std::vector<InprocRankResult> res = runInprocAllReduce(c.n, c.numel, c.dtype, c.op, in.data, o);
   for (int r = 0; r < c.n; ++r) CHECK_MSG(res[r].error.empty(), caseText(c) << " rank " << r << ": " << res[r].error);
@@ -243,6 +245,19 @@ TEST_CASE(random_delivery_delays) {
     runCase({n, 300, DType::kFloat32, RedOp::kSum, 2, 16, false, 200});
     runCase({n, 300, DType::kFloat16, RedOp::kAvg, 3, 32, true, 200});
     runCase({n, 300, DType::kInt16, RedOp::kMax, 1, 16, false, 200});
+  }
+}
+
+TEST_CASE(eager_delivery) {
+  // Every message lands the moment both sides have posted it: a receive the executor posts early
+  // (Note [Receives posted early]) into a staging slot that is still being read corrupts the result.
+  // Small segments and few slots make every slot serve many exchanges.
+  for (int n : {2, 3, 4, 5}) {
+    for (int slots = 1; slots <= 5; ++slots) {
+      runCase({n, 997, DType::kFloat32, RedOp::kSum, slots, 16, false, 0, true});
+      runCase({n, 1500, DType::kFloat16, RedOp::kAvg, slots, 32, true, 0, true});
+      runCase({n, 613, DType::kInt32, RedOp::kMax, slots, 64, false, 0, true});
+    }
   }
 }
 
