@@ -59,11 +59,11 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
   // every exchange whose send waited for a reduce (all of the all-gather) pay that round trip. A
   // CPU receive lands in a staging slot, and the slot is free once the last compute op that reads
   // it before the exchange has run (computes run inline, in list order, and each waited for the
-  // receive it reads). So each receive is posted right after that op - at the start for a slot
-  // not read before - in exchange order, and the exchange op then posts only its send. The plan
-  // is unchanged: only the moment a receive is posted moves, never before its slot is free
-  // (the executor tests deliver messages at random moments between posting and completion, so a
-  // receive posted into a slot still being read fails them).
+  // receive it reads). So each receive is posted right after that op (right after the first
+  // exchange for a slot not read before), in exchange order, and the exchange op then posts only
+  // its send. The plan is unchanged: only the moment a receive is posted moves, never before its
+  // slot is free. The executor tests also run with eager delivery (each message lands the moment
+  // both sides have posted it, the earliest any transport could), where they check exact results.
   const int64_t nops = static_cast<int64_t>(plan.ops.size());
   std::vector<std::vector<int32_t>> post_after(static_cast<size_t>(nops + 1));  // index i+1: after op i
   bool sends_from_staging = false;  // never in today's plans; a send would read the slot until it completes
@@ -72,6 +72,7 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
   if (!sends_from_staging) {
     std::vector<int64_t> last_reader(static_cast<size_t>(plan.num_slots), -1);
     std::vector<int64_t> last_receiver(static_cast<size_t>(plan.num_slots), -1);
+    int64_t first_exchange = -1;  // op index of the first exchange that receives
     for (int64_t i = 0; i < nops; ++i) {
       const Op& o = plan.ops[static_cast<size_t>(i)];
       if ((o.kind == OpKind::kReduce || o.kind == OpKind::kCopy) && o.recv.buf == BufKind::kStaging)
@@ -80,7 +81,12 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
       const size_t k = static_cast<size_t>(o.recv.slot);
       // A slot received into and not yet read (never in a valid plan): post with the exchange.
       const bool free_early = last_receiver[k] <= last_reader[k];
-      post_after[static_cast<size_t>(free_early ? last_reader[k] + 1 : i)].push_back(o.exchange);
+      if (first_exchange < 0) first_exchange = i;
+      int64_t at = free_early ? last_reader[k] + 1 : i;
+      // The first exchange goes out first (its receive, then its send); receives that could be
+      // posted at the very start follow right after it.
+      if (at <= first_exchange) at = i == first_exchange ? i : first_exchange + 1;
+      post_after[static_cast<size_t>(at)].push_back(o.exchange);
       last_receiver[k] = i;
     }
   }

@@ -451,6 +451,7 @@ void GroupRuntime::run(CallHandle& call) {
         out.reshape({-1}).narrow(0, rank_ * m, m).copy_(user.resolve_conj().resolve_neg().reshape({-1}));
         runRing(transport, rank_, size_, out.data_ptr(), out.numel(), dtype, RedOp::kSum, po, payloadTag(0));
       }
+      if (frame_in_ && frame_recvs_.empty()) postFrameReceives();  // Note [Pre-posted frame receives]
       return;
     }
 
@@ -508,6 +509,9 @@ void GroupRuntime::run(CallHandle& call) {
       runRing(intra_t, local, L, work.data_ptr(), work.numel(), dtype, RedOp::kSum, p3, payloadTag(2));
     }
     if (!direct) user.copy_(work);
+    // Note [Pre-posted frame receives]: the next call's (a call that raised after its frames
+    // posts them at its next frame exchange instead).
+    if (frame_in_ && frame_recvs_.empty()) postFrameReceives();
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kBackend) {
       transport.abandon();
@@ -534,9 +538,11 @@ void GroupRuntime::run(CallHandle& call) {
 // gloo's send is a rendezvous: the payload leaves only once the receiver has announced a posted
 // receive, so frames exchanged with receives posted at call time cost a round trip (and, on an
 // oversubscribed host, the wake-ups of both sides) before the first payload byte moves. The
-// whole-group ring therefore posts the receives of its *next* frame exchange as soon as the
-// current one has completed, into ringreduce-owned memory; the next call (on any rank) only posts
-// its sends, which leave at once. Receives from one peer on one tag match in order, so a call
+// whole-group ring therefore posts the receives of its *next* frame exchange at the end of each
+// call that exchanged frames (after its payload, so that their notices do not queue ahead of the
+// payload's first messages), into ringreduce-owned memory; the next call (on any rank) only posts
+// its sends, which leave at once. A call that raised after its frames posts them at its next
+// frame exchange instead. Receives from one peer on one tag match in order, so a call
 // made with the check off leaves them for the next call with the check on. Only the whole group
 // (tag slot 0, unique per process group) does this: rank-list rings share tag slots by hash, and a
 // receive left posted on a shared tag could capture another ring's frame. After a transport
@@ -580,9 +586,9 @@ std::vector<Frame> GroupRuntime::agree(const Frame& mine, std::chrono::milliseco
     if (p == rank_) frames[static_cast<size_t>(p)] = mine;
     else std::memcpy(&frames[static_cast<size_t>(p)], frame_in_.get() + static_cast<size_t>(p) * kFrameBytes, kFrameBytes);
   }
-  // Kept until the next exchange (Note [Works live until the call ends]), then replaced.
+  // The next exchange's receives are posted when this call's payload is done (run()), so that
+  // their notices do not queue ahead of the payload's first messages.
   frame_recvs_.clear();
-  postFrameReceives();
   return frames;
 }
 
