@@ -553,6 +553,7 @@ std::vector<Frame> GroupRuntime::agree(const Frame& mine, std::chrono::milliseco
     frame_in_.reset(new char[static_cast<size_t>(size_) * kFrameBytes]);
     frame_out_.reset(new char[kFrameBytes]);
   }
+  frame_done_.clear();
   if (frame_recvs_.empty()) postFrameReceives();
   std::memcpy(frame_out_.get(), &mine, kFrameBytes);
   auto blob = [](void* data) {
@@ -587,7 +588,9 @@ std::vector<Frame> GroupRuntime::agree(const Frame& mine, std::chrono::milliseco
     else std::memcpy(&frames[static_cast<size_t>(p)], frame_in_.get() + static_cast<size_t>(p) * kFrameBytes, kFrameBytes);
   }
   // The next exchange's receives are posted when this call's payload is done (run()), so that
-  // their notices do not queue ahead of the payload's first messages.
+  // their notices do not queue ahead of the payload's first messages. The completed receives are
+  // destroyed at the next exchange, not now (Note [Works live until the call ends]).
+  frame_done_.swap(frame_recvs_);
   frame_recvs_.clear();
   return frames;
 }

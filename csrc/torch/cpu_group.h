@@ -149,6 +149,7 @@ class GroupRuntime {
   std::unique_ptr<char[]> frame_out_;  // this rank's frame while its sends are in flight
   std::vector<c10::intrusive_ptr<c10d::Work>> frame_recvs_;  // pending, indexed by ring rank
   std::vector<c10::intrusive_ptr<c10d::Work>> frame_sends_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> frame_done_;  // completed receives, freed at the next exchange
 };
 
 // The registry: one runtime per (ProcessGroup object, rank list), created on first use. An empty
