@@ -137,43 +137,36 @@ def _os_threads() -> int:
 
 def _check_toggled(rank: int, ws: int) -> dict:
     # Note [Pre-posted frame receives]: the whole-group ring posts the receives of its next frame
-    # exchange at the end of each one; calls with the check off must leave them for the next call
-    # with the check on, and a mismatch must not disturb them.
+    # exchange at the end of each call; calls with the check off must leave them for the next call
+    # with the check on, and a mismatch must not disturb them. The pool restores RINGREDUCE_CHECK.
     out = {}
-    saved = os.environ.get("RINGREDUCE_CHECK")
-    try:
-        for i, check in enumerate(["1", "0", "0", "1", "0", "1", "1"]):
-            os.environ["RINGREDUCE_CHECK"] = check
-            x = torch.full((1000 + i,), float(rank + i))
-            rr.all_reduce(x)
-            want = float(sum(range(ws)) + ws * i)
-            if not torch.equal(x, torch.full_like(x, want)):
-                out[f"call{i}"] = f"got {x[:3]}"
-        os.environ["RINGREDUCE_CHECK"] = "1"
-        out["mismatch"] = _expect(lambda: rr.all_reduce(torch.ones(10 + rank)), RuntimeError, "numel")
-        os.environ["RINGREDUCE_CHECK"] = "0"
-        y = torch.full((77,), float(rank))
-        rr.all_reduce(y)
-        os.environ["RINGREDUCE_CHECK"] = "1"
-        works = [rr.all_reduce(torch.full((50,), float(rank * k)), async_op=True) for k in range(4)]
-        for k, w in enumerate(works):
-            w.wait()
-            got = w.result()[0]
-            if not torch.equal(got, torch.full((50,), float(k * sum(range(ws))))):
-                out[f"async{k}"] = f"got {got[:3]}"
-        if not torch.equal(y, torch.full((77,), float(sum(range(ws))))):
-            out["after_mismatch"] = f"got {y[:3]}"
-    finally:
-        if saved is None:
-            os.environ.pop("RINGREDUCE_CHECK", None)
-        else:
-            os.environ["RINGREDUCE_CHECK"] = saved
+    for i, check in enumerate(["1", "0", "0", "1", "0", "1", "1"]):
+        os.environ["RINGREDUCE_CHECK"] = check
+        x = torch.full((1000 + i,), float(rank + i))
+        rr.all_reduce(x)
+        want = float(sum(range(ws)) + ws * i)
+        if not torch.equal(x, torch.full_like(x, want)):
+            out[f"call{i}"] = f"got {x[:3]}"
+    os.environ["RINGREDUCE_CHECK"] = "1"
+    out["mismatch"] = _expect(lambda: rr.all_reduce(torch.ones(10 + rank)), RuntimeError, "numel")
+    os.environ["RINGREDUCE_CHECK"] = "0"
+    y = torch.full((77,), float(rank))
+    rr.all_reduce(y)
+    os.environ["RINGREDUCE_CHECK"] = "1"
+    works = [rr.all_reduce(torch.full((50,), float(rank * k)), async_op=True) for k in range(4)]
+    for k, w in enumerate(works):
+        w.wait()
+        got = w.result()[0]
+        if not torch.equal(got, torch.full((50,), float(k * sum(range(ws))))):
+            out[f"async{k}"] = f"got {got[:3]}"
+    if not torch.equal(y, torch.full((77,), float(sum(range(ws))))):
+        out["after_mismatch"] = f"got {y[:3]}"
     return out
 
 
 @pytest.mark.parametrize("ws", [2, 3])
 def test_check_toggled_between_calls(ws):
-    for r in run_ranks(ws, _check_toggled):
+    for r in run_ranks(ws, _check_toggled, env={"RINGREDUCE_CHECK": "1"}):
         assert r == {"mismatch": "ok"}, r
 
 
