@@ -37,6 +37,11 @@ void countBytes(const c10d::ProcessGroup* pg, int size, int peer, size_t bytes) 
   v[static_cast<size_t>(peer)] += static_cast<int64_t>(bytes);
 }
 
+// `bytes` bytes at `data` as a uint8 tensor, the form c10d's send/recv take.
+at::Tensor byteTensor(void* data, size_t bytes) {
+  return at::from_blob(data, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
+}
+
 // rr::Transport over the point-to-point calls of a c10d backend (gloo for CPU tensors).
 class C10dTransport final : public Transport {
  public:
@@ -52,11 +57,11 @@ class C10dTransport final : public Transport {
 
   int64_t isend(const void* data, size_t bytes, int peer, int tag) override {
     if (count_pg_ != nullptr) countBytes(count_pg_, size_, peer, bytes);
-    std::vector<at::Tensor> t{blob(const_cast<void*>(data), bytes)};
+    std::vector<at::Tensor> t{byteTensor(const_cast<void*>(data), bytes)};
     return post([&] { return backend_->send(t, peer, tag); }, "send to", peer);
   }
   int64_t irecv(void* data, size_t bytes, int peer, int tag) override {
-    std::vector<at::Tensor> t{blob(data, bytes)};
+    std::vector<at::Tensor> t{byteTensor(data, bytes)};
     return post([&] { return backend_->recv(t, peer, tag); }, "receive from", peer);
   }
   void wait(int64_t request) override {
@@ -84,9 +89,6 @@ class C10dTransport final : public Transport {
   }
 
  private:
-  static at::Tensor blob(void* data, size_t bytes) {
-    return at::from_blob(data, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
-  }
   static std::string firstLine(const char* what) {
     std::string s(what);
     const size_t nl = s.find('\n');
@@ -556,13 +558,10 @@ std::vector<Frame> GroupRuntime::agree(const Frame& mine, std::chrono::milliseco
   frame_done_.clear();
   if (frame_recvs_.empty()) postFrameReceives();
   std::memcpy(frame_out_.get(), &mine, kFrameBytes);
-  auto blob = [](void* data) {
-    return at::from_blob(data, {static_cast<int64_t>(kFrameBytes)}, at::TensorOptions().dtype(at::kByte));
-  };
   frame_sends_.clear();
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    std::vector<at::Tensor> t{blob(frame_out_.get())};
+    std::vector<at::Tensor> t{byteTensor(frame_out_.get(), kFrameBytes)};
     try {
       frame_sends_.push_back(backend_->send(t, p, tag));
     } catch (const std::exception& e) {
@@ -600,8 +599,7 @@ void GroupRuntime::postFrameReceives() {
   frame_recvs_.assign(static_cast<size_t>(size_), {});
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    std::vector<at::Tensor> t{at::from_blob(frame_in_.get() + static_cast<size_t>(p) * kFrameBytes,
-                                            {static_cast<int64_t>(kFrameBytes)}, at::TensorOptions().dtype(at::kByte))};
+    std::vector<at::Tensor> t{byteTensor(frame_in_.get() + static_cast<size_t>(p) * kFrameBytes, kFrameBytes)};
     try {
       frame_recvs_[static_cast<size_t>(p)] = backend_->recv(t, p, tag);
     } catch (const std::exception& e) {
