@@ -121,6 +121,75 @@ def test_mismatches_raise_on_every_rank():
         assert not bad, bad
 
 
+def _lead_mismatches_then_wrap(rank: int, ws: int) -> dict:
+    # Note [Receives before the verdict] / [Retired tag groups]: a checked all-reduce posts its
+    # first receive (and sends its first segment) before the frames are compared. Each mismatch
+    # below leaves such messages posted on the failed call's tags; they must never meet a later
+    # call, also after the ring's tag groups wrap around (1365 calls per group) - without the
+    # retirement a later call's receive would lose its message to a stale one (timeout) or take a
+    # stale segment (wrong result).
+    from ringreduce import scatter_gather
+
+    out = {}
+    g = dist.new_group(backend="gloo")  # a fresh runtime: tag groups from the first, RINGREDUCE_LEAD as set
+    big = 1 << 18  # 1 MiB of float32: the first segment (<= 1 MiB) goes before the verdict
+    cases = {
+        "numel": (lambda: rr.all_reduce_avg(torch.ones(big + 4 * rank), group=g), "numel"),
+        "dtype": (lambda: rr.all_reduce(torch.ones(big, dtype=torch.float64 if rank == 1 else torch.float32),
+                                        group=g), "dtype"),
+        # rank 0 posts nothing before the verdict (reduce_scatter); the others' first segments to it stay unmatched
+        "kind": (lambda: (scatter_gather.reduce_scatter(torch.empty(big // ws), torch.ones(big // ws * ws), group=g)
+                          if rank == 0 else rr.all_reduce(torch.ones(big), group=g)), "collective"),
+        # a rank refusing locally posts nothing either
+        "refusal": (lambda: rr.all_reduce_avg(torch.ones(big, dtype=torch.int32) if rank == ws - 1
+                                              else torch.ones(big), group=g), "refused"),
+    }
+    for name, (fn, field) in cases.items():
+        exc = TypeError if name == "refusal" and rank == ws - 1 else RuntimeError
+        out[name] = _expect(fn, exc, field if exc is RuntimeError else "AVG")
+    # a payload whose first segment must not be lost to what the mismatches left posted, many times
+    # around the tag groups; every 100th call a large one
+    bad = 0
+    for i in range(1400):
+        n = big if i % 100 == 0 else 5
+        x = torch.arange(n, dtype=torch.float32) + rank * i
+        rr.all_reduce(x, group=g)
+        want = torch.arange(n, dtype=torch.float32) * ws + i * sum(range(ws))
+        if not torch.equal(x, want):
+            bad += 1
+    out["after_wrap"] = "ok" if bad == 0 else f"{bad} wrong calls"
+    return out
+
+
+@pytest.mark.parametrize("lead", ["2", "recv"])
+def test_leading_messages_of_failed_calls_never_meet_later_calls(lead):
+    env = {"RINGREDUCE_LEAD": lead, "RINGREDUCE_TIMEOUT": "30"}
+    for r in run_ranks(3, _lead_mismatches_then_wrap, env=env, timeout=240):
+        bad = {k: v for k, v in r.items() if v != "ok"}
+        assert not bad, bad
+
+
+def _segment_mismatch(rank: int, ws: int) -> dict:
+    out = {}
+    os.environ["RINGREDUCE_SEGMENT_BYTES"] = str(65536 if rank == 1 else 1 << 20)
+    t = torch.ones(1 << 18)
+    out["segment"] = _expect(lambda: rr.all_reduce(t), RuntimeError, "disagree", "RINGREDUCE_SEGMENT_BYTES",
+                             "segment_bytes=65536")
+    out["unchanged"] = "ok" if torch.equal(t, torch.ones(1 << 18)) else "changed"
+    del os.environ["RINGREDUCE_SEGMENT_BYTES"]
+    rr.all_reduce(t)
+    out["still_works"] = "ok" if torch.equal(t, torch.full_like(t, float(ws))) else f"got {t[:3]}"
+    return out
+
+
+def test_ranks_disagreeing_on_segment_size_all_raise():
+    # Segment sizes decide the exchanges' sizes: ranks that disagree would otherwise feed gloo a
+    # message larger than its receive. The frame carries the size, so all raise instead.
+    for r in run_ranks(2, _segment_mismatch):
+        bad = {k: v for k, v in r.items() if v != "ok"}
+        assert not bad, bad
+
+
 def test_not_initialized():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):

@@ -74,6 +74,7 @@ std::string describeFrame(const Frame& f) {
      << ", device=" << (f.device_type == 1 ? "cuda" : "cpu");
   if (f.accum_float32) os << ", accum_dtype=float32";
   if (f.ntensors != 1) os << ", tensors=" << f.ntensors;
+  if (f.segment_bytes != 0) os << ", segment_bytes=" << f.segment_bytes;
   os << ")";
   return os.str();
 }
@@ -97,7 +98,7 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
            f.dtype != ref.dtype || f.numel != ref.numel || f.ndim != ref.ndim ||
            f.shape_hash != ref.shape_hash || f.accum_float32 != ref.accum_float32 ||
            f.device_type != ref.device_type || f.algorithm != ref.algorithm ||
-           f.ntensors != ref.ntensors;
+           f.ntensors != ref.ntensors || f.segment_bytes != ref.segment_bytes;
   };
   bool any = bad;
   for (const Frame& f : frames) any = any || differs(f);
@@ -121,7 +122,7 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
     }
   };
   bool err = false, kind = false, op = false, dt = false, numel = false, shape = false, acc = false,
-       dev = false, seq = false, nt = false, alg = false;
+       dev = false, seq = false, nt = false, alg = false, segb = false;
   for (const Frame& f : frames) {
     err = err || f.error != 0;
     kind = kind || f.kind != ref.kind;
@@ -134,6 +135,7 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
     seq = seq || f.seq != ref.seq;
     nt = nt || f.ntensors != ref.ntensors;
     alg = alg || f.algorithm != ref.algorithm;
+    segb = segb || f.segment_bytes != ref.segment_bytes;
   }
   note(err, "a rank refused the call");
   note(kind, "collective");
@@ -146,6 +148,7 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
   note(seq, "call sequence (a rank skipped or added a call)");
   note(nt, "number of tensors");
   note(alg, "algorithm");
+  note(segb && !err, "segment size (RINGREDUCE_SEGMENT_BYTES)");
   return head.str() + " [differs: " + what.str() + "]" + os.str();
 }
 

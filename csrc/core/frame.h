@@ -40,6 +40,12 @@ enum class FrameError : int32_t {
   kOther = 5,
 };
 
+enum FrameFlags : int32_t {
+  // This rank posted its first payload receive before the frames (Note [Receives before the
+  // verdict] in csrc/torch/cpu_group.cpp), with room for kLeadBytes.
+  kFrameLeadReceive = 1,
+};
+
 struct Frame {
   uint32_t magic = kFrameMagic;
   uint32_t version = kFrameVersion;
@@ -57,7 +63,10 @@ struct Frame {
   uint64_t shape_hash = 0;  // covers all dims, also beyond kFrameMaxDims
   int32_t algorithm = 0;
   int32_t ntensors = 1;  // coalesced calls
-  uint64_t reserved = 0;
+  // Largest segment the ring sends (CPU; saturated at 2^31-1; 0 on the GPU path): the exchanges'
+  // sizes follow from it, so ranks must agree on it.
+  int32_t segment_bytes = 0;
+  int32_t flags = 0;  // FrameFlags; not compared
 };
 static_assert(sizeof(Frame) == 144, "the frame's wire size is part of the protocol");
 constexpr size_t kFrameBytes = sizeof(Frame);

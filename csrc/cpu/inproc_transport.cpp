@@ -43,7 +43,7 @@ void InprocHub::matchLocked(Channel& ch) {
     std::shared_ptr<Request> r = ch.recvs.front();
     ch.sends.pop_front();
     ch.recvs.pop_front();
-    if (s->bytes != r->bytes) {
+    if (s->bytes > r->bytes || (s->bytes < r->bytes && !options_.short_messages)) {
       // gloo aborts the process here; a test transport reports it on both sides instead.
       const std::string what = detail::concat("inproc transport: message size mismatch: rank ", s->owner,
                                               " sends ", s->bytes, " bytes to rank ", r->owner,
@@ -183,13 +183,20 @@ std::vector<InprocRankResult> runInprocAllReduce(int nranks, int64_t numel, DTyp
         buffers.data = data[static_cast<size_t>(r)].data();
         st.accum.assign(static_cast<size_t>(plan.accum_elems), 0.0f);
         buffers.accum = st.accum.empty() ? nullptr : st.accum.data();
-        const int64_t slot_bytes = plan.num_slots > 0 ? plan.stagingBytes() / plan.num_slots : 0;
+        const int64_t slot_bytes =
+            std::max(plan.num_slots > 0 ? plan.stagingBytes() / plan.num_slots : 0, options.lead_room);
         st.slots.resize(static_cast<size_t>(plan.num_slots));
         for (auto& s : st.slots) {
           s.assign(static_cast<size_t>((slot_bytes + 7) / 8), 0);
           buffers.slots.push_back(s.data());
         }
-        executePlan(plan, op, transport, buffers, options.tag);
+        buffers.slot_bytes = static_cast<int64_t>((slot_bytes + 7) / 8 * 8);
+        PlanRun run(plan, op, transport, buffers, options.tag);
+        if (options.lead_room > 0) {
+          run.postLeading(static_cast<size_t>(options.lead_room), static_cast<size_t>(options.lead_max_send));
+          std::this_thread::yield();  // let the other ranks' leading messages meet these
+        }
+        run.run();
       } catch (const Error& e) {
         res.error = e.what();
         res.is_rr_error = true;

@@ -37,6 +37,9 @@ struct InprocOptions {
   // the earliest any transport could: a receive posted while its buffer is still being read, or a
   // send whose buffer is not final yet, shows up as wrong data.
   bool eager = false;
+  // A receive accepts a message smaller than itself, as gloo's does (only a larger one is an
+  // error); otherwise any size difference is reported.
+  bool short_messages = false;
 };
 
 class InprocHub {
@@ -120,6 +123,10 @@ struct InprocRunOptions {
   InprocOptions transport;
   int tag = 7;
   std::vector<int> absent;    // ranks that never call (dead peers)
+  // > 0: each rank runs PlanRun::postLeading(lead_room, lead_max_send) before run(), with staging
+  // slots of at least lead_room bytes (set transport.short_messages).
+  int64_t lead_room = 0;
+  int64_t lead_max_send = 0;
 };
 
 // Runs the ring all-reduce of `op` with executePlan (ring_executor.h) on n threads over one hub:

@@ -28,31 +28,8 @@ size_t spanBytes(const Plan& plan, const Span& s) {
 
 }  // namespace
 
-void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& buffers, int tag) {
-  // Requests of each exchange (-1: that half is empty) and which of them were waited.
-  struct Pending {
-    int64_t send = -1;
-    int64_t recv = -1;
-    bool send_waited = false;
-    bool recv_waited = false;
-    bool recv_posted = false;  // posted early (Note [Receives posted early])
-  };
-  std::vector<Pending> pending(static_cast<size_t>(plan.num_exchanges));
-  const bool round_sum = !plan.accum_float32;
-
-  // A recv_only wait (Note [One ring, two transports, one plan]) waits the receive request only;
-  // a full wait also the send request, whenever it comes.
-  auto waitExchange = [&](int32_t e, bool recv_only) {
-    Pending& p = pending.at(static_cast<size_t>(e));
-    if (!p.recv_waited) {
-      if (p.recv >= 0) t.wait(p.recv);
-      p.recv_waited = true;
-    }
-    if (recv_only || p.send_waited) return;
-    if (p.send >= 0) t.wait(p.send);
-    p.send_waited = true;
-  };
-
+PlanRun::PlanRun(const Plan& plan, RedOp op, Transport& t, const RingBuffers& buffers, int tag)
+    : plan_(plan), op_(op), t_(t), buffers_(buffers), tag_(tag), pending_(static_cast<size_t>(plan.num_exchanges)) {
   // Note [Receives posted early]
   // gloo's send is a rendezvous: the payload leaves once the receiver's "receive posted" notice has
   // arrived. Posting a receive together with its exchange's send, as the plan lists them, makes
@@ -65,7 +42,7 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
   // slot is free. The executor tests also run with eager delivery (each message lands the moment
   // both sides have posted it, the earliest any transport could), where they check exact results.
   const int64_t nops = static_cast<int64_t>(plan.ops.size());
-  std::vector<std::vector<int32_t>> post_after(static_cast<size_t>(nops + 1));  // index i+1: after op i
+  post_after_.resize(static_cast<size_t>(nops + 1));  // index i+1: after op i; index 0: before op 0
   bool sends_from_staging = false;  // never in today's plans; a send would read the slot until it completes
   for (const Op& o : plan.ops)
     if (o.kind == OpKind::kExchange && !o.send.empty() && o.send.buf == BufKind::kStaging) sends_from_staging = true;
@@ -86,36 +63,92 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
       // The first exchange goes out first (its receive, then its send); receives that could be
       // posted at the very start follow right after it.
       if (at <= first_exchange) at = i == first_exchange ? i : first_exchange + 1;
-      post_after[static_cast<size_t>(at)].push_back(o.exchange);
+      post_after_[static_cast<size_t>(at)].push_back(o.exchange);
       last_receiver[k] = i;
     }
   }
-  std::vector<const Op*> exchange_op(static_cast<size_t>(plan.num_exchanges), nullptr);
+  exchange_op_.assign(static_cast<size_t>(plan.num_exchanges), nullptr);
   for (const Op& o : plan.ops)
-    if (o.kind == OpKind::kExchange) exchange_op[static_cast<size_t>(o.exchange)] = &o;
-  auto postReceives = [&](int64_t at) {
-    for (int32_t e : post_after[static_cast<size_t>(at)]) {
-      const Op& o = *exchange_op[static_cast<size_t>(e)];
-      Pending& p = pending.at(static_cast<size_t>(e));
-      p.recv = t.irecv(spanPtr(plan, buffers, o.recv), spanBytes(plan, o.recv), plan.prev,
-                       tag + (e % kTagsPerCall));
+    if (o.kind == OpKind::kExchange) exchange_op_[static_cast<size_t>(o.exchange)] = &o;
+  for (int64_t i = 0; i < nops; ++i) {
+    const OpKind k = plan.ops[static_cast<size_t>(i)].kind;
+    if (k == OpKind::kRecord) continue;
+    if (k == OpKind::kExchange) lead_op_ = i;
+    break;
+  }
+}
+
+std::vector<int> PlanRun::postLeading(size_t recv_room, size_t max_send) {
+  std::vector<int> slots;
+  if (lead_op_ < 0) return slots;
+  for (int64_t at = 0; at <= lead_op_; ++at) {
+    for (int32_t e : post_after_[static_cast<size_t>(at)]) {
+      const Op& o = *exchange_op_[static_cast<size_t>(e)];
+      Pending& p = pending_.at(static_cast<size_t>(e));
+      if (p.recv_posted) continue;
+      const size_t bytes = spanBytes(plan_, o.recv);
+      const size_t room = bytes > recv_room ? bytes : recv_room;
+      const int64_t offset = o.recv.offset * spanElemSize(plan_, o.recv);
+      RR_CHECK(room == bytes || (o.recv.buf == BufKind::kStaging &&
+                                 buffers_.slot_bytes - offset >= static_cast<int64_t>(room)),
+               kRuntime, "ringreduce internal error: a leading receive needs ", room, " bytes of staging");
+      p.recv = t_.irecv(spanPtr(plan_, buffers_, o.recv), room, plan_.prev, tag_ + (e % kTagsPerCall));
       p.recv_posted = true;
+      slots.push_back(o.recv.slot);
     }
+  }
+  const Op& first = plan_.ops[static_cast<size_t>(lead_op_)];
+  Pending& p = pending_.at(static_cast<size_t>(first.exchange));
+  if (!first.send.empty() && spanBytes(plan_, first.send) <= max_send) {
+    p.send = t_.isend(spanPtr(plan_, buffers_, first.send), spanBytes(plan_, first.send), plan_.next,
+                      tag_ + (first.exchange % kTagsPerCall));
+    p.send_posted = true;
+    lead_send_ = p.send;
+  }
+  return slots;
+}
+
+void PlanRun::postReceives(int64_t at) {
+  for (int32_t e : post_after_[static_cast<size_t>(at)]) {
+    const Op& o = *exchange_op_[static_cast<size_t>(e)];
+    Pending& p = pending_.at(static_cast<size_t>(e));
+    if (p.recv_posted) continue;
+    p.recv = t_.irecv(spanPtr(plan_, buffers_, o.recv), spanBytes(plan_, o.recv), plan_.prev,
+                      tag_ + (e % kTagsPerCall));
+    p.recv_posted = true;
+  }
+}
+
+void PlanRun::run() {
+  const bool round_sum = !plan_.accum_float32;
+  // A recv_only wait (Note [One ring, two transports, one plan]) waits the receive request only;
+  // a full wait also the send request, whenever it comes.
+  auto waitExchange = [&](int32_t e, bool recv_only) {
+    Pending& p = pending_.at(static_cast<size_t>(e));
+    if (!p.recv_waited) {
+      if (p.recv >= 0) t_.wait(p.recv);
+      p.recv_waited = true;
+    }
+    if (recv_only || p.send_waited) return;
+    if (p.send >= 0) t_.wait(p.send);
+    p.send_waited = true;
   };
   postReceives(0);
   int64_t op_index = 0;
-  for (const Op& o : plan.ops) {
+  for (const Op& o : plan_.ops) {
     switch (o.kind) {
       case OpKind::kExchange: {
-        Pending& p = pending.at(static_cast<size_t>(o.exchange));
+        Pending& p = pending_.at(static_cast<size_t>(o.exchange));
         // Receive first so the peer's data has somewhere to land as soon as it is sent.
         // One tag per exchange (mod kTagsPerCall): several exchanges in flight on one tag make
         // gloo match them strictly one after another, each paying a full round trip.
-        const int xtag = tag + (o.exchange % kTagsPerCall);
-        if (!o.recv.empty() && !p.recv_posted)
-          p.recv = t.irecv(spanPtr(plan, buffers, o.recv), spanBytes(plan, o.recv), plan.prev, xtag);
-        if (!o.send.empty())
-          p.send = t.isend(spanPtr(plan, buffers, o.send), spanBytes(plan, o.send), plan.next, xtag);
+        const int xtag = tag_ + (o.exchange % kTagsPerCall);
+        if (!o.recv.empty() && !p.recv_posted) {
+          p.recv = t_.irecv(spanPtr(plan_, buffers_, o.recv), spanBytes(plan_, o.recv), plan_.prev, xtag);
+          p.recv_posted = true;
+        }
+        if (!o.send.empty() && !p.send_posted)
+          p.send = t_.isend(spanPtr(plan_, buffers_, o.send), spanBytes(plan_, o.send), plan_.next, xtag);
         break;
       }
       case OpKind::kWait:
@@ -125,23 +158,27 @@ void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
       case OpKind::kRecord:
         break;
       case OpKind::kReduce:
-        hostReduce(plan.dtype, op, spanPtr(plan, buffers, o.a), o.a.wide, spanPtr(plan, buffers, o.recv),
-                   o.recv.wide, spanPtr(plan, buffers, o.dst), o.dst.wide, o.dst.count,
-                   (o.final && op == RedOp::kAvg) ? plan.avg_divisor : 0, round_sum);
+        hostReduce(plan_.dtype, op_, spanPtr(plan_, buffers_, o.a), o.a.wide, spanPtr(plan_, buffers_, o.recv),
+                   o.recv.wide, spanPtr(plan_, buffers_, o.dst), o.dst.wide, o.dst.count,
+                   (o.final && op_ == RedOp::kAvg) ? plan_.avg_divisor : 0, round_sum);
         break;
       case OpKind::kCopy:
-        std::memcpy(spanPtr(plan, buffers, o.dst), spanPtr(plan, buffers, o.recv), spanBytes(plan, o.dst));
+        std::memcpy(spanPtr(plan_, buffers_, o.dst), spanPtr(plan_, buffers_, o.recv), spanBytes(plan_, o.dst));
         break;
     }
     postReceives(++op_index);
   }
   // The plan ends with full waits for every exchange; this is a cheap guarantee, not a second wait.
-  for (int32_t e = 0; e < plan.num_exchanges; ++e) {
-    const Pending& p = pending[static_cast<size_t>(e)];
+  for (int32_t e = 0; e < plan_.num_exchanges; ++e) {
+    const Pending& p = pending_[static_cast<size_t>(e)];
     RR_CHECK((p.send < 0 || p.send_waited) && (p.recv < 0 || p.recv_waited), kRuntime,
              "ringreduce internal error: plan left the ", p.recv >= 0 && !p.recv_waited ? "receive" : "send",
              " of exchange ", e, " unwaited");
   }
+}
+
+void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& buffers, int tag) {
+  PlanRun(plan, op, t, buffers, tag).run();
 }
 
 std::vector<Frame> exchangeFrames(Transport& t, const Frame& mine, int tag) {

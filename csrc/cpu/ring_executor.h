@@ -13,10 +13,53 @@ struct RingBuffers {
   void* data = nullptr;            // numel contiguous elements of plan.dtype
   void* accum = nullptr;           // plan.accum_elems float32 (may be null when 0)
   std::vector<void*> slots;        // plan.num_slots buffers of plan.slot_elems widest elements
+  int64_t slot_bytes = 0;          // bytes of each slot when larger than the plan needs (0: exact)
 };
 
 // Exchange e of a call uses tag + (e mod kTagsPerCall).
 constexpr int kTagsPerCall = 4096;
+
+// One execution of a plan, in two steps: a caller may post the receives that go before every
+// other message of the call (postLeadingReceives) while it still waits for something else, such
+// as the agreement frames (Note [Receives before the verdict] in csrc/torch/cpu_group.cpp), and
+// run the plan later. `plan`, `transport` and `buffers` must outlive the PlanRun.
+class PlanRun {
+ public:
+  PlanRun(const Plan& plan, RedOp op, Transport& transport, const RingBuffers& buffers, int tag);
+  // Posts what run() would post before anything else, while the caller still waits for something
+  // else (the agreement frames): the receives of the first exchange (and of any exchange posted
+  // with it), each with room for at least `recv_room` bytes (a smaller message may land there;
+  // the slots must be that large: RingBuffers::slot_bytes), and the first exchange's send when it
+  // is at most `max_send` bytes and no op precedes it but records. Returns the staging slots the
+  // receives land in. Once, before run().
+  std::vector<int> postLeading(size_t recv_room, size_t max_send);
+  // The first exchange's send request, when postLeading posted it (else -1).
+  int64_t leadingSend() const { return lead_send_; }
+  // Runs every op in list order (see executePlan). Once per PlanRun.
+  void run();
+
+ private:
+  struct Pending {  // requests of one exchange (-1: that half is empty)
+    int64_t send = -1;
+    int64_t recv = -1;
+    bool send_waited = false;
+    bool recv_waited = false;
+    bool recv_posted = false;  // posted early (Note [Receives posted early])
+    bool send_posted = false;  // posted by postLeading
+  };
+  void postReceives(int64_t at);
+
+  const Plan& plan_;
+  RedOp op_;
+  Transport& t_;
+  const RingBuffers& buffers_;
+  int tag_;
+  std::vector<Pending> pending_;
+  std::vector<std::vector<int32_t>> post_after_;  // index i+1: receives posted after op i
+  std::vector<const Op*> exchange_op_;
+  int64_t lead_op_ = -1;    // the first op that is not a record, when it is an exchange
+  int64_t lead_send_ = -1;
+};
 
 // Runs every op of `plan` in list order: exchanges are posted (several in flight), waits block on
 // the requests of the exchange they name (recv_only waits on its receive request alone), reduces

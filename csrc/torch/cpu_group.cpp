@@ -2,8 +2,10 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 
 #include "../core/plan.h"
@@ -134,6 +136,7 @@ Frame makeFrame(const at::Tensor& t, const CallOptions& opt, int rank, uint64_t 
   f.ntensors = opt.ntensors;
   f.accum_float32 = opt.accum_float32 ? 1 : 0;
   f.algorithm = opt.local_size;  // 0: the flat ring; L: hierarchical with L ranks per node
+  f.segment_bytes = static_cast<int32_t>(std::min<int64_t>(opt.segment_bytes, std::numeric_limits<int32_t>::max()));
   if (t.defined() && opt.local_error == 0) {
     f.dtype = static_cast<int32_t>(toDType(t.scalar_type()));
     f.numel = t.numel();
@@ -245,6 +248,8 @@ GroupRuntime::GroupRuntime(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::strin
              pg_->getBackendName(), "), so CPU tensors cannot be reduced on it. Create the group with "
              "backend=\"gloo\" (or \"cpu:gloo,cuda:nccl\"), or move the tensor to the GPU");
   }
+  const char* lead = std::getenv("RINGREDUCE_LEAD");
+  lead_mode_ = lead == nullptr ? 2 : std::strcmp(lead, "0") == 0 ? 0 : std::strcmp(lead, "recv") == 0 ? 1 : 2;
   worker_ = std::thread([this] { loop(); });
 }
 
@@ -354,14 +359,11 @@ void GroupRuntime::execute(CallHandle& call) {
   call.finish(ok, kind, msg);
 }
 
-void GroupRuntime::runRing(Transport& t, int rank, int size, void* data, int64_t numel, DType dtype,
-                           RedOp op, const PlanOptions& po, int tag) {
-  const Plan plan = buildPlan(size, rank, numel, dtype, po);
-  if (plan.num_exchanges == 0) return;
+RingBuffers GroupRuntime::ringBuffers(const Plan& plan, void* data, int64_t min_slot_bytes) {
   RingBuffers bufs;
   bufs.data = data;
   // Slots are sized by the plan (Plan::stagingBytes) and only ever grow.
-  const int64_t need = plan.num_slots > 0 ? plan.stagingBytes() / plan.num_slots : 0;
+  const int64_t need = std::max(plan.num_slots > 0 ? plan.stagingBytes() / plan.num_slots : 0, min_slot_bytes);
   if (need > slot_bytes_ || static_cast<int>(slots_.size()) < plan.num_slots) {
     std::lock_guard<std::mutex> g(mu_);
     const int64_t bytes = need > slot_bytes_ ? need : slot_bytes_;
@@ -377,7 +379,31 @@ void GroupRuntime::runRing(Transport& t, int rank, int size, void* data, int64_t
     }
     bufs.accum = accum_.data();
   }
+  bufs.slot_bytes = slot_bytes_;
+  return bufs;
+}
+
+void GroupRuntime::runRing(Transport& t, int rank, int size, void* data, int64_t numel, DType dtype,
+                           RedOp op, const PlanOptions& po, int tag) {
+  const Plan plan = buildPlan(size, rank, numel, dtype, po);
+  if (plan.num_exchanges == 0) return;
+  const RingBuffers bufs = ringBuffers(plan, data, 0);
   executePlan(plan, op, t, bufs, tag);
+}
+
+void GroupRuntime::retireLeading(Transport& t, const std::vector<int>& slots, int tag_group) {
+  t.abandon();  // the posted receives go to the graveyard
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    std::lock_guard<std::mutex> gy(g_graveyard_mu);
+    for (int k : slots) {
+      std::unique_ptr<char[]>& slot = slots_.at(static_cast<size_t>(k));
+      if (!slot) continue;
+      g_graveyard_mem->push_back(std::move(slot));
+      slot.reset(new char[static_cast<size_t>(slot_bytes_)]);
+    }
+  }
+  call_tags_.retire(tag_group);
 }
 
 // Note [Hierarchical all-reduce]
@@ -406,23 +432,12 @@ void GroupRuntime::run(CallHandle& call) {
   if (all.empty())
     for (int i = 0; i < size_; ++i) all.push_back(i);
   RankMapTransport transport(base, all, rank_);
+  // Every call takes the ring's next tag group, on every rank alike (Note [Retired tag groups]).
+  const int tag_group = call_tags_.next();
   auto payloadTag = [&](int stage) {
-    const uint64_t k = call.seq_ * kStagesPerCall + static_cast<uint64_t>(stage);
-    return kPayloadTagBase + tag_slot_ * kPayloadTagsPerSlot +
-           static_cast<int>((k * kTagsPerCall) % static_cast<uint64_t>(kPayloadTagsPerSlot - kTagsPerCall));
+    return kPayloadTagBase + tag_slot_ * kPayloadTagsPerSlot + (tag_group * kStagesPerCall + stage) * kTagsPerCall;
   };
   try {
-    if (opt.check) {
-      const Frame mine = makeFrame(call.tensor_, opt, pg_rank_, call.seq_);
-      const std::vector<Frame> frames = members_.empty() && size_ <= kDirectFrameRanks
-                                            ? agree(mine, timeout)
-                                            : exchangeFrames(transport, mine, kFrameTagBase + tag_slot_);
-      const std::string verdict = compareFrames(frames, name_);
-      RR_CHECK(verdict.empty(), kRuntime, verdict);
-    }
-    RR_CHECK(opt.local_error == 0, kRuntime, "ringreduce: call #", call.seq_, " refused on this rank");
-    base.countFor(pg_.get());
-
     at::Tensor& user = call.tensor_;
     const CallKind kind = static_cast<CallKind>(opt.kind);
     PlanOptions po;
@@ -432,6 +447,55 @@ void GroupRuntime::run(CallHandle& call) {
     po.gather_into_data = false;  // late messages must land in staging, never in user memory
     po.average = opt.op == RedOp::kAvg;
     po.recv_only_waits = opt.recv_only_waits;
+    const bool direct_frames = members_.empty() && size_ <= kDirectFrameRanks;
+    const int L = opt.local_size;
+    const bool hier = L > 1 && L < size_;
+
+    // Note [Receives before the verdict]: a checked flat all-reduce over the whole group posts its
+    // first payload receive before it exchanges frames.
+    at::Tensor lead_work;
+    Plan lead_plan;
+    RingBuffers lead_bufs;
+    std::unique_ptr<PlanRun> lead;
+    std::vector<int> lead_slots;
+    if (opt.check && direct_frames && opt.local_error == 0 && kind != CallKind::kReduceScatter &&
+        kind != CallKind::kAllGather && !hier &&
+        user.defined() && lead_mode_ > 0) {
+      const bool direct = user.is_contiguous() && !user.is_conj() && !user.is_neg();
+      lead_work = direct ? user : user.resolve_conj().resolve_neg().contiguous();
+      lead_plan = buildPlan(size_, rank_, lead_work.numel(), toDType(lead_work.scalar_type()), po);
+      if (lead_plan.num_exchanges > 0) {
+        lead_bufs = ringBuffers(lead_plan, lead_work.data_ptr(), kLeadBytes);
+        lead = std::make_unique<PlanRun>(lead_plan, opt.op, transport, lead_bufs, payloadTag(0));
+        lead_slots = lead->postLeading(kLeadBytes, lead_mode_ > 1 ? kLeadBytes : 0);
+      }
+    }
+    if (opt.check) {
+      Frame mine = makeFrame(call.tensor_, opt, pg_rank_, call.seq_);
+      if (!lead_slots.empty()) mine.flags |= kFrameLeadReceive;
+      const std::vector<Frame> frames = direct_frames ? agree(mine, timeout)
+                                                      : exchangeFrames(transport, mine, kFrameTagBase + tag_slot_);
+      const std::string verdict = compareFrames(frames, name_);
+      if (!verdict.empty()) {
+        // Every rank has the same frames, so every rank fails here and retires this tag group. A
+        // first segment already sent to a rank that posted its leading receive for this call is
+        // delivered (it reads the caller's tensor, which is the caller's again once this raises).
+        if (lead && lead->leadingSend() >= 0) {
+          const Frame& next = frames[static_cast<size_t>((rank_ + 1) % size_)];
+          if ((next.flags & kFrameLeadReceive) != 0 && next.seq == mine.seq) transport.wait(lead->leadingSend());
+        }
+        retireLeading(transport, lead_slots, tag_group);
+        RR_THROW(kRuntime, verdict);
+      }
+    }
+    RR_CHECK(opt.local_error == 0, kRuntime, "ringreduce: call #", call.seq_, " refused on this rank");
+    base.countFor(pg_.get());
+    if (lead) {
+      lead->run();
+      if (lead_work.data_ptr() != user.data_ptr()) user.copy_(lead_work);
+      if (frame_in_ && frame_recvs_.empty()) postFrameReceives();  // Note [Pre-posted frame receives]
+      return;
+    }
 
     if (kind == CallKind::kReduceScatter || kind == CallKind::kAllGather) {
       // Note [Ring halves]: rank r owns block r (shift -1), blocks are exactly numel / n.
@@ -459,8 +523,6 @@ void GroupRuntime::run(CallHandle& call) {
 
     // Elements are matched by logical index: a tensor that is not row-major contiguous (views,
     // transposes, channels_last, conj/neg views) is reduced through one contiguous copy.
-    const int L = opt.local_size;
-    const bool hier = L > 1 && L < size_;
     // Hierarchical with float32 accumulation for half types: the whole reduction runs on a float32
     // copy, so partials are rounded once, at the end, as the flat ring's accum mode promises.
     const bool upcast = hier && opt.accum_float32 && isHalfType(toDType(user.scalar_type()));
@@ -534,6 +596,35 @@ void GroupRuntime::run(CallHandle& call) {
     throw;
   }
 }
+
+// Note [Receives before the verdict]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With the check on, a call whose payload moves only after the frames compared equal pays for the
+// check with a round trip of its own and, worse on an oversubscribed host, a wake-up: the rank's
+// thread must wake from the frame wait before its first segment can leave (gloo's send is a
+// rendezvous, completed on gloo's I/O thread once the receiver's notice arrives). So a checked
+// flat all-reduce over the whole group builds its plan first and, before it sends its frame,
+// posts what precedes every other message of the call (PlanRun::postLeading): the first
+// exchange's receive, with room for kLeadBytes, and the first exchange's send when it is at most
+// kLeadBytes. The check rides on the first segment: that segment travels with the frames, and
+// lands in staging, never in user memory, before the verdict is known.
+// Why this cannot turn a disagreement into a transport error or garbage:
+//   * a message on this call's first tag is either a first segment sent before the verdict
+//     (<= kLeadBytes) or one sent after a verdict that passed (ranks agree on numel, dtype and
+//     segment size, so sizes match). Receives posted before the verdict have room for kLeadBytes
+//     and those posted after it expect exactly the agreed size, so gloo never sees a message larger
+//     than its receive (which aborts the pair);
+//   * nothing is reduced, copied or sent from staging before the verdict; on a failed check every
+//     rank has the same frames and fails too. Receives then left posted can never be matched by a
+//     later call: the call's tag group is retired on every rank (Note [Retired tag groups]); they
+//     and the staging slot they point into go to the graveyard (Note [Failed calls keep their
+//     buffers]): one slot, >= kLeadBytes, per failed call;
+//   * a first segment sent to a rank whose frame says it posted its leading receive for this call
+//     (kFrameLeadReceive, same sequence number) completes, and the failed call waits for it before
+//     it returns, so gloo is done reading the caller's tensor; any other first segment can never
+//     be matched (retired tags), so gloo never reads it.
+// RINGREDUCE_LEAD=recv posts only the receives, RINGREDUCE_LEAD=0 neither (read when the group's
+// runtime is created; for comparisons, as in benchmarks/README.md).
 
 // Note [Pre-posted frame receives]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -21,11 +21,13 @@
 #include <thread>
 #include <vector>
 
+#include "../core/call_tags.h"
 #include "../core/dtype.h"
 #include "../core/error.h"
 #include "../core/frame.h"
 #include "../core/plan.h"
 #include "../core/transport.h"
+#include "../cpu/ring_executor.h"
 
 namespace rr {
 
@@ -34,12 +36,16 @@ namespace rr {
 // DeviceMesh dimension) has its own runtime and tag space, slot 1 + hash(members) mod 63 (the
 // whole group: slot 0), so it can run concurrently with the group's other rings. Frames travel on
 // kFrameTagBase + slot (matched in order, so a rank that skipped a call is reported by sequence
-// number); stage s of call #seq on payloadTag(slot, seq, s), kTagsPerCall tags per stage.
+// number); stage s of a call on kPayloadTagBase + slot * kPayloadTagsPerSlot + (g * kStagesPerCall
+// + s) * kTagsPerCall, where g is the call's tag group (Note [Retired tag groups]).
 constexpr int kTagSlots = 64;
 constexpr int kFrameTagBase = 1 << 30;
 constexpr int kPayloadTagBase = (1 << 30) + kTagSlots;
 constexpr int kPayloadTagsPerSlot = ((1 << 30) - kTagSlots) / kTagSlots;
 constexpr int kStagesPerCall = 3;  // the hierarchical all-reduce runs three rings per call
+// Note [Receives before the verdict]: a first segment sent before the verdict is at most this
+// large, and a receive posted before it has room for this much (part of the wire protocol).
+constexpr int64_t kLeadBytes = 1 << 20;
 
 struct CallOptions {
   RedOp op = RedOp::kSum;
@@ -115,6 +121,12 @@ class GroupRuntime {
   // One ring over `t` (rank list already applied): builds the plan, sizes staging, executes.
   void runRing(Transport& t, int rank, int size, void* data, int64_t numel, DType dtype, RedOp op,
                const PlanOptions& po, int tag);
+  // Staging sized for `plan`, each slot at least min_slot_bytes.
+  RingBuffers ringBuffers(const Plan& plan, void* data, int64_t min_slot_bytes);
+  // A call that failed its check after posting its leading receives (Note [Receives before the
+  // verdict]): they, and the staging slots they point into, go to the graveyard; the call's tag
+  // group is retired (Note [Retired tag groups]).
+  void retireLeading(Transport& t, const std::vector<int>& slots, int tag_group);
   std::chrono::milliseconds timeoutFor(const CallOptions& opt) const;
   // Note [Pre-posted frame receives] (whole-group rings): the agreement frames of this call, over
   // receives posted at the end of the previous exchange; posts the next exchange's receives.
@@ -130,6 +142,11 @@ class GroupRuntime {
   int rank_ = 0;              // index in the ring
   int size_ = 1;
   int tag_slot_ = 0;
+  // Payload tag groups, one per call (kStagesPerCall x kTagsPerCall tags each); worker-owned.
+  CallTagGroups call_tags_{kPayloadTagsPerSlot / (kStagesPerCall * kTagsPerCall)};
+  // Note [Receives before the verdict]: 2 receives and first send, 1 receives only, 0 off
+  // (RINGREDUCE_LEAD=0|recv, read when the runtime is created).
+  int lead_mode_ = 2;
 
   std::mutex mu_;
   std::condition_variable cv_;

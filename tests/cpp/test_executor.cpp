@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "check.h"
+#include "core/call_tags.h"
 #include "core/error.h"
 #include "core/functors.h"
 #include "cpu/inproc_transport.h"
@@ -170,11 +171,14 @@ struct Case {
   bool accum = false;
   int64_t delay_us = 0;
   bool eager = false;
+  int64_t lead_room = 0;  // > 0: PlanRun::postLeading(lead_room, lead_max_send) first
+  int64_t lead_max_send = 0;
 };
 
 std::string caseText(const Case& c) {
   return detail::concat("n=", c.n, " numel=", c.numel, " ", dtypeName(c.dtype), " ", redOpName(c.op), " slots=", c.slots,
-                        " seg=", c.seg, c.accum ? " accum" : "", c.delay_us ? " delayed" : "", c.eager ? " eager" : "");
+                        " seg=", c.seg, c.accum ? " accum" : "", c.delay_us ? " delayed" : "", c.eager ? " eager" : "",
+                        c.lead_room ? detail::concat(" lead_room=", c.lead_room, " lead_max_send=", c.lead_max_send) : "");
 }
 
 void runCase(const Case& c, const Inputs* given = nullptr) {
@@ -186,6 +190,9 @@ void runCase(const Case& c, const Inputs* given = nullptr) {
   o.transport.timeout = std::chrono::milliseconds(20000);
   o.transport.max_delay_us = c.delay_us;
   o.transport.eager = c.eager;
+  o.transport.short_messages = c.lead_room > 0;
+  o.lead_room = c.lead_room;
+  o.lead_max_send = c.lead_max_send;
   o.transport.seed = static_cast<uint64_t>(c.numel * 31 + c.n);
   const std::vector<InprocRankResult> res = runInprocAllReduce(c.n, c.numel, c.dtype, c.op, in.data, o);
   for (int r = 0; r < c.n; ++r) CHECK_MSG(res[r].error.empty(), caseText(c) << " rank " << r << ": " << res[r].error);
@@ -327,3 +334,57 @@ TEST_CASE(unsupported_pair_raises_type_error_on_every_rank) {
 }
 
 TEST_MAIN()
+
+TEST_CASE(leading_messages) {
+  // PlanRun::postLeading (Note [Receives before the verdict], cpu_group.cpp): the first exchange's
+  // receive is posted with more room than its message, and its send goes before run() when it
+  // fits in lead_max_send. Eager delivery lands each message the moment both sides posted it;
+  // random delays reorder the rest. Results must stay exact, whatever is posted early.
+  for (int n : {2, 3, 4, 5}) {
+    for (int64_t max_send : {int64_t{0}, int64_t{64}, int64_t{1} << 20}) {
+      for (bool eager : {false, true}) {
+        const int64_t delay = eager ? 0 : 100;
+        Case a{n, 997, DType::kFloat32, RedOp::kSum, 2, 64, false, delay, eager};
+        a.lead_room = 4096;
+        a.lead_max_send = max_send;
+        runCase(a);
+        Case b{n, 1500, DType::kBFloat16, RedOp::kAvg, 3, 32, true, delay, eager};
+        b.lead_room = 1024;
+        b.lead_max_send = max_send;
+        runCase(b);
+        Case c{n, 4099, DType::kInt64, RedOp::kMax, 4, 1 << 20, false, delay, eager};
+        c.lead_room = 1 << 16;
+        c.lead_max_send = max_send;
+        runCase(c);
+        Case d{n, 1, DType::kFloat64, RedOp::kAvg, 1, 16, false, delay, eager};  // ranks without data
+        d.lead_room = 256;
+        d.lead_max_send = max_send;
+        runCase(d);
+      }
+    }
+  }
+}
+
+TEST_CASE(retired_tag_groups) {
+  CallTagGroups g(4);
+  CHECK_EQ(g.next(), 0);
+  CHECK_EQ(g.next(), 1);
+  g.retire(1);
+  g.retire(1);  // twice is once
+  CHECK_EQ(g.retired(), 1);
+  CHECK_EQ(g.next(), 2);
+  CHECK_EQ(g.next(), 3);
+  CHECK_EQ(g.next(), 0);  // wraps around and skips the retired group
+  CHECK_EQ(g.next(), 2);
+  g.retire(0);
+  g.retire(3);
+  for (int i = 0; i < 5; ++i) CHECK_EQ(g.next(), 2);
+  g.retire(2);
+  bool threw = false;
+  try {
+    g.next();
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("Create a new process group") != std::string::npos;
+  }
+  CHECK_MSG(threw, "every group retired must raise");
+}
