@@ -467,6 +467,7 @@ void GroupRuntime::run(CallHandle& call) {
       if (lead_plan.num_exchanges > 0) {
         lead_bufs = ringBuffers(lead_plan, lead_work.data_ptr(), kLeadBytes);
         lead = std::make_unique<PlanRun>(lead_plan, opt.op, transport, lead_bufs, payloadTag(0));
+        base.countFor(pg_.get());  // the first segment may leave now
         lead_slots = lead->postLeading(kLeadBytes, lead_mode_ > 1 ? kLeadBytes : 0);
       }
     }
