@@ -3,7 +3,7 @@
 # the default 2-rank sweep, the DESIGN.md section 5 sizes at 4 ranks, the agreement-check cost and
 # the training-step comparison, and the cross-node bytes of the flat and hierarchical rings
 # (simulated nodes), and the latency breakdown (twice: the VM is noisy). Run it on an otherwise
-# idle machine; it takes about 15 minutes.
+# idle machine; it takes about 20 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results
@@ -20,3 +20,7 @@ python -m ringreduce.bench.traffic --nproc 8 --local-size 4 --size 4M --iters 3 
   --json "$out/traffic_8x4.json" | tee "$out/traffic_8x4.txt"
 python benchmarks/latency_breakdown.py "$out/latency_breakdown.json" | tee "$out/latency_breakdown.txt"
 python benchmarks/latency_breakdown.py "$out/latency_breakdown_run2.json" | tee "$out/latency_breakdown_run2.txt"
+# Note [Receives before the verdict] (csrc/torch/cpu_group.cpp): the first segment before the
+# verdict (default) against after it (RINGREDUCE_LEAD=0), alternating, 3 runs each.
+bash benchmarks/ab_env.sh RINGREDUCE_LEAD 0 2 3 -b 1K -e 1M -f 32 --seconds 2 | tee "$out/lead-ab-2ranks.txt"
+bash benchmarks/ab_env.sh RINGREDUCE_LEAD 0 2 3 -b 1M -e 1M --seconds 3 --nproc 4 | tee "$out/lead-ab-4ranks.txt"
