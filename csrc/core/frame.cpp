@@ -74,7 +74,6 @@ std::string describeFrame(const Frame& f) {
      << ", device=" << (f.device_type == 1 ? "cuda" : "cpu");
   if (f.accum_float32) os << ", accum_dtype=float32";
   if (f.ntensors != 1) os << ", tensors=" << f.ntensors;
-  if (f.segment_bytes != 0) os << ", segment_bytes=" << f.segment_bytes;
   os << ")";
   return os.str();
 }
@@ -106,11 +105,14 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
 
   std::ostringstream head;
   head << "ringreduce: ranks of " << group << " disagree on call #" << ref.seq << " ("
-       << callKindName(ref.kind) << "); every rank raises this error and no data was exchanged. "
+       << callKindName(ref.kind) << "); every rank raises this error and no tensor was modified. "
        << "What each rank passed:";
+  bool seg_differs = false;
+  for (const Frame& f : frames) seg_differs = seg_differs || f.segment_bytes != ref.segment_bytes;
   for (size_t r = 0; r < frames.size(); ++r) {
     os << "\n  rank " << r << ": " << describeFrame(frames[r]);
     if (frames[r].seq != ref.seq) os << " as call #" << frames[r].seq;
+    if (seg_differs && frames[r].error == 0) os << " with segment_bytes=" << frames[r].segment_bytes;
   }
   // A one-line summary of which fields differ, for people who read only the first line.
   std::ostringstream what;
