@@ -280,6 +280,38 @@ def test_peer_that_exits_before_calling():
         assert res["threads_left"] <= 0, res  # the failed group's worker has exited
 
 
+def _peer_leaves_after_last_call(rank: int, ws: int) -> dict:
+    # Rank 0 leaves right after its last call; rank 1 is still finishing the same call (copying the
+    # result of a large non-contiguous tensor back) when it would post the next call's frame
+    # receives (Note [Pre-posted frame receives]). That call's result is final and must be returned;
+    # only the next call fails, with the reason.
+    n = 4096
+    if rank == 0:
+        t = torch.ones(n, n)
+        rr.all_reduce(t)
+        os._exit(0 if bool(torch.all(t == ws)) else 4)
+    t = torch.ones(n, n).t()  # non-contiguous: reduced through a copy, copied back at the end
+    res = {}
+    try:
+        rr.all_reduce(t)
+        res["last"] = "ok" if bool(torch.all(t == ws)) else "wrong"
+    except Exception as exc:  # noqa: BLE001 - reported
+        res["last"] = f"raised {type(exc).__name__}: {exc}"
+    start = time.monotonic()
+    res["next"] = _expect(lambda: rr.all_reduce(torch.ones(4)), dist.DistBackendError, "unusable")
+    res["next_s"] = time.monotonic() - start
+    return res
+
+
+def test_peer_leaving_after_the_last_call_does_not_fail_it():
+    out = spawn_ranks(2, _peer_leaves_after_last_call, env={"RINGREDUCE_TIMEOUT": "10"}, timeout=120)
+    assert out[0][0] == "died" and out[0][2] == 0, out[0]
+    status, res, code = out[1]
+    assert status == "ok" and code == 0, (status, res, code)
+    assert res["last"] == "ok", res
+    assert res["next"] == "ok" and res["next_s"] < 30, res
+
+
 def _peer_never_calls(rank: int, ws: int) -> dict:
     res = {}
     if rank == 1:

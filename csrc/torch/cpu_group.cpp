@@ -494,7 +494,7 @@ void GroupRuntime::run(CallHandle& call) {
     if (lead) {
       lead->run();
       if (lead_work.data_ptr() != user.data_ptr()) user.copy_(lead_work);
-      if (frame_in_ && frame_recvs_.empty()) postFrameReceives();  // Note [Pre-posted frame receives]
+      postNextFrames(call.seq_);  // Note [Pre-posted frame receives]
       return;
     }
 
@@ -518,7 +518,7 @@ void GroupRuntime::run(CallHandle& call) {
         out.reshape({-1}).narrow(0, rank_ * m, m).copy_(user.resolve_conj().resolve_neg().reshape({-1}));
         runRing(transport, rank_, size_, out.data_ptr(), out.numel(), dtype, RedOp::kSum, po, payloadTag(0));
       }
-      if (frame_in_ && frame_recvs_.empty()) postFrameReceives();  // Note [Pre-posted frame receives]
+      postNextFrames(call.seq_);  // Note [Pre-posted frame receives]
       return;
     }
 
@@ -576,7 +576,7 @@ void GroupRuntime::run(CallHandle& call) {
     if (!direct) user.copy_(work);
     // Note [Pre-posted frame receives]: the next call's (a call that raised after its frames
     // posts them at its next frame exchange instead).
-    if (frame_in_ && frame_recvs_.empty()) postFrameReceives();
+    postNextFrames(call.seq_);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kBackend) {
       transport.abandon();
@@ -684,6 +684,25 @@ std::vector<Frame> GroupRuntime::agree(const Frame& mine, std::chrono::milliseco
   frame_done_.swap(frame_recvs_);
   frame_recvs_.clear();
   return frames;
+}
+
+// The end of a call that completed: its result is final, so a failure to post the next call's
+// frame receives must not fail it. gloo refuses a post only on a pair that is closed or broken for
+// good (typically: the peer finished its last call and tore its group down while this rank was
+// still finishing the same call), so the group is marked unusable instead, with the reason, and
+// the receives already posted go to the graveyard with their memory.
+void GroupRuntime::postNextFrames(uint64_t seq) {
+  if (!frame_in_ || !frame_recvs_.empty()) return;
+  try {
+    postFrameReceives();
+  } catch (const Error& e) {
+    abandonFrames();
+    std::lock_guard<std::mutex> g(mu_);
+    poisoned_ = true;
+    poison_reason_ = std::string("after call #") + std::to_string(seq) +
+                     ", the next call's agreement-frame receives could not be posted (did a peer leave?): " + e.what();
+    cv_.notify_all();
+  }
 }
 
 void GroupRuntime::postFrameReceives() {

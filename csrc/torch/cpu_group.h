@@ -132,6 +132,7 @@ class GroupRuntime {
   // receives posted at the end of the previous exchange; posts the next exchange's receives.
   std::vector<Frame> agree(const Frame& mine, std::chrono::milliseconds timeout);
   void postFrameReceives();
+  void postNextFrames(uint64_t seq);  // end of a completed call; a failure marks the group unusable
   void abandonFrames();  // after a transport failure: pending receives and their memory are kept
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
