@@ -81,22 +81,9 @@ PlanRun::PlanRun(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
 std::vector<int> PlanRun::postLeading(size_t recv_room, size_t max_send) {
   std::vector<int> slots;
   if (lead_op_ < 0) return slots;
-  for (int64_t at = 0; at <= lead_op_; ++at) {
-    for (int32_t e : post_after_[static_cast<size_t>(at)]) {
-      const Op& o = *exchange_op_[static_cast<size_t>(e)];
-      Pending& p = pending_.at(static_cast<size_t>(e));
-      if (p.recv_posted) continue;
-      const size_t bytes = spanBytes(plan_, o.recv);
-      const size_t room = bytes > recv_room ? bytes : recv_room;
-      const int64_t offset = o.recv.offset * spanElemSize(plan_, o.recv);
-      RR_CHECK(room == bytes || (o.recv.buf == BufKind::kStaging &&
-                                 buffers_.slot_bytes - offset >= static_cast<int64_t>(room)),
-               kRuntime, "ringreduce internal error: a leading receive needs ", room, " bytes of staging");
-      p.recv = t_.irecv(spanPtr(plan_, buffers_, o.recv), room, plan_.prev, tag_ + (e % kTagsPerCall));
-      p.recv_posted = true;
-      slots.push_back(o.recv.slot);
-    }
-  }
+  for (int64_t at = 0; at <= lead_op_; ++at)
+    for (int32_t e : post_after_[static_cast<size_t>(at)])
+      if (postReceive(e, recv_room)) slots.push_back(exchange_op_[static_cast<size_t>(e)]->recv.slot);
   const Op& first = plan_.ops[static_cast<size_t>(lead_op_)];
   Pending& p = pending_.at(static_cast<size_t>(first.exchange));
   if (!first.send.empty() && spanBytes(plan_, first.send) <= max_send) {
@@ -108,15 +95,22 @@ std::vector<int> PlanRun::postLeading(size_t recv_room, size_t max_send) {
   return slots;
 }
 
+bool PlanRun::postReceive(int32_t e, size_t room) {
+  const Op& o = *exchange_op_[static_cast<size_t>(e)];
+  Pending& p = pending_.at(static_cast<size_t>(e));
+  if (p.recv_posted || o.recv.empty()) return false;
+  const size_t bytes = spanBytes(plan_, o.recv);
+  if (room < bytes) room = bytes;
+  const int64_t offset = o.recv.offset * spanElemSize(plan_, o.recv);
+  RR_CHECK(room == bytes || (o.recv.buf == BufKind::kStaging && buffers_.slot_bytes - offset >= static_cast<int64_t>(room)),
+           kRuntime, "ringreduce internal error: a leading receive needs ", room, " bytes of staging");
+  p.recv = t_.irecv(spanPtr(plan_, buffers_, o.recv), room, plan_.prev, tag_ + (e % kTagsPerCall));
+  p.recv_posted = true;
+  return true;
+}
+
 void PlanRun::postReceives(int64_t at) {
-  for (int32_t e : post_after_[static_cast<size_t>(at)]) {
-    const Op& o = *exchange_op_[static_cast<size_t>(e)];
-    Pending& p = pending_.at(static_cast<size_t>(e));
-    if (p.recv_posted) continue;
-    p.recv = t_.irecv(spanPtr(plan_, buffers_, o.recv), spanBytes(plan_, o.recv), plan_.prev,
-                      tag_ + (e % kTagsPerCall));
-    p.recv_posted = true;
-  }
+  for (int32_t e : post_after_[static_cast<size_t>(at)]) postReceive(e, 0);
 }
 
 void PlanRun::run() {
@@ -143,10 +137,7 @@ void PlanRun::run() {
         // One tag per exchange (mod kTagsPerCall): several exchanges in flight on one tag make
         // gloo match them strictly one after another, each paying a full round trip.
         const int xtag = tag_ + (o.exchange % kTagsPerCall);
-        if (!o.recv.empty() && !p.recv_posted) {
-          p.recv = t_.irecv(spanPtr(plan_, buffers_, o.recv), spanBytes(plan_, o.recv), plan_.prev, xtag);
-          p.recv_posted = true;
-        }
+        postReceive(o.exchange, 0);
         if (!o.send.empty() && !p.send_posted)
           p.send = t_.isend(spanPtr(plan_, buffers_, o.send), spanBytes(plan_, o.send), plan_.next, xtag);
         break;

@@ -47,7 +47,10 @@ class PlanRun {
     bool recv_posted = false;  // posted early (Note [Receives posted early])
     bool send_posted = false;  // posted by postLeading
   };
-  void postReceives(int64_t at);
+  // Posts exchange e's receive unless posted (or empty), with room for at least `room` bytes;
+  // returns whether it posted.
+  bool postReceive(int32_t e, size_t room);
+  void postReceives(int64_t at);  // the receives posted after op at-1
 
   const Plan& plan_;
   RedOp op_;
