@@ -451,21 +451,29 @@ void GroupRuntime::run(CallHandle& call) {
     const int L = opt.local_size;
     const bool hier = L > 1 && L < size_;
 
+    // Elements are matched by logical index: a tensor that is not row-major contiguous (views,
+    // transposes, channels_last, conj/neg views) is reduced through one contiguous copy.
+    // Hierarchical with float32 accumulation for half types: the whole reduction runs on a float32
+    // copy, so partials are rounded once, at the end, as the flat ring's accum mode promises.
+    const bool all_reduce = kind != CallKind::kReduceScatter && kind != CallKind::kAllGather;
+    at::Tensor work;
+    bool direct = true;
+    if (all_reduce && opt.local_error == 0 && user.defined()) {
+      const bool upcast = hier && opt.accum_float32 && isHalfType(toDType(user.scalar_type()));
+      direct = !upcast && user.is_contiguous() && !user.is_conj() && !user.is_neg();
+      work = direct ? user : upcast ? user.to(at::kFloat).contiguous() : user.resolve_conj().resolve_neg().contiguous();
+    }
+
     // Note [Receives before the verdict]: a checked flat all-reduce over the whole group posts its
-    // first payload receive before it exchanges frames.
-    at::Tensor lead_work;
+    // first payload receive (and sends its first segment) before it exchanges frames.
     Plan lead_plan;
     RingBuffers lead_bufs;
     std::unique_ptr<PlanRun> lead;
     std::vector<int> lead_slots;
-    if (opt.check && direct_frames && opt.local_error == 0 && kind != CallKind::kReduceScatter &&
-        kind != CallKind::kAllGather && !hier &&
-        user.defined() && lead_mode_ > 0) {
-      const bool direct = user.is_contiguous() && !user.is_conj() && !user.is_neg();
-      lead_work = direct ? user : user.resolve_conj().resolve_neg().contiguous();
-      lead_plan = buildPlan(size_, rank_, lead_work.numel(), toDType(lead_work.scalar_type()), po);
+    if (opt.check && direct_frames && work.defined() && !hier && lead_mode_ > 0) {
+      lead_plan = buildPlan(size_, rank_, work.numel(), toDType(work.scalar_type()), po);
       if (lead_plan.num_exchanges > 0) {
-        lead_bufs = ringBuffers(lead_plan, lead_work.data_ptr(), kLeadBytes);
+        lead_bufs = ringBuffers(lead_plan, work.data_ptr(), kLeadBytes);
         lead = std::make_unique<PlanRun>(lead_plan, opt.op, transport, lead_bufs, payloadTag(0));
         base.countFor(pg_.get());  // the first segment may leave now
         lead_slots = lead->postLeading(kLeadBytes, lead_mode_ > 1 ? kLeadBytes : 0);
@@ -491,12 +499,6 @@ void GroupRuntime::run(CallHandle& call) {
     }
     RR_CHECK(opt.local_error == 0, kRuntime, "ringreduce: call #", call.seq_, " refused on this rank");
     base.countFor(pg_.get());
-    if (lead) {
-      lead->run();
-      if (lead_work.data_ptr() != user.data_ptr()) user.copy_(lead_work);
-      postNextFrames(call.seq_);  // Note [Pre-posted frame receives]
-      return;
-    }
 
     if (kind == CallKind::kReduceScatter || kind == CallKind::kAllGather) {
       // Note [Ring halves]: rank r owns block r (shift -1), blocks are exactly numel / n.
@@ -522,17 +524,10 @@ void GroupRuntime::run(CallHandle& call) {
       return;
     }
 
-    // Elements are matched by logical index: a tensor that is not row-major contiguous (views,
-    // transposes, channels_last, conj/neg views) is reduced through one contiguous copy.
-    // Hierarchical with float32 accumulation for half types: the whole reduction runs on a float32
-    // copy, so partials are rounded once, at the end, as the flat ring's accum mode promises.
-    const bool upcast = hier && opt.accum_float32 && isHalfType(toDType(user.scalar_type()));
-    const bool direct = !upcast && user.is_contiguous() && !user.is_conj() && !user.is_neg();
-    at::Tensor work = direct ? user
-                      : upcast ? user.to(at::kFloat).contiguous()
-                               : user.resolve_conj().resolve_neg().contiguous();
     const DType dtype = toDType(work.scalar_type());
-    if (!hier) {
+    if (lead) {
+      lead->run();
+    } else if (!hier) {
       runRing(transport, rank_, size_, work.data_ptr(), work.numel(), dtype, opt.op, po, payloadTag(0));
     } else {
       RR_CHECK(size_ % L == 0, kValue, "ringreduce: hierarchical all-reduce over ", size_,
