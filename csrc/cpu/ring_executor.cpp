@@ -95,6 +95,15 @@ std::vector<int> PlanRun::postLeading(size_t recv_room, size_t max_send) {
   return slots;
 }
 
+bool PlanRun::postsLeadingReceive() const {
+  for (int64_t at = 0; at <= lead_op_; ++at)
+    for (int32_t e : post_after_[static_cast<size_t>(at)]) {
+      const Pending& p = pending_.at(static_cast<size_t>(e));
+      if (!p.recv_posted && !exchange_op_[static_cast<size_t>(e)]->recv.empty()) return true;
+    }
+  return false;
+}
+
 bool PlanRun::postReceive(int32_t e, size_t room) {
   const Op& o = *exchange_op_[static_cast<size_t>(e)];
   Pending& p = pending_.at(static_cast<size_t>(e));

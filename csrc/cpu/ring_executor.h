@@ -33,6 +33,8 @@ class PlanRun {
   // is at most `max_send` bytes and no op precedes it but records. Returns the staging slots the
   // receives land in. Once, before run().
   std::vector<int> postLeading(size_t recv_room, size_t max_send);
+  // Whether postLeading would post at least one receive (known before it is called).
+  bool postsLeadingReceive() const;
   // The first exchange's send request, when postLeading posted it (else -1).
   int64_t leadingSend() const { return lead_send_; }
   // Runs every op in list order (see executePlan). Once per PlanRun.

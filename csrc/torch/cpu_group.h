@@ -129,8 +129,10 @@ class GroupRuntime {
   void retireLeading(Transport& t, const std::vector<int>& slots, int tag_group);
   std::chrono::milliseconds timeoutFor(const CallOptions& opt) const;
   // Note [Pre-posted frame receives] (whole-group rings): the agreement frames of this call, over
-  // receives posted at the end of the previous exchange; posts the next exchange's receives.
-  std::vector<Frame> agree(const Frame& mine, std::chrono::milliseconds timeout);
+  // receives posted at the end of the previous exchange: sendFrame posts this rank's frame to
+  // every peer, collectFrames waits for theirs (and for the sends) and returns all, by rank.
+  void sendFrame(const Frame& mine);
+  std::vector<Frame> collectFrames(const Frame& mine, std::chrono::milliseconds timeout);
   void postFrameReceives();
   void postNextFrames(uint64_t seq);  // end of a completed call; a failure marks the group unusable
   void abandonFrames();  // after a transport failure: pending receives and their memory are kept
