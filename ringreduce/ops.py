@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import os
 import sys
 import time
 from typing import Any
