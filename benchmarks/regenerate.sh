@@ -24,3 +24,8 @@ python benchmarks/latency_breakdown.py "$out/latency_breakdown_run2.json" | tee 
 # verdict (default) against after it (RINGREDUCE_LEAD=0), alternating, 3 runs each.
 bash benchmarks/ab_env.sh RINGREDUCE_LEAD 0 2 3 -b 1K -e 1M -f 32 --seconds 2 | tee "$out/lead-ab-2ranks.txt"
 bash benchmarks/ab_env.sh RINGREDUCE_LEAD 0 2 3 -b 1M -e 1M --seconds 3 --nproc 4 | tee "$out/lead-ab-4ranks.txt"
+# CPU time per call by thread (main, ringreduce's worker, gloo's threads), 4 ranks on this machine's
+# CPUs: docs/algorithm.md, "What bounds the rest".
+for impl in "gloo" "rr --check 1" "rr --check 0"; do
+  python benchmarks/profile_loop.py --impl $impl --nproc 4 --size 1M --iters 300 --cpu-by-thread
+done | tee "$out/cpu-by-thread-4ranks.txt"
