@@ -26,6 +26,10 @@ bash benchmarks/ab_env.sh RINGREDUCE_LEAD 0 2 3 -b 1K -e 1M -f 32 --seconds 2 | 
 bash benchmarks/ab_env.sh RINGREDUCE_LEAD 0 2 3 -b 1M -e 1M --seconds 3 --nproc 4 | tee "$out/lead-ab-4ranks.txt"
 # CPU time per call by thread (main, ringreduce's worker, gloo's threads), 4 ranks on this machine's
 # CPUs: docs/algorithm.md, "What bounds the rest".
-for impl in "gloo" "rr --check 1" "rr --check 0"; do
-  python benchmarks/profile_loop.py --impl $impl --nproc 4 --size 1M --iters 300 --cpu-by-thread
+for round in 1 2; do
+  for impl in "gloo" "rr --check 1" "rr --check 0"; do
+    python benchmarks/profile_loop.py --impl $impl --nproc 4 --size 1M --iters 300 --cpu-by-thread
+  done
 done | tee "$out/cpu-by-thread-4ranks.txt"
+# Python's share of a call: ringreduce.all_reduce_avg with the native submit stubbed out.
+python benchmarks/python_overhead.py | tee "$out/python-overhead.txt"
