@@ -10,7 +10,10 @@ import atexit
 
 import torch
 
-from ringreduce import nn  # noqa: E402 - the autograd-aware collectives (ringreduce.nn.all_gather, ...)
+from ringreduce import (
+    _groups,
+    nn,  # noqa: E402 - the autograd-aware collectives (ringreduce.nn.all_gather, ...)
+)
 from ringreduce._native import C as _C
 from ringreduce.coalesced import all_reduce_coalesced
 from ringreduce.hooks import GradientAverager, ddp_comm_hook
@@ -44,6 +47,11 @@ def build_info() -> dict:
 
 
 atexit.register(_C.shutdown)
+# atexit runs handlers last-in first-out: the cached GroupInfos (which hold their process groups)
+# are dropped first, so that the runtimes' references, released by _C.shutdown without the GIL, are
+# the last ones. A process group destroyed later, while the interpreter is finalizing, can abort
+# the process: gloo's threads may then need the GIL to release their tensors.
+atexit.register(_groups.forget_groups)
 
 __all__ = [
     "GradientAverager",

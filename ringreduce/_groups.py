@@ -132,6 +132,12 @@ _resolved_lock = threading.Lock()
 _resolved: dict[int, tuple[Any, GroupInfo]] = {}
 
 
+def forget_groups() -> None:
+    """Drops the cached GroupInfos and their process groups (at interpreter exit, see __init__)."""
+    with _resolved_lock:
+        _resolved.clear()
+
+
 # ---------------------------------------------------------------------------------------------
 # Node layout for the hierarchical all-reduce
 
