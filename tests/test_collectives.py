@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import run_ranks
+from ranks import run_ranks, spawn_ranks
 from refdata import (
     ALL_TYPES,
     OPS,
@@ -298,6 +298,34 @@ def _subgroups(rank: int, ws: int) -> dict:
 def test_subgroups_and_non_members():
     for r in run_ranks(4, _subgroups):
         assert all(r.values()), r
+
+
+def _reinitialized_world(rank: int, ws: int, second_init_file: str) -> list[float]:
+    # ringreduce keeps each process group's GroupInfo (and runtime): a new world after
+    # destroy_process_group must get its own, never the destroyed group's.
+    t = torch.full((1000,), float(rank + 1))
+    rr.all_reduce_avg(t)
+    first = float(t[0])
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"file://{second_init_file}", rank=rank, world_size=ws)
+    t = torch.full((1000,), float(10 * (rank + 1)))
+    rr.all_reduce_avg(t)
+    pair = dist.new_group([0, 1])
+    u = torch.full((10,), float(rank + 1))
+    rr.all_reduce(u, group=pair)
+    out = [first, float(t[0]), float(u[0])]
+    dist.destroy_process_group()
+    return out
+
+
+def test_a_new_world_after_destroy_process_group(tmp_path):
+    ws = 3
+    out = spawn_ranks(ws, _reinitialized_world, str(tmp_path / "second_init"), timeout=120)
+    mean = sum(range(1, ws + 1)) / ws
+    for rank, (status, result, code) in enumerate(out):
+        assert status == "ok" and code == 0, (rank, status, code, result)
+        assert result[0] == mean and result[1] == 10 * mean, (rank, result)
+        assert result[2] == (3.0 if rank < 2 else rank + 1), (rank, result)
 
 
 def _async_reverse(rank: int, ws: int) -> bool:
