@@ -33,3 +33,6 @@ for round in 1 2; do
 done | tee "$out/cpu-by-thread-4ranks.txt"
 # Python's share of a call: ringreduce.all_reduce_avg with the native submit stubbed out.
 python benchmarks/python_overhead.py | tee "$out/python-overhead.txt"
+# Where single barrier-aligned calls lose their time (RINGREDUCE_TRACE=1), 4 and 2 ranks, check off.
+{ python benchmarks/trace_calls.py --nproc 4 --size 1M --calls 30 --check 0
+  python benchmarks/trace_calls.py --nproc 2 --size 1M --calls 30 --check 0; } | tee "$out/trace-calls.txt"

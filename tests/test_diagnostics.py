@@ -53,6 +53,45 @@ def test_debug_logging_and_profiler_ranges():
         assert res["profiled"]
 
 
+def _traced_calls(rank: int, ws: int) -> list[str]:
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            rr.all_reduce(torch.ones(3))  # not traced
+            os.environ["RINGREDUCE_TRACE"] = "1"
+            t = torch.ones(300_000)
+            rr.all_reduce_avg(t)  # traced, several segments
+            rr.all_reduce(torch.ones(5), op="max")  # traced
+            os.environ["RINGREDUCE_TRACE"] = "0"
+            rr.all_reduce(torch.ones(3))  # not traced
+        finally:
+            os.environ.pop("RINGREDUCE_TRACE", None)
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        assert torch.equal(t, torch.ones(300_000))
+        return [ln for ln in log.read().splitlines() if ln.startswith("[ringreduce trace]")]
+
+
+def test_trace_lines_split_each_call():
+    import re
+
+    for rank, lines in enumerate(run_ranks(2, _traced_calls)):
+        assert len(lines) == 2, lines
+        assert f"rank {rank} " in lines[0] and "numel 300000" in lines[0] and "numel 5" in lines[1]
+        for ln in lines:
+            m = re.search(r"ring (\d+) us \(posting (\d+), waiting (\d+), reducing (\d+), copying (\d+)\)", ln)
+            assert m, ln
+            total, *parts = (int(x) for x in m.groups())
+            assert sum(parts) <= total + 5, ln  # the parts are disjoint spans of the ring's time
+            assert "ops over 500 us:" in ln, ln
+        seq = [int(re.search(r"call #(\d+)", ln).group(1)) for ln in lines]
+        assert seq[1] == seq[0] + 1, lines
+
+
 def _dead_peer_error(rank: int, ws: int) -> str:
     rr.all_reduce(torch.ones(4))  # call #0 succeeds
     if rank == 1:

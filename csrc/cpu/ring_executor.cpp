@@ -1,5 +1,7 @@
 #include "ring_executor.h"
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "../core/error.h"
@@ -122,7 +124,7 @@ void PlanRun::postReceives(int64_t at) {
   for (int32_t e : post_after_[static_cast<size_t>(at)]) postReceive(e, 0);
 }
 
-void PlanRun::run() {
+void PlanRun::run(RunTrace* trace) {
   const bool round_sum = !plan_.accum_float32;
   // A recv_only wait (Note [One ring, two transports, one plan]) waits the receive request only;
   // a full wait also the send request, whenever it comes.
@@ -136,9 +138,13 @@ void PlanRun::run() {
     if (p.send >= 0) t_.wait(p.send);
     p.send_waited = true;
   };
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = trace != nullptr ? Clock::now() : Clock::time_point();
+  auto sinceStart = [&](Clock::time_point t) { return std::chrono::duration<double, std::micro>(t - start).count(); };
   postReceives(0);
   int64_t op_index = 0;
   for (const Op& o : plan_.ops) {
+    const double began = trace != nullptr ? sinceStart(Clock::now()) : 0;
     switch (o.kind) {
       case OpKind::kExchange: {
         Pending& p = pending_.at(static_cast<size_t>(o.exchange));
@@ -167,7 +173,26 @@ void PlanRun::run() {
         break;
     }
     postReceives(++op_index);
+    if (trace != nullptr) {
+      const double ended = sinceStart(Clock::now());
+      const double took = ended - began;
+      const char* kind = "";
+      switch (o.kind) {
+        case OpKind::kExchange: trace->post_us += took; kind = "post"; break;
+        case OpKind::kWait: trace->wait_us += took; kind = "wait"; break;
+        case OpKind::kReduce: trace->reduce_us += took; kind = "reduce"; break;
+        case OpKind::kCopy: trace->copy_us += took; kind = "copy"; break;
+        case OpKind::kRecord: trace->post_us += took; kind = "record"; break;
+      }
+      if (took > RunTrace::kSlowOpUs) {
+        const int32_t e = o.kind == OpKind::kWait ? o.event / 2 : o.exchange;
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), " %s%d@%.0f:%.0f", kind, static_cast<int>(e), ended, took);
+        trace->slow += buf;
+      }
+    }
   }
+  if (trace != nullptr) trace->total_us = sinceStart(Clock::now());
   // The plan ends with full waits for every exchange; this is a cheap guarantee, not a second wait.
   for (int32_t e = 0; e < plan_.num_exchanges; ++e) {
     const Pending& p = pending_[static_cast<size_t>(e)];
@@ -177,8 +202,8 @@ void PlanRun::run() {
   }
 }
 
-void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& buffers, int tag) {
-  PlanRun(plan, op, t, buffers, tag).run();
+void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& buffers, int tag, RunTrace* trace) {
+  PlanRun(plan, op, t, buffers, tag).run(trace);
 }
 
 std::vector<Frame> exchangeFrames(Transport& t, const Frame& mine, int tag) {

@@ -1,6 +1,7 @@
 // ringreduce CPU: executes a Plan over a Transport on the calling thread.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "../core/frame.h"
@@ -14,6 +15,15 @@ struct RingBuffers {
   void* accum = nullptr;           // plan.accum_elems float32 (may be null when 0)
   std::vector<void*> slots;        // plan.num_slots buffers of plan.slot_elems widest elements
   int64_t slot_bytes = 0;          // bytes of each slot when larger than the plan needs (0: exact)
+};
+
+// Where one PlanRun::run spent its time (RINGREDUCE_TRACE=1, Note [Call traces] in
+// csrc/torch/cpu_group.cpp): microseconds posting exchanges, blocked in waits, reducing, copying,
+// and each op that took longer than kSlowOpUs, as " <kind><exchange>@<end>:<duration>".
+struct RunTrace {
+  static constexpr double kSlowOpUs = 500;
+  double total_us = 0, post_us = 0, wait_us = 0, reduce_us = 0, copy_us = 0;
+  std::string slow;
 };
 
 // Exchange e of a call uses tag + (e mod kTagsPerCall).
@@ -37,8 +47,9 @@ class PlanRun {
   bool postsLeadingReceive() const;
   // The first exchange's send request, when postLeading posted it (else -1).
   int64_t leadingSend() const { return lead_send_; }
-  // Runs every op in list order (see executePlan). Once per PlanRun.
-  void run();
+  // Runs every op in list order (see executePlan). Once per PlanRun. With a trace, also times
+  // every op into it.
+  void run(RunTrace* trace = nullptr);
 
  private:
   struct Pending {  // requests of one exchange (-1: that half is empty)
@@ -71,7 +82,8 @@ class PlanRun {
 // and copies run inline. All messages use `tag`.
 // Throws whatever the transport throws; the caller then abandons the transport and keeps
 // `buffers` alive.
-void executePlan(const Plan& plan, RedOp op, Transport& transport, const RingBuffers& buffers, int tag);
+void executePlan(const Plan& plan, RedOp op, Transport& transport, const RingBuffers& buffers, int tag,
+                 RunTrace* trace = nullptr);
 
 // Up to this many ranks, frames go straight to every peer (one latency); beyond, around the ring.
 constexpr int kDirectFrameRanks = 16;

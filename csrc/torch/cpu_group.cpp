@@ -3,6 +3,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -391,11 +392,11 @@ RingBuffers GroupRuntime::ringBuffers(const Plan& plan, void* data, int64_t min_
 }
 
 void GroupRuntime::runRing(Transport& t, int rank, int size, void* data, int64_t numel, DType dtype,
-                           RedOp op, const PlanOptions& po, int tag) {
+                           RedOp op, const PlanOptions& po, int tag, RunTrace* trace) {
   const Plan plan = buildPlan(size, rank, numel, dtype, po);
   if (plan.num_exchanges == 0) return;
   const RingBuffers bufs = ringBuffers(plan, data, 0);
-  executePlan(plan, op, t, bufs, tag);
+  executePlan(plan, op, t, bufs, tag, trace);
 }
 
 void GroupRuntime::retireLeading(Transport& t, const std::vector<int>& slots, int tag_group) {
@@ -537,10 +538,24 @@ void GroupRuntime::run(CallHandle& call) {
     }
 
     const DType dtype = toDType(work.scalar_type());
-    if (lead) {
-      lead->run();
-    } else if (!hier) {
-      runRing(transport, rank_, size_, work.data_ptr(), work.numel(), dtype, opt.op, po, payloadTag(0));
+    if (!hier) {
+      // Note [Call traces]
+      const char* env = std::getenv("RINGREDUCE_TRACE");
+      RunTrace trace;
+      RunTrace* tr = env != nullptr && env[0] != '\0' && std::strcmp(env, "0") != 0 ? &trace : nullptr;
+      if (lead) {
+        lead->run(tr);
+      } else {
+        runRing(transport, rank_, size_, work.data_ptr(), work.numel(), dtype, opt.op, po, payloadTag(0), tr);
+      }
+      if (tr != nullptr) {
+        std::fprintf(stderr,
+                     "[ringreduce trace] %s rank %d call #%llu numel %lld: ring %.0f us (posting %.0f, waiting "
+                     "%.0f, reducing %.0f, copying %.0f); ops over %.0f us:%s\n",
+                     name_.c_str(), pg_rank_, static_cast<unsigned long long>(call.seq_),
+                     static_cast<long long>(work.numel()), trace.total_us, trace.post_us, trace.wait_us,
+                     trace.reduce_us, trace.copy_us, RunTrace::kSlowOpUs, trace.slow.empty() ? " none" : trace.slow.c_str());
+      }
     } else {
       RR_CHECK(size_ % L == 0, kValue, "ringreduce: hierarchical all-reduce over ", size_,
                " ranks needs equal nodes, got ", L, " ranks per node");
@@ -638,6 +653,16 @@ void GroupRuntime::run(CallHandle& call) {
 //     be matched (retired tags), so gloo never reads it.
 // RINGREDUCE_LEAD=recv posts only the receives, RINGREDUCE_LEAD=0 neither (read when the group's
 // runtime is created; for comparisons, as in benchmarks/README.md).
+
+// Note [Call traces]
+// ~~~~~~~~~~~~~~~~~~~
+// RINGREDUCE_TRACE=1 (read at every call) prints one line per flat CPU all-reduce to stderr: the
+// ring's time (after the agreement check) split into posting exchanges (c10d send/recv into gloo),
+// waiting for them, reducing and copying, and every op that took over 0.5 ms with its end time.
+// On an oversubscribed host it shows where a slow call lost its time: a post or a reduce that
+// should take tens of microseconds taking a scheduler time slice means this rank was preempted (or
+// blocked on a gloo pair lock whose holder was); a long wait means a peer was.
+// benchmarks/trace_calls.py summarizes the lines of barrier-aligned calls.
 
 // Note [Pre-posted frame receives]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -120,7 +120,7 @@ class GroupRuntime {
   void run(CallHandle& call);
   // One ring over `t` (rank list already applied): builds the plan, sizes staging, executes.
   void runRing(Transport& t, int rank, int size, void* data, int64_t numel, DType dtype, RedOp op,
-               const PlanOptions& po, int tag);
+               const PlanOptions& po, int tag, RunTrace* trace = nullptr);
   // Staging sized for `plan`, each slot at least min_slot_bytes.
   RingBuffers ringBuffers(const Plan& plan, void* data, int64_t min_slot_bytes);
   // A call that failed its check after posting its leading receives (Note [Receives before the
