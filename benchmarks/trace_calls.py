@@ -73,6 +73,7 @@ def main() -> None:
     close_pools()
     parts = {"ring": [], "posting": [], "waiting": [], "reducing": [], "copying": []}
     slow = {"post": 0, "reduce": 0, "copy": 0, "wait": 0}
+    longest = {"post": 0.0, "reduce": 0.0, "copy": 0.0, "wait": 0.0}
     traced = 0
     for r in results:
         for ln in r["lines"]:
@@ -83,6 +84,8 @@ def main() -> None:
             for key, value in zip(parts, m.groups()[:5], strict=True):
                 parts[key].append(float(value))
             for kind, took in re.findall(r" (post|wait|reduce|copy|record)\d+@\d+:(\d+)", m.group(6)):
+                if kind in longest:
+                    longest[kind] = max(longest[kind], float(took))
                 if kind == "wait" and float(took) <= 2000:
                     continue
                 if kind in slow:
@@ -98,6 +101,7 @@ def main() -> None:
     print(f"  per traced call and rank: posts over 0.5 ms {slow['post'] / per:.2f}, reduces over 0.5 ms "
           f"{slow['reduce'] / per:.2f}, copies over 0.5 ms {slow['copy'] / per:.2f}, waits over 2 ms "
           f"{slow['wait'] / per:.2f} ({traced} traced calls)", flush=True)
+    print("  longest single op (us): " + ", ".join(f"{k} {v:.0f}" for k, v in longest.items()), flush=True)
 
 
 if __name__ == "__main__":
