@@ -25,13 +25,6 @@ for r in $(seq 1 "$rounds"); do
   for tree in "$old" "$here"; do
     label=$([ "$tree" = "$here" ] && echo "this tree" || echo "$commit")
     PYTHONPATH="$tree" python -m ringreduce.bench "$@" --json "$tmp/run.json" -q >/dev/null
-    python - "$tmp/run.json" "$label" "$r" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-rr = {x["size"]: x["time_us"] for x in d["rows"] if x["impl"] == "ringreduce"}
-st = {x["size"]: x["time_us"] for x in d["rows"] if x["impl"] == d["stock"]}
-cells = "  ".join(f"{s}: {rr[s]:.0f}/{st[s]:.0f} = {rr[s] / st[s]:.3f}" for s in sorted(rr))
-print(f"{sys.argv[2]:<10} round {sys.argv[3]} ({d['world_size']} ranks)  {cells}", flush=True)
-PY
+    python "$here/benchmarks/ab_line.py" "$tmp/run.json" "$label" "$r"
   done
 done

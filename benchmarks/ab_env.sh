@@ -13,13 +13,6 @@ trap 'rm -rf "$tmp"' EXIT
 for r in $(seq 1 "$rounds"); do
   for v in "$a" "$b"; do
     env "$var=$v" python -m ringreduce.bench "$@" --json "$tmp/run.json" -q >/dev/null
-    python - "$tmp/run.json" "$var=$v" "$r" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-rr = {x["size"]: x["time_us"] for x in d["rows"] if x["impl"] == "ringreduce"}
-st = {x["size"]: x["time_us"] for x in d["rows"] if x["impl"] == d["stock"]}
-cells = "  ".join(f"{s}: {rr[s]:.0f}/{st[s]:.0f} = {rr[s] / st[s]:.3f}" for s in sorted(rr))
-print(f"{sys.argv[2]:<20} round {sys.argv[3]} ({d['world_size']} ranks)  {cells}", flush=True)
-PY
+    python benchmarks/ab_line.py "$tmp/run.json" "$var=$v" "$r"
   done
 done
