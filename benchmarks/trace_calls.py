@@ -14,7 +14,6 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
@@ -35,9 +34,9 @@ def job(rank: int, ws: int, numel: int, calls: int, check: str) -> dict:
         rr.all_reduce_avg(t)
         dist.all_reduce(t)
     rr_s, gloo_s = [], []
-    with tempfile.TemporaryFile(mode="w+") as log:
-        saved = os.dup(2)
-        os.dup2(log.fileno(), 2)
+    from ranks import captured_stderr
+
+    with captured_stderr() as log:
         os.environ["RINGREDUCE_TRACE"] = "1"
         try:
             for _ in range(calls):
@@ -52,10 +51,7 @@ def job(rank: int, ws: int, numel: int, calls: int, check: str) -> dict:
                 gloo_s.append(time.perf_counter() - t0)
         finally:
             os.environ.pop("RINGREDUCE_TRACE", None)
-            os.dup2(saved, 2)
-            os.close(saved)
-        log.seek(0)
-        lines = [ln for ln in log.read().splitlines() if ln.startswith("[ringreduce trace]")]
+    lines = [ln for ln in log if ln.startswith("[ringreduce trace]")]
     return {"rr": rr_s, "gloo": gloo_s, "lines": lines}
 
 

@@ -10,6 +10,7 @@ processes (for tests that kill ranks or poison their groups) and reports exit co
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing as mp
 import os
@@ -18,7 +19,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _CTX = mp.get_context("spawn")
@@ -254,6 +255,25 @@ def spawn_ranks(
             p.join(timeout=5)
         out[r] = (got[0], got[1], p.exitcode) if got else ("died", None, p.exitcode)
     return out
+
+
+@contextlib.contextmanager
+def captured_stderr() -> Iterator[list[str]]:
+    """Captures what this process writes to file descriptor 2 (native code included) while the block
+    runs; the yielded list holds its lines once the block exits."""
+    lines: list[str] = []
+    with tempfile.TemporaryFile(mode="w+") as log:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            lines.extend(log.read().splitlines())
 
 
 def expect_raises(fn: Callable[[], Any], exc_type: type[BaseException], *needles: str) -> str:

@@ -7,7 +7,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from ranks import run_ranks, spawn_ranks
+from ranks import captured_stderr, run_ranks, spawn_ranks
 
 import ringreduce as rr
 
@@ -54,26 +54,19 @@ def test_debug_logging_and_profiler_ranges():
 
 
 def _traced_calls(rank: int, ws: int) -> list[str]:
-    import tempfile
-
-    with tempfile.TemporaryFile(mode="w+") as log:
-        saved = os.dup(2)
-        os.dup2(log.fileno(), 2)
+    with captured_stderr() as lines:
         try:
             rr.all_reduce(torch.ones(3))  # not traced
             os.environ["RINGREDUCE_TRACE"] = "1"
             t = torch.ones(300_000)
             rr.all_reduce_avg(t)  # traced, several segments
             rr.all_reduce(torch.ones(5), op="max")  # traced
-            os.environ["RINGREDUCE_TRACE"] = "0"
+            os.environ["RINGREDUCE_TRACE"] = "off"
             rr.all_reduce(torch.ones(3))  # not traced
         finally:
             os.environ.pop("RINGREDUCE_TRACE", None)
-            os.dup2(saved, 2)
-            os.close(saved)
-        log.seek(0)
-        assert torch.equal(t, torch.ones(300_000))
-        return [ln for ln in log.read().splitlines() if ln.startswith("[ringreduce trace]")]
+    assert torch.equal(t, torch.ones(300_000))
+    return [ln for ln in lines if ln.startswith("[ringreduce trace]")]
 
 
 def test_trace_lines_split_each_call():

@@ -541,8 +541,10 @@ void GroupRuntime::run(CallHandle& call) {
     if (!hier) {
       // Note [Call traces]
       const char* env = std::getenv("RINGREDUCE_TRACE");
+      bool on = env != nullptr && env[0] != '\0';
+      for (const char* off : {"0", "false", "False", "off"}) on = on && std::strcmp(env, off) != 0;
       RunTrace trace;
-      RunTrace* tr = env != nullptr && env[0] != '\0' && std::strcmp(env, "0") != 0 ? &trace : nullptr;
+      RunTrace* tr = on ? &trace : nullptr;
       if (lead) {
         lead->run(tr);
       } else {
@@ -656,8 +658,9 @@ void GroupRuntime::run(CallHandle& call) {
 
 // Note [Call traces]
 // ~~~~~~~~~~~~~~~~~~~
-// RINGREDUCE_TRACE=1 (read at every call) prints one line per flat CPU all-reduce to stderr: the
-// ring's time (after the agreement check) split into posting exchanges (c10d send/recv into gloo),
+// RINGREDUCE_TRACE=1 (read at every call; 0, false or off turn it off, as for the other knobs)
+// prints one line per flat CPU all-reduce to stderr: the ring's time (after the agreement check)
+// split into posting exchanges (c10d send/recv into gloo),
 // waiting for them, reducing and copying, and every op that took over 0.5 ms with its end time.
 // On an oversubscribed host it shows where a slow call lost its time: a post or a reduce that
 // should take tens of microseconds taking a scheduler time slice means this rank was preempted (or
