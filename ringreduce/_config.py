@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
-DEFAULT_NUM_SLOTS = 4
+DEFAULT_NUM_SLOTS = 4  # the GPU transport's default, and the CPU's for tensors too large for AUTO_SLOTS
+AUTO_SLOTS = 0  # CPU default: a staging slot per receive when they fit (Note [Staging slots], plan.h)
 
 
 # Every call reads up to seven knobs. os.environ.get encodes the key and decodes the value each time
@@ -42,8 +43,10 @@ def segment_bytes() -> int:
 
 
 def num_slots() -> int:
-    """Staging slots, i.e. segments in flight (RINGREDUCE_SLOTS, default 4)."""
-    return _int_env("RINGREDUCE_SLOTS", DEFAULT_NUM_SLOTS, 1)
+    """Staging slots, i.e. segments in flight (RINGREDUCE_SLOTS). Unset: AUTO_SLOTS (0), which the CPU
+    path resolves per call (every receive of the call gets a slot when they fit in 6 MiB, else 4
+    slots) and the GPU path reads as DEFAULT_NUM_SLOTS."""
+    return _int_env("RINGREDUCE_SLOTS", AUTO_SLOTS, 1)
 
 
 def check_enabled(is_cuda: bool) -> bool:

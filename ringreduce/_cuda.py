@@ -139,7 +139,7 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
             device.index,
             _timeout_ms(info.pg),
             f"ringreduce {label} on cuda:{device.index} (generation {generation})",
-            _config.num_slots(),
+            _config.num_slots() or _config.DEFAULT_NUM_SLOTS,
         )
         _comms[key] = (info.pg, comm)
         return comm

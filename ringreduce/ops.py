@@ -66,7 +66,7 @@ def _log_call(info: GroupInfo, handle: Any, tensor: torch.Tensor, op: ReduceOp, 
     msg += " async (submitted)" if seconds is None else f" time={seconds * 1e6:.0f}us"
     if level >= 2:
         msg += (
-            f" segment_bytes={_config.segment_bytes()} slots={_config.num_slots()} "
+            f" segment_bytes={_config.segment_bytes()} slots={_config.num_slots() or 'auto'} "
             f"check={_config.check_enabled(tensor.is_cuda)} contiguous={tensor.is_contiguous()}"
         )
     logger.info(msg)

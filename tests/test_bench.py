@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 from ranks import run_ranks, spawn_ranks
 
 from ringreduce.bench.config import BenchConfig
@@ -197,6 +198,39 @@ def test_ringreduce_memory_is_a_few_segments() -> None:
     for status, growth, code in results:
         assert status == "ok" and code == 0, (status, growth, code)
         assert growth <= 8 + 1.0, f"peak RSS grew by {growth:.2f} MiB over the 64 MiB input"
+
+
+def _staging_after_each_size(rank: int, world_size: int) -> list[tuple[str, int, bool]]:
+    import ringreduce
+    from ringreduce import _C
+
+    pg = dist.group.WORLD
+    out = []
+    for label, mib_x16, check in [("1M", 16, "0"), ("1M", 16, "1"), ("4M", 64, "1"), ("64M", 1024, "1"),
+                                  ("1M again", 16, "1"), ("16K", 0, "1")]:
+        os.environ["RINGREDUCE_CHECK"] = check
+        numel = mib_x16 * MIB // 64 if mib_x16 else 4096
+        pattern = (torch.arange(numel) % 4099).to(torch.float32)  # position-dependent, sums exact
+        x = pattern + rank
+        ringreduce.all_reduce(x, op="sum")
+        want = world_size * pattern + world_size * (world_size - 1) // 2
+        out.append((f"{label} check={check}", int(_C.staging_bytes(pg)), bool(torch.equal(x, want))))
+    os.environ.pop("RINGREDUCE_CHECK", None)
+    return out
+
+
+def test_staging_is_a_slot_per_receive_within_the_bound() -> None:
+    """Note [Staging slots]: a 1 MiB float32 all-reduce on 4 ranks stages each of its 12 receives of
+    128 KiB in a slot of its own (slot 0 with room for the 1 MiB leading receive when the check is
+    on); a 64 MiB one uses 4 slots of 1 MiB; the group never holds more than 8 MiB (DESIGN.md
+    section 5), whatever sizes came before."""
+    for rank_result in run_ranks(4, _staging_after_each_size):
+        seen = {label: (staging, ok) for label, staging, ok in rank_result}
+        assert all(ok for _, ok in seen.values()), seen
+        assert seen["1M check=0"][0] == 12 * 128 * 1024, seen
+        assert seen["1M check=1"][0] == MIB + 11 * 128 * 1024, seen
+        assert seen["4M check=1"][0] == MIB + 11 * 512 * 1024, seen
+        assert all(staging <= 8 * MIB for staging, _ in seen.values()), seen
 
 
 def test_traffic_mode_reports_cross_node_bytes(tmp_path) -> None:

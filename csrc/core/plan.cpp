@@ -235,8 +235,8 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   RR_CHECK(nranks >= 1, kValue, "ringreduce: world size must be >= 1, got ", nranks);
   RR_CHECK(rank >= 0 && rank < nranks, kValue, "ringreduce: rank ", rank, " outside [0, ", nranks, ")");
   RR_CHECK(numel >= 0, kValue, "ringreduce: numel must be >= 0, got ", numel);
-  RR_CHECK(options.num_slots >= 1, kValue, "ringreduce: need at least one staging slot, got ",
-           options.num_slots);
+  RR_CHECK(options.num_slots >= 1 || options.num_slots == kAutoSlots, kValue,
+           "ringreduce: need at least one staging slot, got ", options.num_slots);
   RR_CHECK(options.max_segment_bytes >= 16, kValue,
            "ringreduce: the segment size must be at least 16 bytes, got ", options.max_segment_bytes);
   RR_CHECK(options.phases >= 1 && options.phases <= 3, kValue, "ringreduce: bad phase mask ",
@@ -269,11 +269,29 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
 
   const int n = nranks;
   const int S = sc.nsegs;
-  plan.num_slots = options.num_slots;
-  plan.slot_elems = sc.segment;
-  plan.accum_elems = plan.accum_float32 ? sc.chunk : 0;
   const bool run_rs = (options.phases & kPhaseReduceScatter) != 0;
   const bool run_ag = (options.phases & kPhaseAllGather) != 0;
+  plan.num_slots = options.num_slots;
+  if (plan.num_slots == kAutoSlots) {
+    // Note [Staging slots]: one slot per staged receive when they all fit, else the default. Each
+    // phase receives every chunk but one, so the rank that stages the most receives, in each
+    // staged phase, every non-empty segment but those of the emptiest chunk; every rank takes that
+    // count, so that plans agree on their parameters.
+    int64_t segments = 0;
+    int64_t fewest = S;
+    for (int c = 0; c < n; ++c) {
+      int64_t in_chunk = 0;
+      for (int j = 0; j < S; ++j) in_chunk += sc.segmentRange(c, j).empty() ? 0 : 1;
+      segments += in_chunk;
+      fewest = std::min(fewest, in_chunk);
+    }
+    const int64_t staged_phases = (run_rs ? 1 : 0) + (run_ag && !plan.gather_into_data ? 1 : 0);
+    const int64_t slots = std::min<int64_t>(staged_phases * (segments - fewest), kMaxAutoSlots);
+    const int64_t slot_bytes = sc.segment * std::max<int64_t>(wire_elem, elem);
+    plan.num_slots = slots >= 1 && slots * slot_bytes <= kAutoStagingBytes ? static_cast<int32_t>(slots) : kDefaultSlots;
+  }
+  plan.slot_elems = sc.segment;
+  plan.accum_elems = plan.accum_float32 ? sc.chunk : 0;
   plan.num_exchanges = ((run_rs ? 1 : 0) + (run_ag ? 1 : 0)) * (n - 1) * S;
   plan.num_events = 2 * plan.num_exchanges;
   const int32_t E = plan.num_exchanges;

@@ -110,9 +110,30 @@ enum PhaseMask : uint8_t { kPhaseReduceScatter = 1, kPhaseAllGather = 2, kPhaseB
 // numel / n elements (the caller's blocks), which the 16-byte rounding would otherwise move. The
 // hierarchical all-reduce runs one half on a node's ring and a full ring on a sub-range with
 // avg_divisor = the whole group's size.
+// Note [Staging slots]
+// ~~~~~~~~~~~~~~~~~~~~
+// Staging slot k receives exchanges k, k + num_slots, ...: a slot is reused once the reduce or copy
+// of its previous receive has run, so num_slots also bounds the receives a rank can have posted
+// (and the segments in flight). kAutoSlots gives every staged receive of the call a slot of its own
+// when all of them fit in kAutoStagingBytes, and kDefaultSlots otherwise (large tensors, where the
+// slots are max_segment_bytes each). With a slot per receive, a rank posts every receive of the call
+// at its start (Note [Receives posted early] in csrc/cpu/ring_executor.cpp), so no receive notice
+// travels once the payload flows. On gloo that matters: a notice that reaches a rank while its
+// worker holds the pair's lock to write a segment makes gloo's I/O thread spin on the lock (its loop
+// only try-locks a pair, and epoll is level-triggered), and on an oversubscribed host that spin
+// takes the CPU the lock holder needs (measured in docs/algorithm.md, "Where the time goes").
+// 6 MiB keeps the CPU transport's staging, with its 1 MiB leading receive, within 8 MiB. At most
+// kMaxAutoSlots receives are posted ahead (a ring of up to 17 ranks with two segments per chunk,
+// the default for tensors up to 2 MiB per chunk, gets a slot per receive).
+constexpr int32_t kAutoSlots = 0;
+constexpr int32_t kDefaultSlots = 4;
+constexpr int32_t kMaxAutoSlots = 64;
+constexpr int64_t kAutoStagingBytes = 6 << 20;
+
 struct PlanOptions {
   int64_t max_segment_bytes = 1 << 20;
-  int32_t num_slots = 4;         // staging slots; also bounds the exchanges in flight
+  int32_t num_slots = kDefaultSlots;  // staging slots (kAutoSlots: Note [Staging slots]); also
+                                      // bounds the exchanges in flight
   bool accum_float32 = false;    // half types: partials travel as float32
   bool gather_into_data = false; // all-gather receives straight into kData (GPU transport)
   bool average = false;          // op is AVG: the final reduce divides by avg_divisor

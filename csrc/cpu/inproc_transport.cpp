@@ -190,7 +190,7 @@ std::vector<InprocRankResult> runInprocAllReduce(int nranks, int64_t numel, DTyp
           s.assign(static_cast<size_t>((slot_bytes + 7) / 8), 0);
           buffers.slots.push_back(s.data());
         }
-        buffers.slot_bytes = static_cast<int64_t>((slot_bytes + 7) / 8 * 8);
+        buffers.slot_room.assign(st.slots.size(), static_cast<int64_t>((slot_bytes + 7) / 8 * 8));
         PlanRun run(plan, op, transport, buffers, options.tag);
         if (options.lead_room > 0) {
           run.postLeading(static_cast<size_t>(options.lead_room), static_cast<size_t>(options.lead_max_send));

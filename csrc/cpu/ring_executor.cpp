@@ -113,7 +113,9 @@ bool PlanRun::postReceive(int32_t e, size_t room) {
   const size_t bytes = spanBytes(plan_, o.recv);
   if (room < bytes) room = bytes;
   const int64_t offset = o.recv.offset * spanElemSize(plan_, o.recv);
-  RR_CHECK(room == bytes || (o.recv.buf == BufKind::kStaging && buffers_.slot_bytes - offset >= static_cast<int64_t>(room)),
+  const size_t slot = static_cast<size_t>(o.recv.slot);
+  RR_CHECK(room == bytes || (o.recv.buf == BufKind::kStaging && slot < buffers_.slot_room.size() &&
+                             buffers_.slot_room[slot] - offset >= static_cast<int64_t>(room)),
            kRuntime, "ringreduce internal error: a leading receive needs ", room, " bytes of staging");
   p.recv = t_.irecv(spanPtr(plan_, buffers_, o.recv), room, plan_.prev, tag_ + (e % kTagsPerCall));
   p.recv_posted = true;

@@ -14,7 +14,7 @@ struct RingBuffers {
   void* data = nullptr;            // numel contiguous elements of plan.dtype
   void* accum = nullptr;           // plan.accum_elems float32 (may be null when 0)
   std::vector<void*> slots;        // plan.num_slots buffers of plan.slot_elems widest elements
-  int64_t slot_bytes = 0;          // bytes of each slot when larger than the plan needs (0: exact)
+  std::vector<int64_t> slot_room;  // bytes each slot holds, when larger than the plan needs (empty: exact)
 };
 
 // Where one PlanRun::run spent its time (RINGREDUCE_TRACE=1, Note [Call traces] in
@@ -39,7 +39,7 @@ class PlanRun {
   // Posts what run() would post before anything else, while the caller still waits for something
   // else (the agreement frames): the receives of the first exchange (and of any exchange posted
   // with it), each with room for at least `recv_room` bytes (a smaller message may land there;
-  // the slots must be that large: RingBuffers::slot_bytes), and the first exchange's send when it
+  // the slots must be that large: RingBuffers::slot_room), and the first exchange's send when it
   // is at most `max_send` bytes and no op precedes it but records. Returns the staging slots the
   // receives land in. Once, before run().
   std::vector<int> postLeading(size_t recv_room, size_t max_send);

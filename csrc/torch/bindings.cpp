@@ -133,6 +133,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("group"), py::arg("reset") = false,
       "Payload bytes this process sent to each rank of the group on the CPU path (frames excluded).");
 
+  m.def(
+      "staging_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::stagingBytes(pg.get()); },
+      py::arg("group"), "Bytes of staging memory ringreduce holds for the group on the CPU path.");
+
   m.def("shutdown", &rr::shutdownAll, py::call_guard<py::gil_scoped_release>(),
         "Finish queued calls and join every group worker (called at interpreter exit).");
 

@@ -367,19 +367,47 @@ void GroupRuntime::execute(CallHandle& call) {
   call.finish(ok, kind, msg);
 }
 
-RingBuffers GroupRuntime::ringBuffers(const Plan& plan, void* data, int64_t min_slot_bytes) {
+// Staging (Note [Staging slots] in plan.h): slot k holds the plan's segment, slot 0 also
+// `lead_room` bytes for a leading receive (Note [Receives before the verdict]). Slots grow and are
+// kept for later calls; when keeping them would take the group's staging past kStagingCapBytes
+// (kAutoSlots plans of different sizes use different slot counts), they are reallocated to exactly
+// what this plan needs.
+RingBuffers GroupRuntime::ringBuffers(const Plan& plan, void* data, int64_t lead_room) {
   RingBuffers bufs;
   bufs.data = data;
-  // Slots are sized by the plan (Plan::stagingBytes) and only ever grow.
-  const int64_t need = std::max(plan.num_slots > 0 ? plan.stagingBytes() / plan.num_slots : 0, min_slot_bytes);
-  if (need > slot_bytes_ || static_cast<int>(slots_.size()) < plan.num_slots) {
-    std::lock_guard<std::mutex> g(mu_);
-    const int64_t bytes = need > slot_bytes_ ? need : slot_bytes_;
-    slots_.clear();
-    for (int k = 0; k < plan.num_slots; ++k) slots_.emplace_back(new char[static_cast<size_t>(bytes)]);
-    slot_bytes_ = bytes;
+  const int64_t each = plan.num_slots > 0 ? plan.stagingBytes() / plan.num_slots : 0;
+  auto need = [&](size_t k) { return k == 0 ? std::max(each, lead_room) : each; };
+  const size_t count = static_cast<size_t>(plan.num_slots);
+  int64_t kept = 0;   // bytes after growing in place
+  int64_t exact = 0;  // bytes this plan needs (more than the cap only with RINGREDUCE_SLOTS set)
+  for (size_t k = 0; k < std::max(count, slots_.size()); ++k) {
+    const int64_t have = k < slot_sizes_.size() ? slot_sizes_[k] : 0;
+    kept += k < count ? std::max(have, need(k)) : have;
+    exact += k < count ? need(k) : 0;
   }
-  for (int k = 0; k < plan.num_slots; ++k) bufs.slots.push_back(slots_[static_cast<size_t>(k)].get());
+  const bool reset = kept > std::max(kStagingCapBytes, exact);
+  bool grow = reset || slots_.size() < count;
+  for (size_t k = 0; !grow && k < count; ++k) grow = slot_sizes_[k] < need(k);
+  if (grow) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (reset) {
+      slots_.clear();
+      slot_sizes_.clear();
+    }
+    if (slots_.size() < count) {
+      slots_.resize(count);
+      slot_sizes_.resize(count, 0);
+    }
+    for (size_t k = 0; k < count; ++k) {
+      if (slot_sizes_[k] >= need(k)) continue;
+      slots_[k].reset(new char[static_cast<size_t>(need(k))]);
+      slot_sizes_[k] = need(k);
+    }
+  }
+  for (size_t k = 0; k < count; ++k) {
+    bufs.slots.push_back(slots_[k].get());
+    bufs.slot_room.push_back(slot_sizes_[k]);
+  }
   if (plan.accum_elems > 0) {
     if (static_cast<int64_t>(accum_.size()) < plan.accum_elems) {
       std::lock_guard<std::mutex> g(mu_);
@@ -387,7 +415,6 @@ RingBuffers GroupRuntime::ringBuffers(const Plan& plan, void* data, int64_t min_
     }
     bufs.accum = accum_.data();
   }
-  bufs.slot_bytes = slot_bytes_;
   return bufs;
 }
 
@@ -408,7 +435,7 @@ void GroupRuntime::retireLeading(Transport& t, const std::vector<int>& slots, in
       std::unique_ptr<char[]>& slot = slots_.at(static_cast<size_t>(k));
       if (!slot) continue;
       g_graveyard_mem->push_back(std::move(slot));
-      slot.reset(new char[static_cast<size_t>(slot_bytes_)]);
+      slot.reset(new char[static_cast<size_t>(slot_sizes_.at(static_cast<size_t>(k)))]);
     }
   }
   call_tags_.retire(tag_group);
@@ -609,7 +636,7 @@ void GroupRuntime::run(CallHandle& call) {
       std::lock_guard<std::mutex> gy(g_graveyard_mu);
       for (auto& s : slots_) g_graveyard_mem->push_back(std::move(s));
       slots_.clear();
-      slot_bytes_ = 0;
+      slot_sizes_.clear();
       poisoned_ = true;
       poison_reason_ = std::string("call #") + std::to_string(call.seq_) + " failed: " + e.what();
       cv_.notify_all();  // wakes the worker, which exits (see loop())
@@ -788,6 +815,25 @@ std::shared_ptr<GroupRuntime> runtimeFor(const c10::intrusive_ptr<c10d::ProcessG
   reg.emplace(std::make_pair(pg.get(), key), rt);
   return rt;
 }
+int64_t GroupRuntime::stagingBytes() {
+  std::lock_guard<std::mutex> g(mu_);
+  int64_t total = 0;
+  for (int64_t b : slot_sizes_) total += b;
+  return total;
+}
+
+int64_t stagingBytes(const c10d::ProcessGroup* pg) {
+  std::vector<std::shared_ptr<GroupRuntime>> rings;
+  {
+    std::lock_guard<std::mutex> g(g_registry_mu);
+    for (auto& kv : registry())
+      if (kv.first.first == pg) rings.push_back(kv.second);
+  }
+  int64_t total = 0;
+  for (auto& rt : rings) total += rt->stagingBytes();
+  return total;
+}
+
 std::vector<int64_t> bytesSent(const c10d::ProcessGroup* pg, bool reset) {
   std::lock_guard<std::mutex> g(g_traffic_mu);
   std::vector<int64_t> out(static_cast<size_t>(pg->getSize()), 0);

@@ -46,6 +46,9 @@ constexpr int kStagesPerCall = 3;  // the hierarchical all-reduce runs three rin
 // Note [Receives before the verdict]: a first segment sent before the verdict is at most this
 // large, and a receive posted before it has room for this much (part of the wire protocol).
 constexpr int64_t kLeadBytes = 1 << 20;
+// The group's staging memory (DESIGN.md section 5: <= 8 MiB by default): with the default slots
+// (Note [Staging slots] in plan.h) at most kAutoStagingBytes plus kLeadBytes.
+constexpr int64_t kStagingCapBytes = 8 << 20;
 
 struct CallOptions {
   RedOp op = RedOp::kSum;
@@ -113,6 +116,7 @@ class GroupRuntime {
   void shutdown();  // finish queued calls, join the worker
   int rank() const { return rank_; }
   int size() const { return size_; }
+  int64_t stagingBytes();  // this ring's staging slots (Note [Staging slots] in plan.h)
 
  private:
   void loop();
@@ -121,8 +125,8 @@ class GroupRuntime {
   // One ring over `t` (rank list already applied): builds the plan, sizes staging, executes.
   void runRing(Transport& t, int rank, int size, void* data, int64_t numel, DType dtype, RedOp op,
                const PlanOptions& po, int tag, RunTrace* trace = nullptr);
-  // Staging sized for `plan`, each slot at least min_slot_bytes.
-  RingBuffers ringBuffers(const Plan& plan, void* data, int64_t min_slot_bytes);
+  // Staging sized for `plan`; slot 0 with room for at least lead_room bytes.
+  RingBuffers ringBuffers(const Plan& plan, void* data, int64_t lead_room);
   // A call that failed its check after posting its leading receives (Note [Receives before the
   // verdict]): they, and the staging slots they point into, go to the graveyard; the call's tag
   // group is retired (Note [Retired tag groups]).
@@ -163,7 +167,7 @@ class GroupRuntime {
 
   // Worker-owned memory (never touched by the submitting thread).
   std::vector<std::unique_ptr<char[]>> slots_;
-  int64_t slot_bytes_ = 0;
+  std::vector<int64_t> slot_sizes_;  // bytes of each slot
   std::vector<float> accum_;
   std::unique_ptr<char[]> frame_in_;   // size_ frames: where the pre-posted receives land
   std::unique_ptr<char[]> frame_out_;  // this rank's frame while its sends are in flight
@@ -177,6 +181,9 @@ class GroupRuntime {
 std::shared_ptr<GroupRuntime> runtimeFor(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
                                          const std::string& name, const std::vector<int>& members);
 void shutdownAll();
+
+// Bytes of staging the CPU path holds for `pg` (all its rings): DESIGN.md section 5's bound.
+int64_t stagingBytes(const c10d::ProcessGroup* pg);
 
 // Payload bytes this process sent to each rank of `pg` on the CPU path (Note [Traffic counters]).
 std::vector<int64_t> bytesSent(const c10d::ProcessGroup* pg, bool reset);

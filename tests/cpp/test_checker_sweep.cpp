@@ -1,10 +1,11 @@
 // The plan checker accepts every plan buildPlan() makes: world sizes 1..16, awkward counts, every
 // dtype (float32 partials on half types included), both all-gather destinations, 1..5 staging
-// slots, segment caps from 16 bytes to 1 MiB.
+// slots and automatic slots, segment caps from 16 bytes to 1 MiB.
 #include <vector>
 
 #include "check.h"
 #include "core/dtype.h"
+#include "core/plan.h"
 #include "core/plan_checker.h"
 
 using namespace rr;
@@ -44,7 +45,7 @@ TEST_CASE(full_cross_product_small_rings) {
   for (int n = 2; n <= (rrtest::kSanitized ? 3 : 4); ++n)
     for (int64_t numel : {int64_t(1), int64_t(n + 1), int64_t(37), int64_t(131)})
       for (int ci = 0; ci < kNumConfigs; ++ci)
-        for (int slots = 1; slots <= 5; ++slots)
+        for (int slots = kAutoSlots; slots <= 5; ++slots)  // kAutoSlots: Note [Staging slots]
           for (bool gather : {false, true})
             expectOk(n, numel, kConfigs[ci], slots, slots % 2 ? 16 : 48, gather, true, 11 * n + slots, 1);
 }
@@ -59,7 +60,7 @@ static void worldSizes(int n_lo, int n_hi) {
       const int k_max = rrtest::kSanitized ? 2 : (n <= 8 ? 6 : 3);
       for (int k = 0; k < k_max; ++k) {
         const Config& c = kConfigs[(k * 5 + n + static_cast<int>(numel)) % kNumConfigs];
-        const int slots = 1 + (k + n) % 5;
+        const int slots = (k + n) % 6;  // 0: kAutoSlots
         int64_t seg = kSegBytes[(k * 3 + n) % 7];
         // Keep the number of exchanges modest: tiny segments only for modest counts.
         if (numel * static_cast<int64_t>(dtypeSize(c.dtype)) / seg > 512 * 16) seg = 4096;

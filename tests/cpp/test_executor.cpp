@@ -237,7 +237,7 @@ TEST_CASE(every_dtype_and_op_small_rings) {
 }
 
 TEST_CASE(larger_counts_and_every_slot_count) {
-  for (int slots = 1; slots <= 4; ++slots) {
+  for (int slots = kAutoSlots; slots <= 4; ++slots) {
     runCase({4, 4099, DType::kFloat32, RedOp::kAvg, slots, 64});
     runCase({3, 1021, DType::kBFloat16, RedOp::kSum, slots, 16, true});
     runCase({5, 2053, DType::kInt8, RedOp::kProduct, slots, 48});
@@ -260,7 +260,7 @@ TEST_CASE(eager_delivery) {
   // (Note [Receives posted early]) into a staging slot that is still being read corrupts the result.
   // Small segments and few slots make every slot serve many exchanges.
   for (int n : {2, 3, 4, 5}) {
-    for (int slots = 1; slots <= 5; ++slots) {
+    for (int slots = kAutoSlots; slots <= 5; ++slots) {  // kAutoSlots: every receive posted at the start
       runCase({n, 997, DType::kFloat32, RedOp::kSum, slots, 16, false, 0, true});
       runCase({n, 1500, DType::kFloat16, RedOp::kAvg, slots, 32, true, 0, true});
       runCase({n, 613, DType::kInt32, RedOp::kMax, slots, 64, false, 0, true});
@@ -360,6 +360,10 @@ TEST_CASE(leading_messages) {
         d.lead_room = 256;
         d.lead_max_send = max_send;
         runCase(d);
+        Case e{n, 5000, DType::kFloat32, RedOp::kAvg, kAutoSlots, 1 << 20, false, delay, eager};  // a slot per receive
+        e.lead_room = 1 << 16;
+        e.lead_max_send = max_send;
+        runCase(e);
       }
     }
   }

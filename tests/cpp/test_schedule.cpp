@@ -114,4 +114,54 @@ TEST_CASE(segment_two_in_flight_at_one_mib) {
   CHECK_EQ(s.nsegs, 2);
 }
 
+TEST_CASE(auto_staging_slots) {
+  // Note [Staging slots]: a slot per staged receive when all fit in kAutoStagingBytes, else
+  // kDefaultSlots; never more than kMaxAutoSlots.
+  auto slots = [](int n, int rank, int64_t numel, DType t, bool accum = false, int64_t seg = 1 << 20,
+                  bool gather = false, uint8_t phases = kPhaseBoth) {
+    PlanOptions o;
+    o.num_slots = kAutoSlots;
+    o.max_segment_bytes = seg;
+    o.accum_float32 = accum;
+    o.gather_into_data = gather;
+    o.phases = phases;
+    const Plan p = buildPlan(n, rank, numel, t, o);
+    int32_t used = 0;  // staging receives in the plan, each in a distinct slot when auto fits
+    std::vector<int> per_slot(static_cast<size_t>(std::max(p.num_slots, 1)), 0);
+    for (const Op& op : p.ops)
+      if (op.kind == OpKind::kExchange && op.recv.buf == BufKind::kStaging) {
+        ++used;
+        ++per_slot.at(static_cast<size_t>(op.recv.slot));
+      }
+    if (p.num_slots < kMaxAutoSlots && p.num_slots != kDefaultSlots)  // a slot per receive: none reused
+      for (int c : per_slot) CHECK(c <= 1);
+    return std::make_pair(p.num_slots, used);
+  };
+  // 1 MiB of float32 on 4 ranks: chunks of 256 KiB in two 128 KiB segments, 2 x 3 x 2 receives.
+  CHECK_EQ(slots(4, 0, 1 << 18, DType::kFloat32).first, 12);
+  CHECK_EQ(slots(4, 0, 1 << 18, DType::kFloat32).second, 12);
+  CHECK_EQ(slots(2, 1, 1 << 18, DType::kFloat32).first, 4);   // 2 x 1 x 2
+  CHECK_EQ(slots(8, 3, 1 << 18, DType::kFloat32).first, 28);  // 2 x 7 x 2
+  // 4 MiB on 4 ranks: 12 receives of 512 KiB = 6 MiB, exactly the budget; 4 MiB + 64 B is over it.
+  CHECK_EQ(slots(4, 2, 1 << 20, DType::kFloat32).first, 12);
+  CHECK_EQ(slots(4, 2, (1 << 20) + 16, DType::kFloat32).first, kDefaultSlots);
+  // Large tensors keep the default: 64 MiB on 2 ranks has 64 receives of 1 MiB.
+  CHECK_EQ(slots(2, 0, 1 << 24, DType::kFloat32).first, kDefaultSlots);
+  // Only the reduce-scatter stages when the all-gather lands in the tensor (GPU); halves count alone.
+  CHECK_EQ(slots(4, 1, 1 << 18, DType::kFloat32, false, 1 << 20, true).first, 6);
+  CHECK_EQ(slots(4, 1, 1 << 18, DType::kFloat32, false, 1 << 20, false, kPhaseAllGather).first, 6);
+  // float32 partials: slots hold the wider wire type (fp16 1 MiB on 4 ranks: 128 KiB fp16 segments
+  // become 256 KiB of float32 each; 12 x 256 KiB = 3 MiB fits).
+  CHECK_EQ(slots(4, 0, 1 << 19, DType::kFloat16, true).first, 12);
+  // Fewer elements than ranks: one non-empty chunk, received once per phase by every rank but
+  // one; every rank gets the largest count (2 slots), whatever it stages itself.
+  for (int r = 0; r < 4; ++r) CHECK_EQ(slots(4, r, 1, DType::kFloat32).first, 2);
+  CHECK_EQ(slots(4, 0, 1, DType::kFloat32).second, 1);
+  // Tiny segments: capped at kMaxAutoSlots (slots are then reused).
+  CHECK_EQ(slots(4, 0, 4099, DType::kFloat32, false, 16).first, kMaxAutoSlots);
+  // A one-rank ring and an empty tensor have no staging at all.
+  CHECK_EQ(slots(1, 0, 1000, DType::kFloat32).first, 0);
+  CHECK_EQ(slots(3, 0, 0, DType::kFloat32).first, 0);
+}
+
 TEST_MAIN()
