@@ -41,7 +41,7 @@
   ring before the payload; it synchronizes the host once per call). Without it, ranks that disagree
   behave as NCCL does until the watchdog timeout aborts the communicator.
 * ``RINGREDUCE_SEGMENT_BYTES`` (default 1 MiB, capped at the staging slot) and ``RINGREDUCE_SLOTS``
-  (default 4) tune the pipeline.
+  (default 4 on GPU; the CPU path's automatic slot count is not used here) tune the pipeline.
 
 Running beside stock NCCL communicators (DDP, FSDP, tensor parallel)
 --------------------------------------------------------------------

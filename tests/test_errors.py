@@ -282,9 +282,9 @@ def test_peer_that_exits_before_calling():
 
 def _peer_leaves_after_last_call(rank: int, ws: int) -> dict:
     # Rank 0 leaves right after its last call; rank 1 is still finishing the same call (copying the
-    # result of a large non-contiguous tensor back) when it would post the next call's frame
-    # receives (Note [Pre-posted frame receives]). That call's result is final and must be returned;
-    # only the next call fails, with the reason.
+    # result of a large non-contiguous tensor back). That call's result is final and must be
+    # returned (nothing of the next call, such as frame receives, is posted at its end: Note
+    # [Pre-posted frame receives]); only the next call fails, at once, with the reason.
     n = 4096
     if rank == 0:
         t = torch.ones(n, n)

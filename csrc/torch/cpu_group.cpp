@@ -522,7 +522,7 @@ void GroupRuntime::run(CallHandle& call) {
         base.countFor(pg_.get());  // the first segment may leave now
         lead_slots = lead->postLeading(kLeadBytes, lead_mode_ > 1 ? kLeadBytes : 0);
       }
-      const std::vector<Frame> frames = direct_frames ? collectFrames(mine, timeout)
+      const std::vector<Frame> frames = direct_frames ? collectFrames(mine, timeout, call.seq_)
                                                       : exchangeFrames(transport, mine, kFrameTagBase + tag_slot_);
       const std::string verdict = compareFrames(frames, name_);
       if (!verdict.empty()) {
@@ -560,7 +560,6 @@ void GroupRuntime::run(CallHandle& call) {
         out.reshape({-1}).narrow(0, rank_ * m, m).copy_(user.resolve_conj().resolve_neg().reshape({-1}));
         runRing(transport, rank_, size_, out.data_ptr(), out.numel(), dtype, RedOp::kSum, po, payloadTag(0));
       }
-      postNextFrames(call.seq_);  // Note [Pre-posted frame receives]
       return;
     }
 
@@ -625,9 +624,6 @@ void GroupRuntime::run(CallHandle& call) {
       runRing(intra_t, local, L, work.data_ptr(), work.numel(), dtype, RedOp::kSum, p3, payloadTag(2));
     }
     if (!direct) user.copy_(work);
-    // Note [Pre-posted frame receives]: the next call's (a call that raised after its frames
-    // posts them at its next frame exchange instead).
-    postNextFrames(call.seq_);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kBackend) {
       transport.abandon();
@@ -699,22 +695,26 @@ void GroupRuntime::run(CallHandle& call) {
 // gloo's send is a rendezvous: the payload leaves only once the receiver has announced a posted
 // receive, so frames exchanged with receives posted at call time cost a round trip (and, on an
 // oversubscribed host, the wake-ups of both sides) before the first payload byte moves. The
-// whole-group ring therefore posts the receives of its *next* frame exchange at the end of each
-// call that exchanged frames (after its payload, so that their notices do not queue ahead of the
-// payload's first messages), into ringreduce-owned memory; the next call (on any rank) only posts
-// its sends, which leave at once. A call that raised after its frames posts them at its next
-// frame exchange instead. Receives from one peer on one tag match in order, so a call
-// made with the check off leaves them for the next call with the check on. Only the whole group
-// (tag slot 0, unique per process group) does this: rank-list rings share tag slots by hash, and a
-// receive left posted on a shared tag could capture another ring's frame. After a transport
+// whole-group ring therefore keeps the receives of its coming frame exchanges posted, into
+// ringreduce-owned memory; a call (on any rank) only posts its sends, which leave at once.
+// Each receive sends its peer a notice, and a notice that reaches a rank while its worker writes a
+// segment under gloo's pair lock makes gloo's I/O thread spin on that lock (Note [Staging slots]
+// in plan.h). So the next receives are posted right after a call has collected its frames, when
+// every peer is at the start of the same call, past its own frame sends, rather than at the end of
+// the call, when peers may still be writing their last segments. They are posted kFrameBatch
+// calls at a time; more than one call's worth measured worse: with 16, gloo's own all_reduce in
+// the same processes took ~15 % longer (interleaved with ringreduce, 4 ranks, 1 MiB; the cause
+// inside gloo is not known), so kFrameBatch is 1. Receives from one peer on one tag match in order,
+// so calls made with the check off leave them for the next calls with the check on. Only the whole
+// group (tag slot 0, unique per process group) does this: rank-list rings share tag slots by hash,
+// and a receive left posted on a shared tag could capture another ring's frame. After a transport
 // failure the pending receives, and the memory they write into, go to the graveyard.
 void GroupRuntime::sendFrame(const Frame& mine) {
   const int tag = kFrameTagBase + tag_slot_;
   if (!frame_in_) {
-    frame_in_.reset(new char[static_cast<size_t>(size_) * kFrameBytes]);
+    frame_in_.reset(new char[static_cast<size_t>(kFrameBatch) * static_cast<size_t>(size_) * kFrameBytes]);
     frame_out_.reset(new char[kFrameBytes]);
   }
-  frame_done_.clear();
   if (frame_recvs_.empty()) postFrameReceives();
   std::memcpy(frame_out_.get(), &mine, kFrameBytes);
   frame_sends_.clear();
@@ -729,62 +729,62 @@ void GroupRuntime::sendFrame(const Frame& mine) {
   }
 }
 
-std::vector<Frame> GroupRuntime::collectFrames(const Frame& mine, std::chrono::milliseconds timeout) {
-  auto waitAll = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
-    for (auto& w : works) {
-      if (!w) continue;
-      try {
-        w->wait(timeout);
-      } catch (const std::exception& e) {
-        RR_THROW(kBackend, "ringreduce: agreement frames on ", name_, " failed (rank ", rank_, ", timeout ",
-                 timeout.count(), " ms): ", e.what());
-      }
+std::vector<Frame> GroupRuntime::collectFrames(const Frame& mine, std::chrono::milliseconds timeout, uint64_t seq) {
+  auto waitOne = [&](c10::intrusive_ptr<c10d::Work>& w) {
+    if (!w) return;
+    try {
+      w->wait(timeout);
+    } catch (const std::exception& e) {
+      RR_THROW(kBackend, "ringreduce: agreement frames on ", name_, " failed (rank ", rank_, ", timeout ",
+               timeout.count(), " ms): ", e.what());
     }
   };
-  waitAll(frame_recvs_);
-  waitAll(frame_sends_);
+  const size_t base = static_cast<size_t>(frame_next_) * static_cast<size_t>(size_);
+  for (int p = 0; p < size_; ++p) waitOne(frame_recvs_.at(base + static_cast<size_t>(p)));
+  for (auto& w : frame_sends_) waitOne(w);
   std::vector<Frame> frames(static_cast<size_t>(size_));
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) frames[static_cast<size_t>(p)] = mine;
-    else std::memcpy(&frames[static_cast<size_t>(p)], frame_in_.get() + static_cast<size_t>(p) * kFrameBytes, kFrameBytes);
+    else std::memcpy(&frames[static_cast<size_t>(p)], frame_in_.get() + (base + static_cast<size_t>(p)) * kFrameBytes, kFrameBytes);
   }
-  // The next exchange's receives are posted when this call's payload is done (run()), so that
-  // their notices do not queue ahead of the payload's first messages. The completed receives are
-  // destroyed at the next exchange, not now (Note [Works live until the call ends]).
-  frame_done_.swap(frame_recvs_);
-  frame_recvs_.clear();
+  if (++frame_next_ == kFrameBatch) postFrameBatch(seq);
   return frames;
 }
 
-// The end of a call that completed: its result is final, so a failure to post the next call's
-// frame receives must not fail it. gloo refuses a post only on a pair that is closed or broken for
-// good (typically: the peer finished its last call and tore its group down while this rank was
-// still finishing the same call), so the group is marked unusable instead, with the reason, and
-// the receives already posted go to the graveyard with their memory.
-void GroupRuntime::postNextFrames(uint64_t seq) {
-  if (!frame_in_ || !frame_recvs_.empty()) return;
+// The batch's last receive was used: post the next batch. The call that does it has its frames, so
+// a failure here (gloo refuses a post only on a pair that is closed or broken for good) must not
+// fail it: the group is marked unusable for later calls instead, with the reason, and the receives
+// already posted go to the graveyard with their memory.
+void GroupRuntime::postFrameBatch(uint64_t seq) {
+  // The completed receives live until the next batch (Note [Works live until the call ends]).
+  frame_done_.swap(frame_recvs_);
+  frame_recvs_.clear();
   try {
     postFrameReceives();
   } catch (const Error& e) {
     abandonFrames();
     std::lock_guard<std::mutex> g(mu_);
     poisoned_ = true;
-    poison_reason_ = std::string("after call #") + std::to_string(seq) +
-                     ", the next call's agreement-frame receives could not be posted (did a peer leave?): " + e.what();
+    poison_reason_ = std::string("during call #") + std::to_string(seq) +
+                     ", the next calls' agreement-frame receives could not be posted (did a peer leave?): " + e.what();
     cv_.notify_all();
   }
 }
 
 void GroupRuntime::postFrameReceives() {
   const int tag = kFrameTagBase + tag_slot_;
-  frame_recvs_.assign(static_cast<size_t>(size_), {});
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    std::vector<at::Tensor> t{byteTensor(frame_in_.get() + static_cast<size_t>(p) * kFrameBytes, kFrameBytes)};
-    try {
-      frame_recvs_[static_cast<size_t>(p)] = backend_->recv(t, p, tag);
-    } catch (const std::exception& e) {
-      RR_THROW(kBackend, "ringreduce: could not post a receive from rank ", p, " on ", name_, ": ", e.what());
+  frame_recvs_.assign(static_cast<size_t>(kFrameBatch) * static_cast<size_t>(size_), {});
+  frame_next_ = 0;
+  for (size_t b = 0; b < static_cast<size_t>(kFrameBatch); ++b) {
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const size_t at = b * static_cast<size_t>(size_) + static_cast<size_t>(p);
+      std::vector<at::Tensor> t{byteTensor(frame_in_.get() + at * kFrameBytes, kFrameBytes)};
+      try {
+        frame_recvs_[at] = backend_->recv(t, p, tag);
+      } catch (const std::exception& e) {
+        RR_THROW(kBackend, "ringreduce: could not post a receive from rank ", p, " on ", name_, ": ", e.what());
+      }
     }
   }
 }

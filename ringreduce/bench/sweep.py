@@ -5,6 +5,15 @@ calls, then ``iters`` timed calls per implementation interleaved A B B A A B ...
 every round so drift and noise hit all implementations alike), then one call on fresh pattern data
 whose result is compared with the known sum (#wrong). Rank 0 gathers every rank's numbers, prints a
 table line per size as it goes and a progress line on stderr.
+
+Whenever the implementation changes, the ranks meet at an untimed barrier first, so that no call
+overlaps a call of the other implementation on another rank: ranks finish a call at different
+times, and with more ranks than CPUs the calls still running on some ranks slow down the next call
+on the others. Without the barrier a call's time depended on which implementation the other ranks
+were still running (4 ranks on 2 vCPUs, 1 MiB: gloo's calls took ~2 ms longer next to ringreduce's
+than next to its own, while the total time of the interleaved stream stayed the same;
+benchmarks/README.md, "Interleaving"). Calls that follow a call of their own implementation are
+timed without a barrier, as a training loop would run them.
 """
 
 from __future__ import annotations
@@ -46,6 +55,18 @@ def _interleaved(impls: list[Impl], round_index: int) -> list[Impl]:
     return impls if round_index % 2 == 0 else impls[::-1]
 
 
+def _switch_to(impl: Impl, previous: Impl | None, device: torch.device) -> Impl:
+    """Applies impl's environment; when the implementation changes, waits at a barrier first (untimed),
+    so that no rank is still running the previous implementation's call (see the module docstring).
+    On GPUs the previous calls' device work finishes first (the barrier orders host threads only)."""
+    if impl is not previous:
+        if previous is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
+    impl.enter()
+    return impl
+
+
 def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: int) -> dict[str, Any]:
     """This rank's measurements of one size (see metrics.aggregate_size for the layout)."""
     dtype = DTYPES[cfg.dtype].torch_dtype
@@ -68,9 +89,10 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
                                   cuda_growth=mem.cuda_growth)
 
     warm = {impl.name: CallTimer(ctx.device) for impl in impls}
+    previous = None
     for w in range(cfg.warmup):
         for impl in _interleaved(impls, w):
-            impl.enter()
+            previous = _switch_to(impl, previous, ctx.device)
             warm[impl.name].time(lambda impl=impl: impl.run(bufs[impl.name]))
     if cfg.iters is not None:
         iters = cfg.iters
@@ -80,10 +102,10 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
                            cfg.max_iters)
 
     timers = {impl.name: CallTimer(ctx.device) for impl in impls}
-    dist.barrier()
+    previous = None
     for it in range(iters):
         for impl in _interleaved(impls, it):
-            impl.enter()
+            previous = _switch_to(impl, previous, ctx.device)
             timers[impl.name].time(lambda impl=impl: impl.run(bufs[impl.name]))
     for impl in impls:
         results[impl.name].update(summarize(timers[impl.name].seconds()))
