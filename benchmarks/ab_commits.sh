@@ -11,13 +11,7 @@ cd "$(dirname "$0")/.."
 here=$(pwd)
 commit=$(git rev-parse --short "$1") rounds=$2
 shift 2
-old="/tmp/ringreduce-ab-$commit"
-if [ ! -f "$old/.built" ]; then
-  rm -rf "$old"
-  git worktree add -f --detach "$old" "$commit" >/dev/null
-  (cd "$old" && RINGREDUCE_FORCE_CPU=1 MAX_JOBS="${MAX_JOBS:-2}" python setup.py build_ext --inplace >/dev/null) \
-    && touch "$old/.built"
-fi
+old=$(bash benchmarks/ab_build.sh "$commit")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"  # so that `python -m` imports ringreduce from PYTHONPATH, not from the current directory

@@ -5,7 +5,7 @@
     python benchmarks/profile_loop.py --impl gloo --nproc 4 --size 1M --iters 300 --perf "record -g -o gloo.data"
 
 Runs `iters` back-to-back calls (float32 AVG: ringreduce's all_reduce_avg, or gloo's all_reduce +
-div_) on every rank after a warm-up, and prints the wall time per call (total / iters: calls may
+div_; with --barrier, each after a barrier) on every rank after a warm-up, and prints the wall time per call (total / iters: calls may
 overlap across ranks, so this is throughput, not the benchmark's per-call median). With --perf, the
 given `perf` subcommand is attached to the rank processes for exactly the timed loop (needs perf and
 the right to trace them). With --cpu-by-thread, prints the CPU time each thread (main `python`,
@@ -45,11 +45,14 @@ def thread_cpu() -> dict[str, tuple[float, float]]:
     return out
 
 
-def job(rank: int, ws: int, numel: int, iters: int, impl: str, check: str) -> tuple[int, dict[str, list[float]]]:
+def job(rank: int, ws: int, numel: int, iters: int, impl: str, check: str,
+        barrier: bool = False) -> tuple[int, dict[str, list[float]]]:
     t = torch.ones(numel)
     os.environ["RINGREDUCE_CHECK"] = check
     before = thread_cpu()
     for _ in range(iters):
+        if barrier:
+            dist.barrier()
         if impl == "gloo":
             dist.all_reduce(t)
             t.div_(ws)
@@ -71,6 +74,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--check", choices=("0", "1"), default="1", help="RINGREDUCE_CHECK for ringreduce")
     ap.add_argument("--perf", default="", help='perf subcommand and options, e.g. "stat -e task-clock"')
+    ap.add_argument("--barrier", action="store_true",
+                    help="a barrier before every call (single calls that never overlap, as in benchmarks/cpu_split.py)")
     ap.add_argument("--cpu-by-thread", action="store_true",
                     help="also print each thread's CPU time per call (from /proc, by thread name)")
     args = ap.parse_args()
@@ -83,7 +88,7 @@ def main() -> None:
         perf = subprocess.Popen(["perf", *args.perf.split(), "-p", ",".join(map(str, pids))])
         time.sleep(1.0)  # perf attaches
     start = time.perf_counter()
-    results = run_ranks(args.nproc, job, numel, args.iters, args.impl, args.check)
+    results = run_ranks(args.nproc, job, numel, args.iters, args.impl, args.check, args.barrier)
     per_call = (time.perf_counter() - start) / args.iters
     if perf is not None:
         perf.send_signal(signal.SIGINT)

@@ -3,7 +3,7 @@
 # the default 2-rank sweep, the DESIGN.md section 5 sizes at 4 ranks, the agreement-check cost and
 # the training-step comparison, and the cross-node bytes of the flat and hierarchical rings
 # (simulated nodes), and the latency breakdown (twice: the VM is noisy). Run it on an otherwise
-# idle machine; it takes about 20 minutes.
+# idle machine; it takes about 35 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results
@@ -36,3 +36,16 @@ python benchmarks/python_overhead.py | tee "$out/python-overhead.txt"
 # Where single barrier-aligned calls lose their time (RINGREDUCE_TRACE=1), 4 and 2 ranks, check off.
 { python benchmarks/trace_calls.py --nproc 4 --size 1M --calls 30 --check 0
   python benchmarks/trace_calls.py --nproc 2 --size 1M --calls 30 --check 0; } | tee "$out/trace-calls.txt"
+# Note [Staging slots] (csrc/core/plan.h) and the interleaving effects (benchmarks/README.md,
+# "Interleaving"): barrier-aligned calls with the CPU split, this build against 14a95a7 (the build
+# before the automatic slots) and against 4 slots; the interleaved stream split by predecessor; gloo's
+# mode after ringreduce's calls and after its own.
+bash benchmarks/ab_script.sh 14a95a7 3 benchmarks/cpu_split.py --nproc 4 --size 1M --iters 120 \
+  | tee "$out/cpu-split-ab-4ranks.txt"
+python benchmarks/cpu_split.py --nproc 4 --size 1M --iters 120 --variant slots4=RINGREDUCE_SLOTS=4 \
+  --variant slots4-nocheck=RINGREDUCE_SLOTS=4,RINGREDUCE_CHECK=0 | tee "$out/cpu-split-slots-4ranks.txt"
+bash benchmarks/ab_script.sh 14a95a7 3 benchmarks/interleave_split.py --nproc 4 --size 1M \
+  | tee "$out/interleave-split-ab-4ranks.txt"
+{ bash benchmarks/ab_script.sh 14a95a7 2 benchmarks/gloo_mode.py --nproc 4 --size 1M --calls 600
+  for round in 1 2; do python benchmarks/gloo_mode.py --nproc 4 --size 1M --calls 600 --between gloo; done
+} | tee "$out/gloo-mode-4ranks.txt"
