@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import ringreduce as rr
+from averaging import average
+
 from ringreduce.bench.sizes import parse_size
 
 
@@ -70,11 +71,7 @@ def job(rank: int, ws: int, numel: int, iters: int, variants: list) -> dict:
             m0 = machine() if rank == 0 else None
             th0 = threads()
             s = time.perf_counter()
-            if env is None:
-                dist.all_reduce(t)
-                t.div_(ws)
-            else:
-                rr.all_reduce_avg(t)
+            average("gloo" if env is None else "rr", t, ws)
             e = time.perf_counter()
             m1 = machine() if rank == 0 else None
             th1 = threads()

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import ringreduce as rr
+from averaging import gloo_average, ringreduce_average
+
 from ringreduce.bench.sizes import parse_size
 
 
@@ -29,8 +30,7 @@ def gloo_median(t: torch.Tensor, ws: int, k: int) -> float:
     for _ in range(k):
         dist.barrier()
         s = time.perf_counter()
-        dist.all_reduce(t)
-        t.div_(ws)
+        gloo_average(t, ws)
         out.append(time.perf_counter() - s)
     return statistics.median(out) * 1e6
 
@@ -40,7 +40,7 @@ def job(rank: int, ws: int, numel: int, calls: int, between: str) -> dict:
     res = {"gloo first": gloo_median(t, ws, 60)}
     for _ in range(calls):
         if between == "ringreduce":
-            rr.all_reduce_avg(t)
+            ringreduce_average(t, ws)
         else:
             dist.all_reduce(t)
     res[f"gloo after {between}"] = gloo_median(t, ws, 60)

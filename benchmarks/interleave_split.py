@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import ringreduce as rr
+from averaging import average
+
 from ringreduce.bench.sizes import parse_size
 
 
@@ -35,11 +36,7 @@ def job(rank: int, ws: int, numel: int, rounds: int) -> dict:
     start = time.perf_counter()
     for i, name in enumerate(order):
         s = time.perf_counter()
-        if name == "rr":
-            rr.all_reduce_avg(a)
-        else:
-            dist.all_reduce(b)
-            b.div_(ws)
+        average(name, a if name == "rr" else b, ws)
         if i >= 10:
             times.setdefault(f"{name} after {prev}", []).append(time.perf_counter() - s)
         prev = name

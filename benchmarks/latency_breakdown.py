@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import ringreduce as rr
+from averaging import average
 
 CONFIGS = [
     ("gloo all_reduce+div_", None),
@@ -44,11 +44,7 @@ def job(rank: int, ws: int, numel: int, iters: int) -> dict:
             _set_env(env)
             dist.barrier()
             s = time.perf_counter()
-            if env is None:
-                dist.all_reduce(t)
-                t.div_(ws)
-            else:
-                rr.all_reduce_avg(t)
+            average("gloo" if env is None else "rr", t, ws)
             if it >= 3:
                 times[name].append(time.perf_counter() - s)
     _set_env(None)

@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import ringreduce as rr
+from averaging import average
+
 from ringreduce.bench.sizes import parse_size
 
 
@@ -53,11 +54,7 @@ def job(rank: int, ws: int, numel: int, iters: int, impl: str, check: str,
     for _ in range(iters):
         if barrier:
             dist.barrier()
-        if impl == "gloo":
-            dist.all_reduce(t)
-            t.div_(ws)
-        else:
-            rr.all_reduce_avg(t)
+        average(impl, t, ws)
     after = thread_cpu()
     per_call = {}
     for name, (user, system) in after.items():

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import ringreduce as rr
+from averaging import gloo_average, ringreduce_average
+
 from ringreduce.bench.sizes import parse_size
 
 _LINE = re.compile(r"ring (\d+) us \(posting (\d+), waiting (\d+), reducing (\d+), copying (\d+)\); "
@@ -31,7 +32,7 @@ def job(rank: int, ws: int, numel: int, calls: int, check: str) -> dict:
     os.environ["RINGREDUCE_CHECK"] = check
     t = torch.ones(numel)
     for _ in range(5):
-        rr.all_reduce_avg(t)
+        ringreduce_average(t, ws)
         dist.all_reduce(t)
     rr_s, gloo_s = [], []
     from ranks import captured_stderr
@@ -42,12 +43,11 @@ def job(rank: int, ws: int, numel: int, calls: int, check: str) -> dict:
             for _ in range(calls):
                 dist.barrier()
                 t0 = time.perf_counter()
-                rr.all_reduce_avg(t)
+                ringreduce_average(t, ws)
                 rr_s.append(time.perf_counter() - t0)
                 dist.barrier()
                 t0 = time.perf_counter()
-                dist.all_reduce(t)
-                t.div_(ws)
+                gloo_average(t, ws)
                 gloo_s.append(time.perf_counter() - t0)
         finally:
             os.environ.pop("RINGREDUCE_TRACE", None)

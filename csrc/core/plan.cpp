@@ -225,11 +225,13 @@ int64_t regionKey(int64_t kind, int64_t index) { return (kind << 40) | index; }
 
 }  // namespace
 
-int64_t Plan::stagingBytes() const {
+int64_t Plan::slotBytes() const {
   const int64_t narrow = static_cast<int64_t>(dtypeSize(dtype));
   const int64_t widest = accum_float32 && narrow < 4 ? 4 : narrow;
-  return static_cast<int64_t>(num_slots) * slot_elems * widest;
+  return slot_elems * widest;
 }
+
+int64_t Plan::stagingBytes() const { return static_cast<int64_t>(num_slots) * slotBytes(); }
 
 Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptions& options) {
   RR_CHECK(nranks >= 1, kValue, "ringreduce: world size must be >= 1, got ", nranks);
@@ -272,6 +274,7 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   const bool run_rs = (options.phases & kPhaseReduceScatter) != 0;
   const bool run_ag = (options.phases & kPhaseAllGather) != 0;
   plan.num_slots = options.num_slots;
+  plan.slot_elems = sc.segment;
   if (plan.num_slots == kAutoSlots) {
     // Note [Staging slots]: one slot per staged receive when they all fit, else the default. Each
     // phase receives every chunk but one, so the rank that stages the most receives, in each
@@ -287,10 +290,9 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
     }
     const int64_t staged_phases = (run_rs ? 1 : 0) + (run_ag && !plan.gather_into_data ? 1 : 0);
     const int64_t slots = std::min<int64_t>(staged_phases * (segments - fewest), kMaxAutoSlots);
-    const int64_t slot_bytes = sc.segment * std::max<int64_t>(wire_elem, elem);
-    plan.num_slots = slots >= 1 && slots * slot_bytes <= kAutoStagingBytes ? static_cast<int32_t>(slots) : kDefaultSlots;
+    plan.num_slots =
+        slots >= 1 && slots * plan.slotBytes() <= kAutoStagingBytes ? static_cast<int32_t>(slots) : kDefaultSlots;
   }
-  plan.slot_elems = sc.segment;
   plan.accum_elems = plan.accum_float32 ? sc.chunk : 0;
   plan.num_exchanges = ((run_rs ? 1 : 0) + (run_ag ? 1 : 0)) * (n - 1) * S;
   plan.num_events = 2 * plan.num_exchanges;

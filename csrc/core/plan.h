@@ -169,6 +169,7 @@ struct Plan {
   static int32_t exchangeEvent(int32_t e) { return 2 * e; }
   static int32_t computeEvent(int32_t e) { return 2 * e + 1; }
 
+  int64_t slotBytes() const;     // bytes of one staging slot (slot_elems of the widest wire type)
   int64_t stagingBytes() const;  // bytes of all staging slots
   std::string describe() const;  // human-readable op list, for debugging and test failures
 };

@@ -375,7 +375,7 @@ void GroupRuntime::execute(CallHandle& call) {
 RingBuffers GroupRuntime::ringBuffers(const Plan& plan, void* data, int64_t lead_room) {
   RingBuffers bufs;
   bufs.data = data;
-  const int64_t each = plan.num_slots > 0 ? plan.stagingBytes() / plan.num_slots : 0;
+  const int64_t each = plan.slotBytes();
   auto need = [&](size_t k) { return k == 0 ? std::max(each, lead_room) : each; };
   const size_t count = static_cast<size_t>(plan.num_slots);
   int64_t kept = 0;   // bytes after growing in place
@@ -701,10 +701,10 @@ void GroupRuntime::run(CallHandle& call) {
 // segment under gloo's pair lock makes gloo's I/O thread spin on that lock (Note [Staging slots]
 // in plan.h). So the next receives are posted right after a call has collected its frames, when
 // every peer is at the start of the same call, past its own frame sends, rather than at the end of
-// the call, when peers may still be writing their last segments. They are posted kFrameBatch
-// calls at a time; more than one call's worth measured worse: with 16, gloo's own all_reduce in
-// the same processes took ~15 % longer (interleaved with ringreduce, 4 ranks, 1 MiB; the cause
-// inside gloo is not known), so kFrameBatch is 1. Receives from one peer on one tag match in order,
+// the call, when peers may still be writing their last segments. One call's worth at a time:
+// posting 16 calls' worth at once made gloo's own all_reduce in the same processes ~15 % slower
+// (interleaved with ringreduce, 4 ranks, 1 MiB; the cause inside gloo is not known). Receives from
+// one peer on one tag match in order,
 // so calls made with the check off leave them for the next calls with the check on. Only the whole
 // group (tag slot 0, unique per process group) does this: rank-list rings share tag slots by hash,
 // and a receive left posted on a shared tag could capture another ring's frame. After a transport
@@ -712,7 +712,7 @@ void GroupRuntime::run(CallHandle& call) {
 void GroupRuntime::sendFrame(const Frame& mine) {
   const int tag = kFrameTagBase + tag_slot_;
   if (!frame_in_) {
-    frame_in_.reset(new char[static_cast<size_t>(kFrameBatch) * static_cast<size_t>(size_) * kFrameBytes]);
+    frame_in_.reset(new char[static_cast<size_t>(size_) * kFrameBytes]);
     frame_out_.reset(new char[kFrameBytes]);
   }
   if (frame_recvs_.empty()) postFrameReceives();
@@ -739,24 +739,23 @@ std::vector<Frame> GroupRuntime::collectFrames(const Frame& mine, std::chrono::m
                timeout.count(), " ms): ", e.what());
     }
   };
-  const size_t base = static_cast<size_t>(frame_next_) * static_cast<size_t>(size_);
-  for (int p = 0; p < size_; ++p) waitOne(frame_recvs_.at(base + static_cast<size_t>(p)));
+  for (auto& w : frame_recvs_) waitOne(w);
   for (auto& w : frame_sends_) waitOne(w);
   std::vector<Frame> frames(static_cast<size_t>(size_));
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) frames[static_cast<size_t>(p)] = mine;
-    else std::memcpy(&frames[static_cast<size_t>(p)], frame_in_.get() + (base + static_cast<size_t>(p)) * kFrameBytes, kFrameBytes);
+    else std::memcpy(&frames[static_cast<size_t>(p)], frame_in_.get() + static_cast<size_t>(p) * kFrameBytes, kFrameBytes);
   }
-  if (++frame_next_ == kFrameBatch) postFrameBatch(seq);
+  postNextFrames(seq);
   return frames;
 }
 
-// The batch's last receive was used: post the next batch. The call that does it has its frames, so
-// a failure here (gloo refuses a post only on a pair that is closed or broken for good) must not
+// The frames are collected: post the next call's receives. The call that does it has its frames,
+// so a failure here (gloo refuses a post only on a pair that is closed or broken for good) must not
 // fail it: the group is marked unusable for later calls instead, with the reason, and the receives
 // already posted go to the graveyard with their memory.
-void GroupRuntime::postFrameBatch(uint64_t seq) {
-  // The completed receives live until the next batch (Note [Works live until the call ends]).
+void GroupRuntime::postNextFrames(uint64_t seq) {
+  // The completed receives live until the next exchange (Note [Works live until the call ends]).
   frame_done_.swap(frame_recvs_);
   frame_recvs_.clear();
   try {
@@ -766,25 +765,21 @@ void GroupRuntime::postFrameBatch(uint64_t seq) {
     std::lock_guard<std::mutex> g(mu_);
     poisoned_ = true;
     poison_reason_ = std::string("during call #") + std::to_string(seq) +
-                     ", the next calls' agreement-frame receives could not be posted (did a peer leave?): " + e.what();
+                     ", the next call's agreement-frame receives could not be posted (did a peer leave?): " + e.what();
     cv_.notify_all();
   }
 }
 
 void GroupRuntime::postFrameReceives() {
   const int tag = kFrameTagBase + tag_slot_;
-  frame_recvs_.assign(static_cast<size_t>(kFrameBatch) * static_cast<size_t>(size_), {});
-  frame_next_ = 0;
-  for (size_t b = 0; b < static_cast<size_t>(kFrameBatch); ++b) {
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      const size_t at = b * static_cast<size_t>(size_) + static_cast<size_t>(p);
-      std::vector<at::Tensor> t{byteTensor(frame_in_.get() + at * kFrameBytes, kFrameBytes)};
-      try {
-        frame_recvs_[at] = backend_->recv(t, p, tag);
-      } catch (const std::exception& e) {
-        RR_THROW(kBackend, "ringreduce: could not post a receive from rank ", p, " on ", name_, ": ", e.what());
-      }
+  frame_recvs_.assign(static_cast<size_t>(size_), {});
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    std::vector<at::Tensor> t{byteTensor(frame_in_.get() + static_cast<size_t>(p) * kFrameBytes, kFrameBytes)};
+    try {
+      frame_recvs_[static_cast<size_t>(p)] = backend_->recv(t, p, tag);
+    } catch (const std::exception& e) {
+      RR_THROW(kBackend, "ringreduce: could not post a receive from rank ", p, " on ", name_, ": ", e.what());
     }
   }
 }

@@ -49,8 +49,6 @@ constexpr int64_t kLeadBytes = 1 << 20;
 // The group's staging memory (DESIGN.md section 5: <= 8 MiB by default): with the default slots
 // (Note [Staging slots] in plan.h) at most kAutoStagingBytes plus kLeadBytes.
 constexpr int64_t kStagingCapBytes = 8 << 20;
-// Note [Pre-posted frame receives]: agreement-frame receives are posted this many calls at a time.
-constexpr int kFrameBatch = 1;
 
 struct CallOptions {
   RedOp op = RedOp::kSum;
@@ -135,12 +133,13 @@ class GroupRuntime {
   void retireLeading(Transport& t, const std::vector<int>& slots, int tag_group);
   std::chrono::milliseconds timeoutFor(const CallOptions& opt) const;
   // Note [Pre-posted frame receives] (whole-group rings): the agreement frames of this call, over
-  // receives posted at the end of the previous exchange: sendFrame posts this rank's frame to
-  // every peer, collectFrames waits for theirs (and for the sends) and returns all, by rank.
+  // receives posted by the previous exchange: sendFrame posts this rank's frame to every peer,
+  // collectFrames waits for theirs (and for the sends), posts the next call's receives and returns
+  // all frames, by rank.
   void sendFrame(const Frame& mine);
   std::vector<Frame> collectFrames(const Frame& mine, std::chrono::milliseconds timeout, uint64_t seq);
-  void postFrameReceives();           // kFrameBatch calls' receives from every peer
-  void postFrameBatch(uint64_t seq);  // after the batch's last receive; a failure marks the group unusable
+  void postFrameReceives();           // one receive from every peer
+  void postNextFrames(uint64_t seq);  // after collectFrames; a failure marks the group unusable
   void abandonFrames();  // after a transport failure: pending receives and their memory are kept
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
@@ -171,13 +170,11 @@ class GroupRuntime {
   std::vector<std::unique_ptr<char[]>> slots_;
   std::vector<int64_t> slot_sizes_;  // bytes of each slot
   std::vector<float> accum_;
-  std::unique_ptr<char[]> frame_in_;   // kFrameBatch x size_ frames: where the pre-posted receives land
+  std::unique_ptr<char[]> frame_in_;   // size_ frames: where the pre-posted receives land
   std::unique_ptr<char[]> frame_out_;  // this rank's frame while its sends are in flight
-  std::vector<c10::intrusive_ptr<c10d::Work>> frame_recvs_;  // [entry * size_ + ring rank]; empty: none posted
-  int frame_next_ = 0;                 // the batch entry the next frame exchange reads
-  int frame_batch_ = kFrameBatch;
+  std::vector<c10::intrusive_ptr<c10d::Work>> frame_recvs_;  // pending, indexed by ring rank; empty: none posted
   std::vector<c10::intrusive_ptr<c10d::Work>> frame_sends_;
-  std::vector<c10::intrusive_ptr<c10d::Work>> frame_done_;  // the previous batch, freed at the next one
+  std::vector<c10::intrusive_ptr<c10d::Work>> frame_done_;  // completed receives, freed at the next exchange
 };
 
 // The registry: one runtime per (ProcessGroup object, rank list), created on first use. An empty
