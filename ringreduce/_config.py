@@ -69,17 +69,3 @@ def timeout_ms() -> int:
     if seconds <= 0:
         raise ValueError(f"ringreduce: RINGREDUCE_TIMEOUT={raw!r} must be > 0")
     return max(1, int(seconds * 1000))
-
-
-def run_inline() -> bool:
-    """RINGREDUCE_INLINE=1: run a synchronous CPU call on the calling thread when nothing is queued
-    before it (saves two thread handoffs). Off by default: on the 2-vCPU VMs this project measures on,
-    the handoff to the group's worker gave steadier and, in the median, lower latency (see
-    docs/algorithm.md, "Where the time goes")."""
-    return _env("RINGREDUCE_INLINE", "") in ("1", "true", "True", "on")
-
-
-def recv_only_waits() -> bool:
-    """RINGREDUCE_RECV_ONLY_WAITS=0: CPU reduces wait for both halves of their exchange (diagnostic;
-    default on: a reduce waits only for the receive it consumes, see plan.h)."""
-    return _env("RINGREDUCE_RECV_ONLY_WAITS", "1") not in ("0", "false", "False", "off")

@@ -23,7 +23,7 @@
   CUDA call on the group, collectively over *every* rank of the group: with a DeviceMesh sub-mesh,
   every rank must make that first call (each on its own slice, as SPMD programs do), or call
   :func:`init_communicator` on every rank beforehand.
-* **Hierarchical all-reduce** (``local_size > 1``, chosen by ``ringreduce.ops.choose_algorithm``):
+* **Hierarchical all-reduce** (``local_size > 1``, chosen by ``ringreduce._groups.choose_algorithm``):
   the stages of Note [Hierarchical all-reduce] (csrc/torch/cpu_group.cpp) as one call on the
   streams - reduce-scatter inside the node (AVG sums there), a full ring across nodes over the
   node's owned range (AVG divides by the whole ring's size, once), all-gather inside the node.
@@ -269,7 +269,7 @@ def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, me
 
     Sends this rank's frame marked with `error` (csrc/core/frame.h FrameError) around the ring the
     other ranks run the call on, so that they raise RuntimeError at once instead of at the timeout.
-    `members`: that ring's ranks in ``info.pg`` (ringreduce.ops.choose_algorithm); default: the
+    `members`: that ring's ranks in ``info.pg`` (ringreduce._groups.choose_algorithm); default: the
     ring of `info` for reduce_scatter/all_gather, the ring ``algorithm="auto"`` picks otherwise.
     Returns normally; the caller then raises its own, more precise exception. Does nothing when the
     check is off.
@@ -279,7 +279,7 @@ def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, me
     if members is None:
         members = info.members
         if kind not in _HALF_NAMES:
-            from ringreduce.ops import choose_algorithm
+            from ringreduce._groups import choose_algorithm
 
             try:
                 members = choose_algorithm(info, "auto")[1]

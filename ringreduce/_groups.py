@@ -231,3 +231,25 @@ def node_layout(info: GroupInfo) -> NodeLayout:
     with _layout_lock:
         _layouts[key] = layout
     return layout
+
+
+def choose_algorithm(info: GroupInfo, algorithm: str) -> tuple[int, tuple[int, ...]]:
+    """(local_size, members) of an all-reduce: local_size 0 is the flat ring over info.members; L > 0
+    the hierarchical all-reduce over `members` ordered node by node, L ranks per node.
+
+    "auto" picks hierarchical when the ring spans several nodes with the same number of its ranks on
+    each and more than one per node; "hierarchical" on one node (or one rank per node) is the flat
+    ring, since the node ring (or the cross-node ring) would be the whole ring.
+    """
+    if algorithm == "ring" or info.size <= 2:
+        return 0, info.members
+    layout = node_layout(info)
+    if algorithm == "hierarchical" and not layout.uniform:
+        raise ValueError(
+            f"ringreduce: algorithm='hierarchical' needs the same number of ranks of {info.name} on every "
+            f"node, got node ids {list(layout.node_of_member)} (from GROUP_RANK/LOCAL_WORLD_SIZE or "
+            "RINGREDUCE_LOCAL_SIZE); use algorithm='ring' or 'auto'"
+        )
+    if layout.uniform and layout.nodes > 1 and layout.local_size > 1:
+        return layout.local_size, layout.members
+    return 0, info.members

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce import ops
+from ringreduce._dispatch import local_refusal, local_tensor, refuse, run_all_reduce
 from ringreduce._groups import resolve
-from ringreduce.ops import ReduceOp
+from ringreduce._types import CallKind, FrameError, ReduceOp
 from ringreduce.work import Work
 
 
@@ -111,28 +111,28 @@ class CoalescedWork(Work):
         return f"<ringreduce.CoalescedWork {self._describe} {state}>"
 
 
-def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, int, BaseException | None]:
+def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, Any, BaseException | None]:
     """(tensor list, frame error code, exception) from purely local checks of the argument."""
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
-        return None, ops._ERR_NOT_A_TENSOR, TypeError(
+        return None, FrameError.NOT_A_TENSOR, TypeError(
             "ringreduce.all_reduce_coalesced: expected a list or tuple of tensors, got "
             f"{type(tensors).__name__} (use ringreduce.all_reduce for a single tensor)"
         )
-    tensors = [ops.local_tensor(t) for t in tensors]  # DTensors: their local shards, in place
+    tensors = [local_tensor(t) for t in tensors]  # DTensors: their local shards, in place
     for k, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
-            return None, ops._ERR_NOT_A_TENSOR, TypeError(
+            return None, FrameError.NOT_A_TENSOR, TypeError(
                 f"ringreduce.all_reduce_coalesced: element {k} is a {type(t).__name__}, not a torch.Tensor"
             )
     if tensors:
         first = tensors[0].device
         for k, t in enumerate(tensors):
             if t.device != first:
-                return None, ops._ERR_DEVICE, ValueError(
+                return None, FrameError.DEVICE, ValueError(
                     f"ringreduce.all_reduce_coalesced: all tensors must be on one device; element 0 is on "
                     f"{first} but element {k} is on {t.device}. Call it once per device"
                 )
-    return tensors, 0, None
+    return tensors, FrameError.NONE, None
 
 
 def all_reduce_coalesced(
@@ -161,15 +161,16 @@ def all_reduce_coalesced(
     if exc is None:
         assert listed is not None
         for k, t in enumerate(listed):
-            code, exc, _, _ = ops._local_refusal(t, op, None, "auto")
+            code, exc, _, _ = local_refusal(t, op, None, "auto")
             if exc is not None:
                 exc = type(exc)(f"{exc} (in ringreduce.all_reduce_coalesced, element {k})")
                 break
     if exc is not None:
         if info is None:
             raise exc
-        is_cuda = bool(listed) and listed[0].is_cuda  # type: ignore[index]
-        ops._refuse(info, ops.KIND_ALL_REDUCE_COALESCED, code, exc, is_cuda)
+        # The device the other ranks run this call on: the list's (CPU for a list that is not one).
+        device = listed[0].device if listed else None
+        refuse(info, CallKind.ALL_REDUCE_COALESCED, code, exc, device, "auto")
     assert listed is not None
     live = [t for t in listed if t.numel() > 0]
     if info is None or info.size == 1 or not live:
@@ -180,7 +181,7 @@ def all_reduce_coalesced(
     groups = [_FlatGroup(ts) for ts in by_dtype.values()]
     works: list[Work] = []
     for g in groups:
-        w = ops._run(g.flat, op, group, True, None, "auto", kind=ops.KIND_ALL_REDUCE_COALESCED, ntensors=len(listed))
+        w = run_all_reduce(g.flat, op, group, True, None, "auto", CallKind.ALL_REDUCE_COALESCED, ntensors=len(listed))
         assert w is not None
         works.append(w)
     work = CoalescedWork(works, groups, listed, describe=f"all_reduce_coalesced of {len(listed)} tensors on {info.name}")

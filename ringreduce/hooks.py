@@ -55,8 +55,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ringreduce._dispatch import local_tensor
 from ringreduce._groups import _is_device_mesh, resolve
-from ringreduce.ops import ReduceOp, all_reduce, local_tensor
+from ringreduce.ops import ReduceOp, all_reduce
 from ringreduce.work import Work
 
 _MB = 1024 * 1024

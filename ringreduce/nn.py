@@ -56,10 +56,12 @@ from typing import Any
 
 import torch
 
-from ringreduce import ops, scatter_gather
+from ringreduce import scatter_gather
+from ringreduce._dispatch import device_of, refuse
 from ringreduce._groups import resolve
+from ringreduce._types import CallKind, FrameError, ReduceOp, to_reduce_op
 
-_DIFFERENTIABLE_OPS = (ops.ReduceOp.SUM, ops.ReduceOp.AVG)
+_DIFFERENTIABLE_OPS = (ReduceOp.SUM, ReduceOp.AVG)
 _UNEVEN_HINT = (
     "ringreduce.nn.all_gather: every rank must pass a tensor of the same shape and dtype (uneven "
     "first dimensions are not supported: pad to the largest and mask the padding). "
@@ -79,7 +81,7 @@ def _gather(tensor: Any, group: Any) -> torch.Tensor:
         raise
 
 
-def _scatter(input: torch.Tensor, op: ops.ReduceOp, group: Any, size: int) -> torch.Tensor:  # noqa: A002
+def _scatter(input: torch.Tensor, op: ReduceOp, group: Any, size: int) -> torch.Tensor:  # noqa: A002
     output = input.new_empty((input.shape[0] // size, *input.shape[1:]))
     scatter_gather.reduce_scatter(output, input, op=op, group=group)
     return output
@@ -95,13 +97,13 @@ class _AllGather(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         # Note [Gradient convention]: rank r gets the sum over ranks of the gradients of block r.
         # Through the autograd function itself, so that double backward works too.
-        block = _ReduceScatter.apply(grad, ops.ReduceOp.SUM, ctx.group, ctx.size)
+        block = _ReduceScatter.apply(grad, ReduceOp.SUM, ctx.group, ctx.size)
         return block.reshape(ctx.shape), None, None
 
 
 class _ReduceScatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, input: torch.Tensor, op: ops.ReduceOp, group: Any, size: int) -> torch.Tensor:  # noqa: A002
+    def forward(ctx: Any, input: torch.Tensor, op: ReduceOp, group: Any, size: int) -> torch.Tensor:  # noqa: A002
         ctx.group, ctx.size, ctx.op, ctx.shape = group, size, op, input.shape
         return _scatter(input, op, group, size)
 
@@ -109,7 +111,7 @@ class _ReduceScatter(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         # d(block r)/d(input of rank s, block r) is 1 for SUM and 1/n for AVG.
         gathered = _AllGather.apply(grad, ctx.group, ctx.size).reshape(ctx.shape)
-        if ctx.op == ops.ReduceOp.AVG:
+        if ctx.op == ReduceOp.AVG:
             gathered = gathered / ctx.size
         return gathered, None, None, None
 
@@ -150,24 +152,24 @@ def reduce_scatter(input: torch.Tensor, op: Any = "sum", group: Any = None) -> t
     outside `group` gets None.
     """
     info = resolve(group)
-    kind = ops.KIND_REDUCE_SCATTER
+    kind = CallKind.REDUCE_SCATTER
     try:
-        rop = ops.to_reduce_op(op)
+        rop = to_reduce_op(op)
     except ValueError as exc:
-        rop, error = None, (ops._ERR_UNSUPPORTED, exc)
+        rop, error = None, (FrameError.UNSUPPORTED, exc)
     else:
         error = None
     if error is None and rop not in _DIFFERENTIABLE_OPS:
-        error = (ops._ERR_UNSUPPORTED, ValueError(
+        error = (FrameError.UNSUPPORTED, ValueError(
             f"ringreduce.nn.reduce_scatter: op {rop.name} is not supported; the differentiable reductions are "
             "SUM and AVG (use ringreduce.reduce_scatter without autograd for MAX, MIN and PRODUCT)"
         ))
     if error is None and not isinstance(input, torch.Tensor):
-        error = (ops._ERR_NOT_A_TENSOR, TypeError(
+        error = (FrameError.NOT_A_TENSOR, TypeError(
             f"ringreduce.nn.reduce_scatter: expected a torch.Tensor, got {type(input).__name__}"
         ))
     if error is None and info is not None and (input.dim() == 0 or input.shape[0] % info.size != 0):
-        error = (ops._ERR_OTHER, ValueError(
+        error = (FrameError.OTHER, ValueError(
             f"ringreduce.nn.reduce_scatter: input of shape {tuple(input.shape)} cannot be split into "
             f"{info.size} blocks on dim 0; pass shape ({info.size} * d0, ...)"
         ))
@@ -175,7 +177,7 @@ def reduce_scatter(input: torch.Tensor, op: Any = "sum", group: Any = None) -> t
         code, exc = error
         if info is None:
             raise exc
-        ops._refuse(info, kind, code, exc, input)
+        refuse(info, kind, code, exc, device_of(input))
     if info is None:
         return None
     return _ReduceScatter.apply(input, rop, group, info.size)

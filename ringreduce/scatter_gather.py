@@ -7,17 +7,14 @@ halves] in csrc/core/plan.h). Autograd-aware versions are in :mod:`ringreduce.nn
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
-from ringreduce import _config, ops
-from ringreduce._groups import GroupInfo, resolve
+from ringreduce._dispatch import device_of, local_refusal, local_tensor, refuse, run_ring_half
+from ringreduce._groups import resolve
+from ringreduce._types import CallKind, FrameError, ReduceOp
 from ringreduce.work import Work
-
-_PHASE_REDUCE_SCATTER = 1
-_PHASE_ALL_GATHER = 2
 
 
 def _gathered_shape(tensor: torch.Tensor, n: int) -> tuple[int, ...]:
@@ -26,39 +23,10 @@ def _gathered_shape(tensor: torch.Tensor, n: int) -> tuple[int, ...]:
     return (n * tensor.shape[0], *tensor.shape[1:])
 
 
-def _run_cpu(
-    info: GroupInfo,
-    tensor: torch.Tensor,
-    output: torch.Tensor,
-    rop: ops.ReduceOp,
-    kind: int,
-    phases: int,
-    async_op: bool,
-    result: torch.Tensor,
-    finalize: Any = None,
-) -> Work | None:
-    name = ops._KIND_NAMES[kind]
-    level = ops._debug_level()
-    start = time.perf_counter()
-    with torch.profiler.record_function(f"ringreduce.{name}"):
-        handle = ops._submit_cpu(
-            info, tensor, rop, False, kind, 0, 1, _config.check_enabled(False),
-            run_inline=not async_op and _config.run_inline(),
-            output=output, phases=phases, owner_shift=-1, exact_chunks=True,
-        )
-        work = Work(handle, [result], describe=f"{name} {rop.name} on {info.name}", finalize=finalize)
-        if not async_op:
-            work.wait()
-    if level:
-        ops._log_call(info, handle, tensor, rop, kind, level, async_op, False,
-                      None if async_op else time.perf_counter() - start)
-    return work
-
-
 def reduce_scatter(
     output: torch.Tensor,
     input: torch.Tensor,  # noqa: A002 - torch.distributed's name
-    op: Any = ops.ReduceOp.SUM,
+    op: Any = ReduceOp.SUM,
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:
@@ -73,32 +41,32 @@ def reduce_scatter(
     `output` of the wrong size or dtype raises ValueError/TypeError. `group`: None, a ProcessGroup or
     a DeviceMesh. A rank outside the group returns at once, leaving `output` unchanged.
     """
-    kind = ops.KIND_REDUCE_SCATTER
-    input, output = ops.local_tensor(input), ops.local_tensor(output)  # DTensors: their local shards
+    kind = CallKind.REDUCE_SCATTER
+    input, output = local_tensor(input), local_tensor(output)  # DTensors: their local shards
     info = resolve(group)
-    code, exc, rop, _ = ops._local_refusal(input, op, None, "ring")
+    code, exc, rop, _ = local_refusal(input, op, None, "ring")
     if exc is None:
         if not isinstance(output, torch.Tensor):
-            code, exc = ops._ERR_NOT_A_TENSOR, TypeError(
+            code, exc = FrameError.NOT_A_TENSOR, TypeError(
                 f"ringreduce.reduce_scatter: output must be a torch.Tensor, got {type(output).__name__}"
             )
         elif output.dtype != input.dtype or output.device != input.device:
-            code, exc = ops._ERR_OTHER, TypeError(
+            code, exc = FrameError.OTHER, TypeError(
                 f"ringreduce.reduce_scatter: output ({output.dtype}, {output.device}) must have the input's "
                 f"dtype and device ({input.dtype}, {input.device})"
             )
         elif info is not None and input.numel() != output.numel() * info.size:
-            code, exc = ops._ERR_OTHER, ValueError(
+            code, exc = FrameError.OTHER, ValueError(
                 f"ringreduce.reduce_scatter: input has {input.numel()} elements, but {info.size} ranks x "
                 f"output's {output.numel()} = {output.numel() * info.size}; input must be the {info.size} "
                 f"output blocks back to back (shape ({info.size} * d0, ...) for output (d0, ...))"
             )
         elif output.layout != torch.strided:
-            code, exc = ops._ERR_SPARSE, ValueError("ringreduce.reduce_scatter: output must be a dense tensor")
+            code, exc = FrameError.SPARSE, ValueError("ringreduce.reduce_scatter: output must be a dense tensor")
     if exc is not None:
         if info is None:
             raise exc
-        ops._refuse(info, kind, code, exc, input)
+        refuse(info, kind, code, exc, device_of(input))
     assert rop is not None
     if info is None:
         return Work.completed([output]) if async_op else None
@@ -109,8 +77,8 @@ def reduce_scatter(
     if input.is_cuda:
         from ringreduce import _cuda
 
-        return _cuda.cuda_ring_half(input, output, rop, info, async_op, kind)
-    return _run_cpu(info, input, output, rop, kind, _PHASE_REDUCE_SCATTER, async_op, output)
+        return _cuda.cuda_ring_half(input, output, rop, info, async_op, int(kind))
+    return run_ring_half(info, input, output, rop, kind, async_op, output)
 
 
 def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
@@ -124,14 +92,14 @@ def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) 
     gathered tensor. `group`: None, a ProcessGroup or a DeviceMesh. A rank outside the group gets
     None. Autograd: use :func:`ringreduce.nn.all_gather`.
     """
-    kind = ops.KIND_ALL_GATHER
-    tensor = ops.local_tensor(tensor)  # a DTensor: its local shard (the result is a plain tensor)
+    kind = CallKind.ALL_GATHER
+    tensor = local_tensor(tensor)  # a DTensor: its local shard (the result is a plain tensor)
     info = resolve(group)
-    code, exc, _, _ = ops._local_refusal(tensor, ops.ReduceOp.SUM, None, "ring")
+    code, exc, _, _ = local_refusal(tensor, ReduceOp.SUM, None, "ring")
     if exc is not None:
         if info is None:
             raise exc
-        ops._refuse(info, kind, code, exc, tensor)
+        refuse(info, kind, code, exc, device_of(tensor))
     if info is None:
         return None
     out = torch.empty(_gathered_shape(tensor, info.size), dtype=tensor.dtype, device=tensor.device)
@@ -142,7 +110,7 @@ def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) 
     if tensor.is_cuda:
         from ringreduce import _cuda
 
-        work = _cuda.cuda_ring_half(tensor, out, ops.ReduceOp.SUM, info, async_op, kind)
+        work = _cuda.cuda_ring_half(tensor, out, ReduceOp.SUM, info, async_op, int(kind))
         return work if async_op else out
-    work = _run_cpu(info, tensor, out, ops.ReduceOp.SUM, kind, _PHASE_ALL_GATHER, async_op, out)
+    work = run_ring_half(info, tensor, out, ReduceOp.SUM, kind, async_op, out)
     return work if async_op else out

@@ -169,3 +169,29 @@ def _gpu_exact(rank: int, ws: int) -> None:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs >= 2 CUDA GPUs")
 def test_gpu_coalesced_exact() -> None:
     run_ranks(2, _gpu_exact)
+
+
+def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
+    """A refused coalesced call of CUDA tensors sends its refusal frame on the GPU path (the ring the
+    other ranks run it on), never on the CPU worker: on an NCCL-only group the CPU path has no
+    transport (ValueError instead of the refusal), and on "cpu:gloo,cuda:nccl" the other ranks would
+    wait for the refusal until the timeout. One process, the group and both paths faked: FakeTensor
+    gives CUDA tensors without a GPU, and its subclass is refused locally."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ringreduce import _cuda, _dispatch, coalesced
+    from ringreduce._groups import GroupInfo
+
+    with FakeTensorMode():
+        tensors = [torch.empty(4, device="cuda"), torch.empty(2, device="cuda")]
+    info = GroupInfo(pg=None, rank=0, size=2, name="fake group")  # type: ignore[arg-type]
+    seen: list[str] = []
+    monkeypatch.setattr(coalesced, "resolve", lambda group: info)
+    monkeypatch.setattr(_dispatch, "choose_algorithm", lambda info, algorithm: (0, ()))
+    monkeypatch.setattr(_cuda, "cuda_refuse", lambda info, device, kind, error, members=None: seen.append(f"gpu {device}"))
+    monkeypatch.setattr(_dispatch, "submit_cpu", lambda *a, **k: seen.append("cpu"))
+    monkeypatch.setitem(_dispatch.C.native_info, "cuda", True)
+    monkeypatch.setenv("RINGREDUCE_CHECK", "1")
+    with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
+        rr.all_reduce_coalesced(tensors)
+    assert seen == ["gpu cuda:0"], seen

@@ -3,8 +3,8 @@
 Two parts of csrc/cuda are plain C++ and are compiled here with the host compiler into a small
 ctypes library (tests/cpp/cuda/cuda_logic_capi.cpp):
 
-* the reduce kernel's body (csrc/cuda/reduce_body.h) through the kernel's own dtype dispatch
-  (csrc/cuda/reduce_dispatch.h), on a simulated grid of threads, compared with torch on every
+* the reduce kernel's body (csrc/core/reduce_body.h) through the kernel's own dtype dispatch
+  (csrc/core/reduce_dispatch.h), on a simulated grid of threads, compared with torch on every
   dtype, op and float32-partial variant, at misaligned addresses (scalar head, vector body, tail);
 * the GPU ring driver (csrc/cuda/ring_driver.cpp, what CudaRing runs over NCCL and CUDA streams)
   on simulated CUDA streams with random interleavings and a vector-clock race detector
@@ -36,14 +36,16 @@ SOURCES = [
     "tests/cpp/cuda/cuda_logic_capi.cpp",
     "tests/cpp/cuda/sim_device.cpp",
     "csrc/cuda/ring_driver.cpp",
+    "csrc/core/collectives.cpp",
     "csrc/core/plan.cpp",
     "csrc/core/dtype.cpp",
 ]
 HEADERS = [
     "tests/cpp/cuda/sim_device.h",
     "csrc/cuda/ring_driver.h",
-    "csrc/cuda/reduce_body.h",
-    "csrc/cuda/reduce_dispatch.h",
+    "csrc/core/collectives.h",
+    "csrc/core/reduce_body.h",
+    "csrc/core/reduce_dispatch.h",
     "csrc/core/functors.h",
     "csrc/core/plan.h",
     "csrc/core/schedule.h",

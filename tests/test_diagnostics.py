@@ -7,7 +7,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from ranks import captured_stderr, run_ranks, spawn_ranks
+from ranks import run_ranks, spawn_ranks
 
 import ringreduce as rr
 
@@ -53,36 +53,44 @@ def test_debug_logging_and_profiler_ranges():
         assert res["profiled"]
 
 
-def _traced_calls(rank: int, ws: int) -> list[str]:
-    with captured_stderr() as lines:
-        try:
-            rr.all_reduce(torch.ones(3))  # not traced
-            os.environ["RINGREDUCE_TRACE"] = "1"
-            t = torch.ones(300_000)
-            rr.all_reduce_avg(t)  # traced, several segments
-            rr.all_reduce(torch.ones(5), op="max")  # traced
-            os.environ["RINGREDUCE_TRACE"] = "off"
-            rr.all_reduce(torch.ones(3))  # not traced
-        finally:
-            os.environ.pop("RINGREDUCE_TRACE", None)
+def _detail_calls(rank: int, ws: int) -> list[str]:
+    cap = _Capture()
+    log = logging.getLogger("ringreduce")
+    log.addHandler(cap)
+    try:
+        rr.all_reduce(torch.ones(3))  # not logged
+        os.environ["RINGREDUCE_DEBUG"] = "DETAIL"
+        t = torch.ones(300_000)
+        rr.all_reduce_avg(t)  # logged, several segments
+        rr.all_reduce(torch.ones(5), op="max")  # logged
+        os.environ["RINGREDUCE_CHECK"] = "0"
+        rr.all_reduce(torch.ones(5))  # logged, no check
+        os.environ.pop("RINGREDUCE_DEBUG")
+        rr.all_reduce(torch.ones(3))  # not logged
+    finally:
+        os.environ.pop("RINGREDUCE_DEBUG", None)
+        os.environ.pop("RINGREDUCE_CHECK", None)
+        log.removeHandler(cap)
     assert torch.equal(t, torch.ones(300_000))
-    return [ln for ln in lines if ln.startswith("[ringreduce trace]")]
+    return cap.lines
 
 
-def test_trace_lines_split_each_call():
+def test_detail_lines_split_each_call_into_check_and_ring():
     import re
 
-    for rank, lines in enumerate(run_ranks(2, _traced_calls)):
-        assert len(lines) == 2, lines
-        assert f"rank {rank} " in lines[0] and "numel 300000" in lines[0] and "numel 5" in lines[1]
+    for rank, lines in enumerate(run_ranks(2, _detail_calls)):
+        assert len(lines) == 3, lines
+        assert f"rank {rank}/2" in lines[0] and "numel=300000" in lines[0] and "numel=5" in lines[1]
+        parts = []
         for ln in lines:
-            m = re.search(r"ring (\d+) us \(posting (\d+), waiting (\d+), reducing (\d+), copying (\d+)\)", ln)
+            m = re.search(r"time=(\d+)us .* check=(\d+)us ring=(\d+)us", ln)
             assert m, ln
-            total, *parts = (int(x) for x in m.groups())
-            assert sum(parts) <= total + 5, ln  # the parts are disjoint spans of the ring's time
-            assert "ops over 500 us:" in ln, ln
+            total, check, ring = (int(x) for x in m.groups())
+            assert check + ring <= total + 5, ln  # disjoint spans of the call's time
+            parts.append((check, ring))
+        assert parts[0][1] > 0 and parts[2][0] == 0, lines  # a ring ran; the unchecked call has no check
         seq = [int(re.search(r"call #(\d+)", ln).group(1)) for ln in lines]
-        assert seq[1] == seq[0] + 1, lines
+        assert seq[1] == seq[0] + 1 and seq[2] == seq[1] + 1, lines
 
 
 def _dead_peer_error(rank: int, ws: int) -> str:

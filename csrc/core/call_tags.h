@@ -14,7 +14,7 @@ namespace rr {
 // A ring's calls take its tag groups in turn, wrapping around after the last. Every rank of the
 // ring makes the same calls in the same order, so all of them give call #k the same group. A call
 // that posted receives before it knew the call could go ahead (Note [Receives before the verdict]
-// in csrc/torch/cpu_group.cpp) and then failed its agreement check leaves those receives posted:
+// in csrc/cpu/group_runtime.cpp) and then failed its agreement check leaves those receives posted:
 // gloo cannot take a receive back, and one left on a tag that a later call reuses would capture
 // that call's message. Such a call's group is retired: every rank reaches the same verdict from
 // the same frames, so every rank retires the same group, and the turn skips it from then on.

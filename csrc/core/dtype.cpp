@@ -4,16 +4,6 @@
 
 namespace rr {
 
-const char* errorKindName(ErrorKind kind) {
-  switch (kind) {
-    case ErrorKind::kType: return "TypeError";
-    case ErrorKind::kValue: return "ValueError";
-    case ErrorKind::kRuntime: return "RuntimeError";
-    case ErrorKind::kBackend: return "DistBackendError";
-  }
-  return "RuntimeError";
-}
-
 const char* dtypeName(DType t) {
   switch (t) {
     case DType::kFloat32: return "float32";

@@ -19,8 +19,6 @@ enum class ErrorKind : int {
   kBackend = 3,   // transport failure, dead peer, timeout, poisoned group   -> DistBackendError
 };
 
-const char* errorKindName(ErrorKind kind);
-
 class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}

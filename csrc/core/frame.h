@@ -42,7 +42,7 @@ enum class FrameError : int32_t {
 
 enum FrameFlags : int32_t {
   // This rank posted its first payload receive before the frames (Note [Receives before the
-  // verdict] in csrc/torch/cpu_group.cpp), with room for kLeadBytes.
+  // verdict] in csrc/cpu/group_runtime.cpp), with room for kLeadBytes.
   kFrameLeadReceive = 1,
 };
 

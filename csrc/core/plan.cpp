@@ -205,7 +205,7 @@ struct Builder {
       if (!commKnows(x)) commWaits(x);
     Op ex{OpKind::kExchange, Queue::kComm};
     ex.exchange = e;
-    // spans were stored in the compute op or rebuilt by the caller; see build()
+    // the spans buildPlan computed for exchange e (ex_send/ex_recv below)
     ex.send = ex_send[e];
     ex.recv = ex_recv[e];
     emit(ex);

@@ -116,15 +116,12 @@ enum PhaseMask : uint8_t { kPhaseReduceScatter = 1, kPhaseAllGather = 2, kPhaseB
 // of its previous receive has run, so num_slots also bounds the receives a rank can have posted
 // (and the segments in flight). kAutoSlots gives every staged receive of the call a slot of its own
 // when all of them fit in kAutoStagingBytes, and kDefaultSlots otherwise (large tensors, where the
-// slots are max_segment_bytes each). With a slot per receive, a rank posts every receive of the call
-// at its start (Note [Receives posted early] in csrc/cpu/ring_executor.cpp), so no receive notice
-// travels once the payload flows. On gloo that matters: a notice that reaches a rank while its
-// worker holds the pair's lock to write a segment makes gloo's I/O thread spin on the lock (its loop
-// only try-locks a pair, and epoll is level-triggered), and on an oversubscribed host that spin
-// takes the CPU the lock holder needs (measured in docs/algorithm.md, "Where the time goes").
-// 6 MiB keeps the CPU transport's staging, with its 1 MiB leading receive, within 8 MiB. At most
-// kMaxAutoSlots receives are posted ahead (a ring of up to 17 ranks with two segments per chunk,
-// the default for tensors up to 2 MiB per chunk, gets a slot per receive).
+// slots are max_segment_bytes each). With a slot per receive, a transport can post every receive
+// of the call at its start (Note [Receives posted early] in csrc/cpu/ring_executor.cpp); why that
+// matters on gloo: Note [gloo pair locks] in csrc/cpu/c10d_transport.h. 6 MiB keeps the CPU
+// staging, with its 1 MiB leading receive, within 8 MiB. At most kMaxAutoSlots receives are posted
+// ahead (a ring of up to 17 ranks with two segments per chunk, the default for tensors up to 2 MiB
+// per chunk, gets a slot per receive).
 constexpr int32_t kAutoSlots = 0;
 constexpr int32_t kDefaultSlots = 4;
 constexpr int32_t kMaxAutoSlots = 64;

@@ -1,10 +1,13 @@
 // ringreduce core: the Transport seam between the plan executor and a point-to-point backend.
 //
-// Implementations: the c10d ProcessGroup transport (csrc/torch/c10d_transport.cpp, gloo send/recv
-// of the caller's group) and in-process fakes for tests (threads as ranks). Ranks are ranks of
-// the group. Tags identify one call; messages with equal (peer, tag) are matched in posting order.
+// Implementations: the c10d transport (csrc/cpu/c10d_transport.h, gloo send/recv of the caller's
+// process group) and the in-process transport of the tests (tests/support, threads as ranks).
+// Ranks are ranks of the group. Tags identify one call; messages with equal (peer, tag) are
+// matched in posting order. A transport lives as long as its group's runtime: requests may stay
+// posted from one call to the next (Note [Pre-posted frame receives] in agreement.h).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +34,17 @@ class Transport {
   // After a failure: forget every pending request without freeing what it may still write into.
   // The caller keeps the receive buffers alive (late messages land there, never in user memory).
   virtual void abandon() = 0;
+
+  // How long wait() waits before it throws (set per call: the group's timeout or an override).
+  virtual void setTimeout(std::chrono::milliseconds timeout) { (void)timeout; }
+
+  // Whether a send leaves only once the receiver has posted its receive (gloo's does): the runtime
+  // then keeps receives posted ahead (Note [Pre-posted frame receives] in agreement.h).
+  virtual bool rendezvousSends() const { return false; }
+
+  // The end of a call: the requests it waited for may be released now (a transport may keep them
+  // until here when releasing one right after its wait costs more).
+  virtual void callDone() {}
 };
 
 // Note [Sub-rings by rank list]
@@ -59,6 +73,30 @@ class RankMapTransport final : public Transport {
   Transport& parent_;
   std::vector<int> members_;
   int index_;
+};
+
+// Note [Traffic counters]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Payload bytes sent to each rank of the group (agreement frames are not payload): what the
+// benchmark's traffic mode reports as cross-node bytes of the flat and hierarchical rings. The
+// runtime posts payload through this decorator and frames around it.
+class CountingTransport final : public Transport {
+ public:
+  // sent: one counter per rank of `parent` (read by other threads, hence atomic).
+  CountingTransport(Transport& parent, std::atomic<int64_t>* sent) : parent_(parent), sent_(sent) {}
+  int rank() const override { return parent_.rank(); }
+  int size() const override { return parent_.size(); }
+  int64_t isend(const void* data, size_t bytes, int peer, int tag) override {
+    sent_[peer].fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+    return parent_.isend(data, bytes, peer, tag);
+  }
+  int64_t irecv(void* data, size_t bytes, int peer, int tag) override { return parent_.irecv(data, bytes, peer, tag); }
+  void wait(int64_t request) override { parent_.wait(request); }
+  void abandon() override { parent_.abandon(); }
+
+ private:
+  Transport& parent_;
+  std::atomic<int64_t>* sent_;
 };
 
 }  // namespace rr

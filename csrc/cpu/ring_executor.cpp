@@ -1,7 +1,5 @@
 #include "ring_executor.h"
 
-#include <chrono>
-#include <cstdio>
 #include <cstring>
 
 #include "../core/error.h"
@@ -126,7 +124,7 @@ void PlanRun::postReceives(int64_t at) {
   for (int32_t e : post_after_[static_cast<size_t>(at)]) postReceive(e, 0);
 }
 
-void PlanRun::run(RunTrace* trace) {
+void PlanRun::run() {
   const bool round_sum = !plan_.accum_float32;
   // A recv_only wait (Note [One ring, two transports, one plan]) waits the receive request only;
   // a full wait also the send request, whenever it comes.
@@ -140,13 +138,9 @@ void PlanRun::run(RunTrace* trace) {
     if (p.send >= 0) t_.wait(p.send);
     p.send_waited = true;
   };
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = trace != nullptr ? Clock::now() : Clock::time_point();
-  auto sinceStart = [&](Clock::time_point t) { return std::chrono::duration<double, std::micro>(t - start).count(); };
   postReceives(0);
   int64_t op_index = 0;
   for (const Op& o : plan_.ops) {
-    const double began = trace != nullptr ? sinceStart(Clock::now()) : 0;
     switch (o.kind) {
       case OpKind::kExchange: {
         Pending& p = pending_.at(static_cast<size_t>(o.exchange));
@@ -175,26 +169,7 @@ void PlanRun::run(RunTrace* trace) {
         break;
     }
     postReceives(++op_index);
-    if (trace != nullptr) {
-      const double ended = sinceStart(Clock::now());
-      const double took = ended - began;
-      const char* kind = "";
-      switch (o.kind) {
-        case OpKind::kExchange: trace->post_us += took; kind = "post"; break;
-        case OpKind::kWait: trace->wait_us += took; kind = "wait"; break;
-        case OpKind::kReduce: trace->reduce_us += took; kind = "reduce"; break;
-        case OpKind::kCopy: trace->copy_us += took; kind = "copy"; break;
-        case OpKind::kRecord: trace->post_us += took; kind = "record"; break;
-      }
-      if (took > RunTrace::kSlowOpUs) {
-        const int32_t e = o.kind == OpKind::kWait ? o.event / 2 : o.exchange;
-        char buf[64];
-        std::snprintf(buf, sizeof(buf), " %s%d@%.0f:%.0f", kind, static_cast<int>(e), ended, took);
-        trace->slow += buf;
-      }
-    }
   }
-  if (trace != nullptr) trace->total_us = sinceStart(Clock::now());
   // The plan ends with full waits for every exchange; this is a cheap guarantee, not a second wait.
   for (int32_t e = 0; e < plan_.num_exchanges; ++e) {
     const Pending& p = pending_[static_cast<size_t>(e)];
@@ -204,40 +179,8 @@ void PlanRun::run(RunTrace* trace) {
   }
 }
 
-void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& buffers, int tag, RunTrace* trace) {
-  PlanRun(plan, op, t, buffers, tag).run(trace);
-}
-
-std::vector<Frame> exchangeFrames(Transport& t, const Frame& mine, int tag) {
-  const int n = t.size();
-  const int r = t.rank();
-  std::vector<Frame> frames(static_cast<size_t>(n));
-  frames[static_cast<size_t>(r)] = mine;
-  if (n <= kDirectFrameRanks) {
-    // Every rank sends its frame straight to every other rank: one message latency instead of
-    // the ring's n-1 (the agreement check is on every CPU call, so its latency matters).
-    std::vector<int64_t> reqs;
-    reqs.reserve(static_cast<size_t>(2 * (n - 1)));
-    for (int p = 0; p < n; ++p)
-      if (p != r) reqs.push_back(t.irecv(&frames[static_cast<size_t>(p)], kFrameBytes, p, tag));
-    for (int p = 0; p < n; ++p)
-      if (p != r) reqs.push_back(t.isend(&frames[static_cast<size_t>(r)], kFrameBytes, p, tag));
-    for (int64_t q : reqs) t.wait(q);
-    return frames;
-  }
-  const int next = (r + 1) % n;
-  const int prev = (r + n - 1) % n;
-  // Larger groups: a ring all-gather. Hop h forwards the frame of rank (r - h) and receives the
-  // frame of rank (r - h - 1).
-  for (int h = 0; h < n - 1; ++h) {
-    const int out = (r - h + n) % n;
-    const int in = (r - h - 1 + 2 * n) % n;
-    const int64_t rq = t.irecv(&frames[static_cast<size_t>(in)], kFrameBytes, prev, tag);
-    const int64_t sq = t.isend(&frames[static_cast<size_t>(out)], kFrameBytes, next, tag);
-    t.wait(rq);
-    t.wait(sq);
-  }
-  return frames;
+void executePlan(const Plan& plan, RedOp op, Transport& t, const RingBuffers& buffers, int tag) {
+  PlanRun(plan, op, t, buffers, tag).run();
 }
 
 }  // namespace rr

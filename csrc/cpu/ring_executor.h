@@ -4,7 +4,6 @@
 #include <string>
 #include <vector>
 
-#include "../core/frame.h"
 #include "../core/plan.h"
 #include "../core/transport.h"
 
@@ -17,22 +16,13 @@ struct RingBuffers {
   std::vector<int64_t> slot_room;  // bytes each slot holds, when larger than the plan needs (empty: exact)
 };
 
-// Where one PlanRun::run spent its time (RINGREDUCE_TRACE=1, Note [Call traces] in
-// csrc/torch/cpu_group.cpp): microseconds posting exchanges, blocked in waits, reducing, copying,
-// and each op that took longer than kSlowOpUs, as " <kind><exchange>@<end>:<duration>".
-struct RunTrace {
-  static constexpr double kSlowOpUs = 500;
-  double total_us = 0, post_us = 0, wait_us = 0, reduce_us = 0, copy_us = 0;
-  std::string slow;
-};
-
 // Exchange e of a call uses tag + (e mod kTagsPerCall).
 constexpr int kTagsPerCall = 4096;
 
 // One execution of a plan, in two steps: a caller may post the receives that go before every
-// other message of the call (postLeadingReceives) while it still waits for something else, such
-// as the agreement frames (Note [Receives before the verdict] in csrc/torch/cpu_group.cpp), and
-// run the plan later. `plan`, `transport` and `buffers` must outlive the PlanRun.
+// other message of the call (postLeading) while it still waits for something else, such as the
+// agreement frames (Note [Receives before the verdict] in group_runtime.cpp), and run the plan
+// later. `plan`, `transport` and `buffers` must outlive the PlanRun.
 class PlanRun {
  public:
   PlanRun(const Plan& plan, RedOp op, Transport& transport, const RingBuffers& buffers, int tag);
@@ -47,9 +37,8 @@ class PlanRun {
   bool postsLeadingReceive() const;
   // The first exchange's send request, when postLeading posted it (else -1).
   int64_t leadingSend() const { return lead_send_; }
-  // Runs every op in list order (see executePlan). Once per PlanRun. With a trace, also times
-  // every op into it.
-  void run(RunTrace* trace = nullptr);
+  // Runs every op in list order (see executePlan). Once per PlanRun.
+  void run();
 
  private:
   struct Pending {  // requests of one exchange (-1: that half is empty)
@@ -82,13 +71,6 @@ class PlanRun {
 // and copies run inline. All messages use `tag`.
 // Throws whatever the transport throws; the caller then abandons the transport and keeps
 // `buffers` alive.
-void executePlan(const Plan& plan, RedOp op, Transport& transport, const RingBuffers& buffers, int tag,
-                 RunTrace* trace = nullptr);
-
-// Up to this many ranks, frames go straight to every peer (one latency); beyond, around the ring.
-constexpr int kDirectFrameRanks = 16;
-
-// All-gather of one fixed-size frame: returns every rank's frame, indexed by rank.
-std::vector<Frame> exchangeFrames(Transport& transport, const Frame& mine, int tag);
+void executePlan(const Plan& plan, RedOp op, Transport& transport, const RingBuffers& buffers, int tag);
 
 }  // namespace rr

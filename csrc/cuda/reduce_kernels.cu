@@ -11,7 +11,7 @@
 #include <atomic>
 
 #include "../core/error.h"
-#include "reduce_dispatch.h"
+#include "../core/reduce_dispatch.h"
 #include "reduce_launch.cuh"
 
 namespace rr {

@@ -10,7 +10,7 @@
 
 #include "../core/functors.h"
 #include "cuda_check.h"
-#include "reduce_body.h"
+#include "../core/reduce_body.h"
 #include "reduce_kernels.cuh"
 
 namespace rr {

@@ -53,6 +53,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../core/collectives.h"
 #include "../core/dtype.h"
 #include "../core/plan.h"
 
@@ -116,52 +117,6 @@ struct EventMap {
   int32_t count = 0;
 };
 EventMap mapWaitedEvents(const Plan& plan);
-
-// One ring of a call: `plan` over the communicator ranks `members` (ring index -> communicator
-// rank, members.size() == plan.sched.nranks), on the elements [offset, offset + plan.sched.numel)
-// of DeviceBuffers::data, reducing with `op`.
-struct RingStage {
-  Plan plan;
-  RedOp op = RedOp::kSum;
-  int64_t offset = 0;
-  std::vector<int> members;
-};
-
-// A ring over ranks of a communicator of `comm_size` ranks, explicit: ranks[i] is the
-// communicator rank of ring index i; `index` is this process's ring index.
-struct RingMembers {
-  std::vector<int> ranks;
-  int index = 0;
-  int size() const { return static_cast<int>(ranks.size()); }
-};
-
-// Checks a rank list (empty: every rank of the communicator in order) and makes it explicit.
-// Throws rr::Error(kValue) for ranks out of range, duplicates, or a list without `comm_rank`.
-RingMembers resolveRing(const std::vector<int>& members, int comm_size, int comm_rank);
-
-// The identity of a ring for its call counter (agreement frames carry it): empty for every rank
-// of the communicator in order, else the list. Two rank lists are one ring iff their keys match.
-std::vector<int> ringKey(const std::vector<int>& members, int comm_size);
-
-// The stages of each collective (`base`: gpuPlanOptions(); its phases/owner_shift/exact_chunks
-// are overridden where the collective fixes them):
-//   * flatRingStages: one full ring all-reduce over `ring` (base.avg_divisor is kept);
-//   * ringHalfStages: reduce_scatter (phases = kPhaseReduceScatter) or all_gather
-//     (kPhaseAllGather) over `ring`: Note [Ring halves], owner_shift -1 and exact blocks, so ring
-//     index r owns block r of numel / n elements;
-//   * hierarchicalStages: Note [Hierarchical all-reduce] (csrc/torch/cpu_group.cpp) over `ring`
-//     ordered node by node with `local_size` ranks per node: a reduce-scatter-only ring inside the
-//     node (AVG sums there), a full ring over the node's owned sub-range among the ranks with the
-//     same local rank (AVG divides by the whole ring's size), an all-gather-only ring inside the
-//     node. base.accum_float32 must be off (the torch glue reduces a float32 copy instead).
-//     local_size <= 1 or >= the ring's size is the flat ring. Throws kValue when local_size does
-//     not divide the ring's size.
-std::vector<RingStage> flatRingStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
-                                      const PlanOptions& base);
-std::vector<RingStage> ringHalfStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
-                                      const PlanOptions& base, uint8_t phases);
-std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_size, int64_t numel, DType dtype,
-                                          RedOp op, const PlanOptions& base);
 
 // Enqueues one whole call (framing + every stage's plan, in order) on `backend`. AVG's division is
 // fused into the final reduce of the owned chunk of a stage whose op is AVG. `buffers.data` is the

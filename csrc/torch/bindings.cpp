@@ -1,15 +1,16 @@
 // ringreduce torch layer: the Python module ringreduce._C.
 //
-// The only translation unit besides cpu_group.cpp (and, in CUDA builds, cuda_bindings.cpp) that
-// sees torch. It converts Python arguments to the core's types once, maps rr::Error kinds to the
-// Python exceptions users expect, and releases the GIL around every blocking call.
+// Translation only: Python arguments to the core's types (one bound CallOptions per call), the
+// core's enums as Python enums (so Python copies no C++ constant), rr::Error kinds to the Python
+// exceptions users expect, and the GIL released around everything that can block. The CPU glue is
+// cpu_ops.cpp; in CUDA builds cuda_bindings.cpp adds the GPU functions.
 #include <torch/extension.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include "../core/error.h"
 #include "../core/frame.h"
 #include "../core/plan.h"
-#include "cpu_group.h"
+#include "cpu_ops.h"
 
 #ifdef RR_WITH_CUDA
 void registerCudaBindings(pybind11::module& m);
@@ -19,8 +20,8 @@ namespace py = pybind11;
 
 namespace {
 
-void raiseAs(int kind, const std::string& msg) {
-  switch (static_cast<rr::ErrorKind>(kind)) {
+[[noreturn]] void raiseAs(rr::ErrorKind kind, const std::string& msg) {
+  switch (kind) {
     case rr::ErrorKind::kType: throw py::type_error(msg);
     case rr::ErrorKind::kValue: throw py::value_error(msg);
     case rr::ErrorKind::kRuntime: break;
@@ -33,8 +34,8 @@ void raiseAs(int kind, const std::string& msg) {
   throw std::runtime_error(msg);
 }
 
-py::dict planSummary(int nranks, int rank, int64_t numel, int dtype, int64_t segment_bytes,
-                     int num_slots, bool accum, bool gather, int phases, int owner_shift, bool exact_chunks) {
+py::dict planSummary(int nranks, int rank, int64_t numel, int dtype, int64_t segment_bytes, int num_slots,
+                     bool accum, bool gather, int phases, int owner_shift, bool exact_chunks) {
   rr::PlanOptions o;
   o.phases = static_cast<uint8_t>(phases);
   o.owner_shift = owner_shift;
@@ -72,71 +73,94 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const rr::Error& e) {
-      raiseAs(static_cast<int>(e.kind()), e.what());
+      raiseAs(e.kind(), e.what());
     }
   });
 
-  py::class_<rr::CallHandle, std::shared_ptr<rr::CallHandle>>(m, "CallHandle")
-      .def("wait", &rr::CallHandle::wait, py::arg("timeout_ms") = -1,
-           py::call_guard<py::gil_scoped_release>())
-      .def("is_completed", &rr::CallHandle::isCompleted)
-      .def("ok", &rr::CallHandle::ok)
-      .def("error_kind", &rr::CallHandle::errorKind)
-      .def("error_message", &rr::CallHandle::errorMessage)
-      .def("raise_error", [](rr::CallHandle& h) { raiseAs(h.errorKind(), h.errorMessage()); })
-      .def_property_readonly("seq", &rr::CallHandle::seq)
-      .def("get_future", [](const rr::CallHandle& h) {
-        return std::make_shared<torch::jit::PythonFutureWrapper>(h.future());
-      });
+  py::enum_<rr::RedOp>(m, "RedOp")
+      .value("SUM", rr::RedOp::kSum)
+      .value("AVG", rr::RedOp::kAvg)
+      .value("MAX", rr::RedOp::kMax)
+      .value("MIN", rr::RedOp::kMin)
+      .value("PRODUCT", rr::RedOp::kProduct);
+  py::enum_<rr::CallKind>(m, "CallKind")
+      .value("ALL_REDUCE", rr::CallKind::kAllReduce)
+      .value("ALL_REDUCE_AVG", rr::CallKind::kAllReduceAvg)
+      .value("ALL_REDUCE_COALESCED", rr::CallKind::kAllReduceCoalesced)
+      .value("REDUCE_SCATTER", rr::CallKind::kReduceScatter)
+      .value("ALL_GATHER", rr::CallKind::kAllGather);
+  py::enum_<rr::FrameError>(m, "FrameError")
+      .value("NONE", rr::FrameError::kNone)
+      .value("UNSUPPORTED", rr::FrameError::kUnsupported)
+      .value("NOT_A_TENSOR", rr::FrameError::kNotATensor)
+      .value("SPARSE", rr::FrameError::kSparse)
+      .value("DEVICE", rr::FrameError::kDevice)
+      .value("OTHER", rr::FrameError::kOther);
+  py::enum_<rr::DType>(m, "DType")
+      .value("FLOAT32", rr::DType::kFloat32)
+      .value("FLOAT64", rr::DType::kFloat64)
+      .value("FLOAT16", rr::DType::kFloat16)
+      .value("BFLOAT16", rr::DType::kBFloat16)
+      .value("INT8", rr::DType::kInt8)
+      .value("INT16", rr::DType::kInt16)
+      .value("INT32", rr::DType::kInt32)
+      .value("INT64", rr::DType::kInt64)
+      .value("UINT8", rr::DType::kUInt8)
+      .value("BOOL", rr::DType::kBool)
+      .value("COMPLEX64", rr::DType::kComplex64)
+      .value("COMPLEX128", rr::DType::kComplex128);
+  m.attr("PHASE_REDUCE_SCATTER") = static_cast<int>(rr::kPhaseReduceScatter);
+  m.attr("PHASE_ALL_GATHER") = static_cast<int>(rr::kPhaseAllGather);
+  m.attr("PHASE_BOTH") = static_cast<int>(rr::kPhaseBoth);
+
+  py::class_<rr::CallOptions>(m, "CallOptions", "What one call asks for (csrc/cpu/group_runtime.h).")
+      .def(py::init<>())
+      .def_readwrite("kind", &rr::CallOptions::kind)
+      .def_readwrite("op", &rr::CallOptions::op)
+      .def_readwrite("accum_float32", &rr::CallOptions::accum_float32)
+      .def_readwrite("local_error", &rr::CallOptions::local_error)
+      .def_readwrite("ntensors", &rr::CallOptions::ntensors)
+      .def_readwrite("check", &rr::CallOptions::check)
+      .def_readwrite("segment_bytes", &rr::CallOptions::segment_bytes)
+      .def_readwrite("num_slots", &rr::CallOptions::num_slots)
+      .def_readwrite("timeout_ms", &rr::CallOptions::timeout_ms)
+      .def_readwrite("local_size", &rr::CallOptions::local_size)
+      .def_readwrite("node_order", &rr::CallOptions::node_order);
+
+  py::class_<rr::CpuCall, std::shared_ptr<rr::CpuCall>>(m, "CallHandle")
+      .def("wait", &rr::CpuCall::wait, py::arg("timeout_ms") = -1, py::call_guard<py::gil_scoped_release>())
+      .def("is_completed", &rr::CpuCall::isCompleted)
+      .def("ok", &rr::CpuCall::ok)
+      .def("error_kind", [](rr::CpuCall& h) { return static_cast<int>(h.errorKind()); })
+      .def("error_message", &rr::CpuCall::errorMessage)
+      .def("raise_error", [](rr::CpuCall& h) { raiseAs(h.errorKind(), h.errorMessage()); })
+      .def("timing_us", [](rr::CpuCall& h) {
+        const rr::CallTiming t = h.timing();
+        return py::make_tuple(t.check_us, t.ring_us);
+      })
+      .def_property_readonly("seq", &rr::CpuCall::seq)
+      .def("get_future", [](const rr::CpuCall& h) { return std::make_shared<torch::jit::PythonFutureWrapper>(h.future()); });
 
   m.def(
       "submit_cpu",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& group_name,
-         std::optional<at::Tensor> tensor, int op, bool accum_float32, int kind, int local_error,
-         int ntensors, bool check, int64_t segment_bytes, int num_slots, int64_t timeout_ms,
-         bool run_inline, std::vector<int> members, std::optional<at::Tensor> output, int local_size,
-         int phases, int owner_shift, bool exact_chunks, std::vector<int> node_order,
-         bool recv_only_waits) {
-        rr::CallOptions o;
-        o.op = static_cast<rr::RedOp>(op);
-        o.accum_float32 = accum_float32;
-        o.kind = kind;
-        o.local_error = local_error;
-        o.ntensors = ntensors;
-        o.check = check;
-        o.segment_bytes = segment_bytes;
-        o.num_slots = num_slots;
-        o.timeout_ms = timeout_ms;
-        o.local_size = local_size;
-        o.node_order = std::move(node_order);
-        o.recv_only_waits = recv_only_waits;
-        o.phases = phases;
-        o.owner_shift = owner_shift;
-        o.exact_chunks = exact_chunks;
-        auto rt = rr::runtimeFor(pg, group_name, members);
-        at::Tensor t = tensor.has_value() ? *tensor : at::Tensor();
-        at::Tensor out = output.has_value() ? *output : at::Tensor();
-        py::gil_scoped_release nogil;  // an inline call runs the whole ring here
-        return rt->submit(t, out, o, run_inline);
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& group_name, const std::vector<int>& members,
+         std::optional<at::Tensor> tensor, std::optional<at::Tensor> output, const rr::CallOptions& options) {
+        py::gil_scoped_release nogil;
+        return rr::submitCpu(pg, group_name, members, tensor.value_or(at::Tensor()), output.value_or(at::Tensor()),
+                             options);
       },
-      py::arg("group"), py::arg("group_name"), py::arg("tensor"), py::arg("op"),
-      py::arg("accum_float32"), py::arg("kind"), py::arg("local_error"), py::arg("ntensors"),
-      py::arg("check"), py::arg("segment_bytes"), py::arg("num_slots"), py::arg("timeout_ms"),
-      py::arg("run_inline") = false, py::arg("members") = std::vector<int>{},
-      py::arg("output") = py::none(), py::arg("local_size") = 0, py::arg("phases") = 3,
-      py::arg("owner_shift") = 0, py::arg("exact_chunks") = false, py::arg("node_order") = std::vector<int>{},
-      py::arg("recv_only_waits") = true);
+      py::arg("group"), py::arg("group_name"), py::arg("members"), py::arg("tensor"), py::arg("output"),
+      py::arg("options"),
+      "Queues one CPU call on the ring `members` (ranks of `group`; [] = the whole group) of `group`.");
 
   m.def(
       "bytes_sent",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, bool reset) { return rr::bytesSent(pg.get(), reset); },
       py::arg("group"), py::arg("reset") = false,
       "Payload bytes this process sent to each rank of the group on the CPU path (frames excluded).");
-
   m.def(
       "staging_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::stagingBytes(pg.get()); },
       py::arg("group"), "Bytes of staging memory ringreduce holds for the group on the CPU path.");
-
   m.def("shutdown", &rr::shutdownAll, py::call_guard<py::gil_scoped_release>(),
         "Finish queued calls and join every group worker (called at interpreter exit).");
 
@@ -146,11 +170,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     if (why == nullptr) return py::none();
     return py::str(why);
   });
-  m.def("plan_summary", &planSummary, py::arg("nranks"), py::arg("rank"), py::arg("numel"),
-        py::arg("dtype"), py::arg("segment_bytes") = 1 << 20, py::arg("num_slots") = 4,
-        py::arg("accum_float32") = false, py::arg("gather_into_data") = false, py::arg("phases") = 3,
-        py::arg("owner_shift") = 0, py::arg("exact_chunks") = false,
-        "The ring schedule and plan one rank would run (for tests and docs).");
+  m.def("plan_summary", &planSummary, py::arg("nranks"), py::arg("rank"), py::arg("numel"), py::arg("dtype"),
+        py::arg("segment_bytes") = 1 << 20, py::arg("num_slots") = 4, py::arg("accum_float32") = false,
+        py::arg("gather_into_data") = false, py::arg("phases") = 3, py::arg("owner_shift") = 0,
+        py::arg("exact_chunks") = false, "The ring schedule and plan one rank would run (for tests and docs).");
 
   py::dict info;
   info["version"] = RR_VERSION;

@@ -44,7 +44,7 @@
 #include "../cuda/loopback_ring.h"
 #include "../cuda/nccl_comm.h"
 #include "../cuda/ring_driver.h"
-#include "cpu_group.h"  // rr::toDType
+#include "cpu_ops.h"  // rr::toDType
 
 namespace py = pybind11;
 

@@ -8,7 +8,7 @@
 #include "check.h"
 #include "core/error.h"
 #include "core/plan.h"
-#include "core/plan_checker.h"
+#include "support/plan_checker.h"
 
 using namespace rr;
 

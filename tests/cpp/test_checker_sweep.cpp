@@ -6,7 +6,7 @@
 #include "check.h"
 #include "core/dtype.h"
 #include "core/plan.h"
-#include "core/plan_checker.h"
+#include "support/plan_checker.h"
 
 using namespace rr;
 

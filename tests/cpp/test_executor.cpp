@@ -10,7 +10,7 @@
 #include "core/call_tags.h"
 #include "core/error.h"
 #include "core/functors.h"
-#include "cpu/inproc_transport.h"
+#include "support/inproc_transport.h"
 
 using namespace rr;
 

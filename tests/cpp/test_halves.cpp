@@ -16,8 +16,8 @@
 #include "check.h"
 #include "core/error.h"
 #include "core/plan.h"
-#include "core/plan_checker.h"
-#include "cpu/inproc_transport.h"
+#include "support/plan_checker.h"
+#include "support/inproc_transport.h"
 
 using namespace rr;
 

@@ -7,7 +7,7 @@
 
 #include "check.h"
 #include "core/error.h"
-#include "cpu/inproc_transport.h"
+#include "support/inproc_transport.h"
 
 using namespace rr;
 

@@ -12,8 +12,8 @@
 #include "check.h"
 #include "core/error.h"
 #include "core/plan.h"
-#include "core/plan_checker.h"
-#include "cpu/inproc_transport.h"
+#include "support/plan_checker.h"
+#include "support/inproc_transport.h"
 #include "cpu/ring_executor.h"
 
 using namespace rr;

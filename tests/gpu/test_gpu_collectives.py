@@ -303,8 +303,7 @@ def test_sub_ring_agreement_frames_stay_inside_the_ring():
 
 def _hierarchical(rank: int, n: int) -> None:
     import ringreduce as rr
-    from ringreduce._groups import resolve
-    from ringreduce.ops import choose_algorithm
+    from ringreduce._groups import choose_algorithm, resolve
 
     dev = torch.device("cuda", rank)
     gen = torch.Generator(device="cuda").manual_seed(7 + rank)

@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "../../../csrc/core/error.h"
-#include "../../../csrc/cuda/reduce_body.h"
-#include "../../../csrc/cuda/reduce_dispatch.h"
+#include "../../../csrc/core/reduce_body.h"
+#include "../../../csrc/core/reduce_dispatch.h"
 
 namespace rr {
 namespace sim {

@@ -65,7 +65,7 @@
 #include <string>
 #include <vector>
 
-#include "plan.h"
+#include "core/plan.h"
 
 namespace rr {
 

@@ -22,10 +22,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../core/dtype.h"
-#include "../core/error.h"
-#include "../core/plan.h"
-#include "../core/transport.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/plan.h"
+#include "core/transport.h"
 
 namespace rr {
 

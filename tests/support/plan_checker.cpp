@@ -9,7 +9,7 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "error.h"
+#include "core/error.h"
 
 namespace rr {
 

@@ -1,5 +1,6 @@
-// ringreduce GPU: the one runtime -> template dispatch of the reduce, shared by the CUDA launcher
-// (reduce_kernels.cu) and the host tests, so both instantiate exactly the same (TA, TB, TD, op).
+// ringreduce core: the one runtime -> template dispatch of the reduce, shared by the CUDA launcher
+// (csrc/cuda/reduce_kernels.cu), the CPU loops (csrc/cpu/host_reduce.cpp) and the host tests, so all
+// instantiate exactly the same (TA, TB, TD, op).
 //
 // dispatchReduce(dtype, op, a_wide, b_wide, dst_wide, launcher) calls
 // launcher.template run<TA, TB, TD, op>() for the storage types of the call; an explicit list
@@ -7,9 +8,9 @@
 // types; AVG only for floating and complex types; complex only for SUM and AVG.
 #pragma once
 
-#include "../core/dtype.h"
-#include "../core/error.h"
-#include "../core/functors.h"
+#include "dtype.h"
+#include "error.h"
+#include "functors.h"
 #include "reduce_body.h"
 
 namespace rr {

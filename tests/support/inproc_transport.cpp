@@ -4,8 +4,8 @@
 #include <cstring>
 #include <thread>
 
-#include "../core/error.h"
-#include "ring_executor.h"
+#include "core/error.h"
+#include "cpu/ring_executor.h"
 
 namespace rr {
 

@@ -1,4 +1,4 @@
-// ringreduce GPU: the body of the reduce kernel, written once for device and host.
+// ringreduce core: the body of the GPU reduce kernel, written once for device and host.
 //
 // Note [Vectorized reduce with scalar head and tail]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -17,7 +17,7 @@
 // t, t + nthreads, ... and vectors t, t + nthreads, ... Every element is computed by exactly one
 // thread with the same functor, so the result does not depend on the launch shape.
 //
-// This header is CUDA-free: the kernel (reduce_kernels.cu) calls reduceRange() with its global
+// This header is CUDA-free: the kernel (csrc/cuda/reduce_kernels.cu) calls reduceRange() with its global
 // thread index, and the host tests call it for every simulated thread of a small grid, so the
 // head/body/tail split and the per-element arithmetic are exercised on CPU exactly as compiled
 // for the device (modulo the compiler).
@@ -25,8 +25,8 @@
 
 #include <cstdint>
 
-#include "../core/common.h"
-#include "../core/functors.h"
+#include "common.h"
+#include "functors.h"
 
 namespace rr {
 

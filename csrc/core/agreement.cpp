@@ -1,0 +1,103 @@
+#include "agreement.h"
+
+#include <cstring>
+
+#include "error.h"
+
+namespace rr {
+
+std::vector<Frame> exchangeFrames(Transport& t, const Frame& mine, int tag) {
+  const int n = t.size();
+  const int r = t.rank();
+  std::vector<Frame> frames(static_cast<size_t>(n));
+  frames[static_cast<size_t>(r)] = mine;
+  if (n <= kDirectFrameRanks) {
+    // Every rank sends its frame straight to every other rank: one message latency instead of
+    // the ring's n-1 (the agreement check is on every CPU call, so its latency matters).
+    std::vector<int64_t> reqs;
+    reqs.reserve(static_cast<size_t>(2 * (n - 1)));
+    for (int p = 0; p < n; ++p)
+      if (p != r) reqs.push_back(t.irecv(&frames[static_cast<size_t>(p)], kFrameBytes, p, tag));
+    for (int p = 0; p < n; ++p)
+      if (p != r) reqs.push_back(t.isend(&frames[static_cast<size_t>(r)], kFrameBytes, p, tag));
+    for (int64_t q : reqs) t.wait(q);
+    return frames;
+  }
+  const int next = (r + 1) % n;
+  const int prev = (r + n - 1) % n;
+  // Larger groups: a ring all-gather. Hop h forwards the frame of rank (r - h) and receives the
+  // frame of rank (r - h - 1).
+  for (int h = 0; h < n - 1; ++h) {
+    const int out = (r - h + n) % n;
+    const int in = (r - h - 1 + 2 * n) % n;
+    const int64_t rq = t.irecv(&frames[static_cast<size_t>(in)], kFrameBytes, prev, tag);
+    const int64_t sq = t.isend(&frames[static_cast<size_t>(out)], kFrameBytes, next, tag);
+    t.wait(rq);
+    t.wait(sq);
+  }
+  return frames;
+}
+
+FrameAgreement::FrameAgreement(int size, int rank, int tag, bool keep_posted)
+    : size_(size), rank_(rank), tag_(tag), keep_posted_(keep_posted && size <= kDirectFrameRanks) {}
+
+FrameAgreement::~FrameAgreement() {
+  // Receives may still be posted inside the transport at exit: their memory must outlive it.
+  if (!recvs_.empty()) abandon();
+}
+
+void FrameAgreement::postReceives(Transport& t) {
+  recvs_.assign(static_cast<size_t>(size_), -1);
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) recvs_[static_cast<size_t>(p)] = t.irecv(in_.get() + static_cast<size_t>(p) * kFrameBytes, kFrameBytes, p, tag_);
+}
+
+void FrameAgreement::send(Transport& t, const Frame& mine) {
+  RR_CHECK(direct(), kRuntime, "ringreduce internal error: ring frames are exchanged by collect()");
+  if (!in_) {
+    in_.reset(new char[static_cast<size_t>(size_) * kFrameBytes]);
+    out_.reset(new char[kFrameBytes]);
+  }
+  if (recvs_.empty()) postReceives(t);
+  std::memcpy(out_.get(), &mine, kFrameBytes);
+  sends_.clear();
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) sends_.push_back(t.isend(out_.get(), kFrameBytes, p, tag_));
+}
+
+std::vector<Frame> FrameAgreement::collect(Transport& t, const Frame& mine, std::string* post_error) {
+  if (!direct()) return exchangeFrames(t, mine, tag_);
+  RR_CHECK(!recvs_.empty(), kRuntime, "ringreduce internal error: frames collected before they were sent");
+  for (int64_t q : recvs_)
+    if (q >= 0) t.wait(q);
+  for (int64_t q : sends_) t.wait(q);
+  sends_.clear();
+  std::vector<Frame> frames(static_cast<size_t>(size_));
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) frames[static_cast<size_t>(p)] = mine;
+    else std::memcpy(&frames[static_cast<size_t>(p)], in_.get() + static_cast<size_t>(p) * kFrameBytes, kFrameBytes);
+  }
+  recvs_.clear();
+  if (keep_posted_) {
+    try {
+      postReceives(t);
+    } catch (const Error& e) {
+      // The call has its frames: a peer that left after sending its own is the next call's
+      // problem. The receives posted so far keep their memory.
+      abandon();
+      if (post_error != nullptr) *post_error = e.what();
+    }
+  }
+  return frames;
+}
+
+void FrameAgreement::abandon() {
+  // Intentionally leaked: a late frame may still land in them (Note [Failed calls keep their
+  // buffers] in csrc/cpu/group_runtime.h).
+  (void)in_.release();
+  (void)out_.release();
+  recvs_.clear();
+  sends_.clear();
+}
+
+}  // namespace rr

@@ -1,0 +1,117 @@
+#include "collectives.h"
+
+#include "error.h"
+
+namespace rr {
+
+RingMembers resolveRing(const std::vector<int>& members, int comm_size, int comm_rank) {
+  RR_CHECK(comm_size >= 1 && comm_rank >= 0 && comm_rank < comm_size, kValue, "ringreduce: rank ", comm_rank,
+           " of a communicator of ", comm_size);
+  RingMembers ring;
+  if (members.empty()) {
+    for (int i = 0; i < comm_size; ++i) ring.ranks.push_back(i);
+    ring.index = comm_rank;
+    return ring;
+  }
+  std::vector<char> seen(static_cast<size_t>(comm_size), 0);
+  ring.index = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const int m = members[i];
+    RR_CHECK(m >= 0 && m < comm_size, kValue, "ringreduce: rank ", m, " of the ring is outside the group of ",
+             comm_size, " ranks");
+    RR_CHECK(!seen[static_cast<size_t>(m)], kValue, "ringreduce: rank ", m, " appears twice in the ring's rank list");
+    seen[static_cast<size_t>(m)] = 1;
+    if (m == comm_rank) ring.index = static_cast<int>(i);
+  }
+  RR_CHECK(ring.index >= 0, kValue, "ringreduce: this process (rank ", comm_rank,
+           " of the group) is not in the ring's rank list");
+  ring.ranks = members;
+  return ring;
+}
+
+std::vector<int> ringKey(const std::vector<int>& members, int comm_size) {
+  bool identity = static_cast<int>(members.size()) == comm_size;
+  for (size_t i = 0; identity && i < members.size(); ++i) identity = members[i] == static_cast<int>(i);
+  return identity ? std::vector<int>{} : members;
+}
+
+std::vector<RingStage> flatRingStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
+                                      const PlanOptions& base) {
+  PlanOptions o = base;
+  o.phases = kPhaseBoth;
+  o.average = op == RedOp::kAvg;
+  std::vector<RingStage> stages(1);
+  stages[0].plan = buildPlan(ring.size(), ring.index, numel, dtype, o);
+  stages[0].op = op;
+  stages[0].members = ring.ranks;
+  return stages;
+}
+
+std::vector<RingStage> ringHalfStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
+                                      const PlanOptions& base, uint8_t phases) {
+  RR_CHECK(phases == kPhaseReduceScatter || phases == kPhaseAllGather, kValue,
+           "ringreduce: a ring half is the reduce-scatter or the all-gather, got phase mask ", int(phases));
+  PlanOptions o = base;
+  o.phases = phases;
+  o.owner_shift = -1;  // ring index r owns block r
+  o.exact_chunks = true;
+  o.accum_float32 = false;
+  o.average = phases == kPhaseReduceScatter && op == RedOp::kAvg;
+  std::vector<RingStage> stages(1);
+  stages[0].plan = buildPlan(ring.size(), ring.index, numel, dtype, o);
+  stages[0].op = phases == kPhaseAllGather ? RedOp::kSum : op;
+  stages[0].members = ring.ranks;
+  return stages;
+}
+
+std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_size, int64_t numel, DType dtype,
+                                          RedOp op, const PlanOptions& base) {
+  const int n = ring.size();
+  const int L = local_size;
+  if (L <= 1 || L >= n) return flatRingStages(ring, numel, dtype, op, base);
+  RR_CHECK(n % L == 0, kValue, "ringreduce: hierarchical all-reduce over ", n, " ranks needs equal nodes, got ", L,
+           " ranks per node");
+  RR_CHECK(!base.accum_float32, kValue,
+           "ringreduce internal error: the hierarchical stages never carry float32 partials (reduce a float32 copy)");
+  const int M = n / L;
+  const int node = ring.index / L;
+  const int local = ring.index % L;
+  std::vector<int> intra, inter;
+  for (int l = 0; l < L; ++l) intra.push_back(ring.ranks[static_cast<size_t>(node * L + l)]);
+  for (int k = 0; k < M; ++k) inter.push_back(ring.ranks[static_cast<size_t>(k * L + local)]);
+
+  std::vector<RingStage> stages(3);
+  // 1. Reduce-scatter inside the node: local rank l ends with the node's reduction of its owned
+  //    chunk, the same element range on every node (it depends on (L, numel, dtype) only).
+  PlanOptions p1 = base;
+  p1.phases = kPhaseReduceScatter;
+  p1.owner_shift = 0;
+  p1.exact_chunks = false;
+  p1.average = false;
+  p1.avg_divisor = 0;
+  stages[0].plan = buildPlan(L, local, numel, dtype, p1);
+  stages[0].op = op == RedOp::kAvg ? RedOp::kSum : op;
+  stages[0].members = intra;
+  // 2. A full ring over that range among the M ranks with local rank `local`; AVG divides by n.
+  const RingSchedule& sc = stages[0].plan.sched;
+  const Range mine = numel > 0 ? sc.chunkRange(sc.ownedChunk(local)) : Range{0, 0};
+  PlanOptions p2 = base;
+  p2.phases = kPhaseBoth;
+  p2.owner_shift = 0;
+  p2.exact_chunks = false;
+  p2.average = op == RedOp::kAvg;
+  p2.avg_divisor = n;
+  stages[1].plan = buildPlan(M, node, mine.size(), dtype, p2);
+  stages[1].op = op;
+  stages[1].offset = mine.begin;
+  stages[1].members = inter;
+  // 3. All-gather inside the node.
+  PlanOptions p3 = p1;
+  p3.phases = kPhaseAllGather;
+  stages[2].plan = buildPlan(L, local, numel, dtype, p3);
+  stages[2].op = RedOp::kSum;
+  stages[2].members = intra;
+  return stages;
+}
+
+}  // namespace rr

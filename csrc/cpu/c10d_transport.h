@@ -1,0 +1,64 @@
+// ringreduce CPU: the Transport over the point-to-point calls of a c10d backend (gloo send/recv of
+// the caller's own process group), the transport of every CPU ring.
+//
+// Note [gloo pair locks]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// gloo's send is a rendezvous: a message leaves once the receiver's "receive posted" notice has
+// arrived. Every post (send or receive) takes the pair's lock and writes a notice to the socket
+// under it, and gloo's I/O thread only try-locks a pair and returns to epoll, which is
+// level-triggered: while a worker posts or writes a segment, a notice arriving on that pair makes
+// the I/O thread spin. On an oversubscribed host (ranks x threads > cores) that spin takes the CPU
+// the lock holder needs. Hence the CPU runtime posts receives as early as it can (every receive of
+// a call at its start when the staging fits: Note [Staging slots] in csrc/core/plan.h; the next
+// call's frame receives right after a call collected its frames: Note [Pre-posted frame receives]
+// in csrc/core/agreement.h). docs/performance.md has the measurements (try-locks per call).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+#include "../core/transport.h"
+
+namespace rr {
+
+class C10dTransport final : public Transport {
+ public:
+  // `backend`: the group's CPU backend; rank/size: the group's; `group`: its name, for messages.
+  C10dTransport(c10::intrusive_ptr<c10d::Backend> backend, int rank, int size, std::string group);
+  ~C10dTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int64_t isend(const void* data, size_t bytes, int peer, int tag) override;
+  int64_t irecv(void* data, size_t bytes, int peer, int tag) override;
+  void wait(int64_t request) override;
+  void abandon() override;
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  bool rendezvousSends() const override { return true; }
+  void callDone() override;
+
+  // The backend's own timeout (the process group's), or 30 minutes when it has none.
+  std::chrono::milliseconds defaultTimeout() const;
+
+ private:
+  template <typename F>
+  int64_t post(F&& f, const char* verb, int peer);
+
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  int rank_;
+  int size_;
+  std::string group_;
+  std::chrono::milliseconds timeout_{std::chrono::minutes(30)};
+  struct Request {
+    c10::intrusive_ptr<c10d::Work> work;
+    bool waited = false;
+  };
+  std::unordered_map<int64_t, Request> requests_;
+  int64_t next_id_ = 0;
+};
+
+}  // namespace rr

@@ -1,0 +1,187 @@
+// ringreduce CPU: one GroupRuntime per ring (a process group, or a rank list of one): a worker thread
+// with a queue that runs the ring's calls in submission order over the group's Transport, the
+// ringreduce-owned staging memory they receive into, the agreement check, and what happens when a
+// call fails. Torch-free: the caller (csrc/torch/cpu_ops.cpp) hands in the transport and, per call, a
+// CallBody that says which memory to reduce and how to report the result.
+//
+// Note [Why one worker per group]
+// A single global worker deadlocks when ranks order async calls on two groups differently: rank 0
+// runs group A's ring and waits for rank 1, which is stuck behind group B's ring in the same queue.
+// With one queue per ring, each ring's calls run in the order every rank submitted them.
+//
+// Note [Failed calls keep their buffers]
+// After a transport failure (dead peer, timeout) a receive may still be posted inside the transport.
+// The transport keeps its request alive (C10dTransport::abandon) and the runtime never frees or
+// reuses the memory it writes into (staging slots, frame buffers): a late message then lands in
+// ringreduce-owned memory that nobody reads, never in user memory or freed memory. The group is
+// marked unusable ("poisoned"): later calls fail at once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../core/agreement.h"
+#include "../core/call_tags.h"
+#include "../core/collectives.h"
+#include "../core/error.h"
+#include "../core/frame.h"
+#include "../core/plan.h"
+#include "../core/transport.h"
+#include "ring_executor.h"
+
+namespace rr {
+
+// Note [Tags]
+// Reserved tag range [2^30, 2^31), split between rings: a ring over a rank list of the group (a
+// DeviceMesh dimension) has its own runtime and tag space, slot 1 + hash(members) mod 63 (the
+// whole group: slot 0), so it can run concurrently with the group's other rings. Frames travel on
+// kFrameTagBase + slot (matched in order, so a rank that skipped a call is reported by sequence
+// number); stage s of a call on kPayloadTagBase + slot * kPayloadTagsPerSlot + (g * kStagesPerCall
+// + s) * kTagsPerCall, where g is the call's tag group (Note [Retired tag groups]).
+constexpr int kTagSlots = 64;
+constexpr int kFrameTagBase = 1 << 30;
+constexpr int kPayloadTagBase = (1 << 30) + kTagSlots;
+constexpr int kPayloadTagsPerSlot = ((1 << 30) - kTagSlots) / kTagSlots;
+constexpr int kStagesPerCall = 3;  // the hierarchical all-reduce runs three rings per call
+// Note [Receives before the verdict]: a first segment sent before the verdict is at most this
+// large, and a receive posted before it has room for this much (part of the wire protocol).
+constexpr int64_t kLeadBytes = 1 << 20;
+// The ring's staging memory (docs/design.md, memory: <= 8 MiB by default): with the default slots
+// (Note [Staging slots] in plan.h) at most kAutoStagingBytes plus kLeadBytes.
+constexpr int64_t kStagingCapBytes = 8 << 20;
+
+// What one call asks for, as the bindings pass it (one struct across the boundary). Every rank
+// must pass the same values, except local_error.
+struct CallOptions {
+  CallKind kind = CallKind::kAllReduce;
+  RedOp op = RedOp::kSum;
+  bool accum_float32 = false;          // half types: partials travel as float32
+  FrameError local_error = FrameError::kNone;  // this rank refuses the call: frames only
+  int32_t ntensors = 1;                // all_reduce_coalesced: tensors in the call
+  bool check = true;                   // exchange agreement frames first
+  int64_t segment_bytes = 1 << 20;     // RINGREDUCE_SEGMENT_BYTES
+  int32_t num_slots = kAutoSlots;      // RINGREDUCE_SLOTS (kAutoSlots: Note [Staging slots])
+  int64_t timeout_ms = -1;             // RINGREDUCE_TIMEOUT; < 0: the group's own timeout
+  // Hierarchical all-reduce (Note [Hierarchical all-reduce] in csrc/core/collectives.h): the
+  // ring's ranks (of the group) node by node, local_size per node; local_size 0: the flat ring.
+  int32_t local_size = 0;
+  std::vector<int> node_order;
+
+  bool allReduce() const { return kind != CallKind::kReduceScatter && kind != CallKind::kAllGather; }
+  // Whether an all-reduce on a ring of `ring_size` ranks runs the hierarchical stages.
+  bool hierarchical(int ring_size) const { return allReduce() && local_size > 1 && local_size < ring_size; }
+};
+
+// The memory a call's rings run over: `numel` contiguous elements of `dtype`.
+struct CallBuffer {
+  void* data = nullptr;
+  int64_t numel = 0;
+  DType dtype = DType::kFloat32;
+};
+
+// Where a completed call spent its time (RINGREDUCE_DEBUG=DETAIL logs it).
+struct CallTiming {
+  double check_us = 0;  // the agreement frames (0 with the check off)
+  double ring_us = 0;   // the stages, copies included
+};
+
+// The caller's side of one call: its memory and its completion (the torch glue implements it).
+class CallBody {
+ public:
+  virtual ~CallBody() = default;
+  // This rank's agreement frame; the runtime fills in rank and sequence number.
+  virtual Frame frame() const = 0;
+  // On the worker, before the frames are compared (never called for a locally refused call): the
+  // buffer the rings run over, given this process's index in the ring and the ring's size. It may
+  // not change anything the caller can see: all_reduce hands in the tensor or a working copy,
+  // reduce_scatter a private copy of its input, all_gather its fresh output with this rank's block
+  // filled in.
+  virtual CallBuffer prepare(int ring_rank, int ring_size) = 0;
+  // On the worker, after every ring succeeded: results to where the caller expects them.
+  virtual void finish(int ring_rank, int ring_size) = 0;
+  // Exactly once, when the call is over (on the worker, or on the submitting thread when the
+  // group is already unusable). Must not throw.
+  virtual void complete(bool ok, ErrorKind kind, const std::string& message, const CallTiming& timing) = 0;
+};
+
+class GroupRuntime {
+ public:
+  // `transport`: the whole group's (ranks are group ranks); `members`: the ring's ranks in it, in
+  // ring order (empty: every rank, in rank order); `default_timeout`: the group's; `name`: for
+  // messages. Starts the ring's worker thread.
+  GroupRuntime(std::unique_ptr<Transport> transport, std::chrono::milliseconds default_timeout, std::string name,
+               std::vector<int> members);
+  ~GroupRuntime();
+  GroupRuntime(const GroupRuntime&) = delete;
+  GroupRuntime& operator=(const GroupRuntime&) = delete;
+
+  // Queues a call behind the calls submitted before it and returns its sequence number (identical
+  // on every rank that submits the same calls). A call on an unusable group completes, failed,
+  // before this returns.
+  uint64_t submit(std::shared_ptr<CallBody> body, CallOptions options);
+  // Finishes the queued calls and joins the worker (interpreter exit).
+  void shutdown();
+
+  int rank() const { return rank_; }  // this process's index in the ring
+  int size() const { return size_; }
+  int64_t stagingBytes();                       // Note [Staging slots] in plan.h
+  std::vector<int64_t> bytesSent(bool reset);   // Note [Traffic counters], by group rank
+
+ private:
+  struct Call {
+    std::shared_ptr<CallBody> body;
+    CallOptions opt;
+    uint64_t seq = 0;
+  };
+  void loop();
+  void execute(Call& call);  // run() + completion; never throws
+  void run(Call& call, CallTiming& timing);
+  // The stages of a call over `buf` (Note [Hierarchical all-reduce], Note [Ring halves]).
+  std::vector<RingStage> stagesFor(const CallOptions& opt, const CallBuffer& buf) const;
+  // Staging sized for `plan`; slot 0 with room for at least lead_room bytes.
+  RingBuffers ringBuffers(const Plan& plan, void* data, int64_t lead_room);
+  // A call that failed its check after posting its leading receives (Note [Receives before the
+  // verdict]): they, and the staging slots they point into, are kept forever; the call's tag group
+  // is retired (Note [Retired tag groups]).
+  void retireLeading(const std::vector<int>& slots, int tag_group);
+  // After a transport failure: Note [Failed calls keep their buffers].
+  void poison(const std::string& reason);
+
+  std::unique_ptr<Transport> transport_;
+  std::chrono::milliseconds default_timeout_;
+  std::string name_;
+  RingMembers ring_;     // the ring's ranks in the group, explicit
+  bool whole_group_;     // the ring is the whole group in rank order
+  RankMapTransport ring_transport_;  // transport_ in ring indices (agreement frames)
+  int rank_ = 0;         // index in the ring
+  int size_ = 1;
+  int tag_slot_ = 0;
+  // Payload tag groups, one per call (kStagesPerCall x kTagsPerCall tags each); worker-owned.
+  CallTagGroups call_tags_{kPayloadTagsPerSlot / (kStagesPerCall * kTagsPerCall)};
+  FrameAgreement frames_;
+  std::unique_ptr<std::atomic<int64_t>[]> sent_;  // Note [Traffic counters], by group rank
+  CountingTransport payload_;                     // transport_ with sent_ counting
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Call> queue_;
+  bool stop_ = false;
+  uint64_t next_seq_ = 0;
+  bool poisoned_ = false;
+  std::string poison_reason_;
+  std::thread worker_;
+
+  // Worker-owned memory (the submitting thread only reads its size, under mu_).
+  std::vector<std::unique_ptr<char[]>> slots_;
+  std::vector<int64_t> slot_sizes_;  // bytes of each slot
+  std::vector<float> accum_;
+};
+
+}  // namespace rr

@@ -1,0 +1,227 @@
+#include "cpu_ops.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "../cpu/c10d_transport.h"
+
+namespace rr {
+
+namespace {
+
+std::mutex g_registry_mu;
+using RegistryKey = std::pair<const c10d::ProcessGroup*, std::vector<int>>;
+std::map<RegistryKey, std::shared_ptr<GroupRuntime>>& registry() {
+  static auto* r = new std::map<RegistryKey, std::shared_ptr<GroupRuntime>>();
+  return *r;  // leaked on purpose: never destroyed from a static destructor (workers are joined
+              // by shutdownAll(), called from Python's atexit)
+}
+
+std::shared_ptr<GroupRuntime> runtimeFor(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
+                                         const std::vector<int>& members) {
+  const std::vector<int> key = ringKey(members, pg->getSize());
+  std::lock_guard<std::mutex> g(g_registry_mu);
+  auto& reg = registry();
+  auto it = reg.find({pg.get(), key});
+  if (it != reg.end()) return it->second;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  try {
+    backend = pg->getBackend(c10::DeviceType::CPU);
+  } catch (const std::exception&) {
+    RR_THROW(kValue, "ringreduce: ", name, " has no CPU backend (it was created with backend=", pg->getBackendName(),
+             "), so CPU tensors cannot be reduced on it. Create the group with backend=\"gloo\" (or "
+             "\"cpu:gloo,cuda:nccl\"), or move the tensor to the GPU");
+  }
+  auto transport = std::make_unique<C10dTransport>(backend, pg->getRank(), pg->getSize(), name);
+  const std::chrono::milliseconds timeout = transport->defaultTimeout();
+  auto rt = std::make_shared<GroupRuntime>(std::move(transport), timeout, name, key);
+  reg.emplace(RegistryKey(pg.get(), key), rt);
+  return rt;
+}
+
+std::vector<std::shared_ptr<GroupRuntime>> runtimesOf(const c10d::ProcessGroup* pg) {
+  std::vector<std::shared_ptr<GroupRuntime>> out;
+  std::lock_guard<std::mutex> g(g_registry_mu);
+  for (auto& kv : registry())
+    if (kv.first.first == pg) out.push_back(kv.second);
+  return out;
+}
+
+// Elements are matched by logical index: a tensor that is not row-major contiguous (views,
+// transposes, channels_last, conj/neg views) is reduced through one contiguous copy.
+at::Tensor contiguousCopy(const at::Tensor& t) { return t.resolve_conj().resolve_neg().contiguous(); }
+
+}  // namespace
+
+DType toDType(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kDouble: return DType::kFloat64;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kChar: return DType::kInt8;
+    case at::kShort: return DType::kInt16;
+    case at::kInt: return DType::kInt32;
+    case at::kLong: return DType::kInt64;
+    case at::kByte: return DType::kUInt8;
+    case at::kBool: return DType::kBool;
+    case at::kComplexFloat: return DType::kComplex64;
+    case at::kComplexDouble: return DType::kComplex128;
+    default: break;
+  }
+  RR_THROW(kType, "ringreduce: dtype ", c10::toString(t),
+           " is not supported (supported: float32, float64, float16, bfloat16, int8, int16, int32, "
+           "int64, uint8, bool, complex64, complex128)");
+}
+
+CpuCall::CpuCall(at::Tensor tensor, at::Tensor output, CallOptions opt)
+    : tensor_(std::move(tensor)), output_(std::move(output)), opt_(std::move(opt)) {
+  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+}
+
+Frame CpuCall::frame() const {
+  Frame f;
+  f.kind = static_cast<int32_t>(opt_.kind);
+  f.op = static_cast<int32_t>(opt_.op);
+  f.error = static_cast<int32_t>(opt_.local_error);
+  f.ntensors = opt_.ntensors;
+  f.accum_float32 = opt_.accum_float32 ? 1 : 0;
+  f.algorithm = opt_.local_size;  // 0: the flat ring; L: hierarchical with L ranks per node
+  f.segment_bytes = static_cast<int32_t>(std::min<int64_t>(opt_.segment_bytes, std::numeric_limits<int32_t>::max()));
+  if (tensor_.defined() && opt_.local_error == FrameError::kNone) {
+    f.dtype = static_cast<int32_t>(toDType(tensor_.scalar_type()));
+    f.numel = tensor_.numel();
+    f.device_type = tensor_.is_cuda() ? 1 : 0;
+    std::vector<int64_t> dims(tensor_.sizes().begin(), tensor_.sizes().end());
+    setShape(f, dims.data(), static_cast<int>(dims.size()));
+  }
+  return f;
+}
+
+CallBuffer CpuCall::prepare(int ring_rank, int ring_size) {
+  at::Tensor buf;
+  switch (opt_.kind) {
+    case CallKind::kReduceScatter:
+      // The input is left untouched (as torch's reduce_scatter_tensor): reduce a private copy.
+      work_ = contiguousCopy(tensor_);
+      if (work_.data_ptr() == tensor_.data_ptr()) work_ = work_.clone();
+      buf = work_;
+      break;
+    case CallKind::kAllGather: {
+      // The output is the contiguous concatenation, allocated by the caller: our block goes in first.
+      const int64_t m = tensor_.numel();
+      output_.reshape({-1}).narrow(0, ring_rank * m, m).copy_(tensor_.resolve_conj().resolve_neg().reshape({-1}));
+      buf = output_;
+      break;
+    }
+    default: {
+      // Hierarchical with float32 accumulation for half types: the whole reduction runs on a float32
+      // copy, so partials are rounded once, at the end, as the flat ring's accum mode promises.
+      const bool upcast = opt_.hierarchical(ring_size) && opt_.accum_float32 && isHalfType(toDType(tensor_.scalar_type()));
+      if (upcast) work_ = tensor_.to(at::kFloat).contiguous();
+      else if (!tensor_.is_contiguous() || tensor_.is_conj() || tensor_.is_neg()) work_ = contiguousCopy(tensor_);
+      buf = work_.defined() ? work_ : tensor_;
+      break;
+    }
+  }
+  return CallBuffer{buf.data_ptr(), buf.numel(), toDType(buf.scalar_type())};
+}
+
+void CpuCall::finish(int ring_rank, int ring_size) {
+  (void)ring_size;
+  if (opt_.kind == CallKind::kReduceScatter) {
+    const int64_t m = output_.numel();
+    output_.copy_(work_.reshape({-1}).narrow(0, ring_rank * m, m).view(output_.sizes()));
+  } else if (opt_.kind != CallKind::kAllGather && work_.defined()) {
+    tensor_.copy_(work_);
+  }
+  work_ = at::Tensor();
+}
+
+void CpuCall::complete(bool ok, ErrorKind kind, const std::string& message, const CallTiming& timing) {
+  work_ = at::Tensor();
+  // The future first (its callbacks may run Python: no lock held), then the waiters, so that a
+  // returned wait() always sees a completed future.
+  if (ok) {
+    future_->markCompleted(c10::IValue(std::vector<at::Tensor>{output_.defined() ? output_ : tensor_}));
+  } else {
+    future_->setError(std::make_exception_ptr(std::runtime_error(message)));
+  }
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    done_ = true;
+    ok_ = ok;
+    error_kind_ = kind;
+    error_ = message;
+    timing_ = timing;
+  }
+  cv_.notify_all();
+}
+
+bool CpuCall::wait(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (timeout_ms < 0) {
+    cv_.wait(lk, [&] { return done_; });
+    return true;
+  }
+  return cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return done_; });
+}
+bool CpuCall::isCompleted() {
+  std::lock_guard<std::mutex> g(mu_);
+  return done_;
+}
+bool CpuCall::ok() {
+  std::lock_guard<std::mutex> g(mu_);
+  return ok_;
+}
+ErrorKind CpuCall::errorKind() {
+  std::lock_guard<std::mutex> g(mu_);
+  return error_kind_;
+}
+std::string CpuCall::errorMessage() {
+  std::lock_guard<std::mutex> g(mu_);
+  return error_;
+}
+CallTiming CpuCall::timing() {
+  std::lock_guard<std::mutex> g(mu_);
+  return timing_;
+}
+
+std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
+                                   const std::vector<int>& members, const at::Tensor& tensor, const at::Tensor& output,
+                                   const CallOptions& opt) {
+  std::shared_ptr<GroupRuntime> rt = runtimeFor(pg, name, members);
+  auto call = std::make_shared<CpuCall>(tensor, output, opt);
+  call->seq_ = rt->submit(call, opt);
+  return call;
+}
+
+void shutdownAll() {
+  std::vector<std::shared_ptr<GroupRuntime>> all;
+  {
+    std::lock_guard<std::mutex> g(g_registry_mu);
+    for (auto& kv : registry()) all.push_back(kv.second);
+    registry().clear();
+  }
+  for (auto& rt : all) rt->shutdown();
+}
+
+int64_t stagingBytes(const c10d::ProcessGroup* pg) {
+  int64_t total = 0;
+  for (auto& rt : runtimesOf(pg)) total += rt->stagingBytes();
+  return total;
+}
+
+std::vector<int64_t> bytesSent(const c10d::ProcessGroup* pg, bool reset) {
+  std::vector<int64_t> out(static_cast<size_t>(pg->getSize()), 0);
+  for (auto& rt : runtimesOf(pg)) {
+    const std::vector<int64_t> v = rt->bytesSent(reset);
+    for (size_t i = 0; i < out.size() && i < v.size(); ++i) out[i] += v[i];
+  }
+  return out;
+}
+
+}  // namespace rr

@@ -1,0 +1,78 @@
+// ringreduce torch layer: the CPU collectives' glue between tensors and the torch-free group runtime
+// (csrc/cpu/group_runtime.h): which memory a call reduces, its agreement frame, its completion as a
+// torch future, and the registry of runtimes (one per process group and rank list).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../cpu/group_runtime.h"
+
+namespace rr {
+
+// One submitted CPU call: what Python's Work wraps ("CallHandle" in Python).
+class CpuCall final : public CallBody {
+ public:
+  CpuCall(at::Tensor tensor, at::Tensor output, CallOptions opt);
+
+  // Blocks (the binding releases the GIL) until done or until timeout_ms passed (< 0: forever).
+  bool wait(int64_t timeout_ms);
+  bool isCompleted();
+  bool ok();
+  ErrorKind errorKind();  // valid when completed and !ok()
+  std::string errorMessage();
+  CallTiming timing();
+  uint64_t seq() const { return seq_; }
+  c10::intrusive_ptr<c10::ivalue::Future> future() const { return future_; }
+
+  // CallBody
+  Frame frame() const override;
+  CallBuffer prepare(int ring_rank, int ring_size) override;
+  void finish(int ring_rank, int ring_size) override;
+  void complete(bool ok, ErrorKind kind, const std::string& message, const CallTiming& timing) override;
+
+ private:
+  friend std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>&, const std::string&,
+                                            const std::vector<int>&, const at::Tensor&, const at::Tensor&,
+                                            const CallOptions&);
+  at::Tensor tensor_;  // the caller's tensor (undefined for a locally refused call)
+  at::Tensor output_;  // reduce_scatter / all_gather: the result (the future's value)
+  at::Tensor work_;    // the contiguous buffer the rings run over, when it is not tensor_
+  CallOptions opt_;
+  uint64_t seq_ = 0;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  bool ok_ = false;
+  ErrorKind error_kind_ = ErrorKind::kRuntime;
+  std::string error_;
+  CallTiming timing_;
+};
+
+// Submits a CPU call on the ring `members` (ranks of `pg`; empty: the whole group) of `pg`, whose
+// runtime is created on first use. `tensor` may be undefined for a local refusal; `output`:
+// reduce_scatter's output block or all_gather's concatenated result.
+std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
+                                   const std::vector<int>& members, const at::Tensor& tensor, const at::Tensor& output,
+                                   const CallOptions& opt);
+
+void shutdownAll();  // finishes queued calls and joins every worker (interpreter exit)
+
+// Bytes of staging the CPU path holds for `pg` (all its rings).
+int64_t stagingBytes(const c10d::ProcessGroup* pg);
+
+// Payload bytes this process sent to each rank of `pg` on the CPU path (Note [Traffic counters]).
+std::vector<int64_t> bytesSent(const c10d::ProcessGroup* pg, bool reset);
+
+DType toDType(at::ScalarType t);  // throws kType for unsupported dtypes
+
+}  // namespace rr

@@ -1,0 +1,270 @@
+"""What every collective does before its ring runs: validate locally, refuse (telling the other ranks),
+route to the CPU runtime or the GPU path, and log.
+
+The public modules (ops, scatter_gather, coalesced, nn) only state their own arguments' rules and
+call into here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from typing import Any
+
+import torch
+
+from ringreduce import _config
+from ringreduce._groups import GroupInfo, choose_algorithm, resolve
+from ringreduce._native import C
+from ringreduce._types import KIND_NAMES, NATIVE_OPS, CallKind, FrameError, ReduceOp, to_reduce_op
+from ringreduce.work import Work
+
+ALGORITHMS = ("auto", "ring", "hierarchical")
+_NONE = FrameError.NONE
+
+logger = logging.getLogger("ringreduce")
+
+
+def debug_level() -> int:
+    """RINGREDUCE_DEBUG=INFO logs every call; DETAIL adds the ring's parameters and where the time went.
+
+    0 when unset.
+    """
+    raw = (_config._env("RINGREDUCE_DEBUG") or "").upper()
+    if raw in ("", "0", "OFF", "WARN", "WARNING"):
+        return 0
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[ringreduce %(process)d] %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    return 2 if raw == "DETAIL" else 1
+
+
+def log_call(info: GroupInfo, handle: Any, tensor: torch.Tensor, op: ReduceOp, kind: Any, level: int,
+             async_op: bool, accum: bool, seconds: float | None, local_size: int = 0) -> None:
+    algo = f"hierarchical(local_size={local_size})" if local_size else "ring"
+    msg = (
+        f"rank {info.rank}/{info.size} {info.name} call #{handle.seq} {KIND_NAMES.get(kind, kind)} "
+        f"op={op.name} dtype={str(tensor.dtype).replace('torch.', '')} numel={tensor.numel()} "
+        f"algorithm={algo} device={tensor.device.type}{' accum=float32' if accum else ''}"
+    )
+    msg += " async (submitted)" if seconds is None else f" time={seconds * 1e6:.0f}us"
+    if level >= 2:
+        msg += (
+            f" segment_bytes={_config.segment_bytes()} slots={_config.num_slots() or 'auto'} "
+            f"check={_config.check_enabled(tensor.is_cuda)} contiguous={tensor.is_contiguous()}"
+        )
+        if seconds is not None and hasattr(handle, "timing_us"):
+            check_us, ring_us = handle.timing_us()
+            msg += f" check={check_us:.0f}us ring={ring_us:.0f}us"
+    logger.info(msg)
+
+
+def local_tensor(tensor: Any) -> Any:
+    """A DTensor's local shard (a collective reduces it in place; placements stay as they are).
+
+    Anything else is returned as is. No DTensor can exist before torch.distributed.tensor is imported,
+    so plain tensors cost one dictionary lookup.
+    """
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None) if module is not None else None
+    if dtensor is not None and isinstance(tensor, dtensor):
+        return tensor._local_tensor
+    return tensor
+
+
+def local_refusal(
+    tensor: Any, op: Any, accum_dtype: torch.dtype | None, algorithm: str
+) -> tuple[Any, BaseException | None, ReduceOp | None, bool]:
+    """(frame error code, exception to raise, op, accum_float32) from purely local checks."""
+    if not isinstance(tensor, torch.Tensor):
+        return FrameError.NOT_A_TENSOR, TypeError(
+            f"ringreduce: expected a torch.Tensor, got {type(tensor).__name__}"
+        ), None, False
+    try:
+        rop = to_reduce_op(op)
+    except ValueError as exc:
+        return FrameError.UNSUPPORTED, exc, None, False
+    if algorithm not in ALGORITHMS:
+        return FrameError.OTHER, ValueError(
+            f"ringreduce: algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
+        ), rop, False
+    if getattr(type(tensor), "__torch_dispatch__", None) is not torch.Tensor.__torch_dispatch__:
+        # Wrapper subclasses (DTensor is unwrapped before, FakeTensor, functional tensors...) may have
+        # no storage of their own: never hand them to the transport.
+        return FrameError.OTHER, ValueError(
+            f"ringreduce: tensor subclass {type(tensor).__name__} is not supported; pass a plain tensor "
+            "(e.g. its local shard or .to_local())"
+        ), rop, False
+    if tensor.is_sparse or tensor.layout != torch.strided:
+        return FrameError.SPARSE, ValueError(
+            f"ringreduce: only dense (strided) tensors are supported, got layout {tensor.layout}; "
+            "call .to_dense() first"
+        ), rop, False
+    if tensor.device.type not in ("cpu", "cuda"):
+        return FrameError.DEVICE, ValueError(
+            f"ringreduce: tensors on {tensor.device.type} are not supported; use CPU or CUDA tensors"
+        ), rop, False
+    if tensor.is_cuda and not C.native_info["cuda"]:
+        return FrameError.DEVICE, RuntimeError(
+            "ringreduce: got a CUDA tensor, but this ringreduce build has no CUDA support. Reinstall it "
+            "where a CUDA toolkit is found (set CUDA_HOME) with a CUDA build of torch, or reduce a CPU tensor"
+        ), rop, False
+    try:
+        code = C.dtype_code(tensor.dtype)
+    except TypeError:
+        return FrameError.UNSUPPORTED, TypeError(
+            f"ringreduce: dtype {str(tensor.dtype).replace('torch.', '')} is not supported (op {rop.name}); "
+            "supported: float32, float64, float16, bfloat16, int8, int16, int32, int64, uint8, bool, "
+            "complex64, complex128 - convert the tensor first"
+        ), rop, False
+    why = C.unsupported_reason(code, int(rop))
+    if why is not None:
+        return FrameError.UNSUPPORTED, TypeError(
+            f"ringreduce: op {rop.name} is not supported for dtype {str(tensor.dtype).replace('torch.', '')}: {why}"
+        ), rop, False
+    accum = False
+    if accum_dtype is not None and accum_dtype != tensor.dtype:
+        if accum_dtype == torch.float32 and tensor.dtype in (torch.float16, torch.bfloat16):
+            accum = True
+        else:
+            return FrameError.UNSUPPORTED, TypeError(
+                f"ringreduce: accum_dtype={accum_dtype} is not supported for {tensor.dtype} tensors; "
+                "accum_dtype=torch.float32 applies to float16/bfloat16 (partial sums then travel in float32)"
+            ), rop, False
+    return _NONE, None, rop, accum
+
+
+# Options objects by everything they hold: most programs make the same few calls over and over, so
+# a call costs one dictionary lookup instead of building the native struct.
+_options_cache: dict[tuple[Any, ...], Any] = {}
+
+
+def call_options(kind: Any, op: ReduceOp, *, accum: bool = False, local_error: Any = _NONE, ntensors: int = 1,
+                 local_size: int = 0, node_order: tuple[int, ...] = ()) -> Any:
+    """The native CallOptions of one CPU call, with the knobs (RINGREDUCE_*) read now."""
+    check = _config.check_enabled(False)
+    segment, slots, timeout = _config.segment_bytes(), _config.num_slots(), _config.timeout_ms()
+    key = (kind, op, accum, local_error, ntensors, local_size, node_order, check, segment, slots, timeout)
+    opts = _options_cache.get(key)
+    if opts is None:
+        opts = C.CallOptions()
+        opts.kind, opts.op, opts.accum_float32 = kind, NATIVE_OPS[op], accum
+        opts.local_error, opts.ntensors, opts.check = local_error, ntensors, check
+        opts.segment_bytes, opts.num_slots, opts.timeout_ms = segment, slots, timeout
+        opts.local_size, opts.node_order = local_size, list(node_order)
+        if len(_options_cache) > 256:
+            _options_cache.clear()
+        _options_cache[key] = opts
+    return opts
+
+
+def submit_cpu(info: GroupInfo, tensor: torch.Tensor | None, options: Any, output: torch.Tensor | None = None) -> Any:
+    """Queues one CPU call on info's ring; returns its native handle (ringreduce._C.CallHandle)."""
+    return C.submit_cpu(info.pg, info.name, list(info.members), tensor, output, options)
+
+
+def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, device: torch.device | None,
+           algorithm: str = "ring") -> None:
+    """Tells the other ranks (agreement frame marked as an error) before raising `exc` locally.
+
+    `device`: where the refused call's tensors live (None for a non-tensor argument: the CPU path).
+    """
+    is_cuda = device is not None and device.type == "cuda"
+    if info is not None and info.size > 1 and _config.check_enabled(is_cuda):
+        if is_cuda and C.native_info["cuda"]:
+            from ringreduce import _cuda
+
+            # GPU: the frame goes around the ring the other ranks run this call on (the
+            # hierarchical call's rank list is ordered node by node)
+            try:
+                _, members = choose_algorithm(info, algorithm if algorithm in ALGORITHMS else "auto")
+            except ValueError:
+                members = info.members
+            _cuda.cuda_refuse(info, device, int(kind), int(code), members=members)
+        elif not is_cuda:
+            # CPU: every call of a ring (hierarchical ones too) runs on the ring's own runtime
+            handle = submit_cpu(info, None, call_options(kind, ReduceOp.SUM, local_error=code))
+            handle.wait(-1)  # the others raise "rank r refused"; we raise our own, clearer error
+            exc.args = (f"{exc.args[0]} (call #{handle.seq} on {info.name}; the other ranks were told)",)
+    raise exc
+
+
+def device_of(tensor: Any) -> torch.device | None:
+    return tensor.device if isinstance(tensor, torch.Tensor) else None
+
+
+def run_all_reduce(
+    tensor: Any,
+    op: Any,
+    group: Any,
+    async_op: bool,
+    accum_dtype: torch.dtype | None,
+    algorithm: str,
+    kind: Any,
+    ntensors: int = 1,
+) -> Work | None:
+    """An all-reduce of `tensor` in place, for all_reduce, all_reduce_avg and all_reduce_coalesced."""
+    tensor = local_tensor(tensor)
+    info = resolve(group)
+    code, exc, rop, accum = local_refusal(tensor, op, accum_dtype, algorithm)
+    if exc is not None:
+        if info is None:
+            raise exc
+        refuse(info, kind, code, exc, device_of(tensor), algorithm)
+    assert rop is not None
+    if info is None or tensor.numel() == 0 or info.size == 1:
+        return Work.completed([tensor]) if async_op else None
+    local_size, members = choose_algorithm(info, algorithm)
+    if tensor.is_cuda:
+        from ringreduce import _cuda
+
+        name = f"ringreduce.{KIND_NAMES[kind]}"
+        with torch.profiler.record_function(name), torch.cuda.nvtx.range(name):
+            return _cuda.cuda_all_reduce(
+                tensor, rop, info, async_op, accum, int(kind), local_size=local_size, members=members
+            )
+    level = debug_level()
+    start = time.perf_counter()
+    # The profiler range only when a profiler listens: entering one costs ~10 us per call otherwise.
+    scope = (torch.profiler.record_function(f"ringreduce.{KIND_NAMES[kind]}")
+             if torch.autograd._profiler_enabled() else contextlib.nullcontext())
+    work = None
+    with scope:
+        options = call_options(kind, rop, accum=accum, ntensors=ntensors, local_size=local_size,
+                               node_order=members if local_size else ())
+        handle = submit_cpu(info, tensor, options)
+        if async_op:
+            work = Work(handle, [tensor], describe=f"{KIND_NAMES[kind]} {rop.name} on {info.name}")
+        else:
+            handle.wait(-1)
+            if not handle.ok():
+                handle.raise_error()
+    if level:
+        log_call(info, handle, tensor, rop, kind, level, async_op, accum,
+                 None if async_op else time.perf_counter() - start, local_size)
+    return work
+
+
+def run_ring_half(info: GroupInfo, tensor: torch.Tensor, output: torch.Tensor, rop: ReduceOp, kind: Any,
+                  async_op: bool, result: torch.Tensor) -> Work | None:
+    """reduce_scatter (`tensor` = input, `output` = this rank's block) or all_gather (`output` = the
+    concatenation) on the CPU ring of `info`; `result` is what the Work's future holds."""
+    name = KIND_NAMES[kind]
+    level = debug_level()
+    start = time.perf_counter()
+    with torch.profiler.record_function(f"ringreduce.{name}"):
+        handle = submit_cpu(info, tensor, call_options(kind, rop), output=output)
+        work = Work(handle, [result], describe=f"{name} {rop.name} on {info.name}")
+        if not async_op:
+            work.wait()
+    if level:
+        log_call(info, handle, tensor, rop, kind, level, async_op, False,
+                 None if async_op else time.perf_counter() - start)
+    return work
+
+
+__all__ = ["CallKind", "FrameError", "ReduceOp", "to_reduce_op"]

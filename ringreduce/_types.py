@@ -1,0 +1,60 @@
+"""ReduceOp and the native enums every collective's plumbing names (no C++ constant is copied here)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch.distributed as dist
+
+from ringreduce._native import C
+
+CallKind = C.CallKind  # the collective of an agreement frame (csrc/core/frame.h)
+FrameError = C.FrameError  # why a rank refuses a call locally (csrc/core/frame.h)
+
+KIND_NAMES: dict[Any, str] = {kind: name.lower() for name, kind in CallKind.__members__.items()}
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction operators. Functions also accept "sum"/"avg"/... and torch.distributed.ReduceOp."""
+
+    SUM = int(C.RedOp.SUM)
+    AVG = int(C.RedOp.AVG)
+    MAX = int(C.RedOp.MAX)
+    MIN = int(C.RedOp.MIN)
+    PRODUCT = int(C.RedOp.PRODUCT)
+
+
+NATIVE_OPS = {op: C.RedOp(int(op)) for op in ReduceOp}
+
+_DIST_OPS = {
+    dist.ReduceOp.SUM: ReduceOp.SUM,
+    dist.ReduceOp.AVG: ReduceOp.AVG,
+    dist.ReduceOp.MAX: ReduceOp.MAX,
+    dist.ReduceOp.MIN: ReduceOp.MIN,
+    dist.ReduceOp.PRODUCT: ReduceOp.PRODUCT,
+}
+
+
+def to_reduce_op(op: Any) -> ReduceOp:
+    """Normalizes `op`; raises ValueError for unknown operators (BAND, PREMUL_SUM, ...)."""
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        try:
+            return ReduceOp[op.strip().upper()]
+        except KeyError:
+            pass
+    else:
+        for dist_op, ours in _DIST_OPS.items():
+            try:
+                if op == dist_op:
+                    return ours
+            except Exception:  # noqa: BLE001 - foreign comparison
+                continue
+        if isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(ReduceOp):
+            return ReduceOp(op)
+    raise ValueError(
+        f"ringreduce: unsupported reduce op {op!r}; use one of SUM, AVG, MAX, MIN, PRODUCT "
+        "(ringreduce.ReduceOp, a string, or torch.distributed.ReduceOp)"
+    )
