@@ -144,18 +144,20 @@ _options_cache: dict[tuple[Any, ...], Any] = {}
 
 
 def call_options(kind: Any, op: ReduceOp, *, accum: bool = False, local_error: Any = _NONE, ntensors: int = 1,
-                 local_size: int = 0, node_order: tuple[int, ...] = ()) -> Any:
-    """The native CallOptions of one CPU call, with the knobs (RINGREDUCE_*) read now."""
+                 local_size: int = 0, node_order: tuple[int, ...] = (), one_shot: bool = True) -> Any:
+    """The native CallOptions of one CPU call, with the knobs (RINGREDUCE_*) read now. `one_shot`:
+    a small flat all-reduce may run as a one-shot (Note [One-shot all-reduce]); algorithm="ring"
+    asks for the ring itself."""
     check = _config.check_enabled(False)
     segment, slots, timeout = _config.segment_bytes(), _config.num_slots(), _config.timeout_ms()
-    key = (kind, op, accum, local_error, ntensors, local_size, node_order, check, segment, slots, timeout)
+    key = (kind, op, accum, local_error, ntensors, local_size, node_order, one_shot, check, segment, slots, timeout)
     opts = _options_cache.get(key)
     if opts is None:
         opts = C.CallOptions()
         opts.kind, opts.op, opts.accum_float32 = kind, NATIVE_OPS[op], accum
         opts.local_error, opts.ntensors, opts.check = local_error, ntensors, check
         opts.segment_bytes, opts.num_slots, opts.timeout_ms = segment, slots, timeout
-        opts.local_size, opts.node_order = local_size, list(node_order)
+        opts.local_size, opts.node_order, opts.one_shot = local_size, list(node_order), one_shot
         if len(_options_cache) > 256:
             _options_cache.clear()
         _options_cache[key] = opts
@@ -235,7 +237,7 @@ def run_all_reduce(
     work = None
     with scope:
         options = call_options(kind, rop, accum=accum, ntensors=ntensors, local_size=local_size,
-                               node_order=members if local_size else ())
+                               node_order=members if local_size else (), one_shot=algorithm == "auto")
         handle = submit_cpu(info, tensor, options)
         if async_op:
             work = Work(handle, [tensor], describe=f"{KIND_NAMES[kind]} {rop.name} on {info.name}")

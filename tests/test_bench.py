@@ -200,7 +200,7 @@ def test_ringreduce_memory_is_a_few_segments() -> None:
         assert growth <= 8 + 1.0, f"peak RSS grew by {growth:.2f} MiB over the 64 MiB input"
 
 
-def _staging_after_each_size(rank: int, world_size: int) -> list[tuple[str, int, bool]]:
+def _staging_after_each_size(rank: int, world_size: int) -> list[tuple[str, int, int, bool]]:
     import ringreduce
     from ringreduce import _C
 
@@ -214,7 +214,8 @@ def _staging_after_each_size(rank: int, world_size: int) -> list[tuple[str, int,
         x = pattern + rank
         ringreduce.all_reduce(x, op="sum")
         want = world_size * pattern + world_size * (world_size - 1) // 2
-        out.append((f"{label} check={check}", int(_C.staging_bytes(pg)), bool(torch.equal(x, want))))
+        out.append((f"{label} check={check}", int(_C.staging_bytes(pg)), int(_C.memory_bytes(pg)),
+                    bool(torch.equal(x, want))))
     os.environ.pop("RINGREDUCE_CHECK", None)
     return out
 
@@ -222,15 +223,17 @@ def _staging_after_each_size(rank: int, world_size: int) -> list[tuple[str, int,
 def test_staging_is_a_slot_per_receive_within_the_bound() -> None:
     """Note [Staging slots]: a 1 MiB float32 all-reduce on 4 ranks stages each of its 12 receives of
     128 KiB in a slot of its own (slot 0 with room for the 1 MiB leading receive when the check is
-    on); a 64 MiB one uses 4 slots of 1 MiB; the group never holds more than 8 MiB (DESIGN.md
-    section 5), whatever sizes came before."""
+    on); a 64 MiB one uses 4 slots of 1 MiB; the group never holds more than 8 MiB of staging and
+    10 MiB in all (docs/design.md, memory), whatever sizes came before."""
     for rank_result in run_ranks(4, _staging_after_each_size):
-        seen = {label: (staging, ok) for label, staging, ok in rank_result}
-        assert all(ok for _, ok in seen.values()), seen
+        seen = {label: (staging, memory, ok) for label, staging, memory, ok in rank_result}
+        assert all(ok for _, _, ok in seen.values()), seen
         assert seen["1M check=0"][0] == 12 * 128 * 1024, seen
         assert seen["1M check=1"][0] == MIB + 11 * 128 * 1024, seen
         assert seen["4M check=1"][0] == MIB + 11 * 512 * 1024, seen
-        assert all(staging <= 8 * MIB for staging, _ in seen.values()), seen
+        # staging <= 8 MiB; everything ringreduce holds for the group (staging, agreement-frame
+        # buffers, one-shot scratch: Note [One-shot all-reduce]) <= 10 MiB
+        assert all(staging <= 8 * MIB and staging <= memory <= 10 * MIB for staging, memory, _ in seen.values()), seen
 
 
 def test_traffic_mode_reports_cross_node_bytes(tmp_path) -> None:

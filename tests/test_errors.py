@@ -140,6 +140,9 @@ def _lead_mismatches_then_wrap(rank: int, ws: int) -> dict:
         # rank 0 posts nothing before the verdict (reduce_scatter); the others' first segments to it stay unmatched
         "kind": (lambda: (scatter_gather.reduce_scatter(torch.empty(big // ws), torch.ones(big // ws * ws), group=g)
                           if rank == 0 else rr.all_reduce(torch.ones(big), group=g)), "collective"),
+        # rank 0's tensor is small enough for the one-shot (Note [One-shot all-reduce]): its payload
+        # rides in the frame message while the others post their ring's leading messages
+        "one-shot vs ring": (lambda: rr.all_reduce(torch.ones(5 if rank == 0 else big), group=g), "numel"),
         # a rank refusing locally posts nothing either
         "refusal": (lambda: rr.all_reduce_avg(torch.ones(big, dtype=torch.int32) if rank == ws - 1
                                               else torch.ones(big), group=g), "refused"),
@@ -150,7 +153,7 @@ def _lead_mismatches_then_wrap(rank: int, ws: int) -> dict:
     # a payload whose first segment must not be lost to what the mismatches left posted, many times
     # around the tag groups; every 100th call a large one
     bad = 0
-    for i in range(1400):
+    for i in range(1500):  # past the wrap (1365 groups), with a large call after it (i = 1400)
         n = big if i % 100 == 0 else 5
         x = torch.arange(n, dtype=torch.float32) + rank * i
         rr.all_reduce(x, group=g)

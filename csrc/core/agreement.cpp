@@ -38,31 +38,43 @@ std::vector<Frame> exchangeFrames(Transport& t, const Frame& mine, int tag) {
   return frames;
 }
 
-FrameAgreement::FrameAgreement(int size, int rank, int tag, bool keep_posted)
-    : size_(size), rank_(rank), tag_(tag), keep_posted_(keep_posted && size <= kDirectFrameRanks) {}
+FrameAgreement::FrameAgreement(int size, int rank, int tag, bool keep_posted, size_t payload_room)
+    : size_(size),
+      rank_(rank),
+      tag_(tag),
+      keep_posted_(keep_posted && size <= kDirectFrameRanks),
+      payload_room_(payload_room) {}
 
 FrameAgreement::~FrameAgreement() {
-  // Receives may still be posted inside the transport at exit: their memory must outlive it.
-  if (!recvs_.empty()) abandon();
+  // Receives may still be posted inside the transport at exit: their memory must outlive it
+  // (intentionally leaked, Note [Failed calls keep their buffers] in csrc/cpu/group_runtime.h).
+  if (leaked_ || !recvs_.empty()) {
+    for (auto& buf : in_) (void)buf.release();
+    (void)out_.release();
+  }
 }
 
 void FrameAgreement::postReceives(Transport& t) {
   recvs_.assign(static_cast<size_t>(size_), -1);
   for (int p = 0; p < size_; ++p)
-    if (p != rank_) recvs_[static_cast<size_t>(p)] = t.irecv(in_.get() + static_cast<size_t>(p) * kFrameBytes, kFrameBytes, p, tag_);
+    if (p != rank_) recvs_[static_cast<size_t>(p)] = t.irecv(inSlot(posted_, p), slotBytes(), p, tag_);
 }
 
-void FrameAgreement::send(Transport& t, const Frame& mine) {
+void FrameAgreement::send(Transport& t, const Frame& mine, const void* payload, size_t payload_bytes) {
   RR_CHECK(direct(), kRuntime, "ringreduce internal error: ring frames are exchanged by collect()");
-  if (!in_) {
-    in_.reset(new char[static_cast<size_t>(size_) * kFrameBytes]);
-    out_.reset(new char[kFrameBytes]);
+  RR_CHECK(payload_bytes <= payloadRoom(), kRuntime, "ringreduce internal error: a payload of ", payload_bytes,
+           " bytes in a frame message with room for ", payloadRoom());
+  if (!out_) {
+    for (auto& buf : in_) buf.reset(new char[static_cast<size_t>(size_) * slotBytes()]);
+    out_.reset(new char[slotBytes()]);
+    allocated_.store(true, std::memory_order_relaxed);
   }
   if (recvs_.empty()) postReceives(t);
   std::memcpy(out_.get(), &mine, kFrameBytes);
+  if (payload_bytes > 0) std::memcpy(out_.get() + kFrameBytes, payload, payload_bytes);
   sends_.clear();
   for (int p = 0; p < size_; ++p)
-    if (p != rank_) sends_.push_back(t.isend(out_.get(), kFrameBytes, p, tag_));
+    if (p != rank_) sends_.push_back(t.isend(out_.get(), kFrameBytes + payload_bytes, p, tag_));
 }
 
 std::vector<Frame> FrameAgreement::collect(Transport& t, const Frame& mine, std::string* post_error) {
@@ -72,13 +84,15 @@ std::vector<Frame> FrameAgreement::collect(Transport& t, const Frame& mine, std:
     if (q >= 0) t.wait(q);
   for (int64_t q : sends_) t.wait(q);
   sends_.clear();
+  collected_ = posted_;
   std::vector<Frame> frames(static_cast<size_t>(size_));
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) frames[static_cast<size_t>(p)] = mine;
-    else std::memcpy(&frames[static_cast<size_t>(p)], in_.get() + static_cast<size_t>(p) * kFrameBytes, kFrameBytes);
+    else std::memcpy(&frames[static_cast<size_t>(p)], inSlot(collected_, p), kFrameBytes);
   }
   recvs_.clear();
   if (keep_posted_) {
+    posted_ = 1 - collected_;
     try {
       postReceives(t);
     } catch (const Error& e) {
@@ -91,11 +105,15 @@ std::vector<Frame> FrameAgreement::collect(Transport& t, const Frame& mine, std:
   return frames;
 }
 
+const char* FrameAgreement::payload(int p) const {
+  RR_CHECK(in_[collected_] != nullptr && p >= 0 && p < size_, kRuntime, "ringreduce internal error: no payload of rank ", p);
+  return inSlot(collected_, p) + kFrameBytes;
+}
+
 void FrameAgreement::abandon() {
-  // Intentionally leaked: a late frame may still land in them (Note [Failed calls keep their
-  // buffers] in csrc/cpu/group_runtime.h).
-  (void)in_.release();
-  (void)out_.release();
+  // The buffers are never freed from now on: a late frame may still land in them. The last
+  // collected payloads stay readable.
+  leaked_ = true;
   recvs_.clear();
   sends_.clear();
 }

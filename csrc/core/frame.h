@@ -44,6 +44,9 @@ enum FrameFlags : int32_t {
   // This rank posted its first payload receive before the frames (Note [Receives before the
   // verdict] in csrc/cpu/group_runtime.cpp), with room for kLeadBytes.
   kFrameLeadReceive = 1,
+  // The frame message carries this rank's whole tensor (Note [One-shot all-reduce] in
+  // csrc/cpu/group_runtime.h).
+  kFrameOneShot = 2,
 };
 
 struct Frame {

@@ -1,6 +1,9 @@
 #include "group_runtime.h"
 
+#include "host_reduce.h"
+
 #include <algorithm>
+#include <cstring>
 #ifdef __linux__
 #include <pthread.h>
 #endif
@@ -37,7 +40,8 @@ GroupRuntime::GroupRuntime(std::unique_ptr<Transport> transport, std::chrono::mi
       rank_(ring_.index),
       size_(ring_.size()),
       tag_slot_(tagSlot(ring_, whole_group_)),
-      frames_(size_, rank_, kFrameTagBase + tag_slot_, whole_group_ && transport_->rendezvousSends()),
+      frames_(size_, rank_, kFrameTagBase + tag_slot_, whole_group_ && transport_->rendezvousSends(),
+              static_cast<size_t>(oneShotBytes(size_))),
       sent_(new std::atomic<int64_t>[static_cast<size_t>(transport_->size())]()),
       payload_(*transport_, sent_.get()) {
   worker_ = std::thread([this] { loop(); });
@@ -235,6 +239,64 @@ void GroupRuntime::poison(const std::string& reason) {
   cv_.notify_all();  // wakes the worker, which exits (see loop())
 }
 
+void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing) {
+  const CallOptions& opt = call.opt;
+  const size_t bytes = static_cast<size_t>(buf.numel) * dtypeSize(buf.dtype);
+  const Clock::time_point started = Clock::now();
+  Frame mine = call.body->frame();
+  mine.rank = transport_->rank();
+  mine.seq = call.seq;
+  mine.flags |= kFrameOneShot;
+  frames_.send(ring_transport_, mine, buf.data, bytes);
+  std::string post_error;
+  const std::vector<Frame> frames = frames_.collect(ring_transport_, mine, &post_error);
+  timing.check_us = usSince(started);
+  const std::string verdict = compareFrames(frames, name_);
+  if (!verdict.empty()) {
+    // Ranks that took the ring for this call may have posted leading messages on its tags: every
+    // rank retires the call's tag group (Note [Retired tag groups]).
+    call_tags_.retire(tag_group);
+    transport_->callDone();
+    RR_THROW(kRuntime, verdict);
+  }
+  if (!post_error.empty()) {
+    std::lock_guard<std::mutex> g(mu_);
+    poisoned_ = true;
+    poison_reason_ = "during call #" + std::to_string(call.seq) +
+                     ", the next call's agreement-frame receives could not be posted (did a peer leave?): " + post_error;
+  }
+  const Clock::time_point reduced = Clock::now();
+  for (int p = 0; p < size_; ++p)  // Note [Traffic counters]: the payload went to every peer
+    if (p != rank_) sent_[ring_.ranks[static_cast<size_t>(p)]].fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  const size_t elem = dtypeSize(buf.dtype);
+  // Chunk c, in the ring's order: rank c's elements first, then c + 1's, ... (the schedule's bounds
+  // depend on (n, numel, element sizes) only).
+  const RingSchedule sched = makeRingSchedule(size_, buf.numel, static_cast<int64_t>(elem),
+                                              static_cast<int64_t>(dtypeSize(wireDType(buf.dtype, opt.accum_float32))),
+                                              opt.segment_bytes);
+  const size_t need = 2 * static_cast<size_t>(sched.chunk) * std::max<size_t>(sizeof(float), elem);
+  if (scratch_.size() * sizeof(float) < need) {
+    std::lock_guard<std::mutex> g(mu_);
+    scratch_.resize((need + sizeof(float) - 1) / sizeof(float));
+  }
+  std::vector<const void*> inputs(static_cast<size_t>(size_));
+  for (int c = 0; c < size_; ++c) {
+    const Range range = sched.chunkRange(c);
+    if (range.size() <= 0) continue;
+    const size_t offset = static_cast<size_t>(range.begin) * elem;
+    for (int j = 0; j < size_; ++j) {
+      const int p = (c + j) % size_;
+      const char* base = p == rank_ ? static_cast<const char*>(buf.data) : frames_.payload(p);
+      inputs[static_cast<size_t>(j)] = base + offset;
+    }
+    hostReduceInOrder(buf.dtype, opt.op, inputs, static_cast<char*>(buf.data) + offset, range.size(),
+                      opt.op == RedOp::kAvg ? size_ : 0, opt.accum_float32, scratch_.data());
+  }
+  call.body->finish(rank_, size_);
+  timing.ring_us = usSince(reduced);
+  transport_->callDone();
+}
+
 void GroupRuntime::run(Call& call, CallTiming& timing) {
   const CallOptions& opt = call.opt;
   {
@@ -255,6 +317,13 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
     std::vector<RingStage> stages;
     if (!refused) {
       buf = call.body->prepare(rank_, size_);
+      const int64_t bytes = buf.numel * static_cast<int64_t>(dtypeSize(buf.dtype));
+      if (opt.check && opt.one_shot && opt.allReduce() && !opt.hierarchical(size_) && frames_.payloadRoom() > 0 &&
+          buf.numel > 0 &&
+          bytes <= std::min<int64_t>(static_cast<int64_t>(frames_.payloadRoom()), opt.segment_bytes)) {
+        runOneShot(call, buf, tag_group, timing);
+        return;
+      }
       stages = stagesFor(opt, buf);
     }
     // Note [Receives before the verdict]: a checked flat all-reduce over the whole group posts its
@@ -337,6 +406,13 @@ int64_t GroupRuntime::stagingBytes() {
   int64_t total = 0;
   for (int64_t b : slot_sizes_) total += b;
   return total;
+}
+
+int64_t GroupRuntime::memoryBytes() {
+  const int64_t slots = stagingBytes();
+  std::lock_guard<std::mutex> g(mu_);
+  return slots + static_cast<int64_t>(frames_.memoryBytes() + scratch_.size() * sizeof(float) +
+                                      accum_.size() * sizeof(float));
 }
 
 std::vector<int64_t> GroupRuntime::bytesSent(bool reset) {

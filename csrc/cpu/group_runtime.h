@@ -57,6 +57,27 @@ constexpr int64_t kLeadBytes = 1 << 20;
 // (Note [Staging slots] in plan.h) at most kAutoStagingBytes plus kLeadBytes.
 constexpr int64_t kStagingCapBytes = 8 << 20;
 
+// Note [One-shot all-reduce]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A ring all-reduce costs 2 (n - 1) message latencies, each a rendezvous on gloo; for a small tensor
+// that latency is the whole cost, and on a host with fewer cores than busy threads every hand-off
+// may wait for a scheduler tick. So a checked all-reduce over the whole group (algorithm "auto")
+// whose tensor is at most oneShotBytes(n), and at most the segment size (so that tests with tiny
+// segments keep covering the ring), sends its tensor with its agreement frame, in the one message
+// per peer that the check sends anyway (Note [Payload in the frame message] in
+// csrc/core/agreement.h). Once the frames agree, every rank reduces the n tensors itself, chunk by
+// chunk of the ring's schedule, in the ring's order: chunk c starts with rank c's elements and
+// takes rank c + 1's, c + 2's, ... as each hop of the ring would (local elements first operand,
+// partial second, half types rounded at every hop unless accum_dtype=float32, AVG dividing the
+// complete sum once). The result is therefore bitwise the ring's, on every rank, for every segment
+// size. Bytes: (n - 1) S per rank instead of 2 (n - 1) / n S, in one latency instead of 2 (n - 1):
+// the same bytes for two ranks, where it takes tensors up to 256 KiB (measured back-to-back on
+// 2 vCPUs: at 128 KiB the ring took 1.66x gloo's time, the one-shot less than gloo), 64 KiB up to
+// 8 ranks and 32 KiB beyond (docs/performance.md). Its memory, (2n + 1) receive/send buffers of
+// 144 B + oneShotBytes(n) and 2 chunks of float32 scratch, stays under kOneShotMemoryBytes.
+constexpr int64_t oneShotBytes(int ranks) { return ranks <= 2 ? 256 << 10 : ranks <= 8 ? 64 << 10 : 32 << 10; }
+constexpr int64_t kOneShotMemoryBytes = 2 << 20;
+
 // What one call asks for, as the bindings pass it (one struct across the boundary). Every rank
 // must pass the same values, except local_error.
 struct CallOptions {
@@ -73,6 +94,9 @@ struct CallOptions {
   // ring's ranks (of the group) node by node, local_size per node; local_size 0: the flat ring.
   int32_t local_size = 0;
   std::vector<int> node_order;
+  // Small flat all-reduces may run as one-shots (Note [One-shot all-reduce]); algorithm="ring"
+  // asks for the ring itself.
+  bool one_shot = true;
 
   bool allReduce() const { return kind != CallKind::kReduceScatter && kind != CallKind::kAllGather; }
   // Whether an all-reduce on a ring of `ring_size` ranks runs the hierarchical stages.
@@ -131,7 +155,8 @@ class GroupRuntime {
 
   int rank() const { return rank_; }  // this process's index in the ring
   int size() const { return size_; }
-  int64_t stagingBytes();                       // Note [Staging slots] in plan.h
+  int64_t stagingBytes();                       // the staging slots (Note [Staging slots] in plan.h)
+  int64_t memoryBytes();                        // everything the ring holds: slots, frames, scratch
   std::vector<int64_t> bytesSent(bool reset);   // Note [Traffic counters], by group rank
 
  private:
@@ -153,6 +178,8 @@ class GroupRuntime {
   void retireLeading(const std::vector<int>& slots, int tag_group);
   // After a transport failure: Note [Failed calls keep their buffers].
   void poison(const std::string& reason);
+  // Note [One-shot all-reduce]: the frames carry the tensors; then every rank reduces them.
+  void runOneShot(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing);
 
   std::unique_ptr<Transport> transport_;
   std::chrono::milliseconds default_timeout_;
@@ -182,6 +209,7 @@ class GroupRuntime {
   std::vector<std::unique_ptr<char[]>> slots_;
   std::vector<int64_t> slot_sizes_;  // bytes of each slot
   std::vector<float> accum_;
+  std::vector<float> scratch_;  // one-shot partials: 2 chunks of float32 at most
 };
 
 }  // namespace rr

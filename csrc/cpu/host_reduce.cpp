@@ -1,5 +1,7 @@
 #include "host_reduce.h"
 
+#include <cstring>
+
 #include "../core/error.h"
 #include "../core/functors.h"
 #include "../core/reduce_dispatch.h"
@@ -39,6 +41,37 @@ void hostReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b
   if (count <= 0) return;
   HostLoop loop{a, b, dst, count, divisor, round_sum};
   dispatchReduce(dtype, op, a_wide, b_wide, dst_wide, loop);
+}
+
+void hostReduceInOrder(DType dtype, RedOp op, const std::vector<const void*>& inputs, void* dst, int64_t count,
+                       int divisor, bool accum_float32, void* scratch) {
+  const size_t n = inputs.size();
+  RR_CHECK(n >= 1, kRuntime, "ringreduce internal error: a reduction of no inputs");
+  const bool wide = accum_float32 && isHalfType(dtype);
+  const size_t elem = dtypeSize(dtype);
+  const size_t partial = wide ? sizeof(float) : elem;
+  char* s[2] = {static_cast<char*>(scratch), static_cast<char*>(scratch) + static_cast<size_t>(count) * partial};
+  if (n == 1) {
+    if (dst != inputs[0]) std::memcpy(dst, inputs[0], static_cast<size_t>(count) * elem);
+    return;
+  }
+  // The partial is the second operand, which must never be what the last step writes (dst may
+  // alias only the first): a first input that is dst starts as a copy.
+  const void* acc = inputs[0];
+  if (acc == dst) {
+    std::memcpy(s[0], inputs[0], static_cast<size_t>(count) * elem);
+    acc = s[0];
+  }
+  bool acc_wide = false;
+  for (size_t k = 1; k < n; ++k) {
+    const bool last = k + 1 == n;
+    void* out = last ? dst : s[k % 2];
+    const bool out_wide = wide && !last;
+    hostReduce(dtype, op, inputs[k], false, acc, acc_wide, out, out_wide, count,
+               last && op == RedOp::kAvg ? divisor : 0, /*round_sum=*/!wide);
+    acc = out;
+    acc_wide = out_wide;
+  }
 }
 
 }  // namespace rr

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "../core/dtype.h"
 
@@ -13,5 +14,14 @@ namespace rr {
 // destination type before dividing. Throws rr::Error(kType) for unsupported pairs.
 void hostReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide,
                 void* dst, bool dst_wide, int64_t count, int divisor, bool round_sum);
+
+// dst = the reduction of inputs[0..n-1], combined in that order, step k computing
+// inputs[k] (op) partial (Note [One-shot all-reduce] in group_runtime.h), so every process that
+// reduces the same inputs gets the same bits. AVG divides the complete sum once by `divisor`.
+// Half types round the partial to their type at every step unless accum_float32 (then float32
+// partials, rounded once). `scratch` holds 2 * count float32 (accum_float32) or elements. dst may
+// be one of the inputs.
+void hostReduceInOrder(DType dtype, RedOp op, const std::vector<const void*>& inputs, void* dst, int64_t count,
+                       int divisor, bool accum_float32, void* scratch);
 
 }  // namespace rr

@@ -125,7 +125,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("num_slots", &rr::CallOptions::num_slots)
       .def_readwrite("timeout_ms", &rr::CallOptions::timeout_ms)
       .def_readwrite("local_size", &rr::CallOptions::local_size)
-      .def_readwrite("node_order", &rr::CallOptions::node_order);
+      .def_readwrite("node_order", &rr::CallOptions::node_order)
+      .def_readwrite("one_shot", &rr::CallOptions::one_shot);
 
   py::class_<rr::CpuCall, std::shared_ptr<rr::CpuCall>>(m, "CallHandle")
       .def("wait", &rr::CpuCall::wait, py::arg("timeout_ms") = -1, py::call_guard<py::gil_scoped_release>())
@@ -160,7 +161,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Payload bytes this process sent to each rank of the group on the CPU path (frames excluded).");
   m.def(
       "staging_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::stagingBytes(pg.get()); },
-      py::arg("group"), "Bytes of staging memory ringreduce holds for the group on the CPU path.");
+      py::arg("group"), "Bytes of the staging slots ringreduce holds for the group on the CPU path.");
+  m.def(
+      "memory_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::memoryBytes(pg.get()); },
+      py::arg("group"), "All the memory ringreduce holds for the group on the CPU path (staging, frames, scratch).");
   m.def("shutdown", &rr::shutdownAll, py::call_guard<py::gil_scoped_release>(),
         "Finish queued calls and join every group worker (called at interpreter exit).");
 

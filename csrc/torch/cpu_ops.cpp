@@ -215,6 +215,12 @@ int64_t stagingBytes(const c10d::ProcessGroup* pg) {
   return total;
 }
 
+int64_t memoryBytes(const c10d::ProcessGroup* pg) {
+  int64_t total = 0;
+  for (auto& rt : runtimesOf(pg)) total += rt->memoryBytes();
+  return total;
+}
+
 std::vector<int64_t> bytesSent(const c10d::ProcessGroup* pg, bool reset) {
   std::vector<int64_t> out(static_cast<size_t>(pg->getSize()), 0);
   for (auto& rt : runtimesOf(pg)) {

@@ -67,8 +67,9 @@ std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>&
 
 void shutdownAll();  // finishes queued calls and joins every worker (interpreter exit)
 
-// Bytes of staging the CPU path holds for `pg` (all its rings).
+// Bytes of staging slots, and of all memory, the CPU path holds for `pg` (all its rings).
 int64_t stagingBytes(const c10d::ProcessGroup* pg);
+int64_t memoryBytes(const c10d::ProcessGroup* pg);
 
 // Payload bytes this process sent to each rank of `pg` on the CPU path (Note [Traffic counters]).
 std::vector<int64_t> bytesSent(const c10d::ProcessGroup* pg, bool reset);
