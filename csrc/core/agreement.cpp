@@ -65,7 +65,7 @@ void FrameAgreement::send(Transport& t, const Frame& mine, const void* payload, 
   RR_CHECK(payload_bytes <= payloadRoom(), kRuntime, "ringreduce internal error: a payload of ", payload_bytes,
            " bytes in a frame message with room for ", payloadRoom());
   if (!out_) {
-    for (auto& buf : in_) buf.reset(new char[static_cast<size_t>(size_) * slotBytes()]);
+    for (auto& buf : in_) buf.reset(new char[static_cast<size_t>(size_ - 1) * slotBytes()]);
     out_.reset(new char[slotBytes()]);
     allocated_.store(true, std::memory_order_relaxed);
   }

@@ -68,7 +68,7 @@ class FrameAgreement {
   std::vector<Frame> collect(Transport& t, const Frame& mine, std::string* post_error);
   // Bytes of the receive and send buffers (allocated at the first send()).
   size_t memoryBytes() const {
-    return allocated_.load(std::memory_order_relaxed) ? (2 * static_cast<size_t>(size_) + 1) * slotBytes() : 0;
+    return allocated_.load(std::memory_order_relaxed) ? (2 * static_cast<size_t>(size_ - 1) + 1) * slotBytes() : 0;
   }
   // After collect(): the payload that came with rank p's frame (valid until the next collect()).
   const char* payload(int p) const;
@@ -79,14 +79,17 @@ class FrameAgreement {
  private:
   void postReceives(Transport& t);
   size_t slotBytes() const { return kFrameBytes + payloadRoom(); }
-  char* inSlot(int buffer, int p) const { return in_[buffer].get() + static_cast<size_t>(p) * slotBytes(); }
+  // Peer p's receive slot in set `buffer` (no slot for this rank).
+  char* inSlot(int buffer, int p) const {
+    return in_[buffer].get() + static_cast<size_t>(p < rank_ ? p : p - 1) * slotBytes();
+  }
 
   const int size_;
   const int rank_;
   const int tag_;
   const bool keep_posted_;
   const size_t payload_room_;
-  std::unique_ptr<char[]> in_[2];  // two sets of size_ receive slots (Note [Payload in the frame message])
+  std::unique_ptr<char[]> in_[2];  // two sets of size_ - 1 receive slots (Note [Payload in the frame message])
   int posted_ = 0;                 // the set the pending receives land in
   int collected_ = 0;              // the set of the last collected frames
   std::unique_ptr<char[]> out_;    // this rank's message while its sends are in flight

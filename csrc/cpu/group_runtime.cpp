@@ -274,7 +274,10 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
   const RingSchedule sched = makeRingSchedule(size_, buf.numel, static_cast<int64_t>(elem),
                                               static_cast<int64_t>(dtypeSize(wireDType(buf.dtype, opt.accum_float32))),
                                               opt.segment_bytes);
-  const size_t need = 2 * static_cast<size_t>(sched.chunk) * std::max<size_t>(sizeof(float), elem);
+  // hostReduceInOrder's scratch: two chunks of partials; with two ranks one chunk of elements (only a
+  // first input that is the destination is copied).
+  const size_t partial = opt.accum_float32 && isHalfType(buf.dtype) ? sizeof(float) : elem;
+  const size_t need = (size_ == 2 ? 1 : 2) * static_cast<size_t>(sched.chunk) * (size_ == 2 ? elem : partial);
   if (scratch_.size() * sizeof(float) < need) {
     std::lock_guard<std::mutex> g(mu_);
     scratch_.resize((need + sizeof(float) - 1) / sizeof(float));

@@ -71,12 +71,13 @@ constexpr int64_t kStagingCapBytes = 8 << 20;
 // partial second, half types rounded at every hop unless accum_dtype=float32, AVG dividing the
 // complete sum once). The result is therefore bitwise the ring's, on every rank, for every segment
 // size. Bytes: (n - 1) S per rank instead of 2 (n - 1) / n S, in one latency instead of 2 (n - 1):
-// the same bytes for two ranks, where it takes tensors up to 256 KiB (measured back-to-back on
-// 2 vCPUs: at 128 KiB the ring took 1.66x gloo's time, the one-shot less than gloo), 64 KiB up to
-// 8 ranks and 32 KiB beyond (docs/performance.md). Its memory, (2n + 1) receive/send buffers of
-// 144 B + oneShotBytes(n) and 2 chunks of float32 scratch, stays under kOneShotMemoryBytes.
-constexpr int64_t oneShotBytes(int ranks) { return ranks <= 2 ? 256 << 10 : ranks <= 8 ? 64 << 10 : 32 << 10; }
-constexpr int64_t kOneShotMemoryBytes = 2 << 20;
+// the same bytes for two ranks, where it takes tensors up to 1 MiB (measured back-to-back on 2 vCPUs:
+// 0.52-0.77x gloo's time from 256 KiB to 1 MiB, the ring 1.14-1.27x), 64 KiB up to 8 ranks and 32 KiB
+// beyond (docs/performance.md). Its memory, 2 (n - 1) receive buffers and one send buffer of
+// 144 B + oneShotBytes(n) each and at most 2 chunks of float32 scratch, is at most
+// kOneShotMemoryBytes (3.5 MiB at 2 ranks, under 1.1 MiB beyond), on top of the staging slots.
+constexpr int64_t oneShotBytes(int ranks) { return ranks <= 2 ? 1 << 20 : ranks <= 8 ? 64 << 10 : 32 << 10; }
+constexpr int64_t kOneShotMemoryBytes = 4 << 20;
 
 // What one call asks for, as the bindings pass it (one struct across the boundary). Every rank
 // must pass the same values, except local_error.

@@ -50,7 +50,7 @@ void hostReduceInOrder(DType dtype, RedOp op, const std::vector<const void*>& in
   const bool wide = accum_float32 && isHalfType(dtype);
   const size_t elem = dtypeSize(dtype);
   const size_t partial = wide ? sizeof(float) : elem;
-  char* s[2] = {static_cast<char*>(scratch), static_cast<char*>(scratch) + static_cast<size_t>(count) * partial};
+  char* s[2] = {static_cast<char*>(scratch), n > 2 ? static_cast<char*>(scratch) + static_cast<size_t>(count) * partial : nullptr};
   if (n == 1) {
     if (dst != inputs[0]) std::memcpy(dst, inputs[0], static_cast<size_t>(count) * elem);
     return;

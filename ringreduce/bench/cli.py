@@ -17,17 +17,20 @@ DEFAULT_SECONDS = 6.0
 TRAIN_MODULE = "ringreduce.bench.train_step"
 
 _EPILOG = f"""\
-defaults: -b {DEFAULT_BEGIN} -e {DEFAULT_END} -f {DEFAULT_FACTOR:g} -d float -o avg -w 5, iterations chosen per size
-so each implementation runs about {DEFAULT_SECONDS:g} s (10..1000 iterations); on a 2-core machine with 2 CPU
-ranks the default run takes about 3 minutes. Sizes take binary units (K = 1024, as nccl-tests).
+defaults: -b {DEFAULT_BEGIN} -e {DEFAULT_END} -f {DEFAULT_FACTOR:g} -d float -o avg -w 5 --timing rounds --rounds 10,
+calls per round chosen per size so each implementation runs about {DEFAULT_SECONDS:g} s (10..1000 calls per round).
+Sizes take binary units (K = 1024, as nccl-tests).
 
-time (us) is the median over the timed iterations on each rank, averaged over ranks (the slowest
-rank's median is in the JSON); algbw = bytes / time; busbw = algbw * 2(n-1)/n; #wrong counts wrong
-elements after one extra call on exact data, summed over ranks; ratio = ringreduce time / stock time.
+timing (as nccl-tests): each round runs its calls back to back and is timed as a whole; time (us) =
+round time / calls, the median over rounds on each rank, averaged over ranks (the slowest rank's is
+in the JSON); implementations alternate by round, with an untimed barrier before each.
+--timing single times barrier-aligned single calls instead. algbw = bytes / time; busbw = algbw *
+2(n-1)/n; #wrong counts wrong elements after one extra call on exact data, summed over ranks;
+ratio = ringreduce time / stock time; floor = one memcpy of the buffer, timed the same way.
 
 examples:
   python -m ringreduce.bench                                   # 2 CPU ranks or all GPUs
-  python -m ringreduce.bench -b 1M -e 64M -f 4 --nproc 4       # the DESIGN.md section 5 sizes
+  python -m ringreduce.bench -b 1M -e 64M -f 4 --nproc 4       # 4 ranks, 1 to 64 MiB
   python -m ringreduce.bench -b 8 -e 1M -f 4 --check-cost      # cost of the agreement check
   torchrun --nnodes 2 --nproc-per-node 8 ... -m ringreduce.bench -b 8 -e 256M -f 2
   python -m ringreduce.bench --mode train [train-step options]  # training-step benchmark
@@ -57,8 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--op", choices=("sum", "avg"), default="avg",
                      help="avg: ringreduce.all_reduce_avg vs all_reduce+div_ (gloo) / ReduceOp.AVG (NCCL); "
                      "sum: all_reduce SUM (default avg)")
+    run.add_argument("--timing", choices=("rounds", "single"), default="rounds",
+                     help="rounds: back-to-back calls timed together, as nccl-tests (default); single: "
+                     "barrier-aligned single calls")
+    run.add_argument("--rounds", type=int, default=10, help="timed rounds per implementation and size (default 10)")
     run.add_argument("-n", "--iters", type=int, default=None,
-                     help="timed iterations per implementation and size (default: auto, see --seconds)")
+                     help="calls per round (single timing: timed calls) per implementation and size "
+                     "(default: auto, see --seconds)")
     run.add_argument("-w", "--warmup", type=int, default=5, help="untimed calls per implementation and size (default 5)")
     run.add_argument("--seconds", type=float, default=DEFAULT_SECONDS,
                      help=f"auto iterations: timed seconds per implementation and size (default {DEFAULT_SECONDS:g})")
@@ -67,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
                      help="ringreduce's cross-rank agreement check on/off (default: the library's: on for CPU, "
                      "off for GPU; RINGREDUCE_CHECK)")
+    run.add_argument("--transport", choices=("default", "shm", "tcp"), default="default",
+                     help="ringreduce's CPU transport: shared memory or gloo point-to-point (RINGREDUCE_SHM=1/0); "
+                     "default: the library's choice")
     run.add_argument("--check-cost", action="store_true",
                      help="also time ringreduce with RINGREDUCE_CHECK=0, interleaved; adds a check(us) column")
     run.add_argument("--no-nccl-ring", dest="nccl_ring", action="store_false",
@@ -111,19 +122,31 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
         raise SystemExit("ringreduce.bench: --iters must be >= 1")
     if args.warmup < 0:
         raise SystemExit("ringreduce.bench: --warmup must be >= 0")
+    if args.rounds < 1:
+        raise SystemExit("ringreduce.bench: --rounds must be >= 1")
+    if args.transport == "shm" and not _has_shm():
+        raise SystemExit("ringreduce.bench: --transport shm, but this ringreduce build has no shared-memory "
+                         "transport (ringreduce.build_info()['shm'] is missing or False)")
     increment = parse_size(args.stepbytes) if args.stepbytes is not None else None
     factor = None if increment is not None else (args.stepfactor or DEFAULT_FACTOR)
     sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), factor, increment, dtype.itemsize)
     if not sizes:
         raise SystemExit("ringreduce.bench: no size in the range holds a whole element")
     return BenchConfig(
-        sizes=sizes, dtype=dtype.name, op=args.op, backend=backend, iters=args.iters, warmup=args.warmup,
+        sizes=sizes, dtype=dtype.name, op=args.op, backend=backend, timing=args.timing, rounds=args.rounds,
+        iters=args.iters, warmup=args.warmup, transport=args.transport,
         seconds_per_size=args.seconds, min_iters=args.min_iters, max_iters=args.max_iters,
         check=True if args.check_cost and backend == "nccl" and args.check is None else args.check,
         check_cost=args.check_cost, nccl_ring=args.nccl_ring, json_path=args.json_path,
         plot_path=args.plot_path, command=[sys.executable, "-m", "ringreduce.bench", *argv], launcher=launcher,
         quiet=args.quiet,
     )
+
+
+def _has_shm() -> bool:
+    import ringreduce
+
+    return bool(ringreduce.build_info().get("shm", False))
 
 
 def run_train(argv: list[str]) -> int:

@@ -13,12 +13,15 @@ class BenchConfig:
     dtype: str  # nccl-tests name: float, double, half, bfloat16, int8, uint8, int32, int64
     op: str  # "sum" or "avg"
     backend: str  # "gloo" or "nccl" (resolved, never "auto")
-    iters: int | None = None  # fixed timed iterations per implementation and size; None = auto
+    timing: str = "rounds"  # "rounds": nccl-tests' back-to-back rounds; "single": barrier-aligned single calls
+    iters: int | None = None  # rounds: calls per round; single: timed calls per implementation; None = auto
+    rounds: int = 10  # rounds: timed rounds per implementation and size
     warmup: int = 5
     seconds_per_size: float = 5.0  # auto iters: timed seconds per implementation and size
     min_iters: int = 10
     max_iters: int = 1000
     check: bool | None = None  # ringreduce's agreement check: None = library default
+    transport: str = "default"  # ringreduce's CPU transport: "default", "shm" or "tcp" (RINGREDUCE_SHM)
     check_cost: bool = False  # also time ringreduce with RINGREDUCE_CHECK=0
     nccl_ring: bool = True  # on NCCL: also stock NCCL with NCCL_ALGO=RING
     json_path: str | None = None

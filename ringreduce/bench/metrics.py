@@ -30,10 +30,12 @@ def aggregate_size(
 ) -> list[dict[str, Any]]:
     """One row per implementation from every rank's measurements of one size.
 
-    `per_rank[r]` is rank r's result: {"iters", "warmup", "impls": {name: {"median_us", "mean_us",
-    "min_us", "max_us", "wrong", "peak_rss", "rss_growth", "rss_exact", "cuda_growth"}}}.
-    time_us is the per-rank median averaged over ranks (nccl-tests averages over ranks), time_us_max
-    the slowest rank's median; #wrong is summed over ranks; memory is the maximum over ranks.
+    `per_rank[r]` is rank r's result: {"iters", "rounds", "warmup", "impls": {name: {"median_us",
+    "mean_us", "min_us", "max_us", "floor_us", "wrong", "peak_rss", "rss_growth", "rss_exact",
+    "cuda_growth"}}}. time_us is the per-rank median (over rounds, or over single calls) averaged over
+    ranks (nccl-tests averages over ranks), time_us_max the slowest rank's median; floor_us the
+    memcpy of the buffer, averaged over ranks; #wrong is summed over ranks; memory is the maximum
+    over ranks.
     """
     rows = []
     for name in per_rank[0]["impls"]:
@@ -48,11 +50,13 @@ def aggregate_size(
             "redop": op,
             "impl": name,
             "iters": per_rank[0]["iters"],
+            "rounds": per_rank[0]["rounds"],
             "warmup": per_rank[0]["warmup"],
             "time_us": time_us,
             "time_us_max": max(medians),
             "mean_us": statistics.fmean(s["mean_us"] for s in stats),
             "min_us": min(s["min_us"] for s in stats),
+            "floor_us": statistics.fmean(s["floor_us"] for s in stats),
             "per_rank_median_us": medians,
             "algbw_gbs": algbw_gbs(size, time_us),
             "busbw_gbs": busbw_gbs(size, time_us, world_size),

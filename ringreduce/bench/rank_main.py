@@ -14,7 +14,7 @@ from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.machine import describe
 from ringreduce.bench.sweep import RankContext, run_sweep
 
-STAGING_BOUND_BYTES = 8 << 20  # DESIGN.md section 5: ringreduce's own memory per group, by default
+MEMORY_BOUND_BYTES = 12 << 20  # docs/design.md: ringreduce's own memory per CPU group (8 MiB staging + 4 MiB)
 PG_TIMEOUT = datetime.timedelta(minutes=10)
 
 
@@ -38,7 +38,7 @@ def _finish(cfg: BenchConfig, rows: list[dict[str, Any]], stock: str, machine: d
 
     impls = tuple(dict.fromkeys(row["impl"] for row in rows))
     layout = Layout(impls, stock)
-    print("\n".join(footer(rows, layout) + memory_lines(rows, layout, STAGING_BOUND_BYTES)), flush=True)
+    print("\n".join(footer(rows, layout) + memory_lines(rows, layout, MEMORY_BOUND_BYTES)), flush=True)
     doc = build_report(cfg, machine, rows, stock, elapsed)
     if cfg.json_path:
         write_json(doc, cfg.json_path)
@@ -55,16 +55,24 @@ def _banner(cfg: BenchConfig, machine: dict[str, Any]) -> str:
     threads = f"torch threads {machine['torch_threads']}"
     iters = f"iters {cfg.iters}" if cfg.iters is not None else f"iters auto (~{cfg.seconds_per_size:g} s/size each)"
     check = {None: "default", True: "on", False: "off"}[cfg.check]
+    if cfg.timing == "rounds":
+        method = (f"timing: {cfg.rounds} rounds of back-to-back calls per implementation ({iters} per round), "
+                  "alternating by round; time = round / iters, median over rounds per rank, mean over ranks")
+    else:
+        method = f"timing: single barrier-aligned calls ({iters}); time = median per rank, mean over ranks"
     return (f"# ringreduce.bench all_reduce: {machine['world_size']} ranks, backend {cfg.backend}, launcher "
             f"{cfg.launcher}, {threads}\n# {machine['cpu_model']} ({machine['cpu_cores']} cores)"
             + (f", GPUs: {', '.join(machine['gpus'])}" if machine["gpus"] else "")
             + f"\n# torch {machine['torch']}, NCCL {machine['nccl']}, ringreduce {machine['ringreduce']['version']}"
-            + f"\n# warmup {cfg.warmup}, {iters}, agreement check {check}; time = median per rank, mean over ranks"
+            + f"\n# warmup {cfg.warmup}, agreement check {check}, transport {cfg.transport}; {method}"
+            + "\n# floor = one memcpy of the buffer on each rank, timed the same way; /floor = ringreduce time / floor"
             + "\n#")
 
 
 def run_rank(cfg: BenchConfig) -> int:
     """Runs this process's rank (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the environment)."""
+    if cfg.transport != "default":
+        os.environ["RINGREDUCE_SHM"] = "1" if cfg.transport == "shm" else "0"
     ctx = _init(cfg)
     try:
         started = time.monotonic()

@@ -10,7 +10,7 @@ from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.impls import RINGREDUCE
 from ringreduce.bench.metrics import average_busbw, time_ratio
 
-SCHEMA = "ringreduce.bench.allreduce/1"
+SCHEMA = "ringreduce.bench.allreduce/2"
 
 ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
     "size": int,
@@ -19,11 +19,13 @@ ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
     "redop": str,
     "impl": str,
     "iters": int,
+    "rounds": int,
     "warmup": int,
     "time_us": float,
     "time_us_max": float,
     "mean_us": float,
     "min_us": float,
+    "floor_us": float,
     "per_rank_median_us": list,
     "algbw_gbs": float,
     "busbw_gbs": float,

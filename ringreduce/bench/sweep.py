@@ -1,19 +1,17 @@
-"""What every rank runs: for each size, memory probe, warm-up, interleaved timed loop, correctness.
+"""What every rank runs: for each size, memory probe, warm-up, timed rounds, the memcpy floor,
+correctness.
 
-Per size and implementation: one first call with its peak memory measured, ``warmup`` untimed
-calls, then ``iters`` timed calls per implementation interleaved A B B A A B ... (the order flips
-every round so drift and noise hit all implementations alike), then one call on fresh pattern data
-whose result is compared with the known sum (#wrong). Rank 0 gathers every rank's numbers, prints a
-table line per size as it goes and a progress line on stderr.
-
-Whenever the implementation changes, the ranks meet at an untimed barrier first, so that no call
-overlaps a call of the other implementation on another rank: ranks finish a call at different
-times, and with more ranks than CPUs the calls still running on some ranks slow down the next call
-on the others. Without the barrier a call's time depended on which implementation the other ranks
-were still running (4 ranks on 2 vCPUs, 1 MiB: gloo's calls took ~2 ms longer next to ringreduce's
-than next to its own, while the total time of the interleaved stream stayed the same;
-benchmarks/README.md, "Interleaving"). Calls that follow a call of their own implementation are
-timed without a barrier, as a training loop would run them.
+Timing (``--timing``, default ``rounds``) follows nccl-tests: after ``warmup`` untimed calls per
+implementation, ``rounds`` rounds per implementation, each of ``iters`` back-to-back calls timed
+together (time per call = round time / iters), implementations alternating by round (A B B A ...,
+so that drift hits all alike) with an untimed barrier before every round, so that no rank still
+runs the previous round's calls; a round's calls follow each other as a training loop's do. The
+``floor`` is one memcpy of a buffer of the same size, timed the same way on each rank, in every
+round. ``--timing single`` times barrier-aligned single calls instead: each call is timed alone, and
+the ranks meet at an untimed barrier whenever the implementation changes (the method of earlier
+results; it hides what back-to-back calls cost). After the timing, one call on fresh pattern data
+is compared with the known sum (#wrong). Rank 0 gathers every rank's numbers, prints a table line
+per size as it goes and a progress line on stderr.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from ringreduce.bench.impls import GLOO, NCCL, Impl, build_impls
 from ringreduce.bench.memory import measure_call
 from ringreduce.bench.metrics import aggregate_size
 from ringreduce.bench.sizes import DTYPES, format_size
-from ringreduce.bench.timing import CallTimer, auto_iters, summarize
+from ringreduce.bench.timing import CallTimer, auto_iters, summarize, time_round
 
 
 @dataclass
@@ -94,21 +92,39 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
         for impl in _interleaved(impls, w):
             previous = _switch_to(impl, previous, ctx.device)
             warm[impl.name].time(lambda impl=impl: impl.run(bufs[impl.name]))
+    estimates = [statistics.median(warm[i.name].seconds()) if cfg.warmup else probe_s[i.name] for i in impls]
+    rounds = cfg.rounds if cfg.timing == "rounds" else 1
     if cfg.iters is not None:
         iters = cfg.iters
     else:
-        estimates = [statistics.median(warm[i.name].seconds()) if cfg.warmup else probe_s[i.name] for i in impls]
-        iters = auto_iters(_agree_max(max(estimates), ctx.device), cfg.seconds_per_size, cfg.min_iters,
+        iters = auto_iters(_agree_max(max(estimates), ctx.device), cfg.seconds_per_size / rounds, cfg.min_iters,
                            cfg.max_iters)
 
-    timers = {impl.name: CallTimer(ctx.device) for impl in impls}
-    previous = None
-    for it in range(iters):
-        for impl in _interleaved(impls, it):
-            previous = _switch_to(impl, previous, ctx.device)
-            timers[impl.name].time(lambda impl=impl: impl.run(bufs[impl.name]))
+    floor = torch.empty_like(bufs[impls[0].name])
+    source = bufs[impls[0].name]
+    per_call: dict[str, list[float]] = {impl.name: [] for impl in impls}
+    floor_s: list[float] = []
+    if cfg.timing == "rounds":
+        for r in range(rounds):
+            for impl in _interleaved(impls, r):
+                if ctx.device.type == "cuda":
+                    torch.cuda.synchronize(ctx.device)
+                dist.barrier()  # untimed: every rank starts the round together
+                impl.enter()
+                per_call[impl.name].append(time_round(lambda impl=impl: impl.run(bufs[impl.name]), iters, ctx.device))
+            floor_s.append(time_round(lambda: floor.copy_(source), iters, ctx.device))
+    else:
+        timers = {impl.name: CallTimer(ctx.device) for impl in impls}
+        previous = None
+        for it in range(iters):
+            for impl in _interleaved(impls, it):
+                previous = _switch_to(impl, previous, ctx.device)
+                timers[impl.name].time(lambda impl=impl: impl.run(bufs[impl.name]))
+        per_call = {impl.name: timers[impl.name].seconds() for impl in impls}
+        floor_s.append(time_round(lambda: floor.copy_(source), iters, ctx.device))
     for impl in impls:
-        results[impl.name].update(summarize(timers[impl.name].seconds()))
+        results[impl.name].update(summarize(per_call[impl.name]))
+        results[impl.name]["floor_us"] = statistics.median(floor_s) * 1e6
 
     # Correctness, outside the timed loop: fresh pattern data, one call, compare with the known result.
     for impl in impls:
@@ -117,7 +133,7 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
         impl.enter()
         impl.run(buf)
         results[impl.name]["wrong"] = count_wrong(buf, ctx.world_size, k, cfg.op, impl.rtol)
-    return {"size": size, "count": count, "iters": iters, "warmup": cfg.warmup, "impls": results}
+    return {"size": size, "count": count, "iters": iters, "rounds": rounds, "warmup": cfg.warmup, "impls": results}
 
 
 def _progress(cfg: BenchConfig, index: int, total: int, size: int, started: float) -> None:

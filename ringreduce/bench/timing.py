@@ -1,9 +1,9 @@
-"""Per-call timers: host wall clock on CPU, CUDA events on the current stream on GPU.
+"""Timers: rounds of back-to-back calls (nccl-tests), and single calls.
 
-CPU calls are synchronous, so ``perf_counter`` around the call is its duration. On CUDA, collectives
-return once queued and the caller's stream waits for them; an event pair on the current stream around
-each call brackets exactly that call (the next call's start event fires only after the stream's
-wait for the previous one), so back-to-back calls are timed without host synchronization.
+A round runs `iters` calls back to back and is timed as a whole, as nccl-tests times its loop (host
+wall clock on CPU, where calls are synchronous; an event pair on the current stream on CUDA, where
+collectives return once queued); the time per call is the round's time / iters. Single calls:
+``perf_counter`` around each CPU call, an event pair around each CUDA call.
 """
 
 from __future__ import annotations
@@ -44,6 +44,23 @@ class CallTimer:
             torch.cuda.synchronize(self.device)
             return [s.elapsed_time(e) / 1e3 for s, e in self._events]
         return list(self._host)
+
+
+def time_round(fn: Callable[[], None], iters: int, device: torch.device) -> float:
+    """Seconds per call of `iters` back-to-back calls of fn, timed together."""
+    if device.type == "cuda":
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
 
 
 def summarize(seconds: list[float]) -> dict[str, float]:
