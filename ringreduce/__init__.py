@@ -30,7 +30,7 @@ def build_info() -> dict:
     Keys: version, cuda (bool: CUDA+NCCL compiled in), nccl_version (NCCL headers compiled
     against, "x.y.z" or None), nccl_runtime_version (the libnccl loaded now, or None), cuda_archs
     (list of compute capabilities), torch (the running torch), torch_built (the torch it was built
-    against).
+    against), shm (the shared-memory transport of CPU rings on one host is built in).
     """
     info = {
         "version": __version__,
@@ -40,6 +40,7 @@ def build_info() -> dict:
         "cuda_archs": [],
         "torch": torch.__version__,
         "torch_built": _C.native_info["torch_built"],
+        "shm": bool(_C.native_info.get("shm", False)),
     }
     if info["cuda"] and hasattr(_C, "cuda_build_info"):
         info.update(_C.cuda_build_info())

@@ -69,3 +69,12 @@ def timeout_ms() -> int:
     if seconds <= 0:
         raise ValueError(f"ringreduce: RINGREDUCE_TIMEOUT={raw!r} must be > 0")
     return max(1, int(seconds * 1000))
+
+
+def shm_enabled() -> bool:
+    """RINGREDUCE_SHM: CPU rings whose ranks share a host use shared memory (default on; 0 turns it off).
+
+    Read when a ring makes its first call: every rank of the ring must agree (they decide together,
+    and fall back to gloo point-to-point if any rank says 0)."""
+    raw = _env("RINGREDUCE_SHM")
+    return raw is None or raw == "" or raw not in ("0", "false", "False", "off")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ringreduce import _config
-from ringreduce._groups import GroupInfo, choose_algorithm, resolve
+from ringreduce._groups import GroupInfo, choose_algorithm, one_node, resolve
 from ringreduce._native import C
 from ringreduce._types import KIND_NAMES, NATIVE_OPS, CallKind, FrameError, ReduceOp, to_reduce_op
 from ringreduce.work import Work
@@ -143,14 +143,17 @@ def local_refusal(
 _options_cache: dict[tuple[Any, ...], Any] = {}
 
 
-def call_options(kind: Any, op: ReduceOp, *, accum: bool = False, local_error: Any = _NONE, ntensors: int = 1,
-                 local_size: int = 0, node_order: tuple[int, ...] = (), one_shot: bool = True) -> Any:
-    """The native CallOptions of one CPU call, with the knobs (RINGREDUCE_*) read now. `one_shot`:
-    a small flat all-reduce may run as a one-shot (Note [One-shot all-reduce]); algorithm="ring"
-    asks for the ring itself."""
+def call_options(info: GroupInfo, kind: Any, op: ReduceOp, *, accum: bool = False, local_error: Any = _NONE,
+                 ntensors: int = 1, local_size: int = 0, node_order: tuple[int, ...] = (),
+                 one_shot: bool = True) -> Any:
+    """The native CallOptions of one CPU call on info's ring, with the knobs (RINGREDUCE_*) read now.
+    `one_shot`: a small flat all-reduce may run as a one-shot (Note [One-shot all-reduce]);
+    algorithm="ring" asks for the ring itself."""
     check = _config.check_enabled(False)
     segment, slots, timeout = _config.segment_bytes(), _config.num_slots(), _config.timeout_ms()
-    key = (kind, op, accum, local_error, ntensors, local_size, node_order, one_shot, check, segment, slots, timeout)
+    node, shm = one_node(info), _config.shm_enabled()
+    key = (kind, op, accum, local_error, ntensors, local_size, node_order, one_shot, check, segment, slots, timeout,
+           node, shm)
     opts = _options_cache.get(key)
     if opts is None:
         opts = C.CallOptions()
@@ -158,15 +161,19 @@ def call_options(kind: Any, op: ReduceOp, *, accum: bool = False, local_error: A
         opts.local_error, opts.ntensors, opts.check = local_error, ntensors, check
         opts.segment_bytes, opts.num_slots, opts.timeout_ms = segment, slots, timeout
         opts.local_size, opts.node_order, opts.one_shot = local_size, list(node_order), one_shot
+        opts.one_node, opts.shm = node, shm
         if len(_options_cache) > 256:
             _options_cache.clear()
         _options_cache[key] = opts
     return opts
 
 
-def submit_cpu(info: GroupInfo, tensor: torch.Tensor | None, options: Any, output: torch.Tensor | None = None) -> Any:
-    """Queues one CPU call on info's ring; returns its native handle (ringreduce._C.CallHandle)."""
-    return C.submit_cpu(info.pg, info.name, list(info.members), tensor, output, options)
+def submit_cpu(info: GroupInfo, tensor: torch.Tensor | None, options: Any, output: torch.Tensor | None = None,
+               synchronous: bool = False) -> Any:
+    """Queues one CPU call on info's ring; returns its native handle (ringreduce._C.CallHandle).
+    `synchronous`: the caller waits for it (it may then run on this thread, Note [Synchronous calls
+    in shared memory] in csrc/cpu/group_runtime.h)."""
+    return C.submit_cpu(info.pg, info.name, list(info.members), tensor, output, options, info.store, synchronous)
 
 
 def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, device: torch.device | None,
@@ -189,7 +196,7 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
             _cuda.cuda_refuse(info, device, int(kind), int(code), members=members)
         elif not is_cuda:
             # CPU: every call of a ring (hierarchical ones too) runs on the ring's own runtime
-            handle = submit_cpu(info, None, call_options(kind, ReduceOp.SUM, local_error=code))
+            handle = submit_cpu(info, None, call_options(info, kind, ReduceOp.SUM, local_error=code))
             handle.wait(-1)  # the others raise "rank r refused"; we raise our own, clearer error
             exc.args = (f"{exc.args[0]} (call #{handle.seq} on {info.name}; the other ranks were told)",)
     raise exc
@@ -236,9 +243,9 @@ def run_all_reduce(
              if torch.autograd._profiler_enabled() else contextlib.nullcontext())
     work = None
     with scope:
-        options = call_options(kind, rop, accum=accum, ntensors=ntensors, local_size=local_size,
+        options = call_options(info, kind, rop, accum=accum, ntensors=ntensors, local_size=local_size,
                                node_order=members if local_size else (), one_shot=algorithm == "auto")
-        handle = submit_cpu(info, tensor, options)
+        handle = submit_cpu(info, tensor, options, synchronous=not async_op)
         if async_op:
             work = Work(handle, [tensor], describe=f"{KIND_NAMES[kind]} {rop.name} on {info.name}")
         else:
@@ -259,7 +266,7 @@ def run_ring_half(info: GroupInfo, tensor: torch.Tensor, output: torch.Tensor, r
     level = debug_level()
     start = time.perf_counter()
     with torch.profiler.record_function(f"ringreduce.{name}"):
-        handle = submit_cpu(info, tensor, call_options(kind, rop), output=output)
+        handle = submit_cpu(info, tensor, call_options(info, kind, rop), output=output, synchronous=not async_op)
         work = Work(handle, [result], describe=f"{name} {rop.name} on {info.name}")
         if not async_op:
             work.wait()

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ringreduce import _config
+
 
 @dataclass(frozen=True)
 class GroupInfo:
@@ -22,6 +24,15 @@ class GroupInfo:
     # DeviceMesh sub-mesh is a ring over a rank list of WORLD (Note [Sub-rings by rank list] in
     # csrc/core/transport.h): no process group is created for it.
     members: tuple[int, ...] = ()
+
+    @property
+    def store(self) -> Any:
+        """The c10d store of `pg`, where the ring's ranks agree on shared memory (looked up once)."""
+        hit = _stores.get(id(self.pg))
+        if hit is None or hit[0] is not self.pg:
+            hit = (self.pg, dist.distributed_c10d._get_process_group_store(self.pg))
+            _stores[id(self.pg)] = hit
+        return hit[1]
 
     def member_ranks(self) -> tuple[int, ...]:
         """The ring's ranks in `pg`, explicitly."""
@@ -130,12 +141,14 @@ def resolve(group: Any) -> GroupInfo | None:
 
 _resolved_lock = threading.Lock()
 _resolved: dict[int, tuple[Any, GroupInfo]] = {}
+_stores: dict[int, tuple[Any, Any]] = {}
 
 
 def forget_groups() -> None:
     """Drops the cached GroupInfos and their process groups (at interpreter exit, see __init__)."""
     with _resolved_lock:
         _resolved.clear()
+        _stores.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +216,7 @@ _published_node: dict[int, str] = {}
 def node_layout(info: GroupInfo) -> NodeLayout:
     """How the ring's ranks spread over nodes (cached per group and rank list)."""
     # Keyed by the environment too: tests change RINGREDUCE_LOCAL_SIZE within one process.
-    env = tuple(os.environ.get(k) for k in ("RINGREDUCE_LOCAL_SIZE", "GROUP_RANK", "LOCAL_WORLD_SIZE"))
+    env = (_config._env("RINGREDUCE_LOCAL_SIZE"), _config._env("GROUP_RANK"), _config._env("LOCAL_WORLD_SIZE"))
     key = (id(info.pg), info.members, env)
     with _layout_lock:
         cached = _layouts.get(key)
@@ -253,3 +266,9 @@ def choose_algorithm(info: GroupInfo, algorithm: str) -> tuple[int, tuple[int, .
     if layout.uniform and layout.nodes > 1 and layout.local_size > 1:
         return layout.local_size, layout.members
     return 0, info.members
+
+
+def one_node(info: GroupInfo) -> bool:
+    """Whether every rank of the ring is on one node, as the launcher (or RINGREDUCE_LOCAL_SIZE) says:
+    the rings that may use shared memory (the same answer on every rank)."""
+    return node_layout(info).nodes == 1

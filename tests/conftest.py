@@ -12,3 +12,38 @@ from ranks import close_pools  # noqa: E402
 def _rank_pools():
     yield
     close_pools()
+
+
+# Modules with BOTH_TRANSPORTS = True run every test over both CPU transports: shared memory (the
+# default for ranks of one host) and gloo point-to-point (RINGREDUCE_SHM=0). Their run_ranks calls
+# use the pool of the test's transport.
+def pytest_generate_tests(metafunc):
+    if getattr(metafunc.module, "BOTH_TRANSPORTS", False) and "_transport" in metafunc.fixturenames:
+        metafunc.parametrize("_transport", ["shm", "tcp"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def _transport(request):
+    import ranks
+
+    saved = ranks.DEFAULT_TRANSPORT
+    ranks.DEFAULT_TRANSPORT = getattr(request, "param", "shm")
+    yield ranks.DEFAULT_TRANSPORT
+    ranks.DEFAULT_TRANSPORT = saved
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("ringreduce")}
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_in_dev_shm():
+    """Every test, whatever it killed: no ringreduce segment is left in /dev/shm (Note [Shared-memory
+    segments]: a segment is unlinked as soon as every rank of its ring has mapped it)."""
+    before = _shm_entries()
+    yield
+    left = _shm_entries() - before
+    assert not left, f"left in /dev/shm: {sorted(left)}"

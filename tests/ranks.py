@@ -1,8 +1,10 @@
 """Multi-process test harness: gloo ranks on loopback, with kill timeouts and exit codes checked.
 
 ``run_ranks(n, fn, *args)`` runs ``fn(rank, world_size, *args)`` on every rank of a persistent pool
-of n processes (one pool per world size, reused across tests so the suite stays fast) and returns
-the per-rank results. ``fn`` must be a module-level function of an importable module (a test file).
+of n processes (one pool per world size and CPU transport, reused across tests so the suite stays
+fast) and returns the per-rank results. The transport (``transport="shm"`` or ``"tcp"``, default
+DEFAULT_TRANSPORT, which conftest.py sets for modules that run over both) is fixed when a pool
+starts: a ring decides on shared memory at its first call (RINGREDUCE_SHM). ``fn`` must be a module-level function of an importable module (a test file).
 If any rank raises, the test fails with every rank's traceback; if the ranks do not finish within
 ``timeout`` seconds the pool is killed and the test fails. ``spawn_ranks`` runs one job on fresh
 processes (for tests that kill ranks or poison their groups) and reports exit codes.
@@ -10,7 +12,6 @@ processes (for tests that kill ranks or poison their groups) and reports exit co
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import multiprocessing as mp
 import os
@@ -19,11 +20,13 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 _CTX = mp.get_context("spawn")
 DEFAULT_TIMEOUT = 180.0
+TRANSPORTS = {"shm": "1", "tcp": "0"}  # RINGREDUCE_SHM of a pool's processes
+DEFAULT_TRANSPORT = "shm"  # the library's default for ranks of one host
 
 
 def free_port() -> int:
@@ -46,8 +49,10 @@ def _init(rank: int, world_size: int, init_file: str, pg_timeout: float) -> None
     )
 
 
-def _pool_main(rank: int, world_size: int, init_file: str, conn: Any, sys_path: list[str], pg_timeout: float) -> None:
+def _pool_main(rank: int, world_size: int, init_file: str, conn: Any, sys_path: list[str], pg_timeout: float,
+               shm: str) -> None:
     sys.path[:] = sys_path
+    os.environ["RINGREDUCE_SHM"] = shm
     import torch
 
     torch.set_num_threads(1)
@@ -82,7 +87,7 @@ def _pool_main(rank: int, world_size: int, init_file: str, conn: Any, sys_path: 
 
 
 class RankPool:
-    def __init__(self, world_size: int, pg_timeout: float = 60.0) -> None:
+    def __init__(self, world_size: int, pg_timeout: float = 60.0, transport: str = "shm") -> None:
         self.world_size = world_size
         self.tmp = tempfile.mkdtemp(prefix="rr_pool_")
         init_file = os.path.join(self.tmp, "init")
@@ -92,7 +97,7 @@ class RankPool:
             parent, child = _CTX.Pipe()
             p = _CTX.Process(
                 target=_pool_main,
-                args=(rank, world_size, init_file, child, list(sys.path), pg_timeout),
+                args=(rank, world_size, init_file, child, list(sys.path), pg_timeout, TRANSPORTS[transport]),
                 daemon=True,
             )
             p.start()
@@ -169,7 +174,7 @@ def _fmt_errors(errors: dict[int, str]) -> str:
     return "".join(f"\n--- rank {r} ---\n{msg}" for r, msg in sorted(errors.items()))
 
 
-_POOLS: dict[int, RankPool] = {}
+_POOLS: dict[tuple[int, str], RankPool] = {}
 
 
 def run_ranks(
@@ -178,13 +183,15 @@ def run_ranks(
     *args: Any,
     timeout: float = DEFAULT_TIMEOUT,
     env: dict | None = None,
+    transport: str | None = None,
     **kwargs: Any,
 ) -> list[Any]:
     """Runs fn(rank, world_size, *args, **kwargs) on a persistent pool; returns per-rank results."""
-    pool = _POOLS.get(world_size)
+    key = (world_size, transport or DEFAULT_TRANSPORT)
+    pool = _POOLS.get(key)
     if pool is None or pool.broken:
-        pool = RankPool(world_size)
-        _POOLS[world_size] = pool
+        pool = RankPool(world_size, transport=key[1])
+        _POOLS[key] = pool
     try:
         return pool.run(fn, args, kwargs, env or {}, timeout)
     except AssertionError:
@@ -221,13 +228,15 @@ def spawn_ranks(
     env: dict | None = None,
     pg_timeout: float = 60.0,
 ) -> list[tuple[str, Any, int | None]]:
-    """Runs fn on fresh processes. Returns per rank (status, result-or-traceback, exit code).
+    """Runs fn on fresh processes (RINGREDUCE_SHM from DEFAULT_TRANSPORT unless `env` sets it).
+    Returns per rank (status, result-or-traceback, exit code).
 
     status is "ok", "err" (fn raised) or "died" (no result: killed or crashed). Every process is
     killed at the deadline; the caller asserts on statuses and exit codes.
     """
     tmp = tempfile.mkdtemp(prefix="rr_spawn_")
     init_file = os.path.join(tmp, "init")
+    env = {"RINGREDUCE_SHM": TRANSPORTS[DEFAULT_TRANSPORT], **(env or {})}
     procs, conns = [], []
     for rank in range(world_size):
         parent, child = _CTX.Pipe()
@@ -255,25 +264,6 @@ def spawn_ranks(
             p.join(timeout=5)
         out[r] = (got[0], got[1], p.exitcode) if got else ("died", None, p.exitcode)
     return out
-
-
-@contextlib.contextmanager
-def captured_stderr() -> Iterator[list[str]]:
-    """Captures what this process writes to file descriptor 2 (native code included) while the block
-    runs; the yielded list holds its lines once the block exits."""
-    lines: list[str] = []
-    with tempfile.TemporaryFile(mode="w+") as log:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(log.fileno(), 2)
-        try:
-            yield lines
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            log.seek(0)
-            lines.extend(log.read().splitlines())
 
 
 def expect_raises(fn: Callable[[], Any], exc_type: type[BaseException], *needles: str) -> str:

@@ -11,6 +11,8 @@ from ranks import run_ranks
 
 import ringreduce as rr
 
+BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+
 
 def _inputs(rank: int, with_base: bool = False) -> list[torch.Tensor]:
     """Position-dependent small integers (exact in every dtype), mixed dtypes, shapes and layouts."""

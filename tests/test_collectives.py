@@ -22,6 +22,8 @@ from refdata import (
 
 import ringreduce as rr
 
+BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+
 TINY_SEGMENTS = {"RINGREDUCE_SEGMENT_BYTES": "16", "RINGREDUCE_SLOTS": "2"}
 
 

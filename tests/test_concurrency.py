@@ -22,6 +22,8 @@ from refdata import bits_equal, exact_input, gather_inputs, reference
 
 import ringreduce as rr
 
+BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+
 SEGMENTS = {"RINGREDUCE_SEGMENT_BYTES": "4096"}  # many segments: calls stay in flight a while
 _GROUPS: dict[str, list] = {}  # per pool process: created once (every rank runs the same jobs)
 
@@ -367,8 +369,9 @@ def _unchecked_mismatch(rank: int, ws: int) -> dict:
 
 
 def test_check_disabled_mismatch_behaves_like_stock_gloo():
-    out = spawn_ranks(2, _unchecked_mismatch, env={"RINGREDUCE_CHECK": "0", "RINGREDUCE_TIMEOUT": "10"},
-                      timeout=120)
+    # gloo point-to-point: in shared memory the frames are always compared (they cost nothing there)
+    out = spawn_ranks(2, _unchecked_mismatch, env={"RINGREDUCE_CHECK": "0", "RINGREDUCE_TIMEOUT": "10",
+                                                   "RINGREDUCE_SHM": "0"}, timeout=120)
     for status, res, _ in out:
         assert status == "died" or res["same_size_dtype_mismatch_returned"], out
     # the size mismatch is not diagnosed: some rank is aborted by gloo or sees a transport error

@@ -24,6 +24,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce as rr
 
+BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+
 
 def _ddp_parity(rank: int, ws: int, momentum: float, cap_mb: float, state_kind: str, device: str = "cpu") -> int:
     if device == "cuda":

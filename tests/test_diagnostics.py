@@ -78,7 +78,7 @@ def _detail_calls(rank: int, ws: int) -> list[str]:
 def test_detail_lines_split_each_call_into_check_and_ring():
     import re
 
-    for rank, lines in enumerate(run_ranks(2, _detail_calls)):
+    for rank, lines in enumerate(run_ranks(2, _detail_calls, transport="tcp")):  # the gloo path's check and ring
         assert len(lines) == 3, lines
         assert f"rank {rank}/2" in lines[0] and "numel=300000" in lines[0] and "numel=5" in lines[1]
         parts = []

@@ -15,6 +15,8 @@ from ranks import run_ranks, spawn_ranks
 
 import ringreduce as rr
 
+BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+
 # ---------------------------------------------------------------------------------------------
 # Local refusals: raised before any payload moves; the others are told through the frame
 

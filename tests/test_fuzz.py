@@ -33,6 +33,8 @@ from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, refe
 
 import ringreduce as rr
 
+BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+
 DTYPE_NAMES = [str(d).replace("torch.", "") for d in ALL_TYPES]
 LAYOUTS = ["contiguous", "transpose", "permute", "step", "offset", "channels_last"]
 MAX_SEGMENTS_PER_CHUNK = 48  # keeps tiny-segment cases on big tensors from dominating the run time
@@ -214,8 +216,10 @@ def _one_case(rank: int, ws: int, case: dict) -> list[str]:
         g = torch.Generator().manual_seed(case["seed"] * 8 + rank)
         r = (torch.randn(shape, generator=g, dtype=torch.float64) * 10).to(dtype)
         rv, _, rdesc = _make_view(r, case["layouts"][(rank + 1) % 4])
-        _call(rv, case)
+        # The reference's input is taken before the call: a layout may be a view of r itself (a
+        # permutation that is the identity), which the call then reduces in place.
         ref = _dense(r)
+        _call(rv, case)
         dist.all_reduce(ref, op=_TORCH_OPS[op])
         if op == "avg":
             ref /= ws

@@ -16,6 +16,8 @@ from ranks import run_ranks
 from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
 
 import ringreduce as rr
+
+BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
 from ringreduce._native import C
 
 
@@ -126,7 +128,7 @@ def _traffic(rank: int, ws: int) -> dict:
 def test_cross_node_bytes_flat_vs_hierarchical():
     """4 ranks = 2 nodes x 2, S = 1 MiB: the flat ring's boundary ranks send 2(n-1)/n S = 1.5 S across
     nodes, the others none; hierarchically every rank sends 2(M-1)/M S/L = 0.5 S across."""
-    res = run_ranks(4, _traffic)
+    res = run_ranks(4, _traffic, transport="tcp")  # gloo point-to-point bytes (one node: no shared memory)
     S = 1 << 20
     node = [0, 0, 1, 1]
     for algo in ("ring", "hierarchical", "auto", "one node auto"):

@@ -18,6 +18,8 @@ from torch.utils.checkpoint import checkpoint
 
 import ringreduce as rr
 
+BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+
 RTOL, ATOL = 1.3e-6, 5e-5
 GLOBAL_BATCH = 12  # divisible by 2 and 3
 STEPS = 5

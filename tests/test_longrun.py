@@ -25,6 +25,8 @@ from refdata import bits_equal, exact_input, gather_inputs, reference
 
 import ringreduce as rr
 
+BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+
 CALLS = 10_000
 WARMUP = 400
 MAX_BYTES = 256 << 10

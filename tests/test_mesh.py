@@ -17,6 +17,8 @@ from refdata import gather_inputs
 
 import ringreduce as rr
 
+BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+
 WS = 4
 _MESHES: dict[tuple, object] = {}
 

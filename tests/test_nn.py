@@ -22,6 +22,8 @@ from refdata import gather_inputs
 
 import ringreduce as rr
 
+BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+
 WORLD_SIZES = [2, 4]
 BATCH = 8  # global pairs per step, divisible by 2 and 4
 TEMPERATURE = 0.5

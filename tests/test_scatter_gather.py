@@ -13,6 +13,8 @@ from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, refe
 
 import ringreduce as rr
 
+BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+
 BLOCKS = [1, 3, 7, 33, 1000]
 
 

@@ -3,6 +3,7 @@
 #include "host_reduce.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #ifdef __linux__
 #include <pthread.h>
@@ -30,7 +31,7 @@ int tagSlot(const RingMembers& ring, bool whole_group) {
 }  // namespace
 
 GroupRuntime::GroupRuntime(std::unique_ptr<Transport> transport, std::chrono::milliseconds default_timeout,
-                           std::string name, std::vector<int> members)
+                           std::string name, std::vector<int> members, std::shared_ptr<KeyValueStore> store)
     : transport_(std::move(transport)),
       default_timeout_(default_timeout),
       name_(std::move(name)),
@@ -43,7 +44,8 @@ GroupRuntime::GroupRuntime(std::unique_ptr<Transport> transport, std::chrono::mi
       frames_(size_, rank_, kFrameTagBase + tag_slot_, whole_group_ && transport_->rendezvousSends(),
               static_cast<size_t>(oneShotBytes(size_))),
       sent_(new std::atomic<int64_t>[static_cast<size_t>(transport_->size())]()),
-      payload_(*transport_, sent_.get()) {
+      payload_(*transport_, sent_.get()),
+      store_(std::move(store)) {
   worker_ = std::thread([this] { loop(); });
 }
 
@@ -64,23 +66,32 @@ void GroupRuntime::shutdown() {
   }
 }
 
-uint64_t GroupRuntime::submit(std::shared_ptr<CallBody> body, CallOptions options) {
+uint64_t GroupRuntime::submit(std::shared_ptr<CallBody> body, CallOptions options, bool synchronous) {
   Call call{std::move(body), std::move(options), 0};
-  bool fail_now = false;
+  bool here = false;
   {
     std::lock_guard<std::mutex> g(mu_);
     RR_CHECK(!stop_, kRuntime, "ringreduce: ", name_, " is shut down (interpreter exiting)");
     call.seq = next_seq_++;
     // Note [A failed group keeps no thread]: a poisoned group's worker has exited; its calls fail
-    // right here, at once.
-    fail_now = poisoned_;
-    if (!fail_now) queue_.push_back(call);
+    // right here, at once. Note [Synchronous calls in shared memory]: run here, too.
+    here = poisoned_ || (synchronous && call.opt.one_node && shm_ready_ && queue_.empty() && !busy_);
+    if (here) {
+      busy_ = !poisoned_;
+    } else {
+      queue_.push_back(call);
+    }
   }
-  if (fail_now) {
-    execute(call);
-  } else {
+  if (!here) {
     cv_.notify_all();
+    return call.seq;
   }
+  execute(call);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    busy_ = false;
+  }
+  cv_.notify_all();
   return call.seq;
 }
 
@@ -94,7 +105,7 @@ void GroupRuntime::loop() {
     std::deque<Call> orphans;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || poisoned_ || !queue_.empty(); });
+      cv_.wait(lk, [&] { return !busy_ && (stop_ || poisoned_ || !queue_.empty()); });
       if (poisoned_) {
         // Note [A failed group keeps no thread]: after a transport failure the group is unusable,
         // so the worker fails what is queued and exits.
@@ -104,6 +115,7 @@ void GroupRuntime::loop() {
       } else {
         call = std::move(queue_.front());
         queue_.pop_front();
+        busy_ = true;
       }
     }
     if (!call.body) {
@@ -111,6 +123,11 @@ void GroupRuntime::loop() {
       return;
     }
     execute(call);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      busy_ = false;
+    }
+    cv_.notify_all();
   }
 }
 
@@ -274,13 +291,9 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
   const RingSchedule sched = makeRingSchedule(size_, buf.numel, static_cast<int64_t>(elem),
                                               static_cast<int64_t>(dtypeSize(wireDType(buf.dtype, opt.accum_float32))),
                                               opt.segment_bytes);
-  // hostReduceInOrder's scratch: two chunks of partials; with two ranks one chunk of elements (only a
-  // first input that is the destination is copied).
-  const size_t partial = opt.accum_float32 && isHalfType(buf.dtype) ? sizeof(float) : elem;
-  const size_t need = (size_ == 2 ? 1 : 2) * static_cast<size_t>(sched.chunk) * (size_ == 2 ? elem : partial);
-  if (scratch_.size() * sizeof(float) < need) {
+  if (scratch_.size() * sizeof(float) < kReduceInOrderScratchBytes) {
     std::lock_guard<std::mutex> g(mu_);
-    scratch_.resize((need + sizeof(float) - 1) / sizeof(float));
+    scratch_.resize(kReduceInOrderScratchBytes / sizeof(float));
   }
   std::vector<const void*> inputs(static_cast<size_t>(size_));
   for (int c = 0; c < size_; ++c) {
@@ -300,6 +313,125 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
   transport_->callDone();
 }
 
+int GroupRuntime::payloadTag(int tag_group, size_t stage) const {
+  return kPayloadTagBase + tag_slot_ * kPayloadTagsPerSlot +
+         (tag_group * kStagesPerCall + static_cast<int>(stage)) * kTagsPerCall;
+}
+
+std::unique_ptr<ShmRing> GroupRuntime::setUpShm(const std::string& ring_id, int index, int size, bool want,
+                                                std::chrono::milliseconds timeout, std::string* why) {
+  // Note [Shared-memory segments]: one agreement per ring and setup, under keys of its own.
+  const std::string base = "ringreduce/shm/" + ring_id;
+  const int64_t setup = (store_->add(base + "/setups", 1) - 1) / size;
+  ShmMapping mapping;
+  *why = agreeOnSegment(*store_, base + "/" + std::to_string(setup), index, size, ShmRing::segmentBytes(size), want,
+                        timeout, &mapping);
+  if (!why->empty()) {
+    // One warning when shared memory was wanted and should have worked (not for RINGREDUCE_SHM=0 or
+    // ranks on several hosts, which are choices, not failures).
+    if (why->rfind("RINGREDUCE_SHM=0", 0) != 0 && why->find("more than one host") == std::string::npos)
+      std::fprintf(stderr, "[ringreduce] warning: %s uses gloo point-to-point instead of shared memory: %s\n",
+                   name_.c_str(), why->c_str());
+    return nullptr;
+  }
+  return std::make_unique<ShmRing>(mapping, index, size);
+}
+
+bool GroupRuntime::ensureShm(const CallOptions& opt, std::chrono::milliseconds timeout) {
+  if (shm_tried_) return shm_ != nullptr;
+  shm_tried_ = true;
+  if (!store_ || size_ < 2) return false;
+  std::string ring = "all";
+  if (!whole_group_) {
+    ring.clear();
+    for (int m : ring_.ranks) ring += std::to_string(m) + ",";
+  }
+  std::string why;
+  std::unique_ptr<ShmRing> shm = setUpShm(ring, rank_, size_, opt.shm, timeout, &why);
+  std::lock_guard<std::mutex> g(mu_);
+  if (!shm) {
+    shm_state_ = "tcp (" + why + ")";
+    return false;
+  }
+  shm_ = std::move(shm);
+  shm_state_ = "shm";
+  shm_ready_ = true;
+  return true;
+}
+
+ShmRing* GroupRuntime::nodeShm(const CallOptions& opt, const RingStage& node_stage, std::chrono::milliseconds timeout) {
+  if (!store_ || node_stage.members.size() < 2) return nullptr;
+  if (node_shm_tried_) return node_shm_ && node_shm_members_ == node_stage.members ? node_shm_.get() : nullptr;
+  node_shm_tried_ = true;
+  node_shm_members_ = node_stage.members;
+  std::string ring = "node:";
+  for (int m : node_stage.members) ring += std::to_string(m) + ",";
+  std::string why;
+  std::unique_ptr<ShmRing> shm = setUpShm(ring, node_stage.index(), static_cast<int>(node_stage.members.size()),
+                                          opt.shm, timeout, &why);
+  std::lock_guard<std::mutex> g(mu_);
+  node_shm_state_ = shm ? "shm" : "tcp (" + why + ")";
+  node_shm_ = std::move(shm);
+  return node_shm_.get();
+}
+
+void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused, int tag_group, CallTiming& timing) {
+  const CallOptions& opt = call.opt;
+  const Clock::time_point started = Clock::now();
+  Frame mine = call.body->frame();
+  mine.rank = transport_->rank();
+  mine.seq = call.seq;
+  const bool flat = !refused && opt.allReduce() && !opt.hierarchical(size_);
+  const std::vector<Frame> frames = shm_->begin(mine, flat ? buf.data : nullptr, buf.numel, buf.dtype);
+  timing.check_us = usSince(started);
+  const std::string verdict = compareFrames(frames, name_);
+  RR_CHECK(verdict.empty(), kRuntime, verdict);
+  RR_CHECK(!refused, kRuntime, "ringreduce: call #", call.seq, " refused on this rank");
+  if (!flat) {
+    // reduce_scatter, all_gather, hierarchical: the TCP stages, already checked.
+    runStages(call, buf, stagesFor(opt, buf), tag_group, nullptr, timing);
+    return;
+  }
+  const Clock::time_point reduced = Clock::now();
+  shm_->allReduce(buf.data, buf.numel, buf.dtype, opt.op, opt.accum_float32);
+  call.body->finish(rank_, size_);
+  timing.ring_us = usSince(reduced);
+}
+
+void GroupRuntime::runStages(const Call& call, const CallBuffer& buf, const std::vector<RingStage>& stages,
+                             int tag_group, PlanRun* lead, CallTiming& timing) {
+  const Clock::time_point started = Clock::now();
+  // Note [Hierarchical all-reduce] in shared memory: the node stages (1 and 3) run in the node's
+  // segment when its ranks share a host; the cross-node ring (2) stays on gloo point-to-point.
+  // Set up only here, after the frames agreed, so that every rank of the node reaches it.
+  ShmRing* node = nullptr;
+  if (stages.size() == 3 && call.opt.hierarchical(size_) && call.opt.shm) {
+    const std::chrono::milliseconds timeout =
+        call.opt.timeout_ms > 0 ? std::chrono::milliseconds(call.opt.timeout_ms) : default_timeout_;
+    node = nodeShm(call.opt, stages[0], timeout);
+    if (node != nullptr) node->setTimeout(timeout);
+  }
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const RingStage& st = stages[k];
+    if (k == 0 && lead != nullptr) {
+      lead->run();
+      continue;
+    }
+    if (node != nullptr && k != 1) {
+      if (k == 0) node->reduceScatter(buf.data, st.plan.dtype, st.op, st.plan.sched);
+      else node->allGather(buf.data, st.plan.dtype, st.plan.sched);
+      continue;
+    }
+    if (st.plan.num_exchanges == 0) continue;
+    void* data = static_cast<char*>(buf.data) + st.offset * static_cast<int64_t>(dtypeSize(st.plan.dtype));
+    RankMapTransport t(payload_, st.members, st.index());
+    executePlan(st.plan, st.op, t, ringBuffers(st.plan, data, 0), payloadTag(tag_group, k));
+  }
+  call.body->finish(rank_, size_);
+  timing.ring_us = usSince(started);
+  transport_->callDone();
+}
+
 void GroupRuntime::run(Call& call, CallTiming& timing) {
   const CallOptions& opt = call.opt;
   {
@@ -307,19 +439,22 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
     RR_CHECK(!poisoned_, kBackend, "ringreduce: ", name_, " is unusable after an earlier failure (", poison_reason_,
              "). Tear the process group down and create a new one");
   }
-  transport_->setTimeout(opt.timeout_ms > 0 ? std::chrono::milliseconds(opt.timeout_ms) : default_timeout_);
+  const std::chrono::milliseconds timeout =
+      opt.timeout_ms > 0 ? std::chrono::milliseconds(opt.timeout_ms) : default_timeout_;
+  transport_->setTimeout(timeout);
   // Every call takes the ring's next tag group, on every rank alike (Note [Retired tag groups]).
   const int tag_group = call_tags_.next();
-  auto payloadTag = [&](size_t stage) {
-    return kPayloadTagBase + tag_slot_ * kPayloadTagsPerSlot +
-           (tag_group * kStagesPerCall + static_cast<int>(stage)) * kTagsPerCall;
-  };
   const bool refused = opt.local_error != FrameError::kNone;
   try {
     CallBuffer buf;
+    if (!refused) buf = call.body->prepare(rank_, size_);
+    if (opt.one_node && ensureShm(opt, timeout)) {
+      shm_->setTimeout(timeout);
+      runShm(call, buf, refused, tag_group, timing);
+      return;
+    }
     std::vector<RingStage> stages;
     if (!refused) {
-      buf = call.body->prepare(rank_, size_);
       const int64_t bytes = buf.numel * static_cast<int64_t>(dtypeSize(buf.dtype));
       if (opt.check && opt.one_shot && opt.allReduce() && !opt.hierarchical(size_) && frames_.payloadRoom() > 0 &&
           buf.numel > 0 &&
@@ -337,7 +472,7 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
     if (opt.check && frames_.direct() && whole_group_ && opt.allReduce() && stages.size() == 1 &&
         stages[0].plan.num_exchanges > 0) {
       lead_bufs = ringBuffers(stages[0].plan, buf.data, kLeadBytes);
-      lead = std::make_unique<PlanRun>(stages[0].plan, stages[0].op, payload_, lead_bufs, payloadTag(0));
+      lead = std::make_unique<PlanRun>(stages[0].plan, stages[0].op, payload_, lead_bufs, payloadTag(tag_group, 0));
     }
     if (opt.check) {
       const Clock::time_point started = Clock::now();
@@ -375,22 +510,7 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
       }
     }
     RR_CHECK(!refused, kRuntime, "ringreduce: call #", call.seq, " refused on this rank");
-
-    const Clock::time_point started = Clock::now();
-    for (size_t k = 0; k < stages.size(); ++k) {
-      const RingStage& st = stages[k];
-      if (k == 0 && lead) {
-        lead->run();
-        continue;
-      }
-      if (st.plan.num_exchanges == 0) continue;
-      void* data = static_cast<char*>(buf.data) + st.offset * static_cast<int64_t>(dtypeSize(st.plan.dtype));
-      RankMapTransport t(payload_, st.members, st.index());
-      executePlan(st.plan, st.op, t, ringBuffers(st.plan, data, 0), payloadTag(k));
-    }
-    call.body->finish(rank_, size_);
-    timing.ring_us = usSince(started);
-    transport_->callDone();
+    runStages(call, buf, stages, tag_group, lead.get(), timing);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kBackend) {
       const std::string what = e.what();
@@ -416,6 +536,11 @@ int64_t GroupRuntime::memoryBytes() {
   std::lock_guard<std::mutex> g(mu_);
   return slots + static_cast<int64_t>(frames_.memoryBytes() + scratch_.size() * sizeof(float) +
                                       accum_.size() * sizeof(float));
+}
+
+std::string GroupRuntime::transportInfo() {
+  std::lock_guard<std::mutex> g(mu_);
+  return node_shm_state_.empty() ? shm_state_ : shm_state_ + "; node stages: " + node_shm_state_;
 }
 
 std::vector<int64_t> GroupRuntime::bytesSent(bool reset) {

@@ -35,6 +35,8 @@
 #include "../core/plan.h"
 #include "../core/transport.h"
 #include "ring_executor.h"
+#include "shm_ring.h"
+#include "shm_segment.h"
 
 namespace rr {
 
@@ -74,8 +76,8 @@ constexpr int64_t kStagingCapBytes = 8 << 20;
 // the same bytes for two ranks, where it takes tensors up to 1 MiB (measured back-to-back on 2 vCPUs:
 // 0.52-0.77x gloo's time from 256 KiB to 1 MiB, the ring 1.14-1.27x), 64 KiB up to 8 ranks and 32 KiB
 // beyond (docs/performance.md). Its memory, 2 (n - 1) receive buffers and one send buffer of
-// 144 B + oneShotBytes(n) each and at most 2 chunks of float32 scratch, is at most
-// kOneShotMemoryBytes (3.5 MiB at 2 ranks, under 1.1 MiB beyond), on top of the staging slots.
+// 144 B + oneShotBytes(n) each and 256 KiB of scratch, is at most kOneShotMemoryBytes (3.3 MiB at
+// 2 ranks, under 1.3 MiB beyond), on top of the staging slots.
 constexpr int64_t oneShotBytes(int ranks) { return ranks <= 2 ? 1 << 20 : ranks <= 8 ? 64 << 10 : 32 << 10; }
 constexpr int64_t kOneShotMemoryBytes = 4 << 20;
 
@@ -98,6 +100,13 @@ struct CallOptions {
   // Small flat all-reduces may run as one-shots (Note [One-shot all-reduce]); algorithm="ring"
   // asks for the ring itself.
   bool one_shot = true;
+  // Shared memory (Note [Shared-memory all-reduce] in shm_ring.h): `one_node` says that every rank
+  // of the ring is on one node as the launcher (or RINGREDUCE_LOCAL_SIZE) sees it, the same on
+  // every rank; `shm` is this rank's RINGREDUCE_SHM. The ring sets shared memory up at its first
+  // one_node call (every rank must agree: `shm` only counts there) and then runs its one_node calls
+  // through it.
+  bool one_node = true;
+  bool shm = true;
 
   bool allReduce() const { return kind != CallKind::kReduceScatter && kind != CallKind::kAllGather; }
   // Whether an all-reduce on a ring of `ring_size` ranks runs the hierarchical stages.
@@ -141,8 +150,9 @@ class GroupRuntime {
   // `transport`: the whole group's (ranks are group ranks); `members`: the ring's ranks in it, in
   // ring order (empty: every rank, in rank order); `default_timeout`: the group's; `name`: for
   // messages. Starts the ring's worker thread.
+  // `store`: where the ranks agree on a shared-memory segment (null: never shared memory).
   GroupRuntime(std::unique_ptr<Transport> transport, std::chrono::milliseconds default_timeout, std::string name,
-               std::vector<int> members);
+               std::vector<int> members, std::shared_ptr<KeyValueStore> store = nullptr);
   ~GroupRuntime();
   GroupRuntime(const GroupRuntime&) = delete;
   GroupRuntime& operator=(const GroupRuntime&) = delete;
@@ -150,7 +160,14 @@ class GroupRuntime {
   // Queues a call behind the calls submitted before it and returns its sequence number (identical
   // on every rank that submits the same calls). A call on an unusable group completes, failed,
   // before this returns.
-  uint64_t submit(std::shared_ptr<CallBody> body, CallOptions options);
+  //
+  // Note [Synchronous calls in shared memory]
+  // A synchronous call (the caller blocks until it completes) on a ring that runs in shared memory
+  // runs on the calling thread when nothing is queued or running before it: two thread hand-offs
+  // (to the worker and back) would cost more than a small all-reduce in shared memory takes
+  // (tens of microseconds on a 2-vCPU host). On gloo the worker stays: its calls interleave with
+  // gloo's own threads, and measured slower inline (docs/performance.md).
+  uint64_t submit(std::shared_ptr<CallBody> body, CallOptions options, bool synchronous = false);
   // Finishes the queued calls and joins the worker (interpreter exit).
   void shutdown();
 
@@ -159,6 +176,8 @@ class GroupRuntime {
   int64_t stagingBytes();                       // the staging slots (Note [Staging slots] in plan.h)
   int64_t memoryBytes();                        // everything the ring holds: slots, frames, scratch
   std::vector<int64_t> bytesSent(bool reset);   // Note [Traffic counters], by group rank
+  // "shm", "tcp" (no shared memory set up yet) or "tcp (<why not shared memory>)".
+  std::string transportInfo();
 
  private:
   struct Call {
@@ -179,6 +198,24 @@ class GroupRuntime {
   void retireLeading(const std::vector<int>& slots, int tag_group);
   // After a transport failure: Note [Failed calls keep their buffers].
   void poison(const std::string& reason);
+  // Sets shared memory up at the ring's first one_node call (Note [Shared-memory segments]);
+  // returns whether the ring has it.
+  bool ensureShm(const CallOptions& opt, std::chrono::milliseconds timeout);
+  // The node ring of a hierarchical call (`node_stage`: its stage 1) in shared memory, set up at the
+  // first such call; null when its ranks cannot share memory (then the node stages use gloo).
+  ShmRing* nodeShm(const CallOptions& opt, const struct RingStage& node_stage, std::chrono::milliseconds timeout);
+  // Note [Shared-memory segments]: agrees on and maps one segment for the ring `ring_id` (store keys);
+  // null with `why` when it cannot (and warns once when shared memory should have worked).
+  std::unique_ptr<ShmRing> setUpShm(const std::string& ring_id, int index, int size, bool want,
+                                    std::chrono::milliseconds timeout, std::string* why);
+  // A call through shared memory: the frames, then the flat all-reduce, or the TCP stages of other
+  // collectives (already checked).
+  void runShm(const Call& call, const CallBuffer& buf, bool refused, int tag_group, CallTiming& timing);
+  // The TCP stages of a call whose frames were compared already (or that runs unchecked).
+  void runStages(const Call& call, const CallBuffer& buf, const std::vector<RingStage>& stages, int tag_group,
+                 PlanRun* lead, CallTiming& timing);
+  // The tag of stage `stage` of the call in tag group `tag_group` (Note [Tags]).
+  int payloadTag(int tag_group, size_t stage) const;
   // Note [One-shot all-reduce]: the frames carry the tensors; then every rank reduces them.
   void runOneShot(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing);
 
@@ -201,6 +238,8 @@ class GroupRuntime {
   std::condition_variable cv_;
   std::deque<Call> queue_;
   bool stop_ = false;
+  bool busy_ = false;       // a call is executing (on the worker or the submitting thread)
+  bool shm_ready_ = false;  // the ring runs in shared memory
   uint64_t next_seq_ = 0;
   bool poisoned_ = false;
   std::string poison_reason_;
@@ -210,7 +249,19 @@ class GroupRuntime {
   std::vector<std::unique_ptr<char[]>> slots_;
   std::vector<int64_t> slot_sizes_;  // bytes of each slot
   std::vector<float> accum_;
-  std::vector<float> scratch_;  // one-shot partials: 2 chunks of float32 at most
+  std::vector<float> scratch_;  // one-shot partials: kReduceInOrderScratchBytes
+
+  // Shared memory (worker-owned after setup; shm_state_ read by other threads under mu_).
+  std::shared_ptr<KeyValueStore> store_;
+  std::unique_ptr<ShmRing> shm_;
+  bool shm_tried_ = false;
+  std::string shm_state_ = "tcp";
+  // The hierarchical all-reduce's node ring in shared memory (worker-owned; set up at the first
+  // hierarchical call whose frames agreed; node_shm_state_ read under mu_).
+  std::unique_ptr<ShmRing> node_shm_;
+  std::vector<int> node_shm_members_;
+  bool node_shm_tried_ = false;
+  std::string node_shm_state_;
 };
 
 }  // namespace rr

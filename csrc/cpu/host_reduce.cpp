@@ -50,27 +50,34 @@ void hostReduceInOrder(DType dtype, RedOp op, const std::vector<const void*>& in
   const bool wide = accum_float32 && isHalfType(dtype);
   const size_t elem = dtypeSize(dtype);
   const size_t partial = wide ? sizeof(float) : elem;
-  char* s[2] = {static_cast<char*>(scratch), n > 2 ? static_cast<char*>(scratch) + static_cast<size_t>(count) * partial : nullptr};
-  if (n == 1) {
-    if (dst != inputs[0]) std::memcpy(dst, inputs[0], static_cast<size_t>(count) * elem);
-    return;
-  }
-  // The partial is the second operand, which must never be what the last step writes (dst may
-  // alias only the first): a first input that is dst starts as a copy.
-  const void* acc = inputs[0];
-  if (acc == dst) {
-    std::memcpy(s[0], inputs[0], static_cast<size_t>(count) * elem);
-    acc = s[0];
-  }
-  bool acc_wide = false;
-  for (size_t k = 1; k < n; ++k) {
-    const bool last = k + 1 == n;
-    void* out = last ? dst : s[k % 2];
-    const bool out_wide = wide && !last;
-    hostReduce(dtype, op, inputs[k], false, acc, acc_wide, out, out_wide, count,
-               last && op == RedOp::kAvg ? divisor : 0, /*round_sum=*/!wide);
-    acc = out;
-    acc_wide = out_wide;
+  char* s[2] = {static_cast<char*>(scratch), static_cast<char*>(scratch) + kReduceInOrderBlock * partial};
+  std::vector<const char*> in(n);
+  for (int64_t at = 0; at < count; at += kReduceInOrderBlock) {
+    const int64_t m = count - at < kReduceInOrderBlock ? count - at : kReduceInOrderBlock;
+    const size_t off = static_cast<size_t>(at) * elem;
+    for (size_t k = 0; k < n; ++k) in[k] = static_cast<const char*>(inputs[k]) + off;
+    char* out_last = static_cast<char*>(dst) + off;
+    if (n == 1) {
+      if (out_last != in[0]) std::memcpy(out_last, in[0], static_cast<size_t>(m) * elem);
+      continue;
+    }
+    // The partial is the second operand, which must never be what the last step writes (dst may
+    // alias only the first): a first input that is dst starts as a copy.
+    const void* acc = in[0];
+    if (acc == out_last) {
+      std::memcpy(s[0], in[0], static_cast<size_t>(m) * elem);
+      acc = s[0];
+    }
+    bool acc_wide = false;
+    for (size_t k = 1; k < n; ++k) {
+      const bool last = k + 1 == n;
+      void* out = last ? static_cast<void*>(out_last) : s[k % 2];
+      const bool out_wide = wide && !last;
+      hostReduce(dtype, op, in[k], false, acc, acc_wide, out, out_wide, m, last && op == RedOp::kAvg ? divisor : 0,
+                 /*round_sum=*/!wide);
+      acc = out;
+      acc_wide = out_wide;
+    }
   }
 }
 

@@ -19,8 +19,10 @@ void hostReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b
 // inputs[k] (op) partial (Note [One-shot all-reduce] in group_runtime.h), so every process that
 // reduces the same inputs gets the same bits. AVG divides the complete sum once by `divisor`.
 // Half types round the partial to their type at every step unless accum_float32 (then float32
-// partials, rounded once). `scratch` holds 2 * count partials (float32 with accum_float32, else
-// elements), or count elements for two inputs. dst may be one of the inputs.
+// partials, rounded once). Works in blocks of kReduceInOrderBlock elements, so the partials stay in
+// cache; `scratch` holds kReduceInOrderScratchBytes. dst may be one of the inputs.
+constexpr int64_t kReduceInOrderBlock = 8192;
+constexpr size_t kReduceInOrderScratchBytes = 2 * kReduceInOrderBlock * 16;  // widest element: complex128
 void hostReduceInOrder(DType dtype, RedOp op, const std::vector<const void*>& inputs, void* dst, int64_t count,
                        int divisor, bool accum_float32, void* scratch);
 

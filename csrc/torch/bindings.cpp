@@ -126,7 +126,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("timeout_ms", &rr::CallOptions::timeout_ms)
       .def_readwrite("local_size", &rr::CallOptions::local_size)
       .def_readwrite("node_order", &rr::CallOptions::node_order)
-      .def_readwrite("one_shot", &rr::CallOptions::one_shot);
+      .def_readwrite("one_shot", &rr::CallOptions::one_shot)
+      .def_readwrite("one_node", &rr::CallOptions::one_node)
+      .def_readwrite("shm", &rr::CallOptions::shm);
 
   py::class_<rr::CpuCall, std::shared_ptr<rr::CpuCall>>(m, "CallHandle")
       .def("wait", &rr::CpuCall::wait, py::arg("timeout_ms") = -1, py::call_guard<py::gil_scoped_release>())
@@ -145,13 +147,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "submit_cpu",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& group_name, const std::vector<int>& members,
-         std::optional<at::Tensor> tensor, std::optional<at::Tensor> output, const rr::CallOptions& options) {
-        py::gil_scoped_release nogil;
+         std::optional<at::Tensor> tensor, std::optional<at::Tensor> output, const rr::CallOptions& options,
+         const c10::intrusive_ptr<c10d::Store>& store, bool synchronous) {
+        py::gil_scoped_release nogil;  // a synchronous call may run right here
         return rr::submitCpu(pg, group_name, members, tensor.value_or(at::Tensor()), output.value_or(at::Tensor()),
-                             options);
+                             options, store, synchronous);
       },
       py::arg("group"), py::arg("group_name"), py::arg("members"), py::arg("tensor"), py::arg("output"),
-      py::arg("options"),
+      py::arg("options"), py::arg("store"), py::arg("synchronous") = false,
       "Queues one CPU call on the ring `members` (ranks of `group`; [] = the whole group) of `group`.");
 
   m.def(
@@ -165,6 +168,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "memory_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::memoryBytes(pg.get()); },
       py::arg("group"), "All the memory ringreduce holds for the group on the CPU path (staging, frames, scratch).");
+  m.def(
+      "transport_info",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::vector<int>& members) {
+        return rr::transportInfo(pg.get(), members);
+      },
+      py::arg("group"), py::arg("members") = std::vector<int>{},
+      "How the ring `members` of the group moves data on CPU: 'shm', 'tcp' or 'tcp (<why not shm>)'.");
   m.def("shutdown", &rr::shutdownAll, py::call_guard<py::gil_scoped_release>(),
         "Finish queued calls and join every group worker (called at interpreter exit).");
 
@@ -183,6 +193,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   info["version"] = RR_VERSION;
   info["torch_built"] = RR_TORCH_VERSION;
   info["frame_bytes"] = static_cast<int64_t>(rr::kFrameBytes);
+  info["shm"] = true;  // the shared-memory transport of CPU rings on one host (csrc/cpu/shm_ring.h)
 #ifdef RR_WITH_CUDA
   info["cuda"] = true;
   registerCudaBindings(m);

@@ -20,8 +20,32 @@ std::map<RegistryKey, std::shared_ptr<GroupRuntime>>& registry() {
               // by shutdownAll(), called from Python's atexit)
 }
 
+// The process group's c10d store as the runtime's KeyValueStore (Note [Shared-memory segments]).
+class C10dKeyValue final : public KeyValueStore {
+ public:
+  explicit C10dKeyValue(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    try {
+      store_->wait({key}, timeout);
+      const std::vector<uint8_t> v = store_->get(key);
+      return std::string(v.begin(), v.end());
+    } catch (const std::exception& e) {
+      RR_THROW(kBackend, "ringreduce: setting up shared memory: no answer for ", key, " within ", timeout.count(),
+               " ms (", e.what(), ")");
+    }
+  }
+  int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
 std::shared_ptr<GroupRuntime> runtimeFor(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
-                                         const std::vector<int>& members) {
+                                         const std::vector<int>& members,
+                                         const c10::intrusive_ptr<c10d::Store>& store) {
   const std::vector<int> key = ringKey(members, pg->getSize());
   std::lock_guard<std::mutex> g(g_registry_mu);
   auto& reg = registry();
@@ -37,7 +61,9 @@ std::shared_ptr<GroupRuntime> runtimeFor(const c10::intrusive_ptr<c10d::ProcessG
   }
   auto transport = std::make_unique<C10dTransport>(backend, pg->getRank(), pg->getSize(), name);
   const std::chrono::milliseconds timeout = transport->defaultTimeout();
-  auto rt = std::make_shared<GroupRuntime>(std::move(transport), timeout, name, key);
+  std::shared_ptr<KeyValueStore> kv;
+  if (store) kv = std::make_shared<C10dKeyValue>(store);
+  auto rt = std::make_shared<GroupRuntime>(std::move(transport), timeout, name, key, std::move(kv));
   reg.emplace(RegistryKey(pg.get(), key), rt);
   return rt;
 }
@@ -192,11 +218,19 @@ CallTiming CpuCall::timing() {
 
 std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
                                    const std::vector<int>& members, const at::Tensor& tensor, const at::Tensor& output,
-                                   const CallOptions& opt) {
-  std::shared_ptr<GroupRuntime> rt = runtimeFor(pg, name, members);
+                                   const CallOptions& opt, const c10::intrusive_ptr<c10d::Store>& store,
+                                   bool synchronous) {
+  std::shared_ptr<GroupRuntime> rt = runtimeFor(pg, name, members, store);
   auto call = std::make_shared<CpuCall>(tensor, output, opt);
-  call->seq_ = rt->submit(call, opt);
+  call->seq_ = rt->submit(call, opt, synchronous);
   return call;
+}
+
+std::string transportInfo(const c10d::ProcessGroup* pg, const std::vector<int>& members) {
+  const std::vector<int> key = ringKey(members, pg->getSize());
+  std::lock_guard<std::mutex> g(g_registry_mu);
+  auto it = registry().find({pg, key});
+  return it == registry().end() ? "" : it->second->transportInfo();
 }
 
 void shutdownAll() {

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <condition_variable>
 #include <memory>
@@ -41,7 +42,7 @@ class CpuCall final : public CallBody {
  private:
   friend std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>&, const std::string&,
                                             const std::vector<int>&, const at::Tensor&, const at::Tensor&,
-                                            const CallOptions&);
+                                            const CallOptions&, const c10::intrusive_ptr<c10d::Store>&, bool);
   at::Tensor tensor_;  // the caller's tensor (undefined for a locally refused call)
   at::Tensor output_;  // reduce_scatter / all_gather: the result (the future's value)
   at::Tensor work_;    // the contiguous buffer the rings run over, when it is not tensor_
@@ -60,10 +61,16 @@ class CpuCall final : public CallBody {
 
 // Submits a CPU call on the ring `members` (ranks of `pg`; empty: the whole group) of `pg`, whose
 // runtime is created on first use. `tensor` may be undefined for a local refusal; `output`:
-// reduce_scatter's output block or all_gather's concatenated result.
+// reduce_scatter's output block or all_gather's concatenated result; `store`: the group's c10d
+// store, where its ranks agree on shared memory (may be null: then never); `synchronous`: the caller
+// waits for the call (Note [Synchronous calls in shared memory]).
 std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
                                    const std::vector<int>& members, const at::Tensor& tensor, const at::Tensor& output,
-                                   const CallOptions& opt);
+                                   const CallOptions& opt, const c10::intrusive_ptr<c10d::Store>& store,
+                                   bool synchronous);
+
+// "shm" or "tcp ..." for the ring `members` of `pg` (GroupRuntime::transportInfo); "" before its first call.
+std::string transportInfo(const c10d::ProcessGroup* pg, const std::vector<int>& members);
 
 void shutdownAll();  // finishes queued calls and joins every worker (interpreter exit)
 

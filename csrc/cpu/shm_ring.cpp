@@ -1,0 +1,262 @@
+#include "shm_ring.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+
+#include "../core/error.h"
+#include "../core/schedule.h"
+#include "host_reduce.h"
+
+namespace rr {
+
+namespace {
+
+// The segment's layout (Note [Shared-memory all-reduce]). Atomics of 4 and 8 bytes are lock-free
+// and address-free, so they work across processes that map the same pages.
+struct alignas(64) Header {
+  std::atomic<uint32_t> bell;      // futex word: bumped by every arrival
+  std::atomic<int32_t> sleepers;   // ranks asleep on `bell`
+};
+struct alignas(64) RankState {
+  std::atomic<uint64_t> arrived;   // the last barrier generation this rank reached
+  std::atomic<int32_t> pid;
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
+              "shared-memory atomics must be lock-free");
+
+constexpr size_t kFrameSlot = (kFrameBytes + 63) / 64 * 64;
+// How long a waiter spins before it sleeps: long enough to cover a peer's Python between two calls
+// when every rank has a core of its own (2 ranks, 1 KiB back-to-back on 2 vCPUs: 15-18 us per call
+// with 200 us, 74-92 us with 20 us, which sleeps at almost every barrier), short when ranks share
+// cores, where a spinning waiter takes the core its peer needs.
+std::chrono::microseconds spinFor(int ranks) {
+  static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  return std::chrono::microseconds(ranks <= cpus ? 200 : 10);
+}
+
+size_t ranksOffset() { return sizeof(Header); }
+size_t framesOffset(int n) { return ranksOffset() + sizeof(RankState) * static_cast<size_t>(n); }
+size_t buffersOffset(int n) { return (framesOffset(n) + 2 * static_cast<size_t>(n) * kFrameSlot + 4095) / 4096 * 4096; }
+
+Header* header(const ShmMapping& m) { return static_cast<Header*>(m.base); }
+RankState* rankState(const ShmMapping& m, int r) {
+  return reinterpret_cast<RankState*>(static_cast<char*>(m.base) + ranksOffset()) + r;
+}
+
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::microseconds slice) {
+  timespec ts{static_cast<time_t>(slice.count() / 1000000), static_cast<long>((slice.count() % 1000000) * 1000)};
+  (void)syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+void futexWakeAll(std::atomic<uint32_t>* word) {
+  (void)syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+size_t ShmRing::segmentBytes(int size) {
+  return buffersOffset(size) + 2 * static_cast<size_t>(size) * kShmBufferBytes;
+}
+
+ShmRing::ShmRing(ShmMapping mapping, int rank, int size) : map_(mapping), rank_(rank), size_(size) {
+  RR_CHECK(map_.base != nullptr && map_.bytes >= segmentBytes(size), kRuntime,
+           "ringreduce internal error: a shared-memory segment too small for ", size, " ranks");
+  rankState(map_, rank_)->pid.store(static_cast<int32_t>(getpid()), std::memory_order_release);
+  scratch_.resize(kReduceInOrderScratchBytes);
+}
+
+char* ShmRing::buffer(int rank, int parity) const {
+  return static_cast<char*>(map_.base) + buffersOffset(size_) +
+         (2 * static_cast<size_t>(rank) + static_cast<size_t>(parity)) * kShmBufferBytes;
+}
+
+Frame* ShmRing::frameSlot(int rank, int parity) const {
+  return reinterpret_cast<Frame*>(static_cast<char*>(map_.base) + framesOffset(size_) +
+                                  (2 * static_cast<size_t>(rank) + static_cast<size_t>(parity)) * kFrameSlot);
+}
+
+void ShmRing::barrier() {
+  const uint64_t g = ++generation_;
+  Header* h = header(map_);
+  rankState(map_, rank_)->arrived.store(g, std::memory_order_release);
+  h->bell.fetch_add(1, std::memory_order_seq_cst);
+  if (h->sleepers.load(std::memory_order_seq_cst) > 0) futexWakeAll(&h->bell);
+  auto everyone = [&] {
+    for (int p = 0; p < size_; ++p)
+      if (rankState(map_, p)->arrived.load(std::memory_order_acquire) < g) return false;
+    return true;
+  };
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  // Spin briefly: a peer running on another core arrives within microseconds.
+  const std::chrono::microseconds spin = spinFor(size_);
+  while (Clock::now() - start < spin) {
+    for (int i = 0; i < 64; ++i) {
+      if (everyone()) return;
+      cpuRelax();
+    }
+  }
+  Clock::time_point next_check = start + kShmLivenessPoll;
+  for (;;) {
+    // Read the bell before looking: an arrival after the look changes it, and the wait returns.
+    const uint32_t v = h->bell.load(std::memory_order_seq_cst);
+    if (everyone()) return;
+    h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    futexWait(&h->bell, v, std::chrono::microseconds(2000));
+    h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    const Clock::time_point now = Clock::now();
+    if (now < next_check) continue;
+    next_check = now + kShmLivenessPoll;
+    for (int p = 0; p < size_; ++p) {
+      RankState* st = rankState(map_, p);
+      if (st->arrived.load(std::memory_order_acquire) >= g) continue;
+      const int32_t pid = st->pid.load(std::memory_order_acquire);
+      RR_CHECK(!(pid > 0 && kill(pid, 0) != 0 && errno == ESRCH), kBackend, "ringreduce: ring rank ", p,
+               " (pid ", pid, ") exited while ring rank ", rank_, " waited for it in shared memory");
+    }
+    RR_CHECK(now - start <= timeout_, kBackend, "ringreduce: shared-memory barrier: ring rank ", rank_,
+             " waited ", std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
+             " ms (the timeout) for ranks that never arrived");
+  }
+}
+
+std::vector<Frame> ShmRing::begin(const Frame& mine, const void* data, int64_t numel, DType dtype) {
+  const int parity = static_cast<int>(calls_++ % 2);
+  std::memcpy(static_cast<void*>(frameSlot(rank_, parity)), &mine, kFrameBytes);
+  first_piece_ = 0;
+  if (data != nullptr && numel > 0) {
+    const size_t elem = dtypeSize(dtype);
+    first_piece_ = std::min<int64_t>(numel, static_cast<int64_t>(kShmBufferBytes / elem));
+    std::memcpy(buffer(rank_, static_cast<int>(pieces_ % 2)), data, static_cast<size_t>(first_piece_) * elem);
+  }
+  barrier();
+  std::vector<Frame> frames(static_cast<size_t>(size_));
+  for (int p = 0; p < size_; ++p) std::memcpy(&frames[static_cast<size_t>(p)], frameSlot(p, parity), kFrameBytes);
+  return frames;
+}
+
+// Elements [begin, end) of the piece that starts at element `piece_offset` of the tensor, combined
+// over the ranks' buffers of `parity` in the ring's order of their chunk, into dst (dst[0] is the
+// piece's element 0).
+void ShmRing::reducePart(int64_t begin, int64_t end, int64_t piece_offset, int parity, void* dst, DType dtype,
+                         RedOp op, bool accum_float32, const RingSchedule& sched) {
+  const size_t elem = dtypeSize(dtype);
+  std::vector<const void*> inputs(static_cast<size_t>(size_));
+  int64_t lo = begin;
+  while (lo < end) {
+    const int64_t global = piece_offset + lo;
+    const int c = static_cast<int>(std::min<int64_t>(global / sched.chunk, sched.nranks - 1));
+    const int64_t hi = std::min(end, sched.chunkRange(c).end - piece_offset);
+    const size_t off = static_cast<size_t>(lo) * elem;
+    for (int j = 0; j < size_; ++j) inputs[static_cast<size_t>(j)] = buffer((c + j) % size_, parity) + off;
+    hostReduceInOrder(dtype, op, inputs, static_cast<char*>(dst) + off, hi - lo, op == RedOp::kAvg ? size_ : 0,
+                      accum_float32, scratch_.data());
+    lo = hi;
+  }
+}
+
+void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool accum_float32) {
+  if (numel <= 0) return;
+  const size_t elem = dtypeSize(dtype);
+  const int64_t per_piece = static_cast<int64_t>(kShmBufferBytes / elem);
+  RR_CHECK(first_piece_ == std::min(numel, per_piece), kRuntime,
+           "ringreduce internal error: allReduce after a begin() of another tensor");
+  // The ring's chunks (Note [One-shot all-reduce] in group_runtime.h): bounds from (n, numel, sizes).
+  const RingSchedule sched = makeRingSchedule(size_, numel, static_cast<int64_t>(elem),
+                                              static_cast<int64_t>(dtypeSize(wireDType(dtype, accum_float32))), 1 << 20);
+  char* out = static_cast<char*>(data);
+  for (int64_t offset = 0; offset < numel; offset += per_piece) {
+    const int64_t len = std::min(per_piece, numel - offset);
+    const int parity = static_cast<int>(pieces_++ % 2);
+    if (offset > 0) {  // the first piece was copied in by begin(), before its barrier
+      std::memcpy(buffer(rank_, parity), out + static_cast<size_t>(offset) * elem, static_cast<size_t>(len) * elem);
+      barrier();
+    }
+    if (size_ == 2 || static_cast<size_t>(len) * elem <= kShmFullPieceBytes) {
+      // Full: every rank reduces the whole piece into its own tensor.
+      reducePart(0, len, offset, parity, out + static_cast<size_t>(offset) * elem, dtype, op, accum_float32, sched);
+      continue;
+    }
+    // Split: rank r reduces part r into its buffer; after the barrier everyone copies every part out.
+    const int64_t part = (len + size_ - 1) / size_;
+    const int64_t mine_lo = std::min(len, part * rank_);
+    const int64_t mine_hi = std::min(len, mine_lo + part);
+    reducePart(mine_lo, mine_hi, offset, parity, buffer(rank_, parity), dtype, op, accum_float32, sched);
+    barrier();
+    for (int p = 0; p < size_; ++p) {
+      const int64_t lo = std::min(len, part * p);
+      const int64_t hi = std::min(len, lo + part);
+      if (hi > lo)
+        std::memcpy(out + static_cast<size_t>(offset + lo) * elem, buffer(p, parity) + static_cast<size_t>(lo) * elem,
+                    static_cast<size_t>(hi - lo) * elem);
+    }
+  }
+}
+
+// Stage 1 of the hierarchical all-reduce in shared memory: piece by piece, every rank copies the
+// piece in, the ranks meet, and each reduces the part of its owned chunk inside the piece, reading
+// every rank's copy (the barrier of the next piece, or of the next call, keeps a buffer from being
+// overwritten while a slower rank still reads it, as in allReduce).
+void ShmRing::reduceScatter(void* data, DType dtype, RedOp op, const RingSchedule& sched) {
+  const int64_t numel = sched.numel;
+  if (numel <= 0) return;
+  const size_t elem = dtypeSize(dtype);
+  const int64_t per_piece = static_cast<int64_t>(kShmBufferBytes / elem);
+  const Range mine = sched.chunkRange(sched.ownedChunk(rank_));
+  char* out = static_cast<char*>(data);
+  for (int64_t offset = 0; offset < numel; offset += per_piece) {
+    const int64_t len = std::min(per_piece, numel - offset);
+    const int parity = static_cast<int>(pieces_++ % 2);
+    std::memcpy(buffer(rank_, parity), out + static_cast<size_t>(offset) * elem, static_cast<size_t>(len) * elem);
+    barrier();
+    const int64_t lo = std::max<int64_t>(mine.begin, offset) - offset;
+    const int64_t hi = std::min<int64_t>(mine.end, offset + len) - offset;
+    if (hi > lo)
+      reducePart(lo, hi, offset, parity, out + static_cast<size_t>(offset) * elem, dtype, op, false, sched);
+  }
+}
+
+// Stage 3: piece by piece, every rank copies the part of its owned chunk inside the piece into its
+// buffer, the ranks meet, and every rank copies the other ranks' parts out.
+void ShmRing::allGather(void* data, DType dtype, const RingSchedule& sched) {
+  const int64_t numel = sched.numel;
+  if (numel <= 0) return;
+  const size_t elem = dtypeSize(dtype);
+  const int64_t per_piece = static_cast<int64_t>(kShmBufferBytes / elem);
+  char* out = static_cast<char*>(data);
+  auto part = [&](int r, int64_t offset, int64_t len) {
+    const Range owned = sched.chunkRange(sched.ownedChunk(r));
+    return Range{std::max<int64_t>(owned.begin, offset), std::min<int64_t>(owned.end, offset + len)};
+  };
+  for (int64_t offset = 0; offset < numel; offset += per_piece) {
+    const int64_t len = std::min(per_piece, numel - offset);
+    const int parity = static_cast<int>(pieces_++ % 2);
+    const Range own = part(rank_, offset, len);
+    if (!own.empty())
+      std::memcpy(buffer(rank_, parity) + static_cast<size_t>(own.begin - offset) * elem,
+                  out + static_cast<size_t>(own.begin) * elem, static_cast<size_t>(own.size()) * elem);
+    barrier();
+    for (int p = 0; p < size_; ++p) {
+      const Range r = part(p, offset, len);
+      if (p == rank_ || r.empty()) continue;
+      std::memcpy(out + static_cast<size_t>(r.begin) * elem, buffer(p, parity) + static_cast<size_t>(r.begin - offset) * elem,
+                  static_cast<size_t>(r.size()) * elem);
+    }
+  }
+}
+
+}  // namespace rr

@@ -1,0 +1,92 @@
+// ringreduce CPU: the all-reduce of ranks that share a host, through one shared-memory segment per
+// ring (torch-free; the segment comes from agreeOnSegment, csrc/cpu/shm_segment.h).
+//
+// Note [Shared-memory all-reduce]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The segment holds, per rank, two agreement-frame slots and two data buffers of kShmBufferBytes
+// (alternating by call and by piece, so that a rank writing the next one never overwrites what a
+// slower rank still reads), and one arrival counter per rank for the barrier. A call:
+//   1. writes its frame and copies the first piece of its tensor (up to kShmBufferBytes) into its
+//      own buffer, then meets the others at a barrier; every rank compares all frames (the check
+//      costs no message: it is always on here) and either all go on or all raise;
+//   2. "full" pieces (two ranks, or pieces of at most kShmFullPieceBytes): every rank reduces the
+//      whole piece itself, reading every rank's buffer, into its own tensor; the next piece is
+//      copied in and the ranks meet again (one barrier per piece);
+//      "split" pieces (more ranks, larger pieces): rank r reduces its 1/n of the piece into its own
+//      buffer, the ranks meet, every rank copies every rank's part out, copies the next piece in and
+//      the ranks meet again (two barriers per piece);
+//   3. elements are combined in the ring's order (chunk c of the ring's schedule starts with rank
+//      c's elements, then c + 1's, ...: hostReduceInOrder), so results are bitwise the TCP ring's,
+//      on every rank, for every segment and piece size.
+// The barrier: a rank publishes its arrival (release), then spins briefly on the others' counters
+// and sleeps on a futex word that every arrival bumps (and wakes only when someone sleeps): with
+// more busy threads than cores, a spinning waiter would take the core its peer needs. A peer that
+// dies is noticed by its pid within kShmLivenessPoll; a silent one at the timeout: both are
+// rr::Error(kBackend), and the ring is never used again. Nothing is ever read from the segment
+// into user memory before the barrier that publishes it, so a peer that dies mid-call cannot leave
+// garbage in a tensor of a call that then succeeds.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../core/dtype.h"
+#include "../core/frame.h"
+#include "shm_segment.h"
+
+namespace rr {
+
+constexpr size_t kShmBufferBytes = 1 << 20;         // per rank and parity
+constexpr size_t kShmFullPieceBytes = 256 << 10;    // larger pieces are split between ranks (n > 2)
+constexpr auto kShmLivenessPoll = std::chrono::milliseconds(100);
+
+class ShmRing {
+ public:
+  // Bytes of the segment of a ring of `size` ranks (the memory bound: about 2 x size x kShmBufferBytes).
+  static size_t segmentBytes(int size);
+
+  // `mapping`: the ring's segment (agreeOnSegment). Publishes this process's pid.
+  ShmRing(ShmMapping mapping, int rank, int size);
+
+  void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+  // Step 1 of the call: publishes `mine` and, when `data` is not null, the first piece of the
+  // call's tensor, meets the others, and returns every rank's frame, by ring rank.
+  std::vector<Frame> begin(const Frame& mine, const void* data, int64_t numel, DType dtype);
+  // Steps 2-3, after begin() with the same tensor and a verdict that passed: `data` becomes the
+  // reduction over the ring (AVG divides by the ring's size once), in place.
+  void allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool accum_float32);
+
+  // The node stages of the hierarchical all-reduce (Note [Hierarchical all-reduce] in
+  // csrc/core/collectives.h), without frames (the whole ring compared them): `sched` is the node
+  // ring's schedule (this ring's size; chunk c starts at rank c, owner(r) = ownedChunk(r)).
+  // reduceScatter: this rank's owned chunk of `data` becomes the node's reduction of it, combined
+  // in the ring's order (AVG is not divided here: the caller passes SUM); the rest of `data` is
+  // left as it was. allGather: every rank's owned chunk is copied from its owner into `data`.
+  void reduceScatter(void* data, DType dtype, RedOp op, const struct RingSchedule& sched);
+  void allGather(void* data, DType dtype, const struct RingSchedule& sched);
+
+  // The next barrier's generation; the same on every rank that made the same calls (for tests).
+  uint64_t generation() const { return generation_; }
+
+ private:
+  char* buffer(int rank, int parity) const;
+  Frame* frameSlot(int rank, int parity) const;
+  void barrier();
+  void reducePart(int64_t begin, int64_t end, int64_t piece_offset, int parity, void* dst, DType dtype, RedOp op,
+                  bool accum_float32, const struct RingSchedule& sched);
+
+  ShmMapping map_;
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_{std::chrono::minutes(30)};
+  uint64_t generation_ = 0;  // barriers passed
+  uint64_t calls_ = 0;       // frame parity
+  uint64_t pieces_ = 0;      // buffer parity
+  int64_t first_piece_ = 0;  // elements of the tensor copied in by begin()
+  std::vector<char> scratch_;
+};
+
+}  // namespace rr

@@ -1,0 +1,62 @@
+// ringreduce CPU: POSIX shared-memory segments for the ranks of one host, and how the ranks of a ring
+// agree to use one (torch-free; the torch glue adapts the process group's c10d store to KeyValueStore).
+//
+// Note [Shared-memory segments]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// One segment per ring. Ring index 0 creates it (name "/ringreduce-<pid>-<random>", O_EXCL, mode
+// 0600), every other rank maps it and says so through the store, and the creator unlinks it as soon
+// as every rank has answered: from then on the segment exists only as mappings, and the kernel frees
+// it when the last process that maps it exits, however it exits (SIGKILL included). Whether the ring
+// uses shared memory is decided by rank 0 from what every rank reports (its host: hostname and
+// /proc/sys/kernel/random/boot_id, never an environment variable; whether it wants shared memory,
+// RINGREDUCE_SHM), and confirmed by every rank's answer after mapping; every rank reaches the same
+// decision, or the ring falls back to gloo point-to-point on every rank, with the reason.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rr {
+
+// What the ranks of a ring share to agree on a segment (the process group's c10d store).
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Blocks until `key` is set; throws rr::Error(kBackend) after `timeout`.
+  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+};
+
+// This host's identity: hostname and boot id. Two containers of one kernel share the boot id; they
+// share /dev/shm too only in some setups, which is why every rank must also map the segment.
+std::string hostIdentity();
+
+// A mapped segment. Unmapped only by unmap(); a failed ring keeps its mapping for the rest of the
+// process (Note [Failed calls keep their buffers] in group_runtime.h).
+struct ShmMapping {
+  void* base = nullptr;
+  size_t bytes = 0;
+  void unmap();
+};
+
+// Creates and maps a new segment of `bytes` (zeroed) named `name` ("/ringreduce-..."); returns ""
+// on success, else why it could not (no space in /dev/shm, creation or mapping failed).
+std::string createSegment(const std::string& name, size_t bytes, ShmMapping* out);
+// Maps an existing segment; returns "" on success, else why not.
+std::string openSegment(const std::string& name, size_t bytes, ShmMapping* out);
+void unlinkSegment(const std::string& name);
+// A fresh segment name: "/ringreduce-<pid>-<random>".
+std::string newSegmentName();
+
+// Note [Shared-memory segments]: the agreement of one ring. `ring_rank`/`ring_size`: this process's
+// place in the ring; `prefix`: store keys of this ring (unique per ring and setup); `want`: this rank
+// wants shared memory (RINGREDUCE_SHM). On success returns "" and the mapping; otherwise the reason,
+// the same on every rank, and no mapping.
+std::string agreeOnSegment(KeyValueStore& store, const std::string& prefix, int ring_rank, int ring_size,
+                           size_t bytes, bool want, std::chrono::milliseconds timeout, ShmMapping* out);
+
+}  // namespace rr

@@ -1,0 +1,234 @@
+// The shared-memory transport without torch: segment agreement through a KeyValueStore (ranks as
+// threads of one process), segment names and permissions, nothing left in /dev/shm, exact values of
+// the all-reduce for several ring sizes and piece counts (full and split pieces), bitwise equality
+// across ranks, the frames every rank sees, and a silent peer raising kBackend at the timeout.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "core/error.h"
+#include "cpu/shm_ring.h"
+#include "cpu/shm_segment.h"
+
+using namespace rr;
+
+namespace {
+
+// The c10d store's part that agreeOnSegment uses, in memory.
+class MemoryStore final : public KeyValueStore {
+ public:
+  void set(const std::string& key, const std::string& value) override {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      kv_[key] = value;
+    }
+    cv_.notify_all();
+  }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!cv_.wait_for(lk, timeout, [&] { return kv_.count(key) > 0; }))
+      RR_THROW(kBackend, "no answer for ", key);
+    return kv_[key];
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    std::lock_guard<std::mutex> g(mu_);
+    int64_t v = kv_.count(key) ? std::stoll(kv_[key]) : 0;
+    v += delta;
+    kv_[key] = std::to_string(v);
+    return v;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> kv_;
+};
+
+// Entries of /dev/shm whose name starts with "ringreduce-<this pid>-".
+std::vector<std::string> ourSegments() {
+  std::vector<std::string> out;
+  const std::string prefix = "ringreduce-" + std::to_string(getpid()) + "-";
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) out.emplace_back(e->d_name);
+    closedir(d);
+  }
+  return out;
+}
+
+// Every rank's mapping of one agreed segment (rank r's result in out[r]; "" = mapped).
+std::vector<std::string> agree(int n, std::vector<ShmMapping>* maps, std::vector<bool> want = {}) {
+  MemoryStore store;
+  std::vector<std::string> why(static_cast<size_t>(n));
+  maps->assign(static_cast<size_t>(n), ShmMapping{});
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      const bool w = want.empty() ? true : want[static_cast<size_t>(r)];
+      why[static_cast<size_t>(r)] = agreeOnSegment(store, "ring", r, n, ShmRing::segmentBytes(n), w,
+                                                   std::chrono::milliseconds(10000), &(*maps)[static_cast<size_t>(r)]);
+    });
+  for (auto& t : ts) t.join();
+  return why;
+}
+
+Frame frameOf(int rank, int64_t numel) {
+  Frame f;
+  f.kind = static_cast<int32_t>(CallKind::kAllReduce);
+  f.rank = rank;
+  f.seq = 7;
+  f.numel = numel;
+  return f;
+}
+
+// Rank r, element i: a small integer (exact in float32 sums), position-dependent.
+float value(int r, int64_t i) { return static_cast<float>(((i * 7 + r * 13) % 61) - 30 + r); }
+
+// n ranks (threads) all-reduce `numel` float32 elements with `op`; checks exact values and that every
+// rank ends with the same bits.
+void allReduceCase(int n, int64_t numel, RedOp op) {
+  std::vector<ShmMapping> maps;
+  const std::vector<std::string> why = agree(n, &maps);
+  for (int r = 0; r < n; ++r) CHECK_MSG(why[static_cast<size_t>(r)].empty(), why[static_cast<size_t>(r)]);
+  if (!why[0].empty()) return;
+  std::vector<std::vector<float>> data(static_cast<size_t>(n), std::vector<float>(static_cast<size_t>(numel)));
+  for (int r = 0; r < n; ++r)
+    for (int64_t i = 0; i < numel; ++i) data[static_cast<size_t>(r)][static_cast<size_t>(i)] = value(r, i);
+  std::vector<std::vector<Frame>> seen(static_cast<size_t>(n));
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        ShmRing ring(maps[static_cast<size_t>(r)], r, n);
+        ring.setTimeout(std::chrono::milliseconds(20000));
+        float* d = data[static_cast<size_t>(r)].data();
+        // Two calls back to back: frame and buffer parities alternate.
+        for (int call = 0; call < 2; ++call) {
+          if (call == 1)
+            for (int64_t i = 0; i < numel; ++i) d[i] = value(r, i);
+          seen[static_cast<size_t>(r)] = ring.begin(frameOf(r, numel), d, numel, DType::kFloat32);
+          ring.allReduce(d, numel, DType::kFloat32, op, false);
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r) CHECK_MSG(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
+  for (int r = 0; r < n; ++r) {
+    CHECK_EQ(seen[static_cast<size_t>(r)].size(), static_cast<size_t>(n));
+    for (int p = 0; p < n && p < static_cast<int>(seen[static_cast<size_t>(r)].size()); ++p)
+      CHECK_EQ(seen[static_cast<size_t>(r)][static_cast<size_t>(p)].rank, p);
+  }
+  int64_t wrong = 0, differ = 0;
+  for (int64_t i = 0; i < numel; ++i) {
+    float expect = value(0, i);
+    for (int r = 1; r < n; ++r) {
+      const float v = value(r, i);
+      if (op == RedOp::kSum || op == RedOp::kAvg) expect += v;
+      if (op == RedOp::kMax) expect = std::max(expect, v);
+    }
+    if (op == RedOp::kAvg) expect = expect / static_cast<float>(n);
+    if (std::memcmp(&data[0][static_cast<size_t>(i)], &expect, sizeof(float)) != 0) ++wrong;
+    for (int r = 1; r < n; ++r)
+      if (std::memcmp(&data[0][static_cast<size_t>(i)], &data[static_cast<size_t>(r)][static_cast<size_t>(i)],
+                      sizeof(float)) != 0)
+        ++differ;
+  }
+  CHECK_MSG(wrong == 0, wrong << " wrong elements, n=" << n << " numel=" << numel);
+  CHECK_MSG(differ == 0, differ << " elements differ across ranks, n=" << n << " numel=" << numel);
+  for (auto& m : maps) m.unmap();
+}
+
+}  // namespace
+
+TEST_CASE(agreement_maps_and_unlinks) {
+  std::vector<ShmMapping> maps;
+  const std::vector<std::string> why = agree(3, &maps);
+  for (const std::string& w : why) CHECK_MSG(w.empty(), w);
+  // Every rank maps the same pages: a byte written by one is read by the others.
+  if (why[0].empty()) {
+    static_cast<char*>(maps[1].base)[ShmRing::segmentBytes(3) - 1] = 42;
+    CHECK_EQ(static_cast<int>(static_cast<char*>(maps[2].base)[ShmRing::segmentBytes(3) - 1]), 42);
+  }
+  // Unlinked as soon as every rank mapped it: nothing of ours in /dev/shm.
+  CHECK(ourSegments().empty());
+  for (auto& m : maps) m.unmap();
+}
+
+TEST_CASE(segments_are_private_and_named_ringreduce) {
+  const std::string name = newSegmentName();
+  CHECK(name.rfind("/ringreduce-", 0) == 0);
+  ShmMapping m;
+  const std::string why = createSegment(name, 4096, &m);
+  CHECK_MSG(why.empty(), why);
+  struct stat st;
+  CHECK(stat(("/dev/shm" + name).c_str(), &st) == 0);
+  CHECK_EQ(static_cast<int>(st.st_mode & 0777), 0600);
+  unlinkSegment(name);
+  m.unmap();
+  CHECK(ourSegments().empty());
+}
+
+TEST_CASE(one_rank_saying_no_means_no_segment_anywhere) {
+  std::vector<ShmMapping> maps;
+  const std::vector<std::string> why = agree(3, &maps, {true, false, true});
+  for (int r = 0; r < 3; ++r) {
+    CHECK_MSG(why[static_cast<size_t>(r)].find("RINGREDUCE_SHM=0 on ring rank 1") != std::string::npos,
+              why[static_cast<size_t>(r)]);
+    CHECK(maps[static_cast<size_t>(r)].base == nullptr);
+  }
+  CHECK(ourSegments().empty());
+}
+
+TEST_CASE(all_reduce_exact_values) {
+  // Counts: fewer than the ranks, uneven, one piece, several pieces (kShmBufferBytes = 1 MiB of
+  // float32 = 262144), large pieces split between ranks when n > 2.
+  const int64_t counts[] = {1, 5, 1000, 262144, 262144 * 2 + 77};
+  for (int n : {2, 3, 4}) {
+    for (int64_t numel : counts) {
+      if (rrtest::kSanitized && numel > 300000) continue;
+      allReduceCase(n, numel, RedOp::kSum);
+    }
+  }
+  allReduceCase(3, 262144 + 5, RedOp::kAvg);
+  allReduceCase(5, 333, RedOp::kMax);
+}
+
+TEST_CASE(silent_peer_raises_backend_error_at_the_timeout) {
+  std::vector<ShmMapping> maps;
+  const std::vector<std::string> why = agree(2, &maps);
+  CHECK(why[0].empty() && why[1].empty());
+  if (!why[0].empty()) return;
+  ShmRing ring(maps[0], 0, 2);
+  ShmRing silent(maps[1], 1, 2);  // maps the segment (its pid is alive) but never calls
+  ring.setTimeout(std::chrono::milliseconds(300));
+  std::vector<float> d(16, 1.0f);
+  ErrorKind kind = static_cast<ErrorKind>(-1);
+  std::string what;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ring.begin(frameOf(0, 16), d.data(), 16, DType::kFloat32);
+  } catch (const Error& e) {
+    kind = e.kind();
+    what = e.what();
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(kind == ErrorKind::kBackend);
+  CHECK_MSG(what.find("never arrived") != std::string::npos, what);
+  CHECK_MSG(ms >= 300 && ms < 5000, ms);
+  for (auto& m : maps) m.unmap();
+}
+
+int main(int argc, char** argv) { return rrtest::runAll(argc, argv); }

@@ -1,0 +1,160 @@
+"""The shared-memory transport itself: chosen by default for ranks of one host, turned off by
+RINGREDUCE_SHM=0 (on any rank), a fallback with one warning when /dev/shm cannot hold a segment, and
+random data equal to torch.distributed's. Exact values, subgroups, async, dead peers and the
+10,000-call soak run over both transports in the other modules (BOTH_TRANSPORTS); conftest.py checks
+after every test that nothing is left in /dev/shm."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.distributed as dist
+from ranks import free_port, run_ranks
+
+import ringreduce as rr
+from ringreduce._native import C
+
+
+def _info(group: object, members: list[int] | None = None) -> str:
+    return C.transport_info(group, members or [])
+
+
+def _transports(rank: int, ws: int) -> dict:
+    out = {}
+    t = torch.arange(1000, dtype=torch.float32) + rank
+    rr.all_reduce(t)
+    out["world"] = _info(dist.group.WORLD)
+    out["value"] = bool(torch.equal(t, ws * torch.arange(1000, dtype=torch.float32) + sum(range(ws))))
+    sub = dist.new_group([0, 2])
+    if rank in (0, 2):
+        u = torch.full((5,), float(rank + 1))
+        rr.all_reduce_avg(u, group=sub)
+        out["sub"] = _info(sub)
+        out["sub_value"] = bool(torch.equal(u, torch.full((5,), 2.0)))
+    return out
+
+
+def test_rings_of_one_host_use_shared_memory_by_default():
+    for rank, r in enumerate(run_ranks(3, _transports, transport="shm")):
+        assert r["world"] == "shm" and r["value"], r
+        if rank in (0, 2):
+            assert r["sub"] == "shm" and r["sub_value"], r
+
+
+def test_rings_use_gloo_point_to_point_when_turned_off():
+    for r in run_ranks(3, _transports, transport="tcp"):
+        assert r["world"].startswith("tcp (RINGREDUCE_SHM=0 on ring rank 0") and r["value"], r
+
+
+def _random_against_gloo(rank: int, ws: int) -> dict:
+    out = {}
+    for dtype, size, tol in ((torch.float32, 3 << 20, 1e-5), (torch.bfloat16, 300001, 2e-2), (torch.float64, 77, 1e-12)):
+        g = torch.Generator().manual_seed(1000 + rank)
+        x = torch.randn(size, generator=g, dtype=torch.float64).to(dtype)
+        ref = x.clone().double()
+        dist.all_reduce(ref)
+        ref /= ws
+        rr.all_reduce_avg(x)
+        out[str(dtype)] = float((x.double() - ref).abs().max()) <= tol * max(1.0, float(ref.abs().max()))
+        gathered = [torch.empty_like(x) for _ in range(ws)]
+        dist.all_gather(gathered, x)
+        out[str(dtype) + " same bits"] = all(torch.equal(gg.view(torch.uint8) if gg.dtype != torch.bfloat16
+                                                         else gg.view(torch.int16),
+                                                         x.view(torch.uint8) if x.dtype != torch.bfloat16
+                                                         else x.view(torch.int16)) for gg in gathered)
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_random_data_matches_gloo_and_is_identical_on_every_rank(ws):
+    for r in run_ranks(ws, _random_against_gloo, transport="shm"):
+        assert all(r.values()), r
+
+
+_FALLBACK_JOB = textwrap.dedent(
+    """
+    import os, sys, datetime
+    import torch, torch.distributed as dist
+    rank, port = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    import ringreduce as rr
+    from ringreduce._native import C
+    t = torch.arange(10, dtype=torch.float32) * (rank + 1)
+    rr.all_reduce(t)
+    rr.all_reduce(t)
+    assert torch.equal(t, torch.arange(10, dtype=torch.float32) * 6), t
+    print("TRANSPORT", C.transport_info(dist.group.WORLD, []), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_fallback_with_one_warning_when_dev_shm_is_too_small(tmp_path):
+    """Two ranks in a mount namespace whose /dev/shm is a 1 MiB tmpfs (a container's small /dev/shm):
+    the ring runs over gloo point-to-point, every rank says why once, and the values are right."""
+    unshare = shutil.which("unshare")
+    if unshare is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) to give the ranks a small /dev/shm")
+    job = tmp_path / "job.py"
+    job.write_text(_FALLBACK_JOB)
+    port = free_port()
+    env = {**os.environ, "RINGREDUCE_SHM": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    script = (f"mount -t tmpfs -o size=1m tmpfs /dev/shm && "
+              f"({sys.executable} {job} 0 {port} & {sys.executable} {job} 1 {port}; wait)")
+    proc = subprocess.run([unshare, "-m", "--propagation", "private", "sh", "-c", script], env=env,
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0 and "unshare failed" in proc.stderr:
+        pytest.skip(f"no mount namespace here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TRANSPORT")]
+    assert len(lines) == 2 and all("tcp (" in ln and "/dev/shm has" in ln for ln in lines), proc.stdout
+    warnings = [ln for ln in proc.stderr.splitlines() if "instead of shared memory" in ln]
+    assert len(warnings) == 2, proc.stderr  # one per rank, not one per call
+
+
+def _hierarchical_in_shm(rank: int, ws: int) -> dict:
+    from refdata import bits_equal, exact_input, gather_inputs, reference
+
+    pg = dist.group.WORLD
+    S = 1 << 20
+    out: dict = {}
+    os.environ["RINGREDUCE_LOCAL_SIZE"] = "2"
+    try:
+        exact = []
+        for dtype in (torch.float32, torch.bfloat16, torch.int32):
+            for numel in (1, 5, 1000, (3 << 20) // 4 + 3):  # the last: several 1 MiB pieces per node stage
+                t = exact_input(numel, rank, dtype, "sum")
+                want = reference(gather_inputs(t), "sum")
+                rr.all_reduce(t, algorithm="hierarchical")
+                exact.append(bits_equal(t, want))
+        out["exact"] = all(exact)
+        t = torch.ones(S // 4)
+        C.bytes_sent(pg, True)
+        rr.all_reduce_avg(t, algorithm="hierarchical")
+        out["sent"] = C.bytes_sent(pg, True)
+        out["avg"] = bool(torch.all(t == 1))
+        out["info"] = _info(pg)
+    finally:
+        del os.environ["RINGREDUCE_LOCAL_SIZE"]
+    return out
+
+
+def test_hierarchical_node_stages_run_in_shared_memory():
+    """4 ranks = 2 simulated nodes x 2: the node stages run in each node's segment, so the only bytes
+    on gloo are the cross-node ring's, 2(M-1)/M S/L = 0.5 S per rank (as over gloo alone), and none
+    go to the rank's own node."""
+    S = 1 << 20
+    node = [0, 0, 1, 1]
+    for rank, r in enumerate(run_ranks(4, _hierarchical_in_shm, transport="shm")):
+        assert r["exact"] and r["avg"], r
+        assert "node stages: shm" in r["info"], r["info"]
+        cross = sum(b for p, b in enumerate(r["sent"]) if node[p] != node[rank])
+        local = sum(b for p, b in enumerate(r["sent"]) if node[p] == node[rank])
+        assert cross == S // 2 and local == 0, (rank, r["sent"])
