@@ -16,9 +16,9 @@ from ranks import run_ranks
 from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
 
 import ringreduce as rr
+from ringreduce._native import C
 
 BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
-from ringreduce._native import C
 
 
 class _env:
