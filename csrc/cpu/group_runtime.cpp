@@ -388,8 +388,21 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
   RR_CHECK(verdict.empty(), kRuntime, verdict);
   RR_CHECK(!refused, kRuntime, "ringreduce: call #", call.seq, " refused on this rank");
   if (!flat) {
-    // reduce_scatter, all_gather, hierarchical: the TCP stages, already checked.
-    runStages(call, buf, stagesFor(opt, buf), tag_group, nullptr, timing);
+    const std::vector<RingStage> stages = stagesFor(opt, buf);
+    if (opt.allReduce()) {
+      // hierarchical on one host (an explicit algorithm="hierarchical"): its stages, checked already.
+      runStages(call, buf, stages, tag_group, nullptr, timing);
+      return;
+    }
+    // The ring halves in the segment: rank r's block is reduced (or copied) from every rank's.
+    const Clock::time_point moved = Clock::now();
+    if (opt.kind == CallKind::kReduceScatter) {
+      shm_->reduceScatter(buf.data, buf.dtype, stages[0].op, stages[0].plan.sched);
+    } else {
+      shm_->allGather(buf.data, buf.dtype, stages[0].plan.sched);
+    }
+    call.body->finish(rank_, size_);
+    timing.ring_us = usSince(moved);
     return;
   }
   const Clock::time_point reduced = Clock::now();

@@ -162,7 +162,9 @@ void ShmRing::reducePart(int64_t begin, int64_t end, int64_t piece_offset, int p
     const int c = static_cast<int>(std::min<int64_t>(global / sched.chunk, sched.nranks - 1));
     const int64_t hi = std::min(end, sched.chunkRange(c).end - piece_offset);
     const size_t off = static_cast<size_t>(lo) * elem;
-    for (int j = 0; j < size_; ++j) inputs[static_cast<size_t>(j)] = buffer((c + j) % size_, parity) + off;
+    // Chunk c starts at the rank after its owner (ownedChunk(r) = r + 1 + shift): c - shift.
+    const int first = ((c - sched.shift) % size_ + size_) % size_;
+    for (int j = 0; j < size_; ++j) inputs[static_cast<size_t>(j)] = buffer((first + j) % size_, parity) + off;
     hostReduceInOrder(dtype, op, inputs, static_cast<char*>(dst) + off, hi - lo, op == RedOp::kAvg ? size_ : 0,
                       accum_float32, scratch_.data());
     lo = hi;

@@ -59,12 +59,13 @@ class ShmRing {
   // reduction over the ring (AVG divides by the ring's size once), in place.
   void allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool accum_float32);
 
-  // The node stages of the hierarchical all-reduce (Note [Hierarchical all-reduce] in
-  // csrc/core/collectives.h), without frames (the whole ring compared them): `sched` is the node
-  // ring's schedule (this ring's size; chunk c starts at rank c, owner(r) = ownedChunk(r)).
-  // reduceScatter: this rank's owned chunk of `data` becomes the node's reduction of it, combined
-  // in the ring's order (AVG is not divided here: the caller passes SUM); the rest of `data` is
-  // left as it was. allGather: every rank's owned chunk is copied from its owner into `data`.
+  // The ring halves over `sched` (this ring's size; owner(r) = ownedChunk(r), chunk c starting at
+  // the rank after its owner): reduce_scatter and all_gather after begin() (Note [Ring halves] in
+  // plan.h), and the node stages of the hierarchical all-reduce (Note [Hierarchical all-reduce] in
+  // csrc/core/collectives.h), which need no frames (the whole ring compared them).
+  // reduceScatter: this rank's owned chunk of `data` becomes the ring's reduction of it, combined
+  // in the ring's order (AVG divides by the ring's size); the rest of `data` is left as it was.
+  // allGather: every rank's owned chunk is copied from its owner into `data`.
   void reduceScatter(void* data, DType dtype, RedOp op, const struct RingSchedule& sched);
   void allGather(void* data, DType dtype, const struct RingSchedule& sched);
 

@@ -18,6 +18,7 @@
 #include "check.h"
 #include "core/error.h"
 #include "cpu/shm_ring.h"
+#include "core/schedule.h"
 #include "cpu/shm_segment.h"
 
 using namespace rr;
@@ -229,6 +230,58 @@ TEST_CASE(silent_peer_raises_backend_error_at_the_timeout) {
   CHECK_MSG(what.find("never arrived") != std::string::npos, what);
   CHECK_MSG(ms >= 300 && ms < 5000, ms);
   for (auto& m : maps) m.unmap();
+}
+
+// reduce_scatter then all_gather over the ring halves' schedule (exact blocks, rank r owns block r):
+// after reduceScatter rank r's block is the sum of every rank's block r (other blocks untouched);
+// after allGather every rank holds every block's sum.
+TEST_CASE(ring_halves_exact_values) {
+  for (int n : {2, 3, 4}) {
+    for (int64_t block : {int64_t{1}, int64_t{7}, int64_t{100000}}) {
+      const int64_t numel = block * n;
+      std::vector<ShmMapping> maps;
+      const std::vector<std::string> why = agree(n, &maps);
+      CHECK(why[0].empty());
+      if (!why[0].empty()) return;
+      const RingSchedule sched = makeRingSchedule(n, numel, 4, 4, 1 << 20, /*exact_chunks=*/true, /*shift=*/-1);
+      std::vector<std::vector<float>> data(static_cast<size_t>(n), std::vector<float>(static_cast<size_t>(numel)));
+      for (int r = 0; r < n; ++r)
+        for (int64_t i = 0; i < numel; ++i) data[static_cast<size_t>(r)][static_cast<size_t>(i)] = value(r, i);
+      std::vector<std::vector<float>> after_rs(static_cast<size_t>(n));
+      std::vector<std::string> errors(static_cast<size_t>(n));
+      std::vector<std::thread> ts;
+      for (int r = 0; r < n; ++r)
+        ts.emplace_back([&, r] {
+          try {
+            ShmRing ring(maps[static_cast<size_t>(r)], r, n);
+            ring.setTimeout(std::chrono::milliseconds(20000));
+            float* d = data[static_cast<size_t>(r)].data();
+            ring.begin(frameOf(r, numel), nullptr, numel, DType::kFloat32);
+            ring.reduceScatter(d, DType::kFloat32, RedOp::kSum, sched);
+            after_rs[static_cast<size_t>(r)] = data[static_cast<size_t>(r)];
+            ring.begin(frameOf(r, numel), nullptr, numel, DType::kFloat32);
+            ring.allGather(d, DType::kFloat32, sched);
+          } catch (const std::exception& e) {
+            errors[static_cast<size_t>(r)] = e.what();
+          }
+        });
+      for (auto& t : ts) t.join();
+      for (const std::string& e : errors) CHECK_MSG(e.empty(), e);
+      int64_t wrong_rs = 0, wrong_ag = 0;
+      for (int r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < numel; ++i) {
+          float sum = 0;
+          for (int p = 0; p < n; ++p) sum += value(p, i);
+          const bool owned = i / block == r;
+          if (after_rs[static_cast<size_t>(r)][static_cast<size_t>(i)] != (owned ? sum : value(r, i))) ++wrong_rs;
+          if (data[static_cast<size_t>(r)][static_cast<size_t>(i)] != sum) ++wrong_ag;
+        }
+      }
+      CHECK_MSG(wrong_rs == 0 && wrong_ag == 0, "n=" << n << " block=" << block << ": " << wrong_rs
+                                                     << " wrong after reduceScatter, " << wrong_ag << " after allGather");
+      for (auto& m : maps) m.unmap();
+    }
+  }
 }
 
 int main(int argc, char** argv) { return rrtest::runAll(argc, argv); }
