@@ -213,7 +213,7 @@ def _rss_growth_of_all_reduce(rank: int, world_size: int, mib: int) -> float:
 
 
 def test_ringreduce_memory_is_a_few_segments() -> None:
-    """DESIGN.md section 5: a 64 MiB float32 all-reduce adds only staging (<= 8 MiB) over its input."""
+    """docs/design.md section 5: a 64 MiB float32 all-reduce adds only staging (<= 8 MiB) over its input."""
     results = spawn_ranks(2, _rss_growth_of_all_reduce, 64, timeout=150)
     for status, growth, code in results:
         assert status == "ok" and code == 0, (status, growth, code)
