@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -228,11 +227,6 @@ class GradientAverager:
     Raises RuntimeError when a parameter receives a gradient while its bucket from a previous
     backward is still being averaged (a second backward before the first was synchronized, e.g.
     after a backward that raised part way: call ``synchronize()`` first).
-
-    ``timeline``: set it to a list to record, per launched bucket, a dict with ``bucket``,
-    ``bytes``, ``launched`` and ``done`` (``time.perf_counter()`` values; ``done`` is set from the
-    completion callback) and, per synced backward, ``{"backward_end": t}`` (diagnostics for the
-    overlap report of ``python -m ringreduce.bench.train_step``).
     """
 
     def __init__(
@@ -270,7 +264,6 @@ class GradientAverager:
         self.group = group
         self.accum_dtype = accum_dtype
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
-        self.timeline: list[dict[str, Any]] | None = None
         self._params = _collect_params(module_or_params)
         # What is bucketed: the tensors themselves, or a DTensor's local shard (Note [DTensor gradients]).
         self._locals = [local_tensor(p) for p in self._params]
@@ -484,8 +477,6 @@ class GradientAverager:
 
             holder.append(outer.register_hook(after_outer_node))
             return
-        if self.timeline is not None:
-            self.timeline.append({"backward_end": time.perf_counter()})
         with self._lock:
             self._finish_round()
 
@@ -519,15 +510,6 @@ class GradientAverager:
         assert work is not None
         bucket.work = work
         bucket.launched = True
-        if self.timeline is not None:
-            entry = {
-                "bucket": bucket.index,
-                "bytes": bucket.buffer.numel() * bucket.buffer.element_size(),
-                "launched": time.perf_counter(),
-                "done": None,
-            }
-            self.timeline.append(entry)
-            work.get_future().add_done_callback(lambda _f, e=entry: e.__setitem__("done", time.perf_counter()))
 
     # ---------------------------------------------------------------------------------- finishing
 

@@ -213,7 +213,7 @@ def _rss_growth_of_all_reduce(rank: int, world_size: int, mib: int) -> float:
 
 
 def test_ringreduce_memory_is_a_few_segments() -> None:
-    """DESIGN.md section 5: a 64 MiB float32 all-reduce adds only staging (<= 8 MiB) over its input."""
+    """docs/design.md section 5: a 64 MiB float32 all-reduce adds only staging (<= 8 MiB) over its input."""
     results = spawn_ranks(2, _rss_growth_of_all_reduce, 64, timeout=150)
     for status, growth, code in results:
         assert status == "ok" and code == 0, (status, growth, code)
@@ -244,7 +244,7 @@ def test_staging_is_a_slot_per_receive_within_the_bound() -> None:
     """Note [Staging slots]: a 1 MiB float32 all-reduce on 4 ranks stages each of its 12 receives of
     128 KiB in a slot of its own (slot 0 with room for the 1 MiB leading receive when the check is
     on); a 64 MiB one uses 4 slots of 1 MiB; the group never holds more than 8 MiB of staging and
-    12 MiB in all (docs/design.md, memory), whatever sizes came before."""
+    12 MiB in all (docs/design.md section 5, memory), whatever sizes came before."""
     for rank_result in run_ranks(4, _staging_after_each_size, transport="tcp"):  # the gloo path's staging
         seen = {label: (staging, memory, ok) for label, staging, memory, ok in rank_result}
         assert all(ok for _, _, ok in seen.values()), seen

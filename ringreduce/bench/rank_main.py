@@ -14,7 +14,7 @@ from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.machine import describe
 from ringreduce.bench.sweep import RankContext, run_sweep
 
-MEMORY_BOUND_BYTES = 12 << 20  # docs/design.md: ringreduce's own memory per CPU group (8 MiB staging + 4 MiB)
+MEMORY_BOUND_BYTES = 12 << 20  # docs/design.md section 5: ringreduce's own memory per CPU group (8 MiB staging + 4 MiB)
 PG_TIMEOUT = datetime.timedelta(minutes=10)
 
 

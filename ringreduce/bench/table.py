@@ -99,7 +99,7 @@ def footer(rows: list[dict[str, Any]], layout: Layout, highlight: tuple[int, ...
             ratios.append(f"{format_size(size)} {value:.3f}")
     if ratios:
         lines.append(f"# Time ratio {RINGREDUCE}/{layout.stock}: " + "  ".join(ratios)
-                     + "  (docs/design.md targets)")
+                     + "  (docs/design.md section 5 targets)")
     return lines
 
 
@@ -107,7 +107,7 @@ def memory_lines(rows: list[dict[str, Any]], layout: Layout, bound_bytes: int) -
     """Peak memory per rank for each implementation (maximum over ranks and sizes).
 
     'growth' is the RSS a first call at a size added over the RSS just before it (inputs already
-    allocated); ringreduce's is compared with its memory bound (docs/design.md).
+    allocated); ringreduce's is compared with its memory bound (docs/design.md section 5).
     """
     lines = ["#", "# Peak memory per rank (max over ranks and sizes; growth = peak during the first call of a size"
              " minus RSS before it)"]

@@ -13,13 +13,13 @@ per step over many steps in one run, averaged over ranks:
 - ``loop-rr``: the same loop with ``ringreduce.all_reduce_avg``,
 - ``coalesced``: backward, then one ``ringreduce.all_reduce_coalesced`` of all grads.
 
-Overlap: for the hook variants (``ddp+hook``, ``averager``) every bucket's launch and completion
-times are recorded, and the ring's busy time (one worker per group: a bucket starts when it was
-launched and the previous one finished) is intersected with backward (from its start to the last
-gradient's accumulation). ``hidden`` is that intersection over the busy time. For every variant,
-``exposed`` = step time - the ``local`` step time, the communication cost that backward did not
-absorb. On a 2-core machine two CPU ranks leave no spare core, so overlap cannot make steps much
-faster there: the report says how much of the ring runs concurrently with backward anyway.
+Overlap, measured from outside (host clock): ``tail`` is the time from the last gradient's
+accumulation in backward (a post-accumulate-grad hook registered before any averaging hook) until
+every gradient is averaged (``loss.backward()`` returned, for DDP and GradientAverager, which finish
+their buckets at the end of backward; the explicit averaging calls returned, for the loop
+variants). It is the communication that backward did not absorb. For every variant, ``exposed`` =
+step time - the ``local`` step time. On a 2-core machine two CPU ranks leave no spare core, so
+overlap cannot make steps much faster there.
 
 The final parameters of the averaging variants are compared (max abs difference, at most 1e-5:
 they train the same model on the same data; ``local`` trains on this rank's slice only); the exit
@@ -43,7 +43,6 @@ import torch.distributed as dist
 import torch.nn as nn
 
 VARIANTS = ("local", "ddp", "ddp+hook", "averager", "loop-gloo", "loop-rr", "coalesced")
-HOOKED = ("ddp+hook", "averager")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,7 +85,7 @@ def batch_for(step: int, rank: int, batch: int, width: int, device: torch.device
     return x.to(device), y.to(device)
 
 
-# ------------------------------------------------------------------------------------- timeline
+# ------------------------------------------------------------------------------------- gradients
 
 
 class _GradClock:
@@ -104,41 +103,6 @@ class _GradClock:
             h.remove()
 
 
-def overlap(backward: tuple[float, float], buckets: list[tuple[float, float]]) -> tuple[float, float]:
-    """(busy seconds of the ring, seconds of it inside backward) for buckets run one after another.
-
-    Each bucket is (launched, done); the group's single worker starts a bucket when it was launched
-    and the previous bucket finished.
-    """
-    b0, b1 = backward
-    busy = hidden = 0.0
-    prev_done = float("-inf")
-    for launched, done in sorted(buckets):
-        start = max(launched, prev_done)
-        if done > start:
-            busy += done - start
-            hidden += max(0.0, min(done, b1) - max(start, b0))
-        prev_done = max(prev_done, done)
-    return busy, hidden
-
-
-def _timed_comm_hook(events: list[dict[str, Any]]) -> Any:
-    """ringreduce.ddp_comm_hook, recording (launched, done) of every bucket into `events`.
-
-    No annotations on purpose: DDP compares them as objects and this module's are strings.
-    """
-    from ringreduce.hooks import ddp_comm_hook
-
-    def timed_hook(state, bucket):  # noqa: ANN001, ANN202
-        entry: dict[str, Any] = {"launched": time.perf_counter(), "done": None}
-        events.append(entry)
-        fut = ddp_comm_hook(state, bucket)
-        fut.add_done_callback(lambda _f: entry.__setitem__("done", time.perf_counter()))
-        return fut
-
-    return timed_hook
-
-
 # ------------------------------------------------------------------------------------- variants
 
 
@@ -150,16 +114,13 @@ def _run_variant(name: str, args: argparse.Namespace, device: torch.device, rank
     clock = _GradClock(params)  # registered first: fires before any averaging hook
     trained: nn.Module = model
     averager = None
-    hook_events: list[dict[str, Any]] | None = None
     if name == "ddp":
         trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     elif name == "ddp+hook":
         trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-        hook_events = []
-        trained.register_comm_hook(None, _timed_comm_hook(hook_events))
+        trained.register_comm_hook(None, rr.ddp_comm_hook)
     elif name == "averager":
         averager = rr.GradientAverager(model, bucket_cap_mb=args.bucket_cap_mb)
-        averager.timeline = []
     opt = torch.optim.SGD(params, lr=1e-3)
     loss_fn = nn.MSELoss()
 
@@ -178,37 +139,24 @@ def _run_variant(name: str, args: argparse.Namespace, device: torch.device, rank
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    times, hidden_fracs, busy_s, hidden_s = [], [], [], []
+    times, tails = [], []
     for step in range(args.warmup + args.steps):
         x, y = batch_for(step, rank, args.batch, args.width, device)
-        if averager is not None:
-            averager.timeline = []
-        if hook_events is not None:
-            hook_events.clear()
         sync_device()
         dist.barrier()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         loss = loss_fn(trained(x), y)
-        tb = time.perf_counter()
         loss.backward()
         after_backward()
+        t_averaged = time.perf_counter()
         opt.step()
         sync_device()
         t1 = time.perf_counter()
         if step < args.warmup:
             continue
         times.append(t1 - t0)
-        events: list[tuple[float, float]] = []
-        if averager is not None and averager.timeline is not None:
-            events = [(e["launched"], e["done"]) for e in averager.timeline if "bucket" in e and e["done"] is not None]
-        elif hook_events is not None:
-            events = [(e["launched"], e["done"]) for e in hook_events if e["done"] is not None]
-        if events:
-            busy, hidden = overlap((tb, clock.last), events)
-            busy_s.append(busy)
-            hidden_s.append(hidden)
-            hidden_fracs.append(hidden / busy if busy > 0 else 0.0)
+        tails.append(max(0.0, t_averaged - clock.last))
     if averager is not None:
         averager.remove()
     clock.remove()
@@ -218,10 +166,8 @@ def _run_variant(name: str, args: argparse.Namespace, device: torch.device, rank
         "min_ms": min(times) * 1e3,
         "final_params": None if name == "local" else torch.cat([p.detach().reshape(-1).cpu() for p in params]),
     }
-    if hidden_fracs:
-        result["comm_ms"] = statistics.median(busy_s) * 1e3
-        result["hidden_ms"] = statistics.median(hidden_s) * 1e3
-        result["hidden_frac"] = statistics.median(hidden_fracs)
+    if name != "local":
+        result["tail_ms"] = statistics.median(tails) * 1e3
     del trained, model, opt
     return result
 
@@ -248,7 +194,7 @@ def run_rank(args: argparse.Namespace) -> int:
     rows = []
     for name in names:
         r = _run_variant(name, args, device, rank, ws)
-        for key in ("median_ms", "min_ms", "comm_ms", "hidden_ms", "hidden_frac"):
+        for key in ("median_ms", "min_ms", "tail_ms"):
             if key in r:
                 r[key] = _mean_over_ranks(r[key], device)
         rows.append(r)
@@ -304,15 +250,12 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace, ws: int, nparam
           f"{nparams / 1e6:.1f}M params, batch {args.batch}/rank, {ws} ranks, {dist.get_backend()} on "
           f"{device.type}, {torch.get_num_threads()} torch threads/rank, bucket cap {args.bucket_cap_mb} MB")
     print(f"# median of {args.steps} steps after {args.warmup} warm-up steps, averaged over ranks; "
-          "exposed = step - local step; hidden = ring time inside backward / ring time (timestamps)")
-    head = f"{'variant':>10} {'step ms':>9} {'min ms':>8} {'vs ddp':>7} {'exposed ms':>11} {'ring ms':>8} " \
-           f"{'hidden ms':>10} {'hidden':>7}"
+          "exposed = step - local step; tail = last gradient ready -> every gradient averaged")
+    head = f"{'variant':>10} {'step ms':>9} {'min ms':>8} {'vs ddp':>7} {'exposed ms':>11} {'tail ms':>8}"
     print(head)
     for r in rows:
         print(f"{r['variant']:>10} {r['median_ms']:9.1f} {r['min_ms']:8.1f} {_fmt(r['vs_ddp'], '7.3f'):>7} "
-              f"{_fmt(r['exposed_ms'], '11.1f'):>11} {_fmt(r.get('comm_ms'), '8.1f'):>8} "
-              f"{_fmt(r.get('hidden_ms'), '10.1f'):>10} "
-              f"{_fmt(None if 'hidden_frac' not in r else 100 * r['hidden_frac'], '6.1f'):>6}%")
+              f"{_fmt(r['exposed_ms'], '11.1f'):>11} {_fmt(r.get('tail_ms'), '8.1f'):>8}")
     diffs = [r["max_param_diff"] for r in rows if r.get("max_param_diff") is not None]
     print(f"# final parameters of the averaging variants {'agree' if agree else 'DISAGREE'} "
           f"(max abs difference {max(diffs, default=0.0):.2e})")

@@ -336,7 +336,7 @@ TEST_CASE(unsupported_pair_raises_type_error_on_every_rank) {
 TEST_MAIN()
 
 TEST_CASE(leading_messages) {
-  // PlanRun::postLeading (Note [Receives before the verdict], cpu_group.cpp): the first exchange's
+  // PlanRun::postLeading (Note [Receives before the verdict], csrc/cpu/group_runtime.h): the first exchange's
   // receive is posted with more room than its message, and its send goes before run() when it
   // fits in lead_max_send. Eager delivery lands each message the moment both sides posted it;
   // random delays reorder the rest. Results must stay exact, whatever is posted early.
