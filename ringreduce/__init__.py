@@ -12,6 +12,8 @@ import torch
 
 from ringreduce import (
     _groups,
+    _library,  # noqa: F401 - registers the ringreduce:: custom ops (torch.compile)
+    functional,  # the out-of-place collectives (ringreduce.functional.all_reduce, ...)
     nn,  # noqa: E402 - the autograd-aware collectives (ringreduce.nn.all_gather, ...)
 )
 from ringreduce._native import C as _C
@@ -65,5 +67,6 @@ __all__ = [
     "nn",
     "reduce_scatter",
     "build_info",
+    "functional",
     "ddp_comm_hook",
 ]

@@ -17,6 +17,7 @@ import torch
 
 from ringreduce import _config
 from ringreduce._groups import GroupInfo, choose_algorithm, one_node, resolve
+from ringreduce._interrupt import interrupt_ring, wait_sliced
 from ringreduce._native import C
 from ringreduce._types import KIND_NAMES, NATIVE_OPS, CallKind, FrameError, ReduceOp, to_reduce_op
 from ringreduce.work import Work
@@ -176,6 +177,11 @@ def submit_cpu(info: GroupInfo, tensor: torch.Tensor | None, options: Any, outpu
     return C.submit_cpu(info.pg, info.name, list(info.members), tensor, output, options, info.store, synchronous)
 
 
+def interrupter(info: GroupInfo, handle: Any) -> Any:
+    """What a Ctrl-C during a wait for `handle` does (Note [Ctrl-C] in ringreduce/_interrupt.py)."""
+    return lambda: interrupt_ring(info.pg, info.members, info.name, handle)
+
+
 def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, device: torch.device | None,
            algorithm: str = "ring") -> None:
     """Tells the other ranks (agreement frame marked as an error) before raising `exc` locally.
@@ -247,9 +253,10 @@ def run_all_reduce(
                                node_order=members if local_size else (), one_shot=algorithm == "auto")
         handle = submit_cpu(info, tensor, options, synchronous=not async_op)
         if async_op:
-            work = Work(handle, [tensor], describe=f"{KIND_NAMES[kind]} {rop.name} on {info.name}")
+            work = Work(handle, [tensor], describe=f"{KIND_NAMES[kind]} {rop.name} on {info.name}",
+                        on_interrupt=interrupter(info, handle))
         else:
-            handle.wait(-1)
+            wait_sliced(handle, -1, interrupter(info, handle))
             if not handle.ok():
                 handle.raise_error()
     if level:
@@ -267,7 +274,8 @@ def run_ring_half(info: GroupInfo, tensor: torch.Tensor, output: torch.Tensor, r
     start = time.perf_counter()
     with torch.profiler.record_function(f"ringreduce.{name}"):
         handle = submit_cpu(info, tensor, call_options(info, kind, rop), output=output, synchronous=not async_op)
-        work = Work(handle, [result], describe=f"{name} {rop.name} on {info.name}")
+        work = Work(handle, [result], describe=f"{name} {rop.name} on {info.name}",
+                    on_interrupt=interrupter(info, handle))
         if not async_op:
             work.wait()
     if level:

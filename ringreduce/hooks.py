@@ -31,6 +31,21 @@ Note [Unused parameters]
     all earlier ones, i.e. when all hooks have fired or at the end of backward, so its flags are
     final when it goes out.
 
+Note [Uneven inputs]
+    The Join protocol (torch.distributed.algorithms.join), as DDP follows it, with one backward as
+    one iteration. An active rank's first gradient hook of each backward calls
+    ``Join.notify_join_context`` (an all-reduce of 1: "still training", plus the early-termination
+    all-reduce when asked for) and then all-reduces its sync flag (1 unless in ``no_sync``). A rank
+    that ran out of inputs sits in ``Join.__exit__``, which all-reduces 0 against the first and
+    calls main_hook: it all-reduces 0 against the flag, and if any rank syncs it launches one
+    all-reduce of zeros per bucket, in bucket order, like the active ranks' buckets (same sizes,
+    dtypes, op and accumulation, so the agreement frames match). The averages therefore sum the
+    active ranks' gradients; divided by the group's size by default (AVG, as DDP's
+    ``divide_by_initial_world_size=True``), or, with ``divide_by_initial_world_size=False``,
+    summed (SUM on every rank) and divided by the number of syncing ranks, the flags' sum. Once every
+    rank joined, post_hook agrees on a rank that joined last (an all-reduce MAX of candidate ranks)
+    and broadcasts its parameters to every rank, since the others stopped stepping, as DDP does.
+
 Note [DTensor gradients]
     A DTensor parameter is bucketed by its local shard (shape, dtype and device of its local
     tensor); its gradient's local shard is copied into the bucket and the average is written back
@@ -53,6 +68,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook, _JoinConfig
 
 from ringreduce._dispatch import local_tensor
 from ringreduce._groups import _is_device_mesh, resolve
@@ -194,7 +210,7 @@ def _global_ranks(group: Any) -> frozenset[int]:
     return frozenset(dist.get_process_group_ranks(group))
 
 
-class GradientAverager:
+class GradientAverager(Joinable):
     """Averages gradients across the ranks of `group` while backward runs (ringreduce's ring).
 
     Registers a post-accumulate-grad hook on every parameter of `module_or_params` that requires
@@ -224,6 +240,14 @@ class GradientAverager:
       their placements (Note [DTensor gradients]; a Partial placement on an averaged mesh dimension
       raises RuntimeError).
 
+    - Uneven inputs: the averager is a ``torch.distributed.algorithms.Joinable``. Under
+      ``with Join([averager]):`` a rank that ran out of batches shadows the others' buckets with
+      zeros until every rank is done, then every rank takes the parameters of a rank that joined
+      last, as DDP under ``Join([ddp])`` (Note [Uneven inputs]). ``Join(...,
+      divide_by_initial_world_size=False)`` divides by the number of ranks still training instead,
+      and ``throw_on_early_termination=True`` raises RuntimeError on every rank as soon as one ran
+      out. Each backward is one iteration.
+
     Raises RuntimeError when a parameter receives a gradient while its bucket from a previous
     backward is still being averaged (a second backward before the first was synchronized, e.g.
     after a backward that raised part way: call ``synchronize()`` first).
@@ -239,6 +263,7 @@ class GradientAverager:
         accum_dtype: torch.dtype | None = None,
         mesh: Any = None,
     ) -> None:
+        super().__init__()  # Joinable: a disabled join config until a Join context sets one
         if mesh is not None:
             if group is not None:
                 raise ValueError(
@@ -295,6 +320,12 @@ class GradientAverager:
         self._round = False  # a synced backward started and is not yet finished
         self._next = 0  # next bucket to launch
         self._callback_tasks: set[int] = set()
+        # Note [Uneven inputs]: state of the Join protocol
+        self._join_notified = False  # this backward told the Join context that this rank still trains
+        self._join_works: list[Any] = []  # its all-reduces (waited for at the end of backward)
+        self._join_flag: torch.Tensor | None = None  # the sum of the sync flags: ranks still syncing
+        self._join_divide_by_initial = True
+        self._round_divisor = 0  # > 0: this round sums, then divides by the ranks still training
         self._handles = []
         for i, p in enumerate(self._params):
             self._handles.append(p.register_hook(self._make_pre_hook(i)))
@@ -392,6 +423,8 @@ class GradientAverager:
     def _on_grad_ready(self, i: int, param: torch.Tensor) -> None:
         if self._removed:
             return
+        if self._join_config.enable and not self._join_notified:
+            self._notify_join()
         grad = param.grad
         if grad is not None and grad.layout != torch.strided:
             raise RuntimeError(
@@ -447,6 +480,12 @@ class GradientAverager:
                 )
 
     def _start_round(self) -> None:
+        self._round_divisor = 0
+        if self._join_flag is not None and not self._join_divide_by_initial:
+            self._join_works[-1].wait()
+            active = int(self._join_flag.item())
+            if 0 < active < self._world_size():
+                self._round_divisor = active
         self._round = True
         self._next = 0
         self._ready = [False] * len(self._params)
@@ -472,12 +511,16 @@ class GradientAverager:
             def after_outer_node(*_: Any) -> None:
                 holder[0].remove()
                 with self._lock:
-                    if self._round:
+                    if self._round or self._join_notified:
                         self._queue_end_callback()
 
             holder.append(outer.register_hook(after_outer_node))
             return
         with self._lock:
+            if self._join_notified:
+                self._end_join_iteration()
+                if not self._round:
+                    self._callback_tasks.clear()
             self._finish_round()
 
     # --------------------------------------------------------------------------------- launching
@@ -506,7 +549,8 @@ class GradientAverager:
                 flags = torch.tensor(self._used, dtype=torch.float32).to(bucket.dtype)
                 bucket.buffer[bucket.numel :].copy_(flags)
         accum = self.accum_dtype if bucket.dtype in _HALF_TYPES else None
-        work = all_reduce(bucket.buffer, op=ReduceOp.AVG, group=self.group, async_op=True, accum_dtype=accum)
+        op = ReduceOp.SUM if self._round_divisor else ReduceOp.AVG  # Note [Uneven inputs]
+        work = all_reduce(bucket.buffer, op=op, group=self.group, async_op=True, accum_dtype=accum)
         assert work is not None
         bucket.work = work
         bucket.launched = True
@@ -543,6 +587,9 @@ class GradientAverager:
 
     def _copy_back(self, bucket: _Bucket, used: list[bool] | None) -> None:
         with torch.no_grad():
+            if self._round_divisor:
+                assert bucket.buffer is not None
+                bucket.buffer[: bucket.numel].div_(self._round_divisor)
             for i in bucket.params:
                 if used is not None and not used[i]:
                     continue  # no rank used it: leave .grad as it was (None stays None)
@@ -557,6 +604,7 @@ class GradientAverager:
 
     def _end_round(self) -> None:
         self._round = False
+        self._round_divisor = 0
         self._next = 0
         self._used = [False] * len(self._params)
         self._callback_tasks.clear()
@@ -577,6 +625,115 @@ class GradientAverager:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+    # --------------------------------------------------------------------------- uneven inputs
+
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        """The hook ``torch.distributed.algorithms.Join`` runs on a rank that ran out of inputs.
+
+        Keyword arguments (given to ``Join(...)``): ``divide_by_initial_world_size`` (default True:
+        the sum is divided by the group's size whatever the number of ranks still training, so
+        every input weighs the same; False: by the number of ranks still training). See Note
+        [Uneven inputs].
+        """
+        divide = kwargs.get("divide_by_initial_world_size", True)
+        if not isinstance(divide, bool):
+            raise TypeError(f"divide_by_initial_world_size must be a bool, got {type(divide).__name__}")
+        self._join_divide_by_initial = divide
+        return _AveragerJoinHook(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        """Where the Join context's flags live: the device of the first parameter (CPU without any)."""
+        return self._params[0].device if self._params else torch.device("cpu")
+
+    @property
+    def join_process_group(self) -> Any:
+        """The process group the averager averages over (the Join context's collectives run on it).
+
+        Raises ValueError for a multi-dimensional DeviceMesh (no process group spans it: use Join
+        with a ProcessGroup or a 1-D mesh) and on a rank outside the group.
+        """
+        info = resolve(self.group)
+        if info is None:
+            raise ValueError("ringreduce.GradientAverager: this rank is not a member of the averager's group; Join needs one")
+        if info.members:
+            raise ValueError(
+                f"ringreduce.GradientAverager: Join needs a process group; {info.name} is a flattened DeviceMesh. "
+                "Average over a ProcessGroup or a 1-D mesh to train with uneven inputs"
+            )
+        return info.pg
+
+    def _world_size(self) -> int:
+        info = resolve(self.group)
+        return info.size if info is not None else 1
+
+    def _notify_join(self) -> None:
+        """An active rank's first hook of a backward under Join: the all-reduces a joined rank's
+        main hook shadows (Note [Uneven inputs]). May raise RuntimeError (throw_on_early_termination)."""
+        work = Join.notify_join_context(self)  # the count of active ranks (+ the early-termination check)
+        self._join_notified = True
+        self._queue_end_callback()
+        if work is not None:
+            self._join_works.append(work)
+        flag = torch.ones(1, device=self.join_device) if self._sync else torch.zeros(1, device=self.join_device)
+        self._join_works.append(dist.all_reduce(flag, group=self.join_process_group, async_op=True))
+        self._join_flag = flag
+
+    def _end_join_iteration(self) -> None:
+        works, self._join_works = self._join_works, []
+        for w in works:
+            w.wait()
+        self._join_notified = False
+        self._join_flag = None
+
+    def _shadow_round(self, syncing: int) -> None:
+        """A joined rank's part of one synced backward of the others: every bucket, zeros."""
+        divisor = 0 if self._join_divide_by_initial or syncing >= self._world_size() else syncing
+        works = []
+        for b in self._buckets:
+            assert b.buffer is not None
+            accum = self.accum_dtype if b.dtype in _HALF_TYPES else None
+            zeros = torch.zeros_like(b.buffer)
+            op = ReduceOp.SUM if divisor else ReduceOp.AVG
+            works.append(all_reduce(zeros, op=op, group=self.group, async_op=True, accum_dtype=accum))
+        for w in works:
+            assert w is not None
+            w.wait()
+
+    def _broadcast_parameters(self, src: int) -> None:
+        """Every rank takes the parameters of group rank `src` (one broadcast per bucket)."""
+        pg = self.join_process_group
+        with torch.no_grad():
+            for b in self._buckets:
+                flat = torch.cat([self._locals[i].detach().reshape(-1) for i in b.params])
+                dist.broadcast(flat, group=pg, group_src=src)
+                for i, off in zip(b.params, b.offsets, strict=True):
+                    local = self._locals[i]
+                    local.copy_(flat[off : off + local.numel()].view(local.shape))
+
+
+class _AveragerJoinHook(JoinHook):
+    """What a rank that ran out of inputs runs under Join (Note [Uneven inputs])."""
+
+    def __init__(self, averager: GradientAverager) -> None:
+        self.averager = averager
+
+    def main_hook(self) -> None:
+        avg = self.averager
+        flag = torch.zeros(1, device=avg.join_device)
+        dist.all_reduce(flag, group=avg.join_process_group)  # the active ranks' sync flags
+        syncing = int(flag.item())
+        if syncing > 0:
+            avg._shadow_round(syncing)
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        avg = self.averager
+        pg = avg.join_process_group
+        candidate = torch.tensor([dist.get_rank(pg) if is_last_joiner else -1], device=avg.join_device)
+        dist.all_reduce(candidate, op=dist.ReduceOp.MAX, group=pg)
+        avg._broadcast_parameters(int(candidate.item()))
+        avg._join_config = _JoinConfig.construct_disabled_join_config()  # the Join context is over
 
 
 def ddp_comm_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ringreduce import _traced
 from ringreduce._dispatch import run_all_reduce
 from ringreduce._types import CallKind, ReduceOp, to_reduce_op
 from ringreduce.work import Work
@@ -39,7 +40,15 @@ def all_reduce(
     torch.distributed.DistBackendError when a peer dies or the group's timeout
     (RINGREDUCE_TIMEOUT) passes. A rank outside `group` returns at once. A DTensor is reduced
     through its local shard, in place (its placements are not changed).
+
+    Under ``torch.compile`` the call is one ``ringreduce::all_reduce_`` op in the graph (no graph
+    break; `group` must then be None, a ProcessGroup or a 1-D DeviceMesh, and ``async_op=True``
+    gives an already completed Work). Ctrl-C interrupts a call blocked on a silent peer
+    (KeyboardInterrupt; the group is then unusable on this rank).
     """
+    if torch.compiler.is_compiling():  # Note [Collectives under torch.compile] (ringreduce/_library.py)
+        torch.ops.ringreduce.all_reduce_(tensor, _traced.op_name(op), _traced.group_name(group), accum_dtype, algorithm)
+        return Work.completed([tensor]) if async_op else None
     return run_all_reduce(tensor, op, group, async_op, accum_dtype, algorithm, CallKind.ALL_REDUCE)
 
 
@@ -53,8 +62,12 @@ def all_reduce_avg(
     """Averages `tensor` across `group` in place: ``all_reduce(tensor, op=ReduceOp.AVG, ...)``.
 
     The drop-in for ``dist.all_reduce(t); t /= world_size``. Integer and bool tensors raise
-    TypeError before any payload moves, leaving the tensor unchanged.
+    TypeError before any payload moves, leaving the tensor unchanged. Under ``torch.compile`` it is
+    one ``ringreduce::all_reduce_avg_`` op in the graph.
     """
+    if torch.compiler.is_compiling():
+        torch.ops.ringreduce.all_reduce_avg_(tensor, _traced.group_name(group), accum_dtype, algorithm)
+        return Work.completed([tensor]) if async_op else None
     return run_all_reduce(tensor, ReduceOp.AVG, group, async_op, accum_dtype, algorithm, CallKind.ALL_REDUCE_AVG)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ringreduce import _traced
 from ringreduce._dispatch import device_of, local_refusal, local_tensor, refuse, run_ring_half
 from ringreduce._groups import resolve
 from ringreduce._types import CallKind, FrameError, ReduceOp
@@ -39,8 +40,15 @@ def reduce_scatter(
     first half of the ring all-reduce: each rank sends (n-1)/n of `input`. Any strides work. Ranks
     that disagree on shape, dtype or op raise RuntimeError on every rank (the agreement frame);
     `output` of the wrong size or dtype raises ValueError/TypeError. `group`: None, a ProcessGroup or
-    a DeviceMesh. A rank outside the group returns at once, leaving `output` unchanged.
+    a DeviceMesh. A rank outside the group returns at once, leaving `output` unchanged. Under
+    ``torch.compile`` it is one ``ringreduce::reduce_scatter`` op (and a copy into `output`).
     """
+    if torch.compiler.is_compiling():  # Note [Collectives under torch.compile] (ringreduce/_library.py)
+        block = torch.ops.ringreduce.reduce_scatter(
+            input, _traced.op_name(op), _traced.group_size(group), _traced.group_name(group)
+        )
+        output.copy_(block.view(output.shape))
+        return Work.completed([output]) if async_op else None
     kind = CallKind.REDUCE_SCATTER
     input, output = local_tensor(input), local_tensor(output)  # DTensors: their local shards
     info = resolve(group)
@@ -90,8 +98,12 @@ def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) 
     rank naming the shapes (pad to the largest, or use torch.distributed.all_gather with a list).
     With ``async_op=True`` returns a :class:`Work` whose ``result()[0]`` (and future value) is the
     gathered tensor. `group`: None, a ProcessGroup or a DeviceMesh. A rank outside the group gets
-    None. Autograd: use :func:`ringreduce.nn.all_gather`.
+    None. Autograd: use :func:`ringreduce.nn.all_gather`. Under ``torch.compile`` it is one
+    ``ringreduce::all_gather`` op in the graph.
     """
+    if torch.compiler.is_compiling():  # Note [Collectives under torch.compile] (ringreduce/_library.py)
+        out = torch.ops.ringreduce.all_gather(tensor, _traced.group_size(group), _traced.group_name(group))
+        return Work.completed([out]) if async_op else out
     kind = CallKind.ALL_GATHER
     tensor = local_tensor(tensor)  # a DTensor: its local shard (the result is a plain tensor)
     info = resolve(group)

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from ringreduce._interrupt import wait_sliced
+
 
 class Work:
     """Handle of an ``async_op=True`` call.
@@ -15,7 +17,9 @@ class Work:
     ``wait(timeout=None)`` blocks until the call completed and returns True; it raises the call's
     error (``RuntimeError`` for a cross-rank mismatch, ``torch.distributed.DistBackendError`` for a
     dead peer or transport timeout) and raises ``RuntimeError`` if ``timeout`` (a
-    ``datetime.timedelta``) passes first. ``get_future()`` returns a ``torch.futures.Future`` whose
+    ``datetime.timedelta``) passes first. Ctrl-C interrupts a blocked ``wait()`` (KeyboardInterrupt
+    within about 0.1 s) and leaves the group unusable on this rank (Note [Ctrl-C] in
+    ringreduce/_interrupt.py). ``get_future()`` returns a ``torch.futures.Future`` whose
     value is ``[tensor]`` (a list, as torch.distributed's), completed by ringreduce's worker.
     """
 
@@ -27,6 +31,7 @@ class Work:
         describe: str = "ringreduce call",
         finalize: Callable[[], None] | None = None,
         future: torch.futures.Future | None = None,
+        on_interrupt: Callable[[], None] | None = None,
     ) -> None:
         self._handle = handle
         self._result = result
@@ -34,6 +39,7 @@ class Work:
         self._finalize = finalize
         self._finalized = handle is None
         self._future = future
+        self._on_interrupt = on_interrupt  # Note [Ctrl-C] in ringreduce/_interrupt.py
 
     @classmethod
     def completed(cls, result: list[torch.Tensor]) -> Work:
@@ -52,7 +58,7 @@ class Work:
                 ms = max(0, int(timeout.total_seconds() * 1000))
             else:
                 raise TypeError(f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}")
-            if not self._handle.wait(ms):
+            if not wait_sliced(self._handle, ms, self._on_interrupt):
                 raise RuntimeError(
                     f"ringreduce: {self._describe} (call #{self._handle.seq}) did not complete within "
                     f"{timeout}; the ring is still running in the background"

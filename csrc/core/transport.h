@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -45,6 +46,11 @@ class Transport {
   // The end of a call: the requests it waited for may be released now (a transport may keep them
   // until here when releasing one right after its wait costs more).
   virtual void callDone() {}
+
+  // From any thread: wakes every wait() of this transport, pending or future, which then throws
+  // rr::Error(kBackend) with `reason`; later posts throw too (Ctrl-C on a blocked call). Transports
+  // that cannot interrupt a wait ignore it.
+  virtual void interrupt(const std::string& reason) { (void)reason; }
 };
 
 // Note [Sub-rings by rank list]

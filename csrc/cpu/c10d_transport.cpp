@@ -51,6 +51,8 @@ std::chrono::milliseconds C10dTransport::defaultTimeout() const {
 
 template <typename F>
 int64_t C10dTransport::post(F&& f, const char* verb, int peer) {
+  std::lock_guard<std::mutex> g(mu_);
+  RR_CHECK(interrupted_.empty(), kBackend, interrupted_);
   Request r;
   try {
     r.work = f();
@@ -72,34 +74,68 @@ int64_t C10dTransport::irecv(void* data, size_t bytes, int peer, int tag) {
   return post([&] { return backend_->recv(t, peer, tag); }, "receive from", peer);
 }
 
+// Note [Interrupting a wait]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Ctrl-C on a rank whose call waits for a silent peer (ringreduce/_interrupt.py): the Python thread
+// that waited gives up at once, and interrupt() runs on it. It aborts every pending gloo request of
+// this transport (c10d's Work::abort wakes gloo's waitRecv/waitSend, which then returns false) and
+// remembers why, so that the worker's wait() throws instead of blocking until the group's timeout;
+// the runtime then marks the group unusable (Note [Failed calls keep their buffers]) and its worker
+// exits. A wait() that starts after interrupt() throws at once; so does every later post.
 void C10dTransport::wait(int64_t request) {
-  auto it = requests_.find(request);
-  RR_CHECK(it != requests_.end(), kRuntime, "ringreduce internal error: unknown transport request ", request);
-  Request& r = it->second;
-  if (r.waited) return;
+  c10::intrusive_ptr<c10d::Work> work;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = requests_.find(request);
+    RR_CHECK(it != requests_.end(), kRuntime, "ringreduce internal error: unknown transport request ", request);
+    if (it->second.waited) return;
+    RR_CHECK(interrupted_.empty(), kBackend, interrupted_);
+    work = it->second.work;
+  }
+  bool completed = false;
   try {
-    r.work->wait(timeout_);
+    completed = work->wait(timeout_);
   } catch (const std::exception& e) {
     RR_THROW(kBackend, "ringreduce: point-to-point transfer on ", group_, " failed (rank ", rank_, ", timeout ",
              timeout_.count(), " ms): ", firstLine(e.what()));
   }
+  std::lock_guard<std::mutex> g(mu_);
+  RR_CHECK(completed && interrupted_.empty(), kBackend,
+           interrupted_.empty() ? std::string("ringreduce: a transfer on ") + group_ + " was aborted" : interrupted_);
   // Note [Works live until the call ends]: the Work (and gloo's buffer inside it) is kept until
   // callDone(). Destroying gloo's buffer right after its wait returns spins (sched_yield) until
   // gloo's I/O thread lets go of it, which it does only after it has finished the read that
   // completed the wait: measured with `perf stat -e syscalls:sys_enter_sched_yield`, ~200 yields
   // per call and rank at 4 ranks.
-  r.waited = true;
+  auto it = requests_.find(request);
+  if (it != requests_.end()) it->second.waited = true;
 }
 
 void C10dTransport::callDone() {
+  std::lock_guard<std::mutex> g(mu_);
   for (auto it = requests_.begin(); it != requests_.end();) it = it->second.waited ? requests_.erase(it) : std::next(it);
 }
 
 void C10dTransport::abandon() {
+  std::lock_guard<std::mutex> mine(mu_);
   std::lock_guard<std::mutex> g(g_graveyard_mu);
   for (auto& kv : requests_)
     if (!kv.second.waited) g_graveyard->push_back(std::move(kv.second.work));
   requests_.clear();
+}
+
+void C10dTransport::interrupt(const std::string& reason) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!interrupted_.empty()) return;
+  interrupted_ = reason.empty() ? std::string("ringreduce: ") + group_ + " was interrupted" : reason;
+  for (auto& kv : requests_) {
+    if (kv.second.waited || !kv.second.work) continue;
+    try {
+      kv.second.work->abort();
+    } catch (const std::exception&) {
+      // a backend without abort: the wait ends at the timeout instead
+    }
+  }
 }
 
 }  // namespace rr

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -40,6 +41,7 @@ class C10dTransport final : public Transport {
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
   bool rendezvousSends() const override { return true; }
   void callDone() override;
+  void interrupt(const std::string& reason) override;
 
   // The backend's own timeout (the process group's), or 30 minutes when it has none.
   std::chrono::milliseconds defaultTimeout() const;
@@ -57,8 +59,11 @@ class C10dTransport final : public Transport {
     c10::intrusive_ptr<c10d::Work> work;
     bool waited = false;
   };
+  // Note [Interrupting a wait]: requests_ is shared with interrupt(), which runs on another thread.
+  std::mutex mu_;
   std::unordered_map<int64_t, Request> requests_;
   int64_t next_id_ = 0;
+  std::string interrupted_;  // non-empty once interrupt() ran: why
 };
 
 }  // namespace rr

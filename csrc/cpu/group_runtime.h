@@ -170,6 +170,9 @@ class GroupRuntime {
   uint64_t submit(std::shared_ptr<CallBody> body, CallOptions options, bool synchronous = false);
   // Finishes the queued calls and joins the worker (interpreter exit).
   void shutdown();
+  // From any thread: the running call and every later one fail with `reason`, and the group
+  // becomes unusable (Note [Interrupting a wait] in c10d_transport.cpp).
+  void interrupt(const std::string& reason) { transport_->interrupt(reason); }
 
   int rank() const { return rank_; }  // this process's index in the ring
   int size() const { return size_; }

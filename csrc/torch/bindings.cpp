@@ -175,6 +175,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("group"), py::arg("members") = std::vector<int>{},
       "How the ring `members` of the group moves data on CPU: 'shm', 'tcp' or 'tcp (<why not shm>)'.");
+  m.def(
+      "interrupt_cpu",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::vector<int>& members, const std::string& reason) {
+        return rr::interruptCpu(pg.get(), members, reason);
+      },
+      py::arg("group"), py::arg("members"), py::arg("reason"), py::call_guard<py::gil_scoped_release>(),
+      "Ctrl-C: makes the CPU ring `members` of `group` unusable with `reason`, waking a blocked call.");
   m.def("shutdown", &rr::shutdownAll, py::call_guard<py::gil_scoped_release>(),
         "Finish queued calls and join every group worker (called at interpreter exit).");
 

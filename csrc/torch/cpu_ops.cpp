@@ -243,6 +243,18 @@ void shutdownAll() {
   for (auto& rt : all) rt->shutdown();
 }
 
+bool interruptCpu(const c10d::ProcessGroup* pg, const std::vector<int>& members, const std::string& reason) {
+  std::shared_ptr<GroupRuntime> rt;
+  {
+    std::lock_guard<std::mutex> g(g_registry_mu);
+    auto it = registry().find({pg, ringKey(members, pg->getSize())});
+    if (it == registry().end()) return false;
+    rt = it->second;
+  }
+  rt->interrupt(reason);
+  return true;
+}
+
 int64_t stagingBytes(const c10d::ProcessGroup* pg) {
   int64_t total = 0;
   for (auto& rt : runtimesOf(pg)) total += rt->stagingBytes();

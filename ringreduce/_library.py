@@ -1,0 +1,218 @@
+"""ringreduce's collectives as torch.library custom ops, so that torch.compile keeps them in its graph.
+
+Note [Collectives under torch.compile]
+    Dynamo cannot trace what an eager call does before its ring runs (group resolution caches, a
+    lock, environment knobs, the native handle). So the public functions (``rr.all_reduce``,
+    ``rr.all_reduce_avg``, ``rr.all_gather``, ``rr.reduce_scatter``, ``ringreduce.functional``)
+    take one of two paths: eagerly, the direct one (unchanged, no dispatcher round trip); while
+    Dynamo traces (``torch.compiler.is_compiling()``), one call of a custom op below, whose
+    arguments are all graph-friendly: the tensor, the op as a string, the group as its *name*
+    (``ProcessGroup.group_name``, as torch's ``_c10d_functional`` ops take it; Dynamo reads it at
+    trace time) and the group's size where the output shape depends on it. Each op has a fake
+    (meta) implementation for tracing; its real implementation resolves the name back to the
+    process group (cached) and runs the eager path, so a compiled call and an eager call are the
+    same call on the wire and give bitwise-identical results. The out-of-place ops carry autograd
+    formulas (Note [Gradient convention] in ringreduce/nn.py).
+
+    Ops (namespace ``ringreduce``): ``all_reduce_`` and ``all_reduce_avg_`` (in place, return
+    nothing), ``all_reduce``, ``all_reduce_avg``, ``all_gather`` and ``reduce_scatter`` (out of
+    place, inputs unchanged).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ringreduce import scatter_gather
+from ringreduce._dispatch import device_of, refuse, run_all_reduce
+from ringreduce._groups import resolve
+from ringreduce._traced import group_of
+from ringreduce._types import CallKind, FrameError, ReduceOp
+
+
+def _block_shape(shape: torch.Size | tuple[int, ...], n: int, what: str) -> tuple[int, ...]:
+    if len(shape) == 0 or shape[0] % n != 0:
+        raise ValueError(
+            f"ringreduce.{what}: input of shape {tuple(shape)} cannot be split into {n} blocks on dim 0; "
+            f"pass shape ({n} * d0, ...)"
+        )
+    return (shape[0] // n, *shape[1:])
+
+
+def _gathered_shape(shape: torch.Size | tuple[int, ...], n: int) -> tuple[int, ...]:
+    return (n,) if len(shape) == 0 else (n * shape[0], *shape[1:])
+
+
+# ----------------------------------------------------------------------------------------- in place
+
+
+@torch.library.custom_op("ringreduce::all_reduce_", mutates_args=("tensor",))
+def all_reduce_(
+    tensor: torch.Tensor, op: str, group_name: str, accum_dtype: torch.dtype | None = None, algorithm: str = "auto"
+) -> None:
+    """In-place all-reduce of `tensor` over the group named `group_name` (ringreduce.all_reduce)."""
+    run_all_reduce(tensor, op, group_of(group_name), False, accum_dtype, algorithm, CallKind.ALL_REDUCE)
+
+
+@all_reduce_.register_fake
+def _(tensor: torch.Tensor, op: str, group_name: str, accum_dtype: torch.dtype | None = None,
+      algorithm: str = "auto") -> None:
+    return None
+
+
+@torch.library.custom_op("ringreduce::all_reduce_avg_", mutates_args=("tensor",))
+def all_reduce_avg_(
+    tensor: torch.Tensor, group_name: str, accum_dtype: torch.dtype | None = None, algorithm: str = "auto"
+) -> None:
+    """In-place average of `tensor` over the group named `group_name` (ringreduce.all_reduce_avg)."""
+    run_all_reduce(tensor, ReduceOp.AVG, group_of(group_name), False, accum_dtype, algorithm, CallKind.ALL_REDUCE_AVG)
+
+
+@all_reduce_avg_.register_fake
+def _(tensor: torch.Tensor, group_name: str, accum_dtype: torch.dtype | None = None, algorithm: str = "auto") -> None:
+    return None
+
+
+# ------------------------------------------------------------------------------------- out of place
+
+
+@torch.library.custom_op("ringreduce::all_reduce", mutates_args=())
+def all_reduce(tensor: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
+    """Out-of-place all-reduce: a reduced copy of `tensor` (same shape and strides)."""
+    out = tensor.clone()
+    run_all_reduce(out, op, group_of(group_name), False, None, "auto", CallKind.ALL_REDUCE)
+    return out
+
+
+@all_reduce.register_fake
+def _(tensor: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
+    return torch.empty_like(tensor)
+
+
+@torch.library.custom_op("ringreduce::all_reduce_avg", mutates_args=())
+def all_reduce_avg(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Out-of-place average: an averaged copy of `tensor` (same shape and strides)."""
+    out = tensor.clone()
+    run_all_reduce(out, ReduceOp.AVG, group_of(group_name), False, None, "auto", CallKind.ALL_REDUCE_AVG)
+    return out
+
+
+@all_reduce_avg.register_fake
+def _(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
+    return torch.empty_like(tensor)
+
+
+def _not_a_member(what: str, name: str) -> ValueError:
+    return ValueError(
+        f"ringreduce.functional.{what}: this rank is not a member of group {name!r}; call it on the group's "
+        "ranks only"
+    )
+
+
+@torch.library.custom_op("ringreduce::all_gather", mutates_args=())
+def all_gather(tensor: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+    """Every rank's `tensor` concatenated on dim 0 (shape (group_size * d0, ...))."""
+    pg = group_of(group_name)
+    info = resolve(pg)
+    if info is not None and info.size != group_size:
+        raise ValueError(f"ringreduce.all_gather: group {group_name!r} has {info.size} ranks, not {group_size}")
+    out = scatter_gather.all_gather(tensor, pg)
+    if out is None:
+        raise _not_a_member("all_gather", group_name)
+    return out
+
+
+@all_gather.register_fake
+def _(tensor: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+    return tensor.new_empty(_gathered_shape(tensor.shape, group_size))
+
+
+@torch.library.custom_op("ringreduce::reduce_scatter", mutates_args=())
+def reduce_scatter(tensor: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
+    """Block r (of group_size blocks on dim 0) of the reduction of `tensor` over the ranks, on rank r."""
+    pg = group_of(group_name)
+    info = resolve(pg)
+    if info is None:
+        raise _not_a_member("reduce_scatter", group_name)
+    exc: BaseException | None = None
+    if not isinstance(tensor, torch.Tensor):
+        exc = TypeError(f"ringreduce.reduce_scatter: expected a torch.Tensor, got {type(tensor).__name__}")
+    elif info.size != group_size:
+        exc = ValueError(f"ringreduce.reduce_scatter: group {group_name!r} has {info.size} ranks, not {group_size}")
+    else:
+        try:
+            shape = _block_shape(tensor.shape, info.size, "reduce_scatter")
+        except ValueError as bad:
+            exc = bad
+    if exc is not None:
+        refuse(info, CallKind.REDUCE_SCATTER, FrameError.OTHER, exc, device_of(tensor))
+    output = tensor.new_empty(shape)
+    scatter_gather.reduce_scatter(output, tensor, op=op, group=pg)
+    return output
+
+
+@reduce_scatter.register_fake
+def _(tensor: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
+    return tensor.new_empty(_block_shape(tensor.shape, group_size, "reduce_scatter"))
+
+
+# ------------------------------------------------------------------------------------------ autograd
+# Note [Gradient convention] in ringreduce/nn.py: the loss is the sum over ranks of each rank's loss.
+
+
+def _setup_all_reduce(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.op, ctx.group_name = inputs[1], inputs[2]
+
+
+def _backward_all_reduce(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    # y = reduce_r(x_r) on every rank: dL/dx_r = sum_s dL_s/dy (SUM), that divided by n (AVG).
+    if ctx.op == "sum":
+        return torch.ops.ringreduce.all_reduce(grad, "sum", ctx.group_name), None, None
+    if ctx.op == "avg":
+        return torch.ops.ringreduce.all_reduce_avg(grad, ctx.group_name), None, None
+    raise RuntimeError(
+        f"ringreduce.functional.all_reduce: op {ctx.op!r} has no gradient here; the differentiable reductions "
+        "are 'sum' and 'avg'"
+    )
+
+
+def _setup_all_reduce_avg(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.group_name = inputs[1]
+
+
+def _backward_all_reduce_avg(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    return torch.ops.ringreduce.all_reduce_avg(grad, ctx.group_name), None
+
+
+def _setup_all_gather(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.shape, ctx.group_size, ctx.group_name = inputs[0].shape, inputs[1], inputs[2]
+
+
+def _backward_all_gather(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    # Rank r's input is block r of the gathered tensor: it gets the sum over ranks of block r's gradients.
+    block = torch.ops.ringreduce.reduce_scatter(grad.contiguous(), "sum", ctx.group_size, ctx.group_name)
+    return block.reshape(ctx.shape), None, None
+
+
+def _setup_reduce_scatter(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.shape, ctx.op, ctx.group_size, ctx.group_name = inputs[0].shape, inputs[1], inputs[2], inputs[3]
+
+
+def _backward_reduce_scatter(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    if ctx.op not in ("sum", "avg"):
+        raise RuntimeError(
+            f"ringreduce.functional.reduce_scatter: op {ctx.op!r} has no gradient here; the differentiable "
+            "reductions are 'sum' and 'avg'"
+        )
+    gathered = torch.ops.ringreduce.all_gather(grad.contiguous(), ctx.group_size, ctx.group_name).reshape(ctx.shape)
+    if ctx.op == "avg":
+        gathered = gathered / ctx.group_size
+    return gathered, None, None, None
+
+
+all_reduce.register_autograd(_backward_all_reduce, setup_context=_setup_all_reduce)
+all_reduce_avg.register_autograd(_backward_all_reduce_avg, setup_context=_setup_all_reduce_avg)
+all_gather.register_autograd(_backward_all_gather, setup_context=_setup_all_gather)
+reduce_scatter.register_autograd(_backward_reduce_scatter, setup_context=_setup_reduce_scatter)

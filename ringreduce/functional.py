@@ -1,0 +1,104 @@
+"""Out-of-place collectives (``import ringreduce.functional as F``), traceable by torch.compile.
+
+Each function returns a new tensor and leaves its input unchanged, eagerly and under
+``torch.compile(fullgraph=True)`` (where each call is one ``ringreduce::`` custom op in the graph:
+Note [Collectives under torch.compile] in ringreduce/_library.py). Results are bitwise equal to the
+in-place versions (:func:`ringreduce.all_reduce` on a copy, ...), identical on every rank. They are
+differentiable with the convention of :mod:`ringreduce.nn` (Note [Gradient convention] there: the
+loss is the sum of every rank's loss): the gradient of ``all_reduce(x, "sum")`` is the SUM
+all-reduce of the incoming gradients, of ``all_reduce_avg`` their average, of ``all_gather`` a SUM
+reduce-scatter, of ``reduce_scatter`` an all-gather (divided by n for "avg"). MAX, MIN and PRODUCT
+have no gradient (backward raises RuntimeError).
+
+`group`: None (WORLD), a ProcessGroup or a 1-D DeviceMesh. Every rank of the group must make the
+same calls in the same order with the same shapes and dtypes; ranks that disagree raise
+RuntimeError on every rank, a dead or silent peer DistBackendError after the group's timeout.
+A rank outside `group` gets an unchanged copy from all_reduce and all_reduce_avg, and ValueError
+from all_gather and reduce_scatter.
+
+Example (a compiled data-parallel step without hooks)::
+
+    import ringreduce.functional as F
+
+    @torch.compile(fullgraph=True)
+    def averaged_grads(grads):
+        return [F.all_reduce_avg(g) for g in grads]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ringreduce import (
+    _library,  # noqa: F401 - registers the ringreduce:: ops
+    _traced,
+)
+from ringreduce._dispatch import refuse
+from ringreduce._groups import resolve
+from ringreduce._types import CallKind, FrameError, ReduceOp
+
+
+def _check_tensor(tensor: Any, what: str, kind: Any, group: Any) -> None:
+    """A non-tensor raises TypeError here and, eagerly, the other ranks are told (they raise RuntimeError)."""
+    if isinstance(tensor, torch.Tensor):
+        return
+    exc = TypeError(f"ringreduce.functional.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if torch.compiler.is_compiling():
+        raise exc
+    info = resolve(group)
+    if info is None:
+        raise exc
+    refuse(info, kind, FrameError.NOT_A_TENSOR, exc, None)
+
+
+def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None) -> torch.Tensor:
+    """Returns the reduction of `tensor` over the ranks of `group` (a new tensor; `tensor` unchanged).
+
+    `op`: "sum", "avg", "max", "min" or "product" (also :class:`ringreduce.ReduceOp` or
+    ``torch.distributed.ReduceOp``). The result has `tensor`'s shape, dtype and strides and equals
+    ``t = tensor.clone(); ringreduce.all_reduce(t, op, group)`` bitwise. Raises TypeError for a
+    non-tensor or an unsupported dtype/op pair (integer "avg" included), ValueError for an unknown
+    op, RuntimeError when the ranks disagree, DistBackendError when a peer dies or times out.
+    """
+    _check_tensor(tensor, "all_reduce", CallKind.ALL_REDUCE, group)
+    name = _traced.op_name(op)  # an unknown name is refused by the op, on every rank
+    return torch.ops.ringreduce.all_reduce(tensor, name, _traced.group_name(group))
+
+
+def all_reduce_avg(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Returns the average of `tensor` over the ranks of `group` (a new tensor; `tensor` unchanged).
+
+    Equals ``t = tensor.clone(); ringreduce.all_reduce_avg(t, group)`` bitwise (sum, then one
+    division by the group's size). Integer and bool tensors raise TypeError on every rank.
+    """
+    _check_tensor(tensor, "all_reduce_avg", CallKind.ALL_REDUCE_AVG, group)
+    return torch.ops.ringreduce.all_reduce_avg(tensor, _traced.group_name(group))
+
+
+def all_gather(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Returns every rank's `tensor` concatenated on dim 0, in rank order (a new tensor).
+
+    Shape ``(n * d0, ...)`` for a `tensor` of shape ``(d0, ...)`` (``(n,)`` for a 0-d tensor),
+    identical on every rank and bitwise equal to :func:`ringreduce.all_gather`. Every rank must pass
+    the same shape and dtype (RuntimeError on every rank otherwise).
+    """
+    _check_tensor(tensor, "all_gather", CallKind.ALL_GATHER, group)
+    return torch.ops.ringreduce.all_gather(tensor, _traced.group_size(group), _traced.group_name(group))
+
+
+def reduce_scatter(tensor: torch.Tensor, op: Any = "sum", group: Any = None) -> torch.Tensor:
+    """Returns block r of the reduction of `tensor` over the ranks, on rank r (a new tensor).
+
+    `tensor` has shape ``(n * d0, ...)`` on every rank (n = the group's size); the result has shape
+    ``(d0, ...)`` and equals :func:`ringreduce.reduce_scatter` into a fresh output bitwise. A first
+    dimension that is not a multiple of n raises ValueError (the other ranks raise RuntimeError);
+    `op` as in :func:`all_reduce`.
+    """
+    _check_tensor(tensor, "reduce_scatter", CallKind.REDUCE_SCATTER, group)
+    name = _traced.op_name(op)  # an unknown name is refused by the op, on every rank
+    return torch.ops.ringreduce.reduce_scatter(tensor, name, _traced.group_size(group), _traced.group_name(group))
+
+
+__all__ = ["ReduceOp", "all_gather", "all_reduce", "all_reduce_avg", "reduce_scatter"]
