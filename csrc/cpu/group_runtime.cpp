@@ -66,7 +66,8 @@ void GroupRuntime::shutdown() {
   }
 }
 
-uint64_t GroupRuntime::submit(std::shared_ptr<CallBody> body, CallOptions options, bool synchronous) {
+uint64_t GroupRuntime::submit(std::shared_ptr<CallBody> body, CallOptions options, bool synchronous,
+                              std::function<bool()> interrupted) {
   Call call{std::move(body), std::move(options), 0};
   bool here = false;
   {
@@ -86,7 +87,10 @@ uint64_t GroupRuntime::submit(std::shared_ptr<CallBody> body, CallOptions option
     cv_.notify_all();
     return call.seq;
   }
+  inline_interrupted_ = std::move(interrupted);
+  inline_seq_ = call.seq;
   execute(call);
+  inline_interrupted_ = nullptr;
   {
     std::lock_guard<std::mutex> g(mu_);
     busy_ = false;
@@ -313,6 +317,27 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
   transport_->callDone();
 }
 
+void GroupRuntime::interrupt(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (interrupt_reason_.empty()) interrupt_reason_ = reason.empty() ? "ringreduce: " + name_ + " was interrupted" : reason;
+  }
+  interrupted_.store(true, std::memory_order_release);
+  transport_->interrupt(reason);
+}
+
+std::string GroupRuntime::abortReason() {
+  if (!interrupted_.load(std::memory_order_acquire) && inline_interrupted_ && inline_interrupted_()) {
+    interrupt("ringreduce: " + name_ + " was interrupted on this rank (KeyboardInterrupt while call #" +
+              std::to_string(inline_seq_) +
+              " waited); the group is unusable for ringreduce on this rank: destroy the process group "
+              "(torch.distributed.destroy_process_group()) and create a new one to go on");
+  }
+  if (!interrupted_.load(std::memory_order_acquire)) return "";
+  std::lock_guard<std::mutex> g(mu_);
+  return interrupt_reason_;
+}
+
 int GroupRuntime::payloadTag(int tag_group, size_t stage) const {
   return kPayloadTagBase + tag_slot_ * kPayloadTagsPerSlot +
          (tag_group * kStagesPerCall + static_cast<int>(stage)) * kTagsPerCall;
@@ -325,7 +350,7 @@ std::unique_ptr<ShmRing> GroupRuntime::setUpShm(const std::string& ring_id, int 
   const int64_t setup = (store_->add(base + "/setups", 1) - 1) / size;
   ShmMapping mapping;
   *why = agreeOnSegment(*store_, base + "/" + std::to_string(setup), index, size, ShmRing::segmentBytes(size), want,
-                        timeout, &mapping);
+                        timeout, &mapping, [this] { return abortReason(); });
   if (!why->empty()) {
     // One warning when shared memory was wanted and should have worked (not for RINGREDUCE_SHM=0 or
     // ranks on several hosts, which are choices, not failures).
@@ -334,7 +359,9 @@ std::unique_ptr<ShmRing> GroupRuntime::setUpShm(const std::string& ring_id, int 
                    name_.c_str(), why->c_str());
     return nullptr;
   }
-  return std::make_unique<ShmRing>(mapping, index, size);
+  auto ring = std::make_unique<ShmRing>(mapping, index, size);
+  ring->setAbortCheck([this] { return abortReason(); });
+  return ring;
 }
 
 bool GroupRuntime::ensureShm(const CallOptions& opt, std::chrono::milliseconds timeout) {

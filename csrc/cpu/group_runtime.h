@@ -21,6 +21,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -167,12 +168,15 @@ class GroupRuntime {
   // (to the worker and back) would cost more than a small all-reduce in shared memory takes
   // (tens of microseconds on a 2-vCPU host). On gloo the worker stays: its calls interleave with
   // gloo's own threads, and measured slower inline (docs/performance.md).
-  uint64_t submit(std::shared_ptr<CallBody> body, CallOptions options, bool synchronous = false);
+  // `interrupted`: asked while a call that runs on the calling thread waits (at least every 50 ms);
+  // true means Ctrl-C: the call fails as interrupt() makes it, and the caller raises.
+  uint64_t submit(std::shared_ptr<CallBody> body, CallOptions options, bool synchronous = false,
+                  std::function<bool()> interrupted = nullptr);
   // Finishes the queued calls and joins the worker (interpreter exit).
   void shutdown();
   // From any thread: the running call and every later one fail with `reason`, and the group
   // becomes unusable (Note [Interrupting a wait] in c10d_transport.cpp).
-  void interrupt(const std::string& reason) { transport_->interrupt(reason); }
+  void interrupt(const std::string& reason);
 
   int rank() const { return rank_; }  // this process's index in the ring
   int size() const { return size_; }
@@ -265,6 +269,13 @@ class GroupRuntime {
   std::vector<int> node_shm_members_;
   bool node_shm_tried_ = false;
   std::string node_shm_state_;
+
+  // Note [Interrupting a wait]: set by interrupt() from any thread; asked by shared-memory waits.
+  std::atomic<bool> interrupted_{false};
+  std::string interrupt_reason_;             // under mu_
+  std::function<bool()> inline_interrupted_;  // the running inline call's poll (its thread only)
+  uint64_t inline_seq_ = 0;                   // and its sequence number
+  std::string abortReason();                 // "" or why a shared-memory wait must stop now
 };
 
 }  // namespace rr

@@ -29,6 +29,7 @@ struct alignas(64) Header {
 struct alignas(64) RankState {
   std::atomic<uint64_t> arrived;   // the last barrier generation this rank reached
   std::atomic<int32_t> pid;
+  std::atomic<int32_t> gone;       // 1 once this rank left the ring after a failure
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free");
@@ -111,6 +112,7 @@ void ShmRing::barrier() {
     }
   }
   Clock::time_point next_check = start + kShmLivenessPoll;
+  Clock::time_point next_abort_check = start + kShmAbortPoll;
   for (;;) {
     // Read the bell before looking: an arrival after the look changes it, and the wait returns.
     const uint32_t v = h->bell.load(std::memory_order_seq_cst);
@@ -119,19 +121,41 @@ void ShmRing::barrier() {
     futexWait(&h->bell, v, std::chrono::microseconds(2000));
     h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
     const Clock::time_point now = Clock::now();
+    if (abort_ && now >= next_abort_check) {
+      next_abort_check = now + kShmAbortPoll;
+      const std::string why = abort_();
+      if (!why.empty()) leave(why);
+    }
     if (now < next_check) continue;
     next_check = now + kShmLivenessPoll;
     for (int p = 0; p < size_; ++p) {
       RankState* st = rankState(map_, p);
+      // A rank that left (even after arriving here) will never arrive at a later barrier.
+      if (st->gone.load(std::memory_order_acquire) != 0) {
+        leave("ringreduce: ring rank " + std::to_string(p) + " left the shared-memory ring after a failure (a dead "
+              "or silent peer, or Ctrl-C) while ring rank " + std::to_string(rank_) + " waited in it");
+      }
       if (st->arrived.load(std::memory_order_acquire) >= g) continue;
       const int32_t pid = st->pid.load(std::memory_order_acquire);
-      RR_CHECK(!(pid > 0 && kill(pid, 0) != 0 && errno == ESRCH), kBackend, "ringreduce: ring rank ", p,
-               " (pid ", pid, ") exited while ring rank ", rank_, " waited for it in shared memory");
+      if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+        leave("ringreduce: ring rank " + std::to_string(p) + " (pid " + std::to_string(pid) + ") exited while ring rank " +
+              std::to_string(rank_) + " waited for it in shared memory");
+      }
     }
-    RR_CHECK(now - start <= timeout_, kBackend, "ringreduce: shared-memory barrier: ring rank ", rank_,
-             " waited ", std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
-             " ms (the timeout) for ranks that never arrived");
+    if (now - start > timeout_) {
+      leave("ringreduce: shared-memory barrier: ring rank " + std::to_string(rank_) + " waited " +
+            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count()) +
+            " ms (the timeout) for ranks that never arrived");
+    }
   }
+}
+
+void ShmRing::leave(const std::string& why) {
+  rankState(map_, rank_)->gone.store(1, std::memory_order_release);
+  Header* h = header(map_);
+  h->bell.fetch_add(1, std::memory_order_seq_cst);
+  futexWakeAll(&h->bell);
+  RR_THROW(kBackend, why);
 }
 
 std::vector<Frame> ShmRing::begin(const Frame& mine, const void* data, int64_t numel, DType dtype) {

@@ -22,7 +22,9 @@
 // and sleeps on a futex word that every arrival bumps (and wakes only when someone sleeps): with
 // more busy threads than cores, a spinning waiter would take the core its peer needs. A peer that
 // dies is noticed by its pid within kShmLivenessPoll; a silent one at the timeout: both are
-// rr::Error(kBackend), and the ring is never used again. Nothing is ever read from the segment
+// rr::Error(kBackend), and the ring is never used again. A rank whose barrier fails (a dead or
+// silent peer, Ctrl-C) marks itself as gone in the segment, so that the others raise at their next
+// liveness poll instead of at their timeout. Nothing is ever read from the segment
 // into user memory before the barrier that publishes it, so a peer that dies mid-call cannot leave
 // garbage in a tensor of a call that then succeeds.
 #pragma once
@@ -41,6 +43,7 @@ namespace rr {
 constexpr size_t kShmBufferBytes = 1 << 20;         // per rank and parity
 constexpr size_t kShmFullPieceBytes = 256 << 10;    // larger pieces are split between ranks (n > 2)
 constexpr auto kShmLivenessPoll = std::chrono::milliseconds(100);
+constexpr auto kShmAbortPoll = std::chrono::milliseconds(50);
 
 class ShmRing {
  public:
@@ -51,6 +54,9 @@ class ShmRing {
   ShmRing(ShmMapping mapping, int rank, int size);
 
   void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  // Asked while a barrier waits (at least every kShmAbortPoll): a non-empty reason ends the wait
+  // with rr::Error(kBackend, reason) (Note [Interrupting a wait]). Set before a call, never during.
+  void setAbortCheck(AbortCheck check) { abort_ = std::move(check); }
 
   // Step 1 of the call: publishes `mine` and, when `data` is not null, the first piece of the
   // call's tensor, meets the others, and returns every rank's frame, by ring rank.
@@ -76,6 +82,8 @@ class ShmRing {
   char* buffer(int rank, int parity) const;
   Frame* frameSlot(int rank, int parity) const;
   void barrier();
+  // Marks this rank as gone from the ring (peers raise at their next liveness poll) and throws.
+  [[noreturn]] void leave(const std::string& why);
   void reducePart(int64_t begin, int64_t end, int64_t piece_offset, int parity, void* dst, DType dtype, RedOp op,
                   bool accum_float32, const struct RingSchedule& sched);
 
@@ -88,6 +96,7 @@ class ShmRing {
   uint64_t pieces_ = 0;      // buffer parity
   int64_t first_piece_ = 0;  // elements of the tensor copied in by begin()
   std::vector<char> scratch_;
+  AbortCheck abort_;
 };
 
 }  // namespace rr

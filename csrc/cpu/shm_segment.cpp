@@ -101,14 +101,15 @@ std::string openSegment(const std::string& name, size_t bytes, ShmMapping* out) 
 void unlinkSegment(const std::string& name) { (void)shm_unlink(name.c_str()); }
 
 std::string agreeOnSegment(KeyValueStore& store, const std::string& prefix, int ring_rank, int ring_size,
-                           size_t bytes, bool want, std::chrono::milliseconds timeout, ShmMapping* out) {
+                           size_t bytes, bool want, std::chrono::milliseconds timeout, ShmMapping* out,
+                           const AbortCheck& abort) {
   store.set(prefix + "/host/" + std::to_string(ring_rank), std::string(want ? "1" : "0") + hostIdentity());
   std::string decision;
   std::string name;
   if (ring_rank == 0) {
     const std::string mine = hostIdentity();
     for (int r = 0; r < ring_size && decision.empty(); ++r) {
-      const std::string v = store.get(prefix + "/host/" + std::to_string(r), timeout);
+      const std::string v = store.get(prefix + "/host/" + std::to_string(r), timeout, abort);
       if (v.empty() || v[0] != '1') decision = "RINGREDUCE_SHM=0 on ring rank " + std::to_string(r);
       else if (v.substr(1) != mine) decision = "the ring's ranks are on more than one host";
     }
@@ -119,12 +120,12 @@ std::string agreeOnSegment(KeyValueStore& store, const std::string& prefix, int 
     }
     store.set(prefix + "/decision", decision.empty() ? "+" + name : "-" + decision);
   } else {
-    const std::string v = store.get(prefix + "/decision", timeout);
+    const std::string v = store.get(prefix + "/decision", timeout, abort);
     if (v.empty() || v[0] != '+') return v.empty() ? "no decision" : v.substr(1);
     name = v.substr(1);
     const std::string why = openSegment(name, bytes, out);
     store.set(prefix + "/ack/" + std::to_string(ring_rank), why.empty() ? "+" : "-" + why);
-    const std::string fin = store.get(prefix + "/final", timeout);
+    const std::string fin = store.get(prefix + "/final", timeout, abort);
     if (fin != "+") {
       out->unmap();
       return fin.substr(1);
@@ -136,7 +137,7 @@ std::string agreeOnSegment(KeyValueStore& store, const std::string& prefix, int 
   std::string fin;
   try {
     for (int r = 1; r < ring_size && fin.empty(); ++r) {
-      const std::string v = store.get(prefix + "/ack/" + std::to_string(r), timeout);
+      const std::string v = store.get(prefix + "/ack/" + std::to_string(r), timeout, abort);
       if (v != "+") fin = "ring rank " + std::to_string(r) + " could not map the segment: " + v.substr(1);
     }
   } catch (...) {

@@ -16,18 +16,23 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace rr {
+
+// Returns why a wait must stop now (Ctrl-C on this rank), or "" to go on.
+using AbortCheck = std::function<std::string()>;
 
 // What the ranks of a ring share to agree on a segment (the process group's c10d store).
 class KeyValueStore {
  public:
   virtual ~KeyValueStore() = default;
   virtual void set(const std::string& key, const std::string& value) = 0;
-  // Blocks until `key` is set; throws rr::Error(kBackend) after `timeout`.
-  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Blocks until `key` is set; throws rr::Error(kBackend) after `timeout`, or with abort()'s reason
+  // when it says so (asked at least every 50 ms; may be empty).
+  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout, const AbortCheck& abort) = 0;
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 };
 
@@ -56,7 +61,9 @@ std::string newSegmentName();
 // place in the ring; `prefix`: store keys of this ring (unique per ring and setup); `want`: this rank
 // wants shared memory (RINGREDUCE_SHM). On success returns "" and the mapping; otherwise the reason,
 // the same on every rank, and no mapping.
+// `abort`: as KeyValueStore::get (Ctrl-C during the setup).
 std::string agreeOnSegment(KeyValueStore& store, const std::string& prefix, int ring_rank, int ring_size,
-                           size_t bytes, bool want, std::chrono::milliseconds timeout, ShmMapping* out);
+                           size_t bytes, bool want, std::chrono::milliseconds timeout, ShmMapping* out,
+                           const AbortCheck& abort = nullptr);
 
 }  // namespace rr

@@ -149,9 +149,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& group_name, const std::vector<int>& members,
          std::optional<at::Tensor> tensor, std::optional<at::Tensor> output, const rr::CallOptions& options,
          const c10::intrusive_ptr<c10d::Store>& store, bool synchronous) {
-        py::gil_scoped_release nogil;  // a synchronous call may run right here
-        return rr::submitCpu(pg, group_name, members, tensor.value_or(at::Tensor()), output.value_or(at::Tensor()),
-                             options, store, synchronous);
+        // A synchronous call may run right here, with the GIL released; while it waits it asks for
+        // Ctrl-C (Note [Interrupting a wait]): the KeyboardInterrupt that the signal handler raised
+        // is kept and raised once the call has failed.
+        std::shared_ptr<py::error_already_set> interrupted;
+        std::function<bool()> poll;
+        if (synchronous) {
+          poll = [&interrupted] {
+            py::gil_scoped_acquire gil;
+            if (PyErr_CheckSignals() == 0) return false;
+            interrupted = std::make_shared<py::error_already_set>();
+            return true;
+          };
+        }
+        std::shared_ptr<rr::CpuCall> call;
+        {
+          py::gil_scoped_release nogil;
+          call = rr::submitCpu(pg, group_name, members, tensor.value_or(at::Tensor()), output.value_or(at::Tensor()),
+                               options, store, synchronous, std::move(poll));
+        }
+        if (interrupted) throw *interrupted;
+        return call;
       },
       py::arg("group"), py::arg("group_name"), py::arg("members"), py::arg("tensor"), py::arg("output"),
       py::arg("options"), py::arg("store"), py::arg("synchronous") = false,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <thread>
 
 #include "../cpu/c10d_transport.h"
 
@@ -27,14 +28,26 @@ class C10dKeyValue final : public KeyValueStore {
   void set(const std::string& key, const std::string& value) override {
     store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
   }
-  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
-    try {
-      store_->wait({key}, timeout);
-      const std::vector<uint8_t> v = store_->get(key);
-      return std::string(v.begin(), v.end());
-    } catch (const std::exception& e) {
-      RR_THROW(kBackend, "ringreduce: setting up shared memory: no answer for ", key, " within ", timeout.count(),
-               " ms (", e.what(), ")");
+  // Waits in slices of 50 ms, asking `abort` between them (Ctrl-C during the setup).
+  std::string get(const std::string& key, std::chrono::milliseconds timeout, const AbortCheck& abort) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      try {
+        if (store_->check({key})) {
+          const std::vector<uint8_t> v = store_->get(key);
+          return std::string(v.begin(), v.end());
+        }
+      } catch (const std::exception& e) {
+        RR_THROW(kBackend, "ringreduce: setting up shared memory: the store failed while waiting for ", key, " (",
+                 e.what(), ")");
+      }
+      if (abort) {
+        const std::string why = abort();
+        RR_CHECK(why.empty(), kBackend, why);
+      }
+      RR_CHECK(std::chrono::steady_clock::now() < deadline, kBackend, "ringreduce: setting up shared memory: no answer for ",
+               key, " within ", timeout.count(), " ms (a rank of the ring did not make the call)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
   int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
@@ -219,10 +232,10 @@ CallTiming CpuCall::timing() {
 std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
                                    const std::vector<int>& members, const at::Tensor& tensor, const at::Tensor& output,
                                    const CallOptions& opt, const c10::intrusive_ptr<c10d::Store>& store,
-                                   bool synchronous) {
+                                   bool synchronous, std::function<bool()> interrupted) {
   std::shared_ptr<GroupRuntime> rt = runtimeFor(pg, name, members, store);
   auto call = std::make_shared<CpuCall>(tensor, output, opt);
-  call->seq_ = rt->submit(call, opt, synchronous);
+  call->seq_ = rt->submit(call, opt, synchronous, std::move(interrupted));
   return call;
 }
 

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,7 +43,8 @@ class CpuCall final : public CallBody {
  private:
   friend std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>&, const std::string&,
                                             const std::vector<int>&, const at::Tensor&, const at::Tensor&,
-                                            const CallOptions&, const c10::intrusive_ptr<c10d::Store>&, bool);
+                                            const CallOptions&, const c10::intrusive_ptr<c10d::Store>&, bool,
+                                            std::function<bool()>);
   at::Tensor tensor_;  // the caller's tensor (undefined for a locally refused call)
   at::Tensor output_;  // reduce_scatter / all_gather: the result (the future's value)
   at::Tensor work_;    // the contiguous buffer the rings run over, when it is not tensor_
@@ -63,11 +65,12 @@ class CpuCall final : public CallBody {
 // runtime is created on first use. `tensor` may be undefined for a local refusal; `output`:
 // reduce_scatter's output block or all_gather's concatenated result; `store`: the group's c10d
 // store, where its ranks agree on shared memory (may be null: then never); `synchronous`: the caller
-// waits for the call (Note [Synchronous calls in shared memory]).
+// waits for the call (Note [Synchronous calls in shared memory]); `interrupted`: Ctrl-C for a call that
+// runs on the calling thread (GroupRuntime::submit).
 std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
                                    const std::vector<int>& members, const at::Tensor& tensor, const at::Tensor& output,
                                    const CallOptions& opt, const c10::intrusive_ptr<c10d::Store>& store,
-                                   bool synchronous);
+                                   bool synchronous, std::function<bool()> interrupted = nullptr);
 
 // "shm" or "tcp ..." for the ring `members` of `pg` (GroupRuntime::transportInfo); "" before its first call.
 std::string transportInfo(const c10d::ProcessGroup* pg, const std::vector<int>& members);

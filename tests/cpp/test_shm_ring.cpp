@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -35,10 +36,16 @@ class MemoryStore final : public KeyValueStore {
     }
     cv_.notify_all();
   }
-  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+  std::string get(const std::string& key, std::chrono::milliseconds timeout, const AbortCheck& abort) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::unique_lock<std::mutex> lk(mu_);
-    if (!cv_.wait_for(lk, timeout, [&] { return kv_.count(key) > 0; }))
-      RR_THROW(kBackend, "no answer for ", key);
+    while (!cv_.wait_for(lk, std::chrono::milliseconds(10), [&] { return kv_.count(key) > 0; })) {
+      if (abort) {
+        const std::string why = abort();
+        RR_CHECK(why.empty(), kBackend, why);
+      }
+      RR_CHECK(std::chrono::steady_clock::now() < deadline, kBackend, "no answer for ", key);
+    }
     return kv_[key];
   }
   int64_t add(const std::string& key, int64_t delta) override {
@@ -282,6 +289,58 @@ TEST_CASE(ring_halves_exact_values) {
       for (auto& m : maps) m.unmap();
     }
   }
+}
+
+// Note [Interrupting a wait]: an abort check that says so ends a barrier with kBackend and its
+// reason within kShmAbortPoll, and the peer waiting for this rank raises at its next liveness poll
+// (long before its timeout), naming the rank that left.
+TEST_CASE(abort_check_ends_a_wait_and_the_peer_follows) {
+  std::vector<ShmMapping> maps;
+  const std::vector<std::string> why = agree(3, &maps);
+  CHECK(why[0].empty());
+  if (!why[0].empty()) return;
+  std::atomic<bool> stop{false};
+  std::vector<std::string> errors(3);
+  std::vector<long long> ms(3, -1);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)  // ring rank 2 never calls; ranks 0 and 1 wait for it
+    ts.emplace_back([&, r] {
+      ShmRing ring(maps[static_cast<size_t>(r)], r, 3);
+      ring.setTimeout(std::chrono::milliseconds(30000));
+      if (r == 0) ring.setAbortCheck([&] { return stop.load() ? std::string("interrupted by the test") : std::string(); });
+      std::vector<float> d(8, 1.0f);
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        ring.begin(frameOf(r, 8), d.data(), 8, DType::kFloat32);
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(r)] = e.kind() == ErrorKind::kBackend ? e.what() : "wrong kind";
+      }
+      ms[static_cast<size_t>(r)] =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  stop = true;
+  for (auto& t : ts) t.join();
+  CHECK_MSG(errors[0].find("interrupted by the test") != std::string::npos, errors[0]);
+  CHECK_MSG(errors[1].find("ring rank 0 left the shared-memory ring") != std::string::npos, errors[1]);
+  CHECK_MSG(ms[0] < 200 + 1000 && ms[1] < 200 + 2000, ms[0] << " " << ms[1]);
+  for (auto& m : maps) m.unmap();
+}
+
+// The agreement's store waits ask the abort check too (Ctrl-C during a ring's first call).
+TEST_CASE(abort_check_ends_the_agreement) {
+  MemoryStore store;
+  ShmMapping m;
+  std::string what;
+  try {
+    agreeOnSegment(store, "lonely", 0, 2, ShmRing::segmentBytes(2), true, std::chrono::milliseconds(30000), &m,
+                   [] { return std::string("stop now"); });
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  CHECK_MSG(what.find("stop now") != std::string::npos, what);
+  CHECK(m.base == nullptr);
+  CHECK(ourSegments().empty());
 }
 
 int main(int argc, char** argv) { return rrtest::runAll(argc, argv); }
