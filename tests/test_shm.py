@@ -158,3 +158,24 @@ def test_hierarchical_node_stages_run_in_shared_memory():
         cross = sum(b for p, b in enumerate(r["sent"]) if node[p] != node[rank])
         local = sum(b for p, b in enumerate(r["sent"]) if node[p] == node[rank])
         assert cross == S // 2 and local == 0, (rank, r["sent"])
+
+
+def _memory_after_sizes(rank: int, ws: int) -> dict:
+    out = {}
+    for numel in (1, 1 << 18, 1 << 24):  # 4 B, 1 MiB, 64 MiB
+        t = torch.ones(numel)
+        rr.all_reduce_avg(t)
+        out[numel] = (C.memory_bytes(dist.group.WORLD), bool(torch.all(t == 1)))
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_memory_per_group_is_bounded_whatever_the_size(ws):
+    """A ring in shared memory holds its segment (2 x n x 1 MiB and a page of flags and frames), the
+    in-order reduce's 256 KiB of scratch and the frame buffers, independent of the tensor's size:
+    at most 2 n MiB + 4.5 MiB, and the same after a 64 MiB call as after a 4 B one."""
+    for r in run_ranks(ws, _memory_after_sizes, transport="shm"):
+        sizes = list(r.values())
+        assert all(ok for _, ok in sizes), r
+        assert sizes[0][0] == sizes[-1][0], r
+        assert sizes[-1][0] <= (2 * ws << 20) + (9 << 19), r

@@ -574,8 +574,13 @@ int64_t GroupRuntime::stagingBytes() {
 int64_t GroupRuntime::memoryBytes() {
   const int64_t slots = stagingBytes();
   std::lock_guard<std::mutex> g(mu_);
+  // Shared-memory segments count in full on every rank that maps them (Note [Shared-memory segments]).
+  const size_t shm = (shm_ ? ShmRing::segmentBytes(size_) + kReduceInOrderScratchBytes : 0) +
+                     (node_shm_ ? ShmRing::segmentBytes(static_cast<int>(node_shm_members_.size())) +
+                                      kReduceInOrderScratchBytes
+                                : 0);
   return slots + static_cast<int64_t>(frames_.memoryBytes() + scratch_.size() * sizeof(float) +
-                                      accum_.size() * sizeof(float));
+                                      accum_.size() * sizeof(float) + shm);
 }
 
 std::string GroupRuntime::transportInfo() {
