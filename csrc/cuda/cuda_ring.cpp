@@ -143,6 +143,23 @@ void CudaWork::synchronize(std::chrono::milliseconds timeout) {
   }
 }
 
+bool CudaWork::wait(cudaStream_t stream, int64_t timeout_ms) {
+  streamWait(stream);
+  if (timeout_ms < 0) return true;
+  try {
+    synchronize(std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 1));
+  } catch (const Error&) {
+    if (!isCompleted()) return false;  // still running: the caller reports the timeout
+    throw;
+  }
+  return true;
+}
+
+std::string CudaWork::errorMessage() const {
+  const std::string e = error();
+  return e.empty() ? e : "ringreduce: CUDA " + what_ + " #" + std::to_string(seq_) + " failed: " + e;
+}
+
 // ---- CudaBackend: the DeviceBackend of real GPUs -------------------------------------------------
 
 class CudaBackend final : public DeviceBackend {

@@ -100,6 +100,12 @@ class CudaWork {
   // Blocks the host until the call finished; throws kBackend on failure or after `timeout`
   // (timeout <= 0: the ring's timeout; a timeout does not abort the communicator by itself).
   void synchronize(std::chrono::milliseconds timeout);
+  // torch.distributed's NCCL Work.wait(): `stream` waits for the call; with timeout_ms >= 0 the
+  // host also waits up to timeout_ms and gets false if the call is still running then. Throws
+  // kBackend if the call failed.
+  bool wait(cudaStream_t stream, int64_t timeout_ms);
+  // "" or "ringreduce: CUDA <what> #<seq> failed: <reason>".
+  std::string errorMessage() const;
   cudaEvent_t doneEvent() const { return done_; }
   bool failed() const { return state_.load() == kFailed; }
 

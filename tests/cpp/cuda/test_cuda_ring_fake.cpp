@@ -11,6 +11,7 @@
 
 #include "../../../csrc/core/collectives.h"
 #include "../../../csrc/core/error.h"
+#include "../../../csrc/cuda/cuda_ops.h"
 #include "../../../csrc/cuda/cuda_ring.h"
 #include "../../../csrc/cuda/nccl_comm.h"
 #include "../check.h"
@@ -316,6 +317,52 @@ TEST_CASE(capture_is_refused_before_anything_is_enqueued) {
   CHECK(throwsKind([&] { enqueueAllReduce(*ring, data, caller); }, ErrorKind::kRuntime));
   CHECK_EQ(rrfake::ncclTaskCalls(), 0);
   CHECK(!ring->comm().aborted());
+  ring->shutdown("test");
+}
+
+// Defect 8 (the call's sequencing): with the agreement check on, a captured call is refused with
+// kRuntime before the check runs (no exchange, no abort), not with an aborted communicator.
+TEST_CASE(captured_call_with_agreement_check_is_refused_first) {
+  rrfake::reset();
+  auto ring = makeRing(2000);
+  cudaStream_t caller = newStream();
+  rrfake::setStreamCapturing(caller, true);
+  std::vector<float> data(64, 1.0f);
+  CudaCallRequest req;
+  req.numel = 64;
+  req.shape = {64};
+  req.check = true;
+  req.caller = caller;
+  CudaCallBuffers buf;
+  buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
+  std::string msg;
+  CHECK(throwsKind([&] { runCudaCall(*ring, req, buf); }, ErrorKind::kRuntime, &msg));
+  CHECK_MSG(msg.find("CUDA graph") != std::string::npos, msg);
+  CHECK_EQ(rrfake::ncclTaskCalls(), 0);
+  CHECK(!ring->comm().aborted());
+  ring->shutdown("test");
+}
+
+// Defect 12: every buffer is protected (recordStream) before anything is enqueued, so that a
+// failure half-way through cannot return a block to the allocator while drained kernels write it.
+TEST_CASE(buffers_are_protected_before_anything_is_enqueued) {
+  rrfake::reset();
+  auto ring = makeRing(300);
+  cudaStream_t caller = newStream();
+  std::vector<float> data(64, 1.0f);
+  CudaCallRequest req;
+  req.numel = 64;
+  req.shape = {64};
+  req.caller = caller;
+  int tasks_at_protect = -1;
+  CudaCallBuffers buf;
+  buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
+  buf.protect = [&] { tasks_at_protect = rrfake::ncclTaskCalls(); };
+  rrfake::pushHandoffMs(0);
+  rrfake::setDefaultHandoffMs(-1);  // the second exchange never hands off: the enqueue fails
+  CHECK(throwsKind([&] { runCudaCall(*ring, req, buf); }, ErrorKind::kBackend));
+  CHECK_EQ(tasks_at_protect, 0);
+  CHECK(rrfake::ncclTaskCalls() > 0);
   ring->shutdown("test");
 }
 
