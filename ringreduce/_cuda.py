@@ -67,6 +67,7 @@ communicators whose operations are enqueued in a different order on different ra
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from typing import Any
 
@@ -77,13 +78,14 @@ from ringreduce import _config
 from ringreduce._groups import GroupInfo
 from ringreduce.work import Work
 
-_UID_KEY = "ringreduce/nccl_uid/{generation}"
+_UID_KEY = "ringreduce/nccl_uid/{group}/{generation}"
+_COUNTER_KEY = "ringreduce/nccl_generation/{group}"
 
-_lock = threading.Lock()
-# (id(process group), device index) -> (process group, NcclComm). The group is held so that its id
-# cannot be reused by a new group while the communicator lives.
-_comms: dict[tuple[int, int], tuple[Any, Any]] = {}
-_generations: dict[int, int] = {}
+_lock = threading.Lock()  # guards the dicts below; never held while waiting for other ranks
+# id(process group) -> (process group, device index, NcclComm). One device per group and process
+# (Note [One GPU per group]); the group is held so that its id cannot be reused while it lives.
+_comms: dict[int, tuple[Any, int, Any]] = {}
+_creating: dict[int, threading.Lock] = {}  # id(process group) -> its creation lock
 _shut_down = False
 
 
@@ -105,51 +107,120 @@ def _timeout_ms(pg: dist.ProcessGroup) -> int:
     return ms if ms > 0 else int(_native().cuda_group_timeout_ms(pg))
 
 
+def _group_key(pg: dist.ProcessGroup) -> str:
+    """A name of `pg` that every rank shares and that a later group does not reuse by accident."""
+    try:
+        name = dist.distributed_c10d._get_process_group_name(pg)
+    except Exception:  # noqa: BLE001 - a group torch does not know by name
+        name = getattr(pg, "group_name", "") or ""
+    return name or "default"
+
+
+def _rendezvous_uid(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int) -> tuple[bytes, int]:
+    """Rank 0's fresh NCCL unique id, through the group's store, and its generation.
+
+    Note [Communicator rendezvous keys]: the key is ``nccl_uid/<group name>/<generation>``, where
+    the generation comes from an atomic ``store.add`` counter of the group (each rank adds 1; the
+    creations of one group are collective and in the same order on every rank, so ``(value - 1) //
+    size`` is the same everywhere). A reused ``id(pg)`` or a store reused by an earlier job cannot
+    make ranks read an old id: the counter lives in the same store and only grows, and the last
+    rank to read an id deletes its key.
+    """
+    store = dist.distributed_c10d._get_process_group_store(pg)
+    group = _group_key(pg)
+    generation = (int(store.add(_COUNTER_KEY.format(group=group), 1)) - 1) // pg_size
+    uid_key = _UID_KEY.format(group=group, generation=generation)
+    if pg_rank == 0:
+        store.set(uid_key, C.nccl_unique_id())
+    uid = store.get(uid_key)  # blocks until rank 0 published it (store timeout)
+    if int(store.add(uid_key + "/read", 1)) == pg_size:
+        for k in (uid_key, uid_key + "/read"):
+            try:
+                store.delete_key(k)
+            except Exception:  # noqa: BLE001 - a store without deletion: the key is never read again
+                pass
+    return uid, generation
+
+
+def _connect_timeout_ms(pg: dist.ProcessGroup, op_timeout_ms: int) -> int:
+    """Communicator init and first connections: at least the store's timeout (NCCL init of many GPUs
+    can take longer than a short RINGREDUCE_TIMEOUT)."""
+    try:
+        store = dist.distributed_c10d._get_process_group_store(pg)
+        store_ms = int(store.timeout.total_seconds() * 1000)
+    except Exception:  # noqa: BLE001 - a store without a timeout
+        store_ms = 0
+    return max(op_timeout_ms, store_ms)
+
+
 def communicator(info: GroupInfo, device: torch.device) -> Any:
-    """The NCCL communicator of `info`'s process group on `device`, created on first use.
+    """The NCCL communicator of `info`'s process group, on `device`, created on first use.
 
     Creation is collective over every rank of ``info.pg`` (not only the ring's members: a ring over
     a rank list of the group runs over the group's communicator). Its ranks are the group's ranks.
+    Note [One GPU per group]: a process uses one GPU per group; a tensor on another device raises
+    ValueError (a second communicator created on one rank only would hang the others).
     """
     if device.type != "cuda" or device.index is None:
         raise ValueError(f"ringreduce: expected a CUDA device with an index, got {device}")
-    key = (id(info.pg), device.index)
+    key = id(info.pg)
     with _lock:
         if _shut_down:
             raise RuntimeError("ringreduce: the GPU path was shut down (interpreter exit)")
-        entry = _comms.get(key)
+        creating = _creating.setdefault(key, threading.Lock())
+    with creating:  # other groups' calls go on meanwhile; this group's wait for the first
+        with _lock:
+            entry = _comms.get(key)
         if entry is not None:
-            return entry[1]
+            _, pinned, comm = entry
+            if pinned != device.index:
+                raise ValueError(
+                    f"ringreduce: group {info.name} runs on cuda:{pinned} in this process, but got a tensor on "
+                    f"{device}. Each rank uses one GPU per group (NCCL allows one device per rank): move the "
+                    f"tensor to cuda:{pinned}, or use another process group for the other GPU."
+                )
+            return comm
         C = _native()
         # The group's ranks, not the ring's indices (info.rank/info.size describe the ring).
         pg_rank = dist.get_rank(info.pg)
         pg_size = dist.get_world_size(info.pg)
-        generation = _generations.get(id(info.pg), 0)
-        _generations[id(info.pg)] = generation + 1
-        store = dist.distributed_c10d._get_process_group_store(info.pg)
-        uid_key = _UID_KEY.format(generation=generation)
-        if pg_rank == 0:
-            store.set(uid_key, C.nccl_unique_id())
-        uid = store.get(uid_key)  # blocks until rank 0 published it (store timeout)
+        uid, generation = _rendezvous_uid(C, info.pg, pg_rank, pg_size)
         label = info.name if not info.members else f"process group of {info.name}"
+        timeout_ms = _timeout_ms(info.pg)
         comm = C.NcclComm(
             uid,
             pg_size,
             pg_rank,
             device.index,
-            _timeout_ms(info.pg),
+            timeout_ms,
             f"ringreduce {label} on cuda:{device.index} (generation {generation})",
             _config.num_slots() or _config.DEFAULT_NUM_SLOTS,
+            _connect_timeout_ms(info.pg, timeout_ms),
         )
-        _comms[key] = (info.pg, comm)
+        with _lock:
+            _comms[key] = (info.pg, device.index, comm)
         return comm
+
+
+def _default_device() -> torch.device:
+    """The current CUDA device, unless that is surely not this rank's GPU (Note [One GPU per group])."""
+    current = torch.cuda.current_device()
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None and local.isdigit() and int(local) != current and torch.cuda.device_count() > int(local):
+        raise ValueError(
+            f"ringreduce.init_communicator: the current CUDA device is cuda:{current} but LOCAL_RANK is {local}; "
+            f"call torch.cuda.set_device({local}) first or pass device=torch.device('cuda', {local}) (otherwise "
+            "several ranks would use one GPU and NCCL refuses that)"
+        )
+    return torch.device("cuda", current)
 
 
 def init_communicator(group: Any = None, device: torch.device | int | None = None) -> None:
     """Creates the NCCL communicator of `group` on `device` now (collective over the whole group).
 
     `group`: None (WORLD), a ProcessGroup or a DeviceMesh (a multi-dimensional sub-mesh uses
-    WORLD's communicator); `device`: default the current CUDA device. Optional: the first CUDA call
+    WORLD's communicator); `device`: default the current CUDA device (ValueError if that is not
+    ``cuda:$LOCAL_RANK`` where LOCAL_RANK is set and such a GPU exists). Optional: the first CUDA call
     on the group does the same. Useful before calls on DeviceMesh sub-meshes that only some ranks
     make. A rank outside `group` does nothing.
     """
@@ -159,7 +230,7 @@ def init_communicator(group: Any = None, device: torch.device | int | None = Non
     if info is None:
         return
     if device is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = _default_device()
     elif isinstance(device, int):
         device = torch.device("cuda", device)
     communicator(info, device)
@@ -299,17 +370,17 @@ def abort_all(reason: str = "interpreter exit") -> None:
         _shut_down = True
         entries = list(_comms.values())
         _comms.clear()
-    for _, comm in entries:
-        comm.abort(reason)
+    for _, _, comm in entries:
+        comm.abort(reason, at_exit=reason == "interpreter exit")
 
 
 def release_group(group: dist.ProcessGroup) -> None:
     """Aborts and forgets the communicators of `group` (e.g. before dist.destroy_process_group)."""
     with _lock:
-        keys = [k for k in _comms if k[0] == id(group)]
-        entries = [_comms.pop(k) for k in keys]
-    for _, comm in entries:
-        comm.abort("the process group was released")
+        entry = _comms.pop(id(group), None)
+        _creating.pop(id(group), None)
+    if entry is not None:
+        entry[2].abort("the process group was released")
 
 
 atexit.register(abort_all)
