@@ -4,14 +4,27 @@
 ``ringreduce.all_gather`` call :func:`cuda_ring_half` for CUDA tensors after their local checks
 (dtype/op, group membership; numel 0 and world size 1 return before). What happens here:
 
-* **One NCCL communicator per (process group, device)**, created lazily by the first CUDA call on
-  the group, on the tensor's device: rank 0 of the group draws an NCCL unique id and publishes it
-  through the group's own c10d store (``_get_process_group_store(group)``) under
-  ``ringreduce/nccl_uid/<generation>``, where the generation counts the communicators this process
-  created for the group (the same on every rank, since creation is collective and in call order).
-  The communicator is non-blocking (``config.blocking = 0``), has its own communication and reduce
-  streams, <= 8 MiB of staging, and a watchdog thread that aborts it on an NCCL error or when a
-  started call exceeds the timeout (``RINGREDUCE_TIMEOUT`` seconds, else the group's timeout).
+What has run on a GPU: **nothing yet.** This path was written and reviewed on machines without a
+GPU. What runs there: the kernels' body and the ring driver on simulated streams
+(tests/test_cuda_logic.py), the real CudaRing/NcclComm host logic (watchdog, abort, shutdown,
+timeouts, device guard) on a fake CUDA runtime (tests/cpp/cuda/test_cuda_ring_fake.cpp), this
+module's registry with a fake native layer (tests/test_cuda_registry.py), and the CUDA build and
+its import. The GPU suite (``pytest -m gpu``) and ``scripts/gpu_check.sh`` have not run yet; run
+``scripts/gpu_check.sh`` first on a GPU machine.
+
+* **One NCCL communicator per process group, on one GPU**, created lazily by the first CUDA call
+  on the group, on the tensor's device; a later tensor of that group on another device raises
+  ValueError (Note [One GPU per group]). Rank 0 of the group draws an NCCL unique id and publishes
+  it through the group's own c10d store (``_get_process_group_store(group)``) under
+  ``ringreduce/nccl_uid/<group name>/<generation>``, the generation drawn from a ``store.add``
+  counter of the group (Note [Communicator rendezvous keys]); the key is deleted once every rank
+  read it. Init and first connections may take the store's timeout; each later call
+  ``RINGREDUCE_TIMEOUT`` seconds (else the group's timeout). The communicator is non-blocking
+  (``config.blocking = 0``), has its own communication and reduce streams (never destroyed: the
+  caching allocator may still record events on them), <= 8 MiB of staging, and a watchdog thread
+  that aborts it on an NCCL error or when a call exceeds the timeout, counted from the moment the
+  communication stream reaches the call (calls queued behind others are not charged for them).
+  In-flight calls are marked failed before the abort, so an aborted call never reads as success.
   After an abort every later call on the group raises ``torch.distributed.DistBackendError``;
   create a new group to continue. Communicators are aborted at interpreter exit (atexit), never
   from static destructors.
@@ -34,9 +47,13 @@
   for the result (the host does not block); ``async_op=True`` returns a :class:`~ringreduce.Work`
   whose ``wait()`` makes the *current* stream wait (``wait(timeout=...)`` also blocks the host up
   to the timeout) and whose ``get_future()`` is CUDA-aware (completed with events, no host sync;
-  its value is ``[tensor]``). Tensors are protected from the caching allocator while the internal
-  streams use them, so freeing one right after the call is safe. CUDA graph capture is refused with
-  a RuntimeError.
+  its value is ``[tensor]``; it completes when the call is enqueued). Tensors are protected from
+  the caching allocator (before anything is enqueued) while the internal streams use them, so
+  freeing one right after the call is safe. CUDA graph capture is refused with a RuntimeError
+  before anything runs (also with ``RINGREDUCE_CHECK=1``); a capture on *another* thread is not
+  disturbed by the watchdog. A call inside the caller's own NCCL group (``ncclGroupStart``, as
+  torch's ``_coalescing_manager`` and ``batch_isend_irecv`` open) raises RuntimeError and leaves
+  the group unusable.
 * ``RINGREDUCE_CHECK=1`` turns on the cross-rank agreement check (one fixed-size frame around the
   ring before the payload; it synchronizes the host once per call). Without it, ranks that disagree
   behave as NCCL does until the watchdog timeout aborts the communicator.
