@@ -253,6 +253,17 @@ def init_communicator(group: Any = None, device: torch.device | int | None = Non
     communicator(info, device)
 
 
+def _check_on_comm(t: torch.Tensor, comm: Any, what: str) -> None:
+    if not t.is_cuda:
+        raise ValueError(f"ringreduce: the {what} must be a CUDA tensor, got one on {t.device}")
+    if t.layout != torch.strided:
+        raise ValueError(f"ringreduce: only dense (strided) tensors are supported, got {t.layout}")
+    if t.device.index != comm.device:
+        raise ValueError(
+            f"ringreduce: the {what} is on {t.device} but this group's NCCL communicator is on cuda:{comm.device}"
+        )
+
+
 def _members(info: GroupInfo, members: Any) -> list[int]:
     return [int(m) for m in (info.members if members is None else members)]
 
@@ -282,6 +293,7 @@ def cuda_all_reduce(
     if not tensor.is_cuda:
         raise ValueError(f"ringreduce: cuda_all_reduce needs a CUDA tensor, got one on {tensor.device}")
     comm = communicator(info, tensor.device)
+    _check_on_comm(tensor, comm, "tensor")
     handle = _native().cuda_all_reduce(
         comm,
         tensor,
@@ -331,6 +343,12 @@ def cuda_ring_half(
             f"ringreduce: {_HALF_NAMES[kind]} on the GPU needs CUDA tensors, got {tensor.device} and {output.device}"
         )
     comm = communicator(info, tensor.device)
+    _check_on_comm(tensor, comm, "input")
+    _check_on_comm(output, comm, "output")
+    if tensor.dtype != output.dtype:
+        raise TypeError(f"ringreduce: output ({output.dtype}) and input ({tensor.dtype}) must have one dtype")
+    if kind == 4 and not (output.is_contiguous() and not output.is_conj() and not output.is_neg()):
+        raise ValueError("ringreduce.all_gather: the output must be a plain contiguous tensor")
     handle = _native().cuda_ring_half(
         comm,
         tensor,

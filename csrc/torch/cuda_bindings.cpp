@@ -23,6 +23,7 @@
 #include "../core/error.h"
 #include "../cuda/cuda_ops.h"
 #include "../cuda/loopback_ring.h"
+#include "../cuda/reduce_kernels.cuh"
 #include "cpu_ops.h"  // rr::toDType
 
 namespace py = pybind11;
@@ -60,13 +61,6 @@ class CudaWorkHandle {
 
 c10::cuda::CUDAStream wrap(cudaStream_t s, int device) {
   return c10::cuda::getStreamFromExternal(s, static_cast<c10::DeviceIndex>(device));
-}
-
-void checkOnRing(const at::Tensor& t, const CudaRing& ring, const char* what) {
-  RR_CHECK(t.is_cuda(), kValue, "ringreduce: ", what, " must be a CUDA tensor, got one on ", t.device());
-  RR_CHECK(t.layout() == at::kStrided, kValue, "ringreduce: only dense (strided) tensors are supported");
-  RR_CHECK(t.get_device() == ring.device(), kValue, "ringreduce: the ", what, " is on cuda:", t.get_device(),
-           " but this group's NCCL communicator is on cuda:", ring.device());
 }
 
 // The write-back of a working copy runs inside the call, after the ring was enqueued: it must not
@@ -141,7 +135,6 @@ CudaCallRequest request(const CudaRing& ring, const at::Tensor& t, int kind, int
 py::object cudaAllReduce(const std::shared_ptr<CudaRing>& ring, const at::Tensor& tensor, int op, bool accum_float32,
                          int64_t segment_bytes, bool async_op, bool check, int kind, const std::string& group_name,
                          const std::vector<int>& members, int local_size) {
-  checkOnRing(tensor, *ring, "tensor");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ring->device()));
   CudaCallRequest req = request(*ring, tensor, kind, op, segment_bytes, async_op, check, group_name, members);
   req.accum_float32 = accum_float32;
@@ -177,12 +170,6 @@ py::object cudaRingHalf(const std::shared_ptr<CudaRing>& ring, const at::Tensor&
   const bool scatter = kind == static_cast<int>(CallKind::kReduceScatter);
   RR_CHECK(scatter || kind == static_cast<int>(CallKind::kAllGather), kValue,
            "ringreduce: cuda_ring_half runs reduce_scatter (kind 3) or all_gather (kind 4), got kind ", kind);
-  checkOnRing(input, *ring, "input");
-  checkOnRing(output, *ring, "output");
-  RR_CHECK(input.scalar_type() == output.scalar_type(), kType, "ringreduce: output (", output.scalar_type(),
-           ") and input (", input.scalar_type(), ") must have one dtype");
-  RR_CHECK(scatter || (output.is_contiguous() && !output.is_conj() && !output.is_neg()), kValue,
-           "ringreduce.all_gather: the output must be a plain contiguous tensor");
   if (scatter) checkWritable(output, "output");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ring->device()));
   CudaCallRequest req = request(*ring, input, kind, op, segment_bytes, async_op, check, group_name, members);
@@ -316,6 +303,19 @@ void registerCudaBindings(pybind11::module& m) {
       py::arg("num_slots") = kCudaStagingSlots, py::arg("phases") = 3, py::arg("local_size") = 0,
       py::arg("order") = std::vector<int>{},
       "Test hook: loopbackAllReduce (csrc/cuda/loopback_ring.h) on `tensors`, one per simulated rank.");
+  m.def(
+      "_cuda_reduce",
+      [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, int op, int divisor) {
+        for (const at::Tensor* t : {&a, &b, &out})
+          RR_CHECK(t->is_cuda() && t->is_contiguous() && t->device() == a.device() && t->numel() == a.numel() &&
+                       t->scalar_type() == a.scalar_type(), kValue,
+                   "ringreduce._cuda_reduce: a, b, out must be contiguous CUDA tensors of one device, dtype, size");
+        c10::cuda::CUDAGuard guard(a.device());
+        launchReduce(toDType(a.scalar_type()), static_cast<RedOp>(op), a.data_ptr(), false, b.data_ptr(), false,
+                     out.data_ptr(), false, a.numel(), divisor, true, c10::cuda::getCurrentCUDAStream().stream());
+      },
+      py::arg("a"), py::arg("b"), py::arg("out"), py::arg("op"), py::arg("divisor") = 0,
+      "Test hook: the ring's reduce kernel, out = op(a, b) (/ divisor), on the current stream.");
   m.def(
       "cuda_refuse",
       [](const std::shared_ptr<CudaRing>& ring, int kind, int error, int op, const std::string& group_name,
