@@ -11,7 +11,9 @@ namespace rr {
 
 namespace {
 constexpr auto kPollInterval = std::chrono::microseconds(50);
-constexpr auto kSpinPoll = std::chrono::microseconds(2000);  // Note [Non-blocking NCCL and abort]
+// Note [Non-blocking NCCL and abort]: poll busily first, then yielding, then sleeping.
+constexpr auto kBusyPoll = std::chrono::microseconds(200);
+constexpr auto kSpinPoll = std::chrono::microseconds(2000);
 
 std::string describeNccl(ncclResult_t r, ncclComm_t comm) {
   std::string s = ncclGetErrorString(r);
@@ -119,6 +121,7 @@ NcclComm::~NcclComm() {
 void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first, const char* what,
                          std::chrono::steady_clock::time_point deadline) {
   ncclResult_t state = first;
+  const auto busy_until = std::chrono::steady_clock::now() + kBusyPoll;
   const auto spin_until = std::chrono::steady_clock::now() + kSpinPoll;
   while (true) {
     if (aborted_) {
@@ -138,7 +141,10 @@ void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first,
       RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg);
     }
     lock.unlock();
-    if (std::chrono::steady_clock::now() < spin_until) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < busy_until) {
+      // busy poll: a yield can give the core away for a scheduler tick on a loaded host
+    } else if (now < spin_until) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(kPollInterval);

@@ -6,12 +6,13 @@
 // peer: init, ncclGroupEnd and abort may return ncclInProgress, and the communicator's state (read
 // with ncclCommGetAsyncError) stays ncclInProgress until the operation has been handed to the GPU.
 // NCCL forbids touching the streams involved until then, so every such call is followed by
-// waitReady(), which polls the state with the lock released between polls, at once and without
-// sleeping for the first kSpinPoll (the hand-off usually takes microseconds; a sleep before the
-// first poll cost ~100 us of host time per exchange, capping a 1 MiB-segment ring near 10 GB/s).
-// NCCL >= 2.23 starts a helper thread per non-blocking ncclGroupEnd that has tasks (src/group.cc,
-// ncclGroupEndInternal, returns ncclInProgress), so each exchange still costs that thread's start;
-// a blocking communicator after a non-blocking init would avoid it (not done: untested on a GPU). A rank that never
+// waitReady(), which polls the state with the lock released between polls, at once: busily for
+// the first 200 us, yielding up to 2 ms, then sleeping 50 us between polls (the hand-off usually
+// takes microseconds; a sleep before the first poll cost ~100 us of host time per exchange,
+// capping a 1 MiB-segment ring near 10 GB/s). NCCL >= 2.23 starts a helper thread per
+// non-blocking ncclGroupEnd that has tasks (src/group.cc, ncclGroupEndInternal, returns
+// ncclInProgress), so each exchange still costs that thread's start; a blocking communicator
+// after a non-blocking init would avoid it (not done: untested on a GPU). A rank that never
 // arrives therefore costs a timeout, not a hang: waitReady() aborts the communicator when the
 // deadline passes, and the watchdog (cuda_ring.h) may abort it at any time from its own thread.
 //
