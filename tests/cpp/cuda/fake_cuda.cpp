@@ -61,6 +61,10 @@ struct State {
   int abort_calls = 0;
   int exchanges_run = 0;
   int task_calls = 0;
+  // Kept reachable (leak checkers): device memory a test leaves allocated on purpose (undrained
+  // streams) and aborted communicators, which queued exchange ops may still point at.
+  std::vector<void*> allocations;
+  std::vector<std::unique_ptr<ncclComm>> comms;
 };
 
 State& st() {
@@ -356,12 +360,22 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   std::lock_guard<std::mutex> lock(st().mu);
   touchContext();
   *p = std::calloc(bytes ? bytes : 1, 1);
+  st().allocations.push_back(*p);
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
 cudaError_t cudaFree(void* p) {
-  std::free(p);
-  return cudaSuccess;
+  std::lock_guard<std::mutex> lock(st().mu);
+  auto& a = st().allocations;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == p) {
+      a[i] = a.back();
+      a.pop_back();
+      std::free(p);
+      return cudaSuccess;
+    }
+  }
+  return fail(cudaErrorInvalidValue);
 }
 cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
@@ -390,7 +404,8 @@ const char* ncclGetLastError(ncclComm_t) { return ""; }
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int, ncclUniqueId, int, ncclConfig_t*) {
   std::lock_guard<std::mutex> lock(st().mu);
   touchContext();
-  *comm = new ncclComm;
+  st().comms.push_back(std::make_unique<ncclComm>());
+  *comm = st().comms.back().get();
   (*comm)->ready_at = Clock::now() + std::chrono::milliseconds(st().init_ms);
   return ncclInProgress;
 }
@@ -409,8 +424,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     sleep_ms = st().abort_sleep_ms;
   }
   if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
-  // Leaked on purpose: exchange ops still queued may point at it (NCCL frees it; nothing here
-  // may touch it again).
+  // Kept in State::comms: exchange ops still queued may point at it.
   return ncclSuccess;
 }
 ncclResult_t ncclGroupStart() {
