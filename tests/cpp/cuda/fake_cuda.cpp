@@ -65,6 +65,8 @@ struct State {
   // streams) and aborted communicators, which queued exchange ops may still point at.
   std::vector<void*> allocations;
   std::vector<std::unique_ptr<ncclComm>> comms;
+  // Events are never freed: CUDA allows destroying an event whose record is still queued.
+  std::vector<std::unique_ptr<CUevent_st>> events;
 };
 
 State& st() {
@@ -148,6 +150,7 @@ void reset() {
   g.capture_invalidated = false;
   for (bool& c : g.ctx) c = false;
   g.streams_destroyed = g.sync_timeouts = g.abort_calls = g.exchanges_run = g.task_calls = 0;
+  for (auto& s : g.streams) s->q.clear();  // what an earlier test left stuck
 }
 void setExchangeBudget(int n) {
   std::lock_guard<std::mutex> lock(st().mu);
@@ -322,13 +325,11 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
   std::lock_guard<std::mutex> lock(st().mu);
   touchContext();
-  *e = new CUevent_st;
+  st().events.push_back(std::make_unique<CUevent_st>());
+  *e = st().events.back().get();
   return cudaSuccess;
 }
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete e;
-  return cudaSuccess;
-}
+cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   std::lock_guard<std::mutex> lock(st().mu);
   if (s == nullptr || fs(s)->destroyed) return fail(cudaErrorInvalidResourceHandle);
