@@ -361,9 +361,9 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
   } catch (const std::exception& e) {
     if (comm_->insideUserGroup()) {
       // Note [Inside a user's NCCL group]: our first exchange belongs to the user's group and
-      // runs when it ends; aborting would free a communicator that group still uses.
+      // runs when it ends; aborting would free a communicator that group still uses. Earlier
+      // calls are unaffected and stay with the watchdog.
       poisoned_ = e.what();
-      failAll(poisoned_);
     } else if (backend.enqueuedAnything()) {
       // Half a ring is on the streams and the peers wait for the rest: only an abort unblocks them.
       failAndAbort(std::string("enqueueing ") + what + " #" + std::to_string(seq) + " failed: " + e.what());
@@ -413,7 +413,6 @@ std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine, const RingMembers
   } catch (const std::exception& e) {
     if (comm_->insideUserGroup()) {
       poisoned_ = e.what();
-      failAll(poisoned_);
     } else {
       failAndAbort(std::string("agreement check failed: ") + e.what());
     }
@@ -517,7 +516,7 @@ void CudaRing::shutdown(const std::string& reason, bool at_exit) {
   bool drained = false;
   while (comm_stream_ != nullptr) {
     const cudaError_t a = cudaStreamQuery(comm_stream_);
-    const cudaError_t b = cudaStreamQuery(compute_stream_);
+    const cudaError_t b = compute_stream_ != nullptr ? cudaStreamQuery(compute_stream_) : cudaSuccess;
     if (a != cudaSuccess || b != cudaSuccess) (void)cudaGetLastError();
     if (a != cudaErrorNotReady && b != cudaErrorNotReady) {
       drained = a == cudaSuccess && b == cudaSuccess;
@@ -535,7 +534,7 @@ void CudaRing::shutdown(const std::string& reason, bool at_exit) {
   pool_->release(stage_event_);
   stage_event_ = nullptr;
   last_work_.reset();
-  if (drained && !at_exit) {
+  if (drained && !at_exit && compute_stream_ != nullptr) {
     if (staging_ != nullptr) (void)cudaFree(staging_);
     if (frames_dev_ != nullptr) (void)cudaFree(frames_dev_);
     if (frames_host_ != nullptr) (void)cudaFreeHost(frames_host_);
