@@ -148,7 +148,8 @@ py::object cudaAllReduce(const std::shared_ptr<CudaRing>& ring, const at::Tensor
       bufs.push_back(tensor);
       return tensor.data_ptr();
     }
-    at::Tensor w = at::empty(tensor.sizes(), tensor.options().dtype(wdtype == req.dtype ? tensor.scalar_type() : at::kFloat));
+    const at::ScalarType wtype = wdtype == req.dtype ? tensor.scalar_type() : at::kFloat;
+    at::Tensor w = at::empty(tensor.sizes(), tensor.options().dtype(wtype));
     w.copy_(tensor);
     bufs.push_back(w);
     user_out.push_back(tensor);
@@ -247,7 +248,7 @@ void registerCudaBindings(pybind11::module& m) {
       .def_property_readonly("rank", &CudaRing::rank)
       .def_property_readonly("size", &CudaRing::size)
       .def_property_readonly("device", &CudaRing::device)
-      .def_property_readonly("next_seq", [](const CudaRing& r) { return r.nextSeq(); })
+      .def_property_readonly("next_seq", [](const CudaRing& r) { py::gil_scoped_release g; return r.nextSeq(); })
       .def_property_readonly("staging_bytes", [](const CudaRing& r) { return r.slotBytes() * r.numSlots(); })
       .def("aborted", [](CudaRing& r) { return r.isShutdown() || r.comm().aborted(); })
       .def("abort_reason", [](CudaRing& r) { return r.comm().abortReason(); })
