@@ -105,6 +105,22 @@ TEST_CASE(done_event_after_abort_is_failure) {
   ring->shutdown("test");
 }
 
+// Defect 1 (hostWait): the agreement check's frames arrive "complete" after an abort let the
+// kernels exit; comparing those garbage frames must not happen: the check throws kBackend.
+TEST_CASE(agreement_frames_after_an_abort_are_not_compared) {
+  rrfake::reset();
+  auto ring = makeRing(5000);
+  rrfake::setExchangeBudget(0);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(ms(100));
+    ring->comm().abort("aborted by the test");
+  });
+  Frame mine;
+  CHECK(throwsKind([&] { ring->exchangeFrames(mine, resolveRing({}, 2, 0)); }, ErrorKind::kBackend));
+  aborter.join();
+  ring->shutdown("test");
+}
+
 // Defect 2: the caching allocator records events on streams a tensor was recordStream'ed on,
 // after shutdown too: those streams must stay valid, and be reused, not leaked per ring.
 TEST_CASE(streams_survive_shutdown_and_are_reused) {
