@@ -3,7 +3,8 @@
 Environment knobs:
   CUDA_HOME / CUDA_PATH   CUDA toolkit (else /usr/local/cuda, else the folder above the real nvcc)
   NCCL_HOME               NCCL headers/library (else the nvidia-nccl wheel that CUDA torch installs)
-  TORCH_CUDA_ARCH_LIST    GPU architectures (default "8.0;9.0")
+  TORCH_CUDA_ARCH_LIST    GPU architectures (default "8.0;9.0;10.0;12.0+PTX", the last two where the
+                          toolkit has them; +PTX: later GPUs JIT-compile the kernels)
   RINGREDUCE_FORCE_CPU=1  skip CUDA even when it is available
   RINGREDUCE_REQUIRE_CUDA=1  fail instead of falling back to a CPU-only build (CI uses this)
   MAX_JOBS                parallel compile jobs (ninja)
@@ -14,6 +15,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import subprocess
 import sys
 
 from setuptools import find_packages, setup
@@ -74,11 +76,30 @@ def find_nccl() -> tuple[str, str] | None:
     return None
 
 
+def default_cuda_archs(nvcc_arch_list: str) -> str:
+    """TORCH_CUDA_ARCH_LIST's default: sm_80 and sm_90 code, sm_100 and sm_120 code where the toolkit
+    knows them (`nvcc --list-gpu-arch` output), and PTX of the newest of those, so that later GPUs
+    (Blackwell and beyond) JIT-compile the kernels instead of failing with "no kernel image"."""
+    known = set(nvcc_arch_list.split())
+    archs = ["8.0", "9.0"] + [a for a in ("10.0", "12.0") if f"compute_{a.replace('.', '')}" in known]
+    return ";".join(archs[:-1] + [archs[-1] + "+PTX"])
+
+
+def _nvcc_arch_list(cuda_home: str | None) -> str:
+    try:
+        return subprocess.run([os.path.join(cuda_home or "", "bin", "nvcc"), "--list-gpu-arch"], capture_output=True,
+                              text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 # CUDA_HOME must be right before torch.utils.cpp_extension is imported: it guesses at import time.
 CUDA_HOME = None if os.environ.get("RINGREDUCE_FORCE_CPU") == "1" else find_cuda_home()
 if CUDA_HOME:
     os.environ["CUDA_HOME"] = CUDA_HOME
-os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+if CUDA_HOME and "TORCH_CUDA_ARCH_LIST" not in os.environ:
+    os.environ["TORCH_CUDA_ARCH_LIST"] = default_cuda_archs(_nvcc_arch_list(CUDA_HOME))
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
 
 import torch  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402

@@ -4,14 +4,27 @@
 ``ringreduce.all_gather`` call :func:`cuda_ring_half` for CUDA tensors after their local checks
 (dtype/op, group membership; numel 0 and world size 1 return before). What happens here:
 
-* **One NCCL communicator per (process group, device)**, created lazily by the first CUDA call on
-  the group, on the tensor's device: rank 0 of the group draws an NCCL unique id and publishes it
-  through the group's own c10d store (``_get_process_group_store(group)``) under
-  ``ringreduce/nccl_uid/<generation>``, where the generation counts the communicators this process
-  created for the group (the same on every rank, since creation is collective and in call order).
-  The communicator is non-blocking (``config.blocking = 0``), has its own communication and reduce
-  streams, <= 8 MiB of staging, and a watchdog thread that aborts it on an NCCL error or when a
-  started call exceeds the timeout (``RINGREDUCE_TIMEOUT`` seconds, else the group's timeout).
+What has run on a GPU: **nothing yet.** This path was written and reviewed on machines without a
+GPU. What runs there: the kernels' body and the ring driver on simulated streams
+(tests/test_cuda_logic.py), the real CudaRing/NcclComm host logic (watchdog, abort, shutdown,
+timeouts, device guard) on a fake CUDA runtime (tests/cpp/cuda/test_cuda_ring_fake.cpp), this
+module's registry with a fake native layer (tests/test_cuda_registry.py), and the CUDA build and
+its import. The GPU suite (``pytest -m gpu``) and ``scripts/gpu_check.sh`` have not run yet; run
+``scripts/gpu_check.sh`` first on a GPU machine.
+
+* **One NCCL communicator per process group, on one GPU**, created lazily by the first CUDA call
+  on the group, on the tensor's device; a later tensor of that group on another device raises
+  ValueError (Note [One GPU per group]). Rank 0 of the group draws an NCCL unique id and publishes
+  it through the group's own c10d store (``_get_process_group_store(group)``) under
+  ``ringreduce/nccl_uid/<group name>/<generation>``, the generation drawn from a ``store.add``
+  counter of the group (Note [Communicator rendezvous keys]); the key is deleted once every rank
+  read it. Init and first connections may take the store's timeout; each later call
+  ``RINGREDUCE_TIMEOUT`` seconds (else the group's timeout). The communicator is non-blocking
+  (``config.blocking = 0``), has its own communication and reduce streams (never destroyed: the
+  caching allocator may still record events on them), <= 8 MiB of staging, and a watchdog thread
+  that aborts it on an NCCL error or when a call exceeds the timeout, counted from the moment the
+  communication stream reaches the call (calls queued behind others are not charged for them).
+  In-flight calls are marked failed before the abort, so an aborted call never reads as success.
   After an abort every later call on the group raises ``torch.distributed.DistBackendError``;
   create a new group to continue. Communicators are aborted at interpreter exit (atexit), never
   from static destructors.
@@ -34,9 +47,13 @@
   for the result (the host does not block); ``async_op=True`` returns a :class:`~ringreduce.Work`
   whose ``wait()`` makes the *current* stream wait (``wait(timeout=...)`` also blocks the host up
   to the timeout) and whose ``get_future()`` is CUDA-aware (completed with events, no host sync;
-  its value is ``[tensor]``). Tensors are protected from the caching allocator while the internal
-  streams use them, so freeing one right after the call is safe. CUDA graph capture is refused with
-  a RuntimeError.
+  its value is ``[tensor]``; it completes when the call is enqueued). Tensors are protected from
+  the caching allocator (before anything is enqueued) while the internal streams use them, so
+  freeing one right after the call is safe. CUDA graph capture is refused with a RuntimeError
+  before anything runs (also with ``RINGREDUCE_CHECK=1``); a capture on *another* thread is not
+  disturbed by the watchdog. A call inside the caller's own NCCL group (``ncclGroupStart``, as
+  torch's ``_coalescing_manager`` and ``batch_isend_irecv`` open) raises RuntimeError and leaves
+  the group unusable.
 * ``RINGREDUCE_CHECK=1`` turns on the cross-rank agreement check (one fixed-size frame around the
   ring before the payload; it synchronizes the host once per call). Without it, ranks that disagree
   behave as NCCL does until the watchdog timeout aborts the communicator.
@@ -67,6 +84,7 @@ communicators whose operations are enqueued in a different order on different ra
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from typing import Any
 
@@ -77,13 +95,14 @@ from ringreduce import _config
 from ringreduce._groups import GroupInfo
 from ringreduce.work import Work
 
-_UID_KEY = "ringreduce/nccl_uid/{generation}"
+_UID_KEY = "ringreduce/nccl_uid/{group}/{generation}"
+_COUNTER_KEY = "ringreduce/nccl_generation/{group}"
 
-_lock = threading.Lock()
-# (id(process group), device index) -> (process group, NcclComm). The group is held so that its id
-# cannot be reused by a new group while the communicator lives.
-_comms: dict[tuple[int, int], tuple[Any, Any]] = {}
-_generations: dict[int, int] = {}
+_lock = threading.Lock()  # guards the dicts below; never held while waiting for other ranks
+# id(process group) -> (process group, device index, NcclComm). One device per group and process
+# (Note [One GPU per group]); the group is held so that its id cannot be reused while it lives.
+_comms: dict[int, tuple[Any, int, Any]] = {}
+_creating: dict[int, threading.Lock] = {}  # id(process group) -> its creation lock
 _shut_down = False
 
 
@@ -105,51 +124,120 @@ def _timeout_ms(pg: dist.ProcessGroup) -> int:
     return ms if ms > 0 else int(_native().cuda_group_timeout_ms(pg))
 
 
+def _group_key(pg: dist.ProcessGroup) -> str:
+    """A name of `pg` that every rank shares and that a later group does not reuse by accident."""
+    try:
+        name = dist.distributed_c10d._get_process_group_name(pg)
+    except Exception:  # noqa: BLE001 - a group torch does not know by name
+        name = getattr(pg, "group_name", "") or ""
+    return name or "default"
+
+
+def _rendezvous_uid(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int) -> tuple[bytes, int]:
+    """Rank 0's fresh NCCL unique id, through the group's store, and its generation.
+
+    Note [Communicator rendezvous keys]: the key is ``nccl_uid/<group name>/<generation>``, where
+    the generation comes from an atomic ``store.add`` counter of the group (each rank adds 1; the
+    creations of one group are collective and in the same order on every rank, so ``(value - 1) //
+    size`` is the same everywhere). A reused ``id(pg)`` or a store reused by an earlier job cannot
+    make ranks read an old id: the counter lives in the same store and only grows, and the last
+    rank to read an id deletes its key.
+    """
+    store = dist.distributed_c10d._get_process_group_store(pg)
+    group = _group_key(pg)
+    generation = (int(store.add(_COUNTER_KEY.format(group=group), 1)) - 1) // pg_size
+    uid_key = _UID_KEY.format(group=group, generation=generation)
+    if pg_rank == 0:
+        store.set(uid_key, C.nccl_unique_id())
+    uid = store.get(uid_key)  # blocks until rank 0 published it (store timeout)
+    if int(store.add(uid_key + "/read", 1)) == pg_size:
+        for k in (uid_key, uid_key + "/read"):
+            try:
+                store.delete_key(k)
+            except Exception:  # noqa: BLE001 - a store without deletion: the key is never read again
+                pass
+    return uid, generation
+
+
+def _connect_timeout_ms(pg: dist.ProcessGroup, op_timeout_ms: int) -> int:
+    """Communicator init and first connections: at least the store's timeout (NCCL init of many GPUs
+    can take longer than a short RINGREDUCE_TIMEOUT)."""
+    try:
+        store = dist.distributed_c10d._get_process_group_store(pg)
+        store_ms = int(store.timeout.total_seconds() * 1000)
+    except Exception:  # noqa: BLE001 - a store without a timeout
+        store_ms = 0
+    return max(op_timeout_ms, store_ms)
+
+
 def communicator(info: GroupInfo, device: torch.device) -> Any:
-    """The NCCL communicator of `info`'s process group on `device`, created on first use.
+    """The NCCL communicator of `info`'s process group, on `device`, created on first use.
 
     Creation is collective over every rank of ``info.pg`` (not only the ring's members: a ring over
     a rank list of the group runs over the group's communicator). Its ranks are the group's ranks.
+    Note [One GPU per group]: a process uses one GPU per group; a tensor on another device raises
+    ValueError (a second communicator created on one rank only would hang the others).
     """
     if device.type != "cuda" or device.index is None:
         raise ValueError(f"ringreduce: expected a CUDA device with an index, got {device}")
-    key = (id(info.pg), device.index)
+    key = id(info.pg)
     with _lock:
         if _shut_down:
             raise RuntimeError("ringreduce: the GPU path was shut down (interpreter exit)")
-        entry = _comms.get(key)
+        creating = _creating.setdefault(key, threading.Lock())
+    with creating:  # other groups' calls go on meanwhile; this group's wait for the first
+        with _lock:
+            entry = _comms.get(key)
         if entry is not None:
-            return entry[1]
+            _, pinned, comm = entry
+            if pinned != device.index:
+                raise ValueError(
+                    f"ringreduce: group {info.name} runs on cuda:{pinned} in this process, but got a tensor on "
+                    f"{device}. Each rank uses one GPU per group (NCCL allows one device per rank): move the "
+                    f"tensor to cuda:{pinned}, or use another process group for the other GPU."
+                )
+            return comm
         C = _native()
         # The group's ranks, not the ring's indices (info.rank/info.size describe the ring).
         pg_rank = dist.get_rank(info.pg)
         pg_size = dist.get_world_size(info.pg)
-        generation = _generations.get(id(info.pg), 0)
-        _generations[id(info.pg)] = generation + 1
-        store = dist.distributed_c10d._get_process_group_store(info.pg)
-        uid_key = _UID_KEY.format(generation=generation)
-        if pg_rank == 0:
-            store.set(uid_key, C.nccl_unique_id())
-        uid = store.get(uid_key)  # blocks until rank 0 published it (store timeout)
+        uid, generation = _rendezvous_uid(C, info.pg, pg_rank, pg_size)
         label = info.name if not info.members else f"process group of {info.name}"
+        timeout_ms = _timeout_ms(info.pg)
         comm = C.NcclComm(
             uid,
             pg_size,
             pg_rank,
             device.index,
-            _timeout_ms(info.pg),
+            timeout_ms,
             f"ringreduce {label} on cuda:{device.index} (generation {generation})",
             _config.num_slots() or _config.DEFAULT_NUM_SLOTS,
+            _connect_timeout_ms(info.pg, timeout_ms),
         )
-        _comms[key] = (info.pg, comm)
+        with _lock:
+            _comms[key] = (info.pg, device.index, comm)
         return comm
+
+
+def _default_device() -> torch.device:
+    """The current CUDA device, unless that is surely not this rank's GPU (Note [One GPU per group])."""
+    current = torch.cuda.current_device()
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None and local.isdigit() and int(local) != current and torch.cuda.device_count() > int(local):
+        raise ValueError(
+            f"ringreduce.init_communicator: the current CUDA device is cuda:{current} but LOCAL_RANK is {local}; "
+            f"call torch.cuda.set_device({local}) first or pass device=torch.device('cuda', {local}) (otherwise "
+            "several ranks would use one GPU and NCCL refuses that)"
+        )
+    return torch.device("cuda", current)
 
 
 def init_communicator(group: Any = None, device: torch.device | int | None = None) -> None:
     """Creates the NCCL communicator of `group` on `device` now (collective over the whole group).
 
     `group`: None (WORLD), a ProcessGroup or a DeviceMesh (a multi-dimensional sub-mesh uses
-    WORLD's communicator); `device`: default the current CUDA device. Optional: the first CUDA call
+    WORLD's communicator); `device`: default the current CUDA device (ValueError if that is not
+    ``cuda:$LOCAL_RANK`` where LOCAL_RANK is set and such a GPU exists). Optional: the first CUDA call
     on the group does the same. Useful before calls on DeviceMesh sub-meshes that only some ranks
     make. A rank outside `group` does nothing.
     """
@@ -159,10 +247,21 @@ def init_communicator(group: Any = None, device: torch.device | int | None = Non
     if info is None:
         return
     if device is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = _default_device()
     elif isinstance(device, int):
         device = torch.device("cuda", device)
     communicator(info, device)
+
+
+def _check_on_comm(t: torch.Tensor, comm: Any, what: str) -> None:
+    if not t.is_cuda:
+        raise ValueError(f"ringreduce: the {what} must be a CUDA tensor, got one on {t.device}")
+    if t.layout != torch.strided:
+        raise ValueError(f"ringreduce: only dense (strided) tensors are supported, got {t.layout}")
+    if t.device.index != comm.device:
+        raise ValueError(
+            f"ringreduce: the {what} is on {t.device} but this group's NCCL communicator is on cuda:{comm.device}"
+        )
 
 
 def _members(info: GroupInfo, members: Any) -> list[int]:
@@ -194,6 +293,7 @@ def cuda_all_reduce(
     if not tensor.is_cuda:
         raise ValueError(f"ringreduce: cuda_all_reduce needs a CUDA tensor, got one on {tensor.device}")
     comm = communicator(info, tensor.device)
+    _check_on_comm(tensor, comm, "tensor")
     handle = _native().cuda_all_reduce(
         comm,
         tensor,
@@ -243,6 +343,12 @@ def cuda_ring_half(
             f"ringreduce: {_HALF_NAMES[kind]} on the GPU needs CUDA tensors, got {tensor.device} and {output.device}"
         )
     comm = communicator(info, tensor.device)
+    _check_on_comm(tensor, comm, "input")
+    _check_on_comm(output, comm, "output")
+    if tensor.dtype != output.dtype:
+        raise TypeError(f"ringreduce: output ({output.dtype}) and input ({tensor.dtype}) must have one dtype")
+    if kind == 4 and not (output.is_contiguous() and not output.is_conj() and not output.is_neg()):
+        raise ValueError("ringreduce.all_gather: the output must be a plain contiguous tensor")
     handle = _native().cuda_ring_half(
         comm,
         tensor,
@@ -299,17 +405,17 @@ def abort_all(reason: str = "interpreter exit") -> None:
         _shut_down = True
         entries = list(_comms.values())
         _comms.clear()
-    for _, comm in entries:
-        comm.abort(reason)
+    for _, _, comm in entries:
+        comm.abort(reason, at_exit=reason == "interpreter exit")
 
 
 def release_group(group: dist.ProcessGroup) -> None:
     """Aborts and forgets the communicators of `group` (e.g. before dist.destroy_process_group)."""
     with _lock:
-        keys = [k for k in _comms if k[0] == id(group)]
-        entries = [_comms.pop(k) for k in keys]
-    for _, comm in entries:
-        comm.abort("the process group was released")
+        entry = _comms.pop(id(group), None)
+        _creating.pop(id(group), None)
+    if entry is not None:
+        entry[2].abort("the process group was released")
 
 
 atexit.register(abort_all)

@@ -14,13 +14,23 @@ from ringreduce._interrupt import wait_sliced
 class Work:
     """Handle of an ``async_op=True`` call.
 
-    ``wait(timeout=None)`` blocks until the call completed and returns True; it raises the call's
-    error (``RuntimeError`` for a cross-rank mismatch, ``torch.distributed.DistBackendError`` for a
-    dead peer or transport timeout) and raises ``RuntimeError`` if ``timeout`` (a
-    ``datetime.timedelta``) passes first. Ctrl-C interrupts a blocked ``wait()`` (KeyboardInterrupt
-    within about 0.1 s) and leaves the group unusable on this rank (Note [Ctrl-C] in
-    ringreduce/_interrupt.py). ``get_future()`` returns a ``torch.futures.Future`` whose
-    value is ``[tensor]`` (a list, as torch.distributed's), completed by ringreduce's worker.
+    CPU tensors: ``wait(timeout=None)`` blocks the host until the call completed and returns True;
+    it raises the call's error (``RuntimeError`` for a cross-rank mismatch,
+    ``torch.distributed.DistBackendError`` for a dead peer or transport timeout) and raises
+    ``RuntimeError`` if ``timeout`` (a ``datetime.timedelta``) passes first. Ctrl-C interrupts a
+    blocked ``wait()`` (KeyboardInterrupt within about 0.1 s) and leaves the group unusable on this
+    rank (Note [Ctrl-C] in ringreduce/_interrupt.py). ``get_future()`` returns a
+    ``torch.futures.Future`` whose value is ``[tensor]`` (a list, as torch.distributed's), completed
+    by ringreduce's worker when the call is done.
+
+    CUDA tensors, as torch.distributed's NCCL Work: ``wait()`` does **not** block the host; it makes
+    the *current CUDA stream* wait for the call (and raises at once if the call already failed).
+    ``wait(timeout=...)`` also blocks the host up to ``timeout``. ``is_completed()`` polls the GPU.
+    ``get_future()`` is CUDA-aware and completes when the call is *enqueued*, not when it ran:
+    ``.wait()``/``.then()`` on it order streams, and a host timestamp taken in a callback is the
+    launch time, not the time the data arrived. To know the call finished on the GPU, use
+    ``wait(timeout=...)`` or ``torch.cuda.synchronize()``. A call that failed later (watchdog
+    timeout, dead peer) raises on the next ``wait``/``is_success``/call on its group.
     """
 
     def __init__(

@@ -726,8 +726,8 @@ class _FakeNative:
     def cuda_group_timeout_ms(self, pg):
         return 1000
 
-    def NcclComm(self, uid, nranks, rank, device, timeout_ms, name, num_slots):  # noqa: N802 - mirrors _C
-        comm = ("comm", nranks, rank, device, name)
+    def NcclComm(self, uid, nranks, rank, device, timeout_ms, name, num_slots, connect_timeout_ms=0):  # noqa: N802
+        comm = _FakeComm(("comm", nranks, rank, device, name))
         self.comms.append(comm)
         return comm
 
@@ -743,9 +743,26 @@ class _FakeNative:
         self.calls.append(("refuse", comm, kind, list(members)))
 
 
+class _FakeComm(tuple):
+    @property
+    def device(self):
+        return self[3]
+
+
 class _FakeCudaTensor:
     is_cuda = True
     device = torch.device("cuda", 0)
+    layout = torch.strided
+    dtype = torch.float32
+
+    def is_contiguous(self):
+        return True
+
+    def is_conj(self):
+        return False
+
+    def is_neg(self):
+        return False
 
 
 @pytest.fixture()
@@ -763,7 +780,7 @@ def fake_cuda(monkeypatch, tmp_path):
     fake = _FakeNative()
     monkeypatch.setattr(_cuda, "_native", lambda: fake)
     monkeypatch.setattr(_cuda, "_comms", {})
-    monkeypatch.setattr(_cuda, "_generations", {})
+    monkeypatch.setattr(_cuda, "_creating", {})
     monkeypatch.setenv("RINGREDUCE_CHECK", "1")
     try:
         yield _cuda, fake, dist.group.WORLD

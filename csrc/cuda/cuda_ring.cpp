@@ -1,7 +1,10 @@
 #include "cuda_ring.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <vector>
 
 #include "cuda_check.h"
 #include "reduce_kernels.cuh"
@@ -13,15 +16,32 @@ namespace {
 constexpr auto kHostPoll = std::chrono::microseconds(20);
 constexpr auto kWatchdogBusyPoll = std::chrono::milliseconds(1);
 constexpr auto kWatchdogIdlePoll = std::chrono::milliseconds(100);
+constexpr auto kMaxDrain = std::chrono::milliseconds(10000);
+
+// Note [Streams outlive the ring] (cuda_ring.h): per device, the stream pairs of shut-down rings.
+// Deliberately leaked (never destroyed, not even by a static destructor at exit).
+struct StreamPair {
+  cudaStream_t comm = nullptr;
+  cudaStream_t compute = nullptr;
+};
+std::mutex& streamPoolMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+std::map<int, std::vector<StreamPair>>& streamPool() {
+  static auto* pool = new std::map<int, std::vector<StreamPair>>;
+  return *pool;
+}
 
 // Polls `event` until it fired; throws kBackend on a CUDA error, when `comm` was aborted, or when
 // `deadline` passes (then `on_timeout` names what timed out).
 void hostWait(cudaEvent_t event, NcclComm& comm, std::chrono::steady_clock::time_point deadline,
               const std::string& what) {
   while (true) {
-    const cudaError_t q = cudaEventQuery(event);
-    if (q == cudaSuccess) return;
-    if (q != cudaErrorNotReady) RR_CUDA_CHECK(q);
+    if (eventFired(event)) {
+      comm.checkUsable();  // fired because an abort let the kernels exit: the data is garbage
+      return;
+    }
     comm.checkUsable();
     if (std::chrono::steady_clock::now() > deadline) {
       RR_THROW(kBackend, "ringreduce: ", what, " on ", comm.name(), " (rank ", comm.rank(), " of ", comm.size(),
@@ -70,13 +90,22 @@ CudaWork::CudaWork(std::shared_ptr<EventPool> pool, std::shared_ptr<NcclComm> co
 CudaWork::~CudaWork() {
   pool_->release(start_);
   pool_->release(done_);
+  pool_->release(timer_);
 }
 
 void CudaWork::fail(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (state_.load() == kDone) return;
-  error_ = reason;
-  state_.store(kFailed);
+  int expected = kPending;
+  if (state_.compare_exchange_strong(expected, kFailed)) error_ = reason;
+}
+
+void CudaWork::settle() {
+  if (comm_->aborted()) {
+    fail("the NCCL communicator was aborted before the call was seen to finish: " + comm_->abortReason());
+    return;
+  }
+  int expected = kPending;
+  state_.compare_exchange_strong(expected, kDone);
 }
 
 std::string CudaWork::error() const {
@@ -85,15 +114,10 @@ std::string CudaWork::error() const {
 }
 
 bool CudaWork::isCompleted() {
-  const int s = state_.load();
-  if (s != kPending) return true;
-  const cudaError_t q = cudaEventQuery(done_);
-  if (q == cudaSuccess) {
-    markDone();
-    return true;
-  }
-  if (q != cudaErrorNotReady) RR_CUDA_CHECK(q);
-  return false;
+  if (state_.load() != kPending) return true;
+  if (!eventFired(done_)) return false;
+  settle();
+  return true;
 }
 
 void CudaWork::streamWait(cudaStream_t stream) {
@@ -119,6 +143,23 @@ void CudaWork::synchronize(std::chrono::milliseconds timeout) {
   }
 }
 
+bool CudaWork::wait(cudaStream_t stream, int64_t timeout_ms) {
+  streamWait(stream);
+  if (timeout_ms < 0) return true;
+  try {
+    synchronize(std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 1));
+  } catch (const Error&) {
+    if (!isCompleted()) return false;  // still running: the caller reports the timeout
+    throw;
+  }
+  return true;
+}
+
+std::string CudaWork::errorMessage() const {
+  const std::string e = error();
+  return e.empty() ? e : "ringreduce: CUDA " + what_ + " #" + std::to_string(seq_) + " failed: " + e;
+}
+
 // ---- CudaBackend: the DeviceBackend of real GPUs -------------------------------------------------
 
 class CudaBackend final : public DeviceBackend {
@@ -128,6 +169,7 @@ class CudaBackend final : public DeviceBackend {
       : ring_(ring), work_(work), dtype_(dtype), caller_(caller), epilogue_(epilogue) {}
 
   bool enqueuedAnything() const { return enqueued_; }
+  bool timerRecorded() const { return work_.timer_recorded_; }
 
   void prepare(int32_t num_events) override {
     while (static_cast<int32_t>(ring_.plan_events_.size()) < num_events)
@@ -140,6 +182,11 @@ class CudaBackend final : public DeviceBackend {
   void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
                 int recv_peer) override {
     enqueued_ = true;
+    if (!work_.timer_recorded_) {
+      // The call's timeout starts when the comm stream reaches its first exchange.
+      RR_CUDA_CHECK(cudaEventRecord(work_.timer_, ring_.comm_stream_));
+      work_.timer_recorded_ = true;
+    }
     ring_.comm_->sendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, ring_.comm_stream_);
   }
 
@@ -212,11 +259,22 @@ CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots, int64_t st
            num_slots_, " slots");
   DeviceGuard guard(comm_->device());
   try {
-    int lo = 0, hi = 0;
-    RR_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-    // The communication stream gets the higher priority: its kernels are tiny and gate the peers.
-    RR_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi));
-    RR_CUDA_CHECK(cudaStreamCreateWithPriority(&compute_stream_, cudaStreamNonBlocking, lo));
+    {
+      std::lock_guard<std::mutex> pool_lock(streamPoolMutex());
+      auto& free_pairs = streamPool()[comm_->device()];
+      if (!free_pairs.empty()) {
+        comm_stream_ = free_pairs.back().comm;
+        compute_stream_ = free_pairs.back().compute;
+        free_pairs.pop_back();
+      }
+    }
+    if (comm_stream_ == nullptr) {
+      int lo = 0, hi = 0;
+      RR_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+      // The communication stream gets the higher priority: its kernels are tiny and gate the peers.
+      RR_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi));
+      RR_CUDA_CHECK(cudaStreamCreateWithPriority(&compute_stream_, cudaStreamNonBlocking, lo));
+    }
     RR_CUDA_CHECK(cudaMalloc(&staging_, static_cast<size_t>(slot_bytes_) * num_slots_));
     RR_CUDA_CHECK(cudaMalloc(&frames_dev_, kFrameBytes * static_cast<size_t>(comm_->size())));
     RR_CUDA_CHECK(cudaMallocHost(&frames_host_, kFrameBytes * static_cast<size_t>(comm_->size())));
@@ -232,6 +290,17 @@ CudaRing::~CudaRing() { shutdown("the ring was destroyed"); }
 void CudaRing::checkOpen() const {
   RR_CHECK(!shut_down_, kBackend, "ringreduce: the NCCL communicator ", comm_->name(),
            " was shut down (process exit or an explicit abort)");
+  RR_CHECK(poisoned_.empty(), kRuntime, poisoned_);
+}
+
+void CudaRing::checkNotCapturing(cudaStream_t caller, const std::string& what) const {
+  DeviceGuard guard(device());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  RR_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture));
+  RR_CHECK(capture == cudaStreamCaptureStatusNone, kRuntime,
+           "ringreduce: ", what, " on CUDA tensors cannot be captured in a CUDA graph (its NCCL "
+           "communicator is non-blocking and its ring is driven from the host); call it outside "
+           "torch.cuda.graph() or use the torch.distributed collective inside the graph");
 }
 
 PlanOptions CudaRing::planOptions(RedOp op, bool accum_float32, int64_t segment_bytes) const {
@@ -248,6 +317,7 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
                                             const std::vector<int>& ring_key, const std::string& what,
                                             cudaStream_t caller, bool caller_waits,
                                             const std::function<void()>& epilogue) {
+  checkNotCapturing(caller, what);  // first: nothing of a captured call may run
   std::lock_guard<std::mutex> lock(call_mu_);
   checkOpen();
   comm_->checkUsable();
@@ -268,17 +338,12 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
                " ranks");
   }
   DeviceGuard guard(device());
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  RR_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture));
-  RR_CHECK(capture == cudaStreamCaptureStatusNone, kRuntime,
-           "ringreduce: ", what, " on CUDA tensors cannot be captured in a CUDA graph (its NCCL "
-           "communicator is non-blocking and its ring is driven from the host); call it outside "
-           "torch.cuda.graph() or use the torch.distributed collective inside the graph");
 
   uint64_t& seq = next_seq_[ring_key];
   std::shared_ptr<CudaWork> work(new CudaWork(pool_, comm_, seq, device(), what));
   work->start_ = pool_->acquire();
   work->done_ = pool_->acquire();
+  work->timer_ = pool_->acquire();
   DeviceBuffers buffers;
   buffers.data = data;
   buffers.accum = accum;
@@ -289,13 +354,19 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
   CudaBackend backend(*this, *work, dtype, caller, epilogue);
   try {
     enqueueRingStages(stages, buffers, backend, caller_waits);
+    if (!backend.timerRecorded()) {
+      RR_CUDA_CHECK(cudaEventRecord(work->timer_, comm_stream_));  // a call without exchanges
+      work->timer_recorded_ = true;
+    }
   } catch (const std::exception& e) {
-    if (backend.enqueuedAnything()) {
+    if (comm_->insideUserGroup()) {
+      // Note [Inside a user's NCCL group]: our first exchange belongs to the user's group and
+      // runs when it ends; aborting would free a communicator that group still uses. Earlier
+      // calls are unaffected and stay with the watchdog.
+      poisoned_ = e.what();
+    } else if (backend.enqueuedAnything()) {
       // Half a ring is on the streams and the peers wait for the rest: only an abort unblocks them.
-      const std::string reason = std::string("enqueueing ") + what + " #" + std::to_string(seq) +
-                                 " failed: " + e.what();
-      comm_->abort(reason);
-      failAll(reason);
+      failAndAbort(std::string("enqueueing ") + what + " #" + std::to_string(seq) + " failed: " + e.what());
     }
     throw;
   }
@@ -340,9 +411,11 @@ std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine, const RingMembers
     RR_CUDA_CHECK(cudaEventRecord(done, comm_stream_));
     hostWait(done, *comm_, std::chrono::steady_clock::now() + comm_->timeout(), "the agreement check");
   } catch (const std::exception& e) {
-    const std::string reason = std::string("agreement check failed: ") + e.what();
-    comm_->abort(reason);
-    failAll(reason);
+    if (comm_->insideUserGroup()) {
+      poisoned_ = e.what();
+    } else {
+      failAndAbort(std::string("agreement check failed: ") + e.what());
+    }
     pool_->release(done);
     throw;
   }
@@ -358,8 +431,17 @@ void CudaRing::failAll(const std::string& reason) {
   in_flight_.clear();
 }
 
+void CudaRing::failAndAbort(const std::string& reason) {
+  failAll(reason);
+  comm_->abort(reason);
+}
+
 void CudaRing::watchdogLoop() {
   (void)cudaSetDevice(device());  // events and NCCL state of this device; failures show up below
+  // Note [Polling events from any thread]: this thread never captures, so its queries may run in
+  // relaxed mode for good (eventFired() also relaxes per query).
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
   std::unique_lock<std::mutex> lock(wd_mu_);
   while (!wd_stop_) {
     wd_cv_.wait_for(lock, in_flight_.empty() ? kWatchdogIdlePoll : kWatchdogBusyPoll);
@@ -369,28 +451,22 @@ void CudaRing::watchdogLoop() {
     const auto now = std::chrono::steady_clock::now();
     for (auto it = in_flight_.begin(); it != in_flight_.end();) {
       CudaWork& w = **it;
-      const cudaError_t q = cudaEventQuery(w.done_);
-      if (q == cudaSuccess) {
-        w.markDone();
-        it = in_flight_.erase(it);
-        continue;
-      }
-      if (q != cudaErrorNotReady) {
-        reason = std::string("CUDA error while ") + w.what_ + " #" + std::to_string(w.seq_) + " was running: " +
-                 cudaGetErrorString(q);
-        break;
-      }
-      if (!w.started_) {
-        // The timeout runs from the moment the call's start event fired on the GPU, i.e. once the
-        // work queued before it on the caller's stream is done.
-        const cudaError_t s = cudaEventQuery(w.start_);
-        if (s == cudaSuccess) {
+      try {
+        if (eventFired(w.done_)) {
+          w.settle();
+          it = in_flight_.erase(it);
+          continue;
+        }
+        // The timeout runs from the call's timer event: the comm stream reached its first
+        // exchange, i.e. the caller's prior work and the previous call are done.
+        if (!w.started_ && w.timer_recorded_ && eventFired(w.timer_)) {
           w.started_ = true;
           w.started_at_ = now;
-        } else if (s != cudaErrorNotReady) {
-          reason = std::string("CUDA error: ") + cudaGetErrorString(s);
-          break;
         }
+      } catch (const std::exception& e) {
+        reason = std::string("CUDA error while ") + w.what_ + " #" + std::to_string(w.seq_) + " was running: " +
+                 e.what();
+        break;
       }
       if (w.started_ && now - w.started_at_ > comm_->timeout()) {
         reason = w.what_ + " #" + std::to_string(w.seq_) + " did not finish within " +
@@ -404,20 +480,23 @@ void CudaRing::watchdogLoop() {
     if (!reason.empty()) {
       std::fprintf(stderr, "[ringreduce watchdog] rank %d of %d, communicator %s: %s; aborting the NCCL communicator\n",
                    rank(), size(), comm_->name().c_str(), reason.c_str());
-      comm_->abort(reason);
-      for (auto& w : in_flight_) w->fail(reason);
+      for (auto& w : in_flight_) w->fail(reason);  // failed before aborted (cuda_ring.h)
       in_flight_.clear();
+      comm_->abort(reason);
     }
   }
 }
 
-void CudaRing::shutdown(const std::string& reason) {
+void CudaRing::shutdown(const std::string& reason, bool at_exit) {
   {
     std::lock_guard<std::mutex> lock(wd_mu_);
     if (shut_down_) return;
     shut_down_ = true;
     wd_stop_ = true;
   }
+  // Abort first, without call_mu_: a call blocked in NcclComm::waitReady() holds call_mu_ and
+  // sees the abort at its next poll.
+  failAndAbort("the communicator was shut down: " + reason);
   wd_cv_.notify_all();
   if (watchdog_.joinable()) {
     if (watchdog_.get_id() == std::this_thread::get_id()) {
@@ -427,27 +506,45 @@ void CudaRing::shutdown(const std::string& reason) {
     }
   }
   std::lock_guard<std::mutex> call_lock(call_mu_);
-  comm_->abort("shut down: " + reason);
-  failAll("the communicator was shut down: " + reason);
-  // After the abort NCCL's kernels return, so the streams drain; free nothing the GPU may still use.
+  failAll("the communicator was shut down: " + reason);  // a call enqueued meanwhile
+  // After the abort NCCL's kernels return and the streams drain; wait for that with a deadline and
+  // free nothing the GPU may still use.
   int previous = -1;
-  const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   if (previous != device()) (void)cudaSetDevice(device());
-  if (comm_stream_ != nullptr) (void)cudaStreamSynchronize(comm_stream_);
-  if (compute_stream_ != nullptr) (void)cudaStreamSynchronize(compute_stream_);
+  const auto deadline = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(comm_->timeout(), kMaxDrain);
+  bool drained = false;
+  while (comm_stream_ != nullptr) {
+    const cudaError_t a = cudaStreamQuery(comm_stream_);
+    const cudaError_t b = compute_stream_ != nullptr ? cudaStreamQuery(compute_stream_) : cudaSuccess;
+    if (a != cudaSuccess || b != cudaSuccess) (void)cudaGetLastError();
+    if (a != cudaErrorNotReady && b != cudaErrorNotReady) {
+      drained = a == cudaSuccess && b == cudaSuccess;
+      break;
+    }
+    if (std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (comm_stream_ != nullptr && !drained && !at_exit) {
+    std::fprintf(stderr, "[ringreduce] rank %d: the streams of %s did not drain after the abort; its staging is "
+                 "leaked\n", rank(), comm_->name().c_str());
+  }
   for (cudaEvent_t e : plan_events_) pool_->release(e);
   plan_events_.clear();
   pool_->release(stage_event_);
   stage_event_ = nullptr;
   last_work_.reset();
-  if (staging_ != nullptr) (void)cudaFree(staging_);
-  if (frames_dev_ != nullptr) (void)cudaFree(frames_dev_);
-  if (frames_host_ != nullptr) (void)cudaFreeHost(frames_host_);
-  staging_ = frames_dev_ = frames_host_ = nullptr;
-  if (comm_stream_ != nullptr) (void)cudaStreamDestroy(comm_stream_);
-  if (compute_stream_ != nullptr) (void)cudaStreamDestroy(compute_stream_);
+  if (drained && !at_exit && compute_stream_ != nullptr) {
+    if (staging_ != nullptr) (void)cudaFree(staging_);
+    if (frames_dev_ != nullptr) (void)cudaFree(frames_dev_);
+    if (frames_host_ != nullptr) (void)cudaFreeHost(frames_host_);
+    staging_ = frames_dev_ = frames_host_ = nullptr;
+    std::lock_guard<std::mutex> pool_lock(streamPoolMutex());
+    streamPool()[device()].push_back(StreamPair{comm_stream_, compute_stream_});
+  }
+  // Note [Streams outlive the ring]: never cudaStreamDestroy; undrained streams are left as they are.
   comm_stream_ = compute_stream_ = nullptr;
-  if (have_previous && previous != device()) (void)cudaSetDevice(previous);
+  restoreDevice(previous);
 }
 
 }  // namespace rr

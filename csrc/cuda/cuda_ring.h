@@ -29,6 +29,17 @@
 //   return, the streams drain (the results are garbage), every in-flight CudaWork is marked
 //   failed, and every later call on the ring throws rr::Error(kBackend). The watchdog prints
 //   the reason to stderr at once, since a synchronous caller may already have returned.
+// * Failed before aborted: the in-flight works are marked failed *before* the communicator is
+//   aborted, and a work becomes done (pending -> done, compare-exchange) only when its done event
+//   fired *and* the communicator is not aborted. An abort lets NCCL's kernels exit, so the done
+//   event of an aborted call fires over garbage; it must never read as success.
+// * The timeout of a call runs from its timer event, recorded on the communication stream right
+//   before its first exchange (after the caller's start event and the previous call), so calls
+//   queued behind others (DDP's buckets) are not charged for their predecessors.
+// * Note [Streams outlive the ring]: the caching allocator keeps the streams a tensor was
+//   recordStream'ed on and records events on them when the tensor is freed, possibly long after
+//   shutdown(). So the two streams are never destroyed: shutdown() drains them and hands them to
+//   a per-device pool from which the next ring on that device takes its streams.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -89,7 +100,14 @@ class CudaWork {
   // Blocks the host until the call finished; throws kBackend on failure or after `timeout`
   // (timeout <= 0: the ring's timeout; a timeout does not abort the communicator by itself).
   void synchronize(std::chrono::milliseconds timeout);
+  // torch.distributed's NCCL Work.wait(): `stream` waits for the call; with timeout_ms >= 0 the
+  // host also waits up to timeout_ms and gets false if the call is still running then. Throws
+  // kBackend if the call failed.
+  bool wait(cudaStream_t stream, int64_t timeout_ms);
+  // "" or "ringreduce: CUDA <what> #<seq> failed: <reason>".
+  std::string errorMessage() const;
   cudaEvent_t doneEvent() const { return done_; }
+  bool failed() const { return state_.load() == kFailed; }
 
  private:
   friend class CudaRing;
@@ -97,7 +115,8 @@ class CudaWork {
   CudaWork(std::shared_ptr<EventPool> pool, std::shared_ptr<NcclComm> comm, uint64_t seq, int device,
            std::string what);
   void fail(const std::string& reason);
-  void markDone() { state_.store(kDone); }
+  // The done event fired: done unless the communicator was aborted (then failed).
+  void settle();
 
   static constexpr int kPending = 0;
   static constexpr int kDone = 1;
@@ -110,6 +129,8 @@ class CudaWork {
   std::string what_;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t done_ = nullptr;
+  cudaEvent_t timer_ = nullptr;  // on the comm stream before the first exchange (the timeout's start)
+  bool timer_recorded_ = false;
   std::atomic<int> state_{kPending};
   mutable std::mutex mu_;
   std::string error_;
@@ -163,15 +184,23 @@ class CudaRing {
   // The `seq` of the next call on the ring `ring_key` (frames carry it; empty: the whole group).
   uint64_t nextSeq(const std::vector<int>& ring_key = {}) const;
 
-  // Stops the watchdog (joined), aborts the communicator, frees streams and staging. Idempotent;
-  // never throws. In-flight works are marked failed with `reason`.
-  void shutdown(const std::string& reason);
+  // Throws kRuntime if `caller` is capturing a CUDA graph (before anything else of a call runs:
+  // the agreement check would otherwise run, fail and abort the communicator under capture).
+  void checkNotCapturing(cudaStream_t caller, const std::string& what) const;
+
+  // Marks the in-flight works failed, aborts the communicator (without waiting for a call in
+  // progress: it sees the abort at its next poll), stops the watchdog, then waits for the streams
+  // to drain for at most min(timeout, 10 s). Frees staging only if they drained and not
+  // `at_exit` (at interpreter exit the process frees everything). Idempotent; never throws.
+  void shutdown(const std::string& reason, bool at_exit = false);
   bool isShutdown() const { return shut_down_.load(); }
 
  private:
   friend class CudaBackend;
   void watchdogLoop();
   void failAll(const std::string& reason);
+  // failAll, then abort the communicator (Note [Ordering, lifetime, failure]).
+  void failAndAbort(const std::string& reason);
   void checkOpen() const;
 
   std::shared_ptr<NcclComm> comm_;
@@ -196,6 +225,7 @@ class CudaRing {
   bool wd_stop_ = false;
   std::thread watchdog_;
   std::atomic<bool> shut_down_{false};
+  std::string poisoned_;  // Note [Inside a user's NCCL group]: why the ring refuses calls (call_mu_)
 };
 
 }  // namespace rr

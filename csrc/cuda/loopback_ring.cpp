@@ -158,6 +158,7 @@ void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel
                        cudaStream_t caller, const LoopbackShape& shape) {
   const int n = static_cast<int>(data.size());
   RR_CHECK(n >= 1, kValue, "ringreduce loopback: need at least one rank");
+  RR_CHECK(shape.phases >= 1 && shape.phases <= 3, kValue, "ringreduce loopback: phases must be 1, 2 or 3");
   RR_CHECK(num_slots >= 1 && slot_bytes >= 256, kValue, "ringreduce loopback: bad staging");
   checkSupported(dtype, op);
   DeviceGuard guard(device);

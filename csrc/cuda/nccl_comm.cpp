@@ -1,6 +1,8 @@
 #include "nccl_comm.h"
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <thread>
 
 #include "cuda_check.h"
@@ -9,6 +11,9 @@ namespace rr {
 
 namespace {
 constexpr auto kPollInterval = std::chrono::microseconds(50);
+// Note [Non-blocking NCCL and abort]: poll busily first, then yielding, then sleeping.
+constexpr auto kBusyPoll = std::chrono::microseconds(200);
+constexpr auto kSpinPoll = std::chrono::microseconds(2000);
 
 std::string describeNccl(ncclResult_t r, ncclComm_t comm) {
   std::string s = ncclGetErrorString(r);
@@ -22,16 +27,47 @@ std::string describeNccl(ncclResult_t r, ncclComm_t comm) {
 }
 }  // namespace
 
+bool primaryContextActive(int device) {
+  // The driver API through the runtime's entry-point lookup: no link against libcuda, so the
+  // extension still loads on machines without a driver. CUdevice and CUresult are ints.
+  using DeviceGet = int (*)(int*, int);
+  using CtxState = int (*)(int, unsigned int*, int*);
+  static const std::pair<DeviceGet, CtxState> fns = []() {
+    void* get = nullptr;
+    void* state = nullptr;
+    cudaDriverEntryPointQueryResult r1 = cudaDriverEntryPointSymbolNotFound;
+    cudaDriverEntryPointQueryResult r2 = cudaDriverEntryPointSymbolNotFound;
+    const bool ok = cudaGetDriverEntryPointByVersion("cuDeviceGet", &get, 12000, cudaEnableDefault, &r1) ==
+                        cudaSuccess &&
+                    cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &state, 12000, cudaEnableDefault,
+                                                     &r2) == cudaSuccess &&
+                    r1 == cudaDriverEntryPointSuccess && r2 == cudaDriverEntryPointSuccess;
+    if (!ok) (void)cudaGetLastError();
+    return ok ? std::make_pair(reinterpret_cast<DeviceGet>(get), reinterpret_cast<CtxState>(state))
+              : std::make_pair(DeviceGet(nullptr), CtxState(nullptr));
+  }();
+  if (fns.first == nullptr || fns.second == nullptr) return true;  // cannot tell: behave as before
+  int dev = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (fns.first(&dev, device) != 0 || fns.second(dev, &flags, &active) != 0) return true;
+  return active != 0;
+}
+
+void restoreDevice(int previous) {
+  if (previous < 0) return;
+  int now = -1;
+  if (cudaGetDevice(&now) != cudaSuccess || now == previous) return;
+  if (!primaryContextActive(previous)) return;  // Note [Do not create a context on GPU 0]
+  if (cudaSetDevice(previous) != cudaSuccess) (void)cudaGetLastError();
+}
+
 DeviceGuard::DeviceGuard(int device) {
   RR_CUDA_CHECK(cudaGetDevice(&previous_));
   if (previous_ != device) RR_CUDA_CHECK(cudaSetDevice(device));
 }
 
-DeviceGuard::~DeviceGuard() {
-  int now = -1;
-  // A destructor must not throw; restoring the device cannot fail for a device we were on.
-  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
-}
+DeviceGuard::~DeviceGuard() { restoreDevice(previous_); }
 
 std::string NcclComm::newUniqueId() {
   ncclUniqueId id;
@@ -46,8 +82,15 @@ int NcclComm::runtimeVersion() {
 }
 
 NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int device,
-                   std::chrono::milliseconds timeout, const std::string& name)
-    : nranks_(nranks), rank_(rank), device_(device), timeout_(timeout), name_(name) {
+                   std::chrono::milliseconds timeout, const std::string& name,
+                   std::chrono::milliseconds connect_timeout)
+    : nranks_(nranks),
+      rank_(rank),
+      device_(device),
+      timeout_(timeout),
+      connect_timeout_(connect_timeout.count() > 0 ? std::max(connect_timeout, timeout) : timeout),
+      name_(name),
+      connected_(static_cast<size_t>(nranks > 0 ? nranks : 0), false) {
   RR_CHECK(unique_id.size() == sizeof(ncclUniqueId::internal), kValue, "ringreduce: an NCCL unique id has ",
            sizeof(ncclUniqueId::internal), " bytes, got ", unique_id.size());
   RR_CHECK(nranks >= 1 && rank >= 0 && rank < nranks, kValue, "ringreduce: rank ", rank, " of ", nranks);
@@ -67,7 +110,7 @@ NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int devic
     RR_THROW(kBackend, "ringreduce: ncclCommInitRankConfig for ", name_, " (rank ", rank_, " of ", nranks_,
              ", device ", device_, ") failed: ", describeNccl(r, nullptr));
   }
-  waitReady(lock, r, "ncclCommInitRankConfig", std::chrono::steady_clock::now() + timeout_);
+  waitReady(lock, r, "ncclCommInitRankConfig", std::chrono::steady_clock::now() + connect_timeout_);
 }
 
 NcclComm::~NcclComm() {
@@ -78,6 +121,8 @@ NcclComm::~NcclComm() {
 void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first, const char* what,
                          std::chrono::steady_clock::time_point deadline) {
   ncclResult_t state = first;
+  const auto busy_until = std::chrono::steady_clock::now() + kBusyPoll;
+  const auto spin_until = std::chrono::steady_clock::now() + kSpinPoll;
   while (true) {
     if (aborted_) {
       RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " was aborted during ", what, ": ",
@@ -96,7 +141,14 @@ void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first,
       RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg);
     }
     lock.unlock();
-    std::this_thread::sleep_for(kPollInterval);
+    const auto now = std::chrono::steady_clock::now();
+    if (now < busy_until) {
+      // busy poll: a yield can give the core away for a scheduler tick on a loaded host
+    } else if (now < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(kPollInterval);
+    }
     lock.lock();
     if (aborted_ || comm_ == nullptr) continue;  // reported at the top
     const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
@@ -118,7 +170,27 @@ void NcclComm::sendRecv(const void* send, size_t send_bytes, int next, void* rec
   // balanced for the next call.
   const ncclResult_t end = ncclGroupEnd();
   if (r == ncclSuccess || r == ncclInProgress) r = end;
-  waitReady(lock, r, "ncclGroupEnd(ncclSend, ncclRecv)", std::chrono::steady_clock::now() + timeout_);
+  // Note [Inside a user's NCCL group]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A non-blocking communicator's outermost ncclGroupEnd with tasks always returns ncclInProgress
+  // (NCCL src/group.cc, ncclGroupEndInternal); a nested one only decrements the thread's group
+  // depth and returns ncclSuccess without launching anything. So ncclSuccess here means the
+  // caller's thread is inside its own ncclGroupStart (torch's _coalescing_manager,
+  // batch_isend_irecv): our send/recv now belong to that group and run when it ends. Nothing may
+  // be recorded after them as if they ran, and the communicator must not be aborted (the user's
+  // ncclGroupEnd will still use it): refuse, and let CudaRing poison the ring.
+  if (end == ncclSuccess && r == ncclSuccess) {
+    inside_user_group_ = true;
+    RR_THROW(kRuntime, "ringreduce: a CUDA collective was called inside an NCCL group of this thread "
+             "(ncclGroupStart; torch.distributed's _coalescing_manager or batch_isend_irecv); ringreduce "
+             "cannot run there. Call it before or after the group. Group ", name_, " is unusable now.");
+  }
+  const bool first_contact = (next >= 0 && next < nranks_ && send_bytes > 0 && !connected_[static_cast<size_t>(next)]) ||
+                             (prev >= 0 && prev < nranks_ && recv_bytes > 0 && !connected_[static_cast<size_t>(prev)]);
+  waitReady(lock, r, "ncclGroupEnd(ncclSend, ncclRecv)",
+            std::chrono::steady_clock::now() + (first_contact ? connect_timeout_ : timeout_));
+  if (send_bytes > 0 && next >= 0 && next < nranks_) connected_[static_cast<size_t>(next)] = true;
+  if (recv_bytes > 0 && prev >= 0 && prev < nranks_) connected_[static_cast<size_t>(prev)] = true;
 }
 
 std::string NcclComm::pollError() {
@@ -144,11 +216,11 @@ void NcclComm::abortLocked(const std::string& reason) {
   // here (this also runs on the watchdog thread and in the destructor): the communicator is gone
   // either way and every later use reports abort_reason_.
   int previous = -1;
-  const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   if (previous != device_) (void)cudaSetDevice(device_);
   (void)ncclCommAbort(comm_);
   comm_ = nullptr;
-  if (have_previous && previous != device_) (void)cudaSetDevice(previous);
+  restoreDevice(previous);
 }
 
 std::string NcclComm::abortReason() const {

@@ -1,7 +1,8 @@
 """One process per GPU over an NCCL (+ gloo for CPU tensors) process group, for the GPU tests.
 
-``run_gpu_ranks(fn, *args, world_size=None, env=None, timeout=300)`` spawns ``world_size``
-processes (default: every visible GPU), rank r on cuda:r, runs ``fn(rank, world_size, *args)``
+``run_gpu_ranks(fn, *args, world_size=None, env=None, timeout=300, set_device=True)`` spawns
+``world_size`` processes (default: every visible GPU), rank r on cuda:r (``torch.cuda.set_device(r)``
+unless ``set_device=False``), runs ``fn(rank, world_size, *args)``
 and returns the per-rank results; any rank's exception fails the test with its traceback, and a
 run that exceeds ``timeout`` is killed. ``fn`` must be a module-level function.
 """
@@ -31,13 +32,14 @@ def need_gpus(n: int = 2):
 
 
 def _worker(rank: int, world_size: int, init_file: str, fn: Callable, args: tuple, env: dict, queue: Any,
-            sys_path: list[str]) -> None:
+            sys_path: list[str], set_device: bool = True) -> None:
     sys.path[:] = sys_path
     os.environ.update(env)
     try:
         import torch.distributed as dist
 
-        torch.cuda.set_device(rank)
+        if set_device:
+            torch.cuda.set_device(rank)
         dist.init_process_group(
             "cpu:gloo,cuda:nccl",
             init_method=f"file://{init_file}",
@@ -46,7 +48,7 @@ def _worker(rank: int, world_size: int, init_file: str, fn: Callable, args: tupl
             timeout=datetime.timedelta(seconds=120),
         )
         result = fn(rank, world_size, *args)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(rank)
         queue.put((rank, True, result))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -54,14 +56,14 @@ def _worker(rank: int, world_size: int, init_file: str, fn: Callable, args: tupl
 
 
 def run_gpu_ranks(fn: Callable, *args: Any, world_size: int | None = None, env: dict | None = None,
-                  timeout: float = 300.0) -> list[Any]:
+                  timeout: float = 300.0, set_device: bool = True) -> list[Any]:
     n = world_size or torch.cuda.device_count()
     fd, init_file = tempfile.mkstemp(prefix="rr_gpu_init_")
     os.close(fd)
     os.unlink(init_file)
     queue = _CTX.Queue()
     procs = [
-        _CTX.Process(target=_worker, args=(r, n, init_file, fn, args, dict(env or {}), queue, list(sys.path)))
+        _CTX.Process(target=_worker, args=(r, n, init_file, fn, args, dict(env or {}), queue, list(sys.path), set_device))
         for r in range(n)
     ]
     for p in procs:

@@ -39,7 +39,7 @@ def _even_world() -> int:
     return n - n % 2
 
 
-def _comm_keys() -> list[tuple[int, int]]:
+def _comm_keys() -> list[int]:
     from ringreduce import _cuda
 
     with _cuda._lock:

@@ -114,3 +114,73 @@ def test_loopback_hierarchical(n, local, order):
                 _loopback(ts, op, segment_bytes=64, num_slots=2, local_size=local, order=order)
                 for r, t in enumerate(ts):
                     assert bits_equal(t.cpu(), want), f"{op} {dtype} n={n} L={local} numel={numel} rank {r}"
+
+
+# ---- issue 15: every ring size on one GPU, where direction and peer mapping are visible ---------
+# With 2 GPUs next == prev, so a swapped direction or a wrong peer mapping passes unnoticed; a
+# ring of n >= 3 ranks as threads on one GPU shows both.
+
+
+def _permuted(n: int) -> tuple[int, ...]:
+    return tuple((3 * i + 1) % n for i in range(n)) if n % 3 else tuple(reversed(range(n)))
+
+
+@pytest.mark.parametrize("nranks", [3, 4, 5, 6, 7, 8])
+def test_loopback_ring_of_n_flat_halves_and_mapped(nranks):
+    """Flat all-reduce, reduce-scatter only and all-gather only over a permuted (mapped) ring of n."""
+    dev = torch.device("cuda", 0)
+    order = _permuted(nranks)
+    assert sorted(order) == list(range(nranks))
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        for numel in (nranks - 1, nranks * 37 + 5):
+            ins = [exact_input(numel, r, dtype, "sum") for r in range(nranks)]
+            want = reference(torch.stack(ins), "sum")
+            ts = [t.to(dev) for t in ins]
+            _loopback(ts, "sum", segment_bytes=64, num_slots=2, order=order)
+            for r, t in enumerate(ts):
+                assert bits_equal(t.cpu(), want), f"flat {dtype} n={nranks} numel={numel} rank {r}"
+        blk = 41
+        ins = [exact_input(nranks * blk, r, dtype, "sum") for r in range(nranks)]
+        want = reference(torch.stack(ins), "sum").view(nranks, blk)
+        ts = [t.to(dev) for t in ins]
+        _loopback(ts, "sum", segment_bytes=64, num_slots=2, phases=1, order=order)
+        for r, t in enumerate(ts):
+            i = order.index(r)
+            assert bits_equal(t.cpu().view(nranks, blk)[i], want[i]), f"rs {dtype} n={nranks} rank {r}"
+
+
+@pytest.mark.parametrize("n,local", [(6, 2), (8, 4), (9, 3)])
+def test_loopback_hierarchical_permuted_nodes(n, local):
+    """The three hierarchical stages (intra-node reduce-scatter, inter-node ring, intra-node
+    all-gather) over a ring whose nodes are permuted: AVG divides once by n."""
+    dev = torch.device("cuda", 0)
+    order = _permuted(n)
+    for op in ("sum", "avg", "max"):
+        ins = [exact_input(4099, r, torch.float32, op) for r in range(n)]
+        want = reference(torch.stack(ins), op)
+        ts = [t.to(dev) for t in ins]
+        _loopback(ts, op, segment_bytes=128, num_slots=2, local_size=local, order=order)
+        for r, t in enumerate(ts):
+            assert bits_equal(t.cpu(), want), f"{op} n={n} L={local} rank {r}"
+
+
+KERNEL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+                 torch.int32, torch.int64, torch.uint8, torch.complex64, torch.complex128]
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_reduce_kernel_matches_torch(dtype):
+    """The ring's reduce kernel (out = op(a, b), AVG's division) against torch, misaligned too."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import gpu_kernels
+
+    from ringreduce._native import C
+
+    if not hasattr(C, "_cuda_reduce"):
+        pytest.fail("ringreduce was built without CUDA; the GPU tests need the CUDA build")
+    dev = torch.device("cuda", 0)
+    bad = gpu_kernels.check_all(C, dev, [dtype])
+    assert not bad, bad

@@ -1,0 +1,139 @@
+#include "cuda_ops.h"
+
+#include "../core/collectives.h"
+#include "../core/error.h"
+
+namespace rr {
+
+namespace {
+
+Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, int rank, uint64_t seq) {
+  Frame f;
+  f.rank = rank;
+  f.seq = seq;
+  f.kind = static_cast<int32_t>(kind);
+  f.op = static_cast<int32_t>(op);
+  f.error = error;
+  f.device_type = 1;
+  if (req != nullptr && error == 0) {
+    f.accum_float32 = req->accum_float32 ? 1 : 0;
+    f.algorithm = req->local_size;  // 0: the flat ring; L: hierarchical with L ranks per node
+    f.dtype = static_cast<int32_t>(req->dtype);
+    f.numel = req->numel;
+    setShape(f, req->shape.data(), static_cast<int>(req->shape.size()));
+  }
+  return f;
+}
+
+void agree(CudaRing& ring, const Frame& mine, const RingMembers& members, const std::string& group_name) {
+  const std::vector<Frame> frames = ring.exchangeFrames(mine, members);
+  const std::string verdict = compareFrames(frames, group_name);
+  if (!verdict.empty()) throw Error(ErrorKind::kRuntime, verdict);
+}
+
+const char* nameOf(const CudaCallRequest& req, bool hier) {
+  switch (req.kind) {
+    case CallKind::kReduceScatter: return "reduce-scatter";
+    case CallKind::kAllGather: return "all-gather";
+    default: return hier ? "hierarchical all-reduce" : "all-reduce";
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req, CudaCallBuffers& buf) {
+  const bool scatter = req.kind == CallKind::kReduceScatter;
+  const bool gather = req.kind == CallKind::kAllGather;
+  const RingMembers rm = resolveRing(req.members, ring.size(), ring.rank());
+  const int n = rm.size();
+  const bool hier = !scatter && !gather && req.local_size > 1 && req.local_size < n;
+  const std::string what = nameOf(req, hier);
+  ring.checkNotCapturing(req.caller, what);  // 1
+  const RedOp op = gather ? RedOp::kSum : req.op;
+  checkSupported(req.dtype, op);  // 2
+  if (scatter) {
+    RR_CHECK(req.numel == req.out_numel * n, kValue, "ringreduce.reduce_scatter: input has ", req.numel,
+             " elements, but ", n, " ranks x output's ", req.out_numel, " = ", req.out_numel * n);
+  } else if (gather) {
+    RR_CHECK(req.out_numel == req.numel * n, kValue, "ringreduce.all_gather: output has ", req.out_numel,
+             " elements, but ", n, " ranks x input's ", req.numel, " = ", req.numel * n);
+  }
+  RR_CHECK(!hier || n % req.local_size == 0, kValue, "ringreduce: hierarchical all-reduce over ", n,
+           " ranks needs equal nodes, got ", req.local_size, " ranks per node");
+  const std::vector<int> key = ringKey(req.members, ring.size());
+  if (req.check) agree(ring, makeFrame(&req, req.kind, op, 0, ring.rank(), ring.nextSeq(key)), rm, req.group_name);  // 3
+  if (req.numel == 0 || n == 1) {  // 4
+    if (req.numel > 0 && buf.trivial) buf.trivial();
+    return nullptr;
+  }
+  // 5. Hierarchical with float32 accumulation for half types reduces a float32 copy, rounded once.
+  const bool upcast = hier && req.accum_float32 && isHalfType(req.dtype);
+  const DType wdtype = upcast ? DType::kFloat32 : req.dtype;
+  void* data = buf.data(wdtype, rm.index);
+  const PlanOptions base = ring.planOptions(op, req.accum_float32 && !hier && !scatter && !gather, req.segment_bytes);
+  std::vector<RingStage> stages;
+  if (scatter) {
+    stages = ringHalfStages(rm, req.numel, req.dtype, op, base, kPhaseReduceScatter);
+  } else if (gather) {
+    stages = ringHalfStages(rm, req.out_numel, req.dtype, RedOp::kSum, base, kPhaseAllGather);
+  } else {
+    stages = hier ? hierarchicalStages(rm, req.local_size, req.numel, wdtype, op, base)
+                  : flatRingStages(rm, req.numel, wdtype, op, base);
+  }
+  const int64_t accum_elems = stages.size() == 1 ? stages[0].plan.accum_elems : 0;
+  void* accum = accum_elems > 0 ? buf.accum(accum_elems) : nullptr;
+  if (buf.protect) buf.protect();  // 6
+  return ring.enqueue(stages, data, accum, key, what, req.caller, !req.async_op, buf.epilogue);  // 7
+}
+
+void sendCudaRefusal(CudaRing& ring, CallKind kind, int error, RedOp op, const std::string& group_name,
+                     const std::vector<int>& members) {
+  const RingMembers rm = resolveRing(members, ring.size(), ring.rank());
+  agree(ring, makeFrame(nullptr, kind, op, error, ring.rank(), ring.nextSeq(ringKey(members, ring.size()))), rm,
+        group_name);
+}
+
+namespace {
+std::string ncclVersionString(int v) {
+  // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9 (X*1000 + Y*100 + Z before).
+  const int major = v >= 10000 ? v / 10000 : v / 1000;
+  const int minor = v >= 10000 ? (v / 100) % 100 : (v / 100) % 10;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(v % 100);
+}
+
+std::vector<std::string> splitArchs(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t comma = s.find(',', start);
+    const std::string a = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!a.empty()) out.push_back(a);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+}  // namespace
+
+CudaBuildFacts cudaBuildFacts() {
+  CudaBuildFacts f;
+  f.nccl_version_code = NcclComm::compiledVersion();
+  f.nccl_version = ncclVersionString(f.nccl_version_code);
+  try {
+    f.nccl_runtime_version_code = NcclComm::runtimeVersion();
+    f.nccl_runtime_version = ncclVersionString(f.nccl_runtime_version_code);
+  } catch (const Error&) {
+    f.nccl_runtime_version_code = -1;
+  }
+#ifdef RR_CUDA_ARCHS
+  f.cuda_archs = splitArchs(RR_CUDA_ARCHS);
+#else
+  f.cuda_archs = splitArchs("");
+#endif
+  int v = 0;
+  f.cuda_runtime_version = cudaRuntimeGetVersion(&v) == cudaSuccess ? v : -1;
+  f.cuda_compiled_version = CUDART_VERSION;
+  return f;
+}
+
+}  // namespace rr

@@ -1,0 +1,477 @@
+// ringreduce tests: the fake CUDA runtime and NCCL of fake_cuda.h (Note [Fake CUDA runtime]).
+#include "fake_cuda.h"
+
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+struct CUevent_st {
+  uint64_t enqueued = 0;  // generation of the latest enqueued record (0: never recorded)
+  uint64_t fired = 0;
+};
+
+struct ncclComm {
+  bool aborted = false;
+  std::chrono::steady_clock::time_point ready_at;
+  bool never_ready = false;
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct FakeOp {
+  enum Kind { kRecord, kWait, kExchange, kCopy } kind;
+  CUevent_st* event = nullptr;
+  uint64_t gen = 0;
+  ncclComm* comm = nullptr;
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+
+struct FakeStream {
+  std::deque<FakeOp> q;
+  bool destroyed = false;
+  bool capturing = false;
+};
+
+struct State {
+  std::mutex mu;
+  uint64_t gen = 0;
+  std::vector<std::unique_ptr<FakeStream>> streams;
+  int budget = -1;
+  bool abort_releases = true;
+  int abort_sleep_ms = 0;
+  int init_ms = 0;
+  int default_handoff_ms = 0;
+  std::deque<int> handoffs;
+  bool global_capture = false;
+  bool capture_invalidated = false;
+  bool ctx[64] = {};
+  int streams_destroyed = 0;
+  int sync_timeouts = 0;
+  int abort_calls = 0;
+  int exchanges_run = 0;
+  int task_calls = 0;
+  // Kept reachable (leak checkers): device memory a test leaves allocated on purpose (undrained
+  // streams) and aborted communicators, which queued exchange ops may still point at.
+  std::vector<void*> allocations;
+  std::vector<std::unique_ptr<ncclComm>> comms;
+  // Events are never freed: CUDA allows destroying an event whose record is still queued.
+  std::vector<std::unique_ptr<CUevent_st>> events;
+};
+
+State& st() {
+  static State* s = new State;
+  return *s;
+}
+
+thread_local int t_device = 0;
+thread_local cudaError_t t_last = cudaSuccess;
+thread_local cudaStreamCaptureMode t_mode = cudaStreamCaptureModeGlobal;
+thread_local int t_group_depth = 0;
+thread_local std::vector<std::pair<ncclComm*, cudaStream_t>> t_tasks;
+
+FakeStream* fs(cudaStream_t s) { return reinterpret_cast<FakeStream*>(s); }
+
+cudaError_t fail(cudaError_t e) {
+  t_last = e;
+  return e;
+}
+
+bool canRun(const State& g, const FakeOp& op) {
+  switch (op.kind) {
+    case FakeOp::kWait: return op.event->fired >= op.gen;
+    case FakeOp::kExchange: return (op.comm->aborted && g.abort_releases) || g.budget != 0;
+    default: return true;
+  }
+}
+
+// Runs every op that can run (caller holds mu).
+void pump(State& g) {
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (auto& sp : g.streams) {
+      FakeStream& s = *sp;
+      while (!s.q.empty() && canRun(g, s.q.front())) {
+        FakeOp op = s.q.front();
+        s.q.pop_front();
+        progress = true;
+        if (op.kind == FakeOp::kRecord) {
+          if (op.event->fired < op.gen) op.event->fired = op.gen;
+        } else if (op.kind == FakeOp::kExchange) {
+          if (!(op.comm->aborted && g.abort_releases) && g.budget > 0) --g.budget;
+          ++g.exchanges_run;
+        } else if (op.kind == FakeOp::kCopy && op.bytes > 0) {
+          std::memmove(op.dst, op.src, op.bytes);
+        }
+      }
+    }
+  }
+}
+
+void touchContext() { st().ctx[t_device] = true; }
+
+using CUresultFake = int;
+CUresultFake fakeDeviceGet(int* dev, int ordinal) {
+  *dev = ordinal;
+  return 0;
+}
+CUresultFake fakePrimaryCtxGetState(int dev, unsigned int* flags, int* active) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  *flags = 0;
+  *active = st().ctx[dev] ? 1 : 0;
+  return 0;
+}
+
+}  // namespace
+
+namespace rrfake {
+
+void reset() {
+  State& g = st();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.budget = -1;
+  g.abort_releases = true;
+  g.abort_sleep_ms = 0;
+  g.init_ms = 0;
+  g.default_handoff_ms = 0;
+  g.handoffs.clear();
+  g.global_capture = false;
+  g.capture_invalidated = false;
+  for (bool& c : g.ctx) c = false;
+  g.streams_destroyed = g.sync_timeouts = g.abort_calls = g.exchanges_run = g.task_calls = 0;
+  for (auto& s : g.streams) s->q.clear();  // what an earlier test left stuck
+}
+void setExchangeBudget(int n) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().budget = n;
+}
+void allowExchanges(int n) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  if (st().budget >= 0) st().budget += n;
+}
+void setAbortReleases(bool on) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().abort_releases = on;
+}
+void setAbortSleepMs(int ms) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().abort_sleep_ms = ms;
+}
+void setInitMs(int ms) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().init_ms = ms;
+}
+void setDefaultHandoffMs(int ms) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().default_handoff_ms = ms;
+}
+void pushHandoffMs(int ms) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().handoffs.push_back(ms);
+}
+void setGlobalCapture(bool on) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().global_capture = on;
+}
+bool captureInvalidated() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().capture_invalidated;
+}
+void setStreamCapturing(cudaStream_t s, bool on) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  fs(s)->capturing = on;
+}
+bool contextActive(int device) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().ctx[device];
+}
+int streamsDestroyed() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().streams_destroyed;
+}
+int streamSyncTimeouts() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().sync_timeouts;
+}
+int abortCalls() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().abort_calls;
+}
+int exchangesRun() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().exchanges_run;
+}
+int ncclTaskCalls() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().task_calls;
+}
+bool streamValid(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return s != nullptr && !fs(s)->destroyed;
+}
+
+}  // namespace rrfake
+
+// ---- CUDA runtime ------------------------------------------------------------------------------
+
+extern "C" {
+
+const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorFake"; }
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    default: return "fake CUDA error";
+  }
+}
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = t_last;
+  t_last = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return t_last; }
+cudaError_t cudaGetDevice(int* device) {
+  *device = t_device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= 64) return fail(cudaErrorInvalidDevice);
+  t_device = device;
+  std::lock_guard<std::mutex> lock(st().mu);
+  touchContext();
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) {
+  *v = 13000;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  *fn = nullptr;
+  if (std::strcmp(symbol, "cuDeviceGet") == 0) *fn = reinterpret_cast<void*>(&fakeDeviceGet);
+  if (std::strcmp(symbol, "cuDevicePrimaryCtxGetState") == 0) *fn = reinterpret_cast<void*>(&fakePrimaryCtxGetState);
+  if (status) *status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
+}
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  const cudaStreamCaptureMode old = t_mode;
+  t_mode = *mode;
+  *mode = old;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetStreamPriorityRange(int* lo, int* hi) {
+  *lo = 0;
+  *hi = -1;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int, int) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  touchContext();
+  st().streams.push_back(std::make_unique<FakeStream>());
+  *s = reinterpret_cast<cudaStream_t>(st().streams.back().get());
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  return cudaStreamCreateWithPriority(s, flags, 0);
+}
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithPriority(s, 0, 0); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  if (s == nullptr || fs(s)->destroyed) return fail(cudaErrorInvalidResourceHandle);
+  fs(s)->destroyed = true;
+  ++st().streams_destroyed;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  *status = (s != nullptr && fs(s)->capturing) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  if (s == nullptr || fs(s)->destroyed) return fail(cudaErrorInvalidResourceHandle);
+  pump(st());
+  return fs(s)->q.empty() ? cudaSuccess : fail(cudaErrorNotReady);
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(st().mu);
+      if (s == nullptr || fs(s)->destroyed) return fail(cudaErrorInvalidResourceHandle);
+      pump(st());
+      if (fs(s)->q.empty()) return cudaSuccess;
+      if (Clock::now() > deadline) {
+        ++st().sync_timeouts;  // a real GPU would block here for ever
+        return fail(cudaErrorUnknown);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  touchContext();
+  st().events.push_back(std::make_unique<CUevent_st>());
+  *e = st().events.back().get();
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  if (s == nullptr || fs(s)->destroyed) return fail(cudaErrorInvalidResourceHandle);
+  FakeOp op{FakeOp::kRecord};
+  op.event = e;
+  op.gen = e->enqueued = ++st().gen;
+  fs(s)->q.push_back(op);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  if (st().global_capture && t_mode == cudaStreamCaptureModeGlobal) {
+    st().capture_invalidated = true;
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  pump(st());
+  return e->fired >= e->enqueued ? cudaSuccess : fail(cudaErrorNotReady);
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  if (s == nullptr || fs(s)->destroyed) return fail(cudaErrorInvalidResourceHandle);
+  FakeOp op{FakeOp::kWait};
+  op.event = e;
+  op.gen = e->enqueued;
+  fs(s)->q.push_back(op);
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  touchContext();
+  *p = std::calloc(bytes ? bytes : 1, 1);
+  st().allocations.push_back(*p);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+cudaError_t cudaFree(void* p) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  auto& a = st().allocations;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == p) {
+      a[i] = a.back();
+      a.pop_back();
+      std::free(p);
+      return cudaSuccess;
+    }
+  }
+  return fail(cudaErrorInvalidValue);
+}
+cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  if (s == nullptr || fs(s)->destroyed) return fail(cudaErrorInvalidResourceHandle);
+  FakeOp op{FakeOp::kCopy};
+  op.dst = dst;
+  op.src = src;
+  op.bytes = bytes;
+  fs(s)->q.push_back(op);
+  return cudaSuccess;
+}
+
+// ---- NCCL --------------------------------------------------------------------------------------
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  std::memset(id->internal, 7, sizeof(id->internal));
+  return ncclSuccess;
+}
+ncclResult_t ncclGetVersion(int* v) {
+  *v = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+const char* ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "fake NCCL error"; }
+const char* ncclGetLastError(ncclComm_t) { return ""; }
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int, ncclUniqueId, int, ncclConfig_t*) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  touchContext();
+  st().comms.push_back(std::make_unique<ncclComm>());
+  *comm = st().comms.back().get();
+  (*comm)->ready_at = Clock::now() + std::chrono::milliseconds(st().init_ms);
+  return ncclInProgress;
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  *state = (comm->never_ready || Clock::now() < comm->ready_at) ? ncclInProgress : ncclSuccess;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  int sleep_ms = 0;
+  {
+    std::lock_guard<std::mutex> lock(st().mu);
+    ++st().abort_calls;
+    comm->aborted = true;  // the communicator's kernels exit: held exchanges pass
+    pump(st());
+    sleep_ms = st().abort_sleep_ms;
+  }
+  if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+  // Kept in State::comms: exchange ops still queued may point at it.
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupStart() {
+  ++t_group_depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  ++st().task_calls;
+  t_tasks.emplace_back(comm, s);
+  return ncclSuccess;
+}
+ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  ++st().task_calls;
+  t_tasks.emplace_back(comm, s);
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  if (t_group_depth == 0) return ncclInvalidUsage;
+  if (--t_group_depth > 0) return ncclSuccess;  // nested: nothing is launched
+  if (t_tasks.empty()) return ncclSuccess;
+  std::lock_guard<std::mutex> lock(st().mu);
+  State& g = st();
+  ncclComm* comm = t_tasks.front().first;
+  cudaStream_t s = t_tasks.front().second;
+  t_tasks.clear();
+  FakeOp op{FakeOp::kExchange};
+  op.comm = comm;
+  fs(s)->q.push_back(op);
+  int ms = g.default_handoff_ms;
+  if (!g.handoffs.empty()) {
+    ms = g.handoffs.front();
+    g.handoffs.pop_front();
+  }
+  comm->never_ready = ms < 0;
+  comm->ready_at = Clock::now() + std::chrono::milliseconds(ms < 0 ? 0 : ms);
+  return ncclInProgress;
+}
+
+}  // extern "C"
+
+// ---- the reduce kernel's launcher ---------------------------------------------------------------
+
+#include "../../../csrc/cuda/reduce_kernels.cuh"
+
+namespace rr {
+void launchReduce(DType, RedOp, const void*, bool, const void*, bool, void*, bool, int64_t, int, bool, cudaStream_t) {}
+}  // namespace rr

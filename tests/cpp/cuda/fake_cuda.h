@@ -1,0 +1,48 @@
+// ringreduce tests: a fake CUDA runtime and NCCL, on the host, for CudaRing and NcclComm.
+//
+// Note [Fake CUDA runtime]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// fake_cuda.cpp defines the CUDA runtime and NCCL entry points that csrc/cuda/cuda_ring.cpp and
+// nccl_comm.cpp call, so that those files - the real ones, compiled with the host compiler - run
+// here without a GPU. The model is just rich enough for the host-side logic (watchdog, work
+// states, abort, shutdown, device guard, timeouts):
+//   * a stream is a queue of ops run in order; an event record fires when reached; a stream wait
+//     captures the event's latest record and blocks the stream until it fired; copies are memcpy
+//     (device memory is host memory); launchReduce() enqueues nothing;
+//   * ncclSend/ncclRecv queue tasks in the thread's group; the outermost ncclGroupEnd puts one
+//     "exchange" op on the stream and returns ncclInProgress, and the communicator's async state
+//     stays ncclInProgress until the hand-off delay passed (NCCL >= 2.23's non-blocking
+//     behaviour, src/group.cc); a nested ncclGroupEnd only decrements the depth (ncclSuccess);
+//   * an exchange op passes when the exchange budget allows it, or once its communicator was
+//     aborted (NCCL's kernels exit on abort) unless the test says otherwise;
+//   * ops run only when someone polls (event/stream queries), as a GPU would, from any thread;
+//   * cudaEventQuery on a thread in global capture mode while a global capture is on returns
+//     cudaErrorStreamCaptureUnsupported and invalidates the capture (CUDA's rule);
+//   * a not-ready result is recorded as the thread's last error (cudaGetLastError);
+//   * cudaSetDevice (and allocations) create the device's primary context; cudaGetDevice does not.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace rrfake {
+
+void reset();                       // everything back to defaults (no contexts, budget unlimited)
+void setExchangeBudget(int n);      // exchanges that may still run; -1: unlimited
+void allowExchanges(int n);         // budget += n
+void setAbortReleases(bool on);     // default true: an abort lets held exchanges pass
+void setAbortSleepMs(int ms);       // ncclCommAbort returns this long after releasing the exchanges
+void setInitMs(int ms);             // ncclCommInitRankConfig's hand-off delay
+void setDefaultHandoffMs(int ms);   // each outermost ncclGroupEnd's hand-off delay (-1: never)
+void pushHandoffMs(int ms);         // the next outermost ncclGroupEnd's delay (queued)
+void setGlobalCapture(bool on);     // another thread captures in global mode
+bool captureInvalidated();
+void setStreamCapturing(cudaStream_t s, bool on);
+bool contextActive(int device);
+int streamsDestroyed();
+int streamSyncTimeouts();           // cudaStreamSynchronize calls that would have hung
+int abortCalls();
+int exchangesRun();                 // exchange ops that ran
+int ncclTaskCalls();                // ncclSend + ncclRecv calls
+bool streamValid(cudaStream_t s);
+
+}  // namespace rrfake

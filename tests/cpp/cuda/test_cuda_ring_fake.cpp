@@ -1,0 +1,389 @@
+// ringreduce tests: the real CudaRing and NcclComm (csrc/cuda/cuda_ring.cpp, nccl_comm.cpp) on the
+// fake CUDA runtime and NCCL of fake_cuda.h (Note [Fake CUDA runtime]): the host-side logic of
+// the GPU path - work states, watchdog, abort, shutdown, timeouts, device guard - without a GPU.
+// Each case names the defect of issue 15 it guards against.
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../../csrc/core/collectives.h"
+#include "../../../csrc/core/error.h"
+#include "../../../csrc/cuda/cuda_ops.h"
+#include "../../../csrc/cuda/cuda_ring.h"
+#include "../../../csrc/cuda/nccl_comm.h"
+#include "../check.h"
+#include "fake_cuda.h"
+
+namespace {
+
+using namespace rr;
+using ms = std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+const std::string kUid(sizeof(ncclUniqueId::internal), '\x07');
+
+std::shared_ptr<CudaRing> makeRing(int timeout_ms, int connect_ms = 0, int nranks = 2, int rank = 0) {
+  auto comm = std::make_shared<NcclComm>(kUid, nranks, rank, 0, ms(timeout_ms), "fake", ms(connect_ms));
+  return std::make_shared<CudaRing>(comm);
+}
+
+// One synchronous-style flat all-reduce of `numel` floats enqueued on `caller`.
+struct Call {
+  std::vector<float> data;
+  std::shared_ptr<CudaWork> work;
+};
+
+std::shared_ptr<CudaWork> enqueueAllReduce(CudaRing& ring, std::vector<float>& data, cudaStream_t caller) {
+  const RingMembers rm = resolveRing({}, ring.size(), ring.rank());
+  const std::vector<RingStage> stages =
+      flatRingStages(rm, static_cast<int64_t>(data.size()), DType::kFloat32, RedOp::kSum,
+                     ring.planOptions(RedOp::kSum, false, 0));
+  return ring.enqueue(stages, data.data(), nullptr, ringKey({}, ring.size()), "all-reduce", caller, false);
+}
+
+cudaStream_t newStream() {
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, 0);
+  return s;
+}
+
+bool throwsKind(const std::function<void()>& fn, ErrorKind kind, std::string* msg = nullptr) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    if (msg) *msg = e.what();
+    return e.kind() == kind;
+  }
+  return false;
+}
+
+int exchangesPerCall() {
+  rrfake::reset();
+  auto ring = makeRing(2000);
+  cudaStream_t caller = newStream();
+  std::vector<float> data(64, 1.0f);
+  const int before = rrfake::exchangesRun();
+  enqueueAllReduce(*ring, data, caller)->synchronize(ms(2000));
+  const int k = rrfake::exchangesRun() - before;
+  ring->shutdown("test");
+  return k;
+}
+
+}  // namespace
+
+// Defect 1: the watchdog's abort lets the kernels exit and the done event fire; a waiter polling
+// in that window must not see success.
+TEST_CASE(aborted_call_is_never_reported_as_success) {
+  rrfake::reset();
+  auto ring = makeRing(200);
+  rrfake::setExchangeBudget(0);  // the peer never answers
+  rrfake::setAbortSleepMs(300);  // ncclCommAbort returns late: the window of the defect
+  cudaStream_t caller = newStream();
+  std::vector<float> data(64, 1.0f);
+  auto work = enqueueAllReduce(*ring, data, caller);
+  std::string msg;
+  CHECK(throwsKind([&] { work->synchronize(ms(5000)); }, ErrorKind::kBackend, &msg));
+  CHECK(work->failed());
+  CHECK(!work->error().empty());
+  ring->shutdown("test");
+}
+
+// Defect 1 (second half): a work whose done event fires after an abort is failed, even when the
+// abort did not come from the watchdog (shutdown, another thread).
+TEST_CASE(done_event_after_abort_is_failure) {
+  rrfake::reset();
+  auto ring = makeRing(5000);
+  rrfake::setExchangeBudget(0);
+  cudaStream_t caller = newStream();
+  std::vector<float> data(64, 1.0f);
+  auto work = enqueueAllReduce(*ring, data, caller);
+  ring->comm().abort("aborted by the test");  // kernels exit, done fires; watchdog not involved
+  CHECK(throwsKind([&] { work->synchronize(ms(2000)); }, ErrorKind::kBackend));
+  ring->shutdown("test");
+}
+
+// Defect 1 (hostWait): the agreement check's frames arrive "complete" after an abort let the
+// kernels exit; comparing those garbage frames must not happen: the check throws kBackend.
+TEST_CASE(agreement_frames_after_an_abort_are_not_compared) {
+  rrfake::reset();
+  auto ring = makeRing(5000);
+  rrfake::setExchangeBudget(0);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(ms(100));
+    ring->comm().abort("aborted by the test");
+  });
+  Frame mine;
+  CHECK(throwsKind([&] { ring->exchangeFrames(mine, resolveRing({}, 2, 0)); }, ErrorKind::kBackend));
+  aborter.join();
+  ring->shutdown("test");
+}
+
+// Defect 2: the caching allocator records events on streams a tensor was recordStream'ed on,
+// after shutdown too: those streams must stay valid, and be reused, not leaked per ring.
+TEST_CASE(streams_survive_shutdown_and_are_reused) {
+  rrfake::reset();
+  auto ring = makeRing(1000);
+  cudaStream_t comm_s = ring->commStream();
+  cudaStream_t compute_s = ring->computeStream();
+  ring->shutdown("test");
+  CHECK(rrfake::streamValid(comm_s));
+  CHECK(rrfake::streamValid(compute_s));
+  cudaEvent_t e = nullptr;
+  cudaEventCreateWithFlags(&e, 0);
+  CHECK_EQ(cudaEventRecord(e, comm_s), cudaSuccess);
+  CHECK_EQ(cudaEventRecord(e, compute_s), cudaSuccess);
+  CHECK_EQ(rrfake::streamsDestroyed(), 0);
+  auto again = makeRing(1000);
+  CHECK(again->commStream() == comm_s || again->commStream() == compute_s);
+  again->shutdown("test");
+}
+
+// Defect 11: shutdown must not wait for a call blocked in NCCL's hand-off (it holds the call
+// lock for up to the timeout), and must not block for ever on streams that never drain.
+TEST_CASE(shutdown_does_not_wait_for_a_blocked_call) {
+  rrfake::reset();
+  auto ring = makeRing(4000);
+  rrfake::setDefaultHandoffMs(-1);  // ncclGroupEnd never hands off
+  cudaStream_t caller = newStream();
+  std::vector<float> data(64, 1.0f);
+  std::atomic<int> outcome{0};  // 1: threw kBackend
+  std::thread t([&] {
+    try {
+      enqueueAllReduce(*ring, data, caller);
+      outcome = 2;
+    } catch (const Error& e) {
+      outcome = e.kind() == ErrorKind::kBackend ? 1 : 3;
+    }
+  });
+  std::this_thread::sleep_for(ms(100));
+  const auto t0 = Clock::now();
+  ring->shutdown("test");
+  const auto took = std::chrono::duration_cast<ms>(Clock::now() - t0).count();
+  t.join();
+  CHECK_MSG(took < 1500, "shutdown took " << took << " ms");
+  CHECK_EQ(outcome.load(), 1);
+}
+
+TEST_CASE(shutdown_is_bounded_when_streams_never_drain) {
+  rrfake::reset();
+  auto ring = makeRing(300);
+  rrfake::setExchangeBudget(0);
+  rrfake::setAbortReleases(false);  // a hung kernel that ignores the abort
+  cudaStream_t caller = newStream();
+  std::vector<float> data(64, 1.0f);
+  enqueueAllReduce(*ring, data, caller);
+  const auto t0 = Clock::now();
+  ring->shutdown("test");
+  const auto took = std::chrono::duration_cast<ms>(Clock::now() - t0).count();
+  CHECK_MSG(took < 2000, "shutdown took " << took << " ms");
+  CHECK_EQ(rrfake::streamSyncTimeouts(), 0);
+  CHECK_EQ(rrfake::streamsDestroyed(), 0);
+}
+
+// Defect 3: no sleep before the first poll of a hand-off that completes at once.
+TEST_CASE(exchanges_are_not_host_bound) {
+  rrfake::reset();
+  NcclComm comm(kUid, 2, 0, 0, ms(2000), "fake");
+  cudaStream_t s = newStream();
+  std::vector<char> a(16), b(16);
+  // Without a sleep before the first poll almost every call takes a few microseconds; with one,
+  // every call takes >= 50 us whatever the machine (sleep_for never returns early).
+  const int calls = 1000;
+  int slow = 0;
+  for (int i = 0; i < calls; ++i) {
+    const auto t0 = Clock::now();
+    comm.sendRecv(a.data(), 16, 1, b.data(), 16, 1, s);
+    slow += Clock::now() - t0 >= std::chrono::microseconds(50) ? 1 : 0;
+  }
+  CHECK_MSG(slow < calls / 2, slow << " of " << calls << " exchanges took >= 50 us of host time");
+}
+
+// Defect 5: communicator init and first connections get the connect timeout, not the (short)
+// operation timeout; later exchanges the operation timeout.
+TEST_CASE(init_and_first_contact_use_the_connect_timeout) {
+  rrfake::reset();
+  rrfake::setInitMs(400);
+  bool ok = true;
+  try {
+    NcclComm comm(kUid, 2, 0, 0, ms(100), "fake", ms(3000));
+    cudaStream_t s = newStream();
+    std::vector<char> a(16), b(16);
+    rrfake::pushHandoffMs(300);  // first exchange with peer 1: connecting
+    comm.sendRecv(a.data(), 16, 1, b.data(), 16, 1, s);
+    rrfake::pushHandoffMs(300);  // later: the operation timeout applies
+    CHECK(throwsKind([&] { comm.sendRecv(a.data(), 16, 1, b.data(), 16, 1, s); }, ErrorKind::kBackend));
+  } catch (const Error& e) {
+    ok = false;
+    CHECK_MSG(false, e.what());
+  }
+  CHECK(ok);
+}
+
+// Defect 6: a call queued behind a slow one is timed from when the comm stream reaches it.
+TEST_CASE(queued_call_is_not_charged_for_its_predecessor) {
+  const int k = exchangesPerCall();
+  CHECK(k > 0);
+  rrfake::reset();
+  auto ring = makeRing(400);
+  rrfake::setExchangeBudget(0);
+  cudaStream_t caller = newStream();
+  std::vector<float> d1(64, 1.0f), d2(64, 2.0f);
+  auto a = enqueueAllReduce(*ring, d1, caller);
+  auto b = enqueueAllReduce(*ring, d2, caller);
+  std::this_thread::sleep_for(ms(250));
+  rrfake::allowExchanges(k);  // call a finishes at ~250 ms
+  std::this_thread::sleep_for(ms(250));
+  rrfake::allowExchanges(k);  // call b at ~500 ms: 250 ms after it reached the comm stream
+  bool ok = true;
+  try {
+    a->synchronize(ms(3000));
+    b->synchronize(ms(3000));
+  } catch (const Error& e) {
+    ok = false;
+    CHECK_MSG(false, e.what());
+  }
+  CHECK(ok);
+  ring->shutdown("test");
+}
+
+// Defect 4: the watchdog's polls must not invalidate another thread's global-mode capture.
+TEST_CASE(watchdog_does_not_break_a_graph_capture_elsewhere) {
+  rrfake::reset();
+  auto ring = makeRing(2000);
+  rrfake::setExchangeBudget(0);
+  cudaStream_t caller = newStream();
+  std::vector<float> data(64, 1.0f);
+  auto work = enqueueAllReduce(*ring, data, caller);
+  rrfake::setGlobalCapture(true);
+  std::this_thread::sleep_for(ms(30));  // the watchdog polls every millisecond
+  CHECK(!work->isCompleted());
+  rrfake::setExchangeBudget(-1);
+  std::this_thread::sleep_for(ms(30));
+  CHECK(!rrfake::captureInvalidated());
+  rrfake::setGlobalCapture(false);
+  CHECK(!throwsKind([&] { work->synchronize(ms(2000)); }, ErrorKind::kBackend));
+  CHECK(!work->failed());
+  ring->shutdown("test");
+}
+
+// Defect 16: a not-ready poll must not leave cudaErrorNotReady as the thread's last error (the
+// reduce kernel's launch check reads it).
+TEST_CASE(not_ready_poll_clears_the_last_error) {
+  rrfake::reset();
+  auto ring = makeRing(2000);
+  rrfake::setExchangeBudget(0);
+  cudaStream_t caller = newStream();
+  std::vector<float> data(64, 1.0f);
+  auto work = enqueueAllReduce(*ring, data, caller);
+  CHECK(!work->isCompleted());
+  CHECK_EQ(cudaGetLastError(), cudaSuccess);
+  rrfake::setExchangeBudget(-1);
+  work->synchronize(ms(2000));
+  ring->shutdown("test");
+}
+
+// Defect 9: restoring "device 0" of a thread that never used it creates a context there.
+TEST_CASE(device_guard_creates_no_context_on_the_previous_device) {
+  rrfake::reset();
+  bool ctx0 = true, ctx1 = false;
+  int after = -1;
+  std::thread t([&] {
+    { DeviceGuard guard(1); }
+    ctx0 = rrfake::contextActive(0);
+    ctx1 = rrfake::contextActive(1);
+    cudaGetDevice(&after);
+  });
+  t.join();
+  CHECK(!ctx0);
+  CHECK(ctx1);
+  // With an active context on 0 the device is restored.
+  std::thread u([&] {
+    cudaSetDevice(0);
+    { DeviceGuard guard(1); }
+    cudaGetDevice(&after);
+  });
+  u.join();
+  CHECK_EQ(after, 0);
+}
+
+// Defect 13: inside a user's ncclGroupStart our ncclGroupEnd launches nothing: refuse clearly,
+// without aborting the communicator the user's group still uses.
+TEST_CASE(call_inside_a_user_nccl_group_is_refused) {
+  rrfake::reset();
+  auto ring = makeRing(2000);
+  cudaStream_t caller = newStream();
+  std::vector<float> data(64, 1.0f);
+  ncclGroupStart();
+  std::string msg;
+  CHECK(throwsKind([&] { enqueueAllReduce(*ring, data, caller); }, ErrorKind::kRuntime, &msg));
+  CHECK_MSG(msg.find("ncclGroupStart") != std::string::npos, msg);
+  CHECK_EQ(rrfake::abortCalls(), 0);
+  ncclGroupEnd();  // the user's group ends and launches our first exchange
+  CHECK(throwsKind([&] { enqueueAllReduce(*ring, data, caller); }, ErrorKind::kRuntime));
+  ring->shutdown("test");
+}
+
+// Defect 8 (CudaRing side): the capture check comes first and touches nothing.
+TEST_CASE(capture_is_refused_before_anything_is_enqueued) {
+  rrfake::reset();
+  auto ring = makeRing(2000);
+  cudaStream_t caller = newStream();
+  rrfake::setStreamCapturing(caller, true);
+  std::vector<float> data(64, 1.0f);
+  CHECK(throwsKind([&] { ring->checkNotCapturing(caller, "all-reduce"); }, ErrorKind::kRuntime));
+  CHECK(throwsKind([&] { enqueueAllReduce(*ring, data, caller); }, ErrorKind::kRuntime));
+  CHECK_EQ(rrfake::ncclTaskCalls(), 0);
+  CHECK(!ring->comm().aborted());
+  ring->shutdown("test");
+}
+
+// Defect 8 (the call's sequencing): with the agreement check on, a captured call is refused with
+// kRuntime before the check runs (no exchange, no abort), not with an aborted communicator.
+TEST_CASE(captured_call_with_agreement_check_is_refused_first) {
+  rrfake::reset();
+  auto ring = makeRing(2000);
+  cudaStream_t caller = newStream();
+  rrfake::setStreamCapturing(caller, true);
+  std::vector<float> data(64, 1.0f);
+  CudaCallRequest req;
+  req.numel = 64;
+  req.shape = {64};
+  req.check = true;
+  req.caller = caller;
+  CudaCallBuffers buf;
+  buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
+  std::string msg;
+  CHECK(throwsKind([&] { runCudaCall(*ring, req, buf); }, ErrorKind::kRuntime, &msg));
+  CHECK_MSG(msg.find("CUDA graph") != std::string::npos, msg);
+  CHECK_EQ(rrfake::ncclTaskCalls(), 0);
+  CHECK(!ring->comm().aborted());
+  ring->shutdown("test");
+}
+
+// Defect 12: every buffer is protected (recordStream) before anything is enqueued, so that a
+// failure half-way through cannot return a block to the allocator while drained kernels write it.
+TEST_CASE(buffers_are_protected_before_anything_is_enqueued) {
+  rrfake::reset();
+  auto ring = makeRing(300);
+  cudaStream_t caller = newStream();
+  std::vector<float> data(64, 1.0f);
+  CudaCallRequest req;
+  req.numel = 64;
+  req.shape = {64};
+  req.caller = caller;
+  int tasks_at_protect = -1;
+  CudaCallBuffers buf;
+  buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
+  buf.protect = [&] { tasks_at_protect = rrfake::ncclTaskCalls(); };
+  rrfake::pushHandoffMs(0);
+  rrfake::setDefaultHandoffMs(-1);  // the second exchange never hands off: the enqueue fails
+  CHECK(throwsKind([&] { runCudaCall(*ring, req, buf); }, ErrorKind::kBackend));
+  CHECK_EQ(tasks_at_protect, 0);
+  CHECK(rrfake::ncclTaskCalls() > 0);
+  ring->shutdown("test");
+}
+
+TEST_MAIN()

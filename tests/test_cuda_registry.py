@@ -1,0 +1,164 @@
+"""The GPU path's communicator registry (ringreduce/_cuda.py), on the CPU: no GPU, no NCCL.
+
+ringreduce._C is replaced by a recorder and the group's store by an in-process HashStore, so the
+rendezvous of the NCCL unique id and the one-GPU-per-group rule run as they would on GPUs, with
+ranks as threads. Guards issue 15's defects 7 (generation keys that let ranks disagree or read an
+old id) and 15 (device mix-ups).
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ringreduce import _cuda
+from ringreduce._groups import GroupInfo
+
+
+class FakeComm:
+    def __init__(self, uid: bytes, nranks: int, rank: int, device: int, timeout_ms: int, name: str,
+                 num_slots: int, connect_timeout_ms: int = 0) -> None:
+        self.uid = uid
+        self.rank = rank
+        self.device = device
+        self.connect_timeout_ms = connect_timeout_ms
+        self.aborted = False
+
+    def abort(self, reason: str, at_exit: bool = False) -> None:
+        self.aborted = True
+
+
+class FakeC:
+    native_info = {"cuda": True}
+    counter = 0
+
+    def nccl_unique_id(self) -> bytes:
+        FakeC.counter += 1
+        return f"uid-{FakeC.counter}".encode()
+
+    def cuda_group_timeout_ms(self, pg: Any) -> int:
+        return 1000
+
+    def cuda_all_reduce(self, *args: Any) -> None:  # only its presence is checked
+        return None
+
+    NcclComm = FakeComm
+
+
+class FakePG:
+    pass
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """pg -> (rank, size, name) and one shared store, as the group's ranks would see them."""
+    table: dict[int, tuple[int, int, str]] = {}
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=20))
+    monkeypatch.setattr(_cuda, "_native", lambda: FakeC())
+    monkeypatch.setattr(_cuda, "_comms", {})
+    monkeypatch.setattr(_cuda, "_creating", {})
+    monkeypatch.setattr(dist, "get_rank", lambda pg: table[id(pg)][0])
+    monkeypatch.setattr(dist, "get_world_size", lambda pg: table[id(pg)][1])
+    monkeypatch.setattr(dist.distributed_c10d, "_get_process_group_store", lambda pg: store)
+    monkeypatch.setattr(dist.distributed_c10d, "_get_process_group_name", lambda pg: table[id(pg)][2])
+
+    def make(rank: int, size: int, name: str, pg: Any = None) -> GroupInfo:
+        pg = pg if pg is not None else FakePG()
+        table[id(pg)] = (rank, size, name)
+        return GroupInfo(pg=pg, rank=rank, size=size, name=name)
+
+    return make, store
+
+
+def _create_on_ranks(infos: list[GroupInfo], delays: list[float]) -> list[Any]:
+    out: list[Any] = [None] * len(infos)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            time.sleep(delays[i])
+            out[i] = _cuda.communicator(infos[i], torch.device("cuda", i))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(infos))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors
+    return out
+
+
+def test_ranks_agree_on_the_unique_id_after_release_and_recreate(world):
+    make, _ = world
+    a = [make(r, 2, "g") for r in range(2)]
+    first = _create_on_ranks(a, [0.0, 0.0])
+    assert first[0].uid == first[1].uid
+    for info in a:
+        _cuda.release_group(info.pg)
+    again = _create_on_ranks(a, [0.0, 0.0])
+    assert again[0].uid == again[1].uid
+    assert again[0].uid != first[0].uid
+    assert first[0].aborted and first[1].aborted
+
+
+def test_reused_group_object_on_one_rank_only(world):
+    # Rank 0's new group happens to be the same Python object (same id) as its released one;
+    # rank 1's is a new object. Keys by id(pg) made rank 0 use generation 1 and rank 1 generation 0.
+    make, _ = world
+    a = [make(r, 2, "A") for r in range(2)]
+    first = _create_on_ranks(a, [0.0, 0.0])
+    for info in a:
+        _cuda.release_group(info.pg)
+    b = [make(0, 2, "B", pg=a[0].pg), make(1, 2, "B")]
+    second = _create_on_ranks(b, [0.2, 0.0])
+    assert second[0].uid == second[1].uid
+    assert second[0].uid != first[0].uid
+
+
+def test_a_reused_store_never_serves_an_old_id(world, monkeypatch):
+    make, store = world
+    a = [make(r, 2, "g") for r in range(2)]
+    first = _create_on_ranks(a, [0.0, 0.0])
+    # A new job (fresh module state) on the same store: rank 1 arrives long before rank 0.
+    monkeypatch.setattr(_cuda, "_comms", {})
+    monkeypatch.setattr(_cuda, "_creating", {})
+    b = [make(r, 2, "g") for r in range(2)]
+    second = _create_on_ranks(b, [0.3, 0.0])
+    assert second[0].uid == second[1].uid != first[0].uid
+    # The ids are deleted once every rank read them.
+    assert not store.check(["ringreduce/nccl_uid/g/0"])
+
+
+def test_one_gpu_per_group(world):
+    make, _ = world
+    info = make(0, 1, "solo")
+    comm = _cuda.communicator(info, torch.device("cuda", 0))
+    assert _cuda.communicator(info, torch.device("cuda", 0)) is comm
+    with pytest.raises(ValueError, match="one GPU per group"):
+        _cuda.communicator(info, torch.device("cuda", 1))
+
+
+def test_connect_timeout_is_at_least_the_store_timeout(world):
+    make, store = world
+    info = make(0, 1, "solo")
+    comm = _cuda.communicator(info, torch.device("cuda", 0))
+    assert comm.connect_timeout_ms == 20000
+
+
+def test_default_device_refuses_gpu0_for_another_local_rank(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(ValueError, match=r"set_device\(2\)"):
+        _cuda._default_device()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert _cuda._default_device() == torch.device("cuda", 0)
