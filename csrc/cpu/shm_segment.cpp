@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "../core/error.h"
 
@@ -21,6 +22,28 @@ namespace {
 std::string errnoText(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 }  // namespace
+
+std::string KeyValueStore::get(const std::string& key, std::chrono::milliseconds timeout, const AbortCheck& abort) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::string value;
+    try {
+      if (tryGet(key, &value)) return value;
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      RR_THROW(kBackend, "ringreduce: setting up shared memory: the store failed while waiting for ", key, " (",
+               e.what(), ")");
+    }
+    if (abort) {
+      const std::string why = abort();
+      RR_CHECK(why.empty(), kBackend, why);
+    }
+    RR_CHECK(std::chrono::steady_clock::now() < deadline, kBackend, "ringreduce: setting up shared memory: no answer for ",
+             key, " within ", timeout.count(), " ms (a rank of the ring did not make the call)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 std::string hostIdentity() {
   char host[256] = {0};

@@ -30,9 +30,11 @@ class KeyValueStore {
  public:
   virtual ~KeyValueStore() = default;
   virtual void set(const std::string& key, const std::string& value) = 0;
-  // Blocks until `key` is set; throws rr::Error(kBackend) after `timeout`, or with abort()'s reason
-  // when it says so (asked at least every 50 ms; may be empty).
-  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout, const AbortCheck& abort) = 0;
+  // The value of `key` if it is set (false: not yet), without blocking.
+  virtual bool tryGet(const std::string& key, std::string* value) = 0;
+  // Waits until `key` is set, polling every millisecond; throws rr::Error(kBackend) after `timeout`,
+  // or with abort()'s reason when it says so (abort may be empty).
+  std::string get(const std::string& key, std::chrono::milliseconds timeout, const AbortCheck& abort);
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 };
 

@@ -10,6 +10,7 @@
 #include "../core/error.h"
 #include "../core/frame.h"
 #include "../core/plan.h"
+#include "../cpu/runtime_registry.h"
 #include "cpu_ops.h"
 
 #ifdef RR_WITH_CUDA
@@ -177,30 +178,33 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   m.def(
       "bytes_sent",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, bool reset) { return rr::bytesSent(pg.get(), reset); },
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, bool reset) { return rr::bytesSentOf(pg.get(), pg->getSize(), reset); },
       py::arg("group"), py::arg("reset") = false,
       "Payload bytes this process sent to each rank of the group on the CPU path (frames excluded).");
   m.def(
-      "staging_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::stagingBytes(pg.get()); },
+      "staging_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::stagingBytesOf(pg.get()); },
       py::arg("group"), "Bytes of the staging slots ringreduce holds for the group on the CPU path.");
   m.def(
-      "memory_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::memoryBytes(pg.get()); },
+      "memory_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::memoryBytesOf(pg.get()); },
       py::arg("group"), "All the memory ringreduce holds for the group on the CPU path (staging, frames, scratch).");
   m.def(
       "transport_info",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::vector<int>& members) {
-        return rr::transportInfo(pg.get(), members);
+        auto rt = rr::findRuntime(pg.get(), rr::ringKey(members, pg->getSize()));
+        return rt ? rt->transportInfo() : std::string();
       },
       py::arg("group"), py::arg("members") = std::vector<int>{},
       "How the ring `members` of the group moves data on CPU: 'shm', 'tcp' or 'tcp (<why not shm>)'.");
   m.def(
       "interrupt_cpu",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::vector<int>& members, const std::string& reason) {
-        return rr::interruptCpu(pg.get(), members, reason);
+        auto rt = rr::findRuntime(pg.get(), rr::ringKey(members, pg->getSize()));
+        if (rt) rt->interrupt(reason);
+        return rt != nullptr;
       },
       py::arg("group"), py::arg("members"), py::arg("reason"), py::call_guard<py::gil_scoped_release>(),
       "Ctrl-C: makes the CPU ring `members` of `group` unusable with `reason`, waking a blocked call.");
-  m.def("shutdown", &rr::shutdownAll, py::call_guard<py::gil_scoped_release>(),
+  m.def("shutdown", &rr::shutdownAllRuntimes, py::call_guard<py::gil_scoped_release>(),
         "Finish queued calls and join every group worker (called at interpreter exit).");
 
   m.def("dtype_code", [](at::ScalarType t) { return static_cast<int>(rr::toDType(t)); });

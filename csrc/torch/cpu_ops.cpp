@@ -4,22 +4,13 @@
 
 #include <algorithm>
 #include <limits>
-#include <map>
-#include <thread>
 
 #include "../cpu/c10d_transport.h"
+#include "../cpu/runtime_registry.h"
 
 namespace rr {
 
 namespace {
-
-std::mutex g_registry_mu;
-using RegistryKey = std::pair<const c10d::ProcessGroup*, std::vector<int>>;
-std::map<RegistryKey, std::shared_ptr<GroupRuntime>>& registry() {
-  static auto* r = new std::map<RegistryKey, std::shared_ptr<GroupRuntime>>();
-  return *r;  // leaked on purpose: never destroyed from a static destructor (workers are joined
-              // by shutdownAll(), called from Python's atexit)
-}
 
 // The process group's c10d store as the runtime's KeyValueStore (Note [Shared-memory segments]).
 class C10dKeyValue final : public KeyValueStore {
@@ -28,27 +19,11 @@ class C10dKeyValue final : public KeyValueStore {
   void set(const std::string& key, const std::string& value) override {
     store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
   }
-  // Waits in slices of 50 ms, asking `abort` between them (Ctrl-C during the setup).
-  std::string get(const std::string& key, std::chrono::milliseconds timeout, const AbortCheck& abort) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      try {
-        if (store_->check({key})) {
-          const std::vector<uint8_t> v = store_->get(key);
-          return std::string(v.begin(), v.end());
-        }
-      } catch (const std::exception& e) {
-        RR_THROW(kBackend, "ringreduce: setting up shared memory: the store failed while waiting for ", key, " (",
-                 e.what(), ")");
-      }
-      if (abort) {
-        const std::string why = abort();
-        RR_CHECK(why.empty(), kBackend, why);
-      }
-      RR_CHECK(std::chrono::steady_clock::now() < deadline, kBackend, "ringreduce: setting up shared memory: no answer for ",
-               key, " within ", timeout.count(), " ms (a rank of the ring did not make the call)");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+  bool tryGet(const std::string& key, std::string* value) override {
+    if (!store_->check({key})) return false;
+    const std::vector<uint8_t> v = store_->get(key);
+    value->assign(v.begin(), v.end());
+    return true;
   }
   int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
 
@@ -56,37 +31,24 @@ class C10dKeyValue final : public KeyValueStore {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
-std::shared_ptr<GroupRuntime> runtimeFor(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
-                                         const std::vector<int>& members,
-                                         const c10::intrusive_ptr<c10d::Store>& store) {
+std::shared_ptr<GroupRuntime> runtimeOf(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
+                                        const std::vector<int>& members, const c10::intrusive_ptr<c10d::Store>& store) {
   const std::vector<int> key = ringKey(members, pg->getSize());
-  std::lock_guard<std::mutex> g(g_registry_mu);
-  auto& reg = registry();
-  auto it = reg.find({pg.get(), key});
-  if (it != reg.end()) return it->second;
-  c10::intrusive_ptr<c10d::Backend> backend;
-  try {
-    backend = pg->getBackend(c10::DeviceType::CPU);
-  } catch (const std::exception&) {
-    RR_THROW(kValue, "ringreduce: ", name, " has no CPU backend (it was created with backend=", pg->getBackendName(),
-             "), so CPU tensors cannot be reduced on it. Create the group with backend=\"gloo\" (or "
-             "\"cpu:gloo,cuda:nccl\"), or move the tensor to the GPU");
-  }
-  auto transport = std::make_unique<C10dTransport>(backend, pg->getRank(), pg->getSize(), name);
-  const std::chrono::milliseconds timeout = transport->defaultTimeout();
-  std::shared_ptr<KeyValueStore> kv;
-  if (store) kv = std::make_shared<C10dKeyValue>(store);
-  auto rt = std::make_shared<GroupRuntime>(std::move(transport), timeout, name, key, std::move(kv));
-  reg.emplace(RegistryKey(pg.get(), key), rt);
-  return rt;
-}
-
-std::vector<std::shared_ptr<GroupRuntime>> runtimesOf(const c10d::ProcessGroup* pg) {
-  std::vector<std::shared_ptr<GroupRuntime>> out;
-  std::lock_guard<std::mutex> g(g_registry_mu);
-  for (auto& kv : registry())
-    if (kv.first.first == pg) out.push_back(kv.second);
-  return out;
+  return runtimeFor(pg.get(), key, [&] {
+    c10::intrusive_ptr<c10d::Backend> backend;
+    try {
+      backend = pg->getBackend(c10::DeviceType::CPU);
+    } catch (const std::exception&) {
+      RR_THROW(kValue, "ringreduce: ", name, " has no CPU backend (it was created with backend=", pg->getBackendName(),
+               "), so CPU tensors cannot be reduced on it. Create the group with backend=\"gloo\" (or "
+               "\"cpu:gloo,cuda:nccl\"), or move the tensor to the GPU");
+    }
+    auto transport = std::make_unique<C10dTransport>(backend, pg->getRank(), pg->getSize(), name);
+    const std::chrono::milliseconds timeout = transport->defaultTimeout();
+    std::shared_ptr<KeyValueStore> kv;
+    if (store) kv = std::make_shared<C10dKeyValue>(store);
+    return std::make_shared<GroupRuntime>(std::move(transport), timeout, name, key, std::move(kv));
+  });
 }
 
 // Elements are matched by logical index: a tensor that is not row-major contiguous (views,
@@ -233,60 +195,10 @@ std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>&
                                    const std::vector<int>& members, const at::Tensor& tensor, const at::Tensor& output,
                                    const CallOptions& opt, const c10::intrusive_ptr<c10d::Store>& store,
                                    bool synchronous, std::function<bool()> interrupted) {
-  std::shared_ptr<GroupRuntime> rt = runtimeFor(pg, name, members, store);
+  std::shared_ptr<GroupRuntime> rt = runtimeOf(pg, name, members, store);
   auto call = std::make_shared<CpuCall>(tensor, output, opt);
   call->seq_ = rt->submit(call, opt, synchronous, std::move(interrupted));
   return call;
-}
-
-std::string transportInfo(const c10d::ProcessGroup* pg, const std::vector<int>& members) {
-  const std::vector<int> key = ringKey(members, pg->getSize());
-  std::lock_guard<std::mutex> g(g_registry_mu);
-  auto it = registry().find({pg, key});
-  return it == registry().end() ? "" : it->second->transportInfo();
-}
-
-void shutdownAll() {
-  std::vector<std::shared_ptr<GroupRuntime>> all;
-  {
-    std::lock_guard<std::mutex> g(g_registry_mu);
-    for (auto& kv : registry()) all.push_back(kv.second);
-    registry().clear();
-  }
-  for (auto& rt : all) rt->shutdown();
-}
-
-bool interruptCpu(const c10d::ProcessGroup* pg, const std::vector<int>& members, const std::string& reason) {
-  std::shared_ptr<GroupRuntime> rt;
-  {
-    std::lock_guard<std::mutex> g(g_registry_mu);
-    auto it = registry().find({pg, ringKey(members, pg->getSize())});
-    if (it == registry().end()) return false;
-    rt = it->second;
-  }
-  rt->interrupt(reason);
-  return true;
-}
-
-int64_t stagingBytes(const c10d::ProcessGroup* pg) {
-  int64_t total = 0;
-  for (auto& rt : runtimesOf(pg)) total += rt->stagingBytes();
-  return total;
-}
-
-int64_t memoryBytes(const c10d::ProcessGroup* pg) {
-  int64_t total = 0;
-  for (auto& rt : runtimesOf(pg)) total += rt->memoryBytes();
-  return total;
-}
-
-std::vector<int64_t> bytesSent(const c10d::ProcessGroup* pg, bool reset) {
-  std::vector<int64_t> out(static_cast<size_t>(pg->getSize()), 0);
-  for (auto& rt : runtimesOf(pg)) {
-    const std::vector<int64_t> v = rt->bytesSent(reset);
-    for (size_t i = 0; i < out.size() && i < v.size(); ++i) out[i] += v[i];
-  }
-  return out;
 }
 
 }  // namespace rr

@@ -72,22 +72,6 @@ std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>&
                                    const CallOptions& opt, const c10::intrusive_ptr<c10d::Store>& store,
                                    bool synchronous, std::function<bool()> interrupted = nullptr);
 
-// "shm" or "tcp ..." for the ring `members` of `pg` (GroupRuntime::transportInfo); "" before its first call.
-std::string transportInfo(const c10d::ProcessGroup* pg, const std::vector<int>& members);
-
-void shutdownAll();
-
-// Ctrl-C: makes the ring `members` of `pg` unusable with `reason`, waking its worker if it waits
-// (GroupRuntime::interrupt). Returns false when no runtime exists for it yet.
-bool interruptCpu(const c10d::ProcessGroup* pg, const std::vector<int>& members, const std::string& reason);  // finishes queued calls and joins every worker (interpreter exit)
-
-// Bytes of staging slots, and of all memory, the CPU path holds for `pg` (all its rings).
-int64_t stagingBytes(const c10d::ProcessGroup* pg);
-int64_t memoryBytes(const c10d::ProcessGroup* pg);
-
-// Payload bytes this process sent to each rank of `pg` on the CPU path (Note [Traffic counters]).
-std::vector<int64_t> bytesSent(const c10d::ProcessGroup* pg, bool reset);
-
 DType toDType(at::ScalarType t);  // throws kType for unsupported dtypes
 
 }  // namespace rr

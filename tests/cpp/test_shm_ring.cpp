@@ -30,23 +30,15 @@ namespace {
 class MemoryStore final : public KeyValueStore {
  public:
   void set(const std::string& key, const std::string& value) override {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      kv_[key] = value;
-    }
-    cv_.notify_all();
+    std::lock_guard<std::mutex> g(mu_);
+    kv_[key] = value;
   }
-  std::string get(const std::string& key, std::chrono::milliseconds timeout, const AbortCheck& abort) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::unique_lock<std::mutex> lk(mu_);
-    while (!cv_.wait_for(lk, std::chrono::milliseconds(10), [&] { return kv_.count(key) > 0; })) {
-      if (abort) {
-        const std::string why = abort();
-        RR_CHECK(why.empty(), kBackend, why);
-      }
-      RR_CHECK(std::chrono::steady_clock::now() < deadline, kBackend, "no answer for ", key);
-    }
-    return kv_[key];
+  bool tryGet(const std::string& key, std::string* value) override {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = kv_.find(key);
+    if (it == kv_.end()) return false;
+    *value = it->second;
+    return true;
   }
   int64_t add(const std::string& key, int64_t delta) override {
     std::lock_guard<std::mutex> g(mu_);
@@ -58,7 +50,6 @@ class MemoryStore final : public KeyValueStore {
 
  private:
   std::mutex mu_;
-  std::condition_variable cv_;
   std::map<std::string, std::string> kv_;
 };
 
