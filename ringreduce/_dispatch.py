@@ -17,7 +17,7 @@ import torch
 
 from ringreduce import _config
 from ringreduce._groups import GroupInfo, choose_algorithm, resolve
-from ringreduce._interrupt import interrupt_ring, wait_sliced
+from ringreduce._interrupt import SLICE_MS, interrupt_ring, wait_sliced
 from ringreduce._native import C
 from ringreduce._types import KIND_NAMES, NATIVE_OPS, CallKind, FrameError, ReduceOp, to_reduce_op
 from ringreduce.work import Work
@@ -249,7 +249,12 @@ def run_all_reduce(
             work = Work(handle, [tensor], describe=f"{KIND_NAMES[kind]} {rop.name} on {info.name}",
                         on_interrupt=interrupter(info, handle))
         else:
-            wait_sliced(handle, -1, interrupter(info, handle))
+            try:  # Note [Ctrl-C] (ringreduce/_interrupt.py); a finished call costs one native wait
+                if not handle.wait(SLICE_MS):
+                    wait_sliced(handle, -1)
+            except KeyboardInterrupt:
+                interrupt_ring(info.pg, info.members, info.name, handle)
+                raise
             if not handle.ok():
                 handle.raise_error()
     if level:
