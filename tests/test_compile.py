@@ -255,3 +255,28 @@ def test_compiled_training_equals_eager(mode: str) -> None:
     calls = run_ranks(2, _compiled_training, mode, timeout=COMPILE_TIMEOUT)
     if mode == "ddp":
         assert calls[0] > 3, "expected several comm-hook buckets per step"
+
+
+# ------------------------------------------------------------------------------- op registration
+
+
+def _opcheck(rank: int, ws: int) -> None:
+    # Schema, fake (meta) implementation, autograd registration and AOT dispatch of every op,
+    # with real collectives underneath (every rank runs the same checks in the same order).
+    name = dist.group.WORLD.group_name
+    x = _data(rank).double()
+    xg = _data(rank).double().requires_grad_()
+    cases = [
+        (torch.ops.ringreduce.all_reduce_.default, (x.clone(), "sum", name, None, "auto")),
+        (torch.ops.ringreduce.all_reduce_avg_.default, (x.clone(), name, None, "auto")),
+        (torch.ops.ringreduce.all_reduce.default, (xg, "sum", name)),
+        (torch.ops.ringreduce.all_reduce_avg.default, (xg, name)),
+        (torch.ops.ringreduce.all_gather.default, (xg, ws, name)),
+        (torch.ops.ringreduce.reduce_scatter.default, (xg, "avg", ws, name)),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args)
+
+
+def test_opcheck_custom_ops() -> None:
+    run_ranks(2, _opcheck, timeout=COMPILE_TIMEOUT)
