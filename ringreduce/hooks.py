@@ -61,6 +61,7 @@ Note [DTensor gradients]
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -202,6 +203,12 @@ def _as_grad(local: torch.Tensor, param: torch.Tensor, like: torch.Tensor | None
         )
 
 
+def _compiled_autograd_active() -> bool:
+    """Whether a backward runs under compiled autograd (no module lookup costs more than a dict probe)."""
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    return ca is not None and bool(ca.compiled_autograd_enabled or ca.in_compiled_autograd_region)
+
+
 def _global_ranks(group: Any) -> frozenset[int]:
     """The global ranks `group` (None, a ProcessGroup or a DeviceMesh) averages over."""
     if group is None:
@@ -241,6 +248,8 @@ class GradientAverager(Joinable):
       their placements (Note [DTensor gradients]; a Partial placement on an averaged mesh dimension
       raises RuntimeError).
 
+    - Compiled autograd: the end-of-backward callback is not available there, so call
+      ``synchronize()`` after each synced backward (``.grad`` holds the average afterwards).
     - Uneven inputs: the averager is a ``torch.distributed.algorithms.Joinable``. Under
       ``with Join([averager]):`` a rank that ran out of batches shadows the others' buckets with
       zeros until every rank is done, then every rank takes the parameters of a rank that joined
@@ -502,6 +511,10 @@ class GradientAverager(Joinable):
             b.work = None
 
     def _queue_end_callback(self) -> None:
+        if _compiled_autograd_active():
+            # Compiled autograd supports engine callbacks only in fullgraph mode, which these hooks
+            # (a lock, native calls) are not: the caller finishes the round with synchronize().
+            return
         task = torch._C._current_graph_task_id()
         if task in self._callback_tasks:
             return

@@ -237,10 +237,26 @@ def _compiled_training(rank: int, ws: int, mode: str) -> int:
         eager = _tiny()
         rr.GradientAverager(eager)
         _train(eager, eager, rank, steps)
-        rr.GradientAverager(model)
+        averager = rr.GradientAverager(model)
         if mode == "compiled_autograd":
+            # Compiled autograd traces every backward (the averager's hooks included) into a graph
+            # that is compiled in turn: enabled around backward, as torch.compile does for a compiled
+            # function that calls backward with torch._dynamo.config.compiled_autograd = True.
+            from torch._dynamo import compiled_autograd
+
+            torch._dynamo.utils.counters.clear()
+            compiled = torch.compile(model, backend="aot_eager")
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
             with torch._dynamo.config.patch(compiled_autograd=True):
-                _train(model, torch.compile(model, backend="aot_eager"), rank, steps)
+                for step in range(steps):
+                    x, y = _batch(step, rank)
+                    opt.zero_grad(set_to_none=True)
+                    loss = tF.mse_loss(compiled(x), y)
+                    with compiled_autograd._enable(torch.compile(backend="aot_eager")):
+                        loss.backward()
+                    averager.synchronize()  # no end-of-backward callback under compiled autograd
+                    opt.step()
+            assert torch._dynamo.utils.counters["compiled_autograd"]["captures"] > 0, "compiled autograd did not run"
         else:
             _train(model, torch.compile(model, backend="aot_eager"), rank, steps)
         reference = eager
