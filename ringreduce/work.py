@@ -17,7 +17,7 @@ class Work:
     ``wait(timeout=None)`` blocks until the call completed and returns True; it raises the call's
     error (``RuntimeError`` for a cross-rank mismatch, ``torch.distributed.DistBackendError`` for a
     dead peer or transport timeout) and raises ``RuntimeError`` if ``timeout`` (a
-    ``datetime.timedelta``) passes first. Ctrl-C interrupts a blocked ``wait()`` (KeyboardInterrupt
+    ``datetime.timedelta``) passes first. On CPU, Ctrl-C interrupts a blocked ``wait()`` (KeyboardInterrupt
     within about 0.1 s) and leaves the group unusable on this rank (Note [Ctrl-C] in
     ringreduce/_interrupt.py). ``get_future()`` returns a ``torch.futures.Future`` whose
     value is ``[tensor]`` (a list, as torch.distributed's), completed by ringreduce's worker.
@@ -39,7 +39,9 @@ class Work:
         self._finalize = finalize
         self._finalized = handle is None
         self._future = future
-        self._on_interrupt = on_interrupt  # Note [Ctrl-C] in ringreduce/_interrupt.py
+        # CPU calls: what Ctrl-C during wait() does (Note [Ctrl-C] in ringreduce/_interrupt.py); its
+        # presence makes wait() wait in slices
+        self._on_interrupt = on_interrupt
 
     @classmethod
     def completed(cls, result: list[torch.Tensor]) -> Work:
@@ -58,7 +60,10 @@ class Work:
                 ms = max(0, int(timeout.total_seconds() * 1000))
             else:
                 raise TypeError(f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}")
-            if not wait_sliced(self._handle, ms, self._on_interrupt):
+            # CPU calls wait in slices (Ctrl-C); a CUDA handle's wait(-1) is a stream wait, not a host one
+            done = (wait_sliced(self._handle, ms, self._on_interrupt) if self._on_interrupt is not None
+                    else self._handle.wait(ms))
+            if not done:
                 raise RuntimeError(
                     f"ringreduce: {self._describe} (call #{self._handle.seq}) did not complete within "
                     f"{timeout}; the ring is still running in the background"
