@@ -196,7 +196,7 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
         elif not is_cuda:
             # CPU: every call of a ring (hierarchical ones too) runs on the ring's own runtime
             handle = submit_cpu(info, None, call_options(kind, ReduceOp.SUM, local_error=code))
-            handle.wait(-1)  # the others raise "rank r refused"; we raise our own, clearer error
+            wait_sliced(handle, -1, interrupter(info, handle))  # the others raise "rank r refused"; we raise ours
             exc.args = (f"{exc.args[0]} (call #{handle.seq} on {info.name}; the other ranks were told)",)
     raise exc
 
