@@ -381,9 +381,13 @@ class GradientAverager(Joinable):
 
         Called automatically at the end of backward; calling it again is a no-op. After a backward
         that raised part way it launches the remaining buckets (zeros for missing gradients) and
-        completes the round, so every rank must call it at the same point.
+        completes the round, so every rank must call it at the same point. Under compiled autograd,
+        where no end-of-backward callback runs, call it after every backward.
         """
         with self._lock:
+            if self._join_notified:  # the backward's Join bookkeeping, when no callback ended it
+                self._end_join_iteration()
+                self._callback_tasks.clear()
             self._finish_round()
 
     def remove(self) -> None:
