@@ -17,7 +17,7 @@ import torch
 
 from ringreduce import _config
 from ringreduce._groups import GroupInfo, choose_algorithm, one_node, resolve
-from ringreduce._interrupt import interrupt_ring, wait_sliced
+from ringreduce._interrupt import SLICE_MS, interrupt_ring, wait_sliced
 from ringreduce._native import C
 from ringreduce._types import KIND_NAMES, NATIVE_OPS, CallKind, FrameError, ReduceOp, to_reduce_op
 from ringreduce.work import Work
@@ -203,7 +203,7 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
         elif not is_cuda:
             # CPU: every call of a ring (hierarchical ones too) runs on the ring's own runtime
             handle = submit_cpu(info, None, call_options(info, kind, ReduceOp.SUM, local_error=code))
-            handle.wait(-1)  # the others raise "rank r refused"; we raise our own, clearer error
+            wait_sliced(handle, -1, interrupter(info, handle))  # the others raise "rank r refused"; we raise ours
             exc.args = (f"{exc.args[0]} (call #{handle.seq} on {info.name}; the other ranks were told)",)
     raise exc
 
@@ -256,7 +256,12 @@ def run_all_reduce(
             work = Work(handle, [tensor], describe=f"{KIND_NAMES[kind]} {rop.name} on {info.name}",
                         on_interrupt=interrupter(info, handle))
         else:
-            wait_sliced(handle, -1, interrupter(info, handle))
+            try:  # Note [Ctrl-C] (ringreduce/_interrupt.py); a finished call costs one native wait
+                if not handle.wait(SLICE_MS):
+                    wait_sliced(handle, -1)
+            except KeyboardInterrupt:
+                interrupt_ring(info.pg, info.members, info.name, handle)
+                raise
             if not handle.ok():
                 handle.raise_error()
     if level:

@@ -61,6 +61,7 @@ Note [DTensor gradients]
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -201,6 +202,12 @@ def _as_grad(local: torch.Tensor, param: torch.Tensor, like: torch.Tensor | None
         )
 
 
+def _compiled_autograd_active() -> bool:
+    """Whether a backward runs under compiled autograd (no module lookup costs more than a dict probe)."""
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    return ca is not None and bool(ca.compiled_autograd_enabled or ca.in_compiled_autograd_region)
+
+
 def _global_ranks(group: Any) -> frozenset[int]:
     """The global ranks `group` (None, a ProcessGroup or a DeviceMesh) averages over."""
     if group is None:
@@ -240,6 +247,8 @@ class GradientAverager(Joinable):
       their placements (Note [DTensor gradients]; a Partial placement on an averaged mesh dimension
       raises RuntimeError).
 
+    - Compiled autograd: the end-of-backward callback is not available there, so call
+      ``synchronize()`` after each synced backward (``.grad`` holds the average afterwards).
     - Uneven inputs: the averager is a ``torch.distributed.algorithms.Joinable``. Under
       ``with Join([averager]):`` a rank that ran out of batches shadows the others' buckets with
       zeros until every rank is done, then every rank takes the parameters of a rank that joined
@@ -365,9 +374,13 @@ class GradientAverager(Joinable):
 
         Called automatically at the end of backward; calling it again is a no-op. After a backward
         that raised part way it launches the remaining buckets (zeros for missing gradients) and
-        completes the round, so every rank must call it at the same point.
+        completes the round, so every rank must call it at the same point. Under compiled autograd,
+        where no end-of-backward callback runs, call it after every backward.
         """
         with self._lock:
+            if self._join_notified:  # the backward's Join bookkeeping, when no callback ended it
+                self._end_join_iteration()
+                self._callback_tasks.clear()
             self._finish_round()
 
     def remove(self) -> None:
@@ -495,6 +508,10 @@ class GradientAverager(Joinable):
             b.work = None
 
     def _queue_end_callback(self) -> None:
+        if _compiled_autograd_active():
+            # Compiled autograd supports engine callbacks only in fullgraph mode, which these hooks
+            # (a lock, native calls) are not: the caller finishes the round with synchronize().
+            return
         task = torch._C._current_graph_task_id()
         if task in self._callback_tasks:
             return

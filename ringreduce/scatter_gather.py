@@ -86,7 +86,8 @@ def reduce_scatter(
         from ringreduce import _cuda
 
         return _cuda.cuda_ring_half(input, output, rop, info, async_op, int(kind))
-    return run_ring_half(info, input, output, rop, kind, async_op, output)
+    # detach(): the worker thread copies from the input, and must not record autograd history there
+    return run_ring_half(info, input.detach(), output, rop, kind, async_op, output)
 
 
 def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
@@ -124,5 +125,5 @@ def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) 
 
         work = _cuda.cuda_ring_half(tensor, out, ReduceOp.SUM, info, async_op, int(kind))
         return work if async_op else out
-    work = run_ring_half(info, tensor, out, ReduceOp.SUM, kind, async_op, out)
+    work = run_ring_half(info, tensor.detach(), out, ReduceOp.SUM, kind, async_op, out)  # see reduce_scatter
     return work if async_op else out

@@ -49,7 +49,9 @@ class Work:
         self._finalize = finalize
         self._finalized = handle is None
         self._future = future
-        self._on_interrupt = on_interrupt  # Note [Ctrl-C] in ringreduce/_interrupt.py
+        # CPU calls: what Ctrl-C during wait() does (Note [Ctrl-C] in ringreduce/_interrupt.py); its
+        # presence makes wait() wait in slices
+        self._on_interrupt = on_interrupt
 
     @classmethod
     def completed(cls, result: list[torch.Tensor]) -> Work:
@@ -68,7 +70,10 @@ class Work:
                 ms = max(0, int(timeout.total_seconds() * 1000))
             else:
                 raise TypeError(f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}")
-            if not wait_sliced(self._handle, ms, self._on_interrupt):
+            # CPU calls wait in slices (Ctrl-C); a CUDA handle's wait(-1) is a stream wait, not a host one
+            done = (wait_sliced(self._handle, ms, self._on_interrupt) if self._on_interrupt is not None
+                    else self._handle.wait(ms))
+            if not done:
                 raise RuntimeError(
                     f"ringreduce: {self._describe} (call #{self._handle.seq}) did not complete within "
                     f"{timeout}; the ring is still running in the background"

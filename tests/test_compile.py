@@ -237,10 +237,26 @@ def _compiled_training(rank: int, ws: int, mode: str) -> int:
         eager = _tiny()
         rr.GradientAverager(eager)
         _train(eager, eager, rank, steps)
-        rr.GradientAverager(model)
+        averager = rr.GradientAverager(model)
         if mode == "compiled_autograd":
+            # Compiled autograd traces every backward (the averager's hooks included) into a graph
+            # that is compiled in turn: enabled around backward, as torch.compile does for a compiled
+            # function that calls backward with torch._dynamo.config.compiled_autograd = True.
+            from torch._dynamo import compiled_autograd
+
+            torch._dynamo.utils.counters.clear()
+            compiled = torch.compile(model, backend="aot_eager")
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
             with torch._dynamo.config.patch(compiled_autograd=True):
-                _train(model, torch.compile(model, backend="aot_eager"), rank, steps)
+                for step in range(steps):
+                    x, y = _batch(step, rank)
+                    opt.zero_grad(set_to_none=True)
+                    loss = tF.mse_loss(compiled(x), y)
+                    with compiled_autograd._enable(torch.compile(backend="aot_eager")):
+                        loss.backward()
+                    averager.synchronize()  # no end-of-backward callback under compiled autograd
+                    opt.step()
+            assert torch._dynamo.utils.counters["compiled_autograd"]["captures"] > 0, "compiled autograd did not run"
         else:
             _train(model, torch.compile(model, backend="aot_eager"), rank, steps)
         reference = eager
@@ -255,3 +271,28 @@ def test_compiled_training_equals_eager(mode: str) -> None:
     calls = run_ranks(2, _compiled_training, mode, timeout=COMPILE_TIMEOUT)
     if mode == "ddp":
         assert calls[0] > 3, "expected several comm-hook buckets per step"
+
+
+# ------------------------------------------------------------------------------- op registration
+
+
+def _opcheck(rank: int, ws: int) -> None:
+    # Schema, fake (meta) implementation, autograd registration and AOT dispatch of every op,
+    # with real collectives underneath (every rank runs the same checks in the same order).
+    name = dist.group.WORLD.group_name
+    x = _data(rank).double()
+    xg = _data(rank).double().requires_grad_()
+    cases = [
+        (torch.ops.ringreduce.all_reduce_.default, (x.clone(), "sum", name, None, "auto")),
+        (torch.ops.ringreduce.all_reduce_avg_.default, (x.clone(), name, None, "auto")),
+        (torch.ops.ringreduce.all_reduce.default, (xg, "sum", name)),
+        (torch.ops.ringreduce.all_reduce_avg.default, (xg, name)),
+        (torch.ops.ringreduce.all_gather.default, (xg, ws, name)),
+        (torch.ops.ringreduce.reduce_scatter.default, (xg, "avg", ws, name)),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args)
+
+
+def test_opcheck_custom_ops() -> None:
+    run_ranks(2, _opcheck, timeout=COMPILE_TIMEOUT)

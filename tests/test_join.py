@@ -95,13 +95,11 @@ def _join_parity(rank: int, ws: int, exact: bool, divide: bool, accumulate: int)
             torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-12)
     # the averager works as before once the Join context is over (every rank trains again)
     x = torch.ones(2, 4, dtype=torch.float64) * (rank + 1)
-    opt_grad = None
     for p in ours.parameters():
         p.grad = None
     (ours(x) if exact else ours(x).sum()).backward()
     for p in ours.parameters():
-        opt_grad = p.grad
-        assert_identical_across_ranks(opt_grad, "gradient after Join")
+        assert_identical_across_ranks(p.grad, "gradient after Join")
 
 
 @pytest.mark.parametrize(("exact", "divide", "accumulate"), [

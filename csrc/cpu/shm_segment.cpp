@@ -39,8 +39,8 @@ std::string KeyValueStore::get(const std::string& key, std::chrono::milliseconds
       const std::string why = abort();
       RR_CHECK(why.empty(), kBackend, why);
     }
-    RR_CHECK(std::chrono::steady_clock::now() < deadline, kBackend, "ringreduce: setting up shared memory: no answer for ",
-             key, " within ", timeout.count(), " ms (a rank of the ring did not make the call)");
+    RR_CHECK(std::chrono::steady_clock::now() < deadline, kBackend, "ringreduce: setting up shared memory: timed out after ",
+             timeout.count(), " ms (the timeout) waiting for ", key, " (a rank of the ring did not make the call)");
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
