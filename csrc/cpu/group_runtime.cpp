@@ -490,6 +490,10 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
     if (!refused) buf = call.body->prepare(rank_, size_);
     if (opt.one_node && ensureShm(opt, timeout)) {
       shm_->setTimeout(timeout);
+      // An async call runs on the worker beside the caller's own work (backward, for
+      // GradientAverager's buckets): spin briefly there (Note [Shared-memory all-reduce]).
+      shm_->setSpinCap(std::this_thread::get_id() == worker_.get_id() ? kWorkerSpin
+                                                                       : std::chrono::microseconds::max());
       runShm(call, buf, refused, tag_group, timing);
       return;
     }

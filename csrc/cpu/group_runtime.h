@@ -59,6 +59,8 @@ constexpr int64_t kLeadBytes = 1 << 20;
 // The ring's staging memory (docs/design.md, memory: <= 8 MiB by default): with the default slots
 // (Note [Staging slots] in plan.h) at most kAutoStagingBytes plus kLeadBytes.
 constexpr int64_t kStagingCapBytes = 8 << 20;
+// How long a shared-memory barrier spins on the ring's worker (async calls) before it sleeps.
+constexpr std::chrono::microseconds kWorkerSpin{10};
 
 // Note [One-shot all-reduce]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~

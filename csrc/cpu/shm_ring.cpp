@@ -104,7 +104,7 @@ void ShmRing::barrier() {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   // Spin briefly: a peer running on another core arrives within microseconds.
-  const std::chrono::microseconds spin = spinFor(size_);
+  const std::chrono::microseconds spin = std::min(spinFor(size_), spin_cap_);
   while (Clock::now() - start < spin) {
     for (int i = 0; i < 64; ++i) {
       if (everyone()) return;

@@ -54,6 +54,10 @@ class ShmRing {
   ShmRing(ShmMapping mapping, int rank, int size);
 
   void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  // The longest a barrier spins before it sleeps (Note [Shared-memory all-reduce]; the default
+  // depends on ranks and cores): a call that overlaps with the caller's own work (an async call on
+  // the ring's worker) spins briefly, since its spin takes a core from that work.
+  void setSpinCap(std::chrono::microseconds cap) { spin_cap_ = cap; }
   // Asked while a barrier waits (at least every kShmAbortPoll): a non-empty reason ends the wait
   // with rr::Error(kBackend, reason) (Note [Interrupting a wait]). Set before a call, never during.
   void setAbortCheck(AbortCheck check) { abort_ = std::move(check); }
@@ -97,6 +101,7 @@ class ShmRing {
   int64_t first_piece_ = 0;  // elements of the tensor copied in by begin()
   std::vector<char> scratch_;
   AbortCheck abort_;
+  std::chrono::microseconds spin_cap_{std::chrono::microseconds::max()};
 };
 
 }  // namespace rr
