@@ -180,3 +180,4 @@ def test_memory_per_group_is_bounded_whatever_the_size(ws):
         assert all(ok for _, ok in sizes), r
         assert sizes[0][0] == sizes[-1][0], r
         assert sizes[-1][0] <= (2 * ws << 20) + (9 << 19), r
+

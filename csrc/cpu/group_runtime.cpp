@@ -367,7 +367,11 @@ std::unique_ptr<ShmRing> GroupRuntime::setUpShm(const std::string& ring_id, int 
 bool GroupRuntime::ensureShm(const CallOptions& opt, std::chrono::milliseconds timeout) {
   if (shm_tried_) return shm_ != nullptr;
   shm_tried_ = true;
-  if (!store_ || size_ < 2) return false;
+  if (!store_ || size_ < 2) {
+    std::lock_guard<std::mutex> g(mu_);
+    shm_state_ = "tcp";
+    return false;
+  }
   std::string ring = "all";
   if (!whole_group_) {
     ring.clear();
@@ -488,6 +492,10 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
   try {
     CallBuffer buf;
     if (!refused) buf = call.body->prepare(rank_, size_);
+    if (!opt.one_node) {
+      std::lock_guard<std::mutex> g(mu_);
+      if (shm_state_.empty()) shm_state_ = "tcp (the ring spans several nodes)";
+    }
     if (opt.one_node && ensureShm(opt, timeout)) {
       shm_->setTimeout(timeout);
       // An async call runs on the worker beside the caller's own work (backward, for

@@ -185,7 +185,8 @@ class GroupRuntime {
   int64_t stagingBytes();                       // the staging slots (Note [Staging slots] in plan.h)
   int64_t memoryBytes();                        // everything the ring holds: slots, frames, scratch
   std::vector<int64_t> bytesSent(bool reset);   // Note [Traffic counters], by group rank
-  // "shm", "tcp" (no shared memory set up yet) or "tcp (<why not shared memory>)".
+  // "" before the ring's first call, then "shm", "tcp" or "tcp (<why not shared memory>)", followed by
+  // "; node stages: ..." once a hierarchical call set its node ring up.
   std::string transportInfo();
 
  private:
@@ -264,7 +265,7 @@ class GroupRuntime {
   std::shared_ptr<KeyValueStore> store_;
   std::unique_ptr<ShmRing> shm_;
   bool shm_tried_ = false;
-  std::string shm_state_ = "tcp";
+  std::string shm_state_;  // "" until the ring's first call decided it
   // The hierarchical all-reduce's node ring in shared memory (worker-owned; set up at the first
   // hierarchical call whose frames agreed; node_shm_state_ read under mu_).
   std::unique_ptr<ShmRing> node_shm_;
