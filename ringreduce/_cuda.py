@@ -6,7 +6,7 @@
 
 What has run on a GPU: **nothing yet.** This path was written and reviewed on machines without a
 GPU. What runs there: the kernels' body and the ring driver on simulated streams
-(tests/test_cuda_logic.py), the real CudaRing/NcclComm host logic (watchdog, abort, shutdown,
+(tests/test_cuda_logic.py), the real CudaRing and NcclComm host logic (watchdog, abort, shutdown,
 timeouts, device guard) on a fake CUDA runtime (tests/cpp/cuda/test_cuda_ring_fake.cpp), this
 module's registry with a fake native layer (tests/test_cuda_registry.py), and the CUDA build and
 its import. The GPU suite (``pytest -m gpu``) and ``scripts/gpu_check.sh`` have not run yet; run
@@ -37,7 +37,7 @@ its import. The GPU suite (``pytest -m gpu``) and ``scripts/gpu_check.sh`` have 
   every rank must make that first call (each on its own slice, as SPMD programs do), or call
   :func:`init_communicator` on every rank beforehand.
 * **Hierarchical all-reduce** (``local_size > 1``, chosen by ``ringreduce._groups.choose_algorithm``):
-  the stages of Note [Hierarchical all-reduce] (csrc/torch/cpu_group.cpp) as one call on the
+  the stages of Note [Hierarchical all-reduce] (csrc/core/collectives.h) as one call on the
   streams - reduce-scatter inside the node (AVG sums there), a full ring across nodes over the
   node's owned range (AVG divides by the whole ring's size, once), all-gather inside the node.
   With ``accum_dtype=torch.float32`` on half types the whole call reduces a float32 copy, rounded
@@ -93,13 +93,14 @@ import torch.distributed as dist
 
 from ringreduce import _config
 from ringreduce._groups import GroupInfo
+from ringreduce._types import KIND_NAMES, CallKind
 from ringreduce.work import Work
 
 _UID_KEY = "ringreduce/nccl_uid/{group}/{generation}"
 _COUNTER_KEY = "ringreduce/nccl_generation/{group}"
 
 _lock = threading.Lock()  # guards the dicts below; never held while waiting for other ranks
-# id(process group) -> (process group, device index, NcclComm). One device per group and process
+# id(process group) -> (process group, device index, CudaRing). One device per group and process
 # (Note [One GPU per group]); the group is held so that its id cannot be reused while it lives.
 _comms: dict[int, tuple[Any, int, Any]] = {}
 _creating: dict[int, threading.Lock] = {}  # id(process group) -> its creation lock
@@ -204,7 +205,7 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
         uid, generation = _rendezvous_uid(C, info.pg, pg_rank, pg_size)
         label = info.name if not info.members else f"process group of {info.name}"
         timeout_ms = _timeout_ms(info.pg)
-        comm = C.NcclComm(
+        comm = C.CudaRing(
             uid,
             pg_size,
             pg_rank,
@@ -316,7 +317,7 @@ def cuda_all_reduce(
     return Work(handle, [tensor], describe=f"all_reduce {name}{algo} on {info.name} (cuda:{tensor.device.index})")
 
 
-_HALF_NAMES = {3: "reduce_scatter", 4: "all_gather"}
+_HALF_NAMES = {int(k): KIND_NAMES[k] for k in (CallKind.REDUCE_SCATTER, CallKind.ALL_GATHER)}
 
 
 def cuda_ring_half(
@@ -336,11 +337,11 @@ def cuda_ring_half(
     the current stream; a synchronous call makes the current stream wait and returns None;
     ``async_op=True`` returns a Work whose future (CUDA-aware) holds ``[output]``.
     """
-    if kind not in _HALF_NAMES:
+    if int(kind) not in _HALF_NAMES:
         raise ValueError(f"ringreduce: cuda_ring_half runs reduce_scatter (3) or all_gather (4), got kind {kind}")
     if not tensor.is_cuda or not output.is_cuda:
         raise ValueError(
-            f"ringreduce: {_HALF_NAMES[kind]} on the GPU needs CUDA tensors, got {tensor.device} and {output.device}"
+            f"ringreduce: {_HALF_NAMES[int(kind)]} on the GPU needs CUDA tensors, got {tensor.device} and {output.device}"
         )
     comm = communicator(info, tensor.device)
     _check_on_comm(tensor, comm, "input")
@@ -366,7 +367,7 @@ def cuda_ring_half(
     if handle is None:
         return Work.completed([output])
     name = getattr(op, "name", str(op)) if kind == 3 else ""
-    what = f"{_HALF_NAMES[kind]}{' ' + name if name else ''}"
+    what = f"{_HALF_NAMES[int(kind)]}{' ' + name if name else ''}"
     return Work(handle, [output], describe=f"{what} on {info.name} (cuda:{tensor.device.index})")
 
 
@@ -384,7 +385,7 @@ def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, me
         return
     if members is None:
         members = info.members
-        if kind not in _HALF_NAMES:
+        if int(kind) not in _HALF_NAMES:
             from ringreduce._groups import choose_algorithm
 
             try:

@@ -27,7 +27,7 @@ def test_build_info_reports_nccl_and_archs():
     assert (major, minor) >= (2, 18)
     assert info["nccl_runtime_version"], "libnccl.so.2 must load (it needs no GPU)"
     assert info["cuda_archs"], "the CUDA architectures the kernels were built for"
-    for name in ("nccl_unique_id", "NcclComm", "cuda_all_reduce", "cuda_ring_half", "CudaWorkHandle", "cuda_refuse",
+    for name in ("nccl_unique_id", "CudaRing", "cuda_all_reduce", "cuda_ring_half", "CudaWorkHandle", "cuda_refuse",
                  "_cuda_loopback_all_reduce"):
         assert hasattr(C, name), name
 
@@ -40,7 +40,7 @@ def test_nccl_unique_id_is_bytes():
         pytest.skip(f"ncclGetUniqueId unavailable here: {exc}")
     assert isinstance(uid, bytes) and len(uid) == 128
     with pytest.raises(ValueError, match="128 bytes"):
-        C.NcclComm(b"short", 2, 0, 0, 1000, "bad id")
+        C.CudaRing(b"short", 2, 0, 0, 1000, "bad id")
 
 
 @cuda_build

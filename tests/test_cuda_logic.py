@@ -726,7 +726,7 @@ class _FakeNative:
     def cuda_group_timeout_ms(self, pg):
         return 1000
 
-    def NcclComm(self, uid, nranks, rank, device, timeout_ms, name, num_slots, connect_timeout_ms=0):  # noqa: N802
+    def CudaRing(self, uid, nranks, rank, device, timeout_ms, name, num_slots, connect_timeout_ms=0):  # noqa: N802
         comm = _FakeComm(("comm", nranks, rank, device, name))
         self.comms.append(comm)
         return comm

@@ -48,7 +48,7 @@ class FakeC:
     def cuda_all_reduce(self, *args: Any) -> None:  # only its presence is checked
         return None
 
-    NcclComm = FakeComm
+    CudaRing = FakeComm
 
 
 class FakePG:

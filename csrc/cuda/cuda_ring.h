@@ -1,6 +1,6 @@
 // ringreduce GPU: the ring all-reduce over one NCCL communicator.
 //
-// CudaRing owns everything one process group needs on one GPU (DESIGN.md, "GPU transport"):
+// CudaRing owns everything one process group needs on one GPU (docs/design.md section 2.4, "GPU transport"):
 //   * the non-blocking NCCL communicator (nccl_comm.h);
 //   * a communication stream (grouped ncclSend/ncclRecv) and a reduce stream (kernels), so that
 //     the reduction of segment k overlaps the transfer of segment k + 1;
@@ -63,7 +63,7 @@
 
 namespace rr {
 
-// Staging defaults (DESIGN.md section 5: a few segments, <= 8 MiB per group).
+// Staging defaults (docs/design.md section 5: a few segments, <= 8 MiB per group).
 constexpr int32_t kCudaStagingSlots = 4;
 constexpr int64_t kCudaStagingBytes = 8 << 20;
 

@@ -234,7 +234,7 @@ void registerCudaBindings(pybind11::module& m) {
   m.def("cuda_group_timeout_ms", &groupTimeoutMs, py::arg("group"),
         "The timeout of the group's CUDA backend (else its CPU backend, else 10 minutes), in ms.");
 
-  py::class_<CudaRing, std::shared_ptr<CudaRing>>(m, "NcclComm")
+  py::class_<CudaRing, std::shared_ptr<CudaRing>>(m, "CudaRing")
       .def(py::init([](const py::bytes& unique_id, int nranks, int rank, int device, int64_t timeout_ms,
                        const std::string& name, int num_slots, int64_t connect_timeout_ms) {
              const std::string id = unique_id;
