@@ -88,15 +88,12 @@ def check_all(C, dev: torch.device, dtypes: list[torch.dtype] | None = None) -> 
 
 
 def _time(fn, iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    """Seconds per call of `iters` back-to-back calls after 3 untimed ones (the benchmark's timing)."""
+    from ringreduce.bench.timing import time_round
+
     for _ in range(3):
         fn()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
+    return time_round(fn, iters, torch.device("cuda", torch.cuda.current_device()))
 
 
 def bandwidth(C, dev: torch.device, nbytes: int = 256 << 20, iters: int = 20) -> dict:

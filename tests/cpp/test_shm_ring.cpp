@@ -10,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -93,6 +94,25 @@ Frame frameOf(int rank, int64_t numel) {
 // Rank r, element i: a small integer (exact in float32 sums), position-dependent.
 float value(int r, int64_t i) { return static_cast<float>(((i * 7 + r * 13) % 61) - 30 + r); }
 
+// Runs body(ring, r) on n threads, ring rank r each, over the agreed mappings; returns each rank's
+// error ("" when none).
+std::vector<std::string> onRings(int n, std::vector<ShmMapping>& maps, const std::function<void(ShmRing&, int)>& body) {
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        ShmRing ring(maps[static_cast<size_t>(r)], r, n);
+        ring.setTimeout(std::chrono::milliseconds(20000));
+        body(ring, r);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return errors;
+}
+
 // n ranks (threads) all-reduce `numel` float32 elements with `op`; checks exact values and that every
 // rank ends with the same bits.
 void allReduceCase(int n, int64_t numel, RedOp op) {
@@ -104,26 +124,16 @@ void allReduceCase(int n, int64_t numel, RedOp op) {
   for (int r = 0; r < n; ++r)
     for (int64_t i = 0; i < numel; ++i) data[static_cast<size_t>(r)][static_cast<size_t>(i)] = value(r, i);
   std::vector<std::vector<Frame>> seen(static_cast<size_t>(n));
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        ShmRing ring(maps[static_cast<size_t>(r)], r, n);
-        ring.setTimeout(std::chrono::milliseconds(20000));
-        float* d = data[static_cast<size_t>(r)].data();
-        // Two calls back to back: frame and buffer parities alternate.
-        for (int call = 0; call < 2; ++call) {
-          if (call == 1)
-            for (int64_t i = 0; i < numel; ++i) d[i] = value(r, i);
-          seen[static_cast<size_t>(r)] = ring.begin(frameOf(r, numel), d, numel, DType::kFloat32);
-          ring.allReduce(d, numel, DType::kFloat32, op, false);
-        }
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
+  const std::vector<std::string> errors = onRings(n, maps, [&](ShmRing& ring, int r) {
+    float* d = data[static_cast<size_t>(r)].data();
+    // Two calls back to back: frame and buffer parities alternate.
+    for (int call = 0; call < 2; ++call) {
+      if (call == 1)
+        for (int64_t i = 0; i < numel; ++i) d[i] = value(r, i);
+      seen[static_cast<size_t>(r)] = ring.begin(frameOf(r, numel), d, numel, DType::kFloat32);
+      ring.allReduce(d, numel, DType::kFloat32, op, false);
+    }
+  });
   for (int r = 0; r < n; ++r) CHECK_MSG(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
   for (int r = 0; r < n; ++r) {
     CHECK_EQ(seen[static_cast<size_t>(r)].size(), static_cast<size_t>(n));
@@ -246,24 +256,14 @@ TEST_CASE(ring_halves_exact_values) {
       for (int r = 0; r < n; ++r)
         for (int64_t i = 0; i < numel; ++i) data[static_cast<size_t>(r)][static_cast<size_t>(i)] = value(r, i);
       std::vector<std::vector<float>> after_rs(static_cast<size_t>(n));
-      std::vector<std::string> errors(static_cast<size_t>(n));
-      std::vector<std::thread> ts;
-      for (int r = 0; r < n; ++r)
-        ts.emplace_back([&, r] {
-          try {
-            ShmRing ring(maps[static_cast<size_t>(r)], r, n);
-            ring.setTimeout(std::chrono::milliseconds(20000));
-            float* d = data[static_cast<size_t>(r)].data();
-            ring.begin(frameOf(r, numel), nullptr, numel, DType::kFloat32);
-            ring.reduceScatter(d, DType::kFloat32, RedOp::kSum, sched);
-            after_rs[static_cast<size_t>(r)] = data[static_cast<size_t>(r)];
-            ring.begin(frameOf(r, numel), nullptr, numel, DType::kFloat32);
-            ring.allGather(d, DType::kFloat32, sched);
-          } catch (const std::exception& e) {
-            errors[static_cast<size_t>(r)] = e.what();
-          }
-        });
-      for (auto& t : ts) t.join();
+      const std::vector<std::string> errors = onRings(n, maps, [&](ShmRing& ring, int r) {
+        float* d = data[static_cast<size_t>(r)].data();
+        ring.begin(frameOf(r, numel), nullptr, numel, DType::kFloat32);
+        ring.reduceScatter(d, DType::kFloat32, RedOp::kSum, sched);
+        after_rs[static_cast<size_t>(r)] = data[static_cast<size_t>(r)];
+        ring.begin(frameOf(r, numel), nullptr, numel, DType::kFloat32);
+        ring.allGather(d, DType::kFloat32, sched);
+      });
       for (const std::string& e : errors) CHECK_MSG(e.empty(), e);
       int64_t wrong_rs = 0, wrong_ag = 0;
       for (int r = 0; r < n; ++r) {
