@@ -11,7 +11,7 @@ std::vector<Frame> exchangeFrames(Transport& t, const Frame& mine, int tag) {
   const int r = t.rank();
   std::vector<Frame> frames(static_cast<size_t>(n));
   frames[static_cast<size_t>(r)] = mine;
-  if (n <= kDirectFrameRanks) {
+  if (n <= kDirectFrameRanks && !t.neighboursOnly()) {
     // Every rank sends its frame straight to every other rank: one message latency instead of
     // the ring's n-1 (the agreement check is on every CPU call, so its latency matters).
     std::vector<int64_t> reqs;
@@ -25,7 +25,7 @@ std::vector<Frame> exchangeFrames(Transport& t, const Frame& mine, int tag) {
   }
   const int next = (r + 1) % n;
   const int prev = (r + n - 1) % n;
-  // Larger groups: a ring all-gather. Hop h forwards the frame of rank (r - h) and receives the
+  // Note [Frames around the ring]: hop h forwards the frame of rank (r - h) and receives the
   // frame of rank (r - h - 1).
   for (int h = 0; h < n - 1; ++h) {
     const int out = (r - h + n) % n;
@@ -61,7 +61,8 @@ void FrameAgreement::postReceives(Transport& t) {
 }
 
 void FrameAgreement::send(Transport& t, const Frame& mine, const void* payload, size_t payload_bytes) {
-  RR_CHECK(direct(), kRuntime, "ringreduce internal error: ring frames are exchanged by collect()");
+  RR_CHECK(direct() && !t.neighboursOnly(), kRuntime,
+           "ringreduce internal error: ring frames are exchanged by collect() or exchangeFrames()");
   RR_CHECK(payload_bytes <= payloadRoom(), kRuntime, "ringreduce internal error: a payload of ", payload_bytes,
            " bytes in a frame message with room for ", payloadRoom());
   if (!out_) {

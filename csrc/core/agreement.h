@@ -17,8 +17,19 @@ namespace rr {
 constexpr int kDirectFrameRanks = 16;
 
 // All-gather of one fixed-size frame: returns every rank's frame, indexed by ring rank. Posts and
-// waits for everything it needs.
+// waits for everything it needs. Used by the CPU runtime (through FrameAgreement) and by the GPU
+// path (CudaRing::exchangeFrames, over csrc/cuda/nccl_frame_transport.h).
 std::vector<Frame> exchangeFrames(Transport& transport, const Frame& mine, int tag);
+
+// Note [Frames around the ring]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Straight to every peer, the frames take one message latency; around the ring, n - 1. The ring
+// is used beyond kDirectFrameRanks ranks, and on a transport whose messages should reach ring
+// neighbours only (Transport::neighboursOnly). NCCL is one: it sets up a connection, with buffers
+// of its own, for each pair of ranks the first time they exchange, and the payload of a ring only
+// ever connects neighbours, so direct frames would connect every other pair just for the check.
+// Each hop sends one frame to the next rank and receives one from the previous, the pair posted
+// together, and waits for both before the next hop forwards what it received.
 
 // Note [Pre-posted frame receives]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -1,7 +1,8 @@
 // ringreduce core: the Transport seam between the plan executor and a point-to-point backend.
 //
 // Implementations: the c10d transport (csrc/cpu/c10d_transport.h, gloo send/recv of the caller's
-// process group) and the in-process transport of the tests (tests/support, threads as ranks).
+// process group), the NCCL frame transport (csrc/cuda/nccl_frame_transport.h, the GPU path's
+// agreement frames) and the in-process transport of the tests (tests/support, threads as ranks).
 // Ranks are ranks of the group. Tags identify one call; messages with equal (peer, tag) are
 // matched in posting order. A transport lives as long as its group's runtime: requests may stay
 // posted from one call to the next (Note [Pre-posted frame receives] in agreement.h).
@@ -43,6 +44,10 @@ class Transport {
   // then keeps receives posted ahead (Note [Pre-posted frame receives] in agreement.h).
   virtual bool rendezvousSends() const { return false; }
 
+  // Whether messages should go to ring neighbours only (Note [Frames around the ring] in
+  // agreement.h): true on NCCL, which connects a pair of ranks on its first message.
+  virtual bool neighboursOnly() const { return false; }
+
   // The end of a call: the requests it waited for may be released now (a transport may keep them
   // until here when releasing one right after its wait costs more).
   virtual void callDone() {}
@@ -74,6 +79,7 @@ class RankMapTransport final : public Transport {
   }
   void wait(int64_t request) override { parent_.wait(request); }
   void abandon() override { parent_.abandon(); }
+  bool neighboursOnly() const override { return parent_.neighboursOnly(); }
 
  private:
   Transport& parent_;

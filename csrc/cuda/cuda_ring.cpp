@@ -6,7 +6,9 @@
 #include <map>
 #include <vector>
 
+#include "../core/agreement.h"
 #include "cuda_check.h"
+#include "nccl_frame_transport.h"
 #include "reduce_kernels.cuh"
 
 namespace rr {
@@ -31,24 +33,6 @@ std::mutex& streamPoolMutex() {
 std::map<int, std::vector<StreamPair>>& streamPool() {
   static auto* pool = new std::map<int, std::vector<StreamPair>>;
   return *pool;
-}
-
-// Polls `event` until it fired; throws kBackend on a CUDA error, when `comm` was aborted, or when
-// `deadline` passes (then `on_timeout` names what timed out).
-void hostWait(cudaEvent_t event, NcclComm& comm, std::chrono::steady_clock::time_point deadline,
-              const std::string& what) {
-  while (true) {
-    if (eventFired(event)) {
-      comm.checkUsable();  // fired because an abort let the kernels exit: the data is garbage
-      return;
-    }
-    comm.checkUsable();
-    if (std::chrono::steady_clock::now() > deadline) {
-      RR_THROW(kBackend, "ringreduce: ", what, " on ", comm.name(), " (rank ", comm.rank(), " of ", comm.size(),
-               ") did not finish within ", comm.timeout().count(), " ms");
-    }
-    std::this_thread::sleep_for(kHostPoll);
-  }
 }
 
 }  // namespace
@@ -276,8 +260,8 @@ CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots, int64_t st
       RR_CUDA_CHECK(cudaStreamCreateWithPriority(&compute_stream_, cudaStreamNonBlocking, lo));
     }
     RR_CUDA_CHECK(cudaMalloc(&staging_, static_cast<size_t>(slot_bytes_) * num_slots_));
-    RR_CUDA_CHECK(cudaMalloc(&frames_dev_, kFrameBytes * static_cast<size_t>(comm_->size())));
-    RR_CUDA_CHECK(cudaMallocHost(&frames_host_, kFrameBytes * static_cast<size_t>(comm_->size())));
+    RR_CUDA_CHECK(cudaMalloc(&frames_dev_, NcclFrameTransport::kStagingBytes));
+    RR_CUDA_CHECK(cudaMallocHost(&frames_host_, NcclFrameTransport::kStagingBytes));
   } catch (...) {
     shutdown("construction failed");
     throw;
@@ -388,28 +372,15 @@ std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine, const RingMembers
   const int r = ring.index;
   RR_CHECK(n >= 1 && n <= size() && r >= 0 && r < n && ring.ranks[static_cast<size_t>(r)] == rank(), kRuntime,
            "ringreduce internal error: agreement frames on a ring that does not hold this rank");
-  // Note [Sub-rings on one communicator]: the frames go around the ring's members only.
-  const int next_peer = ring.ranks[static_cast<size_t>((r + 1) % n)];
-  const int prev_peer = ring.ranks[static_cast<size_t>((r + n - 1) % n)];
   DeviceGuard guard(device());
-  char* host = static_cast<char*>(frames_host_);
-  char* dev = static_cast<char*>(frames_dev_);
-  std::memcpy(host + static_cast<size_t>(r) * kFrameBytes, &mine, kFrameBytes);
   cudaEvent_t done = pool_->acquire();
+  std::vector<Frame> frames;
   try {
-    RR_CUDA_CHECK(cudaMemcpyAsync(dev + static_cast<size_t>(r) * kFrameBytes, host + static_cast<size_t>(r) * kFrameBytes,
-                                  kFrameBytes, cudaMemcpyHostToDevice, comm_stream_));
-    // Hop h: forward the frame of rank (r - h), receive the frame of rank (r - h - 1).
-    for (int h = 0; h < n - 1; ++h) {
-      const int out = modRing(r - h, n);
-      const int in = modRing(r - h - 1, n);
-      comm_->sendRecv(dev + static_cast<size_t>(out) * kFrameBytes, kFrameBytes, next_peer,
-                      dev + static_cast<size_t>(in) * kFrameBytes, kFrameBytes, prev_peer, comm_stream_);
-    }
-    RR_CUDA_CHECK(cudaMemcpyAsync(host, dev, kFrameBytes * static_cast<size_t>(n), cudaMemcpyDeviceToHost,
-                                  comm_stream_));
-    RR_CUDA_CHECK(cudaEventRecord(done, comm_stream_));
-    hostWait(done, *comm_, std::chrono::steady_clock::now() + comm_->timeout(), "the agreement check");
+    // The one frame all-gather of csrc/core/agreement.h, around the ring's members only (Note
+    // [Sub-rings on one communicator]) and hop by hop (Note [Host messages over NCCL]).
+    NcclFrameTransport nccl(*comm_, comm_stream_, done, frames_dev_, frames_host_);
+    RankMapTransport members(nccl, ring.ranks, r);
+    frames = rr::exchangeFrames(members, mine, /*tag=*/0);
   } catch (const std::exception& e) {
     if (comm_->insideUserGroup()) {
       poisoned_ = e.what();
@@ -420,8 +391,6 @@ std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine, const RingMembers
     throw;
   }
   pool_->release(done);
-  std::vector<Frame> frames(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) std::memcpy(&frames[static_cast<size_t>(i)], host + static_cast<size_t>(i) * kFrameBytes, kFrameBytes);
   return frames;
 }
 

@@ -177,8 +177,9 @@ class CudaRing {
                                     const std::function<void()>& epilogue = {});
 
   // All-gather of one agreement frame per ring member (Note [Cross-rank agreement]) around
-  // `ring` only (Note [Sub-rings on one communicator]); frames[i] is ring index i's. Blocks the
-  // host until done or the timeout (then aborts and throws kBackend).
+  // `ring` only (Note [Sub-rings on one communicator]); frames[i] is ring index i's. Runs core's
+  // exchangeFrames over NcclFrameTransport (Note [Host messages over NCCL]). Blocks the host
+  // until done or the timeout (then aborts and throws kBackend).
   std::vector<Frame> exchangeFrames(const Frame& mine, const RingMembers& ring);
 
   // The `seq` of the next call on the ring `ring_key` (frames carry it; empty: the whole group).
@@ -210,8 +211,8 @@ class CudaRing {
   cudaStream_t comm_stream_ = nullptr;
   cudaStream_t compute_stream_ = nullptr;
   void* staging_ = nullptr;
-  void* frames_dev_ = nullptr;   // size() frames, for exchangeFrames
-  void* frames_host_ = nullptr;  // pinned mirror
+  void* frames_dev_ = nullptr;   // NcclFrameTransport's device staging, for exchangeFrames
+  void* frames_host_ = nullptr;  // and its pinned host staging
   std::vector<cudaEvent_t> plan_events_;
   cudaEvent_t stage_event_ = nullptr;    // kStageDoneEvent, re-recorded between stages
   std::shared_ptr<CudaWork> last_work_;  // its done event orders the next call (kPrevCallDoneEvent)

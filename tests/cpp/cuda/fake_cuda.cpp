@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
+#include <tuple>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -19,6 +21,10 @@ struct CUevent_st {
 
 struct ncclComm {
   bool aborted = false;
+  // Linked communicators (rrfake::linkRanks) move their messages; the others only pass time.
+  bool linked = false;
+  uint64_t world = 0;
+  int rank = 0;
   std::chrono::steady_clock::time_point ready_at;
   bool never_ready = false;
 };
@@ -27,8 +33,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// One ncclSend or ncclRecv of a group.
+struct FakeTask {
+  bool is_send = false;
+  const void* src = nullptr;
+  void* dst = nullptr;
+  size_t bytes = 0;
+  int peer = 0;
+};
+
 struct FakeOp {
   enum Kind { kRecord, kWait, kExchange, kCopy } kind;
+  std::vector<FakeTask> tasks;  // kExchange on a linked communicator
+  bool sent = false;            // its sends are in the mailboxes
   CUevent_st* event = nullptr;
   uint64_t gen = 0;
   ncclComm* comm = nullptr;
@@ -61,6 +78,11 @@ struct State {
   int abort_calls = 0;
   int exchanges_run = 0;
   int task_calls = 0;
+  bool link = false;    // communicators created now are linked
+  uint64_t world = 1;   // of the linked communicators created now
+  int size_mismatches = 0;
+  // Messages of linked communicators by (world, src, dst), in sending order.
+  std::map<std::tuple<uint64_t, int, int>, std::deque<std::vector<char>>> mail;
   // Kept reachable (leak checkers): device memory a test leaves allocated on purpose (undrained
   // streams) and aborted communicators, which queued exchange ops may still point at.
   std::vector<void*> allocations;
@@ -78,7 +100,12 @@ thread_local int t_device = 0;
 thread_local cudaError_t t_last = cudaSuccess;
 thread_local cudaStreamCaptureMode t_mode = cudaStreamCaptureModeGlobal;
 thread_local int t_group_depth = 0;
-thread_local std::vector<std::pair<ncclComm*, cudaStream_t>> t_tasks;
+struct ThreadTask {
+  ncclComm* comm;
+  cudaStream_t stream;
+  FakeTask task;
+};
+thread_local std::vector<ThreadTask> t_tasks;
 
 FakeStream* fs(cudaStream_t s) { return reinterpret_cast<FakeStream*>(s); }
 
@@ -95,6 +122,38 @@ bool canRun(const State& g, const FakeOp& op) {
   }
 }
 
+// A linked exchange at the front of its stream: its sends go to the mailboxes the first time it
+// gets there (eager, as NCCL's small messages are); it completes once every receive has its
+// message. Returns whether it completed; sets *progress when it changed anything.
+bool runLinkedExchange(State& g, FakeOp& op, bool* progress) {
+  const ncclComm& c = *op.comm;
+  if (!op.sent) {
+    for (const FakeTask& t : op.tasks) {
+      if (!t.is_send) continue;
+      const char* src = static_cast<const char*>(t.src);
+      g.mail[std::make_tuple(c.world, c.rank, t.peer)].emplace_back(src, src + t.bytes);
+    }
+    op.sent = true;
+    *progress = true;
+  }
+  std::map<int, size_t> wanted;
+  for (const FakeTask& t : op.tasks)
+    if (!t.is_send) ++wanted[t.peer];
+  for (const auto& w : wanted) {
+    auto it = g.mail.find(std::make_tuple(c.world, w.first, c.rank));
+    if (it == g.mail.end() || it->second.size() < w.second) return false;
+  }
+  for (const FakeTask& t : op.tasks) {
+    if (t.is_send) continue;
+    auto& box = g.mail[std::make_tuple(c.world, t.peer, c.rank)];
+    const std::vector<char>& m = box.front();
+    if (m.size() != t.bytes) ++g.size_mismatches;
+    std::memcpy(t.dst, m.data(), std::min(m.size(), t.bytes));
+    box.pop_front();
+  }
+  return true;
+}
+
 // Runs every op that can run (caller holds mu).
 void pump(State& g) {
   bool progress = true;
@@ -103,6 +162,11 @@ void pump(State& g) {
     for (auto& sp : g.streams) {
       FakeStream& s = *sp;
       while (!s.q.empty() && canRun(g, s.q.front())) {
+        FakeOp& front = s.q.front();
+        if (front.kind == FakeOp::kExchange && front.comm->linked && !(front.comm->aborted && g.abort_releases) &&
+            !runLinkedExchange(g, front, &progress)) {
+          break;  // waits for a peer's message
+        }
         FakeOp op = s.q.front();
         s.q.pop_front();
         progress = true;
@@ -150,6 +214,10 @@ void reset() {
   g.capture_invalidated = false;
   for (bool& c : g.ctx) c = false;
   g.streams_destroyed = g.sync_timeouts = g.abort_calls = g.exchanges_run = g.task_calls = 0;
+  g.link = false;
+  ++g.world;
+  g.size_mismatches = 0;
+  g.mail.clear();
   for (auto& s : g.streams) s->q.clear();  // what an earlier test left stuck
 }
 void setExchangeBudget(int n) {
@@ -215,6 +283,24 @@ int exchangesRun() {
 int ncclTaskCalls() {
   std::lock_guard<std::mutex> lock(st().mu);
   return st().task_calls;
+}
+void linkRanks() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().link = true;
+}
+int sizeMismatches() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().size_mismatches;
+}
+int messagesLeft() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  int n = 0;
+  for (const auto& box : st().mail) n += static_cast<int>(box.second.size());
+  return n;
+}
+int pairsUsed() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return static_cast<int>(st().mail.size());
 }
 bool streamValid(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(st().mu);
@@ -402,11 +488,14 @@ ncclResult_t ncclGetVersion(int* v) {
 }
 const char* ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "fake NCCL error"; }
 const char* ncclGetLastError(ncclComm_t) { return ""; }
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int, ncclUniqueId, int, ncclConfig_t*) {
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int, ncclUniqueId, int rank, ncclConfig_t*) {
   std::lock_guard<std::mutex> lock(st().mu);
   touchContext();
   st().comms.push_back(std::make_unique<ncclComm>());
   *comm = st().comms.back().get();
+  (*comm)->linked = st().link;
+  (*comm)->world = st().world;
+  (*comm)->rank = rank;
   (*comm)->ready_at = Clock::now() + std::chrono::milliseconds(st().init_ms);
   return ncclInProgress;
 }
@@ -432,16 +521,25 @@ ncclResult_t ncclGroupStart() {
   ++t_group_depth;
   return ncclSuccess;
 }
-ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t s) {
+ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t, int peer, ncclComm_t comm, cudaStream_t s) {
   std::lock_guard<std::mutex> lock(st().mu);
   ++st().task_calls;
-  t_tasks.emplace_back(comm, s);
+  FakeTask t;
+  t.is_send = true;
+  t.src = buf;
+  t.bytes = count;  // ringreduce sends ncclUint8
+  t.peer = peer;
+  t_tasks.push_back(ThreadTask{comm, s, t});
   return ncclSuccess;
 }
-ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t s) {
+ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t, int peer, ncclComm_t comm, cudaStream_t s) {
   std::lock_guard<std::mutex> lock(st().mu);
   ++st().task_calls;
-  t_tasks.emplace_back(comm, s);
+  FakeTask t;
+  t.dst = buf;
+  t.bytes = count;
+  t.peer = peer;
+  t_tasks.push_back(ThreadTask{comm, s, t});
   return ncclSuccess;
 }
 ncclResult_t ncclGroupEnd() {
@@ -450,11 +548,12 @@ ncclResult_t ncclGroupEnd() {
   if (t_tasks.empty()) return ncclSuccess;
   std::lock_guard<std::mutex> lock(st().mu);
   State& g = st();
-  ncclComm* comm = t_tasks.front().first;
-  cudaStream_t s = t_tasks.front().second;
-  t_tasks.clear();
+  ncclComm* comm = t_tasks.front().comm;
+  cudaStream_t s = t_tasks.front().stream;
   FakeOp op{FakeOp::kExchange};
   op.comm = comm;
+  for (const ThreadTask& t : t_tasks) op.tasks.push_back(t.task);
+  t_tasks.clear();
   fs(s)->q.push_back(op);
   int ms = g.default_handoff_ms;
   if (!g.handoffs.empty()) {

@@ -15,6 +15,10 @@
 //     behaviour, src/group.cc); a nested ncclGroupEnd only decrements the depth (ncclSuccess);
 //   * an exchange op passes when the exchange budget allows it, or once its communicator was
 //     aborted (NCCL's kernels exit on abort) unless the test says otherwise;
+//   * communicators created after linkRanks() (threads as ranks, one world until reset()) move
+//     their messages: an exchange posts its sends to per-(src, dst) mailboxes when it reaches the
+//     front of its stream, and completes once each of its receives has a message (matched in
+//     sending order); other communicators move nothing;
 //   * ops run only when someone polls (event/stream queries), as a GPU would, from any thread;
 //   * cudaEventQuery on a thread in global capture mode while a global capture is on returns
 //     cudaErrorStreamCaptureUnsupported and invalidates the capture (CUDA's rule);
@@ -44,5 +48,9 @@ int abortCalls();
 int exchangesRun();                 // exchange ops that ran
 int ncclTaskCalls();                // ncclSend + ncclRecv calls
 bool streamValid(cudaStream_t s);
+void linkRanks();                   // communicators created from now until reset() move messages
+int sizeMismatches();               // linked receives whose message had another size
+int messagesLeft();                 // linked messages sent but never received
+int pairsUsed();                    // (src, dst) pairs of linked ranks that exchanged a message
 
 }  // namespace rrfake

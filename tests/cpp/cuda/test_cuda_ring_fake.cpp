@@ -4,6 +4,7 @@
 // Each case names the defect of issue 15 it guards against.
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -384,6 +385,143 @@ TEST_CASE(buffers_are_protected_before_anything_is_enqueued) {
   CHECK_EQ(tasks_at_protect, 0);
   CHECK(rrfake::ncclTaskCalls() > 0);
   ring->shutdown("test");
+}
+
+// ---- the agreement frames over NCCL (issue 16: one frame all-gather, core/agreement.h) --------
+
+namespace {
+
+// Runs fn(rank) on one thread per rank of `ranks` (the others never call), each with a linked
+// communicator of a world of `nranks` on its own device, and joins them; an exception on a rank
+// fails the case.
+void onLinkedRanks(int nranks, const std::vector<int>& ranks, const std::function<void(CudaRing&, int)>& fn) {
+  std::vector<std::shared_ptr<CudaRing>> rings(static_cast<size_t>(nranks));
+  for (int r : ranks) {
+    auto comm = std::make_shared<NcclComm>(kUid, nranks, r, r, ms(5000), "fake", ms(5000));
+    rings[static_cast<size_t>(r)] = std::make_shared<CudaRing>(comm);
+  }
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<size_t>(nranks));
+  for (int r : ranks) {
+    threads.emplace_back([&, r] {
+      cudaSetDevice(r);
+      try {
+        fn(*rings[static_cast<size_t>(r)], r);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r : ranks) rings[static_cast<size_t>(r)]->shutdown("test");
+  for (int r : ranks) CHECK_MSG(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
+}
+
+Frame frameOf(int rank, int64_t numel) {
+  Frame f;
+  f.rank = rank;
+  f.seq = 7;
+  f.kind = static_cast<int32_t>(CallKind::kAllReduce);
+  f.numel = numel;
+  f.device_type = 1;
+  return f;
+}
+
+}  // namespace
+
+// CudaRing::exchangeFrames runs core's exchangeFrames over NcclFrameTransport: every rank gets
+// every rank's frame, in ring order, and only ring neighbours exchange (Note [Frames around the
+// ring]: direct frames would have connected all 12 ordered pairs of 4 ranks).
+TEST_CASE(frames_over_nccl_reach_every_rank_around_the_ring) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  std::vector<std::vector<Frame>> got(4);
+  onLinkedRanks(4, {0, 1, 2, 3}, [&](CudaRing& ring, int r) {
+    got[static_cast<size_t>(r)] = ring.exchangeFrames(frameOf(r, 100 + r), resolveRing({}, 4, r));
+  });
+  for (int r = 0; r < 4; ++r) {
+    CHECK_EQ(got[static_cast<size_t>(r)].size(), size_t(4));
+    for (int i = 0; i < 4; ++i) {
+      CHECK_EQ(got[static_cast<size_t>(r)][static_cast<size_t>(i)].rank, i);
+      CHECK_EQ(got[static_cast<size_t>(r)][static_cast<size_t>(i)].numel, int64_t(100 + i));
+    }
+  }
+  CHECK_EQ(rrfake::pairsUsed(), 4);      // 0->1, 1->2, 2->3, 3->0
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
+  CHECK_EQ(rrfake::ncclTaskCalls(), 4 * 3 * 2);  // 3 hops of one send and one receive per rank
+}
+
+// A ring over some ranks of the communicator (Note [Sub-rings on one communicator]): frames go
+// around its members only; rank 1, not a member, never calls.
+TEST_CASE(frames_over_nccl_on_a_sub_ring_stay_among_its_members) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  const std::vector<int> members = {3, 0, 2};  // ring order: 3 -> 0 -> 2 -> 3
+  std::vector<std::vector<Frame>> got(4);
+  onLinkedRanks(4, {0, 2, 3}, [&](CudaRing& ring, int r) {
+    const RingMembers rm = resolveRing(members, 4, r);
+    got[static_cast<size_t>(r)] = ring.exchangeFrames(frameOf(r, 10 * r), rm);
+  });
+  for (int r : {0, 2, 3}) {
+    CHECK_EQ(got[static_cast<size_t>(r)].size(), size_t(3));
+    for (size_t i = 0; i < members.size(); ++i) {
+      CHECK_EQ(got[static_cast<size_t>(r)][i].rank, members[i]);
+      CHECK_EQ(got[static_cast<size_t>(r)][i].numel, int64_t(10 * members[i]));
+    }
+  }
+  CHECK_EQ(rrfake::pairsUsed(), 3);
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+}
+
+// The whole GPU check path (runCudaCall with check on, sendCudaRefusal) over the core agreement:
+// a call whose ranks agree runs; a rank with another numel, and a rank that refused, make every
+// rank raise the verdict (kRuntime) before anything is enqueued, and the communicator stays usable.
+TEST_CASE(gpu_agreement_check_verdicts_over_nccl) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  std::vector<std::string> verdict(3), refusal(3);
+  std::vector<int> ran(3, 0), usable(3, 0);
+  onLinkedRanks(3, {0, 1, 2}, [&](CudaRing& ring, int r) {
+    cudaStream_t caller = newStream();
+    std::vector<float> data(64, 1.0f);
+    CudaCallBuffers buf;
+    buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
+    CudaCallRequest req;
+    req.numel = 64;
+    req.shape = {64};
+    req.check = true;
+    req.group_name = "fake";
+    req.caller = caller;
+    auto work = runCudaCall(ring, req, buf);  // agreed: runs
+    if (work) {
+      work->synchronize(ms(5000));
+      ran[static_cast<size_t>(r)] = 1;
+    }
+    req.numel = r == 2 ? 32 : 64;  // rank 2 disagrees
+    req.shape = {req.numel};
+    (void)throwsKind([&] { runCudaCall(ring, req, buf); }, ErrorKind::kRuntime, &verdict[static_cast<size_t>(r)]);
+    if (r == 1) {
+      (void)throwsKind([&] { sendCudaRefusal(ring, CallKind::kAllReduce, 3, RedOp::kSum, "fake", {}); },
+                       ErrorKind::kRuntime, &refusal[static_cast<size_t>(r)]);
+    } else {
+      req.numel = 64;
+      req.shape = {64};
+      (void)throwsKind([&] { runCudaCall(ring, req, buf); }, ErrorKind::kRuntime, &refusal[static_cast<size_t>(r)]);
+    }
+    usable[static_cast<size_t>(r)] = ring.comm().aborted() ? 0 : 1;
+  });
+  for (int r = 0; r < 3; ++r) {
+    CHECK_EQ(ran[static_cast<size_t>(r)], 1);
+    CHECK_EQ(usable[static_cast<size_t>(r)], 1);
+    CHECK_MSG(verdict[static_cast<size_t>(r)].find("disagree on call #1") != std::string::npos &&
+                  verdict[static_cast<size_t>(r)].find("numel") != std::string::npos,
+              verdict[static_cast<size_t>(r)]);
+    CHECK_MSG(refusal[static_cast<size_t>(r)].find("a rank refused the call") != std::string::npos,
+              refusal[static_cast<size_t>(r)]);
+  }
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
 }
 
 TEST_MAIN()
