@@ -114,4 +114,8 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   return stages;
 }
 
+DType stagesDType(DType dtype, bool hierarchical, bool accum_float32) {
+  return hierarchical && accum_float32 && isHalfType(dtype) ? DType::kFloat32 : dtype;
+}
+
 }  // namespace rr

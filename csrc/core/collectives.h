@@ -17,8 +17,8 @@
 // bytes), against 2 (n-1)/n S across nodes for the flat ring's ranks at a node boundary. The
 // result is bitwise identical on every rank (stage 2 is a ring all-reduce, stage 3 copies), but its
 // rounding differs from the flat ring's, as the summation order does. Half types with float32
-// accumulation reduce a float32 copy of the tensor (the caller's job), so the stages never carry
-// float32 partials.
+// accumulation reduce a float32 copy of the tensor (stagesDType below; the caller makes it), so
+// the stages never carry float32 partials.
 #pragma once
 
 #include <cstdint>
@@ -72,5 +72,12 @@ std::vector<RingStage> ringHalfStages(const RingMembers& ring, int64_t numel, DT
                                       const PlanOptions& base, uint8_t phases);
 std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_size, int64_t numel, DType dtype,
                                           RedOp op, const PlanOptions& base);
+
+// The dtype an all-reduce's stages run in, for a tensor of `dtype`: the tensor's own, except for
+// the hierarchical all-reduce with float32 accumulation of a half type. Its three rings cannot
+// hand float32 partials from one to the next, so the whole reduction runs on a float32 copy,
+// rounded once at the end, as the flat ring's accumulation mode promises. Both the CPU and the GPU
+// call path make their working copy in this dtype.
+DType stagesDType(DType dtype, bool hierarchical, bool accum_float32);
 
 }  // namespace rr

@@ -66,9 +66,8 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
     if (req.numel > 0 && buf.trivial) buf.trivial();
     return nullptr;
   }
-  // 5. Hierarchical with float32 accumulation for half types reduces a float32 copy, rounded once.
-  const bool upcast = hier && req.accum_float32 && isHalfType(req.dtype);
-  const DType wdtype = upcast ? DType::kFloat32 : req.dtype;
+  // 5. The working buffer, in the stages' dtype (stagesDType: a float32 copy for hierarchical + accum).
+  const DType wdtype = stagesDType(req.dtype, hier, req.accum_float32);
   void* data = buf.data(wdtype, rm.index);
   const PlanOptions base = ring.planOptions(op, req.accum_float32 && !hier && !scatter && !gather, req.segment_bytes);
   std::vector<RingStage> stages;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "../core/collectives.h"
 #include "../cpu/c10d_transport.h"
 #include "../cpu/runtime_registry.h"
 
@@ -119,10 +120,11 @@ CallBuffer CpuCall::prepare(int ring_rank, int ring_size) {
       break;
     }
     default: {
-      // Hierarchical with float32 accumulation for half types: the whole reduction runs on a float32
-      // copy, so partials are rounded once, at the end, as the flat ring's accum mode promises.
-      const bool upcast = opt_.hierarchical(ring_size) && opt_.accum_float32 && isHalfType(toDType(tensor_.scalar_type()));
-      if (upcast) work_ = tensor_.to(at::kFloat).contiguous();
+      // A working copy in the stages' dtype when it differs from the tensor's (stagesDType, core/collectives.h).
+      const DType dtype = toDType(tensor_.scalar_type());
+      if (stagesDType(dtype, opt_.hierarchical(ring_size), opt_.accum_float32) != dtype) {
+        work_ = tensor_.to(at::kFloat).contiguous();
+      }
       else if (!tensor_.is_contiguous() || tensor_.is_conj() || tensor_.is_neg()) work_ = contiguousCopy(tensor_);
       buf = work_.defined() ? work_ : tensor_;
       break;
