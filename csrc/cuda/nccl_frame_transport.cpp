@@ -49,8 +49,7 @@ int64_t NcclFrameTransport::isend(const void* data, size_t bytes, int peer, int 
   std::memcpy(slot(host_, false), data, bytes);
   send_peer_ = peer;
   send_bytes_ = bytes;
-  send_request_ = next_request_++;
-  return send_request_;
+  return next_request_++;
 }
 
 int64_t NcclFrameTransport::irecv(void* data, size_t bytes, int peer, int /*tag*/) {
@@ -61,8 +60,7 @@ int64_t NcclFrameTransport::irecv(void* data, size_t bytes, int peer, int /*tag*
   recv_peer_ = peer;
   recv_bytes_ = bytes;
   recv_to_ = data;
-  recv_request_ = next_request_++;
-  return recv_request_;
+  return next_request_++;
 }
 
 void NcclFrameTransport::wait(int64_t request) {

@@ -79,11 +79,9 @@ class NcclFrameTransport final : public Transport {
   // The pending send and receive (peer -1: none).
   int send_peer_ = -1;
   size_t send_bytes_ = 0;
-  int64_t send_request_ = -1;
   int recv_peer_ = -1;
   size_t recv_bytes_ = 0;
   void* recv_to_ = nullptr;
-  int64_t recv_request_ = -1;
 };
 
 }  // namespace rr
