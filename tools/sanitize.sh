@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Builds the torch-free core and its C++ tests under AddressSanitizer, UndefinedBehaviorSanitizer
-# and ThreadSanitizer (build-asan, build-ubsan, build-tsan in the repo root) and runs ctest in each.
+# Builds the torch-free core and its C++ tests under AddressSanitizer with UndefinedBehaviorSanitizer
+# (one build, build-asan-ubsan) and under ThreadSanitizer (build-tsan) in the repo root, and runs
+# ctest in each. ASan and UBSan alone are still available (build-asan, build-ubsan).
 # Prints the time of each stage; exits non-zero if any configure, build or test failed. nvcc is not
 # used (RR_CUDA=OFF): the host-side GPU driver test still runs under each sanitizer.
 #
-#   tools/sanitize.sh                 # all three
-#   tools/sanitize.sh thread          # only some: address | undefined | thread
+#   tools/sanitize.sh                 # address+undefined, then thread (what CI runs)
+#   tools/sanitize.sh thread          # only some: address+undefined | address | undefined | thread
 #   JOBS=2 tools/sanitize.sh
 set -u -o pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 jobs="${JOBS:-2}"
-if [ "$#" -gt 0 ]; then sanitizers=("$@"); else sanitizers=(address undefined thread); fi
+if [ "$#" -gt 0 ]; then sanitizers=("$@"); else sanitizers=(address+undefined thread); fi
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
@@ -21,10 +22,11 @@ status=0
 summary=()
 for san in "${sanitizers[@]}"; do
   case "$san" in
+    address+undefined) dir="$root/build-asan-ubsan" ;;
     address) dir="$root/build-asan" ;;
     undefined) dir="$root/build-ubsan" ;;
     thread) dir="$root/build-tsan" ;;
-    *) echo "unknown sanitizer '$san' (address, undefined, thread)" >&2; exit 2 ;;
+    *) echo "unknown sanitizer '$san' (address+undefined, address, undefined, thread)" >&2; exit 2 ;;
   esac
   echo "=== $san: $dir"
   start=$(date +%s)
