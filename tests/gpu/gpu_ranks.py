@@ -224,10 +224,11 @@ class RankGroup:
                     try:
                         status, payload = conn.recv()
                     except (EOFError, OSError):  # died while (or instead of) answering
-                        proc.join(timeout=2)
-                        dead[r] = proc.exitcode
+                        proc.join(timeout=5)
                         pending.discard(r)
-                        first_failure = first_failure or time.monotonic()
+                        if not (r in exits and proc.exitcode == exits[r]):  # else: died as the test meant it to
+                            dead[r] = proc.exitcode
+                            first_failure = first_failure or time.monotonic()
                         continue
                     pending.discard(r)
                     if status == "ok":
