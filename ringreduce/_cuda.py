@@ -93,6 +93,7 @@ import torch.distributed as dist
 
 from ringreduce import _config
 from ringreduce._groups import GroupInfo
+from ringreduce._interrupt import interrupt_reason
 from ringreduce._types import KIND_NAMES, CallKind
 from ringreduce.work import Work
 
@@ -314,7 +315,15 @@ def cuda_all_reduce(
     algo = f" hierarchical(local_size={local_size})" if local_size and local_size > 1 else ""
     if handle is None:
         return Work.completed([tensor])
-    return Work(handle, [tensor], describe=f"all_reduce {name}{algo} on {info.name} (cuda:{tensor.device.index})")
+    return Work(handle, [tensor], describe=f"all_reduce {name}{algo} on {info.name} (cuda:{tensor.device.index})",
+                on_interrupt=_interrupter(comm, info, handle), stream_wait=True)
+
+
+def _interrupter(comm: Any, info: GroupInfo, handle: Any) -> Any:
+    """What Ctrl-C during a timed Work.wait() does on CUDA (Note [Ctrl-C], ringreduce/_interrupt.py):
+    abort this rank's communicator of the group (its NCCL kernels return; later calls raise
+    DistBackendError with this reason; the peers fail at their timeout or when NCCL sees the abort)."""
+    return lambda: comm.abort(interrupt_reason(info.name, handle.seq))
 
 
 _HALF_NAMES = {int(k): KIND_NAMES[k] for k in (CallKind.REDUCE_SCATTER, CallKind.ALL_GATHER)}
@@ -368,7 +377,8 @@ def cuda_ring_half(
         return Work.completed([output])
     name = getattr(op, "name", str(op)) if kind == 3 else ""
     what = f"{_HALF_NAMES[int(kind)]}{' ' + name if name else ''}"
-    return Work(handle, [output], describe=f"{what} on {info.name} (cuda:{tensor.device.index})")
+    return Work(handle, [output], describe=f"{what} on {info.name} (cuda:{tensor.device.index})",
+                on_interrupt=_interrupter(comm, info, handle), stream_wait=True)
 
 
 def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, members: Any = None) -> None:

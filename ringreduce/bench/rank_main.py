@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ringreduce.bench.config import BenchConfig
-from ringreduce.bench.launch import nccl_transport_label, nccl_rank_env, rank_device, ranks_share_gpus
+from ringreduce.bench.launch import nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
 from ringreduce.bench.machine import describe
 from ringreduce.bench.sweep import RankContext, run_sweep
 
