@@ -94,12 +94,12 @@ finish() {  # finish LAST_LINE
 }
 
 # ---- the build -------------------------------------------------------------------------------
-# A usable build: ringreduce._C imports and loads the shared libstdc++ (tools/libstdcxx_check.py);
-# with a GPU it must have CUDA too.
+# A usable build: this checkout's ringreduce._C (not one an editable install of another checkout
+# maps in), which loads the shared libstdc++ (tools/libstdcxx_check.py); with a GPU it has CUDA too.
 ext_file() { "$PYTHON" -c 'import ringreduce._native as n; print(n.C.__file__)' 2>/dev/null; }
 build_ok() {  # build_ok NEED_CUDA
   local f
-  f="$(ext_file)" && [[ -n "$f" ]] || return 1
+  f="$(ext_file)" && [[ -n "$f" && "$(dirname "$(realpath "$f")")" == "$(realpath "$ROOT/ringreduce")" ]] || return 1
   "$PYTHON" "$ROOT/tools/libstdcxx_check.py" "$f" >>"$LOG" 2>&1 || return 1
   [[ "$1" == 0 ]] || "$PYTHON" -c 'import ringreduce, sys; sys.exit(0 if ringreduce.build_info()["cuda"] else 1)' \
     >/dev/null 2>&1
