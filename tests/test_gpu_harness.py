@@ -106,6 +106,21 @@ def _raise_on_rank0(rank: int, n: int) -> int:
     return rank
 
 
+def _hang_on_rank1(rank: int, n: int) -> int:
+    if rank == 1:
+        time.sleep(600)
+    return rank
+
+
+def test_hung_rank_is_killed_at_the_timeout_with_its_stack():
+    with pytest.raises(pytest.fail.Exception) as info:
+        run_gpu_ranks(_hang_on_rank1, device="cpu", fresh=True, timeout=2)
+    msg = str(info.value)
+    assert "rank 1 did not finish within the timeout" in msg, msg
+    assert "_hang_on_rank1" in msg and "time.sleep" not in msg.split("its output:")[0], msg
+    assert 'in _hang_on_rank1' in msg, msg  # faulthandler's stack of the hung rank
+
+
 def _sum_ranks(rank: int, n: int) -> int:
     import torch
 

@@ -20,7 +20,8 @@ exits=None)`` runs ``fn(rank, world_size, *args)`` on every rank and returns the
   signal's name and the tail of what it printed (each rank's stdout and stderr go to a log file;
   faulthandler prints the Python stack of a crash there), after the other ranks got a few seconds
   to report. A rank that raises fails the test with its traceback; a job that exceeds ``timeout`` is
-  killed. Either way the pool is discarded.
+  killed after every rank printed the Python stacks of its threads (faulthandler on SIGUSR1), so a
+  hang says where it hung. Either way the pool is discarded.
 
 ``device="cpu"`` runs the same machinery over gloo alone without touching CUDA (the harness's own
 tests, tests/test_gpu_harness.py, run it on machines without a GPU).
@@ -47,6 +48,7 @@ from ringreduce.bench.launch import gpu_world_size, nccl_rank_env, nccl_transpor
 
 _CTX = mp.get_context("spawn")
 GRACE_S = 5.0  # after a rank died: how long the others may still report before they are killed
+STARTUP_S = 180.0  # process start and process group creation, before the first job
 LOG_TAIL = 4000  # characters of a failed rank's output in the report
 PG_TIMEOUT = datetime.timedelta(seconds=120)
 
@@ -125,6 +127,7 @@ def _rank_main(rank: int, world_size: int, init_file: str, log_path: str, conn: 
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
     faulthandler.enable(log)
+    faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)  # the parent asks before killing a hung rank
     sys.path[:] = sys_path
     os.environ.update(base_env)
     try:
@@ -144,6 +147,7 @@ def _rank_main(rank: int, world_size: int, init_file: str, log_path: str, conn: 
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         conn.send(("err", f"process group setup failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         return
+    conn.send(("ready", None))
     while True:
         try:
             job = conn.recv()
@@ -182,6 +186,7 @@ class RankGroup:
         self.procs: list[Any] = []
         self.conns: list[Any] = []
         self.broken = False
+        self.ready = False
         for r in range(world_size):
             parent, child = _CTX.Pipe()
             p = _CTX.Process(target=_rank_main, name=f"gpu rank {r}",
@@ -201,7 +206,32 @@ class RankGroup:
             return ""
         return text[-LOG_TAIL:] if len(text) > LOG_TAIL else text
 
+    def _wait_ready(self, fn: Callable) -> None:
+        """Every rank has its process group (startup is not charged to the first job's timeout)."""
+        deadline = time.monotonic() + STARTUP_S
+        problems = []
+        for r, (conn, proc) in enumerate(zip(self.conns, self.procs, strict=True)):
+            while not conn.poll(0.05):
+                if not proc.is_alive() or time.monotonic() > deadline:
+                    break
+            try:
+                status, payload = conn.recv() if conn.poll(0) else ("died", None)
+            except (EOFError, OSError):
+                status, payload = "died", None
+            if status == "err":
+                problems.append(f"--- rank {r}: {payload}")
+            elif status == "died":
+                proc.join(timeout=2)
+                what = describe_exit(proc.exitcode) if not proc.is_alive() else f"not ready within {STARTUP_S:.0f} s"
+                problems.append(f"--- rank {r} did not start: {what}; its output:\n{self.output(r, False) or '(nothing)'}")
+        if problems:
+            self.kill()
+            pytest.fail(f"{fn.__name__}: the ranks did not start\n" + "\n".join(problems), pytrace=False)
+        self.ready = True
+
     def run(self, fn: Callable, args: tuple, env: dict, timeout: float, exits: dict[int, int]) -> list[Any]:
+        if not self.ready:
+            self._wait_ready(fn)
         for r in range(self.world_size):
             try:
                 self.offsets[r] = os.path.getsize(self.logs[r])
@@ -245,6 +275,11 @@ class RankGroup:
                         continue  # died as the test meant it to
                     dead[r] = proc.exitcode
                     first_failure = first_failure or time.monotonic()
+        if pending and not (dead or errors):  # a hang: where is every rank stuck? (Python stacks)
+            for r in pending:
+                if self.procs[r].is_alive() and self.procs[r].pid is not None:
+                    os.kill(self.procs[r].pid, signal.SIGUSR1)
+            time.sleep(1.0)
         if pending or dead or errors:
             self.kill()
         report = []
@@ -259,10 +294,10 @@ class RankGroup:
             out = self.output(r)
             report.append(f"--- rank {r} raised:\n{tb}" + (f"\n    its output:\n{out}" if out.strip() else ""))
         if report:
-            head = (f"{fn.__name__} failed on {self.world_size} ranks: " +
-                    ", ".join(f"rank {r} {describe_exit(c)}" for r, c in sorted(dead.items())) +
-                    (f"; ranks {sorted(errors)} raised" if errors else "") +
-                    (f"; ranks {sorted(pending)} did not finish" if pending else ""))
+            parts = [f"rank {r} {describe_exit(c)}" for r, c in sorted(dead.items())]
+            parts += [f"ranks {sorted(errors)} raised"] if errors else []
+            parts += [f"ranks {sorted(pending)} did not finish"] if pending else []
+            head = f"{fn.__name__} failed on {self.world_size} ranks: " + "; ".join(parts)
             pytest.fail(head + "\n" + "\n".join(report), pytrace=False)
         return results
 
