@@ -58,6 +58,17 @@ def test_transport_label_says_socket_or_one_gpu_per_rank():
     assert nccl_transport_label(8, 8) == "nvlink/p2p (one GPU per rank)"
 
 
+def test_transport_label_reaches_the_json_and_the_plot_title():
+    from ringreduce.bench.machine import describe, short_title
+
+    label = nccl_transport_label(2, 1)
+    machine = describe("nccl", 2, ["host"], label)
+    assert machine["transport"] == label  # the JSON's machine record
+    machine.update(gpus=["NVIDIA H100 80GB HBM3"], nodes=1)
+    assert short_title(machine) == "1x NVIDIA H100 80GB HBM3; 2 ranks (nccl, nccl-socket-lo (2 ranks share 1 GPU))"
+    assert describe("gloo", 2, ["host"])["transport"] is None
+
+
 def test_exit_descriptions():
     assert describe_exit(-11) == "SIGSEGV (exit code -11)"
     assert describe_exit(3) == "exit code 3"
