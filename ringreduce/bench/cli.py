@@ -31,6 +31,7 @@ ratio = ringreduce time / stock time; floor = one memcpy of the buffer, timed th
 examples:
   python -m ringreduce.bench                                   # 2 CPU ranks or all GPUs
   python -m ringreduce.bench -b 1M -e 64M -f 4 --nproc 4       # 4 ranks, 1 to 64 MiB
+  python -m ringreduce.bench --backend nccl --nproc 2 -b 1M -e 256M -f 2   # one GPU: 2 ranks share it
   python -m ringreduce.bench -b 8 -e 1M -f 4 --check-cost      # cost of the agreement check
   torchrun --nnodes 2 --nproc-per-node 8 ... -m ringreduce.bench -b 8 -e 256M -f 2
   python -m ringreduce.bench --mode train [train-step options]  # training-step benchmark

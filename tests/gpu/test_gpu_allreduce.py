@@ -379,7 +379,10 @@ def _dead_peer(rank: int, n: int) -> dict:
     dev = device(rank)
     rr.all_reduce(torch.ones(1 << 16, device=dev))  # everyone creates the communicator
     torch.cuda.synchronize(dev)
-    dist.barrier()  # gloo: the others are past their first call too
+    store = dist.distributed_c10d._get_default_store()
+    store.add("first_call_done", 1)  # a host-only barrier: no stock NCCL communicator in this test
+    while int(store.add("first_call_done", 0)) < n:
+        time.sleep(0.01)
     if rank == n - 1:
         os._exit(3)  # exits without calling again (the first GPU run: the survivor then died of SIGSEGV)
     start = time.monotonic()
