@@ -198,9 +198,11 @@ say "build_info: $(cat "$RESULTS/build_info.json")"
 tee -a "$LOG" < "$RESULTS/machine.txt"
 
 # ---- the checks (limits: the first run on one H100 took 138 s for the loopback suite, 10 s for
-# the kernels; docs/performance.md has the plan) ------------------------------------------------
+# the kernels; docs/performance.md has the plan). pytest -v names each test as it ends and
+# --durations lists the slowest, so a run stopped at its limit still says where the time went. ------
 step "loopback suite on one GPU (n = 2..8, halves, sub-rings, hierarchical)" 200 \
-  "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu_loopback.py --junitxml="$RESULTS/loopback.xml"
+  "$PYTHON" -m pytest -v -p no:cacheprovider -m gpu tests/gpu/test_gpu_loopback.py --durations=5 \
+  --junitxml="$RESULTS/loopback.xml"
 step "reduce kernel vs torch, kernel vs D2D copy bandwidth" 60 \
   bash -c "set -o pipefail; '$PYTHON' scripts/gpu_kernels.py --json '$RESULTS/kernels.json' | tee '$RESULTS/kernels.txt'"
 
@@ -209,8 +211,8 @@ WORLDS=(2 3)
 for n in "${WORLDS[@]}"; do
   if (( n <= NGPU )); then how="one GPU per rank"; else how="sharing $NGPU GPU(s) over NCCL's socket transport on lo"; fi
   step "multi-rank GPU suite, $n ranks ($how)" $(( n == 2 ? 240 : 300 )) \
-    env RINGREDUCE_GPU_WORLD="$n" "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/gpu \
-    --ignore=tests/gpu/test_gpu_loopback.py --junitxml="$RESULTS/gpu_suite_$n.xml"
+    env RINGREDUCE_GPU_WORLD="$n" "$PYTHON" -m pytest -v -p no:cacheprovider -m gpu tests/gpu \
+    --ignore=tests/gpu/test_gpu_loopback.py --durations=15 --junitxml="$RESULTS/gpu_suite_$n.xml"
 done
 
 # ringreduce vs NCCL (default) and NCCL_ALGO=RING, 1 MiB - 256 MiB; 2 ranks on one GPU, else one per GPU.
