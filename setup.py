@@ -160,13 +160,36 @@ def build_extension():
     )
 
 
+def _libstdcxx_check():
+    """tools/libstdcxx_check.py, loaded by path (importing the ringreduce package needs the extension)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("libstdcxx_check", os.path.join(ROOT, "tools", "libstdcxx_check.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 class BuildExt(BuildExtension):
     """torch's BuildExtension with a persistent object folder, so ninja rebuilds only what changed
-    (pip's editable installs otherwise compile everything in a fresh temporary folder)."""
+    (pip's editable installs otherwise compile everything in a fresh temporary folder), and a check
+    of what it linked: an extension that carries its own copy of libstdc++ is deleted and the build
+    stops (Note [One libstdc++ per process], tools/libstdcxx_check.py)."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
         self.build_temp = os.path.join(ROOT, "build-ext")
+
+    def build_extension(self, ext) -> None:
+        super().build_extension(ext)
+        # The command that linked: setuptools puts the C++ driver (compiler_cxx, i.e. $CXX) in front
+        # of the shared-library link flags (linker_so_cxx, else linker_so, which carry $LDFLAGS).
+        flags = list(getattr(self.compiler, "linker_so_cxx", None) or self.compiler.linker_so)[1:]
+        linker = list(self.compiler.compiler_cxx or self.compiler.linker_so)[:1] + flags
+        check = _libstdcxx_check()
+        check.enforce(self.get_ext_fullpath(ext.name), linker, os.environ.get("LDFLAGS", ""), list(ext.extra_link_args))
+        _log(f"{ext.name} uses the shared {check.LIBSTDCXX} (checked after linking)")
 
 
 setup(

@@ -4,13 +4,12 @@
 ``ringreduce.all_gather`` call :func:`cuda_ring_half` for CUDA tensors after their local checks
 (dtype/op, group membership; numel 0 and world size 1 return before). What happens here:
 
-What has run on a GPU: **nothing yet.** This path was written and reviewed on machines without a
-GPU. What runs there: the kernels' body and the ring driver on simulated streams
-(tests/test_cuda_logic.py), the real CudaRing and NcclComm host logic (watchdog, abort, shutdown,
-timeouts, device guard) on a fake CUDA runtime (tests/cpp/cuda/test_cuda_ring_fake.cpp), this
-module's registry with a fake native layer (tests/test_cuda_registry.py), and the CUDA build and
-its import. The GPU suite (``pytest -m gpu``) and ``scripts/gpu_check.sh`` have not run yet; run
-``scripts/gpu_check.sh`` first on a GPU machine.
+What has run on a GPU: one H100 at commit 963a10d (docs/reliability.md section 11 says what held and
+what crashed); the rest is tested without a GPU: the kernels' body and the ring driver on simulated
+streams (tests/test_cuda_logic.py), the real CudaRing and NcclComm host logic (watchdog, abort,
+shutdown, timeouts, device guard) on a fake CUDA runtime (tests/cpp/cuda/test_cuda_ring_fake.cpp),
+this module's registry with a fake native layer (tests/test_cuda_registry.py), and the CUDA build
+and its import. ``scripts/gpu_check.sh`` runs every GPU check, on one GPU too.
 
 * **One NCCL communicator per process group, on one GPU**, created lazily by the first CUDA call
   on the group, on the tensor's device; a later tensor of that group on another device raises
@@ -78,7 +77,8 @@ communicators whose operations are enqueued in a different order on different ra
 4. Do not mix ringreduce and a DDP model's own reduction of the same gradients: use
    ``GradientAverager`` or ``ddp_comm_hook``, not both.
 5. Each rank uses one GPU per group (NCCL does not support two ranks of one communicator on one
-   device).
+   device of one host; ranks that share a GPU each set their own ``NCCL_HOSTID`` and talk over NCCL's
+   socket transport, Note [Ranks sharing a GPU] in ringreduce/bench/launch.py).
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ import torch.distributed as dist
 
 from ringreduce import _config
 from ringreduce._groups import GroupInfo
+from ringreduce._interrupt import interrupt_reason
 from ringreduce._types import KIND_NAMES, CallKind
 from ringreduce.work import Work
 
@@ -314,7 +315,15 @@ def cuda_all_reduce(
     algo = f" hierarchical(local_size={local_size})" if local_size and local_size > 1 else ""
     if handle is None:
         return Work.completed([tensor])
-    return Work(handle, [tensor], describe=f"all_reduce {name}{algo} on {info.name} (cuda:{tensor.device.index})")
+    return Work(handle, [tensor], describe=f"all_reduce {name}{algo} on {info.name} (cuda:{tensor.device.index})",
+                on_interrupt=_interrupter(comm, info, handle), stream_wait=True)
+
+
+def _interrupter(comm: Any, info: GroupInfo, handle: Any) -> Any:
+    """What Ctrl-C during a timed Work.wait() does on CUDA (Note [Ctrl-C], ringreduce/_interrupt.py):
+    abort this rank's communicator of the group (its NCCL kernels return; later calls raise
+    DistBackendError with this reason; the peers fail at their timeout or when NCCL sees the abort)."""
+    return lambda: comm.abort(interrupt_reason(info.name, handle.seq))
 
 
 _HALF_NAMES = {int(k): KIND_NAMES[k] for k in (CallKind.REDUCE_SCATTER, CallKind.ALL_GATHER)}
@@ -368,7 +377,8 @@ def cuda_ring_half(
         return Work.completed([output])
     name = getattr(op, "name", str(op)) if kind == 3 else ""
     what = f"{_HALF_NAMES[int(kind)]}{' ' + name if name else ''}"
-    return Work(handle, [output], describe=f"{what} on {info.name} (cuda:{tensor.device.index})")
+    return Work(handle, [output], describe=f"{what} on {info.name} (cuda:{tensor.device.index})",
+                on_interrupt=_interrupter(comm, info, handle), stream_wait=True)
 
 
 def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, members: Any = None) -> None:

@@ -10,6 +10,8 @@ Note [Ctrl-C]
     that says why), gives the worker a moment to let go of the call's tensors, and re-raises. The
     other ranks' calls fail with DistBackendError when this process exits or at their timeout;
     this process can exit normally. A completed call costs one native wait, as before.
+    On CUDA tensors only ``Work.wait(timeout=...)`` blocks the host; it waits in the same slices, and
+    an interrupt aborts the group's communicator on this rank (ringreduce/_cuda.py).
 """
 
 from __future__ import annotations

@@ -25,7 +25,9 @@ class Work:
 
     CUDA tensors, as torch.distributed's NCCL Work: ``wait()`` does **not** block the host; it makes
     the *current CUDA stream* wait for the call (and raises at once if the call already failed).
-    ``wait(timeout=...)`` also blocks the host up to ``timeout``. ``is_completed()`` polls the GPU.
+    ``wait(timeout=...)`` also blocks the host up to ``timeout``, in slices: Ctrl-C interrupts it
+    (KeyboardInterrupt within about 0.1 s) and aborts the group's communicator on this rank (later
+    calls raise DistBackendError saying so). ``is_completed()`` polls the GPU.
     ``get_future()`` is CUDA-aware and completes when the call is *enqueued*, not when it ran:
     ``.wait()``/``.then()`` on it order streams, and a host timestamp taken in a callback is the
     launch time, not the time the data arrived. To know the call finished on the GPU, use
@@ -42,6 +44,7 @@ class Work:
         finalize: Callable[[], None] | None = None,
         future: torch.futures.Future | None = None,
         on_interrupt: Callable[[], None] | None = None,
+        stream_wait: bool = False,
     ) -> None:
         self._handle = handle
         self._result = result
@@ -49,9 +52,11 @@ class Work:
         self._finalize = finalize
         self._finalized = handle is None
         self._future = future
-        # CPU calls: what Ctrl-C during wait() does (Note [Ctrl-C] in ringreduce/_interrupt.py); its
-        # presence makes wait() wait in slices
+        # What Ctrl-C during wait() does (Note [Ctrl-C] in ringreduce/_interrupt.py); its presence
+        # makes host waits wait in slices. stream_wait (CUDA): wait() without a timeout only orders
+        # the current stream and never blocks the host, so only a timed wait is sliced.
         self._on_interrupt = on_interrupt
+        self._stream_wait = stream_wait
 
     @classmethod
     def completed(cls, result: list[torch.Tensor]) -> Work:
@@ -70,9 +75,9 @@ class Work:
                 ms = max(0, int(timeout.total_seconds() * 1000))
             else:
                 raise TypeError(f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}")
-            # CPU calls wait in slices (Ctrl-C); a CUDA handle's wait(-1) is a stream wait, not a host one
-            done = (wait_sliced(self._handle, ms, self._on_interrupt) if self._on_interrupt is not None
-                    else self._handle.wait(ms))
+            # host waits go in slices (Ctrl-C); a CUDA handle's wait(-1) is a stream wait, not a host one
+            sliced = self._on_interrupt is not None and not (self._stream_wait and ms < 0)
+            done = wait_sliced(self._handle, ms, self._on_interrupt) if sliced else self._handle.wait(ms)
             if not done:
                 raise RuntimeError(
                     f"ringreduce: {self._describe} (call #{self._handle.seq}) did not complete within "

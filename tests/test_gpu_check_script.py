@@ -26,3 +26,25 @@ def test_gpu_check_without_gpu_says_so_and_exits_zero(tmp_path):
     assert "no CUDA GPU was found" in lines[-1]
     assert "PASS  simulated device" in proc.stdout
     assert (tmp_path / "results" / "summary.txt").read_text().strip().splitlines()[-1] == lines[-1]
+
+
+def test_bench_summary_reads_what_the_benchmark_writes(tmp_path):
+    """gpu_check.sh's benchmark lines (scripts/gpu_bench_summary.py) from a JSON the benchmark really
+    wrote: a 2-rank CPU run at tiny sizes (the keys are those of every backend's rows)."""
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-m", "ringreduce.bench", "--backend", "gloo", "--nproc", "2", "-b", "1K",
+                          "-e", "4K", "-f", "4", "--rounds", "1", "-w", "1", "-n", "2", "-q", "--json", str(out)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_bench_summary.py"), str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("bench: 2 ranks, gloo;"), lines
+    assert lines[-1] == "bench: wrong elements 0 (OK)", lines
+    rows = {line.split()[0] + " " + line.split()[1]: line.split()[2:] for line in lines[2:-1]}
+    assert set(rows) == {"1 KiB", "4 KiB"}, lines
+    for cells in rows.values():
+        assert len(cells) == 3 and all(float(c) > 0 for c in cells), lines  # ringreduce, gloo busbw; ratio
+    assert "gpu_bench_summary.py" in (ROOT / "scripts" / "gpu_check.sh").read_text()

@@ -272,8 +272,8 @@ CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots, int64_t st
 CudaRing::~CudaRing() { shutdown("the ring was destroyed"); }
 
 void CudaRing::checkOpen() const {
-  RR_CHECK(!shut_down_, kBackend, "ringreduce: the NCCL communicator ", comm_->name(),
-           " was shut down (process exit or an explicit abort)");
+  RR_CHECK(!shut_down_, kBackend, "ringreduce: the NCCL communicator ", comm_->name(), " is unusable: ",
+           comm_->abortReason(), ". Create a new process group to continue.");
   RR_CHECK(poisoned_.empty(), kRuntime, poisoned_);
 }
 

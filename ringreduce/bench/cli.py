@@ -31,6 +31,7 @@ ratio = ringreduce time / stock time; floor = one memcpy of the buffer, timed th
 examples:
   python -m ringreduce.bench                                   # 2 CPU ranks or all GPUs
   python -m ringreduce.bench -b 1M -e 64M -f 4 --nproc 4       # 4 ranks, 1 to 64 MiB
+  python -m ringreduce.bench --backend nccl --nproc 2 -b 1M -e 256M -f 2   # one GPU: 2 ranks share it
   python -m ringreduce.bench -b 8 -e 1M -f 4 --check-cost      # cost of the agreement check
   torchrun --nnodes 2 --nproc-per-node 8 ... -m ringreduce.bench -b 8 -e 256M -f 2
   python -m ringreduce.bench --mode train [train-step options]  # training-step benchmark
@@ -84,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="on GPUs, skip stock NCCL with NCCL_ALGO=RING")
     ranks = p.add_argument_group("ranks")
     ranks.add_argument("--nproc", type=int, default=None,
-                       help="local ranks to spawn (default: all GPUs if >= 2, else 2 CPU ranks); "
-                       "ignored under torchrun")
+                       help="local ranks to spawn (default: all GPUs if >= 2, else 2 CPU ranks; with --backend "
+                       "nccl on one GPU 2 ranks); rank r uses GPU r %% GPUs, and ranks sharing a GPU talk over "
+                       "NCCL's socket transport on lo (labelled so); ignored under torchrun")
     ranks.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
                        help="auto: nccl with >= 2 GPUs and a CUDA build of ringreduce, else gloo")
     out = p.add_argument_group("output")
@@ -181,9 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_rank(cfg)
     import torch
 
-    nproc = args.nproc if args.nproc is not None else (torch.cuda.device_count() if backend == "nccl" else 2)
+    # More ranks than GPUs share them over NCCL's socket transport (Note [Ranks sharing a GPU], launch.py).
+    nproc = args.nproc if args.nproc is not None else (max(2, torch.cuda.device_count()) if backend == "nccl" else 2)
     if nproc < 2:
         raise SystemExit("ringreduce.bench: --nproc must be >= 2")
-    if backend == "nccl" and nproc > torch.cuda.device_count():
-        raise SystemExit(f"ringreduce.bench: --nproc {nproc} exceeds the {torch.cuda.device_count()} visible GPUs")
     return spawn_local(cfg, nproc)

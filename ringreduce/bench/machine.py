@@ -41,8 +41,9 @@ def _memory_bytes() -> int | None:
         return None
 
 
-def describe(backend: str, world_size: int, hosts: list[str]) -> dict[str, Any]:
-    """CPU model, cores, memory, GPUs, torch/CUDA/NCCL versions, world size, nodes, relevant env."""
+def describe(backend: str, world_size: int, hosts: list[str], transport: str | None = None) -> dict[str, Any]:
+    """CPU model, cores, memory, GPUs, torch/CUDA/NCCL versions, world size, nodes, relevant env, and
+    on NCCL how it connects the ranks (`transport`: launch.nccl_transport_label)."""
     gpus = []
     if torch.cuda.is_available():
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -66,6 +67,7 @@ def describe(backend: str, world_size: int, hosts: list[str]) -> dict[str, Any]:
         "nccl": _nccl_version(),
         "torch_threads": torch.get_num_threads(),
         "backend": backend,
+        "transport": transport,
         "world_size": world_size,
         "ringreduce": ringreduce.build_info(),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
@@ -79,4 +81,5 @@ def short_title(machine: dict[str, Any]) -> str:
     else:
         device = f"{machine['cpu_model']}, {machine['cpu_cores']} cores"
     nodes = f", {machine['nodes']} nodes" if machine.get("nodes", 1) > 1 else ""
-    return f"{device}{nodes}; {machine['world_size']} ranks ({machine['backend']})"
+    transport = f", {machine['transport']}" if machine.get("transport") else ""
+    return f"{device}{nodes}; {machine['world_size']} ranks ({machine['backend']}{transport})"

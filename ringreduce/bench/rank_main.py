@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ringreduce.bench.config import BenchConfig
+from ringreduce.bench.launch import nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
 from ringreduce.bench.machine import describe
 from ringreduce.bench.sweep import RankContext, run_sweep
 
@@ -18,12 +19,24 @@ MEMORY_BOUND_BYTES = 12 << 20  # docs/design.md section 5: ringreduce's own memo
 PG_TIMEOUT = datetime.timedelta(minutes=10)
 
 
+def _local_ranks(world_size: int) -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+
+
 def _init(cfg: BenchConfig) -> RankContext:
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if cfg.backend == "nccl":
-        device = torch.device("cuda", local_rank)
+        # Note [Ranks sharing a GPU] (launch.py): rank r on GPU r % GPUs; more ranks than GPUs run
+        # over NCCL's socket transport, on one host only.
+        gpus = torch.cuda.device_count()
+        local_ranks = _local_ranks(world_size)
+        if ranks_share_gpus(local_ranks, gpus) and local_ranks != world_size:
+            raise SystemExit(f"ringreduce.bench: {local_ranks} ranks per node share {gpus} GPUs; ranks may share "
+                             "GPUs on a single node only (Note [Ranks sharing a GPU]): use one rank per GPU")
+        os.environ.update(nccl_rank_env(rank, local_ranks, gpus))
+        device = torch.device("cuda", rank_device(local_rank, gpus))
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=PG_TIMEOUT, device_id=device)
     else:
@@ -63,6 +76,7 @@ def _banner(cfg: BenchConfig, machine: dict[str, Any]) -> str:
     return (f"# ringreduce.bench all_reduce: {machine['world_size']} ranks, backend {cfg.backend}, launcher "
             f"{cfg.launcher}, {threads}\n# {machine['cpu_model']} ({machine['cpu_cores']} cores)"
             + (f", GPUs: {', '.join(machine['gpus'])}" if machine["gpus"] else "")
+            + (f"\n# NCCL transport: {machine['transport']}" if machine.get("transport") else "")
             + f"\n# torch {machine['torch']}, NCCL {machine['nccl']}, ringreduce {machine['ringreduce']['version']}"
             + f"\n# warmup {cfg.warmup}, agreement check {check}, transport {cfg.transport}; {method}"
             + "\n# floor = one memcpy of the buffer on each rank, timed the same way; /floor = ringreduce time / floor"
@@ -78,7 +92,9 @@ def run_rank(cfg: BenchConfig) -> int:
         started = time.monotonic()
         hosts: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(hosts, os.uname().nodename)
-        machine = describe(cfg.backend, ctx.world_size, [str(h) for h in hosts])
+        transport = (nccl_transport_label(_local_ranks(ctx.world_size), torch.cuda.device_count())
+                     if cfg.backend == "nccl" else None)
+        machine = describe(cfg.backend, ctx.world_size, [str(h) for h in hosts], transport)
         if ctx.rank == 0:
             print(_banner(cfg, machine), flush=True)
         result = run_sweep(cfg, ctx)

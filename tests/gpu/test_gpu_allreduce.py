@@ -1,28 +1,35 @@
-"""ringreduce on CUDA tensors over its own NCCL communicator: needs >= 2 GPUs, skipped otherwise.
+"""ringreduce on CUDA tensors over its own NCCL communicator: needs a CUDA GPU, skipped otherwise.
 
-One process per GPU (tests/gpu/gpu_ranks.py). Each test spawns the ranks once and runs many cases
-inside. Everything the CPU suite checks, on CUDA tensors: exact position-dependent data for every
-dtype and op against an all_gather reduced in float64, random data against stock NCCL
-dist.all_reduce, non-contiguous and per-rank-different layouts, subgroups, tiny counts, async
-handles and futures; plus what only GPUs have: stream ordering with the caller's stream, overlap,
-the caching allocator, CUDA graph capture, the watchdog, and RINGREDUCE_CHECK=1.
+The ranks are processes (tests/gpu/gpu_ranks.py): one per GPU, or where ranks outnumber the GPUs
+(one GPU: 2 ranks by default, RINGREDUCE_GPU_WORLD sets the world size) several per GPU over NCCL's
+socket transport (Note [Ranks sharing a GPU]); each test runs many cases inside. Everything the CPU
+suite checks, on CUDA tensors: exact position-dependent data for every dtype and op against an
+all_gather reduced in float64 (tests/gpu/sweeps.py, Note [Sizing the GPU sweeps]), random data
+against stock NCCL dist.all_reduce, non-contiguous and per-rank-different layouts, subgroups, tiny
+counts, async handles and futures; plus what only GPUs have: stream ordering with the caller's
+stream, overlap, the caching allocator, CUDA graph capture, the watchdog, and RINGREDUCE_CHECK=1.
+The error paths (mismatch, dead peer, silent peer, capture, Ctrl-C) run on fresh processes and
+check a clear exception on every rank and exit code 0 everywhere.
 
-None of these has been run on the machine where ringreduce was written (it has no GPU).
+What ran on a GPU so far is listed in docs/design.md (Status).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import signal
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
-from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
+from refdata import bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks
 
-from gpu.gpu_ranks import need_gpus, run_gpu_ranks
+from gpu.gpu_ranks import device, need_gpus, run_gpu_ranks, world
+from gpu.sweeps import all_reduce_cases
 
-pytestmark = [pytest.mark.gpu, need_gpus(2)]
+pytestmark = [pytest.mark.gpu, need_gpus(1)]
 
 
 def _set_segment(nbytes: int | None) -> None:
@@ -38,29 +45,17 @@ def _set_segment(nbytes: int | None) -> None:
 def _exact_sweep(rank: int, n: int) -> int:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
-    counts = sorted({1, max(1, n - 1), n + 1, 37, 1031, 65537})
+    dev = device(rank)
     cases = 0
-    for seg in (64, 4096, None):
-        _set_segment(seg)
-        for dtype in ALL_TYPES:
-            for op in OPS:
-                if not supported(dtype, op):
-                    continue
-                for numel in counts:
-                    for accum in ((None, torch.float32) if dtype in (torch.float16, torch.bfloat16) else (None,)):
-                        x = exact_input(numel, rank, dtype, op).to(dev)
-                        want = reference(gather_inputs(x), op)
-                        rr.all_reduce(x, op=op, accum_dtype=accum)
-                        assert bits_equal(x, want), f"{op} {dtype} numel={numel} seg={seg} accum={accum}"
-                        assert same_on_all_ranks(x)
-                        cases += 1
+    for case in all_reduce_cases(n):
+        _set_segment(case.segment)
+        x = exact_input(case.numel, rank, case.dtype, case.op).to(dev)
+        want = reference(gather_inputs(x), case.op) if case.numel else x.clone()
+        rr.all_reduce(x, op=case.op, accum_dtype=torch.float32 if case.accum else None)
+        assert bits_equal(x, want), case
+        assert same_on_all_ranks(x), case
+        cases += 1
     _set_segment(None)
-    # one big tensor with the default segment size: many segments, every staging slot reused
-    x = exact_input(2**20 + 3, rank, torch.float32, "avg").to(dev)
-    want = reference(gather_inputs(x), "avg")
-    rr.all_reduce_avg(x)
-    assert bits_equal(x, want)
     return cases
 
 
@@ -75,24 +70,25 @@ def test_exact_every_dtype_and_op():
 def _random_vs_nccl(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    gen = torch.Generator(device="cuda").manual_seed(100 + rank)
+    dev = device(rank)
+    gen = torch.Generator(device=dev).manual_seed(100 + rank)
     for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12), (torch.float16, 2e-2), (torch.bfloat16, 5e-2)):
         for numel in (1000, 2**20 + 7, 3 * 2**20):
-            x = torch.randn(numel, generator=gen, device="cuda").to(dtype)
+            x = torch.randn(numel, generator=gen, device=dev).to(dtype)
             y = x.clone()
             rr.all_reduce_avg(x)
             dist.all_reduce(y)
             y /= n
             torch.testing.assert_close(x.float(), y.float(), rtol=tol, atol=tol * 4)
             assert same_on_all_ranks(x)
-            z = torch.randn(numel, generator=gen, device="cuda").to(dtype)
+            z = torch.randn(numel, generator=gen, device=dev).to(dtype)
             w = z.clone()
             rr.all_reduce(z, op="max")
             dist.all_reduce(w, op=dist.ReduceOp.MAX)
             assert bits_equal(z, w)
         # accum_dtype=float32: at least as close to the float64 truth as the per-hop rounding
         if dtype in (torch.float16, torch.bfloat16):
-            x = torch.randn(4097, generator=gen, device="cuda").to(dtype)
+            x = torch.randn(4097, generator=gen, device=dev).to(dtype)
             truth = reference(gather_inputs(x), "avg").double()
             a, b = x.clone(), x.clone()
             rr.all_reduce_avg(a, accum_dtype=torch.float32)
@@ -110,7 +106,7 @@ def test_random_data_matches_nccl():
 def _layouts(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     _set_segment(256)
     for dtype in (torch.float32, torch.bfloat16, torch.int32, torch.complex64):
         op = "sum"
@@ -154,7 +150,7 @@ def test_noncontiguous_views_and_layouts():
 def _groups_and_counts(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     for numel in (0, 1, n - 1, n + 1):
         x = exact_input(numel, rank, torch.float32, "sum").to(dev)
         want = reference(gather_inputs(x), "sum") if numel else x.clone()
@@ -196,7 +192,7 @@ def test_subgroups_and_small_counts():
 def _async(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     x = exact_input(3 * 2**20 + 5, rank, torch.float32, "sum").to(dev)
     want = reference(gather_inputs(x), "sum")
     work = rr.all_reduce(x, async_op=True)
@@ -236,7 +232,7 @@ def test_async_handles_futures_and_overlap():
 def _streams(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     numel = 2**20
     # producer right before the call: a long sleep kernel then the write, both on the current
     # stream. If the ring did not wait for the current stream it would reduce stale zeros.
@@ -273,7 +269,7 @@ def test_stream_ordering():
 def _freed(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     numel = 8 * 2**20
     for _ in range(3):
         t = torch.ones(numel, device=dev)
@@ -298,35 +294,49 @@ def test_tensor_freed_right_after_call():
     run_gpu_ranks(_freed)
 
 
-def _graph_capture(rank: int, n: int) -> None:
+# ---- error paths: the CUDA twins of tests/test_errors.py and tests/test_interrupt.py ----------------
+# Fresh processes each (they poison their groups on purpose); run_gpu_ranks(fresh=True) also checks
+# that every rank exits with code 0 afterwards.
+
+_CALL_NUMBER = r"call #\d+ \("  # the number survives formatting (Note [One libstdc++ per process])
+
+
+def _graph_capture(rank: int, n: int) -> dict:
     import ringreduce as rr
 
-    x = torch.ones(1024, device=torch.device("cuda", rank))
+    dev = device(rank)
+    x = torch.ones(1024, device=dev)
     rr.all_reduce(x)  # communicator created outside the capture
     g = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="CUDA graph"):
+    with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph") as info:
         with torch.cuda.graph(g):
             rr.all_reduce(x)
+    # refused before anything ran: the group is still usable, on every rank alike
+    y = torch.full((4096,), float(rank + 1), device=dev)
+    rr.all_reduce(y)
+    assert bool((y == n * (n + 1) / 2).all())
+    return {"message": str(info.value)}
 
 
-def test_cuda_graph_capture_raises_clearly():
-    run_gpu_ranks(_graph_capture)
-
-
-# ---- agreement check and failures ------------------------------------------------------------------
+@pytest.mark.parametrize("check", ["0", "1"])
+def test_cuda_graph_capture_raises_clearly(check):
+    out = run_gpu_ranks(_graph_capture, env={"RINGREDUCE_CHECK": check}, fresh=True)
+    assert all("torch.cuda.graph()" in r["message"] for r in out), out
 
 
 def _check_mismatch(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     x = torch.ones(100 + (rank == 1), device=dev)
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(RuntimeError, match=_CALL_NUMBER) as info:
         rr.all_reduce(x)
-    assert "numel" in str(info.value) or "shape" in str(info.value)
+    msg = str(info.value)
+    for needle in ("disagree", "numel", *(f"rank {r}: all_reduce" for r in range(n))):
+        assert needle in msg, (needle, msg)
     assert bool((x == 1).all())  # nothing moved
     y = torch.ones(64, device=dev, dtype=torch.float32 if rank else torch.int32)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="dtype"):
         rr.all_reduce(y)
     # no payload moved: the group is still usable
     z = torch.ones(64, device=dev)
@@ -335,26 +345,116 @@ def _check_mismatch(rank: int, n: int) -> None:
 
 
 def test_check_detects_mismatch():
-    run_gpu_ranks(_check_mismatch, env={"RINGREDUCE_CHECK": "1"})
+    run_gpu_ranks(_check_mismatch, env={"RINGREDUCE_CHECK": "1"}, fresh=True)
 
 
-def _dead_peer(rank: int, n: int) -> None:
+def _silent_peer(rank: int, n: int) -> dict:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     x = torch.ones(1 << 16, device=dev)
     rr.all_reduce(x)  # everyone creates the communicator
+    torch.cuda.synchronize(dev)
     if rank == n - 1:
-        return  # never calls again
+        return {}  # alive, but never calls again
+    start = time.monotonic()
     work = rr.all_reduce(torch.ones(1 << 16, device=dev), async_op=True)
-    with pytest.raises(dist.DistBackendError):
+    with pytest.raises(dist.DistBackendError, match="did not finish within"):
         work.wait(timeout=datetime.timedelta(seconds=120))
-    with pytest.raises(dist.DistBackendError):
+    elapsed = time.monotonic() - start
+    with pytest.raises(dist.DistBackendError, match="unusable"):
         rr.all_reduce(torch.ones(8, device=dev))
+    return {"elapsed": elapsed}
 
 
 def test_peer_that_never_calls_raises_after_timeout():
-    run_gpu_ranks(_dead_peer, env={"RINGREDUCE_TIMEOUT": "5"}, timeout=240)
+    out = run_gpu_ranks(_silent_peer, env={"RINGREDUCE_TIMEOUT": "5"}, timeout=240, fresh=True)
+    for r in out[:-1]:
+        assert 4 <= r["elapsed"] < 60, r  # the watchdog's timeout (5 s), not the 120 s of wait()
+
+
+def _dead_peer(rank: int, n: int) -> dict:
+    import ringreduce as rr
+
+    dev = device(rank)
+    rr.all_reduce(torch.ones(1 << 16, device=dev))  # everyone creates the communicator
+    torch.cuda.synchronize(dev)
+    store = dist.distributed_c10d._get_default_store()
+    store.add("first_call_done", 1)  # a host-only barrier: no stock NCCL communicator in this test
+    while int(store.add("first_call_done", 0)) < n:
+        time.sleep(0.01)
+    if rank == n - 1:
+        os._exit(3)  # exits without calling again (the first GPU run: the survivor then died of SIGSEGV)
+    start = time.monotonic()
+    work = rr.all_reduce(torch.ones(1 << 16, device=dev), async_op=True)
+    with pytest.raises(dist.DistBackendError) as info:
+        work.wait(timeout=datetime.timedelta(seconds=120))
+    elapsed = time.monotonic() - start
+    with pytest.raises(dist.DistBackendError, match="unusable"):
+        rr.all_reduce(torch.ones(8, device=dev))
+    return {"elapsed": elapsed, "message": str(info.value)}
+
+
+def test_peer_that_exits_raises_on_the_others():
+    out = run_gpu_ranks(_dead_peer, env={"RINGREDUCE_TIMEOUT": "10"}, timeout=240, fresh=True,
+                        exits={world() - 1: 3})
+    assert out[-1] is None  # it died with exit code 3, as meant
+    for r in out[:-1]:
+        assert r["elapsed"] < 60, r
+        assert "ringreduce" in r["message"], r
+
+
+def _interrupted(rank: int, n: int) -> dict:
+    """Rank 0 waits (host-blocking, timed Work.wait) for a call whose peer is silent; rank 1 sends it
+    SIGINT (the CUDA twin of tests/test_interrupt.py)."""
+    import ringreduce as rr
+
+    store = dist.distributed_c10d._get_default_store()
+    dev = device(rank)
+    rr.all_reduce(torch.ones(4, device=dev))  # the communicator exists on both ranks
+    torch.cuda.synchronize(dev)
+    if rank == 0:
+        store.set("pid0", str(os.getpid()))
+        t = torch.arange(1 << 18, dtype=torch.float32, device=dev)  # 1 MiB: several exchanges
+        caught = None
+        work = rr.all_reduce(t, async_op=True)
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=60))
+        except KeyboardInterrupt:
+            caught = time.time()
+        sent = float(store.get("sigint_at").decode())
+        result: dict = {"latency": None if caught is None else caught - sent}
+        try:
+            rr.all_reduce(torch.ones(4, device=dev))
+            result["next_call"] = "returned"
+        except dist.DistBackendError as exc:
+            result["next_call"] = str(exc)
+        store.set("rank0_done", "1")
+        return result
+    if rank == 1:
+        pid = int(store.get("pid0").decode())
+        time.sleep(1.5)  # rank 0 is blocked in its wait by now
+        store.set("sigint_at", repr(time.time()))
+        os.kill(pid, signal.SIGINT)
+        store.wait(["rank0_done"])
+    errors = []
+    for _ in range(2):  # the first call may still meet rank 0's interrupted one half way
+        try:
+            rr.all_reduce(torch.ones(1 << 18, device=dev), async_op=True).wait(timeout=datetime.timedelta(seconds=60))
+        except dist.DistBackendError as exc:
+            errors.append(str(exc))
+            break
+    return {"errors": errors}
+
+
+def test_ctrl_c_interrupts_a_blocked_wait():
+    out = run_gpu_ranks(_interrupted, env={"RINGREDUCE_TIMEOUT": "8"}, timeout=240, fresh=True)
+    first = out[0]
+    assert first["latency"] is not None, "no KeyboardInterrupt"
+    assert 0 <= first["latency"] < 1.0, f"KeyboardInterrupt {first['latency']:.3f} s after SIGINT"
+    assert "interrupted on this rank" in first["next_call"] and "unusable" in first["next_call"], first
+    for r in out[1:]:
+        assert r["errors"], "a peer's calls did not fail"
 
 
 def _build_info(rank: int, n: int) -> dict:

@@ -1,15 +1,17 @@
 """The GPU path beyond one flat ring: reduce_scatter, all_gather, rings over rank lists (DeviceMesh
 sub-meshes) and the hierarchical all-reduce, on CUDA tensors over ringreduce's NCCL communicator.
-Needs >= 2 GPUs (the hierarchical and strict sub-ring cases >= 4), skipped otherwise.
+Needs a CUDA GPU; the hierarchical and strict sub-ring cases need a world of >= 4 ranks
+(RINGREDUCE_GPU_WORLD=4 runs them on one GPU), skipped otherwise.
 
-One process per GPU (tests/gpu/gpu_ranks.py); each test spawns the ranks once and runs many cases.
-The checks mirror the CPU suite's: exact position-dependent data against an all_gather reduced in
-float64 (bitwise), random data against the flat ring within tolerances, bitwise agreement across
-ranks, inputs left untouched, CUDA-aware futures holding [output]. What only the GPU path has is
-checked too: every ring over a rank list of a group uses the group's ONE communicator (no
-communicator is created for a sub-ring), and the agreement frames of a sub-ring stay inside it.
+The ranks are processes (tests/gpu/gpu_ranks.py; ranks may share GPUs, Note [Ranks sharing a GPU]);
+each test runs many cases. The checks mirror the CPU suite's: exact position-dependent data against
+an all_gather reduced in float64 (bitwise; the case lists are tests/gpu/sweeps.py), random data
+against the flat ring within tolerances, bitwise agreement across ranks, inputs left untouched,
+CUDA-aware futures holding [output]. What only the GPU path has is checked too: every ring over a
+rank list of a group uses the group's ONE communicator (no communicator is created for a sub-ring),
+and the agreement frames of a sub-ring stay inside it.
 
-None of these has been run on the machine where ringreduce was written (it has no GPU).
+What ran on a GPU so far is listed in docs/design.md (Status).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
+from refdata import bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks
 
-from gpu.gpu_ranks import need_gpus, run_gpu_ranks
+from gpu.gpu_ranks import device, need_gpus, need_world, run_gpu_ranks, world
+from gpu.sweeps import all_gather_cases, all_reduce_cases, reduce_scatter_cases
 
-pytestmark = [pytest.mark.gpu, need_gpus(2)]
+pytestmark = [pytest.mark.gpu, need_gpus(1)]
 
 
 def _set_env(name: str, value: str | None) -> None:
@@ -34,8 +37,9 @@ def _set_env(name: str, value: str | None) -> None:
 
 
 def _even_world() -> int:
-    """The largest even number of visible GPUs (equal simulated nodes of 2, even/odd sub-rings)."""
-    n = torch.cuda.device_count()
+    """The largest even world size up to the configured one (equal simulated nodes of 2, even/odd
+    sub-rings)."""
+    n = world()
     return n - n % 2
 
 
@@ -52,23 +56,19 @@ def _comm_keys() -> list[int]:
 def _reduce_scatter_exact(rank: int, n: int) -> int:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     cases = 0
-    for seg in ("64", None):
-        _set_env("RINGREDUCE_SEGMENT_BYTES", seg)
-        for dtype in ALL_TYPES:
-            for op in OPS:
-                if not supported(dtype, op):
-                    continue
-                for blk in (1, 3, 37, 4099):
-                    x = exact_input(n * blk, rank, dtype, op).to(dev)
-                    keep = x.clone()
-                    want = reference(gather_inputs(x), op).view(n, blk)[rank]
-                    out = torch.full((blk,), 0, dtype=dtype, device=dev)
-                    rr.reduce_scatter(out, x, op=op)
-                    assert bits_equal(out, want), f"{op} {dtype} blk={blk} seg={seg}"
-                    assert bits_equal(x, keep), "reduce_scatter must leave its input untouched"
-                    cases += 1
+    for case in reduce_scatter_cases(n):
+        _set_env("RINGREDUCE_SEGMENT_BYTES", None if case.segment is None else str(case.segment))
+        dtype, op, blk = case.dtype, case.op, case.numel
+        x = exact_input(n * blk, rank, dtype, op).to(dev)
+        keep = x.clone()
+        want = reference(gather_inputs(x), op).view(n, blk)[rank]
+        out = torch.full((blk,), 0, dtype=dtype, device=dev)
+        rr.reduce_scatter(out, x, op=op)
+        assert bits_equal(out, want), case
+        assert bits_equal(x, keep), "reduce_scatter must leave its input untouched"
+        cases += 1
     _set_env("RINGREDUCE_SEGMENT_BYTES", None)
     # 2-D blocks, a non-contiguous input (transposed) and a non-contiguous output (column slice)
     logical = exact_input(n * 6 * 5, rank, torch.float32, "sum").to(dev).view(n * 6, 5)
@@ -97,7 +97,7 @@ def test_reduce_scatter_exact_every_dtype_and_op():
 def _reduce_scatter_async(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     blk = 3 * 2**18 + 1
     x = torch.zeros(n * blk, device=dev)
     torch.cuda._sleep(100_000_000)  # the producer is still running when the call is made
@@ -123,22 +123,19 @@ def test_reduce_scatter_async_future_and_stream_order():
 def _all_gather_exact(rank: int, n: int) -> int:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     cases = 0
-    _set_env("RINGREDUCE_SEGMENT_BYTES", "64")
-    for dtype in ALL_TYPES:
-        for shape in ((), (1,), (37,), (5, 7), (4099,)):
-            numel = 1
-            for d in shape:
-                numel *= d
-            x = exact_input(numel, rank, dtype, "sum").to(dev).view(shape)
-            want = gather_inputs(x)  # [n, *shape]
-            got = rr.all_gather(x)
-            assert got.is_cuda and got.is_contiguous()
-            assert got.shape == ((n,) if x.dim() == 0 else (n * shape[0], *shape[1:]))
-            assert bits_equal(got.reshape(want.shape), want), f"{dtype} shape={shape}"
-            assert same_on_all_ranks(got)
-            cases += 1
+    for case in all_gather_cases(n):
+        _set_env("RINGREDUCE_SEGMENT_BYTES", None if case.segment is None else str(case.segment))
+        dtype, shape = case.dtype, case.shape
+        x = exact_input(case.numel, rank, dtype, "sum").to(dev).view(shape)
+        want = gather_inputs(x)  # [n, *shape]
+        got = rr.all_gather(x)
+        assert got.is_cuda and got.is_contiguous()
+        assert got.shape == ((n,) if x.dim() == 0 else (n * shape[0], *shape[1:]))
+        assert bits_equal(got.reshape(want.shape), want), case
+        assert same_on_all_ranks(got)
+        cases += 1
     _set_env("RINGREDUCE_SEGMENT_BYTES", None)
     # a non-contiguous input and a large one with the default segment size
     col = exact_input(40 * 7, rank, torch.float16, "sum").to(dev).view(40, 7)[:, 2]
@@ -160,7 +157,7 @@ def test_all_gather_exact_every_dtype():
 def _halves_with_check(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     x = torch.ones(8 + (rank == 1), device=dev)
     with pytest.raises(RuntimeError):
         rr.all_gather(x)
@@ -183,7 +180,7 @@ def _permuted_rings(rank: int, n: int) -> None:
     from ringreduce import _cuda
     from ringreduce._groups import GroupInfo
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     world = dist.group.WORLD
     rr.all_reduce(torch.ones(4, device=dev))  # WORLD's communicator
     keys = _comm_keys()
@@ -223,7 +220,7 @@ def _device_mesh_flattened(rank: int, n: int) -> None:
 
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     rr.all_reduce(torch.ones(4, device=dev))  # WORLD's communicator
     keys = _comm_keys()
     # A 2-D mesh whose rows list the ranks backwards: its flattening is a ring over a rank list of
@@ -269,7 +266,7 @@ def _sub_ring_frames_stay_inside(rank: int, n: int) -> None:
     from ringreduce import _cuda
     from ringreduce._groups import GroupInfo
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     evens = [r for r in range(n) if r % 2 == 0]
     odds = [r for r in range(n) if r % 2 == 1]
     mine = evens if rank % 2 == 0 else odds
@@ -293,7 +290,7 @@ def _sub_ring_frames_stay_inside(rank: int, n: int) -> None:
     assert bool((z == n).all())
 
 
-@need_gpus(4)
+@need_world(4)
 def test_sub_ring_agreement_frames_stay_inside_the_ring():
     run_gpu_ranks(_sub_ring_frames_stay_inside, world_size=_even_world(), env={"RINGREDUCE_CHECK": "1"})
 
@@ -305,25 +302,22 @@ def _hierarchical(rank: int, n: int) -> None:
     import ringreduce as rr
     from ringreduce._groups import choose_algorithm, resolve
 
-    dev = torch.device("cuda", rank)
-    gen = torch.Generator(device="cuda").manual_seed(7 + rank)
+    dev = device(rank)
+    gen = torch.Generator(device=dev).manual_seed(7 + rank)
     rr.all_reduce(torch.ones(4, device=dev))
     keys = _comm_keys()
     for local in [d for d in range(2, n) if n % d == 0]:
         os.environ["RINGREDUCE_LOCAL_SIZE"] = str(local)
         assert choose_algorithm(resolve(None), "hierarchical")[0] == local
         # exact data: bitwise equal to the reference for every dtype and op
-        for seg in ("64", None):
-            _set_env("RINGREDUCE_SEGMENT_BYTES", seg)
-            for dtype in ALL_TYPES:
-                for op in OPS:
-                    if not supported(dtype, op):
-                        continue
-                    for numel in (1, n - 1, n + 1, 1031, 65537):
-                        x = exact_input(numel, rank, dtype, op).to(dev)
-                        want = reference(gather_inputs(x), op)
-                        rr.all_reduce(x, op=op, algorithm="hierarchical")
-                        assert bits_equal(x, want), f"L={local} {op} {dtype} numel={numel} seg={seg}"
+        for case in all_reduce_cases(n):
+            if case.numel == 0:
+                continue
+            _set_env("RINGREDUCE_SEGMENT_BYTES", None if case.segment is None else str(case.segment))
+            x = exact_input(case.numel, rank, case.dtype, case.op).to(dev)
+            want = reference(gather_inputs(x), case.op)
+            rr.all_reduce(x, op=case.op, accum_dtype=torch.float32 if case.accum else None, algorithm="hierarchical")
+            assert bits_equal(x, want), (local, case)
         _set_env("RINGREDUCE_SEGMENT_BYTES", None)
         # random data: close to the flat ring, identical on every rank
         for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-2), (torch.bfloat16, 5e-2)):
@@ -354,7 +348,7 @@ def _hierarchical(rank: int, n: int) -> None:
     assert _comm_keys() == keys, "the hierarchical rings must run over the group's communicator"
 
 
-@need_gpus(4)
+@need_world(4)
 def test_hierarchical_simulated_nodes():
     run_gpu_ranks(_hierarchical, world_size=_even_world(), timeout=900)
 
@@ -362,7 +356,7 @@ def test_hierarchical_simulated_nodes():
 def _hierarchical_checked(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     x = exact_input(1000, rank, torch.float32, "avg").to(dev)
     want = reference(gather_inputs(x), "avg")
     rr.all_reduce_avg(x, algorithm="hierarchical")
@@ -377,7 +371,7 @@ def _hierarchical_checked(rank: int, n: int) -> None:
     assert bool((z == n).all())
 
 
-@need_gpus(4)
+@need_world(4)
 def test_hierarchical_agreement_check():
     run_gpu_ranks(
         _hierarchical_checked, world_size=_even_world(), env={"RINGREDUCE_CHECK": "1", "RINGREDUCE_LOCAL_SIZE": "2"}

@@ -1,7 +1,8 @@
 """Issue 15's GPU tests: what the first multi-GPU run would hit (lifecycle, capture on another
 thread, interleaving with stock NCCL and DDP, group re-creation, threads, no set_device, write-back,
-bursts, bandwidth). One process per GPU (gpu_ranks.py); skipped without enough GPUs. Not run yet
-where ringreduce was written (no GPU there): scripts/gpu_check.sh runs them on a GPU machine.
+bursts, bandwidth). The ranks are processes (gpu_ranks.py; ranks may share GPUs, Note [Ranks
+sharing a GPU]); a test that needs a GPU per rank says so and skips otherwise. What ran on a GPU so
+far is listed in docs/design.md (Status).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import torch
 import torch.distributed as dist
 from refdata import bits_equal, exact_input, gather_inputs, reference
 
-from gpu.gpu_ranks import need_gpus, run_gpu_ranks
+from gpu.gpu_ranks import device, need_distinct_gpus, need_gpus, need_world, run_gpu_ranks, shared, transport
 
-pytestmark = [pytest.mark.gpu, need_gpus(2)]
+pytestmark = [pytest.mark.gpu, need_gpus(1)]
 
 _KEEP: list[torch.Tensor] = []  # tensors alive until interpreter exit
 
@@ -31,7 +32,7 @@ def _lifecycle(rank: int, n: int, mode: str) -> None:
     import ringreduce as rr
     from ringreduce import _cuda
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     x = torch.full((1 << 20,), float(rank + 1), device=dev)
     work = rr.all_reduce(x, async_op=True)
     work.wait()
@@ -52,7 +53,7 @@ def _lifecycle(rank: int, n: int, mode: str) -> None:
 
 @pytest.mark.parametrize("mode", ["release-then-free", "alive-at-exit"])
 def test_lifecycle_exits_with_code_zero(mode):
-    run_gpu_ranks(_lifecycle, mode)  # run_gpu_ranks asserts every rank's exit code is 0
+    run_gpu_ranks(_lifecycle, mode, fresh=True)  # fresh: run_gpu_ranks asserts every rank's exit code is 0
 
 
 # ---- a CUDA graph captured on one thread while an async ring runs on another ---------------------
@@ -61,7 +62,7 @@ def test_lifecycle_exits_with_code_zero(mode):
 def _capture_elsewhere(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     big = torch.full((64 << 20,), 1.0, device=dev)
     rr.all_reduce(torch.ones(8, device=dev))  # communicator and watchdog exist
     errors: list[BaseException] = []
@@ -100,10 +101,10 @@ def test_graph_capture_on_another_thread_while_ring_runs():
 def _interleaved(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)).to(dev)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
     for step in range(5):
         a = torch.full((1 << 18,), float(rank + step), device=dev)
         b = torch.full((1 << 16,), float(rank), device=dev)
@@ -126,7 +127,7 @@ def _interleaved(rank: int, n: int) -> None:
 
 @pytest.mark.parametrize("env", [{}, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}], ids=["default", "max-connections-1"])
 def test_interleaved_with_nccl_collectives_and_ddp(env):
-    run_gpu_ranks(_interleaved, env=env)
+    run_gpu_ranks(_interleaved, env=env, fresh=bool(env))  # CUDA reads the variable when it creates a context
 
 
 # ---- destroy and re-create process groups; two threads on two groups -----------------------------
@@ -136,7 +137,7 @@ def _recreate(rank: int, n: int) -> None:
     import ringreduce as rr
     from ringreduce import _cuda
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     for round_ in range(3):
         g = dist.new_group(list(range(n)), backend="nccl")
         x = exact_input(4099, rank + round_, torch.float32, "sum").to(dev)
@@ -154,7 +155,7 @@ def test_destroy_and_recreate_process_group():
 def _two_threads(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     groups = [dist.new_group(list(range(n)), backend="nccl") for _ in range(2)]
     for g in groups:
         rr.all_reduce(torch.ones(8, device=dev), group=g)  # communicators created in one order
@@ -197,7 +198,7 @@ def _gpu0_pids() -> set[int]:
 def _no_set_device(rank: int, n: int) -> bool:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     x = torch.full((1 << 20,), float(rank), device=dev)
     rr.all_reduce(x)
     work = rr.all_reduce(x, async_op=True)
@@ -208,8 +209,9 @@ def _no_set_device(rank: int, n: int) -> bool:
     return os.getpid() in _gpu0_pids()
 
 
+@need_distinct_gpus(2)
 def test_no_set_device_leaves_gpu0_alone():
-    on_gpu0 = run_gpu_ranks(_no_set_device, set_device=False)
+    on_gpu0 = run_gpu_ranks(_no_set_device, set_device=False, fresh=True)
     assert not any(on_gpu0[1:]), f"ranks with a context on GPU 0: {[r for r, v in enumerate(on_gpu0) if v]}"
 
 
@@ -219,7 +221,7 @@ def test_no_set_device_leaves_gpu0_alone():
 def _write_back(rank: int, n: int, kind: str) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     if kind == "view-of-leaf-requiring-grad":
         leaf = torch.ones(64, 32, device=dev, requires_grad=True)
         view = leaf.t()  # non-contiguous view of a leaf that requires grad
@@ -246,7 +248,7 @@ def test_write_back_into_guarded_tensors(kind):
 def _expanded(rank: int, n: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     e = torch.ones(1, 8, device=dev).expand(4, 8)
     with pytest.raises(ValueError, match="share memory"):
         rr.all_reduce(e)
@@ -262,12 +264,12 @@ def test_expanded_tensor_refused_before_anything_runs():
 # ---- a burst of async calls is not charged for its queue ------------------------------------------
 
 
-def _burst(rank: int, n: int) -> None:
+def _burst(rank: int, n: int, nbytes: int, calls: int) -> None:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
-    x = torch.ones(256 << 20, dtype=torch.uint8, device=dev)
-    works = [rr.all_reduce(x, op="max", async_op=True) for _ in range(400)]
+    dev = device(rank)
+    x = torch.ones(nbytes, dtype=torch.uint8, device=dev)
+    works = [rr.all_reduce(x, op="max", async_op=True) for _ in range(calls)]
     for w in works:
         w.wait()
     torch.cuda.synchronize(dev)
@@ -275,8 +277,11 @@ def _burst(rank: int, n: int) -> None:
 
 
 def test_burst_of_async_calls_longer_than_the_timeout():
-    # 400 x 256 MiB back to back: on most machines longer than RINGREDUCE_TIMEOUT=2 s in total.
-    run_gpu_ranks(_burst, env={"RINGREDUCE_TIMEOUT": "2"}, timeout=600)
+    # Back to back, longer than RINGREDUCE_TIMEOUT=2 s in total: 400 x 256 MiB over NVLink/P2P; 40 x
+    # 64 MiB where ranks share a GPU (about 150 ms per call over NCCL's socket transport at 2 ranks in
+    # the first GPU run, docs/performance.md).
+    nbytes, calls = (64 << 20, 40) if shared() else (256 << 20, 400)
+    run_gpu_ranks(_burst, nbytes, calls, env={"RINGREDUCE_TIMEOUT": "2"}, timeout=600, fresh=True)
 
 
 # ---- bandwidth against dist.all_reduce (NCCL) at 256 MiB; world size 3 ------------------------------
@@ -285,7 +290,7 @@ def test_burst_of_async_calls_longer_than_the_timeout():
 def _bandwidth(rank: int, n: int) -> dict:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     x = torch.ones(64 << 20, device=dev)  # 256 MiB of float32
 
     def timed(fn) -> float:
@@ -308,15 +313,20 @@ def _bandwidth(rank: int, n: int) -> dict:
 def test_bandwidth_against_nccl_256mib():
     res = run_gpu_ranks(_bandwidth)[0]
     ratio = res["rr_busbw"] / res["nccl_busbw"]
-    print(f"256 MiB busbw: ringreduce {res['rr_busbw']:.1f} GB/s, NCCL {res['nccl_busbw']:.1f} GB/s, ratio {ratio:.2f}")
-    # A regression floor, not the target (benchmarks/README.md: >= 0.85 of NCCL_ALGO=RING at >= 64 MiB).
-    assert ratio >= 0.25, res
+    print(f"256 MiB busbw ({transport()}): ringreduce {res['rr_busbw']:.2f} GB/s, NCCL {res['nccl_busbw']:.2f} GB/s, "
+          f"ratio {ratio:.2f}")
+    assert res["rr_busbw"] > 0 and res["nccl_busbw"] > 0
+    if not shared():
+        # A regression floor, not the target (benchmarks/README.md: >= 0.85 of NCCL_ALGO=RING at >= 64 MiB).
+        # Ranks sharing a GPU measure NCCL's socket transport and GPU time-slicing instead: no floor
+        # there; the benchmark reports those figures (docs/performance.md).
+        assert ratio >= 0.25, res
 
 
 def _world3(rank: int, n: int) -> dict:
     import ringreduce as rr
 
-    dev = torch.device("cuda", rank)
+    dev = device(rank)
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         for numel in (1, 2, 4, 1031, (1 << 20) + 3):
             x = exact_input(numel, rank, dtype, "sum").to(dev)
@@ -326,8 +336,9 @@ def _world3(rank: int, n: int) -> dict:
     return _bandwidth(rank, n)
 
 
-@need_gpus(3)
+@need_world(3)
 def test_world_size_three_exact_and_bandwidth():
     res = run_gpu_ranks(_world3, world_size=3)[0]
-    print(f"world size 3, 256 MiB busbw: ringreduce {res['rr_busbw']:.1f} GB/s, NCCL {res['nccl_busbw']:.1f} GB/s")
+    print(f"world size 3, 256 MiB busbw ({transport(3)}): ringreduce {res['rr_busbw']:.2f} GB/s, "
+          f"NCCL {res['nccl_busbw']:.2f} GB/s")
     assert res["rr_busbw"] > 0

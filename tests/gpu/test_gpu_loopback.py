@@ -2,8 +2,8 @@
 cudaMemcpyAsync + events (csrc/cuda/loopback_ring.h). Needs >= 1 GPU; skipped otherwise.
 
 Runs the real kernels, both streams per rank, the events, double-buffered staging and the call
-framing, leaving only the NCCL calls to the multi-GPU tests. Not run where ringreduce was written
-(no GPU there).
+framing, leaving only the NCCL calls to the multi-rank tests. Ran on one H100 at commit 963a10d:
+31/31 passed in 138 s (benchmarks/results/h100-2026-11-25).
 """
 
 from __future__ import annotations

@@ -1,0 +1,152 @@
+"""The GPU tests' harness (tests/gpu/gpu_ranks.py) and rank placement (ringreduce/bench/launch.py),
+without a GPU: the pure functions that map ranks onto GPUs and set NCCL's environment, and the
+harness itself run over gloo (device="cpu"): a rank that dies of a signal fails the test at once
+with its signal and what it printed, an expected exit is allowed, a rank's exception is reported."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+import pytest
+import torch.distributed as dist
+from gpu import gpu_ranks
+from gpu.gpu_ranks import close_pools, describe_exit, run_gpu_ranks
+
+from ringreduce.bench.launch import gpu_world_size, nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
+
+# ---- rank placement (Note [Ranks sharing a GPU]) -----------------------------------------------------
+
+
+def test_world_size_from_env_else_gpus_else_two_on_one_gpu():
+    assert gpu_world_size({}, 0) == 0
+    assert gpu_world_size({}, 1) == 2
+    assert gpu_world_size({}, 2) == 2
+    assert gpu_world_size({}, 8) == 8
+    assert gpu_world_size({"RINGREDUCE_GPU_WORLD": "3"}, 1) == 3
+    assert gpu_world_size({"RINGREDUCE_GPU_WORLD": "4"}, 8) == 4
+    assert gpu_world_size({"RINGREDUCE_GPU_WORLD": ""}, 4) == 4
+    assert gpu_world_size({"RINGREDUCE_GPU_WORLD": "3"}, 0) == 0  # no GPU: nothing runs
+    with pytest.raises(ValueError, match="RINGREDUCE_GPU_WORLD"):
+        gpu_world_size({"RINGREDUCE_GPU_WORLD": "two"}, 1)
+    with pytest.raises(ValueError, match=">= 1"):
+        gpu_world_size({"RINGREDUCE_GPU_WORLD": "0"}, 1)
+
+
+def test_ranks_map_onto_gpus_round_robin():
+    assert [rank_device(r, 1) for r in range(3)] == [0, 0, 0]
+    assert [rank_device(r, 2) for r in range(5)] == [0, 1, 0, 1, 0]
+    assert [rank_device(r, 8) for r in range(8)] == list(range(8))
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        rank_device(0, 0)
+
+
+def test_nccl_env_only_where_ranks_share_gpus():
+    assert not ranks_share_gpus(2, 2) and not ranks_share_gpus(2, 8)
+    assert nccl_rank_env(1, 2, 2, {}) == {}
+    assert nccl_rank_env(0, 4, 8, {}) == {}
+    envs = [nccl_rank_env(r, 3, 1, {}) for r in range(3)]
+    assert len({e["NCCL_HOSTID"] for e in envs}) == 3  # every rank a "host" of its own
+    assert all(e["NCCL_SOCKET_IFNAME"] == "lo" and e["NCCL_IB_DISABLE"] == "1" for e in envs)
+    assert nccl_rank_env(0, 3, 2, {"NCCL_SOCKET_IFNAME": "eth0"})["NCCL_SOCKET_IFNAME"] == "eth0"
+
+
+def test_transport_label_says_socket_or_one_gpu_per_rank():
+    assert nccl_transport_label(2, 1) == "nccl-socket-lo (2 ranks share 1 GPU)"
+    assert nccl_transport_label(3, 2) == "nccl-socket-lo (3 ranks share 2 GPUs)"
+    assert nccl_transport_label(8, 8) == "nvlink/p2p (one GPU per rank)"
+
+
+def test_transport_label_reaches_the_json_and_the_plot_title():
+    from ringreduce.bench.machine import describe, short_title
+
+    label = nccl_transport_label(2, 1)
+    machine = describe("nccl", 2, ["host"], label)
+    assert machine["transport"] == label  # the JSON's machine record
+    machine.update(gpus=["NVIDIA H100 80GB HBM3"], nodes=1)
+    assert short_title(machine) == "1x NVIDIA H100 80GB HBM3; 2 ranks (nccl, nccl-socket-lo (2 ranks share 1 GPU))"
+    assert describe("gloo", 2, ["host"])["transport"] is None
+
+
+def test_exit_descriptions():
+    assert describe_exit(-11) == "SIGSEGV (exit code -11)"
+    assert describe_exit(3) == "exit code 3"
+    assert describe_exit(None) == "still running"
+
+
+# ---- the harness over gloo --------------------------------------------------------------------------
+
+
+def _segfault_on_rank1(rank: int, n: int) -> int:
+    if rank == 1:
+        print("rank 1: about to dereference NULL", flush=True)
+        ctypes.string_at(0)  # SIGSEGV
+    time.sleep(120)  # rank 0 would wait for its peer until the harness timeout
+    return rank
+
+
+def test_dead_rank_fails_at_once_with_signal_and_output(monkeypatch):
+    monkeypatch.setattr(gpu_ranks, "GRACE_S", 1.0)  # how long the survivor may still report
+    start = time.monotonic()
+    with pytest.raises(pytest.fail.Exception) as info:
+        run_gpu_ranks(_segfault_on_rank1, device="cpu", fresh=True, timeout=300)
+    elapsed = time.monotonic() - start
+    msg = str(info.value)
+    assert "rank 1 died: SIGSEGV (exit code -11)" in msg, msg
+    assert "rank 1: about to dereference NULL" in msg, msg  # what it printed
+    assert "Segmentation fault" in msg, msg  # faulthandler's report of the crash
+    assert "rank 0 still running after a rank failed" in msg, msg
+    assert elapsed < 60, f"the harness took {elapsed:.0f} s to notice a dead rank"  # not the 300 s timeout
+
+
+def _exit_or_answer(rank: int, n: int) -> str:
+    if rank == 1:
+        os._exit(3)
+    return f"rank {rank} of {n}"
+
+
+def test_expected_exit_is_allowed_and_others_report():
+    assert run_gpu_ranks(_exit_or_answer, device="cpu", fresh=True, exits={1: 3}) == ["rank 0 of 2", None]
+
+
+def _raise_on_rank0(rank: int, n: int) -> int:
+    if rank == 0:
+        print("rank 0 was here", flush=True)
+        raise ValueError("rank 0 refuses")
+    return rank
+
+
+def _hang_on_rank1(rank: int, n: int) -> int:
+    if rank == 1:
+        time.sleep(600)
+    return rank
+
+
+def test_hung_rank_is_killed_at_the_timeout_with_its_stack():
+    with pytest.raises(pytest.fail.Exception) as info:
+        run_gpu_ranks(_hang_on_rank1, device="cpu", fresh=True, timeout=2)
+    msg = str(info.value)
+    assert "rank 1 did not finish within the timeout" in msg, msg
+    assert "_hang_on_rank1" in msg and "time.sleep" not in msg.split("its output:")[0], msg
+    assert 'in _hang_on_rank1' in msg, msg  # faulthandler's stack of the hung rank
+
+
+def _sum_ranks(rank: int, n: int) -> int:
+    import torch
+
+    t = torch.tensor([rank + 1])
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def test_pool_reports_an_exception_then_starts_afresh():
+    try:
+        assert run_gpu_ranks(_sum_ranks, device="cpu") == [3, 3]
+        with pytest.raises(pytest.fail.Exception) as info:
+            run_gpu_ranks(_raise_on_rank0, device="cpu", timeout=60)
+        msg = str(info.value)
+        assert "rank 0 raised" in msg and "ValueError: rank 0 refuses" in msg and "rank 0 was here" in msg, msg
+        assert run_gpu_ranks(_sum_ranks, device="cpu", env={"SOME_KNOB": "1"}) == [3, 3]  # a fresh pool
+    finally:
+        close_pools()
