@@ -164,14 +164,19 @@ class CudaBackend final : public DeviceBackend {
   // The peers are communicator ranks, already mapped through the stage's members by the driver
   // (Note [Sub-rings on one communicator]).
   void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
-                int recv_peer) override {
+                int recv_peer, Launch launch) override {
     enqueued_ = true;
     if (!work_.timer_recorded_) {
       // The call's timeout starts when the comm stream reaches its first exchange.
       RR_CUDA_CHECK(cudaEventRecord(work_.timer_, ring_.comm_stream_));
       work_.timer_recorded_ = true;
     }
-    ring_.comm_->sendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, ring_.comm_stream_);
+    // Note [Which exchanges hand off] (ring_driver.h).
+    if (launch == Launch::kHandOff) {
+      ring_.comm_->sendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, ring_.comm_stream_);
+    } else {
+      ring_.comm_->queueSendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, ring_.comm_stream_);
+    }
   }
 
   void reduce(const ReduceLaunch& l) override {
@@ -234,8 +239,11 @@ class CudaBackend final : public DeviceBackend {
 
 // ---- CudaRing ----------------------------------------------------------------------------------
 
-CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots, int64_t staging_bytes)
-    : comm_(std::move(comm)), pool_(std::make_shared<EventPool>(comm_->device())), num_slots_(num_slots) {
+CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots, int64_t staging_bytes, int64_t max_queued_ops)
+    : comm_(std::move(comm)),
+      pool_(std::make_shared<EventPool>(comm_->device())),
+      num_slots_(num_slots),
+      max_queued_ops_(max_queued_ops) {
   RR_CHECK(num_slots_ >= 1, kValue, "ringreduce: need at least one staging slot");
   // Slots are multiples of 256 bytes so that every slot starts 16-byte aligned (vector loads).
   slot_bytes_ = (staging_bytes / num_slots_) / 256 * 256;
@@ -322,6 +330,9 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
                " ranks");
   }
   DeviceGuard guard(device());
+  int64_t ops = 8;  // the call's framing
+  for (const RingStage& st : stages) ops += static_cast<int64_t>(st.plan.ops.size()) + 2;
+  makeRoom(ops);
 
   uint64_t& seq = next_seq_[ring_key];
   std::shared_ptr<CudaWork> work(new CudaWork(pool_, comm_, seq, device(), what));
@@ -356,12 +367,32 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
   }
   ++seq;
   last_work_ = work;
+  queued_.emplace_back(work, ops);
+  queued_ops_ += ops;
   {
     std::lock_guard<std::mutex> wl(wd_mu_);
     in_flight_.push_back(work);
   }
   wd_cv_.notify_one();
   return work;
+}
+
+void CudaRing::makeRoom(int64_t ops) {
+  while (!queued_.empty()) {
+    CudaWork& oldest = *queued_.front().first;
+    const bool room = queued_ops_ + ops <= max_queued_ops_;
+    if (oldest.isCompleted()) {
+      queued_ops_ -= queued_.front().second;
+      queued_.pop_front();
+      continue;
+    }
+    if (room) return;
+    // Note [Bounded launch queue]: the oldest call must finish (or fail) first. The watchdog keeps
+    // running meanwhile; an abort makes the wait end with DistBackendError.
+    comm_->checkUsable();
+    checkOpen();
+    std::this_thread::sleep_for(kHostPoll);
+  }
 }
 
 std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine, const RingMembers& ring) {
@@ -476,6 +507,8 @@ void CudaRing::shutdown(const std::string& reason, bool at_exit) {
   }
   std::lock_guard<std::mutex> call_lock(call_mu_);
   failAll("the communicator was shut down: " + reason);  // a call enqueued meanwhile
+  queued_.clear();
+  queued_ops_ = 0;
   // After the abort NCCL's kernels return and the streams drain; wait for that with a deadline and
   // free nothing the GPU may still use.
   int previous = -1;

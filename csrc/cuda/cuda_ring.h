@@ -67,6 +67,20 @@ namespace rr {
 constexpr int32_t kCudaStagingSlots = 4;
 constexpr int64_t kCudaStagingBytes = 8 << 20;
 
+// Note [Bounded launch queue]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Queued exchanges (Note [Hand-off and queued exchanges], nccl_comm.h) launch in the enqueueing
+// thread, under the communicator's lock. CUDA's queue of pending launches is finite; once full, a
+// launch blocks until the GPU drains it, and a GPU whose NCCL kernel waits for a dead peer never
+// does. Blocked inside NCCL, the enqueueing thread would hold the lock the watchdog needs to abort,
+// and nothing would ever end the wait. So a ring keeps at most kCudaMaxQueuedOps stream operations
+// (exchanges, kernels, copies, event records and waits) of unfinished calls: before enqueueing a
+// call that would exceed it, the caller waits on the host for the oldest calls to finish (or fail:
+// the watchdog still runs, and an abort ends the wait with DistBackendError). A single call larger
+// than the bound (only with a tiny RINGREDUCE_SEGMENT_BYTES) is enqueued alone. Training loops
+// rarely wait here: a 64 MiB all-reduce on 8 ranks is ~100 operations with the default pipeline.
+constexpr int64_t kCudaMaxQueuedOps = 1024;
+
 // A pool of cudaEventDisableTiming events on one device, shared by a ring and its works.
 class EventPool : public std::enable_shared_from_this<EventPool> {
  public:
@@ -144,7 +158,7 @@ class CudaRing {
   // Takes ownership of an initialized communicator. Creates the streams, the staging slots and the
   // watchdog thread on the communicator's device.
   explicit CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots = kCudaStagingSlots,
-                    int64_t staging_bytes = kCudaStagingBytes);
+                    int64_t staging_bytes = kCudaStagingBytes, int64_t max_queued_ops = kCudaMaxQueuedOps);
   ~CudaRing();  // shutdown("ring destroyed") if not done yet
   CudaRing(const CudaRing&) = delete;
   CudaRing& operator=(const CudaRing&) = delete;
@@ -199,6 +213,8 @@ class CudaRing {
  private:
   friend class CudaBackend;
   void watchdogLoop();
+  // Note [Bounded launch queue]: waits until `ops` more stream operations fit (call_mu_ held).
+  void makeRoom(int64_t ops);
   void failAll(const std::string& reason);
   // failAll, then abort the communicator (Note [Ordering, lifetime, failure]).
   void failAndAbort(const std::string& reason);
@@ -218,6 +234,10 @@ class CudaRing {
   std::shared_ptr<CudaWork> last_work_;  // its done event orders the next call (kPrevCallDoneEvent)
   std::map<std::vector<int>, uint64_t> next_seq_;  // per ring (ringKey)
   mutable std::mutex call_mu_;  // one enqueue at a time
+  // Note [Bounded launch queue] (call_mu_): unfinished calls and their stream operations.
+  int64_t max_queued_ops_;
+  std::deque<std::pair<std::shared_ptr<CudaWork>, int64_t>> queued_;
+  int64_t queued_ops_ = 0;
 
   // watchdog
   std::mutex wd_mu_;

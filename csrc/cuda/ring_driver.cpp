@@ -66,6 +66,18 @@ PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t segment_bytes, 
   return o;
 }
 
+bool handsOffEveryExchange(const Plan& plan) {
+  const RingSchedule& sc = plan.sched;
+  for (int c = 0; c < sc.nranks; ++c)
+    if (sc.segmentRange(c, 0).empty()) return true;
+  return false;
+}
+
+Launch exchangeLaunch(const Plan& plan, int32_t exchange) {
+  // Note [Which exchanges hand off].
+  return exchange == 0 || handsOffEveryExchange(plan) ? Launch::kHandOff : Launch::kQueued;
+}
+
 size_t slotBytesFor(const Plan& plan) {
   if (plan.num_slots == 0) return 0;
   return static_cast<size_t>(plan.stagingBytes() / plan.num_slots);
@@ -134,6 +146,7 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
     // Note [Sub-rings on one communicator]: the plan's neighbours as communicator ranks.
     const int next_peer = st.members[static_cast<size_t>(plan.next)];
     const int prev_peer = st.members[static_cast<size_t>(plan.prev)];
+    const bool hand_off_all = handsOffEveryExchange(plan);  // Note [Which exchanges hand off]
     if (k > 0) {
       // The previous stage is complete on kCompute (its plan ended waiting all its exchanges).
       be.record(Stream::kCompute, kStageDoneEvent);
@@ -149,7 +162,8 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
           const size_t sb = spanBytes(plan, o.send);
           const size_t rb = spanBytes(plan, o.recv);
           be.exchange(sb ? spanAddress(plan, b, o.send) : nullptr, sb, sb ? next_peer : -1,
-                      rb ? spanAddress(plan, b, o.recv) : nullptr, rb, rb ? prev_peer : -1);
+                      rb ? spanAddress(plan, b, o.recv) : nullptr, rb, rb ? prev_peer : -1,
+                      hand_off_all || o.exchange == 0 ? Launch::kHandOff : Launch::kQueued);
           break;
         }
         case OpKind::kReduce: {

@@ -61,6 +61,27 @@ namespace rr {
 
 enum class Stream : uint8_t { kComm = 0, kCompute = 1, kCaller = 2 };
 
+// Note [Which exchanges hand off]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The GPU transport launches an exchange either as a hand-off (the non-blocking communicator; the
+// host waits until NCCL has put it on the stream) or queued (its blocking child; no wait): Note
+// [Hand-off and queued exchanges] in nccl_comm.h. A hand-off is what may make the first contact
+// with a peer and what notices a caller inside its own NCCL group, so:
+//   * the first exchange of each stage of a call (its grid exchange 0) hands off;
+//   * every other exchange is queued - unless some chunk of the stage is empty (a tensor of fewer
+//     than n x 16 bytes, or numel < n for exact blocks); then every exchange of the stage hands off.
+// NCCL matches point-to-point messages per communicator, so both ends of each message must launch
+// it the same way. They do: the sender's exchange e and the receiver's exchange e carry the same
+// message (Note [One ring, two transports, one plan] in plan.h), and the rule depends only on e and
+// the schedule, which every rank of the ring shares. When no chunk is empty, every rank's exchange
+// 0 sends to the next rank and receives from the previous one, so the hand-off reaches both
+// neighbours of the stage before any queued exchange does. A call thus costs one host wait per
+// stage (1, or 3 for the hierarchical all-reduce), whatever its size; the simulated device checks
+// both properties (sim_device.h).
+enum class Launch : uint8_t { kQueued = 0, kHandOff = 1 };
+Launch exchangeLaunch(const Plan& plan, int32_t exchange);
+bool handsOffEveryExchange(const Plan& plan);  // some chunk of the plan is empty
+
 // Framing events (negative ids; plan events are dense ids >= 0 from EventMap).
 constexpr int32_t kCallStartEvent = -1;
 constexpr int32_t kCallDoneEvent = -2;
@@ -87,11 +108,12 @@ class DeviceBackend {
   // Called once per call before anything else: at least `num_events` plan events must exist.
   virtual void prepare(int32_t num_events) = 0;
   // On kComm: send `send_bytes` from `send` to communicator rank `send_peer` and receive
-  // `recv_bytes` into `recv` from communicator rank `recv_peer`, as one group. Either side may be
-  // empty (null, 0 bytes; its peer is then -1). The peers are the ring's neighbours mapped through
-  // the stage's members (Note [Sub-rings on one communicator]).
+  // `recv_bytes` into `recv` from communicator rank `recv_peer`, as one group, launched as `launch`
+  // says (Note [Which exchanges hand off]). Either side may be empty (null, 0 bytes; its peer is
+  // then -1). The peers are the ring's neighbours mapped through the stage's members (Note
+  // [Sub-rings on one communicator]).
   virtual void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
-                        int recv_peer) = 0;
+                        int recv_peer, Launch launch) = 0;
   // On kCompute.
   virtual void reduce(const ReduceLaunch& launch) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;

@@ -4,7 +4,9 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 #include "../../../csrc/core/error.h"
 #include "../../../csrc/core/reduce_body.h"
@@ -34,6 +36,7 @@ struct Op {
   size_t recv_bytes = 0;
   int send_peer = -1;  // communicator ranks (Note [Sub-rings on one communicator])
   int recv_peer = -1;
+  int launch = 0;  // Launch: which communicator carries it (Note [Which exchanges hand off])
   int phase = 0;  // 0 not started, 1 send posted, 2 receive done
   std::shared_ptr<Msg> out;
   // kWork and kExchange
@@ -75,9 +78,13 @@ struct SimDevice::Impl {
   std::vector<StreamState> streams;            // n * 3
   std::vector<std::vector<uint64_t>> vcs;      // per stream: vector clock over n * 3 components
   std::vector<RecordState> records;
-  // Point-to-point channels as NCCL matches them: per (sender, receiver) pair, in posting order.
-  std::map<std::pair<int, int>, std::vector<std::shared_ptr<Msg>>> channels;
-  std::map<std::pair<int, int>, size_t> received;
+  // Point-to-point channels as NCCL matches them: per communicator (the hand-off one or the queued
+  // one, Note [Which exchanges hand off]) and (sender, receiver) pair, in posting order.
+  using Channel = std::tuple<int, int, int>;  // launch, sender, receiver
+  std::map<Channel, std::vector<std::shared_ptr<Msg>>> channels;
+  std::map<Channel, size_t> received;
+  std::vector<int> hand_offs;                // per rank
+  std::set<std::tuple<int, int, int>> contacted;  // (rank, peer, 0 send / 1 receive) reached by a hand-off
   std::vector<std::vector<SimDevice::PeerUse>> peers;  // per rank: every exchange's peers
   std::vector<std::vector<AccessRec>> accesses;           // per rank
   std::string failure;
@@ -86,6 +93,7 @@ struct SimDevice::Impl {
     vcs.assign(static_cast<size_t>(n * kStreams), std::vector<uint64_t>(static_cast<size_t>(n * kStreams), 0));
     peers.resize(static_cast<size_t>(n));
     accesses.resize(static_cast<size_t>(n));
+    hand_offs.assign(static_cast<size_t>(n), 0);
   }
 
   static std::string opName(int comp, const Op& op) {
@@ -140,7 +148,7 @@ struct SimDevice::Impl {
         if (op.phase == 0) return true;
         if (op.phase == 1) {
           if (op.recv_bytes == 0) return true;
-          const auto key = std::make_pair(op.recv_peer, r);
+          const Channel key{op.launch, op.recv_peer, r};
           auto it = channels.find(key);
           return it != channels.end() && it->second.size() > received[key];
         }
@@ -187,14 +195,14 @@ struct SimDevice::Impl {
             op.out->bytes.assign(static_cast<const unsigned char*>(op.send),
                                  static_cast<const unsigned char*>(op.send) + op.send_bytes);
             op.out->what = opName(comp, op);
-            channels[std::make_pair(r, op.send_peer)].push_back(op.out);
+            channels[Channel{op.launch, r, op.send_peer}].push_back(op.out);
           }
           op.phase = 1;
           return true;
         }
         if (op.phase == 1) {
           if (op.recv_bytes > 0) {
-            const auto key = std::make_pair(op.recv_peer, r);
+            const Channel key{op.launch, op.recv_peer, r};
             std::shared_ptr<Msg> m = channels[key][received[key]++];
             if (m->bytes.size() != op.recv_bytes) {
               std::ostringstream os;
@@ -245,6 +253,8 @@ const std::vector<SimDevice::PeerUse>& SimDevice::peersUsed(int r) const {
   return impl_->peers[static_cast<size_t>(r)];
 }
 
+int SimDevice::handOffs(int r) const { return impl_->hand_offs[static_cast<size_t>(r)]; }
+
 void SimDevice::enqueue(int r, Stream s, std::unique_ptr<Op> op) {
   if (op->kind == Op::kExchange) {
     RR_CHECK((op->send_bytes == 0 || (op->send_peer >= 0 && op->send_peer < nranks_ && op->send_peer != r)) &&
@@ -252,6 +262,21 @@ void SimDevice::enqueue(int r, Stream s, std::unique_ptr<Op> op) {
              kRuntime, "sim: rank ", r, " exchanges with peers ", op->send_peer, "/", op->recv_peer, " of ", nranks_);
     impl_->peers[static_cast<size_t>(r)].push_back(PeerUse{op->send_bytes > 0 ? op->send_peer : -1,
                                                             op->recv_bytes > 0 ? op->recv_peer : -1});
+    // Note [Hand-off and queued exchanges] (nccl_comm.h): only a hand-off may reach a peer first.
+    const bool hand_off = op->launch == static_cast<int>(Launch::kHandOff);
+    if (hand_off) ++impl_->hand_offs[static_cast<size_t>(r)];
+    for (int dir = 0; dir < 2; ++dir) {
+      const size_t bytes = dir == 0 ? op->send_bytes : op->recv_bytes;
+      const int peer = dir == 0 ? op->send_peer : op->recv_peer;
+      if (bytes == 0) continue;
+      const auto key = std::make_tuple(r, peer, dir);
+      if (hand_off) {
+        impl_->contacted.insert(key);
+      } else if (!impl_->contacted.count(key) && impl_->failure.empty()) {
+        impl_->failure = "rank " + std::to_string(r) + " queues a " + (dir == 0 ? "send to" : "receive from") +
+                         " rank " + std::to_string(peer) + " before any hand-off reached it: [" + op->what + "]";
+      }
+    }
   }
   impl_->streams[static_cast<size_t>(r * kStreams + static_cast<int>(s))].q.push_back(std::move(op));
 }
@@ -277,6 +302,7 @@ void SimDevice::callerWait(int r, const SimCall& call) {
 
 std::string SimDevice::run() {
   Impl& m = *impl_;
+  if (!m.failure.empty()) return m.failure;
   const int total = nranks_ * kStreams;
   std::vector<int> ready;
   while (m.failure.empty()) {
@@ -321,7 +347,10 @@ class SimBackend final : public DeviceBackend {
   }
 
   void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
-                int recv_peer) override {
+                int recv_peer, Launch launch) override {
+    if (fault_ == Fault::kWrongLaunch && r_ == 0 && exchanges_ == 1) {
+      launch = launch == Launch::kHandOff ? Launch::kQueued : Launch::kHandOff;
+    }
     if (fault_ == Fault::kUnmappedPeers) {
       const int n = dev_.nranks();
       if (send_bytes > 0) send_peer = (r_ + 1) % n;
@@ -329,9 +358,11 @@ class SimBackend final : public DeviceBackend {
     }
     auto op = std::make_unique<Op>();
     op->kind = Op::kExchange;
-    op->what = "exchange #" + std::to_string(exchanges_++) + " send " + std::to_string(send_bytes) + "B to " +
+    op->what = std::string(launch == Launch::kHandOff ? "hand-off" : "queued") + " exchange #" +
+               std::to_string(exchanges_++) + " send " + std::to_string(send_bytes) + "B to " +
                std::to_string(send_peer) + " recv " + std::to_string(recv_bytes) + "B from " +
                std::to_string(recv_peer);
+    op->launch = static_cast<int>(launch);
     op->send = send;
     op->send_bytes = send_bytes;
     op->send_peer = send_peer;

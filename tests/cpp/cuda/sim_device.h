@@ -10,11 +10,14 @@
 //     captures, when it is enqueued, the event's latest enqueued record (none: a no-op, as in CUDA)
 //     and blocks until that record fired;
 //   * an exchange posts its send to its send peer when it reaches the head of kComm, then blocks
-//     until the matching message from its receive peer arrived (matched per (sender, receiver)
-//     pair in posting order, like NCCL p2p; byte counts must agree) and its own message was
+//     until the matching message from its receive peer arrived (matched per communicator - the
+//     hand-off or the queued one of Note [Which exchanges hand off] - and (sender, receiver) pair,
+//     in posting order, like NCCL p2p; byte counts must agree) and its own message was
 //     consumed (strict rendezvous, so a cyclic wait shows as a deadlock instead of passing by
 //     luck). Ranks are communicator ranks: a sub-ring (Note [Sub-rings on one communicator]) talks
-//     to the peers its members name, and peersUsed() reports them;
+//     to the peers its members name, and peersUsed() reports them. A queued exchange with a peer
+//     (in that direction) that no hand-off reached before fails the run; handOffs() counts a
+//     rank's hand-offs (its host waits on the GPU);
 //   * reduces run the same ReduceBody, through the same dispatch, as the CUDA kernel (on a
 //     simulated grid of threads); copies are memcpy.
 // Every memory access is checked for races with vector clocks (one component per rank and
@@ -48,6 +51,7 @@ enum class Fault : int {
   kSkipCallerDone = 5,     // the caller does not wait for the call's end
   kSkipStageWait = 6,      // kComm does not wait for the previous stage of the call
   kUnmappedPeers = 7,      // exchanges talk to communicator ranks r +- 1, ignoring the members
+  kWrongLaunch = 8,        // rank 0 launches its second exchange on the other communicator
 };
 
 struct Event;   // a physical event
@@ -89,6 +93,8 @@ class SimDevice {
     int recv_peer;
   };
   const std::vector<PeerUse>& peersUsed(int r) const;
+  // Exchanges of rank r launched as hand-offs (Note [Which exchanges hand off]).
+  int handOffs(int r) const;
 
   // Caller-stream op: runs `fn` when reached; `reads`/`writes` are its accesses (checked).
   struct Access {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -379,11 +380,11 @@ TEST_CASE(buffers_are_protected_before_anything_is_enqueued) {
   CudaCallBuffers buf;
   buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
   buf.protect = [&] { tasks_at_protect = rrfake::ncclTaskCalls(); };
-  rrfake::pushHandoffMs(0);
-  rrfake::setDefaultHandoffMs(-1);  // the second exchange never hands off: the enqueue fails
+  rrfake::failQueuedGroupAt(0);  // the first exchange hands off, the second (queued) fails: half a ring enqueued
   CHECK(throwsKind([&] { runCudaCall(*ring, req, buf); }, ErrorKind::kBackend));
   CHECK_EQ(tasks_at_protect, 0);
   CHECK(rrfake::ncclTaskCalls() > 0);
+  CHECK(ring->comm().aborted());  // the peers wait for the rest: only an abort unblocks them
   ring->shutdown("test");
 }
 
@@ -522,6 +523,98 @@ TEST_CASE(gpu_agreement_check_verdicts_over_nccl) {
   }
   CHECK_EQ(rrfake::messagesLeft(), 0);
   CHECK_EQ(rrfake::sizeMismatches(), 0);
+}
+
+// Issue 24: no host round trip inside a call. A 64 MiB all-reduce in 1 MiB segments runs 64
+// exchanges per rank; only the first hands off to the non-blocking communicator (a host wait), the
+// other 63 are queued on its blocking child (Note [Hand-off and queued exchanges]). Before, every
+// exchange was a hand-off: 64 host waits per rank and call.
+TEST_CASE(a_large_call_waits_on_the_host_once) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  const int64_t numel = (64 << 20) / 4;
+  std::vector<int> waits(2, -1), queued(2, -1);
+  std::vector<int> ran(2, 0);
+  std::mutex mu;
+  onLinkedRanks(2, {0, 1}, [&](CudaRing& ring, int r) {
+    cudaStream_t caller = newStream();
+    std::vector<float> data(static_cast<size_t>(numel), 1.0f + static_cast<float>(r));
+    const RingMembers rm = resolveRing({}, ring.size(), ring.rank());
+    const std::vector<RingStage> stages = flatRingStages(rm, numel, DType::kFloat32, RedOp::kSum,
+                                                         ring.planOptions(RedOp::kSum, false, 1 << 20));
+    CHECK_EQ(stages[0].plan.sched.nsegs, 32);
+    std::shared_ptr<CudaWork> work;
+    int w0 = 0, q0 = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);  // the counters are global: one rank enqueues at a time
+      w0 = rrfake::hostWaits();
+      q0 = rrfake::queuedGroups();
+      work = ring.enqueue(stages, data.data(), nullptr, ringKey({}, ring.size()), "all-reduce", caller, false);
+      waits[static_cast<size_t>(r)] = rrfake::hostWaits() - w0;
+      queued[static_cast<size_t>(r)] = rrfake::queuedGroups() - q0;
+    }
+    work->synchronize(ms(20000));
+    ran[static_cast<size_t>(r)] = 1;
+    CHECK_EQ(ring.comm().handOffs(), int64_t(1));
+  });
+  for (int r = 0; r < 2; ++r) {
+    CHECK_EQ(ran[static_cast<size_t>(r)], 1);
+    CHECK_EQ(waits[static_cast<size_t>(r)], 1);    // the call's first exchange
+    CHECK_EQ(queued[static_cast<size_t>(r)], 63);  // 2 steps x 32 segments, less the hand-off
+  }
+  CHECK_EQ(rrfake::exchangesRun(), 2 * 64);
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
+}
+
+// A ring whose chunks are not all filled (numel < n) hands every exchange off (Note [Which
+// exchanges hand off]): a rank whose first exchange carries nothing must not reach a peer first
+// through the queued communicator. Messages still pair up per communicator.
+TEST_CASE(a_ring_with_empty_chunks_hands_every_exchange_off) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  std::vector<int64_t> hand_offs(3, -1);
+  onLinkedRanks(3, {0, 1, 2}, [&](CudaRing& ring, int r) {
+    cudaStream_t caller = newStream();
+    std::vector<float> data(2, 1.0f);  // 2 elements on 3 ranks: chunk 2 is empty
+    enqueueAllReduce(ring, data, caller)->synchronize(ms(5000));
+    hand_offs[static_cast<size_t>(r)] = ring.comm().handOffs();
+  });
+  CHECK_EQ(rrfake::queuedGroups(), 0);
+  for (int r = 0; r < 3; ++r) CHECK(hand_offs[static_cast<size_t>(r)] >= 1);
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
+}
+
+// Note [Bounded launch queue]: a ring keeps at most max_queued_ops stream operations of unfinished
+// calls; the next call waits on the host until older ones finish, and when they never do (a dead
+// peer), the watchdog's timeout ends the wait with DistBackendError instead of a hang.
+TEST_CASE(enqueue_waits_when_the_launch_queue_is_full) {
+  rrfake::reset();
+  auto comm = std::make_shared<NcclComm>(kUid, 2, 0, 0, ms(400), "fake", ms(0));
+  auto ring = std::make_shared<CudaRing>(comm, kCudaStagingSlots, kCudaStagingBytes, /*max_queued_ops=*/40);
+  cudaStream_t caller = newStream();
+  std::vector<float> d1(64, 1.0f), d2(64, 2.0f), d3(64, 3.0f);
+  rrfake::setExchangeBudget(0);  // nothing finishes until the test says so
+  auto a = enqueueAllReduce(*ring, d1, caller);
+  std::thread release([] {
+    std::this_thread::sleep_for(ms(150));
+    rrfake::setExchangeBudget(-1);
+  });
+  const auto t0 = Clock::now();
+  auto b = enqueueAllReduce(*ring, d2, caller);  // does not fit beside a: waits for it
+  const auto waited = std::chrono::duration_cast<ms>(Clock::now() - t0).count();
+  release.join();
+  CHECK_MSG(waited >= 100, "the second call was enqueued after " << waited << " ms, beside an unfinished first");
+  CHECK(a->isCompleted());
+  b->synchronize(ms(2000));
+  // A peer that never answers: the wait ends when the watchdog fails the oldest call and aborts.
+  rrfake::setExchangeBudget(0);
+  auto c = enqueueAllReduce(*ring, d3, caller);
+  std::string msg;
+  CHECK(throwsKind([&] { enqueueAllReduce(*ring, d1, caller); }, ErrorKind::kBackend, &msg));
+  CHECK(c->failed());
+  ring->shutdown("test");
 }
 
 TEST_MAIN()
