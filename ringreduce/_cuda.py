@@ -20,8 +20,11 @@ its import. The GPU suite (``pytest -m gpu``) and ``scripts/gpu_check.sh`` have 
   counter of the group (Note [Communicator rendezvous keys]); the key is deleted once every rank
   read it. Init and first connections may take the store's timeout; each later call
   ``RINGREDUCE_TIMEOUT`` seconds (else the group's timeout). The communicator is non-blocking
-  (``config.blocking = 0``), has its own communication and reduce streams (never destroyed: the
-  caching allocator may still record events on them), <= 8 MiB of staging, and a watchdog thread
+  (``config.blocking = 0``) with a blocking child (``ncclCommSplit``) that carries every exchange of a
+  call but the first of each ring stage, so the host waits for NCCL once per stage, not per segment
+  (Note [Hand-off and queued exchanges] in csrc/cuda/nccl_comm.h); it has its own communication and
+  reduce streams (never destroyed: the caching allocator may still record events on them), 16 MiB of
+  staging, and a watchdog thread
   that aborts it on an NCCL error or when a call exceeds the timeout, counted from the moment the
   communication stream reaches the call (calls queued behind others are not charged for them).
   In-flight calls are marked failed before the abort, so an aborted call never reads as success.
@@ -57,8 +60,10 @@ its import. The GPU suite (``pytest -m gpu``) and ``scripts/gpu_check.sh`` have 
 * ``RINGREDUCE_CHECK=1`` turns on the cross-rank agreement check (one fixed-size frame around the
   ring before the payload; it synchronizes the host once per call). Without it, ranks that disagree
   behave as NCCL does until the watchdog timeout aborts the communicator.
-* ``RINGREDUCE_SEGMENT_BYTES`` (default 1 MiB, capped at the staging slot) and ``RINGREDUCE_SLOTS``
-  (default 4 on GPU; the CPU path's automatic slot count is not used here) tune the pipeline.
+* The pipeline (Note [GPU pipeline rule] in csrc/cuda/gpu_pipeline.h): segments as large as a staging
+  slot (8 MiB) and at most half a chunk, 2 slots, one-shot below 1 MiB (2 ranks), 256 KiB (up to 8)
+  or 64 KiB; ``RINGREDUCE_SEGMENT_BYTES``, ``RINGREDUCE_SLOTS``, ``RINGREDUCE_LANES`` and
+  ``RINGREDUCE_ONESHOT_BYTES`` override it (the same on every rank). None of them changes a result bit.
 
 Running beside stock NCCL communicators (DDP, FSDP, tensor parallel)
 --------------------------------------------------------------------
@@ -212,7 +217,7 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
             device.index,
             timeout_ms,
             f"ringreduce {label} on cuda:{device.index} (generation {generation})",
-            _config.num_slots() or _config.DEFAULT_NUM_SLOTS,
+            0,  # staging: the default (kGpuStagingBytes)
             _connect_timeout_ms(info.pg, timeout_ms),
         )
         with _lock:
@@ -269,6 +274,17 @@ def _members(info: GroupInfo, members: Any) -> list[int]:
     return [int(m) for m in (info.members if members is None else members)]
 
 
+def _knobs(C: Any) -> Any:
+    """This call's pipeline overrides (RINGREDUCE_SEGMENT_BYTES, _SLOTS, _LANES, _ONESHOT_BYTES; unset:
+    the rule of csrc/cuda/gpu_pipeline.h), read at call time like every knob."""
+    knobs = C.GpuKnobs()
+    knobs.segment_bytes = _config.segment_bytes_override()
+    knobs.slots = _config.num_slots()
+    knobs.lanes = _config.lanes()
+    knobs.one_shot_bytes = _config.one_shot_bytes()
+    return knobs
+
+
 def cuda_all_reduce(
     tensor: torch.Tensor,
     op: Any,
@@ -295,12 +311,13 @@ def cuda_all_reduce(
         raise ValueError(f"ringreduce: cuda_all_reduce needs a CUDA tensor, got one on {tensor.device}")
     comm = communicator(info, tensor.device)
     _check_on_comm(tensor, comm, "tensor")
-    handle = _native().cuda_all_reduce(
+    C = _native()
+    handle = C.cuda_all_reduce(
         comm,
         tensor,
         int(op),
         bool(accum_float32),
-        _config.segment_bytes(),
+        _knobs(C),
         bool(async_op),
         _config.check_enabled(True),
         int(kind),
@@ -350,12 +367,13 @@ def cuda_ring_half(
         raise TypeError(f"ringreduce: output ({output.dtype}) and input ({tensor.dtype}) must have one dtype")
     if kind == 4 and not (output.is_contiguous() and not output.is_conj() and not output.is_neg()):
         raise ValueError("ringreduce.all_gather: the output must be a plain contiguous tensor")
-    handle = _native().cuda_ring_half(
+    C = _native()
+    handle = C.cuda_ring_half(
         comm,
         tensor,
         output,
         int(op),
-        _config.segment_bytes(),
+        _knobs(C),
         bool(async_op),
         _config.check_enabled(True),
         int(kind),

@@ -36,6 +36,7 @@ SOURCES = [
     "tests/cpp/cuda/cuda_logic_capi.cpp",
     "tests/cpp/cuda/sim_device.cpp",
     "csrc/cuda/ring_driver.cpp",
+    "csrc/cuda/gpu_pipeline.cpp",
     "csrc/core/collectives.cpp",
     "csrc/core/plan.cpp",
     "csrc/core/dtype.cpp",
@@ -43,6 +44,7 @@ SOURCES = [
 HEADERS = [
     "tests/cpp/cuda/sim_device.h",
     "csrc/cuda/ring_driver.h",
+    "csrc/cuda/gpu_pipeline.h",
     "csrc/core/collectives.h",
     "csrc/core/reduce_body.h",
     "csrc/core/reduce_dispatch.h",
@@ -114,6 +116,11 @@ def lib() -> ctypes.CDLL:
         ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int,
         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p, ctypes.c_int,
+    ]
+    lib.rr_gpu_pipeline.restype = ctypes.c_int
+    lib.rr_gpu_pipeline.argtypes = [
+        ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong,
+        ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int,
     ]
     lib.rr_sim_allreduce.restype = ctypes.c_int
     lib.rr_sim_allreduce.argtypes = [
@@ -428,6 +435,57 @@ def test_sim_driver_random_data_matches_sequential_reduction(lib):
         assert same_bits(got, outs[0][0])
 
 
+def gpu_pipeline(lib, nranks, numel, dtype, *, accum=False, staging=16 << 20, segment_bytes=0, slots=0, lanes=0,
+                 one_shot_bytes=-1):
+    """The pipeline rule (csrc/cuda/gpu_pipeline.h): (max segment bytes, slots, slot bytes, lanes, one-shot bytes)."""
+    out = (ctypes.c_longlong * 5)()
+    err = ctypes.create_string_buffer(2048)
+    rc = lib.rr_gpu_pipeline(nranks, numel, DTYPES[dtype], int(accum), staging, segment_bytes, slots, lanes,
+                             one_shot_bytes, out, err, len(err))
+    assert rc == 0, err.value.decode()
+    return tuple(int(v) for v in out)
+
+
+def test_results_are_bitwise_independent_of_the_pipeline(lib):
+    """Random data, one ring, every pipeline the rule gives for several staging sizes and knobs (segments
+    from 16 bytes to whole half-chunks, 1-4 slots): the same bits on every rank, whatever the pipeline
+    (Note [Chunk ownership]: ownership depends on (n, numel) only), and for AVG in bf16 with float32
+    partials too."""
+    gen = torch.Generator().manual_seed(24)
+    for n, numel, dtype, op, accum in ((3, 2053, torch.float32, SUM, False), (4, 1031, torch.bfloat16, AVG, True),
+                                       (2, 777, torch.float16, AVG, False)):
+        ins = [[(torch.randn(numel, generator=gen) * 100).to(dtype) for _ in range(n)]]
+        seen = None
+        for staging, seg, slots in ((1 << 12, 0, 0), (1 << 14, 0, 3), (16 << 20, 0, 0), (1 << 12, 16, 1),
+                                    (1 << 13, 48, 4)):
+            max_seg, nslots, slot_bytes, _, _ = gpu_pipeline(lib, n, numel, dtype, accum=accum, staging=staging,
+                                                            segment_bytes=seg, slots=slots)
+            rc, msg, _, outs = sim_allreduce(lib, nranks=n, numel=numel, dtype=dtype, op=op, accum=accum,
+                                             segment_bytes=max_seg, num_slots=nslots, slot_bytes=slot_bytes,
+                                             inputs=ins, seed=staging + seg)
+            label = f"n={n} {dtype} staging={staging} seg={max_seg} slots={nslots}"
+            assert rc == 0, f"{label}: {msg}"
+            for got in outs[0]:
+                assert same_bits(got, outs[0][0]), f"{label}: ranks differ"
+            if seen is None:
+                seen = outs[0][0]
+            assert same_bits(outs[0][0], seen), f"{label}: other bits than another pipeline"
+
+
+def test_pipeline_rule_from_python(lib):
+    """The rule's numbers as docs/algorithm.md states them: 8 MiB segments in 16 MiB of staging, 2 slots,
+    one-shot thresholds 1 MiB / 256 KiB / 64 KiB; knobs override; bad knobs raise."""
+    assert gpu_pipeline(lib, 2, (64 << 20) // 4, torch.float32)[:4] == (8 << 20, 2, 8 << 20, 1)
+    assert gpu_pipeline(lib, 8, 1 << 20, torch.float32)[4] == 256 << 10
+    assert gpu_pipeline(lib, 2, 1, torch.float32)[4] == 1 << 20
+    assert gpu_pipeline(lib, 16, 1, torch.float32)[4] == 64 << 10
+    assert gpu_pipeline(lib, 2, 1 << 20, torch.float32, segment_bytes=4096, slots=4)[:2] == (4096, 4)
+    out = (ctypes.c_longlong * 5)()
+    err = ctypes.create_string_buffer(512)
+    assert lib.rr_gpu_pipeline(2, 100, 0, 0, 16 << 20, 8, 0, 0, -1, out, err, len(err)) != 0
+    assert b"RINGREDUCE_SEGMENT_BYTES" in err.value
+
+
 FAULTS = {
     # With gather_into_data (the GPU plan) the all-gather's sends already order kComm after every
     # staging read, so the previous-call wait is defense in depth there; it is required for
@@ -711,14 +769,23 @@ def test_sim_catches_broken_stage_driver(lib, fault):
 # The Python glue of the GPU path (ringreduce/_cuda.py) against a recording stand-in for _C
 
 
+class _FakeKnobs:
+    segment_bytes = 0
+    slots = 0
+    lanes = 0
+    one_shot_bytes = -1
+
+
 class _FakeNative:
     """Records what ringreduce._cuda hands to the CUDA bindings (no GPU, no NCCL needed)."""
 
     native_info = {"cuda": True}
+    GpuKnobs = _FakeKnobs
 
     def __init__(self):
         self.calls = []
         self.comms = []
+        self.knobs = []
 
     def nccl_unique_id(self):
         return b"u" * 128
@@ -726,17 +793,19 @@ class _FakeNative:
     def cuda_group_timeout_ms(self, pg):
         return 1000
 
-    def CudaRing(self, uid, nranks, rank, device, timeout_ms, name, num_slots, connect_timeout_ms=0):  # noqa: N802
+    def CudaRing(self, uid, nranks, rank, device, timeout_ms, name, staging_bytes, connect_timeout_ms=0):  # noqa: N802
         comm = _FakeComm(("comm", nranks, rank, device, name))
         self.comms.append(comm)
         return comm
 
-    def cuda_all_reduce(self, comm, tensor, op, accum, seg, async_op, check, kind, name, members, local_size):
+    def cuda_all_reduce(self, comm, tensor, op, accum, knobs, async_op, check, kind, name, members, local_size):
         self.calls.append(("all_reduce", comm, kind, list(members), local_size, async_op))
+        self.knobs.append(knobs)
         return self if async_op else None
 
-    def cuda_ring_half(self, comm, tensor, output, op, seg, async_op, check, kind, name, members):
+    def cuda_ring_half(self, comm, tensor, output, op, knobs, async_op, check, kind, name, members):
         self.calls.append(("ring_half", comm, kind, list(members), async_op))
+        self.knobs.append(knobs)
         return self if async_op else None
 
     def cuda_refuse(self, comm, kind, error, op, name, members):
@@ -825,3 +894,33 @@ def test_cuda_glue_refusal_frames_go_around_the_call_ring(fake_cuda):
     _cuda.cuda_refuse(info, torch.device("cuda", 0), 3, 5)
     _cuda.cuda_refuse(info, torch.device("cuda", 0), 0, 5, members=(0,))
     assert fake.calls == [("refuse", fake.comms[0], 3, [0]), ("refuse", fake.comms[0], 0, [0])]
+
+
+def test_cuda_glue_passes_the_pipeline_knobs(fake_cuda, monkeypatch):
+    """RINGREDUCE_SEGMENT_BYTES/_SLOTS/_LANES/_ONESHOT_BYTES reach the native call as overrides, read at
+    call time; unset, they leave the choice to the pipeline rule (0, 0, 0, -1); bad values raise
+    ValueError before anything is sent."""
+    from ringreduce._groups import GroupInfo
+
+    _cuda, fake, world = fake_cuda
+    info = GroupInfo(pg=world, rank=0, size=1, name="world")
+    t = _FakeCudaTensor()
+    for var in ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_LANES", "RINGREDUCE_ONESHOT_BYTES"):
+        monkeypatch.delenv(var, raising=False)
+    _cuda.cuda_all_reduce(t, 0, info, False, False, 0)
+    k = fake.knobs[-1]
+    assert (k.segment_bytes, k.slots, k.lanes, k.one_shot_bytes) == (0, 0, 0, -1)
+    monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", "4096")
+    monkeypatch.setenv("RINGREDUCE_SLOTS", "3")
+    monkeypatch.setenv("RINGREDUCE_LANES", "2")
+    monkeypatch.setenv("RINGREDUCE_ONESHOT_BYTES", "0")
+    _cuda.cuda_ring_half(t, _FakeCudaTensor(), 0, info, False, 3)
+    k = fake.knobs[-1]
+    assert (k.segment_bytes, k.slots, k.lanes, k.one_shot_bytes) == (4096, 3, 2, 0)
+    calls = len(fake.calls)
+    for var, bad in (("RINGREDUCE_LANES", "5"), ("RINGREDUCE_SEGMENT_BYTES", "8"), ("RINGREDUCE_ONESHOT_BYTES", "-2")):
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(ValueError, match=var):
+            _cuda.cuda_all_reduce(t, 0, info, False, False, 0)
+        monkeypatch.delenv(var)
+    assert len(fake.calls) == calls

@@ -1,5 +1,8 @@
 #include "cuda_ops.h"
 
+#include <algorithm>
+#include <climits>
+
 #include "../core/collectives.h"
 #include "../core/error.h"
 
@@ -20,6 +23,8 @@ Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, 
     f.algorithm = req->local_size;  // 0: the flat ring; L: hierarchical with L ranks per node
     f.dtype = static_cast<int32_t>(req->dtype);
     f.numel = req->numel;
+    // The pipeline's overrides decide the exchanges' sizes: ranks must agree on them.
+    f.segment_bytes = static_cast<int32_t>(std::min<int64_t>(req->knobs.segment_bytes, INT32_MAX));
     setShape(f, req->shape.data(), static_cast<int>(req->shape.size()));
   }
   return f;
@@ -69,7 +74,8 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   // 5. The working buffer, in the stages' dtype (stagesDType: a float32 copy for hierarchical + accum).
   const DType wdtype = stagesDType(req.dtype, hier, req.accum_float32);
   void* data = buf.data(wdtype, rm.index);
-  const PlanOptions base = ring.planOptions(op, req.accum_float32 && !hier && !scatter && !gather, req.segment_bytes);
+  const bool partials32 = req.accum_float32 && !hier && !scatter && !gather;
+  const PlanOptions base = ring.planOptions(op, partials32, n, gather ? req.out_numel : req.numel, wdtype, req.knobs);
   std::vector<RingStage> stages;
   if (scatter) {
     stages = ringHalfStages(rm, req.numel, req.dtype, op, base, kPhaseReduceScatter);

@@ -38,7 +38,7 @@ struct CudaCallRequest {
   std::vector<int64_t> shape;     // of the input (agreement frame)
   bool accum_float32 = false;
   bool direct = true;             // all-reduce: the tensor is row-major contiguous (no working copy)
-  int64_t segment_bytes = 0;
+  GpuKnobs knobs;                 // Note [GPU pipeline rule] (gpu_pipeline.h)
   bool async_op = false;
   bool check = false;             // the agreement check
   std::string group_name;

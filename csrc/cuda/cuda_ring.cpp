@@ -239,16 +239,12 @@ class CudaBackend final : public DeviceBackend {
 
 // ---- CudaRing ----------------------------------------------------------------------------------
 
-CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots, int64_t staging_bytes, int64_t max_queued_ops)
+CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int64_t staging_bytes, int64_t max_queued_ops)
     : comm_(std::move(comm)),
       pool_(std::make_shared<EventPool>(comm_->device())),
-      num_slots_(num_slots),
+      staging_bytes_(staging_bytes > 0 ? staging_bytes : kGpuStagingBytes),
       max_queued_ops_(max_queued_ops) {
-  RR_CHECK(num_slots_ >= 1, kValue, "ringreduce: need at least one staging slot");
-  // Slots are multiples of 256 bytes so that every slot starts 16-byte aligned (vector loads).
-  slot_bytes_ = (staging_bytes / num_slots_) / 256 * 256;
-  RR_CHECK(slot_bytes_ >= 256, kValue, "ringreduce: staging of ", staging_bytes, " bytes is too small for ",
-           num_slots_, " slots");
+  RR_CHECK(staging_bytes_ >= 512, kValue, "ringreduce: staging of ", staging_bytes_, " bytes is too small");
   DeviceGuard guard(comm_->device());
   try {
     {
@@ -267,7 +263,7 @@ CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots, int64_t st
       RR_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi));
       RR_CUDA_CHECK(cudaStreamCreateWithPriority(&compute_stream_, cudaStreamNonBlocking, lo));
     }
-    RR_CUDA_CHECK(cudaMalloc(&staging_, static_cast<size_t>(slot_bytes_) * num_slots_));
+    RR_CUDA_CHECK(cudaMalloc(&staging_, static_cast<size_t>(staging_bytes_)));
     RR_CUDA_CHECK(cudaMalloc(&frames_dev_, NcclFrameTransport::kStagingBytes));
     RR_CUDA_CHECK(cudaMallocHost(&frames_host_, NcclFrameTransport::kStagingBytes));
   } catch (...) {
@@ -295,8 +291,10 @@ void CudaRing::checkNotCapturing(cudaStream_t caller, const std::string& what) c
            "torch.cuda.graph() or use the torch.distributed collective inside the graph");
 }
 
-PlanOptions CudaRing::planOptions(RedOp op, bool accum_float32, int64_t segment_bytes) const {
-  return gpuPlanOptions(op, accum_float32, segment_bytes, num_slots_, slot_bytes_);
+PlanOptions CudaRing::planOptions(RedOp op, bool accum_float32, int nranks, int64_t numel, DType dtype,
+                                  const GpuKnobs& knobs) const {
+  const GpuPipeline p = gpuPipeline(nranks, numel, dtype, accum_float32, staging_bytes_, knobs);
+  return gpuPlanOptions(op, accum_float32, p.max_segment_bytes, p.slots, p.slot_bytes);
 }
 
 uint64_t CudaRing::nextSeq(const std::vector<int>& ring_key) const {
@@ -342,9 +340,20 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
   DeviceBuffers buffers;
   buffers.data = data;
   buffers.accum = accum;
-  buffers.slot_bytes = static_cast<size_t>(slot_bytes_);
-  for (int32_t k = 0; k < num_slots_; ++k)
-    buffers.slots.push_back(static_cast<char*>(staging_) + static_cast<int64_t>(k) * slot_bytes_);
+  // The staging, laid out as the plans need it (the previous call's reduces are done with it before
+  // this call's first exchange: kPrevCallDoneEvent, Note [Driving the plan on streams]). Slots
+  // start at multiples of 256 bytes (16-byte aligned vector loads).
+  int64_t slot_stride = 256;
+  int32_t slots = 0;
+  for (const RingStage& st : stages) {
+    slot_stride = std::max<int64_t>(slot_stride, roundUp(static_cast<int64_t>(slotBytesFor(st.plan)), 256));
+    slots = std::max(slots, st.plan.num_slots);
+  }
+  RR_CHECK(slot_stride * slots <= staging_bytes_, kRuntime, "ringreduce internal error: ", slots, " slots of ",
+           slot_stride, " bytes do not fit the ", staging_bytes_, " bytes of staging");
+  buffers.slot_bytes = static_cast<size_t>(slot_stride);
+  for (int32_t k = 0; k < slots; ++k)
+    buffers.slots.push_back(static_cast<char*>(staging_) + static_cast<int64_t>(k) * slot_stride);
 
   CudaBackend backend(*this, *work, dtype, caller, epilogue);
   try {

@@ -4,7 +4,8 @@
 //   * the non-blocking NCCL communicator (nccl_comm.h);
 //   * a communication stream (grouped ncclSend/ncclRecv) and a reduce stream (kernels), so that
 //     the reduction of segment k overlaps the transfer of segment k + 1;
-//   * the staging slots (num_slots x slot_bytes <= 8 MiB), shared by all calls on the group;
+//   * the staging (kGpuStagingBytes), shared by all calls on the group: each call lays its slots out
+//     in it as its plans say (Note [GPU pipeline rule], gpu_pipeline.h);
 //   * the event pool (plan events, reused call after call; per-call start/done events);
 //   * a watchdog thread that polls in-flight calls and ncclCommGetAsyncError and aborts the
 //     communicator on an error or when a started call exceeds the timeout.
@@ -58,14 +59,11 @@
 
 #include "../core/frame.h"
 #include "../core/plan.h"
+#include "gpu_pipeline.h"
 #include "nccl_comm.h"
 #include "ring_driver.h"
 
 namespace rr {
-
-// Staging defaults (docs/design.md section 5: a few segments, <= 8 MiB per group).
-constexpr int32_t kCudaStagingSlots = 4;
-constexpr int64_t kCudaStagingBytes = 8 << 20;
 
 // Note [Bounded launch queue]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -155,10 +153,10 @@ class CudaWork {
 
 class CudaRing {
  public:
-  // Takes ownership of an initialized communicator. Creates the streams, the staging slots and the
+  // Takes ownership of an initialized communicator. Creates the streams, the staging and the
   // watchdog thread on the communicator's device.
-  explicit CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots = kCudaStagingSlots,
-                    int64_t staging_bytes = kCudaStagingBytes, int64_t max_queued_ops = kCudaMaxQueuedOps);
+  explicit CudaRing(std::shared_ptr<NcclComm> comm, int64_t staging_bytes = kGpuStagingBytes,
+                    int64_t max_queued_ops = kCudaMaxQueuedOps);
   ~CudaRing();  // shutdown("ring destroyed") if not done yet
   CudaRing(const CudaRing&) = delete;
   CudaRing& operator=(const CudaRing&) = delete;
@@ -169,12 +167,13 @@ class CudaRing {
   int size() const { return comm_->size(); }
   cudaStream_t commStream() const { return comm_stream_; }
   cudaStream_t computeStream() const { return compute_stream_; }
-  int64_t slotBytes() const { return slot_bytes_; }
-  int32_t numSlots() const { return num_slots_; }
+  int64_t stagingBytes() const { return staging_bytes_; }
 
-  // The plan options of this communicator's calls (gpuPlanOptions: the all-gather lands in the
-  // output; segment_bytes <= 0 means the default, capped so that a segment fits a staging slot).
-  PlanOptions planOptions(RedOp op, bool accum_float32, int64_t segment_bytes) const;
+  // The plan options of a call of `numel` elements of `dtype` over a ring of `nranks` ranks of this
+  // communicator: gpuPlanOptions (the all-gather lands in the output) with the pipeline of Note
+  // [GPU pipeline rule] (gpu_pipeline.h) in this ring's staging. Throws kValue for bad knobs.
+  PlanOptions planOptions(RedOp op, bool accum_float32, int nranks, int64_t numel, DType dtype,
+                          const GpuKnobs& knobs) const;
 
   // Enqueues one call: `stages` (ring_driver.h; their members are ranks of this communicator and
   // name this rank) on `data`, the call's contiguous elements on this device; `accum`: the float32
@@ -222,8 +221,7 @@ class CudaRing {
 
   std::shared_ptr<NcclComm> comm_;
   std::shared_ptr<EventPool> pool_;
-  int32_t num_slots_;
-  int64_t slot_bytes_;
+  int64_t staging_bytes_;
   cudaStream_t comm_stream_ = nullptr;
   cudaStream_t compute_stream_ = nullptr;
   void* staging_ = nullptr;

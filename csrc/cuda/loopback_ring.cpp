@@ -154,12 +154,13 @@ class LoopbackBackend final : public DeviceBackend {
 }  // namespace
 
 void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel, DType dtype, RedOp op,
-                       bool accum_float32, int64_t segment_bytes, int32_t num_slots, int64_t slot_bytes,
-                       cudaStream_t caller, const LoopbackShape& shape) {
+                       bool accum_float32, const GpuKnobs& knobs, cudaStream_t caller, const LoopbackShape& shape) {
   const int n = static_cast<int>(data.size());
   RR_CHECK(n >= 1, kValue, "ringreduce loopback: need at least one rank");
   RR_CHECK(shape.phases >= 1 && shape.phases <= 3, kValue, "ringreduce loopback: phases must be 1, 2 or 3");
-  RR_CHECK(num_slots >= 1 && slot_bytes >= 256, kValue, "ringreduce loopback: bad staging");
+  const GpuPipeline pipe = gpuPipeline(n, numel, dtype, accum_float32, kGpuStagingBytes, knobs);
+  const int32_t num_slots = pipe.slots;
+  const int64_t slot_bytes = pipe.slot_bytes;
   checkSupported(dtype, op);
   DeviceGuard guard(device);
   Shared sh;
@@ -169,7 +170,7 @@ void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel
   const bool hier = shape.phases == kPhaseBoth && shape.local_size > 1;
   RR_CHECK(!(hier && accum_float32), kValue,
            "ringreduce loopback: the hierarchical all-reduce reduces a float32 copy instead of accum_float32");
-  const PlanOptions opts = gpuPlanOptions(op, accum_float32, segment_bytes, num_slots, slot_bytes);
+  const PlanOptions opts = gpuPlanOptions(op, accum_float32, pipe.max_segment_bytes, num_slots, slot_bytes);
   for (int r = 0; r < n; ++r) {
     const RingMembers ring = resolveRing(shape.order, n, r);
     RR_CHECK(ring.size() == n, kValue, "ringreduce loopback: the ring must hold every rank");

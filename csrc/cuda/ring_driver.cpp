@@ -51,11 +51,12 @@ void checkSpan(const Plan& plan, const DeviceBuffers& b, const Span& s) {
 
 }  // namespace
 
-PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t segment_bytes, int32_t num_slots,
+PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t max_segment_bytes, int32_t num_slots,
                            int64_t slot_bytes) {
+  RR_CHECK(max_segment_bytes >= 16, kValue, "ringreduce: the segment size must be at least 16 bytes, got ",
+           max_segment_bytes);
   PlanOptions o;
-  const int64_t wanted = segment_bytes > 0 ? segment_bytes : kGpuDefaultSegmentBytes;
-  o.max_segment_bytes = maxI64(16, minI64(wanted, slot_bytes));
+  o.max_segment_bytes = maxI64(16, minI64(max_segment_bytes, slot_bytes));
   o.num_slots = num_slots;
   o.accum_float32 = accum_float32;
   o.gather_into_data = true;

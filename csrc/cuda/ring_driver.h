@@ -153,9 +153,9 @@ void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, D
                      bool caller_waits, const std::vector<int>& members = {});
 
 // The plan options of the GPU transport: the all-gather lands in the output (gather_into_data);
-// segment_bytes <= 0 means the default (1 MiB); segments are capped so that one fits a slot.
-constexpr int64_t kGpuDefaultSegmentBytes = 1 << 20;
-PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t segment_bytes, int32_t num_slots,
+// segments of at most max_segment_bytes (>= 16), capped so that one fits a slot of slot_bytes.
+// The pipeline rule (gpu_pipeline.h) picks the three numbers for a call.
+PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t max_segment_bytes, int32_t num_slots,
                            int64_t slot_bytes);
 
 // Bytes one staging slot needs for `plan`.

@@ -8,6 +8,7 @@
 //   rr_sim_ring        the stages of every GPU collective (ring_driver.h: flat ring, reduce-scatter
 //                      only, all-gather only, hierarchical) over rank lists of one simulated
 //                      communicator, several rings side by side, reporting the peers each rank used
+//   rr_gpu_pipeline    the pipeline rule (gpu_pipeline.h) for a call
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "../../../csrc/core/error.h"
 #include "../../../csrc/core/plan.h"
+#include "../../../csrc/cuda/gpu_pipeline.h"
 #include "../../../csrc/cuda/ring_driver.h"
 #include "sim_device.h"
 
@@ -27,6 +29,31 @@ void putError(const std::string& msg, char* err, int errlen) {
 }  // namespace
 
 extern "C" {
+
+// out[0..3]: max segment bytes, slots, slot bytes, lanes of gpuPipeline(); out[4]: the one-shot
+// threshold. Knobs as GpuKnobs (0 / -1: the rule). Returns 0, or -1 with the message in err.
+int rr_gpu_pipeline(int nranks, long long numel, int dtype, int accum_float32, long long staging_bytes,
+                    long long segment_bytes, int slots, int lanes, long long one_shot_bytes, long long* out, char* err,
+                    int errlen) {
+  try {
+    rr::GpuKnobs k;
+    k.segment_bytes = segment_bytes;
+    k.slots = slots;
+    k.lanes = lanes;
+    k.one_shot_bytes = one_shot_bytes;
+    const rr::GpuPipeline p =
+        rr::gpuPipeline(nranks, numel, static_cast<rr::DType>(dtype), accum_float32 != 0, staging_bytes, k);
+    out[0] = p.max_segment_bytes;
+    out[1] = p.slots;
+    out[2] = p.slot_bytes;
+    out[3] = p.lanes;
+    out[4] = rr::gpuOneShotBytes(nranks, staging_bytes, k);
+    return 0;
+  } catch (const std::exception& e) {
+    putError(e.what(), err, errlen);
+    return -1;
+  }
+}
 
 // Returns 0, or -1 with the message in err (rr::Error kind in *kind).
 int rr_kernel_reduce(int dtype, int op, const void* a, int a_wide, const void* b, int b_wide, void* dst,

@@ -40,9 +40,9 @@ struct Call {
 
 std::shared_ptr<CudaWork> enqueueAllReduce(CudaRing& ring, std::vector<float>& data, cudaStream_t caller) {
   const RingMembers rm = resolveRing({}, ring.size(), ring.rank());
-  const std::vector<RingStage> stages =
-      flatRingStages(rm, static_cast<int64_t>(data.size()), DType::kFloat32, RedOp::kSum,
-                     ring.planOptions(RedOp::kSum, false, 0));
+  const int64_t numel = static_cast<int64_t>(data.size());
+  const std::vector<RingStage> stages = flatRingStages(
+      rm, numel, DType::kFloat32, RedOp::kSum, ring.planOptions(RedOp::kSum, false, rm.size(), numel, DType::kFloat32, {}));
   return ring.enqueue(stages, data.data(), nullptr, ringKey({}, ring.size()), "all-reduce", caller, false);
 }
 
@@ -540,8 +540,10 @@ TEST_CASE(a_large_call_waits_on_the_host_once) {
     cudaStream_t caller = newStream();
     std::vector<float> data(static_cast<size_t>(numel), 1.0f + static_cast<float>(r));
     const RingMembers rm = resolveRing({}, ring.size(), ring.rank());
-    const std::vector<RingStage> stages = flatRingStages(rm, numel, DType::kFloat32, RedOp::kSum,
-                                                         ring.planOptions(RedOp::kSum, false, 1 << 20));
+    GpuKnobs knobs;
+    knobs.segment_bytes = 1 << 20;
+    const std::vector<RingStage> stages = flatRingStages(
+        rm, numel, DType::kFloat32, RedOp::kSum, ring.planOptions(RedOp::kSum, false, 2, numel, DType::kFloat32, knobs));
     CHECK_EQ(stages[0].plan.sched.nsegs, 32);
     std::shared_ptr<CudaWork> work;
     int w0 = 0, q0 = 0;
@@ -592,7 +594,7 @@ TEST_CASE(a_ring_with_empty_chunks_hands_every_exchange_off) {
 TEST_CASE(enqueue_waits_when_the_launch_queue_is_full) {
   rrfake::reset();
   auto comm = std::make_shared<NcclComm>(kUid, 2, 0, 0, ms(400), "fake", ms(0));
-  auto ring = std::make_shared<CudaRing>(comm, kCudaStagingSlots, kCudaStagingBytes, /*max_queued_ops=*/40);
+  auto ring = std::make_shared<CudaRing>(comm, kGpuStagingBytes, /*max_queued_ops=*/40);
   cudaStream_t caller = newStream();
   std::vector<float> d1(64, 1.0f), d2(64, 2.0f), d3(64, 3.0f);
   rrfake::setExchangeBudget(0);  // nothing finishes until the test says so
