@@ -295,6 +295,7 @@ def cuda_all_reduce(
     *,
     local_size: int = 0,
     members: Any = None,
+    one_shot: bool = True,
 ) -> Work | None:
     """Ring all-reduce of a CUDA tensor in place (see the module docstring for stream semantics).
 
@@ -302,7 +303,9 @@ def cuda_all_reduce(
     half-type partials in float32, `kind` the call kind of the agreement frame. `members`: the ring's
     ranks as ranks of ``info.pg`` in ring order (default ``info.members``; () = every rank);
     `local_size` > 1: the hierarchical all-reduce over `members` ordered node by node, that many
-    ranks per node (0: the flat ring). Returns a Work when `async_op`, else None. Raises
+    ranks per node (0: the flat ring). `one_shot`: a small flat all-reduce may run as one NCCL group
+    and one kernel (Note [GPU one-shot all-reduce]; same bits as the ring); False keeps the ring
+    (``algorithm="ring"``). Returns a Work when `async_op`, else None. Raises
     TypeError/ValueError for bad input, RuntimeError when ranks disagree (RINGREDUCE_CHECK=1) or
     under CUDA graph capture, DistBackendError on NCCL failures, timeouts and groups whose
     communicator was aborted.
@@ -324,6 +327,7 @@ def cuda_all_reduce(
         info.name,
         _members(info, members),
         int(local_size),
+        bool(one_shot),
     )
     if not async_op:
         return None

@@ -47,6 +47,7 @@ HEADERS = [
     "csrc/cuda/gpu_pipeline.h",
     "csrc/core/collectives.h",
     "csrc/core/reduce_body.h",
+    "csrc/core/one_shot_body.h",
     "csrc/core/reduce_dispatch.h",
     "csrc/core/functors.h",
     "csrc/core/plan.h",
@@ -114,6 +115,13 @@ def lib() -> ctypes.CDLL:
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int,
         ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int,
         ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int,
+        ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
+        ctypes.c_char_p, ctypes.c_int,
+    ]
+    lib.rr_sim_mixed.restype = ctypes.c_int
+    lib.rr_sim_mixed.argtypes = [
+        ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int,
+        ctypes.c_longlong, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int,
         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p, ctypes.c_int,
     ]
@@ -486,6 +494,77 @@ def test_pipeline_rule_from_python(lib):
     assert b"RINGREDUCE_SEGMENT_BYTES" in err.value
 
 
+def sim_mixed(lib, *, nranks, dtype, op, inputs, one_shot_mask, accum=False, segment_bytes=64, num_slots=2,
+              seed=1, fault=0):
+    """Calls on one simulated device, call c a one-shot when bit c of one_shot_mask is set, else the ring.
+    inputs: [call][rank] tensors. Returns (rc, message, outputs [call][rank], hand-offs per rank)."""
+    ncalls = len(inputs)
+    numel = inputs[0][0].numel()
+    flat_in = [t for call in inputs for t in call]
+    outs = [torch.zeros(numel, dtype=dtype) for _ in flat_in]
+    in_ptrs = (ctypes.c_void_p * len(flat_in))(*[t.data_ptr() for t in flat_in])
+    out_ptrs = (ctypes.c_void_p * len(outs))(*[t.data_ptr() for t in outs])
+    hand_offs = (ctypes.c_int * nranks)()
+    err = ctypes.create_string_buffer(8192)
+    rc = lib.rr_sim_mixed(nranks, numel, DTYPES[dtype], op, int(accum), segment_bytes, num_slots,
+                          max(256, segment_bytes * 4), ncalls, one_shot_mask, seed, fault, in_ptrs, out_ptrs, hand_offs,
+                          err, len(err))
+    return rc, err.value.decode(), [outs[c * nranks:(c + 1) * nranks] for c in range(ncalls)], list(hand_offs)
+
+
+@pytest.mark.parametrize("dtype", SWEEP_DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_one_shot_gives_the_rings_bits(lib, dtype):
+    """Note [GPU one-shot all-reduce]: on random data, every op, 2-5 ranks, float32 partials or not, the
+    one-shot's result is bitwise the ring's on every rank (so the threshold never changes a result),
+    exact on exact data, and a one-shot call sits between ring calls on one device without a race."""
+    gen = torch.Generator().manual_seed(240 + DTYPES[dtype])
+    runs = 0
+    for op_name, op in OPS.items():
+        if not supported(dtype, op):
+            continue
+        for nranks in (2, 3, 5):
+            for accum in ((False, True) if dtype in HALF else (False,)):
+                numel = 200 + 13 * nranks  # every chunk non-empty (int8 chunks are 16-element aligned)
+                rand = [[random_values(dtype, numel, gen) for _ in range(nranks)] for _ in range(2)]
+                if op == PRODUCT and dtype in FLOATING:  # keep products finite
+                    rand = [[(t.double().clamp(-2, 2)).to(dtype) for t in call] for call in rand]
+                exact = [exact_inputs(dtype, op, nranks, numel, 0)]
+                # ring, one-shot, ring on random data; then one-shot on exact data
+                calls = [rand[0], rand[0], rand[1], exact[0]]
+                label = f"{op_name} {dtype} n={nranks} accum={accum}"
+                rc, msg, outs, hand_offs = sim_mixed(lib, nranks=nranks, dtype=dtype, op=op, inputs=calls,
+                                                     one_shot_mask=0b1010, accum=accum,
+                                                     seed=nranks + 7 * op + runs)
+                assert rc == 0, f"{label}: {msg}"
+                for r in range(nranks):
+                    assert same_bits(outs[1][r], outs[0][0]), f"{label}: one-shot rank {r} differs from the ring"
+                    assert same_bits(outs[0][r], outs[0][0]), f"{label}: ring ranks differ"
+                    assert same_bits(outs[3][r], expected(dtype, op, exact[0])), f"{label}: one-shot on exact data"
+                # one hand-off per call: the ring's first exchange, the one-shot's group
+                assert hand_offs == [4] * nranks, f"{label}: hand-offs {hand_offs}"
+                runs += 1
+    assert runs > 0
+
+
+def test_one_shot_race_detector_and_faults(lib):
+    """The simulator must catch a one-shot whose reduce writes off by one element or whose caller does
+    not wait; a clean one-shot next to ring calls, async-free, passes on many schedules."""
+    gen = torch.Generator().manual_seed(7)
+    ins = [[torch.randn(301, generator=gen) for _ in range(3)] for _ in range(3)]
+    for seed in range(10):
+        rc, msg, _, _ = sim_mixed(lib, nranks=3, dtype=torch.float32, op=SUM, inputs=ins, one_shot_mask=0b101,
+                                  seed=seed)
+        assert rc == 0, msg
+    for fault in (2, 4, 5):
+        caught = 0
+        for seed in range(4):
+            rc, msg, outs, _ = sim_mixed(lib, nranks=3, dtype=torch.float32, op=SUM, inputs=ins[:1],
+                                         one_shot_mask=0b1, seed=seed, fault=fault)
+            caught += int(rc != 0 or any(not same_bits(o, outs[0][0]) for o in outs[0]) or
+                          not torch.allclose(outs[0][0], torch.stack(ins[0]).sum(0), atol=1e-4))
+        assert caught == 4, f"fault {fault} went unnoticed in {4 - caught} of 4 schedules"
+
+
 FAULTS = {
     # With gather_into_data (the GPU plan) the all-gather's sends already order kComm after every
     # staging read, so the previous-call wait is defense in depth there; it is required for
@@ -798,7 +877,8 @@ class _FakeNative:
         self.comms.append(comm)
         return comm
 
-    def cuda_all_reduce(self, comm, tensor, op, accum, knobs, async_op, check, kind, name, members, local_size):
+    def cuda_all_reduce(self, comm, tensor, op, accum, knobs, async_op, check, kind, name, members, local_size,
+                        one_shot=True):
         self.calls.append(("all_reduce", comm, kind, list(members), local_size, async_op))
         self.knobs.append(knobs)
         return self if async_op else None

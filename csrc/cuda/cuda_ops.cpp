@@ -10,7 +10,8 @@ namespace rr {
 
 namespace {
 
-Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, int rank, uint64_t seq) {
+Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, int rank, uint64_t seq,
+                bool one_shot = false) {
   Frame f;
   f.rank = rank;
   f.seq = seq;
@@ -20,7 +21,9 @@ Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, 
   f.device_type = 1;
   if (req != nullptr && error == 0) {
     f.accum_float32 = req->accum_float32 ? 1 : 0;
-    f.algorithm = req->local_size;  // 0: the flat ring; L: hierarchical with L ranks per node
+    // 0: the flat ring; L: hierarchical with L ranks per node; -1: the one-shot (ranks whose
+    // thresholds differ would otherwise pair a one-shot group with ring exchanges).
+    f.algorithm = one_shot ? -1 : req->local_size;
     f.dtype = static_cast<int32_t>(req->dtype);
     f.numel = req->numel;
     // The pipeline's overrides decide the exchanges' sizes: ranks must agree on them.
@@ -66,7 +69,12 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   RR_CHECK(!hier || n % req.local_size == 0, kValue, "ringreduce: hierarchical all-reduce over ", n,
            " ranks needs equal nodes, got ", req.local_size, " ranks per node");
   const std::vector<int> key = ringKey(req.members, ring.size());
-  if (req.check) agree(ring, makeFrame(&req, req.kind, op, 0, ring.rank(), ring.nextSeq(key)), rm, req.group_name);  // 3
+  const int64_t bytes = req.numel * static_cast<int64_t>(dtypeSize(req.dtype));
+  const bool one_shot = !scatter && !gather && !hier && req.one_shot && n <= kOneShotMaxRanks &&
+                        bytes <= gpuOneShotBytes(n, ring.stagingBytes(), req.knobs);
+  if (req.check) {
+    agree(ring, makeFrame(&req, req.kind, op, 0, ring.rank(), ring.nextSeq(key), one_shot), rm, req.group_name);  // 3
+  }
   if (req.numel == 0 || n == 1) {  // 4
     if (req.numel > 0 && buf.trivial) buf.trivial();
     return nullptr;
@@ -74,6 +82,11 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   // 5. The working buffer, in the stages' dtype (stagesDType: a float32 copy for hierarchical + accum).
   const DType wdtype = stagesDType(req.dtype, hier, req.accum_float32);
   void* data = buf.data(wdtype, rm.index);
+  if (one_shot) {
+    if (buf.protect) buf.protect();  // 6
+    return ring.enqueueOneShot(rm, req.numel, wdtype, op, req.accum_float32, data, key, what, req.caller,  // 7
+                               !req.async_op, buf.epilogue);
+  }
   const bool partials32 = req.accum_float32 && !hier && !scatter && !gather;
   const PlanOptions base = ring.planOptions(op, partials32, n, gather ? req.out_numel : req.numel, wdtype, req.knobs);
   std::vector<RingStage> stages;

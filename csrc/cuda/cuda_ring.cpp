@@ -9,6 +9,7 @@
 #include "../core/agreement.h"
 #include "cuda_check.h"
 #include "nccl_frame_transport.h"
+#include "one_shot_kernels.cuh"
 #include "reduce_kernels.cuh"
 
 namespace rr {
@@ -179,6 +180,23 @@ class CudaBackend final : public DeviceBackend {
     }
   }
 
+  void group(const std::vector<PeerOp>& ops) override {
+    enqueued_ = true;
+    if (!work_.timer_recorded_) {
+      RR_CUDA_CHECK(cudaEventRecord(work_.timer_, ring_.comm_stream_));
+      work_.timer_recorded_ = true;
+    }
+    std::vector<NcclComm::P2p> p2p;
+    p2p.reserve(ops.size());
+    for (const PeerOp& o : ops) p2p.push_back(NcclComm::P2p{o.send, o.buf, o.bytes, o.peer});
+    ring_.comm_->group(p2p, ring_.comm_stream_, /*hand_off=*/true);
+  }
+
+  void reduceInOrder(const OneShotLaunch& l) override {
+    enqueued_ = true;
+    launchOneShotReduce(dtype_, l.op, l.args, ring_.compute_stream_);
+  }
+
   void reduce(const ReduceLaunch& l) override {
     enqueued_ = true;
     launchReduce(dtype_, l.op, l.a, l.a_wide, l.b, l.b_wide, l.dst, l.dst_wide, l.count, l.divisor,
@@ -327,19 +345,8 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
       RR_CHECK(m >= 0 && m < size(), kValue, "ringreduce: ring member ", m, " outside the communicator of ", size(),
                " ranks");
   }
-  DeviceGuard guard(device());
   int64_t ops = 8;  // the call's framing
   for (const RingStage& st : stages) ops += static_cast<int64_t>(st.plan.ops.size()) + 2;
-  makeRoom(ops);
-
-  uint64_t& seq = next_seq_[ring_key];
-  std::shared_ptr<CudaWork> work(new CudaWork(pool_, comm_, seq, device(), what));
-  work->start_ = pool_->acquire();
-  work->done_ = pool_->acquire();
-  work->timer_ = pool_->acquire();
-  DeviceBuffers buffers;
-  buffers.data = data;
-  buffers.accum = accum;
   // The staging, laid out as the plans need it (the previous call's reduces are done with it before
   // this call's first exchange: kPrevCallDoneEvent, Note [Driving the plan on streams]). Slots
   // start at multiples of 256 bytes (16-byte aligned vector loads).
@@ -349,15 +356,53 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
     slot_stride = std::max<int64_t>(slot_stride, roundUp(static_cast<int64_t>(slotBytesFor(st.plan)), 256));
     slots = std::max(slots, st.plan.num_slots);
   }
+  DeviceBuffers buffers = layOut(data, slot_stride, slots);
+  buffers.accum = accum;
+  return submit(ring_key, what, dtype, caller, epilogue, ops,
+                [&](DeviceBackend& be) { enqueueRingStages(stages, buffers, be, caller_waits); });
+}
+
+std::shared_ptr<CudaWork> CudaRing::enqueueOneShot(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
+                                                   bool accum_float32, void* data, const std::vector<int>& ring_key,
+                                                   const std::string& what, cudaStream_t caller, bool caller_waits,
+                                                   const std::function<void()>& epilogue) {
+  checkNotCapturing(caller, what);
+  std::lock_guard<std::mutex> lock(call_mu_);
+  checkOpen();
+  comm_->checkUsable();
+  RR_CHECK(ring.index >= 0 && ring.index < ring.size() && ring.ranks[static_cast<size_t>(ring.index)] == rank(),
+           kRuntime, "ringreduce internal error: a one-shot ring that does not hold this rank");
+  const int64_t bytes = numel * static_cast<int64_t>(dtypeSize(dtype));
+  DeviceBuffers buffers = layOut(data, roundUp(std::max<int64_t>(bytes, 1), 256), ring.size() - 1);
+  return submit(ring_key, what, dtype, caller, epilogue, /*ops=*/12, [&](DeviceBackend& be) {
+    rr::enqueueOneShot(ring.ranks, ring.index, numel, dtype, op, accum_float32, buffers, be, caller_waits);
+  });
+}
+
+DeviceBuffers CudaRing::layOut(void* data, int64_t slot_stride, int32_t slots) const {
   RR_CHECK(slot_stride * slots <= staging_bytes_, kRuntime, "ringreduce internal error: ", slots, " slots of ",
            slot_stride, " bytes do not fit the ", staging_bytes_, " bytes of staging");
+  DeviceBuffers buffers;
+  buffers.data = data;
   buffers.slot_bytes = static_cast<size_t>(slot_stride);
   for (int32_t k = 0; k < slots; ++k)
     buffers.slots.push_back(static_cast<char*>(staging_) + static_cast<int64_t>(k) * slot_stride);
+  return buffers;
+}
 
+std::shared_ptr<CudaWork> CudaRing::submit(const std::vector<int>& ring_key, const std::string& what, DType dtype,
+                                           cudaStream_t caller, const std::function<void()>& epilogue, int64_t ops,
+                                           const std::function<void(DeviceBackend&)>& drive) {
+  DeviceGuard guard(device());
+  makeRoom(ops);
+  uint64_t& seq = next_seq_[ring_key];
+  std::shared_ptr<CudaWork> work(new CudaWork(pool_, comm_, seq, device(), what));
+  work->start_ = pool_->acquire();
+  work->done_ = pool_->acquire();
+  work->timer_ = pool_->acquire();
   CudaBackend backend(*this, *work, dtype, caller, epilogue);
   try {
-    enqueueRingStages(stages, buffers, backend, caller_waits);
+    drive(backend);
     if (!backend.timerRecorded()) {
       RR_CUDA_CHECK(cudaEventRecord(work->timer_, comm_stream_));  // a call without exchanges
       work->timer_recorded_ = true;

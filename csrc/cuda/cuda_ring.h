@@ -57,6 +57,7 @@
 #include <thread>
 #include <vector>
 
+#include "../core/collectives.h"
 #include "../core/frame.h"
 #include "../core/plan.h"
 #include "gpu_pipeline.h"
@@ -189,6 +190,14 @@ class CudaRing {
                                     cudaStream_t caller, bool caller_waits,
                                     const std::function<void()>& epilogue = {});
 
+  // The one-shot all-reduce (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h) of `data`
+  // (numel elements of `dtype`) over `ring`, receiving the others' tensors into the staging
+  // ((ring.size() - 1) x the tensor's bytes must fit it). Otherwise as enqueue().
+  std::shared_ptr<CudaWork> enqueueOneShot(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
+                                           bool accum_float32, void* data, const std::vector<int>& ring_key,
+                                           const std::string& what, cudaStream_t caller, bool caller_waits,
+                                           const std::function<void()>& epilogue = {});
+
   // All-gather of one agreement frame per ring member (Note [Cross-rank agreement]) around
   // `ring` only (Note [Sub-rings on one communicator]); frames[i] is ring index i's. Runs core's
   // exchangeFrames over NcclFrameTransport (Note [Host messages over NCCL]). Blocks the host
@@ -214,6 +223,15 @@ class CudaRing {
   void watchdogLoop();
   // Note [Bounded launch queue]: waits until `ops` more stream operations fit (call_mu_ held).
   void makeRoom(int64_t ops);
+  // Buffers of a call: `data`, and `slots` staging slots of slot_stride bytes (kRuntime if they do
+  // not fit the staging).
+  DeviceBuffers layOut(void* data, int64_t slot_stride, int32_t slots) const;
+  // The part of a call common to the ring and the one-shot (call_mu_ held): room in the launch
+  // queue, the work and its events, `drive` on the CUDA backend, the failure handling of Note
+  // [Ordering, lifetime, failure], the bookkeeping.
+  std::shared_ptr<CudaWork> submit(const std::vector<int>& ring_key, const std::string& what, DType dtype,
+                                   cudaStream_t caller, const std::function<void()>& epilogue, int64_t ops,
+                                   const std::function<void(DeviceBackend&)>& drive);
   void failAll(const std::string& reason);
   // failAll, then abort the communicator (Note [Ordering, lifetime, failure]).
   void failAndAbort(const std::string& reason);

@@ -117,6 +117,14 @@ class LoopbackBackend final : public DeviceBackend {
     }
   }
 
+  void group(const std::vector<PeerOp>&) override {
+    RR_THROW(kRuntime, "ringreduce loopback: the loopback driver runs ring stages only, not the one-shot");
+  }
+
+  void reduceInOrder(const OneShotLaunch&) override {
+    RR_THROW(kRuntime, "ringreduce loopback: the loopback driver runs ring stages only, not the one-shot");
+  }
+
   void reduce(const ReduceLaunch& l) override {
     launchReduce(st_.dtype, l.op, l.a, l.a_wide, l.b, l.b_wide, l.dst, l.dst_wide, l.count, l.divisor, l.round_sum,
                  st_.compute);

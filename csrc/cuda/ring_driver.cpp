@@ -204,6 +204,57 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
   if (caller_waits) be.wait(Stream::kCaller, kCallDoneEvent);
 }
 
+void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, DType dtype, RedOp op,
+                    bool accum_float32, const DeviceBuffers& buffers, DeviceBackend& be, bool caller_waits) {
+  const int n = static_cast<int>(members.size());
+  const size_t bytes = static_cast<size_t>(numel) * dtypeSize(dtype);
+  checkSupported(dtype, op);
+  RR_CHECK(n >= 2 && n <= kOneShotMaxRanks && index >= 0 && index < n, kValue, "ringreduce: a one-shot all-reduce of ",
+           n, " ranks (2..", kOneShotMaxRanks, ") at ring index ", index);
+  RR_CHECK(numel > 0 && buffers.data != nullptr, kRuntime, "ringreduce internal error: an empty one-shot all-reduce");
+  RR_CHECK(buffers.slots.size() >= static_cast<size_t>(n - 1) && buffers.slot_bytes >= bytes, kRuntime,
+           "ringreduce internal error: the one-shot needs ", n - 1, " receive buffers of ", bytes, " bytes, have ",
+           buffers.slots.size(), " of ", buffers.slot_bytes);
+  // Note [GPU one-shot all-reduce]: every rank's tensor to every other rank, in one group.
+  std::vector<PeerOp> ops;
+  OneShotLaunch l;
+  l.op = op;
+  l.args.n = n;
+  l.args.count = numel;
+  l.args.dst = buffers.data;
+  l.args.chunk = makeRingSchedule(n, numel, static_cast<int64_t>(dtypeSize(dtype)),
+                                  static_cast<int64_t>(dtypeSize(dtype)), 16).chunk;
+  l.args.divisor = op == RedOp::kAvg ? n : 0;
+  l.args.wide = accum_float32 && isHalfType(dtype) && n > 2;  // as buildPlan decides for the ring
+  for (int j = 0; j < n; ++j) {
+    if (j == index) {
+      l.args.in[j] = buffers.data;
+      continue;
+    }
+    void* slot = buffers.slots[static_cast<size_t>(j < index ? j : j - 1)];
+    l.args.in[j] = slot;
+    ops.push_back(PeerOp{true, buffers.data, bytes, members[static_cast<size_t>(j)]});
+    ops.push_back(PeerOp{false, slot, bytes, members[static_cast<size_t>(j)]});
+  }
+  for (int j = n; j < kOneShotMaxRanks; ++j) l.args.in[j] = nullptr;
+  be.prepare(1);
+  // Framing, steps 1-2 of Note [Driving the plan on streams].
+  be.record(Stream::kCaller, kCallStartEvent);
+  be.wait(Stream::kComm, kCallStartEvent);
+  be.wait(Stream::kCompute, kCallStartEvent);
+  be.wait(Stream::kComm, kPrevCallDoneEvent);
+  be.group(ops);
+  // The reduce reads every received tensor and overwrites the one the sends read: it waits for
+  // the whole group (one event covers it), so kCallDone again means "everything finished".
+  be.record(Stream::kComm, 0);
+  be.wait(Stream::kCompute, 0);
+  be.reduceInOrder(l);
+  // Framing, steps 4-5.
+  be.finish();
+  be.record(Stream::kCompute, kCallDoneEvent);
+  if (caller_waits) be.wait(Stream::kCaller, kCallDoneEvent);
+}
+
 void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& be, bool caller_waits,
                      const std::vector<int>& members) {
   std::vector<RingStage> stages(1);

@@ -55,6 +55,7 @@
 
 #include "../core/collectives.h"
 #include "../core/dtype.h"
+#include "../core/one_shot_body.h"
 #include "../core/plan.h"
 
 namespace rr {
@@ -102,6 +103,20 @@ struct ReduceLaunch {
   RedOp op;        // the stage's reduction (a hierarchical AVG sums in its first stage)
 };
 
+// One point-to-point operation of an NCCL group with several peers (the one-shot all-reduce's).
+struct PeerOp {
+  bool send = false;
+  void* buf = nullptr;  // read for a send, written for a receive
+  size_t bytes = 0;
+  int peer = -1;        // communicator rank
+};
+
+// The one-shot reduce (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h).
+struct OneShotLaunch {
+  OneShotArgs args;
+  RedOp op = RedOp::kSum;
+};
+
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -114,8 +129,12 @@ class DeviceBackend {
   // [Sub-rings on one communicator]).
   virtual void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
                         int recv_peer, Launch launch) = 0;
+  // On kComm: one NCCL group of sends and receives with several peers, always a hand-off (the
+  // one-shot all-reduce's exchange; Note [Which exchanges hand off]).
+  virtual void group(const std::vector<PeerOp>& ops) = 0;
   // On kCompute.
   virtual void reduce(const ReduceLaunch& launch) = 0;
+  virtual void reduceInOrder(const OneShotLaunch& launch) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // `event` is a dense plan event index (>= 0) or a framing event (< 0).
   virtual void record(Stream stream, int32_t event) = 0;
@@ -147,6 +166,17 @@ EventMap mapWaitedEvents(const Plan& plan);
 // stage is malformed, before anything is enqueued.
 void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers& buffers, DeviceBackend& backend,
                        bool caller_waits);
+
+// The one-shot all-reduce (Note [GPU one-shot all-reduce]) of `numel` elements of `dtype` over the
+// ring `members` (ring index -> communicator rank; this process is ring index `index`), with the
+// call framing of Note [Driving the plan on streams]: one group on kComm sends buffers.data to
+// every other member and receives member j's tensor into buffers.slots[j < index ? j : j - 1]
+// (each of >= numel elements: buffers.slot_bytes), then one reduce on kCompute writes the result
+// into buffers.data. AVG divides by the ring's size; accum_float32 carries float32 partials as the
+// ring would. Throws kRuntime/kValue (before anything is enqueued) when the buffers do not fit or
+// the ring is larger than kOneShotMaxRanks.
+void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, DType dtype, RedOp op,
+                    bool accum_float32, const DeviceBuffers& buffers, DeviceBackend& backend, bool caller_waits);
 
 // A single flat ring: `members` empty means ring index i is communicator rank i.
 void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& backend,

@@ -134,11 +134,12 @@ CudaCallRequest request(const CudaRing& ring, const at::Tensor& t, int kind, int
 // row-major working copy made on the caller's stream and written back on the reduce stream.
 py::object cudaAllReduce(const std::shared_ptr<CudaRing>& ring, const at::Tensor& tensor, int op, bool accum_float32,
                          const GpuKnobs& knobs, bool async_op, bool check, int kind, const std::string& group_name,
-                         const std::vector<int>& members, int local_size) {
+                         const std::vector<int>& members, int local_size, bool one_shot) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ring->device()));
   CudaCallRequest req = request(*ring, tensor, kind, op, knobs, async_op, check, group_name, members);
   req.accum_float32 = accum_float32;
   req.local_size = local_size;
+  req.one_shot = one_shot;
   const bool plain = tensor.is_contiguous() && !tensor.is_conj() && !tensor.is_neg();
   if (!plain) checkWritable(tensor, "tensor");
   std::vector<at::Tensor> bufs, user_out;
@@ -283,7 +284,7 @@ void registerCudaBindings(pybind11::module& m) {
   m.def("cuda_all_reduce", &cudaAllReduce, py::arg("comm"), py::arg("tensor"), py::arg("op"),
         py::arg("accum_float32"), py::arg("knobs"), py::arg("async_op"), py::arg("check"), py::arg("kind"),
         py::arg("group_name"), py::arg("members") = std::vector<int>{}, py::arg("local_size") = 0,
-        "ringreduce._cuda.cuda_all_reduce's native half.");
+        py::arg("one_shot") = true, "ringreduce._cuda.cuda_all_reduce's native half.");
   m.def("cuda_ring_half", &cudaRingHalf, py::arg("comm"), py::arg("input"), py::arg("output"), py::arg("op"),
         py::arg("knobs"), py::arg("async_op"), py::arg("check"), py::arg("kind"), py::arg("group_name"),
         py::arg("members") = std::vector<int>{},

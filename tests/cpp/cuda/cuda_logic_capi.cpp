@@ -9,6 +9,8 @@
 //                      only, all-gather only, hierarchical) over rank lists of one simulated
 //                      communicator, several rings side by side, reporting the peers each rank used
 //   rr_gpu_pipeline    the pipeline rule (gpu_pipeline.h) for a call
+//   rr_sim_mixed       calls that are one-shot all-reduces (enqueueOneShot) or rings, back to back
+//                      on one simulated device (shared staging and events)
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -235,6 +237,74 @@ int rr_sim_ring(int comm_size, int nrings, int ring_size, const int* members, in
       for (size_t k = bytes; k < data[b].size(); ++k)
         if (data[b][k] != 0x5A) {
           putError("memory after the tensor was modified (buffer " + std::to_string(b) + ")", err, errlen);
+          return -1;
+        }
+    return 0;
+  } catch (const std::exception& e) {
+    putError(std::string("exception: ") + e.what(), err, errlen);
+    return -1;
+  }
+}
+
+// Runs `ncalls` synchronous flat all-reduces on a simulated ring of `nranks` (ring index = rank):
+// call c is a one-shot (Note [GPU one-shot all-reduce]) when bit c of one_shot_mask is set, else
+// the ring with the given segment and slots. inputs/outputs as rr_sim_allreduce's. Staging: max(n -
+// 1, num_slots) slots of max(slot_bytes, the tensor) bytes. Returns 0, or -1 with the first failure.
+int rr_sim_mixed(int nranks, long long numel, int dtype, int op, int accum_float32, long long segment_bytes,
+                 int num_slots, long long slot_bytes, int ncalls, unsigned long long one_shot_mask,
+                 unsigned long long seed, int fault, const void* const* inputs, void* const* outputs, int* hand_offs,
+                 char* err, int errlen) {
+  try {
+    const rr::DType dt = static_cast<rr::DType>(dtype);
+    const rr::RedOp rop = static_cast<rr::RedOp>(op);
+    const size_t bytes = static_cast<size_t>(numel) * rr::dtypeSize(dt);
+    const size_t slot = std::max(static_cast<size_t>(slot_bytes), (bytes + 255) / 256 * 256);
+    rr::sim::SimDevice dev(nranks, std::max(nranks - 1, num_slots), slot, seed);
+    const rr::PlanOptions opts = rr::gpuPlanOptions(rop, accum_float32 != 0, segment_bytes, num_slots, slot_bytes);
+    std::vector<std::vector<unsigned char>> data(static_cast<size_t>(ncalls * nranks));
+    std::vector<std::vector<float>> accum(static_cast<size_t>(ncalls * nranks));
+    std::vector<rr::sim::SimCall> calls(static_cast<size_t>(ncalls * nranks));
+    std::vector<int> members;
+    for (int r = 0; r < nranks; ++r) members.push_back(r);
+    for (int c = 0; c < ncalls; ++c) {
+      const bool one_shot = (one_shot_mask >> c) & 1u;
+      for (int r = 0; r < nranks; ++r) {
+        const size_t i = static_cast<size_t>(c * nranks + r);
+        data[i].assign(bytes + 64, 0x5A);
+        unsigned char* tensor = data[i].data();
+        const void* in = inputs[i];
+        void* out = outputs[i];
+        dev.callerOp(r, "producer of call " + std::to_string(c), {}, {{tensor, bytes}},
+                     [tensor, in, bytes]() { std::memcpy(tensor, in, bytes); });
+        rr::DeviceBuffers buf;
+        buf.data = tensor;
+        buf.slot_bytes = dev.rank(r).slot_bytes;
+        for (auto& sl : dev.rank(r).slots) buf.slots.push_back(sl.data());
+        {
+          auto be = dev.backend(r, dt, static_cast<rr::sim::Fault>(fault), &calls[i]);
+          if (one_shot) {
+            rr::enqueueOneShot(members, r, numel, dt, rop, accum_float32 != 0, buf, *be, /*caller_waits=*/true);
+          } else {
+            const rr::Plan plan = rr::buildPlan(nranks, r, numel, dt, opts);
+            accum[i].assign(static_cast<size_t>(plan.accum_elems) + 16, -12345.0f);
+            buf.accum = plan.accum_elems > 0 ? accum[i].data() : nullptr;
+            rr::enqueueRingCall(plan, rop, buf, *be, /*caller_waits=*/true);
+          }
+        }
+        dev.callerOp(r, "consumer of call " + std::to_string(c), {{tensor, bytes}}, {},
+                     [tensor, out, bytes]() { std::memcpy(out, tensor, bytes); });
+      }
+    }
+    const std::string failure = dev.run();
+    for (int r = 0; r < nranks; ++r) hand_offs[r] = dev.handOffs(r);
+    if (!failure.empty()) {
+      putError(failure, err, errlen);
+      return -1;
+    }
+    for (size_t i = 0; i < data.size(); ++i)
+      for (size_t k = bytes; k < data[i].size(); ++k)
+        if (data[i][k] != 0x5A) {
+          putError("memory after the tensor was modified (call/rank " + std::to_string(i) + ")", err, errlen);
           return -1;
         }
     return 0;

@@ -7,8 +7,10 @@
 #include <set>
 #include <sstream>
 #include <tuple>
+#include <type_traits>
 
 #include "../../../csrc/core/error.h"
+#include "../../../csrc/core/one_shot_body.h"
 #include "../../../csrc/core/reduce_body.h"
 #include "../../../csrc/core/reduce_dispatch.h"
 
@@ -29,16 +31,12 @@ struct Op {
   enum Kind { kRecord, kWait, kExchange, kWork } kind = kWork;
   std::string what;
   int64_t record_id = -1;  // kRecord: own record; kWait: captured record (-1: no-op)
-  // kExchange
-  const void* send = nullptr;
-  size_t send_bytes = 0;
-  void* recv = nullptr;
-  size_t recv_bytes = 0;
-  int send_peer = -1;  // communicator ranks (Note [Sub-rings on one communicator])
-  int recv_peer = -1;
-  int launch = 0;  // Launch: which communicator carries it (Note [Which exchanges hand off])
-  int phase = 0;  // 0 not started, 1 send posted, 2 receive done
-  std::shared_ptr<Msg> out;
+  // kExchange: one NCCL group of sends and receives (peers are communicator ranks, Note [Sub-rings
+  // on one communicator]), launched on the hand-off or the queued communicator.
+  std::vector<PeerOp> parts;
+  int launch = 0;  // Launch (Note [Which exchanges hand off])
+  int phase = 0;   // 0 not started, 1 sends posted, 2 receives done
+  std::vector<std::shared_ptr<Msg>> outs;
   // kWork and kExchange
   std::vector<SimDevice::Access> reads, writes;
   std::function<void()> fn;
@@ -144,15 +142,23 @@ struct SimDevice::Impl {
       case Op::kRecord:
       case Op::kWork: return true;
       case Op::kWait: return op.record_id < 0 || records[static_cast<size_t>(op.record_id)].fired;
-      case Op::kExchange:
+      case Op::kExchange: {
         if (op.phase == 0) return true;
         if (op.phase == 1) {
-          if (op.recv_bytes == 0) return true;
-          const Channel key{op.launch, op.recv_peer, r};
-          auto it = channels.find(key);
-          return it != channels.end() && it->second.size() > received[key];
+          // Every receive has its message (several from one peer match in order).
+          std::map<Channel, size_t> need;
+          for (const PeerOp& p : op.parts)
+            if (!p.send && p.bytes > 0) ++need[Channel{op.launch, p.peer, r}];
+          for (const auto& kv : need) {
+            auto it = channels.find(kv.first);
+            if (it == channels.end() || it->second.size() < received[kv.first] + kv.second) return false;
+          }
+          return true;
         }
-        return !op.out || op.out->consumed;
+        for (const auto& m : op.outs)
+          if (!m->consumed) return false;
+        return true;
+      }
     }
     return false;
   }
@@ -190,28 +196,30 @@ struct SimDevice::Impl {
         if (op.phase == 0) {
           // The exchange's accesses last until it completes; they are logged with its start epoch.
           if (!startOp(comp, op)) return false;
-          if (op.send_bytes > 0) {
-            op.out = std::make_shared<Msg>();
-            op.out->bytes.assign(static_cast<const unsigned char*>(op.send),
-                                 static_cast<const unsigned char*>(op.send) + op.send_bytes);
-            op.out->what = opName(comp, op);
-            channels[Channel{op.launch, r, op.send_peer}].push_back(op.out);
+          for (const PeerOp& p : op.parts) {
+            if (!p.send || p.bytes == 0) continue;
+            auto m = std::make_shared<Msg>();
+            m->bytes.assign(static_cast<const unsigned char*>(p.buf), static_cast<const unsigned char*>(p.buf) + p.bytes);
+            m->what = opName(comp, op);
+            channels[Channel{op.launch, r, p.peer}].push_back(m);
+            op.outs.push_back(m);
           }
           op.phase = 1;
           return true;
         }
         if (op.phase == 1) {
-          if (op.recv_bytes > 0) {
-            const Channel key{op.launch, op.recv_peer, r};
+          for (const PeerOp& p : op.parts) {
+            if (p.send || p.bytes == 0) continue;
+            const Channel key{op.launch, p.peer, r};
             std::shared_ptr<Msg> m = channels[key][received[key]++];
-            if (m->bytes.size() != op.recv_bytes) {
+            if (m->bytes.size() != p.bytes) {
               std::ostringstream os;
-              os << "size mismatch: [" << opName(comp, op) << "] expects " << op.recv_bytes << " bytes, ["
-                 << m->what << "] sent " << m->bytes.size();
+              os << "size mismatch: [" << opName(comp, op) << "] expects " << p.bytes << " bytes from rank " << p.peer
+                 << ", [" << m->what << "] sent " << m->bytes.size();
               failure = os.str();
               return false;
             }
-            std::memcpy(op.recv, m->bytes.data(), op.recv_bytes);
+            std::memcpy(p.buf, m->bytes.data(), p.bytes);
             m->consumed = true;
           }
           op.phase = 2;
@@ -257,26 +265,24 @@ int SimDevice::handOffs(int r) const { return impl_->hand_offs[static_cast<size_
 
 void SimDevice::enqueue(int r, Stream s, std::unique_ptr<Op> op) {
   if (op->kind == Op::kExchange) {
-    RR_CHECK((op->send_bytes == 0 || (op->send_peer >= 0 && op->send_peer < nranks_ && op->send_peer != r)) &&
-                 (op->recv_bytes == 0 || (op->recv_peer >= 0 && op->recv_peer < nranks_ && op->recv_peer != r)),
-             kRuntime, "sim: rank ", r, " exchanges with peers ", op->send_peer, "/", op->recv_peer, " of ", nranks_);
-    impl_->peers[static_cast<size_t>(r)].push_back(PeerUse{op->send_bytes > 0 ? op->send_peer : -1,
-                                                            op->recv_bytes > 0 ? op->recv_peer : -1});
+    PeerUse use{-1, -1};
     // Note [Hand-off and queued exchanges] (nccl_comm.h): only a hand-off may reach a peer first.
     const bool hand_off = op->launch == static_cast<int>(Launch::kHandOff);
     if (hand_off) ++impl_->hand_offs[static_cast<size_t>(r)];
-    for (int dir = 0; dir < 2; ++dir) {
-      const size_t bytes = dir == 0 ? op->send_bytes : op->recv_bytes;
-      const int peer = dir == 0 ? op->send_peer : op->recv_peer;
-      if (bytes == 0) continue;
-      const auto key = std::make_tuple(r, peer, dir);
+    for (const PeerOp& p : op->parts) {
+      if (p.bytes == 0) continue;
+      RR_CHECK(p.peer >= 0 && p.peer < nranks_ && p.peer != r, kRuntime, "sim: rank ", r, " exchanges with peer ",
+               p.peer, " of ", nranks_);
+      (p.send ? use.send_peer : use.recv_peer) = p.peer;
+      const auto key = std::make_tuple(r, p.peer, p.send ? 0 : 1);
       if (hand_off) {
         impl_->contacted.insert(key);
       } else if (!impl_->contacted.count(key) && impl_->failure.empty()) {
-        impl_->failure = "rank " + std::to_string(r) + " queues a " + (dir == 0 ? "send to" : "receive from") +
-                         " rank " + std::to_string(peer) + " before any hand-off reached it: [" + op->what + "]";
+        impl_->failure = "rank " + std::to_string(r) + " queues a " + (p.send ? "send to" : "receive from") +
+                         " rank " + std::to_string(p.peer) + " before any hand-off reached it: [" + op->what + "]";
       }
     }
+    impl_->peers[static_cast<size_t>(r)].push_back(use);
   }
   impl_->streams[static_cast<size_t>(r * kStreams + static_cast<int>(s))].q.push_back(std::move(op));
 }
@@ -363,15 +369,39 @@ class SimBackend final : public DeviceBackend {
                std::to_string(send_peer) + " recv " + std::to_string(recv_bytes) + "B from " +
                std::to_string(recv_peer);
     op->launch = static_cast<int>(launch);
-    op->send = send;
-    op->send_bytes = send_bytes;
-    op->send_peer = send_peer;
-    op->recv = recv;
-    op->recv_bytes = recv_bytes;
-    op->recv_peer = recv_peer;
+    op->parts.push_back(PeerOp{true, const_cast<void*>(send), send_bytes, send_peer});
+    op->parts.push_back(PeerOp{false, recv, recv_bytes, recv_peer});
     op->reads.push_back({send, send_bytes});
     op->writes.push_back({recv, recv_bytes});
     dev_.enqueue(r_, Stream::kComm, std::move(op));
+  }
+
+  void group(const std::vector<PeerOp>& ops) override {
+    auto op = std::make_unique<Op>();
+    op->kind = Op::kExchange;
+    op->what = "hand-off group #" + std::to_string(exchanges_++) + " of " + std::to_string(ops.size()) + " sends/receives";
+    op->launch = static_cast<int>(Launch::kHandOff);
+    op->parts = ops;
+    for (const PeerOp& p : ops) (p.send ? op->reads : op->writes).push_back({p.buf, p.bytes});
+    dev_.enqueue(r_, Stream::kComm, std::move(op));
+  }
+
+  void reduceInOrder(const OneShotLaunch& l) override {
+    OneShotLaunch x = l;
+    const size_t elem = dtypeSize(dtype_);
+    if (fault_ == Fault::kShiftReduce && x.args.count > 1) {
+      x.args.dst = static_cast<char*>(x.args.dst) + elem;
+      x.args.count -= 1;
+    }
+    auto op = std::make_unique<Op>();
+    op->kind = Op::kWork;
+    op->what = "one-shot reduce of " + std::to_string(x.args.count) + " elements from " + std::to_string(x.args.n) +
+               " ranks";
+    for (int j = 0; j < x.args.n; ++j) op->reads.push_back({x.args.in[j], static_cast<size_t>(x.args.count) * elem});
+    op->writes.push_back({x.args.dst, static_cast<size_t>(x.args.count) * elem});
+    const DType dtype = dtype_;
+    op->fn = [dtype, x]() { hostOneShotReduce(dtype, x.op, x.args, /*nthreads=*/5); };
+    dev_.enqueue(r_, Stream::kCompute, std::move(op));
   }
 
   void reduce(const ReduceLaunch& l) override {
@@ -486,7 +516,27 @@ struct HostGridLauncher {
   }
 };
 
+struct HostOneShotLauncher {
+  const OneShotArgs& args;
+  int nthreads;
+  template <typename TA, typename TB, typename TD, RedOp op>
+  void run() {
+    if constexpr (std::is_same<TA, TD>::value && std::is_same<TB, TD>::value) {
+      for (int t = 0; t < nthreads; ++t) OneShotBody<TD, op>::run(args, t, nthreads);
+    } else {
+      RR_THROW(kRuntime, "sim: the one-shot reduce dispatches narrow operands only");
+    }
+  }
+};
+
 }  // namespace
+
+void hostOneShotReduce(DType dtype, RedOp op, const OneShotArgs& args, int nthreads) {
+  checkSupported(dtype, op);
+  if (args.count <= 0) return;
+  HostOneShotLauncher l{args, nthreads < 1 ? 1 : nthreads};
+  dispatchReduce(dtype, op, false, false, false, l);
+}
 
 std::unique_ptr<DeviceBackend> SimDevice::backend(int r, DType dtype, Fault fault, SimCall* call) {
   return std::make_unique<SimBackend>(*this, r, dtype, fault, call);

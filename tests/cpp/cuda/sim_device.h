@@ -130,6 +130,10 @@ class SimDevice {
 void enqueueSyncCall(SimDevice& dev, int r, DType dtype, const std::vector<RingStage>& stages, void* tensor,
                      size_t bytes, const void* input, void* output, void* accum, Fault fault, SimCall* call);
 
+// The one-shot reduce of the CUDA kernel, on the host: OneShotBody over `nthreads` simulated
+// threads, dispatched as launchOneShotReduce() dispatches the kernels.
+void hostOneShotReduce(DType dtype, RedOp op, const OneShotArgs& args, int nthreads);
+
 // The reduce of the CUDA kernel, on the host: ReduceBody over `nthreads` simulated threads,
 // dispatched by reduce_dispatch.h exactly as launchReduce() dispatches the kernels.
 void hostKernelReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide,

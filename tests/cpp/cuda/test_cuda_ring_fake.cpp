@@ -376,6 +376,7 @@ TEST_CASE(buffers_are_protected_before_anything_is_enqueued) {
   req.numel = 64;
   req.shape = {64};
   req.caller = caller;
+  req.one_shot = false;  // the ring: a hand-off, then queued exchanges
   int tasks_at_protect = -1;
   CudaCallBuffers buf;
   buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
@@ -584,6 +585,42 @@ TEST_CASE(a_ring_with_empty_chunks_hands_every_exchange_off) {
   });
   CHECK_EQ(rrfake::queuedGroups(), 0);
   for (int r = 0; r < 3; ++r) CHECK(hand_offs[static_cast<size_t>(r)] >= 1);
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
+}
+
+// Note [GPU one-shot all-reduce]: a small flat all-reduce is one hand-off group with every peer
+// (every pair of ranks exchanges one message, each rank waits once on the host) and one kernel;
+// with the agreement check, a rank that takes the ring instead (algorithm="ring" there) makes
+// every rank raise the verdict before anything moves.
+TEST_CASE(small_all_reduce_is_one_group_with_every_peer) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  std::vector<int64_t> hand_offs(3, -1);
+  std::vector<std::string> verdict(3);
+  onLinkedRanks(3, {0, 1, 2}, [&](CudaRing& ring, int r) {
+    cudaStream_t caller = newStream();
+    std::vector<float> data(1000, 1.0f);
+    CudaCallBuffers buf;
+    buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
+    CudaCallRequest req;
+    req.numel = 1000;
+    req.shape = {1000};
+    req.group_name = "fake";
+    req.caller = caller;
+    auto work = runCudaCall(ring, req, buf);
+    work->synchronize(ms(5000));
+    hand_offs[static_cast<size_t>(r)] = ring.comm().handOffs();
+    req.check = true;
+    req.one_shot = r != 1;  // rank 1 asks for the ring
+    (void)throwsKind([&] { runCudaCall(ring, req, buf); }, ErrorKind::kRuntime, &verdict[static_cast<size_t>(r)]);
+  });
+  CHECK_EQ(rrfake::queuedGroups(), 0);
+  CHECK_EQ(rrfake::pairsUsed(), 6);  // the one-shot: all 6 ordered pairs (the frames go around the ring)
+  for (int r = 0; r < 3; ++r) {
+    CHECK_EQ(hand_offs[static_cast<size_t>(r)], int64_t(1));
+    CHECK_MSG(verdict[static_cast<size_t>(r)].find("algorithm") != std::string::npos, verdict[static_cast<size_t>(r)]);
+  }
   CHECK_EQ(rrfake::messagesLeft(), 0);
   CHECK_EQ(rrfake::sizeMismatches(), 0);
 }
