@@ -8,6 +8,7 @@ DEFAULT_SEGMENT_BYTES = 1 << 20
 DEFAULT_NUM_SLOTS = 4  # the GPU transport's default, and the CPU's for tensors too large for AUTO_SLOTS
 AUTO_SLOTS = 0  # CPU default: a staging slot per receive when they fit (Note [Staging slots], plan.h)
 MAX_LANES = 4  # kGpuMaxLanes (csrc/cuda/gpu_pipeline.h)
+DEFAULT_LANES = 2  # kGpuDefaultLanes: the lanes (communicators) a GPU group's communicator is created with
 
 
 # Every call reads up to seven knobs. os.environ.get encodes the key and decodes the value each time
@@ -51,7 +52,9 @@ def segment_bytes_override() -> int:
 
 def lanes() -> int:
     """RINGREDUCE_LANES: lanes of a GPU ring (independent sub-rings over the segments, each on its own
-    NCCL communicator and streams); 0 when unset (the pipeline rule's choice)."""
+    NCCL communicator and streams); 0 when unset (the pipeline rule's choice). Read when a group's
+    communicator is created (that many lanes, default DEFAULT_LANES) and at every call (at most that
+    many)."""
     value = _int_env("RINGREDUCE_LANES", 0, 1)
     if value > MAX_LANES:
         raise ValueError(f"ringreduce: RINGREDUCE_LANES={value} must be <= {MAX_LANES}")

@@ -18,7 +18,9 @@ its import. The GPU suite (``pytest -m gpu``) and ``scripts/gpu_check.sh`` have 
   it through the group's own c10d store (``_get_process_group_store(group)``) under
   ``ringreduce/nccl_uid/<group name>/<generation>``, the generation drawn from a ``store.add``
   counter of the group (Note [Communicator rendezvous keys]); the key is deleted once every rank
-  read it. Init and first connections may take the store's timeout; each later call
+  read it. It holds one id per lane (``RINGREDUCE_LANES`` at creation, default 2, as rank 0 sees
+  it): each lane is a communicator of its own with its own streams, so large all-reduces run two
+  rings side by side (Note [Lanes] in csrc/core/plan.h; the bits are the one-lane ring's). Init and first connections may take the store's timeout; each later call
   ``RINGREDUCE_TIMEOUT`` seconds (else the group's timeout). The communicator is non-blocking
   (``config.blocking = 0``) with a blocking child (``ncclCommSplit``) that carries every exchange of a
   call but the first of each ring stage, so the host waits for NCCL once per stage, not per segment
@@ -61,8 +63,8 @@ its import. The GPU suite (``pytest -m gpu``) and ``scripts/gpu_check.sh`` have 
   ring before the payload; it synchronizes the host once per call). Without it, ranks that disagree
   behave as NCCL does until the watchdog timeout aborts the communicator.
 * The pipeline (Note [GPU pipeline rule] in csrc/cuda/gpu_pipeline.h): segments as large as a staging
-  slot (8 MiB) and at most half a chunk, 2 slots, one-shot below 1 MiB (2 ranks), 256 KiB (up to 8)
-  or 64 KiB; ``RINGREDUCE_SEGMENT_BYTES``, ``RINGREDUCE_SLOTS``, ``RINGREDUCE_LANES`` and
+  slot (8 MiB) and at most half a chunk, 2 slots, one-shot up to 1 MiB (up to 4 ranks), 256 KiB (up
+  to 8) or 64 KiB; ``RINGREDUCE_SEGMENT_BYTES``, ``RINGREDUCE_SLOTS``, ``RINGREDUCE_LANES`` and
   ``RINGREDUCE_ONESHOT_BYTES`` override it (the same on every rank). None of them changes a result bit.
 
 Running beside stock NCCL communicators (DDP, FSDP, tensor parallel)
@@ -139,8 +141,22 @@ def _group_key(pg: dist.ProcessGroup) -> str:
     return name or "default"
 
 
-def _rendezvous_uid(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int) -> tuple[bytes, int]:
-    """Rank 0's fresh NCCL unique id, through the group's store, and its generation.
+def _pack_ids(ids: list[bytes]) -> bytes:
+    return b"".join(len(i).to_bytes(4, "big") + bytes(i) for i in ids)
+
+
+def _unpack_ids(blob: bytes) -> list[bytes]:
+    ids, at = [], 0
+    while at < len(blob):
+        n = int.from_bytes(blob[at:at + 4], "big")
+        ids.append(blob[at + 4:at + 4 + n])
+        at += 4 + n
+    return ids
+
+
+def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, lanes: int) -> tuple[list[bytes], int]:
+    """Rank 0's fresh NCCL unique ids (one per lane, Note [Lanes] in csrc/core/plan.h), through the
+    group's store, and their generation. Rank 0's lane count decides for every rank.
 
     Note [Communicator rendezvous keys]: the key is ``nccl_uid/<group name>/<generation>``, where
     the generation comes from an atomic ``store.add`` counter of the group (each rank adds 1; the
@@ -154,15 +170,15 @@ def _rendezvous_uid(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int) -
     generation = (int(store.add(_COUNTER_KEY.format(group=group), 1)) - 1) // pg_size
     uid_key = _UID_KEY.format(group=group, generation=generation)
     if pg_rank == 0:
-        store.set(uid_key, C.nccl_unique_id())
-    uid = store.get(uid_key)  # blocks until rank 0 published it (store timeout)
+        store.set(uid_key, _pack_ids([C.nccl_unique_id() for _ in range(max(1, lanes))]))
+    ids = _unpack_ids(store.get(uid_key))  # blocks until rank 0 published them (store timeout)
     if int(store.add(uid_key + "/read", 1)) == pg_size:
         for k in (uid_key, uid_key + "/read"):
             try:
                 store.delete_key(k)
             except Exception:  # noqa: BLE001 - a store without deletion: the key is never read again
                 pass
-    return uid, generation
+    return ids, generation
 
 
 def _connect_timeout_ms(pg: dist.ProcessGroup, op_timeout_ms: int) -> int:
@@ -207,11 +223,11 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
         # The group's ranks, not the ring's indices (info.rank/info.size describe the ring).
         pg_rank = dist.get_rank(info.pg)
         pg_size = dist.get_world_size(info.pg)
-        uid, generation = _rendezvous_uid(C, info.pg, pg_rank, pg_size)
+        ids, generation = _rendezvous_uids(C, info.pg, pg_rank, pg_size, _config.lanes() or _config.DEFAULT_LANES)
         label = info.name if not info.members else f"process group of {info.name}"
         timeout_ms = _timeout_ms(info.pg)
         comm = C.CudaRing(
-            uid,
+            ids[0],
             pg_size,
             pg_rank,
             device.index,
@@ -219,6 +235,7 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
             f"ringreduce {label} on cuda:{device.index} (generation {generation})",
             0,  # staging: the default (kGpuStagingBytes)
             _connect_timeout_ms(info.pg, timeout_ms),
+            lane_ids=ids[1:],
         )
         with _lock:
             _comms[key] = (info.pg, device.index, comm)

@@ -128,13 +128,14 @@ def lib() -> ctypes.CDLL:
     lib.rr_gpu_pipeline.restype = ctypes.c_int
     lib.rr_gpu_pipeline.argtypes = [
         ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong,
-        ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int,
+        ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p,
+        ctypes.c_int,
     ]
     lib.rr_sim_allreduce.restype = ctypes.c_int
     lib.rr_sim_allreduce.argtypes = [
         ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
         ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int,
-        ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
         ctypes.c_char_p, ctypes.c_int,
     ]
     return lib
@@ -354,7 +355,7 @@ def expected(dtype, op, inputs, divisor=None):
 
 def sim_allreduce(lib, *, nranks, numel, dtype, op, accum=False, segment_bytes=64, num_slots=4,
                   slot_bytes=None, ncalls=1, async_mask=0, seed=1, fault=0, data_offset=0, inputs=None,
-                  gather_into_data=True):
+                  gather_into_data=True, lanes=1):
     elem = torch.empty((), dtype=dtype).element_size()
     if slot_bytes is None:
         slot_bytes = max(256, segment_bytes * 4)
@@ -366,8 +367,8 @@ def sim_allreduce(lib, *, nranks, numel, dtype, op, accum=False, segment_bytes=6
     out_ptrs = (ctypes.c_void_p * len(outs))(*[t.data_ptr() for t in outs])
     err = ctypes.create_string_buffer(8192)
     rc = lib.rr_sim_allreduce(nranks, numel, DTYPES[dtype], op, int(accum), segment_bytes, num_slots, slot_bytes,
-                              ncalls, async_mask, seed, fault, data_offset, int(gather_into_data), in_ptrs, out_ptrs,
-                              err, len(err))
+                              ncalls, async_mask, seed, fault, data_offset, int(gather_into_data), lanes, in_ptrs,
+                              out_ptrs, err, len(err))
     del elem
     results = [outs[c * nranks : (c + 1) * nranks] for c in range(ncalls)]
     return rc, err.value.decode(), inputs, results
@@ -444,12 +445,13 @@ def test_sim_driver_random_data_matches_sequential_reduction(lib):
 
 
 def gpu_pipeline(lib, nranks, numel, dtype, *, accum=False, staging=16 << 20, segment_bytes=0, slots=0, lanes=0,
-                 one_shot_bytes=-1):
-    """The pipeline rule (csrc/cuda/gpu_pipeline.h): (max segment bytes, slots, slot bytes, lanes, one-shot bytes)."""
+                 one_shot_bytes=-1, max_lanes=1):
+    """The pipeline rule (csrc/cuda/gpu_pipeline.h) for a communicator of `max_lanes` lanes: (max segment
+    bytes, slots, slot bytes, lanes, one-shot bytes)."""
     out = (ctypes.c_longlong * 5)()
     err = ctypes.create_string_buffer(2048)
     rc = lib.rr_gpu_pipeline(nranks, numel, DTYPES[dtype], int(accum), staging, segment_bytes, slots, lanes,
-                             one_shot_bytes, out, err, len(err))
+                             one_shot_bytes, max_lanes, out, err, len(err))
     assert rc == 0, err.value.decode()
     return tuple(int(v) for v in out)
 
@@ -480,17 +482,45 @@ def test_results_are_bitwise_independent_of_the_pipeline(lib):
             assert same_bits(outs[0][0], seen), f"{label}: other bits than another pipeline"
 
 
+@pytest.mark.parametrize("lanes", [2, 3, 4])
+def test_lanes_give_the_one_lane_bits(lib, lanes):
+    """Note [Lanes]: lanes run side by side on their own simulated streams and communicators (random
+    interleavings, race detector, back-to-back and async calls sharing the staging); on random data the
+    result is bitwise the one-lane ring's on every rank, for float32, bf16 with float32 partials (lanes
+    share the partials buffer) and fp16 AVG."""
+    gen = torch.Generator().manual_seed(100 + lanes)
+    for n, numel, dtype, op, accum in ((3, 2053, torch.float32, SUM, False), (4, 1031, torch.bfloat16, AVG, True),
+                                       (2, 777, torch.float16, AVG, False), (5, 4099, torch.float32, MAX, False)):
+        ins = [[(torch.randn(numel, generator=gen) * 100).to(dtype) for _ in range(n)] for _ in range(3)]
+        kw = dict(nranks=n, numel=numel, dtype=dtype, op=op, accum=accum, segment_bytes=96, num_slots=2,
+                  inputs=ins, ncalls=3, async_mask=0b010)
+        rc, msg, _, one = sim_allreduce(lib, seed=1, lanes=1, **kw)
+        assert rc == 0, msg
+        for seed in range(3):
+            rc, msg, _, outs = sim_allreduce(lib, seed=seed, lanes=lanes, gather_into_data=seed != 1, **kw)
+            label = f"{lanes} lanes n={n} {dtype} seed {seed}"
+            assert rc == 0, f"{label}: {msg}"
+            for c in range(3):
+                for got in outs[c]:
+                    assert same_bits(got, one[c][0]), f"{label} call {c}: not the one-lane ring's bits"
+
+
 def test_pipeline_rule_from_python(lib):
     """The rule's numbers as docs/algorithm.md states them: 8 MiB segments in 16 MiB of staging, 2 slots,
-    one-shot thresholds 1 MiB / 256 KiB / 64 KiB; knobs override; bad knobs raise."""
+    one-shot thresholds 1 MiB (<= 4 ranks) / 256 KiB (<= 8) / 64 KiB; knobs override; bad knobs raise."""
     assert gpu_pipeline(lib, 2, (64 << 20) // 4, torch.float32)[:4] == (8 << 20, 2, 8 << 20, 1)
+    # two lanes (the default communicator's): 4 MiB slots each, from 4 MiB chunks on
+    assert gpu_pipeline(lib, 2, (64 << 20) // 4, torch.float32, max_lanes=2)[:4] == (4 << 20, 2, 4 << 20, 2)
+    assert gpu_pipeline(lib, 2, (1 << 20) // 4, torch.float32, max_lanes=2)[3] == 1
+    assert gpu_pipeline(lib, 2, (64 << 20) // 4, torch.float32, lanes=1, max_lanes=2)[3] == 1
     assert gpu_pipeline(lib, 8, 1 << 20, torch.float32)[4] == 256 << 10
     assert gpu_pipeline(lib, 2, 1, torch.float32)[4] == 1 << 20
+    assert gpu_pipeline(lib, 4, 1, torch.float32)[4] == 1 << 20
     assert gpu_pipeline(lib, 16, 1, torch.float32)[4] == 64 << 10
     assert gpu_pipeline(lib, 2, 1 << 20, torch.float32, segment_bytes=4096, slots=4)[:2] == (4096, 4)
     out = (ctypes.c_longlong * 5)()
     err = ctypes.create_string_buffer(512)
-    assert lib.rr_gpu_pipeline(2, 100, 0, 0, 16 << 20, 8, 0, 0, -1, out, err, len(err)) != 0
+    assert lib.rr_gpu_pipeline(2, 100, 0, 0, 16 << 20, 8, 0, 0, -1, 1, out, err, len(err)) != 0
     assert b"RINGREDUCE_SEGMENT_BYTES" in err.value
 
 
@@ -872,7 +902,8 @@ class _FakeNative:
     def cuda_group_timeout_ms(self, pg):
         return 1000
 
-    def CudaRing(self, uid, nranks, rank, device, timeout_ms, name, staging_bytes, connect_timeout_ms=0):  # noqa: N802
+    def CudaRing(self, uid, nranks, rank, device, timeout_ms, name, staging_bytes, connect_timeout_ms=0,  # noqa: N802
+                 lane_ids=()):
         comm = _FakeComm(("comm", nranks, rank, device, name))
         self.comms.append(comm)
         return comm

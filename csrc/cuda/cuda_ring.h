@@ -154,10 +154,13 @@ class CudaWork {
 
 class CudaRing {
  public:
-  // Takes ownership of an initialized communicator. Creates the streams, the staging and the
+  // Takes ownership of an initialized communicator (lane 0) and of `more_lanes`, communicators of
+  // the same ranks on the same device for lanes 1.. (Note [Lanes] in plan.h; each lane gets its own
+  // streams, so its transfers overlap the others'). Creates the streams, the staging and the
   // watchdog thread on the communicator's device.
   explicit CudaRing(std::shared_ptr<NcclComm> comm, int64_t staging_bytes = kGpuStagingBytes,
-                    int64_t max_queued_ops = kCudaMaxQueuedOps);
+                    int64_t max_queued_ops = kCudaMaxQueuedOps,
+                    std::vector<std::shared_ptr<NcclComm>> more_lanes = {});
   ~CudaRing();  // shutdown("ring destroyed") if not done yet
   CudaRing(const CudaRing&) = delete;
   CudaRing& operator=(const CudaRing&) = delete;
@@ -166,8 +169,16 @@ class CudaRing {
   int device() const { return comm_->device(); }
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
-  cudaStream_t commStream() const { return comm_stream_; }
-  cudaStream_t computeStream() const { return compute_stream_; }
+  // Lane 0's streams (the one-lane ring's, the agreement frames', a call's epilogue's).
+  cudaStream_t commStream() const { return lanes_.empty() ? nullptr : lanes_[0].comm_stream; }
+  cudaStream_t computeStream() const { return lanes_.empty() ? nullptr : lanes_[0].compute_stream; }
+  // Every internal stream (every lane's), which a call's buffers must be protected on.
+  std::vector<cudaStream_t> streams() const;
+  int32_t numLanes() const { return static_cast<int32_t>(lanes_.size()); }
+  // Hand-offs of every lane's communicator (Note [Hand-off and queued exchanges]).
+  int64_t handOffs() const;
+  // True once any lane's communicator was aborted.
+  bool aborted() const;
   int64_t stagingBytes() const { return staging_bytes_; }
 
   // The plan options of a call of `numel` elements of `dtype` over a ring of `nranks` ranks of this
@@ -237,16 +248,24 @@ class CudaRing {
   void failAndAbort(const std::string& reason);
   void checkOpen() const;
 
+  // One lane (Note [Lanes]): its communicator, streams and events. Lane 0's communicator is comm_.
+  struct Lane {
+    std::shared_ptr<NcclComm> comm;
+    cudaStream_t comm_stream = nullptr;
+    cudaStream_t compute_stream = nullptr;
+    std::vector<cudaEvent_t> plan_events;
+    cudaEvent_t stage_event = nullptr;  // kStageDoneEvent, re-recorded between the lane's stages
+    cudaEvent_t done_event = nullptr;   // laneDoneEvent(k), the lane's end (lanes >= 1)
+  };
+  void abortLanes(const std::string& reason);  // every lane's communicator, lane 0 first
+
   std::shared_ptr<NcclComm> comm_;
   std::shared_ptr<EventPool> pool_;
   int64_t staging_bytes_;
-  cudaStream_t comm_stream_ = nullptr;
-  cudaStream_t compute_stream_ = nullptr;
+  std::vector<Lane> lanes_;
   void* staging_ = nullptr;
   void* frames_dev_ = nullptr;   // NcclFrameTransport's device staging, for exchangeFrames
   void* frames_host_ = nullptr;  // and its pinned host staging
-  std::vector<cudaEvent_t> plan_events_;
-  cudaEvent_t stage_event_ = nullptr;    // kStageDoneEvent, re-recorded between stages
   std::shared_ptr<CudaWork> last_work_;  // its done event orders the next call (kPrevCallDoneEvent)
   std::map<std::vector<int>, uint64_t> next_seq_;  // per ring (ringKey)
   mutable std::mutex call_mu_;  // one enqueue at a time

@@ -19,12 +19,19 @@
 //     ceil(chunk / 2)), so that every lane of every chunk pipelines at least two segments. With the
 //     16 MiB of staging of a communicator: 8 MiB segments, a 64 MiB all-reduce on 2 ranks in 8
 //     exchanges (it was 64 with 1 MiB segments);
-//   * lanes (Note [Lanes] in plan.h): 1 (RINGREDUCE_LANES overrides; see kGpuMaxLanes);
-//   * the one-shot all-reduce (Note [GPU one-shot all-reduce], one_shot.h) for a tensor of at most
-//     gpuOneShotBytes(n) bytes: 1 MiB on 2 ranks (the same bytes cross the wire as in the ring, in
-//     one exchange instead of two), 256 KiB up to 8 ranks, 64 KiB beyond; receiving n - 1 tensors
-//     must fit the staging. Defaults from the cost model, to be measured on a GPU
-//     (RINGREDUCE_ONESHOT_BYTES overrides; 0 turns the one-shot off).
+//   * lanes (Note [Lanes] in plan.h): as many as the communicator has (kGpuDefaultLanes = 2 unless
+//     RINGREDUCE_LANES said otherwise when it was created), but only while every lane still gets
+//     two segments of at least kGpuMinLaneSegmentBytes per chunk; RINGREDUCE_LANES overrides per
+//     call, up to the communicator's lanes. Each lane is its own NCCL communicator, so lanes run
+//     their transfers side by side; NCCL gives one send/recv between two GPUs only a few channels
+//     (src/graph/paths.cc: 2 per PCIe or network peer by default, 2 per NVLink-bandwidth unit),
+//     and K lanes are K such operations in flight (docs/performance.md, the model);
+//   * the one-shot all-reduce (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h) for a
+//     tensor of at most gpuOneShotBytes(n) bytes: 1 MiB up to 4 ranks (on 2 ranks the same bytes
+//     cross the wire as in the ring, in one exchange instead of two), 256 KiB up to 8, 64 KiB
+//     beyond; the n - 1 received tensors must fit the staging. Defaults from the cost model
+//     (docs/performance.md), to be measured on GPUs (RINGREDUCE_ONESHOT_BYTES overrides; 0 turns
+//     the one-shot off).
 // None of this changes a result bit: chunk ownership depends on (n, numel) only (Note [Chunk
 // ownership] in schedule.h), lanes split segments, not chunks, and the one-shot reduces in the
 // ring's order (docs/algorithm.md, "What decides the bits"). Every rank computes the same pipeline
@@ -49,6 +56,8 @@ struct GpuKnobs {
 
 constexpr int32_t kGpuSlots = 2;
 constexpr int32_t kGpuMaxLanes = 4;
+constexpr int32_t kGpuDefaultLanes = 2;
+constexpr int64_t kGpuMinLaneSegmentBytes = 1 << 20;
 // Staging of one communicator (all lanes, and the one-shot's receive buffers): docs/design.md 5.
 constexpr int64_t kGpuStagingBytes = 16 << 20;
 
@@ -60,10 +69,11 @@ struct GpuPipeline {
 };
 
 // The pipeline of a ring call over `nranks` ranks of `numel` elements of `dtype` (float32
-// partials on the wire when `accum_float32`), in `staging_bytes` of staging. Throws kValue for
-// knobs out of range or staging too small for the slots.
+// partials on the wire when `accum_float32`), in `staging_bytes` of staging, with at most
+// `max_lanes` lanes (the communicator's). Throws kValue for knobs out of range or staging too small
+// for the slots.
 GpuPipeline gpuPipeline(int nranks, int64_t numel, DType dtype, bool accum_float32, int64_t staging_bytes,
-                        const GpuKnobs& knobs);
+                        const GpuKnobs& knobs, int32_t max_lanes = kGpuDefaultLanes);
 
 // The largest tensor (bytes) a flat all-reduce over `nranks` ranks takes in one shot, 0 for none.
 int64_t gpuOneShotBytes(int nranks, int64_t staging_bytes, const GpuKnobs& knobs);

@@ -68,7 +68,12 @@ class LoopbackBackend final : public DeviceBackend {
  public:
   LoopbackBackend(Shared& sh, RankState& st, cudaStream_t caller) : sh_(sh), st_(st), caller_(caller) {}
 
-  void prepare(int32_t num_events) override {
+  void setLane(int32_t lane) override {
+    RR_CHECK(lane == 0, kRuntime, "ringreduce loopback: the loopback driver runs one lane");
+  }
+
+  void prepare(int32_t num_events, int32_t lanes) override {
+    RR_CHECK(lanes == 1, kRuntime, "ringreduce loopback: the loopback driver runs one lane");
     while (static_cast<int32_t>(st_.plan_events.size()) < num_events) st_.plan_events.push_back(sh_.newEvent());
   }
 
@@ -166,7 +171,7 @@ void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel
   const int n = static_cast<int>(data.size());
   RR_CHECK(n >= 1, kValue, "ringreduce loopback: need at least one rank");
   RR_CHECK(shape.phases >= 1 && shape.phases <= 3, kValue, "ringreduce loopback: phases must be 1, 2 or 3");
-  const GpuPipeline pipe = gpuPipeline(n, numel, dtype, accum_float32, kGpuStagingBytes, knobs);
+  const GpuPipeline pipe = gpuPipeline(n, numel, dtype, accum_float32, kGpuStagingBytes, knobs, /*max_lanes=*/1);
   const int32_t num_slots = pipe.slots;
   const int64_t slot_bytes = pipe.slot_bytes;
   checkSupported(dtype, op);

@@ -34,6 +34,12 @@
 // is in order and needs nothing. Plan events are re-recorded by the next stage; every wait is
 // enqueued after the record it names, within its stage, so it captures that stage's record.
 //
+// Lanes (Note [Lanes] in plan.h): the stages of a call may run on several lanes, each with its own
+// kComm, kCompute, plan events and NCCL communicator (DeviceBackend::setLane). Steps 1-2 happen on
+// every lane; the stages of one lane follow each other as above; before step 4, lane 0's kCompute
+// waits for laneDoneEvent(k), recorded at the end of lane k's kCompute, for every other lane k.
+// So kCallDone still means the whole call (every lane, sends included) has finished.
+//
 // Note [Sub-rings on one communicator]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A plan speaks of ring indices (plan.rank, plan.next, plan.prev in 0..n-1). The GPU transport owns
@@ -87,7 +93,11 @@ bool handsOffEveryExchange(const Plan& plan);  // some chunk of the plan is empt
 constexpr int32_t kCallStartEvent = -1;
 constexpr int32_t kCallDoneEvent = -2;
 constexpr int32_t kPrevCallDoneEvent = -3;
-constexpr int32_t kStageDoneEvent = -4;  // between the stages of one call (kCompute -> kComm)
+constexpr int32_t kStageDoneEvent = -4;  // between the stages of one lane of a call (kCompute -> kComm)
+// Note [Lanes]: lane k's end, recorded on its kCompute, waited by lane 0's (k >= 1).
+constexpr int32_t laneDoneEvent(int32_t lane) { return -16 - lane; }
+constexpr bool isLaneDoneEvent(int32_t event) { return event <= -17; }
+constexpr int32_t laneOfDoneEvent(int32_t event) { return -16 - event; }
 
 // Arguments of one reduce launch, mirroring hostReduce()/launchReduce().
 struct ReduceLaunch {
@@ -120,8 +130,12 @@ struct OneShotLaunch {
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
-  // Called once per call before anything else: at least `num_events` plan events must exist.
-  virtual void prepare(int32_t num_events) = 0;
+  // Called once per call before anything else: at least `num_events` plan events must exist on
+  // each of `lanes` lanes (Note [Lanes]).
+  virtual void prepare(int32_t num_events, int32_t lanes) = 0;
+  // Every later op goes to lane `lane`'s streams, plan events and communicator (kCaller and the
+  // call's framing events are shared by the lanes; kStageDoneEvent is per lane).
+  virtual void setLane(int32_t lane) = 0;
   // On kComm: send `send_bytes` from `send` to communicator rank `send_peer` and receive
   // `recv_bytes` into `recv` from communicator rank `recv_peer`, as one group, launched as `launch`
   // says (Note [Which exchanges hand off]). Either side may be empty (null, 0 bytes; its peer is
@@ -148,8 +162,9 @@ class DeviceBackend {
 struct DeviceBuffers {
   void* data = nullptr;        // numel contiguous elements of plan.dtype
   void* accum = nullptr;       // plan.accum_elems float32 elements (accum_float32 only)
-  std::vector<void*> slots;    // plan.num_slots receive buffers of >= slot bytes each
+  std::vector<void*> slots;    // plan.num_slots receive buffers of >= slot bytes each (per lane)
   size_t slot_bytes = 0;       // capacity of each slot, checked against the plan
+  int32_t slots_per_lane = 0;  // with several lanes, lane k uses slots [k x this, (k + 1) x this)
 };
 
 // Maps plan event ids to dense indices: only events some op waits for get one.

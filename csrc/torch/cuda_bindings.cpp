@@ -85,15 +85,13 @@ std::function<void()> writeBack(const at::Tensor& user, const at::Tensor& from, 
 py::object launch(CudaRing& ring, CudaCallRequest& req, CudaCallBuffers& buf, std::vector<at::Tensor>& bufs,
                   const std::vector<at::Tensor>& user_out, const at::Tensor& result) {
   const int device = ring.device();
-  const c10::cuda::CUDAStream comm_s = wrap(ring.commStream(), device);
   const c10::cuda::CUDAStream compute_s = wrap(ring.computeStream(), device);
   buf.protect = [&]() {
-    // The caching allocator must not hand these blocks out again before the internal streams are
-    // done with them, even if Python drops the tensor right after the call (or the enqueue fails).
-    for (const at::Tensor& t : bufs) {
-      t.record_stream(comm_s);
-      t.record_stream(compute_s);
-    }
+    // The caching allocator must not hand these blocks out again before the internal streams (every
+    // lane's) are done with them, even if Python drops the tensor right after the call (or the
+    // enqueue fails).
+    for (cudaStream_t s : ring.streams())
+      for (const at::Tensor& t : bufs) t.record_stream(wrap(s, device));
     for (const at::Tensor& t : user_out) t.record_stream(compute_s);
   };
   const std::shared_ptr<CudaWork> work = [&] {
@@ -245,22 +243,38 @@ void registerCudaBindings(pybind11::module& m) {
 
   py::class_<CudaRing, std::shared_ptr<CudaRing>>(m, "CudaRing")
       .def(py::init([](const py::bytes& unique_id, int nranks, int rank, int device, int64_t timeout_ms,
-                       const std::string& name, int64_t staging_bytes, int64_t connect_timeout_ms) {
+                       const std::string& name, int64_t staging_bytes, int64_t connect_timeout_ms,
+                       const std::vector<py::bytes>& lane_ids) {
              const std::string id = unique_id;
+             std::vector<std::string> more;
+             for (const py::bytes& b : lane_ids) more.push_back(b);
              py::gil_scoped_release nogil;  // init polls until every rank joined
-             auto comm = std::make_shared<NcclComm>(id, nranks, rank, device, std::chrono::milliseconds(timeout_ms),
-                                                    name, std::chrono::milliseconds(connect_timeout_ms));
-             return std::make_shared<CudaRing>(comm, staging_bytes);
+             const auto op_ms = std::chrono::milliseconds(timeout_ms);
+             const auto connect_ms = std::chrono::milliseconds(connect_timeout_ms);
+             auto comm = std::make_shared<NcclComm>(id, nranks, rank, device, op_ms, name, connect_ms);
+             // Note [Lanes]: one more communicator per lane, from its own unique id.
+             std::vector<std::shared_ptr<NcclComm>> lanes;
+             try {
+               for (size_t k = 0; k < more.size(); ++k)
+                 lanes.push_back(std::make_shared<NcclComm>(more[k], nranks, rank, device, op_ms,
+                                                            name + " lane " + std::to_string(k + 1), connect_ms));
+             } catch (...) {
+               comm->abort("a lane's communicator could not be created");
+               throw;
+             }
+             return std::make_shared<CudaRing>(comm, staging_bytes, kCudaMaxQueuedOps, std::move(lanes));
            }),
            py::arg("unique_id"), py::arg("nranks"), py::arg("rank"), py::arg("device"), py::arg("timeout_ms"),
-           py::arg("name"), py::arg("staging_bytes") = 0, py::arg("connect_timeout_ms") = 0)
+           py::arg("name"), py::arg("staging_bytes") = 0, py::arg("connect_timeout_ms") = 0,
+           py::arg("lane_ids") = std::vector<py::bytes>{})
       .def_property_readonly("rank", &CudaRing::rank)
       .def_property_readonly("size", &CudaRing::size)
       .def_property_readonly("device", &CudaRing::device)
       .def_property_readonly("next_seq", [](const CudaRing& r) { py::gil_scoped_release g; return r.nextSeq(); })
       .def_property_readonly("staging_bytes", &CudaRing::stagingBytes)
-      .def_property_readonly("hand_offs", [](CudaRing& r) { return r.comm().handOffs(); })
-      .def("aborted", [](CudaRing& r) { return r.isShutdown() || r.comm().aborted(); })
+      .def_property_readonly("hand_offs", &CudaRing::handOffs)
+      .def_property_readonly("lanes", &CudaRing::numLanes)
+      .def("aborted", [](CudaRing& r) { return r.isShutdown() || r.aborted(); })
       .def("abort_reason", [](CudaRing& r) { return r.comm().abortReason(); })
       .def("abort", &CudaRing::shutdown, py::arg("reason"), py::arg("at_exit") = false,
            py::call_guard<py::gil_scoped_release>(), "CudaRing::shutdown (idempotent).");

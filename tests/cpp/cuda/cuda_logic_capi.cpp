@@ -35,8 +35,8 @@ extern "C" {
 // out[0..3]: max segment bytes, slots, slot bytes, lanes of gpuPipeline(); out[4]: the one-shot
 // threshold. Knobs as GpuKnobs (0 / -1: the rule). Returns 0, or -1 with the message in err.
 int rr_gpu_pipeline(int nranks, long long numel, int dtype, int accum_float32, long long staging_bytes,
-                    long long segment_bytes, int slots, int lanes, long long one_shot_bytes, long long* out, char* err,
-                    int errlen) {
+                    long long segment_bytes, int slots, int lanes, long long one_shot_bytes, int max_lanes,
+                    long long* out, char* err, int errlen) {
   try {
     rr::GpuKnobs k;
     k.segment_bytes = segment_bytes;
@@ -44,7 +44,7 @@ int rr_gpu_pipeline(int nranks, long long numel, int dtype, int accum_float32, l
     k.lanes = lanes;
     k.one_shot_bytes = one_shot_bytes;
     const rr::GpuPipeline p =
-        rr::gpuPipeline(nranks, numel, static_cast<rr::DType>(dtype), accum_float32 != 0, staging_bytes, k);
+        rr::gpuPipeline(nranks, numel, static_cast<rr::DType>(dtype), accum_float32 != 0, staging_bytes, k, max_lanes);
     out[0] = p.max_segment_bytes;
     out[1] = p.slots;
     out[2] = p.slot_bytes;
@@ -83,7 +83,7 @@ int rr_kernel_reduce(int dtype, int op, const void* a, int a_wide, const void* b
 // the first failure (race, deadlock, mismatch, exception) in err.
 int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_float32, long long segment_bytes,
                      int num_slots, long long slot_bytes, int ncalls, unsigned long long async_mask,
-                     unsigned long long seed, int fault, int data_offset, int gather_into_data,
+                     unsigned long long seed, int fault, int data_offset, int gather_into_data, int lanes,
                      const void* const* inputs,
                      void* const* outputs, char* err, int errlen) {
   try {
@@ -92,7 +92,8 @@ int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_f
     const size_t elem = rr::dtypeSize(dt);
     const size_t pad = static_cast<size_t>(data_offset) * elem;
     const size_t bytes = static_cast<size_t>(numel) * elem;
-    rr::sim::SimDevice dev(nranks, num_slots, static_cast<size_t>(slot_bytes), seed);
+    // Note [Lanes]: `lanes` lanes of num_slots slots each.
+    rr::sim::SimDevice dev(nranks, num_slots * lanes, static_cast<size_t>(slot_bytes), seed);
     // Device memory of every call and rank: padding, tensor, padding (0x5A sentinels).
     std::vector<std::vector<unsigned char>> data(static_cast<size_t>(ncalls * nranks));
     std::vector<std::vector<float>> accum(static_cast<size_t>(ncalls * nranks));
@@ -101,6 +102,9 @@ int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_f
     // gather_into_data = 0 runs the CPU transport's plan shape (all-gather through staging and
     // kCopy) through the GPU driver: the driver must be correct for any valid plan.
     opts.gather_into_data = gather_into_data != 0;
+    opts.lanes = lanes;
+    std::vector<int> members;
+    for (int r = 0; r < nranks; ++r) members.push_back(r);
 
     for (int c = 0; c < ncalls; ++c) {
       const bool async = (async_mask >> c) & 1u;
@@ -112,16 +116,19 @@ int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_f
         // The producer: the caller's kernel that writes the tensor right before the call.
         dev.callerOp(r, "producer of call " + std::to_string(c), {}, {{tensor, bytes}},
                      [tensor, in, bytes]() { std::memcpy(tensor, in, bytes); });
-        const rr::Plan plan = rr::buildPlan(nranks, r, numel, dt, opts);
-        accum[i].assign(static_cast<size_t>(plan.accum_elems) + 16, -12345.0f);
+        const std::vector<rr::RingStage> stages =
+            rr::flatRingStages(rr::resolveRing(members, nranks, r), numel, dt, rop, opts);
+        const int64_t accum_elems = stages[0].plan.accum_elems;  // lanes share it (disjoint segments)
+        accum[i].assign(static_cast<size_t>(accum_elems) + 16, -12345.0f);
         rr::DeviceBuffers buf;
         buf.data = tensor;
-        buf.accum = plan.accum_elems > 0 ? accum[i].data() : nullptr;
+        buf.accum = accum_elems > 0 ? accum[i].data() : nullptr;
         buf.slot_bytes = dev.rank(r).slot_bytes;
+        buf.slots_per_lane = num_slots;
         for (auto& s : dev.rank(r).slots) buf.slots.push_back(s.data());
         {
           auto be = dev.backend(r, dt, static_cast<rr::sim::Fault>(fault), &calls[i]);
-          rr::enqueueRingCall(plan, rop, buf, *be, /*caller_waits=*/!async);
+          rr::enqueueRingStages(stages, buf, *be, /*caller_waits=*/!async);
         }
         if (!async) {
           void* out = outputs[i];

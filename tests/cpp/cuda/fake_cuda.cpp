@@ -26,6 +26,7 @@ struct ncclComm {
   std::shared_ptr<bool> shared_abort = std::make_shared<bool>(false);
   bool blocking = false;
   int level = 0;  // 0: created by ncclCommInitRankConfig; 1: by ncclCommSplit
+  uint64_t id = 0;  // the unique id it was created from (its children inherit it)
   // Linked communicators (rrfake::linkRanks) move their messages; the others only pass time.
   bool linked = false;
   uint64_t world = 0;
@@ -86,9 +87,10 @@ struct State {
   bool link = false;    // communicators created now are linked
   uint64_t world = 1;   // of the linked communicators created now
   int size_mismatches = 0;
-  // Messages of linked communicators by (world, level, src, dst), in sending order: NCCL matches
-  // point-to-point messages per communicator, so a parent's message never meets a child's receive.
-  std::map<std::tuple<uint64_t, int, int, int>, std::deque<std::vector<char>>> mail;
+  // Messages of linked communicators by (world, unique id, level, src, dst), in sending order: NCCL
+  // matches point-to-point messages per communicator, so a parent's message never meets a child's
+  // receive, nor one lane's another's.
+  std::map<std::tuple<uint64_t, uint64_t, int, int, int>, std::deque<std::vector<char>>> mail;
   int host_waits = 0;     // ncclInProgress handed to the caller, stream/event synchronizations
   int queued_groups = 0;  // blocking ncclGroupEnd calls that enqueued an exchange
   int fail_queued_at = -1;  // the queued group end (0-based) that fails, -1: none
@@ -140,7 +142,7 @@ bool runLinkedExchange(State& g, FakeOp& op, bool* progress) {
     for (const FakeTask& t : op.tasks) {
       if (!t.is_send) continue;
       const char* src = static_cast<const char*>(t.src);
-      g.mail[std::make_tuple(c.world, c.level, c.rank, t.peer)].emplace_back(src, src + t.bytes);
+      g.mail[std::make_tuple(c.world, c.id, c.level, c.rank, t.peer)].emplace_back(src, src + t.bytes);
     }
     op.sent = true;
     *progress = true;
@@ -149,12 +151,12 @@ bool runLinkedExchange(State& g, FakeOp& op, bool* progress) {
   for (const FakeTask& t : op.tasks)
     if (!t.is_send) ++wanted[t.peer];
   for (const auto& w : wanted) {
-    auto it = g.mail.find(std::make_tuple(c.world, c.level, w.first, c.rank));
+    auto it = g.mail.find(std::make_tuple(c.world, c.id, c.level, w.first, c.rank));
     if (it == g.mail.end() || it->second.size() < w.second) return false;
   }
   for (const FakeTask& t : op.tasks) {
     if (t.is_send) continue;
-    auto& box = g.mail[std::make_tuple(c.world, c.level, t.peer, c.rank)];
+    auto& box = g.mail[std::make_tuple(c.world, c.id, c.level, t.peer, c.rank)];
     const std::vector<char>& m = box.front();
     if (m.size() != t.bytes) ++g.size_mismatches;
     std::memcpy(t.dst, m.data(), std::min(m.size(), t.bytes));
@@ -515,11 +517,13 @@ ncclResult_t ncclGetVersion(int* v) {
 }
 const char* ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "fake NCCL error"; }
 const char* ncclGetLastError(ncclComm_t) { return ""; }
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int, ncclUniqueId, int rank, ncclConfig_t*) {
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int, ncclUniqueId id, int rank, ncclConfig_t* config) {
   std::lock_guard<std::mutex> lock(st().mu);
   touchContext();
   st().comms.push_back(std::make_unique<ncclComm>());
   *comm = st().comms.back().get();
+  std::memcpy(&(*comm)->id, id.internal, sizeof(uint64_t));
+  (*comm)->blocking = config != nullptr && config->blocking == 1;
   (*comm)->linked = st().link;
   (*comm)->world = st().world;
   (*comm)->rank = rank;
@@ -537,6 +541,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   child->level = comm->level + 1;
   child->linked = comm->linked;
   child->world = comm->world;
+  child->id = comm->id;
   child->rank = key;
   *newcomm = child;
   if (comm->blocking) return ncclSuccess;

@@ -35,6 +35,7 @@ struct Op {
   // on one communicator]), launched on the hand-off or the queued communicator.
   std::vector<PeerOp> parts;
   int launch = 0;  // Launch (Note [Which exchanges hand off])
+  int lane = 0;    // Note [Lanes]: whose communicator carries it
   int phase = 0;   // 0 not started, 1 sends posted, 2 receives done
   std::vector<std::shared_ptr<Msg>> outs;
   // kWork and kExchange
@@ -44,13 +45,14 @@ struct Op {
 };
 
 namespace {
-constexpr int kStreams = 3;
-const char* streamName(int s) {
-  switch (s) {
-    case 0: return "comm";
-    case 1: return "compute";
-    default: return "caller";
-  }
+// Per rank: kComm and kCompute of each of up to kSimLanes lanes (Note [Lanes]), then kCaller.
+constexpr int kSimLanes = 4;
+constexpr int kStreams = 2 * kSimLanes + 1;
+int streamIndex(Stream s, int lane) { return s == Stream::kCaller ? 2 * kSimLanes : 2 * lane + static_cast<int>(s); }
+std::string streamName(int s) {
+  if (s == 2 * kSimLanes) return "caller";
+  const std::string lane = s >= 2 ? " (lane " + std::to_string(s / 2) + ")" : "";
+  return (s % 2 == 0 ? "comm" : "compute") + lane;
 }
 }  // namespace
 
@@ -78,11 +80,11 @@ struct SimDevice::Impl {
   std::vector<RecordState> records;
   // Point-to-point channels as NCCL matches them: per communicator (the hand-off one or the queued
   // one, Note [Which exchanges hand off]) and (sender, receiver) pair, in posting order.
-  using Channel = std::tuple<int, int, int>;  // launch, sender, receiver
+  using Channel = std::tuple<int, int, int, int>;  // lane, launch, sender, receiver
   std::map<Channel, std::vector<std::shared_ptr<Msg>>> channels;
   std::map<Channel, size_t> received;
   std::vector<int> hand_offs;                // per rank
-  std::set<std::tuple<int, int, int>> contacted;  // (rank, peer, 0 send / 1 receive) reached by a hand-off
+  std::set<std::tuple<int, int, int, int>> contacted;  // (lane, rank, peer, 0 send / 1 receive) handed off
   std::vector<std::vector<SimDevice::PeerUse>> peers;  // per rank: every exchange's peers
   std::vector<std::vector<AccessRec>> accesses;           // per rank
   std::string failure;
@@ -148,7 +150,7 @@ struct SimDevice::Impl {
           // Every receive has its message (several from one peer match in order).
           std::map<Channel, size_t> need;
           for (const PeerOp& p : op.parts)
-            if (!p.send && p.bytes > 0) ++need[Channel{op.launch, p.peer, r}];
+            if (!p.send && p.bytes > 0) ++need[Channel{op.lane, op.launch, p.peer, r}];
           for (const auto& kv : need) {
             auto it = channels.find(kv.first);
             if (it == channels.end() || it->second.size() < received[kv.first] + kv.second) return false;
@@ -201,7 +203,7 @@ struct SimDevice::Impl {
             auto m = std::make_shared<Msg>();
             m->bytes.assign(static_cast<const unsigned char*>(p.buf), static_cast<const unsigned char*>(p.buf) + p.bytes);
             m->what = opName(comp, op);
-            channels[Channel{op.launch, r, p.peer}].push_back(m);
+            channels[Channel{op.lane, op.launch, r, p.peer}].push_back(m);
             op.outs.push_back(m);
           }
           op.phase = 1;
@@ -210,7 +212,7 @@ struct SimDevice::Impl {
         if (op.phase == 1) {
           for (const PeerOp& p : op.parts) {
             if (p.send || p.bytes == 0) continue;
-            const Channel key{op.launch, p.peer, r};
+            const Channel key{op.lane, op.launch, p.peer, r};
             std::shared_ptr<Msg> m = channels[key][received[key]++];
             if (m->bytes.size() != p.bytes) {
               std::ostringstream os;
@@ -263,7 +265,9 @@ const std::vector<SimDevice::PeerUse>& SimDevice::peersUsed(int r) const {
 
 int SimDevice::handOffs(int r) const { return impl_->hand_offs[static_cast<size_t>(r)]; }
 
-void SimDevice::enqueue(int r, Stream s, std::unique_ptr<Op> op) {
+void SimDevice::enqueue(int r, Stream s, std::unique_ptr<Op> op, int lane) {
+  RR_CHECK(lane >= 0 && lane < kSimLanes, kRuntime, "sim: lane ", lane, " (at most ", kSimLanes, ")");
+  op->lane = lane;
   if (op->kind == Op::kExchange) {
     PeerUse use{-1, -1};
     // Note [Hand-off and queued exchanges] (nccl_comm.h): only a hand-off may reach a peer first.
@@ -274,7 +278,7 @@ void SimDevice::enqueue(int r, Stream s, std::unique_ptr<Op> op) {
       RR_CHECK(p.peer >= 0 && p.peer < nranks_ && p.peer != r, kRuntime, "sim: rank ", r, " exchanges with peer ",
                p.peer, " of ", nranks_);
       (p.send ? use.send_peer : use.recv_peer) = p.peer;
-      const auto key = std::make_tuple(r, p.peer, p.send ? 0 : 1);
+      const auto key = std::make_tuple(op->lane, r, p.peer, p.send ? 0 : 1);
       if (hand_off) {
         impl_->contacted.insert(key);
       } else if (!impl_->contacted.count(key) && impl_->failure.empty()) {
@@ -284,7 +288,7 @@ void SimDevice::enqueue(int r, Stream s, std::unique_ptr<Op> op) {
     }
     impl_->peers[static_cast<size_t>(r)].push_back(use);
   }
-  impl_->streams[static_cast<size_t>(r * kStreams + static_cast<int>(s))].q.push_back(std::move(op));
+  impl_->streams[static_cast<size_t>(r * kStreams + streamIndex(s, lane))].q.push_back(std::move(op));
 }
 
 void SimDevice::callerOp(int r, const std::string& what, std::vector<Access> reads, std::vector<Access> writes,
@@ -344,13 +348,18 @@ class SimBackend final : public DeviceBackend {
       : dev_(dev), r_(r), dtype_(dtype), fault_(fault), call_(call) {
     call_->start = dev_.newEvent();
     call_->done = dev_.newEvent();
-    call_->stage = dev_.newEvent();
   }
 
-  void prepare(int32_t num_events) override {
+  void prepare(int32_t num_events, int32_t lanes) override {
     SimRank& sr = dev_.rank(r_);
-    while (static_cast<int32_t>(sr.plan_events.size()) < num_events) sr.plan_events.push_back(dev_.newEvent());
+    if (sr.plan_events.size() < static_cast<size_t>(lanes)) sr.plan_events.resize(static_cast<size_t>(lanes));
+    for (auto& pool : sr.plan_events)
+      while (static_cast<int32_t>(pool.size()) < num_events) pool.push_back(dev_.newEvent());
+    while (call_->stage.size() < static_cast<size_t>(lanes)) call_->stage.push_back(dev_.newEvent());
+    while (call_->lane_done.size() < static_cast<size_t>(lanes)) call_->lane_done.push_back(dev_.newEvent());
   }
+
+  void setLane(int32_t lane) override { lane_ = lane; }
 
   void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
                 int recv_peer, Launch launch) override {
@@ -373,7 +382,7 @@ class SimBackend final : public DeviceBackend {
     op->parts.push_back(PeerOp{false, recv, recv_bytes, recv_peer});
     op->reads.push_back({send, send_bytes});
     op->writes.push_back({recv, recv_bytes});
-    dev_.enqueue(r_, Stream::kComm, std::move(op));
+    dev_.enqueue(r_, Stream::kComm, std::move(op), lane_);
   }
 
   void group(const std::vector<PeerOp>& ops) override {
@@ -383,7 +392,7 @@ class SimBackend final : public DeviceBackend {
     op->launch = static_cast<int>(Launch::kHandOff);
     op->parts = ops;
     for (const PeerOp& p : ops) (p.send ? op->reads : op->writes).push_back({p.buf, p.bytes});
-    dev_.enqueue(r_, Stream::kComm, std::move(op));
+    dev_.enqueue(r_, Stream::kComm, std::move(op), lane_);
   }
 
   void reduceInOrder(const OneShotLaunch& l) override {
@@ -401,7 +410,7 @@ class SimBackend final : public DeviceBackend {
     op->writes.push_back({x.args.dst, static_cast<size_t>(x.args.count) * elem});
     const DType dtype = dtype_;
     op->fn = [dtype, x]() { hostOneShotReduce(dtype, x.op, x.args, /*nthreads=*/5); };
-    dev_.enqueue(r_, Stream::kCompute, std::move(op));
+    dev_.enqueue(r_, Stream::kCompute, std::move(op), lane_);
   }
 
   void reduce(const ReduceLaunch& l) override {
@@ -425,7 +434,7 @@ class SimBackend final : public DeviceBackend {
       hostKernelReduce(dtype, rop, x.a, x.a_wide, x.b, x.b_wide, x.dst, x.dst_wide, x.count, x.divisor, x.round_sum,
                        /*nthreads=*/7);
     };
-    dev_.enqueue(r_, Stream::kCompute, std::move(op));
+    dev_.enqueue(r_, Stream::kCompute, std::move(op), lane_);
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {
@@ -435,7 +444,7 @@ class SimBackend final : public DeviceBackend {
     op->reads.push_back({src, bytes});
     op->writes.push_back({dst, bytes});
     op->fn = [dst, src, bytes]() { std::memcpy(dst, src, bytes); };
-    dev_.enqueue(r_, Stream::kCompute, std::move(op));
+    dev_.enqueue(r_, Stream::kCompute, std::move(op), lane_);
   }
 
   void record(Stream s, int32_t event) override {
@@ -443,7 +452,7 @@ class SimBackend final : public DeviceBackend {
     op->kind = Op::kRecord;
     op->what = "record " + eventName(event);
     op->record_id = dev_.enqueueRecordId(eventOf(event));
-    dev_.enqueue(r_, s, std::move(op));
+    dev_.enqueue(r_, s, std::move(op), lane_);
   }
 
   void wait(Stream s, int32_t event) override {
@@ -451,6 +460,7 @@ class SimBackend final : public DeviceBackend {
     if (fault_ == Fault::kSkipCallerStart && event == kCallStartEvent) return;
     if (fault_ == Fault::kSkipCallerDone && event == kCallDoneEvent) return;
     if (fault_ == Fault::kSkipStageWait && event == kStageDoneEvent) return;
+    if (fault_ == Fault::kSkipLaneJoin && isLaneDoneEvent(event)) return;
     if (fault_ == Fault::kDropFirstPlanWait && event >= 0 && s == Stream::kCompute && !dropped_) {
       dropped_ = true;
       return;
@@ -466,7 +476,7 @@ class SimBackend final : public DeviceBackend {
     op->kind = Op::kWait;
     op->what = "wait " + eventName(event);
     op->record_id = e->latest_enqueued;  // captured now, as cudaStreamWaitEvent does
-    dev_.enqueue(r_, s, std::move(op));
+    dev_.enqueue(r_, s, std::move(op), lane_);
   }
 
   ~SimBackend() override { dev_.rank(r_).last_done = call_->done; }
@@ -475,17 +485,20 @@ class SimBackend final : public DeviceBackend {
   std::shared_ptr<Event> eventOf(int32_t e) {
     if (e == kCallStartEvent) return call_->start;
     if (e == kCallDoneEvent) return call_->done;
-    if (e == kStageDoneEvent) return call_->stage;
+    if (e == kStageDoneEvent) return call_->stage.at(static_cast<size_t>(lane_));
+    if (isLaneDoneEvent(e)) return call_->lane_done.at(static_cast<size_t>(laneOfDoneEvent(e)));
     SimRank& sr = dev_.rank(r_);
-    RR_CHECK(e >= 0 && static_cast<size_t>(e) < sr.plan_events.size(), kRuntime, "sim: event ", e,
-             " outside the pool of ", sr.plan_events.size());
-    return sr.plan_events[static_cast<size_t>(e)];
+    const auto& pool = sr.plan_events.at(static_cast<size_t>(lane_));
+    RR_CHECK(e >= 0 && static_cast<size_t>(e) < pool.size(), kRuntime, "sim: event ", e, " outside the pool of ",
+             pool.size());
+    return pool[static_cast<size_t>(e)];
   }
   static std::string eventName(int32_t e) {
     if (e == kCallStartEvent) return "call-start";
     if (e == kCallDoneEvent) return "call-done";
     if (e == kPrevCallDoneEvent) return "previous-call-done";
     if (e == kStageDoneEvent) return "stage-done";
+    if (isLaneDoneEvent(e)) return "lane-done " + std::to_string(laneOfDoneEvent(e));
     return "plan-event " + std::to_string(e);
   }
 
@@ -496,6 +509,7 @@ class SimBackend final : public DeviceBackend {
   SimCall* call_;
   int exchanges_ = 0;
   int reduces_ = 0;
+  int32_t lane_ = 0;
   bool dropped_ = false;
   bool shifted_ = false;
 };
@@ -550,6 +564,9 @@ void enqueueSyncCall(SimDevice& dev, int r, DType dtype, const std::vector<RingS
   b.accum = accum;
   b.slot_bytes = dev.rank(r).slot_bytes;
   for (auto& s : dev.rank(r).slots) b.slots.push_back(s.data());
+  int32_t lanes = 1;
+  for (const RingStage& st : stages) lanes = std::max(lanes, st.lane + 1);
+  b.slots_per_lane = static_cast<int32_t>(b.slots.size()) / lanes;  // Note [Lanes]: the slots split evenly
   {
     auto be = dev.backend(r, dtype, fault, call);
     enqueueRingStages(stages, b, *be, /*caller_waits=*/true);

@@ -2,8 +2,9 @@
 //
 // Note [Simulated streams]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// SimDevice gives every rank of an in-process ring three streams (kComm, kCompute, kCaller) with
-// CUDA's semantics, and a DeviceBackend (ring_driver.h) that only *enqueues* onto them, exactly
+// SimDevice gives every rank of an in-process ring a kComm and a kCompute stream per lane (up to
+// 4, Note [Lanes] in plan.h; each lane also its own communicator) and a kCaller stream, with CUDA's
+// semantics, and a DeviceBackend (ring_driver.h) that only *enqueues* onto them, exactly
 // like the CUDA backend. A seeded random scheduler then advances one stream at a time, across all
 // ranks, so every interleaving CUDA allows can occur:
 //   * a stream runs its ops in order; an event record fires when it is reached; a stream wait
@@ -52,6 +53,7 @@ enum class Fault : int {
   kSkipStageWait = 6,      // kComm does not wait for the previous stage of the call
   kUnmappedPeers = 7,      // exchanges talk to communicator ranks r +- 1, ignoring the members
   kWrongLaunch = 8,        // rank 0 launches its second exchange on the other communicator
+  kSkipLaneJoin = 9,       // lane 0 does not wait for the other lanes' ends (Note [Lanes])
 };
 
 struct Event;   // a physical event
@@ -64,7 +66,7 @@ struct SimRank {
   int rank = 0;
   std::vector<std::vector<unsigned char>> slots;
   size_t slot_bytes = 0;
-  std::vector<std::shared_ptr<Event>> plan_events;
+  std::vector<std::vector<std::shared_ptr<Event>>> plan_events;  // per lane
   std::shared_ptr<Event> last_done;  // kPrevCallDoneEvent
 };
 
@@ -72,7 +74,8 @@ struct SimRank {
 struct SimCall {
   std::shared_ptr<Event> start;
   std::shared_ptr<Event> done;
-  std::shared_ptr<Event> stage;  // kStageDoneEvent
+  std::vector<std::shared_ptr<Event>> stage;      // kStageDoneEvent, per lane
+  std::vector<std::shared_ptr<Event>> lane_done;  // laneDoneEvent(k)
 };
 
 class SimDevice {
@@ -111,7 +114,7 @@ class SimDevice {
   std::string run();
 
   // For DeviceBackend implementations.
-  void enqueue(int r, Stream s, std::unique_ptr<Op> op);
+  void enqueue(int r, Stream s, std::unique_ptr<Op> op, int lane = 0);
   std::shared_ptr<Event> newEvent();
   int64_t enqueueRecordId(const std::shared_ptr<Event>& e);
 

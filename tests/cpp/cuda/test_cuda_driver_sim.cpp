@@ -149,12 +149,14 @@ float ringInput(int call, int ring, int index, int64_t i) {
 // `rings`: disjoint rank lists of a communicator of `comm_size` ranks, all run concurrently, each
 // `ncalls` synchronous calls. For kAllGather every rank's tensor holds its own block and garbage.
 RingsRun runRings(int comm_size, const std::vector<std::vector<int>>& rings, Mode mode, int local_size, int64_t numel,
-                  rr::RedOp op, int avg_divisor, int64_t seg, int slots, int ncalls, uint64_t seed, Fault fault) {
+                  rr::RedOp op, int avg_divisor, int64_t seg, int slots, int ncalls, uint64_t seed, Fault fault,
+                  int lanes = 1) {
   RingsRun res;
   const size_t slot_bytes = static_cast<size_t>(std::max<int64_t>(256, seg * 4));
-  rr::sim::SimDevice dev(comm_size, slots, slot_bytes, seed);
+  rr::sim::SimDevice dev(comm_size, slots * lanes, slot_bytes, seed);
   rr::PlanOptions base = rr::gpuPlanOptions(op, false, seg, slots, static_cast<int64_t>(slot_bytes));
   base.avg_divisor = avg_divisor;
+  base.lanes = lanes;
   const size_t bytes = static_cast<size_t>(numel) * 4;
   std::vector<std::vector<float>> tensors(static_cast<size_t>(comm_size)), inputs, outputs;
   std::vector<rr::sim::SimCall> calls(static_cast<size_t>(ncalls * comm_size));
@@ -413,6 +415,30 @@ TEST_CASE(hand_offs_once_per_stage_and_agreed_by_both_ends) {
     caught += !res.failure.empty() || !correct(res, 3, rr::RedOp::kSum);
   }
   CHECK_MSG(caught == 4, "an exchange launched on the other communicator went unnoticed in " << 4 - caught << " of 4");
+}
+
+// Note [Lanes]: 2-4 lanes, each on its own simulated streams and communicator, for the flat ring and
+// both halves over a scrambled rank list: exact results, one hand-off per lane and call (each lane's
+// first exchange), and a driver that does not join the lanes before the call's end is caught.
+TEST_CASE(lanes_run_side_by_side) {
+  const std::vector<std::vector<int>> rings = {{2, 0, 3, 1}};
+  for (int lanes : {2, 3, 4})
+    for (Mode mode : {Mode::kFlat, Mode::kReduceScatter, Mode::kAllGather})
+      for (uint64_t seed = 0; seed < 3; ++seed) {
+        const int64_t numel = 4 * 257;
+        const RingsRun res = runRings(4, rings, mode, 0, numel, rr::RedOp::kSum, 0, 32, 2, 2, seed, Fault::kNone, lanes);
+        CHECK_MSG(res.failure.empty(), lanes << " lanes, mode " << static_cast<int>(mode) << ": " << res.failure);
+        const std::string bad = checkRings(res, rings, mode, numel, rr::RedOp::kSum, 0, 2);
+        CHECK_MSG(bad.empty(), lanes << " lanes, mode " << static_cast<int>(mode) << ": " << bad);
+        for (int r = 0; r < 4; ++r) CHECK_EQ(res.hand_offs[static_cast<size_t>(r)], 2 * lanes);
+      }
+  int caught = 0;
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    const RingsRun res = runRings(4, rings, Mode::kFlat, 0, 4 * 257, rr::RedOp::kSum, 0, 32, 2, 1, seed,
+                                  Fault::kSkipLaneJoin, 2);
+    caught += !res.failure.empty() || !checkRings(res, rings, Mode::kFlat, 4 * 257, rr::RedOp::kSum, 0, 1).empty();
+  }
+  CHECK_MSG(caught == 4, "a missing lane join went unnoticed in " << 4 - caught << " of 4 schedules");
 }
 
 TEST_CASE(stage_builders_refuse_bad_rings) {

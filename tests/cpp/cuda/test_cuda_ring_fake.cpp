@@ -625,6 +625,62 @@ TEST_CASE(small_all_reduce_is_one_group_with_every_peer) {
   CHECK_EQ(rrfake::sizeMismatches(), 0);
 }
 
+// Note [Lanes]: a ring of two lanes (a second communicator from its own unique id, its own streams)
+// runs a large all-reduce as two rings side by side: each lane hands off once, its messages stay on
+// its own communicators, and an abort (here: a lane whose peer never answers) takes down every lane.
+TEST_CASE(two_lanes_each_hand_off_once_and_abort_together) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  const std::string lane_uid(sizeof(ncclUniqueId::internal), '\x09');
+  const int64_t numel = (16 << 20) / 4;
+  std::vector<int64_t> hand_offs(2, -1);
+  std::vector<int> lanes_used(2, 0);
+  std::vector<std::shared_ptr<CudaRing>> rings(2);
+  for (int r = 0; r < 2; ++r) {
+    auto comm = std::make_shared<NcclComm>(kUid, 2, r, r, ms(800), "fake", ms(5000));
+    auto lane1 = std::make_shared<NcclComm>(lane_uid, 2, r, r, ms(800), "fake lane 1", ms(5000));
+    rings[static_cast<size_t>(r)] = std::make_shared<CudaRing>(comm, kGpuStagingBytes, kCudaMaxQueuedOps,
+                                                               std::vector<std::shared_ptr<NcclComm>>{lane1});
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      cudaSetDevice(r);
+      CudaRing& ring = *rings[static_cast<size_t>(r)];
+      cudaStream_t caller = newStream();
+      std::vector<float> data(static_cast<size_t>(numel), 1.0f);
+      const RingMembers rm = resolveRing({}, 2, r);
+      const std::vector<RingStage> stages = flatRingStages(
+          rm, numel, DType::kFloat32, RedOp::kSum, ring.planOptions(RedOp::kSum, false, 2, numel, DType::kFloat32, {}));
+      lanes_used[static_cast<size_t>(r)] = static_cast<int>(stages.size());
+      ring.enqueue(stages, data.data(), nullptr, ringKey({}, 2), "all-reduce", caller, false)->synchronize(ms(10000));
+      hand_offs[static_cast<size_t>(r)] = ring.handOffs();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    CHECK_EQ(lanes_used[static_cast<size_t>(r)], 2);
+    CHECK_EQ(hand_offs[static_cast<size_t>(r)], int64_t(2));
+    CHECK_EQ(rings[static_cast<size_t>(r)]->streams().size(), size_t(4));
+  }
+  CHECK_EQ(rrfake::pairsUsed(), 2 * 2 * 2);  // 2 lanes x (hand-off, queued) x 2 directions
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
+  // Rank 1 is gone: rank 0's call times out, and both of its lanes are aborted.
+  rings[1]->shutdown("test");
+  rrfake::setAbortReleases(false);
+  std::vector<float> data(static_cast<size_t>(numel), 1.0f);
+  CudaRing& ring = *rings[0];
+  const RingMembers rm = resolveRing({}, 2, 0);
+  auto c = ring.enqueue(flatRingStages(rm, numel, DType::kFloat32, RedOp::kSum,
+                                       ring.planOptions(RedOp::kSum, false, 2, numel, DType::kFloat32, {})),
+                        data.data(), nullptr, ringKey({}, 2), "all-reduce", newStream(), false);
+  CHECK(throwsKind([&] { c->synchronize(ms(8000)); }, ErrorKind::kBackend));
+  CHECK(ring.aborted());
+  rrfake::setAbortReleases(true);
+  ring.shutdown("test");
+}
+
 // Note [Bounded launch queue]: a ring keeps at most max_queued_ops stream operations of unfinished
 // calls; the next call waits on the host until older ones finish, and when they never do (a dead
 // peer), the watchdog's timeout ends the wait with DistBackendError instead of a hang.
