@@ -98,7 +98,9 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
     stages = hier ? hierarchicalStages(rm, req.local_size, req.numel, wdtype, op, base)
                   : flatRingStages(rm, req.numel, wdtype, op, base);
   }
-  const int64_t accum_elems = stages.size() == 1 ? stages[0].plan.accum_elems : 0;
+  // The flat ring's float32 partials (one chunk), shared by its lanes (Note [Lanes]); the
+  // hierarchical stages never carry any.
+  const int64_t accum_elems = hier ? 0 : stages[0].plan.accum_elems;
   void* accum = accum_elems > 0 ? buf.accum(accum_elems) : nullptr;
   if (buf.protect) buf.protect();  // 6
   return ring.enqueue(stages, data, accum, key, what, req.caller, !req.async_op, buf.epilogue);  // 7

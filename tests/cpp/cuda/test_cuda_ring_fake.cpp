@@ -681,6 +681,59 @@ TEST_CASE(two_lanes_each_hand_off_once_and_abort_together) {
   ring.shutdown("test");
 }
 
+// runCudaCall on rings of two lanes with float32 partials (bfloat16, accum_dtype=float32, 3 ranks):
+// the lanes share the call's partials buffer, which must therefore exist.
+TEST_CASE(lanes_share_the_float32_partials) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  const std::string lane_uid(sizeof(ncclUniqueId::internal), '\x0b');
+  const int64_t numel = (16 << 20) / 2;
+  std::vector<std::shared_ptr<CudaRing>> rings(3);
+  for (int r = 0; r < 3; ++r) {
+    auto comm = std::make_shared<NcclComm>(kUid, 3, r, r, ms(2000), "fake", ms(5000));
+    auto lane1 = std::make_shared<NcclComm>(lane_uid, 3, r, r, ms(2000), "fake lane 1", ms(5000));
+    rings[static_cast<size_t>(r)] = std::make_shared<CudaRing>(comm, kGpuStagingBytes, kCudaMaxQueuedOps,
+                                                               std::vector<std::shared_ptr<NcclComm>>{lane1});
+  }
+  std::vector<int64_t> accum_asked(3, -1);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      cudaSetDevice(r);
+      std::vector<uint16_t> data(static_cast<size_t>(numel), 0x3f80);  // bfloat16 1.0
+      std::vector<float> partials;
+      CudaCallBuffers buf;
+      buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
+      buf.accum = [&](int64_t elems) {
+        accum_asked[static_cast<size_t>(r)] = elems;
+        partials.assign(static_cast<size_t>(elems), 0.0f);
+        return static_cast<void*>(partials.data());
+      };
+      CudaCallRequest req;
+      req.dtype = DType::kBFloat16;
+      req.numel = numel;
+      req.shape = {numel};
+      req.accum_float32 = true;
+      req.caller = newStream();
+      try {
+        runCudaCall(*rings[static_cast<size_t>(r)], req, buf)->synchronize(ms(10000));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    CHECK_MSG(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
+    CHECK(accum_asked[static_cast<size_t>(r)] > 0);
+    CHECK_EQ(rings[static_cast<size_t>(r)]->handOffs(), int64_t(2));  // both lanes ran
+    rings[static_cast<size_t>(r)]->shutdown("test");
+  }
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
+}
+
 // Note [Bounded launch queue]: a ring keeps at most max_queued_ops stream operations of unfinished
 // calls; the next call waits on the host until older ones finish, and when they never do (a dead
 // peer), the watchdog's timeout ends the wait with DistBackendError instead of a hang.
