@@ -1,17 +1,18 @@
-// ringreduce GPU: the ring all-reduce over one NCCL communicator.
+// ringreduce GPU: the ring all-reduce over one NCCL communicator per lane.
 //
 // CudaRing owns everything one process group needs on one GPU (docs/design.md section 2.4, "GPU transport"):
-//   * the non-blocking NCCL communicator (nccl_comm.h);
-//   * a communication stream (grouped ncclSend/ncclRecv) and a reduce stream (kernels), so that
-//     the reduction of segment k overlaps the transfer of segment k + 1;
+//   * one NCCL communicator per lane (nccl_comm.h: a non-blocking parent and its blocking child;
+//     Note [Lanes] in plan.h), lane 0's also carrying the agreement frames;
+//   * per lane, a communication stream (grouped ncclSend/ncclRecv) and a reduce stream (kernels), so
+//     that the reduction of segment k overlaps the transfer of segment k + 1, and lanes overlap;
 //   * the staging (kGpuStagingBytes), shared by all calls on the group: each call lays its slots out
 //     in it as its plans say (Note [GPU pipeline rule], gpu_pipeline.h);
 //   * the event pool (plan events, reused call after call; per-call start/done events);
 //   * a watchdog thread that polls in-flight calls and ncclCommGetAsyncError and aborts the
 //     communicator on an error or when a started call exceeds the timeout.
-// The stages of a call (ring_driver.h: flat ring, ring halves, hierarchical) are enqueued by
-// enqueueRingStages() through CudaBackend below; nothing in this file decides which buffer or
-// segment a step touches. Rings over rank lists of the group (Note [Sub-rings on one
+// The stages of a call (ring_driver.h: flat ring, ring halves, hierarchical, each possibly in
+// lanes) are enqueued by enqueueRingStages(), a one-shot by enqueueOneShot(), through CudaBackend
+// below; nothing in this file decides which buffer or segment a step touches. Rings over rank lists of the group (Note [Sub-rings on one
 // communicator]) share the communicator, its streams, staging and events with the group's own
 // ring; each ring (rank list) has its own call counter, as the CPU path's per-ring runtimes do.
 //

@@ -43,10 +43,13 @@ GpuPipeline gpuPipeline(int nranks, int64_t numel, DType dtype, bool accum_float
 int64_t gpuOneShotBytes(int nranks, int64_t staging_bytes, const GpuKnobs& knobs) {
   if (nranks < 2) return 0;
   // The n - 1 received tensors live in the staging (Note [GPU one-shot all-reduce]).
-  const int64_t fits = staging_bytes / (nranks - 1) / 256 * 256;
-  if (knobs.one_shot_bytes >= 0) return minI64(knobs.one_shot_bytes, fits);
+  int64_t limit = staging_bytes / (nranks - 1) / 256 * 256;
+  // As on CPU, a set RINGREDUCE_SEGMENT_BYTES caps it too: tests that shrink the segment to cover
+  // many segments keep running the ring.
+  if (knobs.segment_bytes > 0) limit = minI64(limit, knobs.segment_bytes);
+  if (knobs.one_shot_bytes >= 0) return minI64(knobs.one_shot_bytes, limit);
   const int64_t rule = nranks <= 4 ? (1 << 20) : nranks <= 8 ? (256 << 10) : (64 << 10);
-  return minI64(rule, fits);
+  return minI64(rule, limit);
 }
 
 }  // namespace rr

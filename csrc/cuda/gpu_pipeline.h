@@ -29,7 +29,8 @@
 //   * the one-shot all-reduce (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h) for a
 //     tensor of at most gpuOneShotBytes(n) bytes: 1 MiB up to 4 ranks (on 2 ranks the same bytes
 //     cross the wire as in the ring, in one exchange instead of two), 256 KiB up to 8, 64 KiB
-//     beyond; the n - 1 received tensors must fit the staging. Defaults from the cost model
+//     beyond, and at most RINGREDUCE_SEGMENT_BYTES when that is set (as on CPU: tests that shrink
+//     the segment keep the ring); the n - 1 received tensors must fit the staging. Defaults from the cost model
 //     (docs/performance.md), to be measured on GPUs (RINGREDUCE_ONESHOT_BYTES overrides; 0 turns
 //     the one-shot off).
 // None of this changes a result bit: chunk ownership depends on (n, numel) only (Note [Chunk

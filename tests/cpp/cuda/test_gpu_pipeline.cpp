@@ -95,6 +95,9 @@ TEST_CASE(segments_grow_with_the_tensor_up_to_a_slot) {
   GpuKnobs off;
   off.one_shot_bytes = 0;
   CHECK_EQ(gpuOneShotBytes(2, kGpuStagingBytes, off), int64_t(0));
+  GpuKnobs small_segments;  // as on CPU: a set segment size caps the one-shot
+  small_segments.segment_bytes = 64;
+  CHECK_EQ(gpuOneShotBytes(2, kGpuStagingBytes, small_segments), int64_t(64));
 }
 
 TEST_CASE(knobs_override_the_rule_and_bad_knobs_raise) {
