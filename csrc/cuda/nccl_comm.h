@@ -42,6 +42,10 @@
 //   * queued (queueSendRecv, on the blocking child): every other exchange. The host returns as
 //     soon as the kernel is enqueued; nothing is polled. A queued exchange with a peer that no
 //     hand-off has connected yet is refused as an internal error (the rule guarantees it never is).
+//     The child has the parent's ranks and topology, so NCCL picks the same point-to-point channels
+//     for a peer (src/enqueue.cc: from the rank schedule and the channel counts) and finds them
+//     connected; were it not so, the child would connect them in the caller's thread - correct, but
+//     without a deadline. The first GPU run should confirm it (NCCL_DEBUG=INFO shows connections).
 // Once connected, a blocking ncclGroupEnd of a send/recv waits for nothing a peer does: its work
 // item travels in the kernel's arguments (src/enqueue.cc, ncclDevWorkStorageTypeArgs), and a
 // socket transport's proxy ops are taken by the proxy thread whatever the peer does. What can
