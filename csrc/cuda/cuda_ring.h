@@ -12,9 +12,10 @@
 //     communicator on an error or when a started call exceeds the timeout.
 // The stages of a call (ring_driver.h: flat ring, ring halves, hierarchical, each possibly in
 // lanes) are enqueued by enqueueRingStages(), a one-shot by enqueueOneShot(), through CudaBackend
-// below; nothing in this file decides which buffer or segment a step touches. Rings over rank lists of the group (Note [Sub-rings on one
-// communicator]) share the communicator, its streams, staging and events with the group's own
-// ring; each ring (rank list) has its own call counter, as the CPU path's per-ring runtimes do.
+// below; nothing in this file decides which buffer or segment a step touches. Rings over rank
+// lists of the group (Note [Sub-rings on one communicator]) share the communicators, streams,
+// staging and events with the group's own ring; each ring (rank list) has its own call counter, as
+// the CPU path's per-ring runtimes do.
 //
 // Note [Ordering, lifetime, failure]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

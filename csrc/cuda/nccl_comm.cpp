@@ -209,8 +209,8 @@ void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, 
     const bool known = (o.send ? sent_to_ : received_from_)[static_cast<size_t>(o.peer)];
     first_contact = first_contact || !known;
     // Note [Hand-off and queued exchanges]: only a hand-off may make the first contact with a peer.
-    RR_CHECK(hand_off || known, kRuntime, "ringreduce internal error: a queued NCCL ", o.send ? "send to" : "receive from",
-             " rank ", o.peer, " before any hand-off reached it (", name_, ")");
+    RR_CHECK(hand_off || known, kRuntime, "ringreduce internal error: a queued NCCL ",
+             o.send ? "send to" : "receive from", " rank ", o.peer, " before any hand-off reached it (", name_, ")");
     any = true;
   }
   if (!any) return;
@@ -231,7 +231,8 @@ void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, 
   if (!hand_off) {
     // A blocking communicator's ncclGroupEnd returns once the kernel is enqueued (or failed).
     if (r != ncclSuccess) {
-      const std::string msg = std::string("a queued ncclGroupEnd(ncclSend, ncclRecv) failed: ") + describeNccl(r, queue_);
+      const std::string msg =
+          std::string("a queued ncclGroupEnd(ncclSend, ncclRecv) failed: ") + describeNccl(r, queue_);
       abortLocked(msg);
       RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg);
     }

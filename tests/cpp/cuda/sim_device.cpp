@@ -201,7 +201,8 @@ struct SimDevice::Impl {
           for (const PeerOp& p : op.parts) {
             if (!p.send || p.bytes == 0) continue;
             auto m = std::make_shared<Msg>();
-            m->bytes.assign(static_cast<const unsigned char*>(p.buf), static_cast<const unsigned char*>(p.buf) + p.bytes);
+            const unsigned char* from = static_cast<const unsigned char*>(p.buf);
+            m->bytes.assign(from, from + p.bytes);
             m->what = opName(comp, op);
             channels[Channel{op.lane, op.launch, r, p.peer}].push_back(m);
             op.outs.push_back(m);
@@ -388,7 +389,8 @@ class SimBackend final : public DeviceBackend {
   void group(const std::vector<PeerOp>& ops) override {
     auto op = std::make_unique<Op>();
     op->kind = Op::kExchange;
-    op->what = "hand-off group #" + std::to_string(exchanges_++) + " of " + std::to_string(ops.size()) + " sends/receives";
+    op->what = "hand-off group #" + std::to_string(exchanges_++) + " of " + std::to_string(ops.size()) +
+               " sends/receives";
     op->launch = static_cast<int>(Launch::kHandOff);
     op->parts = ops;
     for (const PeerOp& p : ops) (p.send ? op->reads : op->writes).push_back({p.buf, p.bytes});

@@ -379,7 +379,9 @@ TEST_CASE(hand_offs_once_per_stage_and_agreed_by_both_ends) {
         std::vector<rr::RingStage> stages;
         const rr::PlanOptions base = rr::gpuPlanOptions(rr::RedOp::kSum, false, 32, 2, 256);
         switch (sh.mode) {
-          case Mode::kFlat: stages = rr::flatRingStages(ring, sh.numel, rr::DType::kFloat32, rr::RedOp::kSum, base); break;
+          case Mode::kFlat:
+            stages = rr::flatRingStages(ring, sh.numel, rr::DType::kFloat32, rr::RedOp::kSum, base);
+            break;
           case Mode::kReduceScatter:
             stages = rr::ringHalfStages(ring, sh.numel, rr::DType::kFloat32, rr::RedOp::kSum, base,
                                         rr::kPhaseReduceScatter);
@@ -426,7 +428,8 @@ TEST_CASE(lanes_run_side_by_side) {
     for (Mode mode : {Mode::kFlat, Mode::kReduceScatter, Mode::kAllGather})
       for (uint64_t seed = 0; seed < 3; ++seed) {
         const int64_t numel = 4 * 257;
-        const RingsRun res = runRings(4, rings, mode, 0, numel, rr::RedOp::kSum, 0, 32, 2, 2, seed, Fault::kNone, lanes);
+        const RingsRun res =
+            runRings(4, rings, mode, 0, numel, rr::RedOp::kSum, 0, 32, 2, 2, seed, Fault::kNone, lanes);
         CHECK_MSG(res.failure.empty(), lanes << " lanes, mode " << static_cast<int>(mode) << ": " << res.failure);
         const std::string bad = checkRings(res, rings, mode, numel, rr::RedOp::kSum, 0, 2);
         CHECK_MSG(bad.empty(), lanes << " lanes, mode " << static_cast<int>(mode) << ": " << bad);

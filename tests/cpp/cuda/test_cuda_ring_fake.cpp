@@ -42,7 +42,8 @@ std::shared_ptr<CudaWork> enqueueAllReduce(CudaRing& ring, std::vector<float>& d
   const RingMembers rm = resolveRing({}, ring.size(), ring.rank());
   const int64_t numel = static_cast<int64_t>(data.size());
   const std::vector<RingStage> stages = flatRingStages(
-      rm, numel, DType::kFloat32, RedOp::kSum, ring.planOptions(RedOp::kSum, false, rm.size(), numel, DType::kFloat32, {}));
+      rm, numel, DType::kFloat32, RedOp::kSum,
+      ring.planOptions(RedOp::kSum, false, rm.size(), numel, DType::kFloat32, {}));
   return ring.enqueue(stages, data.data(), nullptr, ringKey({}, ring.size()), "all-reduce", caller, false);
 }
 
@@ -544,7 +545,8 @@ TEST_CASE(a_large_call_waits_on_the_host_once) {
     GpuKnobs knobs;
     knobs.segment_bytes = 1 << 20;
     const std::vector<RingStage> stages = flatRingStages(
-        rm, numel, DType::kFloat32, RedOp::kSum, ring.planOptions(RedOp::kSum, false, 2, numel, DType::kFloat32, knobs));
+        rm, numel, DType::kFloat32, RedOp::kSum,
+        ring.planOptions(RedOp::kSum, false, 2, numel, DType::kFloat32, knobs));
     CHECK_EQ(stages[0].plan.sched.nsegs, 32);
     std::shared_ptr<CudaWork> work;
     int w0 = 0, q0 = 0;

@@ -73,7 +73,8 @@ TEST_CASE(segments_grow_with_the_tensor_up_to_a_slot) {
     const Plan lane0 = planFor(2, 0, w.bytes / 4, DType::kFloat32, false, kGpuStagingBytes, none, kPhaseBoth,
                                kGpuDefaultLanes);
     CHECK_EQ(p.lanes, w.bytes >= (4 << 20) ? 2 : 1);
-    CHECK_MSG(lane0.sched.segment * 4 == w.segment_bytes, w.bytes << " B, 2 lanes: segment " << lane0.sched.segment * 4);
+    CHECK_MSG(lane0.sched.segment * 4 == w.segment_bytes,
+              w.bytes << " B, 2 lanes: segment " << lane0.sched.segment * 4);
     CHECK_MSG(exchangesOf(lane0) == w.exchanges, w.bytes << " B, 2 lanes: " << exchangesOf(lane0) << " exchanges");
     CHECK(lane0.stagingBytes() * p.lanes <= kGpuStagingBytes);
   }
