@@ -535,8 +535,9 @@ TEST_CASE(a_large_call_waits_on_the_host_once) {
   rrfake::reset();
   rrfake::linkRanks();
   const int64_t numel = (64 << 20) / 4;
-  std::vector<int> waits(2, -1), queued(2, -1);
+  std::vector<int> waits(2, -1), queued(2, -1), nsegs(2, -1);
   std::vector<int> ran(2, 0);
+  std::vector<int64_t> hand_offs(2, -1);
   std::mutex mu;
   onLinkedRanks(2, {0, 1}, [&](CudaRing& ring, int r) {
     cudaStream_t caller = newStream();
@@ -547,7 +548,7 @@ TEST_CASE(a_large_call_waits_on_the_host_once) {
     const std::vector<RingStage> stages = flatRingStages(
         rm, numel, DType::kFloat32, RedOp::kSum,
         ring.planOptions(RedOp::kSum, false, 2, numel, DType::kFloat32, knobs));
-    CHECK_EQ(stages[0].plan.sched.nsegs, 32);
+    nsegs[static_cast<size_t>(r)] = stages[0].plan.sched.nsegs;  // checked after the join (CHECK is not thread-safe)
     std::shared_ptr<CudaWork> work;
     int w0 = 0, q0 = 0;
     {
@@ -560,10 +561,12 @@ TEST_CASE(a_large_call_waits_on_the_host_once) {
     }
     work->synchronize(ms(20000));
     ran[static_cast<size_t>(r)] = 1;
-    CHECK_EQ(ring.comm().handOffs(), int64_t(1));
+    hand_offs[static_cast<size_t>(r)] = ring.comm().handOffs();
   });
   for (int r = 0; r < 2; ++r) {
     CHECK_EQ(ran[static_cast<size_t>(r)], 1);
+    CHECK_EQ(nsegs[static_cast<size_t>(r)], 32);
+    CHECK_EQ(hand_offs[static_cast<size_t>(r)], int64_t(1));
     CHECK_EQ(waits[static_cast<size_t>(r)], 1);    // the call's first exchange
     CHECK_EQ(queued[static_cast<size_t>(r)], 63);  // 2 steps x 32 segments, less the hand-off
   }
