@@ -20,8 +20,9 @@ its import. The GPU suite (``pytest -m gpu``) and ``scripts/gpu_check.sh`` have 
   counter of the group (Note [Communicator rendezvous keys]); the key is deleted once every rank
   read it. It holds one id per lane (``RINGREDUCE_LANES`` at creation, default 2, as rank 0 sees
   it): each lane is a communicator of its own with its own streams, so large all-reduces run two
-  rings side by side (Note [Lanes] in csrc/core/plan.h; the bits are the one-lane ring's). Init and first connections may take the store's timeout; each later call
-  ``RINGREDUCE_TIMEOUT`` seconds (else the group's timeout). The communicator is non-blocking
+  rings side by side (Note [Lanes] in csrc/core/plan.h; the bits are the one-lane ring's). Init and
+  first connections may take the store's timeout; each later call ``RINGREDUCE_TIMEOUT`` seconds
+  (else the group's timeout). The communicator is non-blocking
   (``config.blocking = 0``) with a blocking child (``ncclCommSplit``) that carries every exchange of a
   call but the first of each ring stage, so the host waits for NCCL once per stage, not per segment
   (Note [Hand-off and queued exchanges] in csrc/cuda/nccl_comm.h); it has its own communication and

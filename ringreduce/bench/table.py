@@ -113,7 +113,7 @@ def footer(rows: list[dict[str, Any]], layout: Layout, highlight: tuple[int, ...
                      + "  (docs/design.md section 5 targets)")
     loops = [row for row in rows if row["impl"] == RINGREDUCE and row.get("loopback_us") is not None]
     if loops:
-        lines.append("# Loopback driver on one GPU, ideal/time (HBM traffic at the copy's rate, Note [Loopback ideal]): "
+        lines.append("# Loopback driver on one GPU, ideal/time (HBM traffic at a copy's rate, Note [Loopback ideal]): "
                      + "  ".join(f"{format_size(row['size'])} "
                                  f"{loopback_efficiency(row['loopback_us'], row['loopback_ideal_us']):.2f}"
                                  for row in loops))
