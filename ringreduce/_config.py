@@ -7,6 +7,8 @@ import os
 DEFAULT_SEGMENT_BYTES = 1 << 20
 DEFAULT_NUM_SLOTS = 4  # the GPU transport's default, and the CPU's for tensors too large for AUTO_SLOTS
 AUTO_SLOTS = 0  # CPU default: a staging slot per receive when they fit (Note [Staging slots], plan.h)
+MAX_LANES = 4  # kGpuMaxLanes (csrc/cuda/gpu_pipeline.h)
+DEFAULT_LANES = 2  # kGpuDefaultLanes: the lanes (communicators) a GPU group's communicator is created with
 
 
 # Every call reads up to seven knobs. os.environ.get encodes the key and decodes the value each time
@@ -42,10 +44,33 @@ def segment_bytes() -> int:
     return _int_env("RINGREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES, 16)
 
 
+def segment_bytes_override() -> int:
+    """RINGREDUCE_SEGMENT_BYTES as an override: 0 when unset (the GPU pipeline rule then picks the
+    segment, csrc/cuda/gpu_pipeline.h)."""
+    return _int_env("RINGREDUCE_SEGMENT_BYTES", 0, 16)
+
+
+def lanes() -> int:
+    """RINGREDUCE_LANES: lanes of a GPU ring (independent sub-rings over the segments, each on its own
+    NCCL communicator and streams); 0 when unset (the pipeline rule's choice). Read when a group's
+    communicator is created (that many lanes, default DEFAULT_LANES) and at every call (at most that
+    many)."""
+    value = _int_env("RINGREDUCE_LANES", 0, 1)
+    if value > MAX_LANES:
+        raise ValueError(f"ringreduce: RINGREDUCE_LANES={value} must be <= {MAX_LANES}")
+    return value
+
+
+def one_shot_bytes() -> int:
+    """RINGREDUCE_ONESHOT_BYTES: the largest GPU all-reduce (bytes) taken in one shot; -1 when unset
+    (the pipeline rule's threshold), 0 turns the one-shot off."""
+    return _int_env("RINGREDUCE_ONESHOT_BYTES", -1, 0)
+
+
 def num_slots() -> int:
     """Staging slots, i.e. segments in flight (RINGREDUCE_SLOTS). Unset: AUTO_SLOTS (0), which the CPU
     path resolves per call (every receive of the call gets a slot when they fit in 6 MiB, else 4
-    slots) and the GPU path reads as DEFAULT_NUM_SLOTS."""
+    slots) and the GPU path's pipeline rule per lane (2, csrc/cuda/gpu_pipeline.h)."""
     return _int_env("RINGREDUCE_SLOTS", AUTO_SLOTS, 1)
 
 

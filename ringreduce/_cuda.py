@@ -17,10 +17,16 @@ and its import. ``scripts/gpu_check.sh`` runs every GPU check, on one GPU too.
   it through the group's own c10d store (``_get_process_group_store(group)``) under
   ``ringreduce/nccl_uid/<group name>/<generation>``, the generation drawn from a ``store.add``
   counter of the group (Note [Communicator rendezvous keys]); the key is deleted once every rank
-  read it. Init and first connections may take the store's timeout; each later call
-  ``RINGREDUCE_TIMEOUT`` seconds (else the group's timeout). The communicator is non-blocking
-  (``config.blocking = 0``), has its own communication and reduce streams (never destroyed: the
-  caching allocator may still record events on them), <= 8 MiB of staging, and a watchdog thread
+  read it. It holds one id per lane (``RINGREDUCE_LANES`` at creation, default 2, as rank 0 sees
+  it): each lane is a communicator of its own with its own streams, so large all-reduces run two
+  rings side by side (Note [Lanes] in csrc/core/plan.h; the bits are the one-lane ring's). Init and
+  first connections may take the store's timeout; each later call ``RINGREDUCE_TIMEOUT`` seconds
+  (else the group's timeout). The communicator is non-blocking
+  (``config.blocking = 0``) with a blocking child (``ncclCommSplit``) that carries every exchange of a
+  call but the first of each ring stage, so the host waits for NCCL once per stage, not per segment
+  (Note [Hand-off and queued exchanges] in csrc/cuda/nccl_comm.h); it has its own communication and
+  reduce streams (never destroyed: the caching allocator may still record events on them), 16 MiB of
+  staging, and a watchdog thread
   that aborts it on an NCCL error or when a call exceeds the timeout, counted from the moment the
   communication stream reaches the call (calls queued behind others are not charged for them).
   In-flight calls are marked failed before the abort, so an aborted call never reads as success.
@@ -56,8 +62,10 @@ and its import. ``scripts/gpu_check.sh`` runs every GPU check, on one GPU too.
 * ``RINGREDUCE_CHECK=1`` turns on the cross-rank agreement check (one fixed-size frame around the
   ring before the payload; it synchronizes the host once per call). Without it, ranks that disagree
   behave as NCCL does until the watchdog timeout aborts the communicator.
-* ``RINGREDUCE_SEGMENT_BYTES`` (default 1 MiB, capped at the staging slot) and ``RINGREDUCE_SLOTS``
-  (default 4 on GPU; the CPU path's automatic slot count is not used here) tune the pipeline.
+* The pipeline (Note [GPU pipeline rule] in csrc/cuda/gpu_pipeline.h): segments as large as a staging
+  slot (8 MiB) and at most half a chunk, 2 slots, one-shot up to 1 MiB (up to 4 ranks), 256 KiB (up
+  to 8) or 64 KiB; ``RINGREDUCE_SEGMENT_BYTES``, ``RINGREDUCE_SLOTS``, ``RINGREDUCE_LANES`` and
+  ``RINGREDUCE_ONESHOT_BYTES`` override it (the same on every rank). None of them changes a result bit.
 
 Running beside stock NCCL communicators (DDP, FSDP, tensor parallel)
 --------------------------------------------------------------------
@@ -135,8 +143,22 @@ def _group_key(pg: dist.ProcessGroup) -> str:
     return name or "default"
 
 
-def _rendezvous_uid(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int) -> tuple[bytes, int]:
-    """Rank 0's fresh NCCL unique id, through the group's store, and its generation.
+def _pack_ids(ids: list[bytes]) -> bytes:
+    return b"".join(len(i).to_bytes(4, "big") + bytes(i) for i in ids)
+
+
+def _unpack_ids(blob: bytes) -> list[bytes]:
+    ids, at = [], 0
+    while at < len(blob):
+        n = int.from_bytes(blob[at:at + 4], "big")
+        ids.append(blob[at + 4:at + 4 + n])
+        at += 4 + n
+    return ids
+
+
+def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, lanes: int) -> tuple[list[bytes], int]:
+    """Rank 0's fresh NCCL unique ids (one per lane, Note [Lanes] in csrc/core/plan.h), through the
+    group's store, and their generation. Rank 0's lane count decides for every rank.
 
     Note [Communicator rendezvous keys]: the key is ``nccl_uid/<group name>/<generation>``, where
     the generation comes from an atomic ``store.add`` counter of the group (each rank adds 1; the
@@ -150,15 +172,15 @@ def _rendezvous_uid(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int) -
     generation = (int(store.add(_COUNTER_KEY.format(group=group), 1)) - 1) // pg_size
     uid_key = _UID_KEY.format(group=group, generation=generation)
     if pg_rank == 0:
-        store.set(uid_key, C.nccl_unique_id())
-    uid = store.get(uid_key)  # blocks until rank 0 published it (store timeout)
+        store.set(uid_key, _pack_ids([C.nccl_unique_id() for _ in range(max(1, lanes))]))
+    ids = _unpack_ids(store.get(uid_key))  # blocks until rank 0 published them (store timeout)
     if int(store.add(uid_key + "/read", 1)) == pg_size:
         for k in (uid_key, uid_key + "/read"):
             try:
                 store.delete_key(k)
             except Exception:  # noqa: BLE001 - a store without deletion: the key is never read again
                 pass
-    return uid, generation
+    return ids, generation
 
 
 def _connect_timeout_ms(pg: dist.ProcessGroup, op_timeout_ms: int) -> int:
@@ -203,18 +225,19 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
         # The group's ranks, not the ring's indices (info.rank/info.size describe the ring).
         pg_rank = dist.get_rank(info.pg)
         pg_size = dist.get_world_size(info.pg)
-        uid, generation = _rendezvous_uid(C, info.pg, pg_rank, pg_size)
+        ids, generation = _rendezvous_uids(C, info.pg, pg_rank, pg_size, _config.lanes() or _config.DEFAULT_LANES)
         label = info.name if not info.members else f"process group of {info.name}"
         timeout_ms = _timeout_ms(info.pg)
         comm = C.CudaRing(
-            uid,
+            ids[0],
             pg_size,
             pg_rank,
             device.index,
             timeout_ms,
             f"ringreduce {label} on cuda:{device.index} (generation {generation})",
-            _config.num_slots() or _config.DEFAULT_NUM_SLOTS,
+            0,  # staging: the default (kGpuStagingBytes)
             _connect_timeout_ms(info.pg, timeout_ms),
+            lane_ids=ids[1:],
         )
         with _lock:
             _comms[key] = (info.pg, device.index, comm)
@@ -270,6 +293,17 @@ def _members(info: GroupInfo, members: Any) -> list[int]:
     return [int(m) for m in (info.members if members is None else members)]
 
 
+def _knobs(C: Any) -> Any:
+    """This call's pipeline overrides (RINGREDUCE_SEGMENT_BYTES, _SLOTS, _LANES, _ONESHOT_BYTES; unset:
+    the rule of csrc/cuda/gpu_pipeline.h), read at call time like every knob."""
+    knobs = C.GpuKnobs()
+    knobs.segment_bytes = _config.segment_bytes_override()
+    knobs.slots = _config.num_slots()
+    knobs.lanes = _config.lanes()
+    knobs.one_shot_bytes = _config.one_shot_bytes()
+    return knobs
+
+
 def cuda_all_reduce(
     tensor: torch.Tensor,
     op: Any,
@@ -280,6 +314,7 @@ def cuda_all_reduce(
     *,
     local_size: int = 0,
     members: Any = None,
+    one_shot: bool = True,
 ) -> Work | None:
     """Ring all-reduce of a CUDA tensor in place (see the module docstring for stream semantics).
 
@@ -287,7 +322,9 @@ def cuda_all_reduce(
     half-type partials in float32, `kind` the call kind of the agreement frame. `members`: the ring's
     ranks as ranks of ``info.pg`` in ring order (default ``info.members``; () = every rank);
     `local_size` > 1: the hierarchical all-reduce over `members` ordered node by node, that many
-    ranks per node (0: the flat ring). Returns a Work when `async_op`, else None. Raises
+    ranks per node (0: the flat ring). `one_shot`: a small flat all-reduce may run as one NCCL group
+    and one kernel (Note [GPU one-shot all-reduce]; same bits as the ring); False keeps the ring
+    (``algorithm="ring"``). Returns a Work when `async_op`, else None. Raises
     TypeError/ValueError for bad input, RuntimeError when ranks disagree (RINGREDUCE_CHECK=1) or
     under CUDA graph capture, DistBackendError on NCCL failures, timeouts and groups whose
     communicator was aborted.
@@ -296,18 +333,20 @@ def cuda_all_reduce(
         raise ValueError(f"ringreduce: cuda_all_reduce needs a CUDA tensor, got one on {tensor.device}")
     comm = communicator(info, tensor.device)
     _check_on_comm(tensor, comm, "tensor")
-    handle = _native().cuda_all_reduce(
+    C = _native()
+    handle = C.cuda_all_reduce(
         comm,
         tensor,
         int(op),
         bool(accum_float32),
-        _config.segment_bytes(),
+        _knobs(C),
         bool(async_op),
         _config.check_enabled(True),
         int(kind),
         info.name,
         _members(info, members),
         int(local_size),
+        bool(one_shot),
     )
     if not async_op:
         return None
@@ -359,12 +398,13 @@ def cuda_ring_half(
         raise TypeError(f"ringreduce: output ({output.dtype}) and input ({tensor.dtype}) must have one dtype")
     if kind == 4 and not (output.is_contiguous() and not output.is_conj() and not output.is_neg()):
         raise ValueError("ringreduce.all_gather: the output must be a plain contiguous tensor")
-    handle = _native().cuda_ring_half(
+    C = _native()
+    handle = C.cuda_ring_half(
         comm,
         tensor,
         output,
         int(op),
-        _config.segment_bytes(),
+        _knobs(C),
         bool(async_op),
         _config.check_enabled(True),
         int(kind),

@@ -240,7 +240,8 @@ def run_all_reduce(
         name = f"ringreduce.{KIND_NAMES[kind]}"
         with torch.profiler.record_function(name), torch.cuda.nvtx.range(name):
             return _cuda.cuda_all_reduce(
-                tensor, rop, info, async_op, accum, int(kind), local_size=local_size, members=members
+                tensor, rop, info, async_op, accum, int(kind), local_size=local_size, members=members,
+                one_shot=algorithm == "auto",
             )
     level = debug_level()
     start = time.perf_counter()

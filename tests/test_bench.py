@@ -14,7 +14,17 @@ from ranks import run_ranks, spawn_ranks
 
 from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.data import count_wrong, expected_chunk, fill_pattern, pattern_modulus
-from ringreduce.bench.metrics import aggregate_size, algbw_gbs, average_busbw, busbw_factor, busbw_gbs, time_ratio
+from ringreduce.bench.metrics import (
+    aggregate_size,
+    algbw_gbs,
+    average_busbw,
+    busbw_factor,
+    busbw_gbs,
+    loopback_efficiency,
+    loopback_hbm_bytes,
+    loopback_ideal_us,
+    time_ratio,
+)
 from ringreduce.bench.report import build_report, validate_report
 from ringreduce.bench.sizes import format_size, parse_dtype, parse_size, size_sweep
 from ringreduce.bench.table import Layout, footer, format_row, header, memory_lines
@@ -91,6 +101,36 @@ def test_nccl_layout_has_ring_column() -> None:
         {"iters": 5, "rounds": 10, "warmup": 1, "impls": {"ringreduce": _rank_stats(100.0), "nccl": _rank_stats(80.0),
                                                           "nccl-ring": _rank_stats(90.0)}}])
     assert format_row(rows, layout).endswith("1.250      40.0      2.50     90.0%")
+
+
+def test_loopback_columns() -> None:
+    """Note [Loopback ideal]: 7 (n - 1) x size bytes of HBM traffic, ideal = that at a copy's rate (a copy of
+    the buffer moves 2 x size); rank 0's loopback time and copy become the ringreduce row's loop(us) and
+    loop-eff columns (GPU runs), and the footer's summary line."""
+    assert loopback_hbm_bytes(4, 256 * MIB) == 7 * 3 * 256 * MIB
+    assert loopback_hbm_bytes(1, MIB) == 0
+    assert loopback_ideal_us(4, 100.0) == pytest.approx(1050.0)  # 21 size-units over 2 per copy
+    assert loopback_ideal_us(8, 10.0) == pytest.approx(245.0)
+    assert loopback_efficiency(2000.0, 1600.0) == pytest.approx(0.8)
+    assert loopback_efficiency(0.0, 1.0) == 0.0
+    per_rank = [
+        {"iters": 5, "rounds": 10, "warmup": 1,
+         "impls": {"ringreduce": {**_rank_stats(100.0), "loopback_us": 2100.0, "loopback_copy_us": 200.0},
+                   "nccl": _rank_stats(80.0), "nccl-ring": _rank_stats(90.0)}},
+        {"iters": 5, "rounds": 10, "warmup": 1,
+         "impls": {"ringreduce": _rank_stats(100.0), "nccl": _rank_stats(80.0), "nccl-ring": _rank_stats(90.0)}},
+    ]
+    rows = aggregate_size(256 * MIB, 64 * MIB, "float", "avg", 2, per_rank)
+    rr = rows[0]
+    assert rr["loopback_us"] == 2100.0 and rr["loopback_ideal_us"] == pytest.approx(7 / 2 * 200.0)
+    assert "loopback_us" not in rows[1]
+    layout = Layout(("ringreduce", "nccl", "nccl-ring"), "nccl", loopback=True)
+    assert layout.extras == ("ratio", "floor(us)", "/floor", "%ring", "loop(us)", "loop-eff")
+    assert len(header(layout)[1]) == len(format_row(rows, layout))  # the columns line up
+    assert format_row(rows, layout).split()[-2:] == ["2100.0", "0.33"]
+    assert any("Loopback" in line and "256M 0.33" in line for line in footer(rows, layout))
+    without = aggregate_size(MIB, MIB // 4, "float", "avg", 2, [per_rank[1]])
+    assert format_row(without, layout).split()[-2:] == ["n/a", "n/a"]
 
 
 def test_json_schema() -> None:

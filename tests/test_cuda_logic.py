@@ -36,6 +36,7 @@ SOURCES = [
     "tests/cpp/cuda/cuda_logic_capi.cpp",
     "tests/cpp/cuda/sim_device.cpp",
     "csrc/cuda/ring_driver.cpp",
+    "csrc/cuda/gpu_pipeline.cpp",
     "csrc/core/collectives.cpp",
     "csrc/core/plan.cpp",
     "csrc/core/dtype.cpp",
@@ -43,8 +44,10 @@ SOURCES = [
 HEADERS = [
     "tests/cpp/cuda/sim_device.h",
     "csrc/cuda/ring_driver.h",
+    "csrc/cuda/gpu_pipeline.h",
     "csrc/core/collectives.h",
     "csrc/core/reduce_body.h",
+    "csrc/core/one_shot_body.h",
     "csrc/core/reduce_dispatch.h",
     "csrc/core/functors.h",
     "csrc/core/plan.h",
@@ -115,11 +118,24 @@ def lib() -> ctypes.CDLL:
         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p, ctypes.c_int,
     ]
+    lib.rr_sim_mixed.restype = ctypes.c_int
+    lib.rr_sim_mixed.argtypes = [
+        ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int,
+        ctypes.c_longlong, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int,
+        ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
+        ctypes.c_char_p, ctypes.c_int,
+    ]
+    lib.rr_gpu_pipeline.restype = ctypes.c_int
+    lib.rr_gpu_pipeline.argtypes = [
+        ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong,
+        ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p,
+        ctypes.c_int,
+    ]
     lib.rr_sim_allreduce.restype = ctypes.c_int
     lib.rr_sim_allreduce.argtypes = [
         ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
         ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int,
-        ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
         ctypes.c_char_p, ctypes.c_int,
     ]
     return lib
@@ -339,7 +355,7 @@ def expected(dtype, op, inputs, divisor=None):
 
 def sim_allreduce(lib, *, nranks, numel, dtype, op, accum=False, segment_bytes=64, num_slots=4,
                   slot_bytes=None, ncalls=1, async_mask=0, seed=1, fault=0, data_offset=0, inputs=None,
-                  gather_into_data=True):
+                  gather_into_data=True, lanes=1):
     elem = torch.empty((), dtype=dtype).element_size()
     if slot_bytes is None:
         slot_bytes = max(256, segment_bytes * 4)
@@ -351,8 +367,8 @@ def sim_allreduce(lib, *, nranks, numel, dtype, op, accum=False, segment_bytes=6
     out_ptrs = (ctypes.c_void_p * len(outs))(*[t.data_ptr() for t in outs])
     err = ctypes.create_string_buffer(8192)
     rc = lib.rr_sim_allreduce(nranks, numel, DTYPES[dtype], op, int(accum), segment_bytes, num_slots, slot_bytes,
-                              ncalls, async_mask, seed, fault, data_offset, int(gather_into_data), in_ptrs, out_ptrs,
-                              err, len(err))
+                              ncalls, async_mask, seed, fault, data_offset, int(gather_into_data), lanes, in_ptrs,
+                              out_ptrs, err, len(err))
     del elem
     results = [outs[c * nranks : (c + 1) * nranks] for c in range(ncalls)]
     return rc, err.value.decode(), inputs, results
@@ -426,6 +442,157 @@ def test_sim_driver_random_data_matches_sequential_reduction(lib):
     for got in outs[0]:
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
         assert same_bits(got, outs[0][0])
+
+
+def gpu_pipeline(lib, nranks, numel, dtype, *, accum=False, staging=16 << 20, segment_bytes=0, slots=0, lanes=0,
+                 one_shot_bytes=-1, max_lanes=1):
+    """The pipeline rule (csrc/cuda/gpu_pipeline.h) for a communicator of `max_lanes` lanes: (max segment
+    bytes, slots, slot bytes, lanes, one-shot bytes)."""
+    out = (ctypes.c_longlong * 5)()
+    err = ctypes.create_string_buffer(2048)
+    rc = lib.rr_gpu_pipeline(nranks, numel, DTYPES[dtype], int(accum), staging, segment_bytes, slots, lanes,
+                             one_shot_bytes, max_lanes, out, err, len(err))
+    assert rc == 0, err.value.decode()
+    return tuple(int(v) for v in out)
+
+
+def test_results_are_bitwise_independent_of_the_pipeline(lib):
+    """Random data, one ring, every pipeline the rule gives for several staging sizes and knobs (segments
+    from 16 bytes to whole half-chunks, 1-4 slots): the same bits on every rank, whatever the pipeline
+    (Note [Chunk ownership]: ownership depends on (n, numel) only), and for AVG in bf16 with float32
+    partials too."""
+    gen = torch.Generator().manual_seed(24)
+    for n, numel, dtype, op, accum in ((3, 2053, torch.float32, SUM, False), (4, 1031, torch.bfloat16, AVG, True),
+                                       (2, 777, torch.float16, AVG, False)):
+        ins = [[(torch.randn(numel, generator=gen) * 100).to(dtype) for _ in range(n)]]
+        seen = None
+        for staging, seg, slots in ((1 << 12, 0, 0), (1 << 14, 0, 3), (16 << 20, 0, 0), (1 << 12, 16, 1),
+                                    (1 << 13, 48, 4)):
+            max_seg, nslots, slot_bytes, _, _ = gpu_pipeline(lib, n, numel, dtype, accum=accum, staging=staging,
+                                                            segment_bytes=seg, slots=slots)
+            rc, msg, _, outs = sim_allreduce(lib, nranks=n, numel=numel, dtype=dtype, op=op, accum=accum,
+                                             segment_bytes=max_seg, num_slots=nslots, slot_bytes=slot_bytes,
+                                             inputs=ins, seed=staging + seg)
+            label = f"n={n} {dtype} staging={staging} seg={max_seg} slots={nslots}"
+            assert rc == 0, f"{label}: {msg}"
+            for got in outs[0]:
+                assert same_bits(got, outs[0][0]), f"{label}: ranks differ"
+            if seen is None:
+                seen = outs[0][0]
+            assert same_bits(outs[0][0], seen), f"{label}: other bits than another pipeline"
+
+
+@pytest.mark.parametrize("lanes", [2, 3, 4])
+def test_lanes_give_the_one_lane_bits(lib, lanes):
+    """Note [Lanes]: lanes run side by side on their own simulated streams and communicators (random
+    interleavings, race detector, back-to-back and async calls sharing the staging); on random data the
+    result is bitwise the one-lane ring's on every rank, for float32, bf16 with float32 partials (lanes
+    share the partials buffer) and fp16 AVG."""
+    gen = torch.Generator().manual_seed(100 + lanes)
+    for n, numel, dtype, op, accum in ((3, 2053, torch.float32, SUM, False), (4, 1031, torch.bfloat16, AVG, True),
+                                       (2, 777, torch.float16, AVG, False), (5, 4099, torch.float32, MAX, False)):
+        ins = [[(torch.randn(numel, generator=gen) * 100).to(dtype) for _ in range(n)] for _ in range(3)]
+        kw = dict(nranks=n, numel=numel, dtype=dtype, op=op, accum=accum, segment_bytes=96, num_slots=2,
+                  inputs=ins, ncalls=3, async_mask=0b010)
+        rc, msg, _, one = sim_allreduce(lib, seed=1, lanes=1, **kw)
+        assert rc == 0, msg
+        for seed in range(3):
+            rc, msg, _, outs = sim_allreduce(lib, seed=seed, lanes=lanes, gather_into_data=seed != 1, **kw)
+            label = f"{lanes} lanes n={n} {dtype} seed {seed}"
+            assert rc == 0, f"{label}: {msg}"
+            for c in range(3):
+                for got in outs[c]:
+                    assert same_bits(got, one[c][0]), f"{label} call {c}: not the one-lane ring's bits"
+
+
+def test_pipeline_rule_from_python(lib):
+    """The rule's numbers as docs/algorithm.md states them: 8 MiB segments in 16 MiB of staging, 2 slots,
+    one-shot thresholds 1 MiB (<= 4 ranks) / 256 KiB (<= 8) / 64 KiB; knobs override; bad knobs raise."""
+    assert gpu_pipeline(lib, 2, (64 << 20) // 4, torch.float32)[:4] == (8 << 20, 2, 8 << 20, 1)
+    # two lanes (the default communicator's): 4 MiB slots each, from 4 MiB chunks on
+    assert gpu_pipeline(lib, 2, (64 << 20) // 4, torch.float32, max_lanes=2)[:4] == (4 << 20, 2, 4 << 20, 2)
+    assert gpu_pipeline(lib, 2, (1 << 20) // 4, torch.float32, max_lanes=2)[3] == 1
+    assert gpu_pipeline(lib, 2, (64 << 20) // 4, torch.float32, lanes=1, max_lanes=2)[3] == 1
+    assert gpu_pipeline(lib, 8, 1 << 20, torch.float32)[4] == 256 << 10
+    assert gpu_pipeline(lib, 2, 1, torch.float32)[4] == 1 << 20
+    assert gpu_pipeline(lib, 4, 1, torch.float32)[4] == 1 << 20
+    assert gpu_pipeline(lib, 16, 1, torch.float32)[4] == 64 << 10
+    assert gpu_pipeline(lib, 2, 1 << 20, torch.float32, segment_bytes=4096, slots=4)[:2] == (4096, 4)
+    out = (ctypes.c_longlong * 5)()
+    err = ctypes.create_string_buffer(512)
+    assert lib.rr_gpu_pipeline(2, 100, 0, 0, 16 << 20, 8, 0, 0, -1, 1, out, err, len(err)) != 0
+    assert b"RINGREDUCE_SEGMENT_BYTES" in err.value
+
+
+def sim_mixed(lib, *, nranks, dtype, op, inputs, one_shot_mask, accum=False, segment_bytes=64, num_slots=2,
+              seed=1, fault=0):
+    """Calls on one simulated device, call c a one-shot when bit c of one_shot_mask is set, else the ring.
+    inputs: [call][rank] tensors. Returns (rc, message, outputs [call][rank], hand-offs per rank)."""
+    ncalls = len(inputs)
+    numel = inputs[0][0].numel()
+    flat_in = [t for call in inputs for t in call]
+    outs = [torch.zeros(numel, dtype=dtype) for _ in flat_in]
+    in_ptrs = (ctypes.c_void_p * len(flat_in))(*[t.data_ptr() for t in flat_in])
+    out_ptrs = (ctypes.c_void_p * len(outs))(*[t.data_ptr() for t in outs])
+    hand_offs = (ctypes.c_int * nranks)()
+    err = ctypes.create_string_buffer(8192)
+    rc = lib.rr_sim_mixed(nranks, numel, DTYPES[dtype], op, int(accum), segment_bytes, num_slots,
+                          max(256, segment_bytes * 4), ncalls, one_shot_mask, seed, fault, in_ptrs, out_ptrs, hand_offs,
+                          err, len(err))
+    return rc, err.value.decode(), [outs[c * nranks:(c + 1) * nranks] for c in range(ncalls)], list(hand_offs)
+
+
+@pytest.mark.parametrize("dtype", SWEEP_DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_one_shot_gives_the_rings_bits(lib, dtype):
+    """Note [GPU one-shot all-reduce]: on random data, every op, 2-5 ranks, float32 partials or not, the
+    one-shot's result is bitwise the ring's on every rank (so the threshold never changes a result),
+    exact on exact data, and a one-shot call sits between ring calls on one device without a race."""
+    gen = torch.Generator().manual_seed(240 + DTYPES[dtype])
+    runs = 0
+    for op_name, op in OPS.items():
+        if not supported(dtype, op):
+            continue
+        for nranks in (2, 3, 5):
+            for accum in ((False, True) if dtype in HALF else (False,)):
+                numel = 200 + 13 * nranks  # every chunk non-empty (int8 chunks are 16-element aligned)
+                rand = [[random_values(dtype, numel, gen) for _ in range(nranks)] for _ in range(2)]
+                if op == PRODUCT and dtype in FLOATING:  # keep products finite
+                    rand = [[(t.double().clamp(-2, 2)).to(dtype) for t in call] for call in rand]
+                exact = [exact_inputs(dtype, op, nranks, numel, 0)]
+                # ring, one-shot, ring on random data; then one-shot on exact data
+                calls = [rand[0], rand[0], rand[1], exact[0]]
+                label = f"{op_name} {dtype} n={nranks} accum={accum}"
+                rc, msg, outs, hand_offs = sim_mixed(lib, nranks=nranks, dtype=dtype, op=op, inputs=calls,
+                                                     one_shot_mask=0b1010, accum=accum,
+                                                     seed=nranks + 7 * op + runs)
+                assert rc == 0, f"{label}: {msg}"
+                for r in range(nranks):
+                    assert same_bits(outs[1][r], outs[0][0]), f"{label}: one-shot rank {r} differs from the ring"
+                    assert same_bits(outs[0][r], outs[0][0]), f"{label}: ring ranks differ"
+                    assert same_bits(outs[3][r], expected(dtype, op, exact[0])), f"{label}: one-shot on exact data"
+                # one hand-off per call: the ring's first exchange, the one-shot's group
+                assert hand_offs == [4] * nranks, f"{label}: hand-offs {hand_offs}"
+                runs += 1
+    assert runs > 0
+
+
+def test_one_shot_race_detector_and_faults(lib):
+    """The simulator must catch a one-shot whose reduce writes off by one element or whose caller does
+    not wait; a clean one-shot next to ring calls, async-free, passes on many schedules."""
+    gen = torch.Generator().manual_seed(7)
+    ins = [[torch.randn(301, generator=gen) for _ in range(3)] for _ in range(3)]
+    for seed in range(10):
+        rc, msg, _, _ = sim_mixed(lib, nranks=3, dtype=torch.float32, op=SUM, inputs=ins, one_shot_mask=0b101,
+                                  seed=seed)
+        assert rc == 0, msg
+    for fault in (2, 4, 5):
+        caught = 0
+        for seed in range(4):
+            rc, msg, outs, _ = sim_mixed(lib, nranks=3, dtype=torch.float32, op=SUM, inputs=ins[:1],
+                                         one_shot_mask=0b1, seed=seed, fault=fault)
+            caught += int(rc != 0 or any(not same_bits(o, outs[0][0]) for o in outs[0]) or
+                          not torch.allclose(outs[0][0], torch.stack(ins[0]).sum(0), atol=1e-4))
+        assert caught == 4, f"fault {fault} went unnoticed in {4 - caught} of 4 schedules"
 
 
 FAULTS = {
@@ -711,14 +878,23 @@ def test_sim_catches_broken_stage_driver(lib, fault):
 # The Python glue of the GPU path (ringreduce/_cuda.py) against a recording stand-in for _C
 
 
+class _FakeKnobs:
+    segment_bytes = 0
+    slots = 0
+    lanes = 0
+    one_shot_bytes = -1
+
+
 class _FakeNative:
     """Records what ringreduce._cuda hands to the CUDA bindings (no GPU, no NCCL needed)."""
 
     native_info = {"cuda": True}
+    GpuKnobs = _FakeKnobs
 
     def __init__(self):
         self.calls = []
         self.comms = []
+        self.knobs = []
 
     def nccl_unique_id(self):
         return b"u" * 128
@@ -726,17 +902,21 @@ class _FakeNative:
     def cuda_group_timeout_ms(self, pg):
         return 1000
 
-    def CudaRing(self, uid, nranks, rank, device, timeout_ms, name, num_slots, connect_timeout_ms=0):  # noqa: N802
+    def CudaRing(self, uid, nranks, rank, device, timeout_ms, name, staging_bytes, connect_timeout_ms=0,  # noqa: N802
+                 lane_ids=()):
         comm = _FakeComm(("comm", nranks, rank, device, name))
         self.comms.append(comm)
         return comm
 
-    def cuda_all_reduce(self, comm, tensor, op, accum, seg, async_op, check, kind, name, members, local_size):
+    def cuda_all_reduce(self, comm, tensor, op, accum, knobs, async_op, check, kind, name, members, local_size,
+                        one_shot=True):
         self.calls.append(("all_reduce", comm, kind, list(members), local_size, async_op))
+        self.knobs.append(knobs)
         return self if async_op else None
 
-    def cuda_ring_half(self, comm, tensor, output, op, seg, async_op, check, kind, name, members):
+    def cuda_ring_half(self, comm, tensor, output, op, knobs, async_op, check, kind, name, members):
         self.calls.append(("ring_half", comm, kind, list(members), async_op))
+        self.knobs.append(knobs)
         return self if async_op else None
 
     def cuda_refuse(self, comm, kind, error, op, name, members):
@@ -825,3 +1005,33 @@ def test_cuda_glue_refusal_frames_go_around_the_call_ring(fake_cuda):
     _cuda.cuda_refuse(info, torch.device("cuda", 0), 3, 5)
     _cuda.cuda_refuse(info, torch.device("cuda", 0), 0, 5, members=(0,))
     assert fake.calls == [("refuse", fake.comms[0], 3, [0]), ("refuse", fake.comms[0], 0, [0])]
+
+
+def test_cuda_glue_passes_the_pipeline_knobs(fake_cuda, monkeypatch):
+    """RINGREDUCE_SEGMENT_BYTES/_SLOTS/_LANES/_ONESHOT_BYTES reach the native call as overrides, read at
+    call time; unset, they leave the choice to the pipeline rule (0, 0, 0, -1); bad values raise
+    ValueError before anything is sent."""
+    from ringreduce._groups import GroupInfo
+
+    _cuda, fake, world = fake_cuda
+    info = GroupInfo(pg=world, rank=0, size=1, name="world")
+    t = _FakeCudaTensor()
+    for var in ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_LANES", "RINGREDUCE_ONESHOT_BYTES"):
+        monkeypatch.delenv(var, raising=False)
+    _cuda.cuda_all_reduce(t, 0, info, False, False, 0)
+    k = fake.knobs[-1]
+    assert (k.segment_bytes, k.slots, k.lanes, k.one_shot_bytes) == (0, 0, 0, -1)
+    monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", "4096")
+    monkeypatch.setenv("RINGREDUCE_SLOTS", "3")
+    monkeypatch.setenv("RINGREDUCE_LANES", "2")
+    monkeypatch.setenv("RINGREDUCE_ONESHOT_BYTES", "0")
+    _cuda.cuda_ring_half(t, _FakeCudaTensor(), 0, info, False, 3)
+    k = fake.knobs[-1]
+    assert (k.segment_bytes, k.slots, k.lanes, k.one_shot_bytes) == (4096, 3, 2, 0)
+    calls = len(fake.calls)
+    for var, bad in (("RINGREDUCE_LANES", "5"), ("RINGREDUCE_SEGMENT_BYTES", "8"), ("RINGREDUCE_ONESHOT_BYTES", "-2")):
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(ValueError, match=var):
+            _cuda.cuda_all_reduce(t, 0, info, False, False, 0)
+        monkeypatch.delenv(var)
+    assert len(fake.calls) == calls

@@ -23,8 +23,9 @@ from ringreduce._groups import GroupInfo
 
 class FakeComm:
     def __init__(self, uid: bytes, nranks: int, rank: int, device: int, timeout_ms: int, name: str,
-                 num_slots: int, connect_timeout_ms: int = 0) -> None:
+                 staging_bytes: int, connect_timeout_ms: int = 0, lane_ids: tuple = ()) -> None:
         self.uid = uid
+        self.lane_ids = list(lane_ids)
         self.rank = rank
         self.device = device
         self.connect_timeout_ms = connect_timeout_ms
@@ -134,6 +135,9 @@ def test_a_reused_store_never_serves_an_old_id(world, monkeypatch):
     b = [make(r, 2, "g") for r in range(2)]
     second = _create_on_ranks(b, [0.3, 0.0])
     assert second[0].uid == second[1].uid != first[0].uid
+    # Every lane's id reaches every rank (Note [Lanes]: a communicator per lane, 2 by default).
+    assert second[0].lane_ids == second[1].lane_ids and len(second[0].lane_ids) == 1
+    assert second[0].lane_ids[0] not in (second[0].uid, first[0].uid)
     # The ids are deleted once every rank read them.
     assert not store.check(["ringreduce/nccl_uid/g/0"])
 

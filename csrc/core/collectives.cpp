@@ -35,16 +35,30 @@ std::vector<int> ringKey(const std::vector<int>& members, int comm_size) {
   return identity ? std::vector<int>{} : members;
 }
 
+namespace {
+// One stage per lane of `o` (Note [Lanes]).
+std::vector<RingStage> laneStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op, PlanOptions o) {
+  const int32_t lanes = o.lanes >= 1 ? o.lanes : 1;
+  std::vector<RingStage> stages(static_cast<size_t>(lanes));
+  for (int32_t k = 0; k < lanes; ++k) {
+    o.lanes = lanes;
+    o.lane = k;
+    RingStage& st = stages[static_cast<size_t>(k)];
+    st.plan = buildPlan(ring.size(), ring.index, numel, dtype, o);
+    st.op = op;
+    st.members = ring.ranks;
+    st.lane = k;
+  }
+  return stages;
+}
+}  // namespace
+
 std::vector<RingStage> flatRingStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
                                       const PlanOptions& base) {
   PlanOptions o = base;
   o.phases = kPhaseBoth;
   o.average = op == RedOp::kAvg;
-  std::vector<RingStage> stages(1);
-  stages[0].plan = buildPlan(ring.size(), ring.index, numel, dtype, o);
-  stages[0].op = op;
-  stages[0].members = ring.ranks;
-  return stages;
+  return laneStages(ring, numel, dtype, op, o);
 }
 
 std::vector<RingStage> ringHalfStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
@@ -57,11 +71,7 @@ std::vector<RingStage> ringHalfStages(const RingMembers& ring, int64_t numel, DT
   o.exact_chunks = true;
   o.accum_float32 = false;
   o.average = phases == kPhaseReduceScatter && op == RedOp::kAvg;
-  std::vector<RingStage> stages(1);
-  stages[0].plan = buildPlan(ring.size(), ring.index, numel, dtype, o);
-  stages[0].op = phases == kPhaseAllGather ? RedOp::kSum : op;
-  stages[0].members = ring.ranks;
-  return stages;
+  return laneStages(ring, numel, dtype, phases == kPhaseAllGather ? RedOp::kSum : op, o);
 }
 
 std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_size, int64_t numel, DType dtype,
@@ -69,6 +79,9 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   const int n = ring.size();
   const int L = local_size;
   if (L <= 1 || L >= n) return flatRingStages(ring, numel, dtype, op, base);
+  PlanOptions one_lane = base;  // the three stages run one after another on one lane
+  one_lane.lanes = 1;
+  one_lane.lane = 0;
   RR_CHECK(n % L == 0, kValue, "ringreduce: hierarchical all-reduce over ", n, " ranks needs equal nodes, got ", L,
            " ranks per node");
   RR_CHECK(!base.accum_float32, kValue,
@@ -83,7 +96,7 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   std::vector<RingStage> stages(3);
   // 1. Reduce-scatter inside the node: local rank l ends with the node's reduction of its owned
   //    chunk, the same element range on every node (it depends on (L, numel, dtype) only).
-  PlanOptions p1 = base;
+  PlanOptions p1 = one_lane;
   p1.phases = kPhaseReduceScatter;
   p1.owner_shift = 0;
   p1.exact_chunks = false;
@@ -95,7 +108,7 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   // 2. A full ring over that range among the M ranks with local rank `local`; AVG divides by n.
   const RingSchedule& sc = stages[0].plan.sched;
   const Range mine = numel > 0 ? sc.chunkRange(sc.ownedChunk(local)) : Range{0, 0};
-  PlanOptions p2 = base;
+  PlanOptions p2 = one_lane;
   p2.phases = kPhaseBoth;
   p2.owner_shift = 0;
   p2.exact_chunks = false;

@@ -53,19 +53,24 @@ struct RingStage {
   RedOp op = RedOp::kSum;
   int64_t offset = 0;
   std::vector<int> members;
+  // Note [Lanes] (plan.h): the lane this stage runs on (plan.lane); stages of one lane run one after
+  // another, lanes side by side.
+  int32_t lane = 0;
   // This process's index in `members` (plan.rank).
   int index() const { return plan.rank; }
 };
 
 // The stages of each collective (`base`: the transport's plan options; phases/owner_shift/
 // exact_chunks/average are set where the collective fixes them):
-//   * flatRingStages: one full ring all-reduce over `ring` (base.avg_divisor is kept);
+//   * flatRingStages: one full ring all-reduce over `ring` (base.avg_divisor is kept), as
+//     base.lanes stages, one per lane (Note [Lanes]);
 //   * ringHalfStages: reduce_scatter (phases = kPhaseReduceScatter) or all_gather
 //     (kPhaseAllGather) over `ring`: Note [Ring halves] in plan.h, owner_shift -1 and exact
-//     blocks, so ring index r owns block r of numel / n elements;
+//     blocks, so ring index r owns block r of numel / n elements; one stage per lane too;
 //   * hierarchicalStages: Note [Hierarchical all-reduce] over `ring` ordered node by node with
-//     `local_size` ranks per node. base.accum_float32 must be off. local_size <= 1 or >= the ring's
-//     size is the flat ring. Throws kValue when local_size does not divide the ring's size.
+//     `local_size` ranks per node, on one lane (base.lanes is ignored). base.accum_float32 must be
+//     off. local_size <= 1 or >= the ring's size is the flat ring. Throws kValue when local_size
+//     does not divide the ring's size.
 std::vector<RingStage> flatRingStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
                                       const PlanOptions& base);
 std::vector<RingStage> ringHalfStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,

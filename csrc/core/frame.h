@@ -66,8 +66,8 @@ struct Frame {
   uint64_t shape_hash = 0;  // covers all dims, also beyond kFrameMaxDims
   int32_t algorithm = 0;
   int32_t ntensors = 1;  // coalesced calls
-  // Largest segment the ring sends (CPU; saturated at 2^31-1; 0 on the GPU path): the exchanges'
-  // sizes follow from it, so ranks must agree on it.
+  // Largest segment the ring sends (CPU; on the GPU path its override, 0 when the pipeline rule
+  // picks it; saturated at 2^31-1): the exchanges' sizes follow from it, so ranks must agree on it.
   int32_t segment_bytes = 0;
   int32_t flags = 0;  // FrameFlags; not compared
 };

@@ -225,6 +225,12 @@ int64_t regionKey(int64_t kind, int64_t index) { return (kind << 40) | index; }
 
 }  // namespace
 
+int32_t laneOfElement(const RingSchedule& sc, int32_t lanes, int64_t index) {
+  if (lanes <= 1 || sc.chunk <= 0 || sc.segment <= 0) return 0;
+  const int64_t in_chunk = index % sc.chunk;
+  return static_cast<int32_t>((in_chunk / sc.segment) % lanes);
+}
+
 int64_t Plan::slotBytes() const {
   const int64_t narrow = static_cast<int64_t>(dtypeSize(dtype));
   const int64_t widest = accum_float32 && narrow < 4 ? 4 : narrow;
@@ -246,6 +252,8 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   RR_CHECK(!options.exact_chunks || numel % nranks == 0, kValue, "ringreduce: ", numel,
            " elements do not split into ", nranks, " equal blocks");
   RR_CHECK(options.avg_divisor >= 0, kValue, "ringreduce: bad AVG divisor ", options.avg_divisor);
+  RR_CHECK(options.lanes >= 1 && options.lane >= 0 && options.lane < options.lanes, kValue, "ringreduce: lane ",
+           options.lane, " of ", options.lanes);
   // A one-rank ring has no final reduce to divide in; a larger divisor would silently not divide.
   RR_CHECK(!(options.average && nranks == 1 && options.avg_divisor > 1), kValue,
            "ringreduce: a one-rank ring cannot divide by ", options.avg_divisor);
@@ -259,6 +267,8 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   plan.gather_into_data = options.gather_into_data;
   plan.phases = options.phases;
   plan.avg_divisor = options.avg_divisor > 0 ? options.avg_divisor : nranks;
+  plan.lanes = options.lanes;
+  plan.lane = options.lane;
   plan.rank = rank;
   plan.next = (rank + 1) % nranks;
   plan.prev = (rank + nranks - 1) % nranks;
@@ -341,6 +351,7 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
         }
         plan.exchanges[e] = info;
 
+        if (j % plan.lanes != plan.lane) continue;  // Note [Lanes]: another lane's segment
         const Range send_r = sc.segmentRange(info.send_chunk, j);
         const Range recv_r = sc.segmentRange(info.recv_chunk, j);
         if (send_r.empty() && recv_r.empty()) continue;  // both neighbours skip it too
@@ -435,7 +446,8 @@ std::string Plan::describe() const {
      << (phases == kPhaseReduceScatter ? " reduce_scatter_only" : "")
      << (phases == kPhaseAllGather ? " all_gather_only" : "")
      << (sched.shift != 0 ? " shift " + std::to_string(sched.shift) : std::string()) << " avg_divisor "
-     << avg_divisor << "\n";
+     << avg_divisor << (lanes > 1 ? " lane " + std::to_string(lane) + " of " + std::to_string(lanes) : std::string())
+     << "\n";
   for (const Op& op : ops) {
     os << (op.queue == Queue::kComm ? "  comm    " : "  compute ");
     switch (op.kind) {

@@ -122,6 +122,18 @@ enum PhaseMask : uint8_t { kPhaseReduceScatter = 1, kPhaseAllGather = 2, kPhaseB
 // staging, with its 1 MiB leading receive, within 8 MiB. At most kMaxAutoSlots receives are posted
 // ahead (a ring of up to 17 ranks with two segments per chunk, the default for tensors up to 2 MiB
 // per chunk, gets a slot per receive).
+// Note [Lanes]
+// ~~~~~~~~~~~~
+// A GPU call may run its ring as K lanes: independent rings over the same ranks, each on its own
+// streams and NCCL communicator, so that their transfers overlap (NCCL runs the kernels of one
+// communicator one after another; NCCL itself spreads a collective over channels the same way).
+// Lane k's plan is the ring's plan restricted to the segments j = k, k + K, k + 2K, ... of every
+// chunk: the chunks, their owners and the order in which each element's contributions are combined
+// are the one-lane ring's, so every result bit is too, whatever K (tests assert it). A lane's
+// exchanges keep their indices in the full grid (they are a subset of it; the others are absent,
+// like empty ones), its staging slots are numbered within the lane, and the float32 partials of
+// segment j are only ever touched by the lane of j, so lanes may share the partials buffer.
+// lanes = 1 is the plain ring.
 constexpr int32_t kAutoSlots = 0;
 constexpr int32_t kDefaultSlots = 4;
 constexpr int32_t kMaxAutoSlots = 64;
@@ -142,6 +154,8 @@ struct PlanOptions {
   // plan]). false: every exchange wait is a full one (for a transport that cannot wait for a
   // receive alone, such as the GPU's: fewer waits, same ordering for it).
   bool recv_only_waits = true;
+  int32_t lanes = 1;  // Note [Lanes]: this plan is lane `lane` of `lanes`
+  int32_t lane = 0;
 };
 
 struct Plan {
@@ -158,6 +172,8 @@ struct Plan {
   bool gather_into_data = false;
   uint8_t phases = kPhaseBoth;
   int32_t avg_divisor = 1;    // what a final AVG reduce divides by
+  int32_t lanes = 1;          // Note [Lanes]
+  int32_t lane = 0;
   int32_t num_exchanges = 0;  // exchanges in the full grid (indices 0..num_exchanges-1)
   int32_t num_events = 0;
   std::vector<ExchangeInfo> exchanges;  // indexed by exchange id
@@ -173,6 +189,9 @@ struct Plan {
 
 // Builds the plan of `rank` in a ring of `nranks`. Throws rr::Error(kValue) on bad arguments.
 Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptions& options);
+
+// Note [Lanes]: the lane that runs element `index` of a tensor with schedule `sc` in `lanes` lanes.
+int32_t laneOfElement(const RingSchedule& sc, int32_t lanes, int64_t index);
 
 // The element size of a span's elements.
 inline int64_t spanElemSize(const Plan& plan, const Span& s) {

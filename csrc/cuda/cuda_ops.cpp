@@ -1,5 +1,8 @@
 #include "cuda_ops.h"
 
+#include <algorithm>
+#include <climits>
+
 #include "../core/collectives.h"
 #include "../core/error.h"
 
@@ -7,7 +10,8 @@ namespace rr {
 
 namespace {
 
-Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, int rank, uint64_t seq) {
+Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, int rank, uint64_t seq,
+                bool one_shot = false) {
   Frame f;
   f.rank = rank;
   f.seq = seq;
@@ -17,9 +21,13 @@ Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, 
   f.device_type = 1;
   if (req != nullptr && error == 0) {
     f.accum_float32 = req->accum_float32 ? 1 : 0;
-    f.algorithm = req->local_size;  // 0: the flat ring; L: hierarchical with L ranks per node
+    // 0: the flat ring; L: hierarchical with L ranks per node; -1: the one-shot (ranks whose
+    // thresholds differ would otherwise pair a one-shot group with ring exchanges).
+    f.algorithm = one_shot ? -1 : req->local_size;
     f.dtype = static_cast<int32_t>(req->dtype);
     f.numel = req->numel;
+    // The pipeline's overrides decide the exchanges' sizes: ranks must agree on them.
+    f.segment_bytes = static_cast<int32_t>(std::min<int64_t>(req->knobs.segment_bytes, INT32_MAX));
     setShape(f, req->shape.data(), static_cast<int>(req->shape.size()));
   }
   return f;
@@ -61,7 +69,12 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   RR_CHECK(!hier || n % req.local_size == 0, kValue, "ringreduce: hierarchical all-reduce over ", n,
            " ranks needs equal nodes, got ", req.local_size, " ranks per node");
   const std::vector<int> key = ringKey(req.members, ring.size());
-  if (req.check) agree(ring, makeFrame(&req, req.kind, op, 0, ring.rank(), ring.nextSeq(key)), rm, req.group_name);  // 3
+  const int64_t bytes = req.numel * static_cast<int64_t>(dtypeSize(req.dtype));
+  const bool one_shot = !scatter && !gather && !hier && req.one_shot && n <= kOneShotMaxRanks &&
+                        bytes <= gpuOneShotBytes(n, ring.stagingBytes(), req.knobs);
+  if (req.check) {
+    agree(ring, makeFrame(&req, req.kind, op, 0, ring.rank(), ring.nextSeq(key), one_shot), rm, req.group_name);  // 3
+  }
   if (req.numel == 0 || n == 1) {  // 4
     if (req.numel > 0 && buf.trivial) buf.trivial();
     return nullptr;
@@ -69,7 +82,13 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   // 5. The working buffer, in the stages' dtype (stagesDType: a float32 copy for hierarchical + accum).
   const DType wdtype = stagesDType(req.dtype, hier, req.accum_float32);
   void* data = buf.data(wdtype, rm.index);
-  const PlanOptions base = ring.planOptions(op, req.accum_float32 && !hier && !scatter && !gather, req.segment_bytes);
+  if (one_shot) {
+    if (buf.protect) buf.protect();  // 6
+    return ring.enqueueOneShot(rm, req.numel, wdtype, op, req.accum_float32, data, key, what, req.caller,  // 7
+                               !req.async_op, buf.epilogue);
+  }
+  const bool partials32 = req.accum_float32 && !hier && !scatter && !gather;
+  const PlanOptions base = ring.planOptions(op, partials32, n, gather ? req.out_numel : req.numel, wdtype, req.knobs);
   std::vector<RingStage> stages;
   if (scatter) {
     stages = ringHalfStages(rm, req.numel, req.dtype, op, base, kPhaseReduceScatter);
@@ -79,7 +98,9 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
     stages = hier ? hierarchicalStages(rm, req.local_size, req.numel, wdtype, op, base)
                   : flatRingStages(rm, req.numel, wdtype, op, base);
   }
-  const int64_t accum_elems = stages.size() == 1 ? stages[0].plan.accum_elems : 0;
+  // The flat ring's float32 partials (one chunk), shared by its lanes (Note [Lanes]); the
+  // hierarchical stages never carry any.
+  const int64_t accum_elems = hier ? 0 : stages[0].plan.accum_elems;
   void* accum = accum_elems > 0 ? buf.accum(accum_elems) : nullptr;
   if (buf.protect) buf.protect();  // 6
   return ring.enqueue(stages, data, accum, key, what, req.caller, !req.async_op, buf.epilogue);  // 7

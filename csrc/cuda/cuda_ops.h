@@ -12,7 +12,8 @@
 //   6. protect(): every buffer the internal streams will touch is recordStream'ed BEFORE
 //      anything is enqueued, so a half-enqueued failure cannot hand a block still written by
 //      drained kernels back to the caching allocator;
-//   7. CudaRing::enqueue().
+//   7. CudaRing::enqueue(), or CudaRing::enqueueOneShot() for a flat all-reduce of at most
+//      gpuOneShotBytes() (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,7 +39,8 @@ struct CudaCallRequest {
   std::vector<int64_t> shape;     // of the input (agreement frame)
   bool accum_float32 = false;
   bool direct = true;             // all-reduce: the tensor is row-major contiguous (no working copy)
-  int64_t segment_bytes = 0;
+  GpuKnobs knobs;                 // Note [GPU pipeline rule] (gpu_pipeline.h)
+  bool one_shot = true;           // all-reduce: a small flat one may take the one-shot (algorithm="auto")
   bool async_op = false;
   bool check = false;             // the agreement check
   std::string group_name;

@@ -9,6 +9,7 @@
 #include "../core/agreement.h"
 #include "cuda_check.h"
 #include "nccl_frame_transport.h"
+#include "one_shot_kernels.cuh"
 #include "reduce_kernels.cuh"
 
 namespace rr {
@@ -155,34 +156,66 @@ class CudaBackend final : public DeviceBackend {
   bool enqueuedAnything() const { return enqueued_; }
   bool timerRecorded() const { return work_.timer_recorded_; }
 
-  void prepare(int32_t num_events) override {
-    while (static_cast<int32_t>(ring_.plan_events_.size()) < num_events)
-      ring_.plan_events_.push_back(ring_.pool_->acquire());
-    if (ring_.stage_event_ == nullptr) ring_.stage_event_ = ring_.pool_->acquire();
+  void prepare(int32_t num_events, int32_t lanes) override {
+    RR_CHECK(lanes >= 1 && lanes <= ring_.numLanes(), kRuntime, "ringreduce internal error: a call on ", lanes,
+             " lanes of a ring with ", ring_.numLanes());
+    for (int32_t k = 0; k < lanes; ++k) {
+      CudaRing::Lane& l = ring_.lanes_[static_cast<size_t>(k)];
+      while (static_cast<int32_t>(l.plan_events.size()) < num_events) l.plan_events.push_back(ring_.pool_->acquire());
+      if (l.stage_event == nullptr) l.stage_event = ring_.pool_->acquire();
+      if (l.done_event == nullptr) l.done_event = ring_.pool_->acquire();
+    }
+  }
+
+  void setLane(int32_t lane) override {
+    RR_CHECK(lane >= 0 && lane < ring_.numLanes(), kRuntime, "ringreduce internal error: lane ", lane);
+    lane_ = &ring_.lanes_[static_cast<size_t>(lane)];
   }
 
   // The peers are communicator ranks, already mapped through the stage's members by the driver
   // (Note [Sub-rings on one communicator]).
   void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
-                int recv_peer) override {
+                int recv_peer, Launch launch) override {
     enqueued_ = true;
     if (!work_.timer_recorded_) {
-      // The call's timeout starts when the comm stream reaches its first exchange.
-      RR_CUDA_CHECK(cudaEventRecord(work_.timer_, ring_.comm_stream_));
+      // The call's timeout starts when a comm stream reaches its first exchange.
+      RR_CUDA_CHECK(cudaEventRecord(work_.timer_, lane_->comm_stream));
       work_.timer_recorded_ = true;
     }
-    ring_.comm_->sendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, ring_.comm_stream_);
+    // Note [Which exchanges hand off] (ring_driver.h), on the lane's communicator.
+    if (launch == Launch::kHandOff) {
+      lane_->comm->sendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, lane_->comm_stream);
+    } else {
+      lane_->comm->queueSendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, lane_->comm_stream);
+    }
+  }
+
+  void group(const std::vector<PeerOp>& ops) override {
+    enqueued_ = true;
+    if (!work_.timer_recorded_) {
+      RR_CUDA_CHECK(cudaEventRecord(work_.timer_, lane_->comm_stream));
+      work_.timer_recorded_ = true;
+    }
+    std::vector<NcclComm::P2p> p2p;
+    p2p.reserve(ops.size());
+    for (const PeerOp& o : ops) p2p.push_back(NcclComm::P2p{o.send, o.buf, o.bytes, o.peer});
+    lane_->comm->group(p2p, lane_->comm_stream, /*hand_off=*/true);
+  }
+
+  void reduceInOrder(const OneShotLaunch& l) override {
+    enqueued_ = true;
+    launchOneShotReduce(dtype_, l.op, l.args, lane_->compute_stream);
   }
 
   void reduce(const ReduceLaunch& l) override {
     enqueued_ = true;
     launchReduce(dtype_, l.op, l.a, l.a_wide, l.b, l.b_wide, l.dst, l.dst_wide, l.count, l.divisor,
-                 l.round_sum, ring_.compute_stream_);
+                 l.round_sum, lane_->compute_stream);
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {
     enqueued_ = true;
-    RR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ring_.compute_stream_));
+    RR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, lane_->compute_stream));
   }
 
   void record(Stream stream, int32_t event) override {
@@ -209,8 +242,8 @@ class CudaBackend final : public DeviceBackend {
  private:
   cudaStream_t streamOf(Stream s) const {
     switch (s) {
-      case Stream::kComm: return ring_.comm_stream_;
-      case Stream::kCompute: return ring_.compute_stream_;
+      case Stream::kComm: return lane_->comm_stream;
+      case Stream::kCompute: return lane_->compute_stream;
       case Stream::kCaller: return caller_;
     }
     RR_THROW(kRuntime, "ringreduce internal error: unknown stream");
@@ -218,10 +251,11 @@ class CudaBackend final : public DeviceBackend {
   cudaEvent_t eventOf(int32_t e) const {
     if (e == kCallStartEvent) return work_.start_;
     if (e == kCallDoneEvent) return work_.done_;
-    if (e == kStageDoneEvent) return ring_.stage_event_;
-    RR_CHECK(e >= 0 && static_cast<size_t>(e) < ring_.plan_events_.size(), kRuntime,
+    if (e == kStageDoneEvent) return lane_->stage_event;
+    if (isLaneDoneEvent(e)) return ring_.lanes_.at(static_cast<size_t>(laneOfDoneEvent(e))).done_event;
+    RR_CHECK(e >= 0 && static_cast<size_t>(e) < lane_->plan_events.size(), kRuntime,
              "ringreduce internal error: event ", e, " outside the pool");
-    return ring_.plan_events_[static_cast<size_t>(e)];
+    return lane_->plan_events[static_cast<size_t>(e)];
   }
 
   CudaRing& ring_;
@@ -230,36 +264,49 @@ class CudaBackend final : public DeviceBackend {
   cudaStream_t caller_;
   const std::function<void()>& epilogue_;
   bool enqueued_ = false;
+  CudaRing::Lane* lane_ = &ring_.lanes_[0];
 };
 
 // ---- CudaRing ----------------------------------------------------------------------------------
 
-CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots, int64_t staging_bytes)
-    : comm_(std::move(comm)), pool_(std::make_shared<EventPool>(comm_->device())), num_slots_(num_slots) {
-  RR_CHECK(num_slots_ >= 1, kValue, "ringreduce: need at least one staging slot");
-  // Slots are multiples of 256 bytes so that every slot starts 16-byte aligned (vector loads).
-  slot_bytes_ = (staging_bytes / num_slots_) / 256 * 256;
-  RR_CHECK(slot_bytes_ >= 256, kValue, "ringreduce: staging of ", staging_bytes, " bytes is too small for ",
-           num_slots_, " slots");
+CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int64_t staging_bytes, int64_t max_queued_ops,
+                   std::vector<std::shared_ptr<NcclComm>> more_lanes)
+    : comm_(std::move(comm)),
+      pool_(std::make_shared<EventPool>(comm_->device())),
+      staging_bytes_(staging_bytes > 0 ? staging_bytes : kGpuStagingBytes),
+      max_queued_ops_(max_queued_ops) {
+  RR_CHECK(staging_bytes_ >= 512, kValue, "ringreduce: staging of ", staging_bytes_, " bytes is too small");
+  RR_CHECK(more_lanes.size() < static_cast<size_t>(kGpuMaxLanes), kValue, "ringreduce: at most ", kGpuMaxLanes,
+           " lanes");
+  lanes_.resize(1 + more_lanes.size());
+  lanes_[0].comm = comm_;
+  for (size_t k = 0; k < more_lanes.size(); ++k) {
+    RR_CHECK(more_lanes[k] && more_lanes[k]->size() == comm_->size() && more_lanes[k]->rank() == comm_->rank() &&
+                 more_lanes[k]->device() == comm_->device(),
+             kValue, "ringreduce: lane ", k + 1, "'s communicator differs from lane 0's in size, rank or device");
+    lanes_[k + 1].comm = std::move(more_lanes[k]);
+  }
   DeviceGuard guard(comm_->device());
   try {
-    {
-      std::lock_guard<std::mutex> pool_lock(streamPoolMutex());
-      auto& free_pairs = streamPool()[comm_->device()];
-      if (!free_pairs.empty()) {
-        comm_stream_ = free_pairs.back().comm;
-        compute_stream_ = free_pairs.back().compute;
-        free_pairs.pop_back();
+    for (Lane& l : lanes_) {
+      {
+        std::lock_guard<std::mutex> pool_lock(streamPoolMutex());
+        auto& free_pairs = streamPool()[comm_->device()];
+        if (!free_pairs.empty()) {
+          l.comm_stream = free_pairs.back().comm;
+          l.compute_stream = free_pairs.back().compute;
+          free_pairs.pop_back();
+        }
+      }
+      if (l.comm_stream == nullptr) {
+        int lo = 0, hi = 0;
+        RR_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+        // The communication stream gets the higher priority: its kernels are tiny and gate the peers.
+        RR_CUDA_CHECK(cudaStreamCreateWithPriority(&l.comm_stream, cudaStreamNonBlocking, hi));
+        RR_CUDA_CHECK(cudaStreamCreateWithPriority(&l.compute_stream, cudaStreamNonBlocking, lo));
       }
     }
-    if (comm_stream_ == nullptr) {
-      int lo = 0, hi = 0;
-      RR_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-      // The communication stream gets the higher priority: its kernels are tiny and gate the peers.
-      RR_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi));
-      RR_CUDA_CHECK(cudaStreamCreateWithPriority(&compute_stream_, cudaStreamNonBlocking, lo));
-    }
-    RR_CUDA_CHECK(cudaMalloc(&staging_, static_cast<size_t>(slot_bytes_) * num_slots_));
+    RR_CUDA_CHECK(cudaMalloc(&staging_, static_cast<size_t>(staging_bytes_)));
     RR_CUDA_CHECK(cudaMalloc(&frames_dev_, NcclFrameTransport::kStagingBytes));
     RR_CUDA_CHECK(cudaMallocHost(&frames_host_, NcclFrameTransport::kStagingBytes));
   } catch (...) {
@@ -269,12 +316,41 @@ CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots, int64_t st
   watchdog_ = std::thread([this] { watchdogLoop(); });
 }
 
+std::vector<cudaStream_t> CudaRing::streams() const {
+  std::vector<cudaStream_t> out;
+  for (const Lane& l : lanes_) {
+    if (l.comm_stream != nullptr) out.push_back(l.comm_stream);
+    if (l.compute_stream != nullptr) out.push_back(l.compute_stream);
+  }
+  return out;
+}
+
+int64_t CudaRing::handOffs() const {
+  int64_t n = 0;
+  for (const Lane& l : lanes_) n += l.comm->handOffs();
+  return n;
+}
+
+bool CudaRing::aborted() const {
+  for (const Lane& l : lanes_)
+    if (l.comm->aborted()) return true;
+  return false;
+}
+
+void CudaRing::abortLanes(const std::string& reason) {
+  // Lane 0 first: a work settles as done only while lane 0's communicator is not aborted (Note
+  // [Ordering, lifetime, failure]), and its done event, on lane 0, cannot fire before lane 0's
+  // kernels exit.
+  for (Lane& l : lanes_) l.comm->abort(reason);
+}
+
 CudaRing::~CudaRing() { shutdown("the ring was destroyed"); }
 
 void CudaRing::checkOpen() const {
   RR_CHECK(!shut_down_, kBackend, "ringreduce: the NCCL communicator ", comm_->name(), " is unusable: ",
            comm_->abortReason(), ". Create a new process group to continue.");
   RR_CHECK(poisoned_.empty(), kRuntime, poisoned_);
+  for (const Lane& l : lanes_) l.comm->checkUsable();
 }
 
 void CudaRing::checkNotCapturing(cudaStream_t caller, const std::string& what) const {
@@ -287,8 +363,12 @@ void CudaRing::checkNotCapturing(cudaStream_t caller, const std::string& what) c
            "torch.cuda.graph() or use the torch.distributed collective inside the graph");
 }
 
-PlanOptions CudaRing::planOptions(RedOp op, bool accum_float32, int64_t segment_bytes) const {
-  return gpuPlanOptions(op, accum_float32, segment_bytes, num_slots_, slot_bytes_);
+PlanOptions CudaRing::planOptions(RedOp op, bool accum_float32, int nranks, int64_t numel, DType dtype,
+                                  const GpuKnobs& knobs) const {
+  const GpuPipeline p = gpuPipeline(nranks, numel, dtype, accum_float32, staging_bytes_, knobs, numLanes());
+  PlanOptions o = gpuPlanOptions(op, accum_float32, p.max_segment_bytes, p.slots, p.slot_bytes);
+  o.lanes = p.lanes;
+  return o;
 }
 
 uint64_t CudaRing::nextSeq(const std::vector<int>& ring_key) const {
@@ -321,25 +401,71 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
       RR_CHECK(m >= 0 && m < size(), kValue, "ringreduce: ring member ", m, " outside the communicator of ", size(),
                " ranks");
   }
-  DeviceGuard guard(device());
+  int64_t ops = 8;  // the call's framing
+  for (const RingStage& st : stages) ops += static_cast<int64_t>(st.plan.ops.size()) + 2;
+  // The staging, laid out as the plans need it (the previous call's reduces are done with it before
+  // this call's first exchange: kPrevCallDoneEvent, Note [Driving the plan on streams]). Slots
+  // start at multiples of 256 bytes (16-byte aligned vector loads).
+  int64_t slot_stride = 256;
+  int32_t slots = 0;  // per lane (Note [Lanes])
+  int32_t lanes = 1;
+  for (const RingStage& st : stages) {
+    slot_stride = std::max<int64_t>(slot_stride, roundUp(static_cast<int64_t>(slotBytesFor(st.plan)), 256));
+    slots = std::max(slots, st.plan.num_slots);
+    lanes = std::max(lanes, st.lane + 1);
+  }
+  RR_CHECK(lanes <= numLanes(), kRuntime, "ringreduce internal error: a call on ", lanes, " lanes of a ring with ",
+           numLanes());
+  DeviceBuffers buffers = layOut(data, slot_stride, slots * lanes);
+  buffers.slots_per_lane = slots;
+  buffers.accum = accum;
+  return submit(ring_key, what, dtype, caller, epilogue, ops,
+                [&](DeviceBackend& be) { enqueueRingStages(stages, buffers, be, caller_waits); });
+}
 
+std::shared_ptr<CudaWork> CudaRing::enqueueOneShot(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
+                                                   bool accum_float32, void* data, const std::vector<int>& ring_key,
+                                                   const std::string& what, cudaStream_t caller, bool caller_waits,
+                                                   const std::function<void()>& epilogue) {
+  checkNotCapturing(caller, what);
+  std::lock_guard<std::mutex> lock(call_mu_);
+  checkOpen();
+  comm_->checkUsable();
+  RR_CHECK(ring.index >= 0 && ring.index < ring.size() && ring.ranks[static_cast<size_t>(ring.index)] == rank(),
+           kRuntime, "ringreduce internal error: a one-shot ring that does not hold this rank");
+  const int64_t bytes = numel * static_cast<int64_t>(dtypeSize(dtype));
+  DeviceBuffers buffers = layOut(data, roundUp(std::max<int64_t>(bytes, 1), 256), ring.size() - 1);
+  return submit(ring_key, what, dtype, caller, epilogue, /*ops=*/12, [&](DeviceBackend& be) {
+    rr::enqueueOneShot(ring.ranks, ring.index, numel, dtype, op, accum_float32, buffers, be, caller_waits);
+  });
+}
+
+DeviceBuffers CudaRing::layOut(void* data, int64_t slot_stride, int32_t slots) const {
+  RR_CHECK(slot_stride * slots <= staging_bytes_, kRuntime, "ringreduce internal error: ", slots, " slots of ",
+           slot_stride, " bytes do not fit the ", staging_bytes_, " bytes of staging");
+  DeviceBuffers buffers;
+  buffers.data = data;
+  buffers.slot_bytes = static_cast<size_t>(slot_stride);
+  for (int32_t k = 0; k < slots; ++k)
+    buffers.slots.push_back(static_cast<char*>(staging_) + static_cast<int64_t>(k) * slot_stride);
+  return buffers;
+}
+
+std::shared_ptr<CudaWork> CudaRing::submit(const std::vector<int>& ring_key, const std::string& what, DType dtype,
+                                           cudaStream_t caller, const std::function<void()>& epilogue, int64_t ops,
+                                           const std::function<void(DeviceBackend&)>& drive) {
+  DeviceGuard guard(device());
+  makeRoom(ops);
   uint64_t& seq = next_seq_[ring_key];
   std::shared_ptr<CudaWork> work(new CudaWork(pool_, comm_, seq, device(), what));
   work->start_ = pool_->acquire();
   work->done_ = pool_->acquire();
   work->timer_ = pool_->acquire();
-  DeviceBuffers buffers;
-  buffers.data = data;
-  buffers.accum = accum;
-  buffers.slot_bytes = static_cast<size_t>(slot_bytes_);
-  for (int32_t k = 0; k < num_slots_; ++k)
-    buffers.slots.push_back(static_cast<char*>(staging_) + static_cast<int64_t>(k) * slot_bytes_);
-
   CudaBackend backend(*this, *work, dtype, caller, epilogue);
   try {
-    enqueueRingStages(stages, buffers, backend, caller_waits);
+    drive(backend);
     if (!backend.timerRecorded()) {
-      RR_CUDA_CHECK(cudaEventRecord(work->timer_, comm_stream_));  // a call without exchanges
+      RR_CUDA_CHECK(cudaEventRecord(work->timer_, commStream()));  // a call without exchanges
       work->timer_recorded_ = true;
     }
   } catch (const std::exception& e) {
@@ -356,12 +482,32 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
   }
   ++seq;
   last_work_ = work;
+  queued_.emplace_back(work, ops);
+  queued_ops_ += ops;
   {
     std::lock_guard<std::mutex> wl(wd_mu_);
     in_flight_.push_back(work);
   }
   wd_cv_.notify_one();
   return work;
+}
+
+void CudaRing::makeRoom(int64_t ops) {
+  while (!queued_.empty()) {
+    CudaWork& oldest = *queued_.front().first;
+    const bool room = queued_ops_ + ops <= max_queued_ops_;
+    if (oldest.isCompleted()) {
+      queued_ops_ -= queued_.front().second;
+      queued_.pop_front();
+      continue;
+    }
+    if (room) return;
+    // Note [Bounded launch queue]: the oldest call must finish (or fail) first. The watchdog keeps
+    // running meanwhile; an abort makes the wait end with DistBackendError.
+    comm_->checkUsable();
+    checkOpen();
+    std::this_thread::sleep_for(kHostPoll);
+  }
 }
 
 std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine, const RingMembers& ring) {
@@ -378,7 +524,7 @@ std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine, const RingMembers
   try {
     // The one frame all-gather of csrc/core/agreement.h, around the ring's members only (Note
     // [Sub-rings on one communicator]) and hop by hop (Note [Host messages over NCCL]).
-    NcclFrameTransport nccl(*comm_, comm_stream_, done, frames_dev_, frames_host_);
+    NcclFrameTransport nccl(*comm_, commStream(), done, frames_dev_, frames_host_);
     RankMapTransport members(nccl, ring.ranks, r);
     frames = rr::exchangeFrames(members, mine, /*tag=*/0);
   } catch (const std::exception& e) {
@@ -402,7 +548,7 @@ void CudaRing::failAll(const std::string& reason) {
 
 void CudaRing::failAndAbort(const std::string& reason) {
   failAll(reason);
-  comm_->abort(reason);
+  abortLanes(reason);
 }
 
 void CudaRing::watchdogLoop() {
@@ -445,13 +591,14 @@ void CudaRing::watchdogLoop() {
       }
       ++it;
     }
-    if (reason.empty() && !in_flight_.empty()) reason = comm_->pollError();
+    for (size_t k = 0; reason.empty() && !in_flight_.empty() && k < lanes_.size(); ++k)
+      reason = lanes_[k].comm->pollError();
     if (!reason.empty()) {
       std::fprintf(stderr, "[ringreduce watchdog] rank %d of %d, communicator %s: %s; aborting the NCCL communicator\n",
                    rank(), size(), comm_->name().c_str(), reason.c_str());
       for (auto& w : in_flight_) w->fail(reason);  // failed before aborted (cuda_ring.h)
       in_flight_.clear();
-      comm_->abort(reason);
+      abortLanes(reason);
     }
   }
 }
@@ -476,43 +623,55 @@ void CudaRing::shutdown(const std::string& reason, bool at_exit) {
   }
   std::lock_guard<std::mutex> call_lock(call_mu_);
   failAll("the communicator was shut down: " + reason);  // a call enqueued meanwhile
+  queued_.clear();
+  queued_ops_ = 0;
   // After the abort NCCL's kernels return and the streams drain; wait for that with a deadline and
   // free nothing the GPU may still use.
   int previous = -1;
   if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   if (previous != device()) (void)cudaSetDevice(device());
   const auto deadline = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(comm_->timeout(), kMaxDrain);
-  bool drained = false;
-  while (comm_stream_ != nullptr) {
-    const cudaError_t a = cudaStreamQuery(comm_stream_);
-    const cudaError_t b = compute_stream_ != nullptr ? cudaStreamQuery(compute_stream_) : cudaSuccess;
-    if (a != cudaSuccess || b != cudaSuccess) (void)cudaGetLastError();
-    if (a != cudaErrorNotReady && b != cudaErrorNotReady) {
-      drained = a == cudaSuccess && b == cudaSuccess;
+  const std::vector<cudaStream_t> all = streams();
+  bool drained = all.empty();
+  while (!all.empty()) {
+    bool pending = false, failed = false;
+    for (cudaStream_t st : all) {
+      const cudaError_t q = cudaStreamQuery(st);
+      if (q != cudaSuccess) (void)cudaGetLastError();
+      pending = pending || q == cudaErrorNotReady;
+      failed = failed || (q != cudaSuccess && q != cudaErrorNotReady);
+    }
+    if (!pending) {
+      drained = !failed;
       break;
     }
     if (std::chrono::steady_clock::now() > deadline) break;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  if (comm_stream_ != nullptr && !drained && !at_exit) {
+  if (!all.empty() && !drained && !at_exit) {
     std::fprintf(stderr, "[ringreduce] rank %d: the streams of %s did not drain after the abort; its staging is "
                  "leaked\n", rank(), comm_->name().c_str());
   }
-  for (cudaEvent_t e : plan_events_) pool_->release(e);
-  plan_events_.clear();
-  pool_->release(stage_event_);
-  stage_event_ = nullptr;
+  for (Lane& l : lanes_) {
+    for (cudaEvent_t e : l.plan_events) pool_->release(e);
+    l.plan_events.clear();
+    pool_->release(l.stage_event);
+    pool_->release(l.done_event);
+    l.stage_event = l.done_event = nullptr;
+  }
   last_work_.reset();
-  if (drained && !at_exit && compute_stream_ != nullptr) {
+  if (drained && !at_exit && !all.empty()) {
     if (staging_ != nullptr) (void)cudaFree(staging_);
     if (frames_dev_ != nullptr) (void)cudaFree(frames_dev_);
     if (frames_host_ != nullptr) (void)cudaFreeHost(frames_host_);
     staging_ = frames_dev_ = frames_host_ = nullptr;
     std::lock_guard<std::mutex> pool_lock(streamPoolMutex());
-    streamPool()[device()].push_back(StreamPair{comm_stream_, compute_stream_});
+    for (const Lane& l : lanes_)
+      if (l.comm_stream != nullptr && l.compute_stream != nullptr)
+        streamPool()[device()].push_back(StreamPair{l.comm_stream, l.compute_stream});
   }
   // Note [Streams outlive the ring]: never cudaStreamDestroy; undrained streams are left as they are.
-  comm_stream_ = compute_stream_ = nullptr;
+  for (Lane& l : lanes_) l.comm_stream = l.compute_stream = nullptr;
   restoreDevice(previous);
 }
 

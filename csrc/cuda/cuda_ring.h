@@ -1,18 +1,21 @@
-// ringreduce GPU: the ring all-reduce over one NCCL communicator.
+// ringreduce GPU: the ring all-reduce over one NCCL communicator per lane.
 //
 // CudaRing owns everything one process group needs on one GPU (docs/design.md section 2.4, "GPU transport"):
-//   * the non-blocking NCCL communicator (nccl_comm.h);
-//   * a communication stream (grouped ncclSend/ncclRecv) and a reduce stream (kernels), so that
-//     the reduction of segment k overlaps the transfer of segment k + 1;
-//   * the staging slots (num_slots x slot_bytes <= 8 MiB), shared by all calls on the group;
+//   * one NCCL communicator per lane (nccl_comm.h: a non-blocking parent and its blocking child;
+//     Note [Lanes] in plan.h), lane 0's also carrying the agreement frames;
+//   * per lane, a communication stream (grouped ncclSend/ncclRecv) and a reduce stream (kernels), so
+//     that the reduction of segment k overlaps the transfer of segment k + 1, and lanes overlap;
+//   * the staging (kGpuStagingBytes), shared by all calls on the group: each call lays its slots out
+//     in it as its plans say (Note [GPU pipeline rule], gpu_pipeline.h);
 //   * the event pool (plan events, reused call after call; per-call start/done events);
 //   * a watchdog thread that polls in-flight calls and ncclCommGetAsyncError and aborts the
 //     communicator on an error or when a started call exceeds the timeout.
-// The stages of a call (ring_driver.h: flat ring, ring halves, hierarchical) are enqueued by
-// enqueueRingStages() through CudaBackend below; nothing in this file decides which buffer or
-// segment a step touches. Rings over rank lists of the group (Note [Sub-rings on one
-// communicator]) share the communicator, its streams, staging and events with the group's own
-// ring; each ring (rank list) has its own call counter, as the CPU path's per-ring runtimes do.
+// The stages of a call (ring_driver.h: flat ring, ring halves, hierarchical, each possibly in
+// lanes) are enqueued by enqueueRingStages(), a one-shot by enqueueOneShot(), through CudaBackend
+// below; nothing in this file decides which buffer or segment a step touches. Rings over rank
+// lists of the group (Note [Sub-rings on one communicator]) share the communicators, streams,
+// staging and events with the group's own ring; each ring (rank list) has its own call counter, as
+// the CPU path's per-ring runtimes do.
 //
 // Note [Ordering, lifetime, failure]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -56,16 +59,28 @@
 #include <thread>
 #include <vector>
 
+#include "../core/collectives.h"
 #include "../core/frame.h"
 #include "../core/plan.h"
+#include "gpu_pipeline.h"
 #include "nccl_comm.h"
 #include "ring_driver.h"
 
 namespace rr {
 
-// Staging defaults (docs/design.md section 5: a few segments, <= 8 MiB per group).
-constexpr int32_t kCudaStagingSlots = 4;
-constexpr int64_t kCudaStagingBytes = 8 << 20;
+// Note [Bounded launch queue]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Queued exchanges (Note [Hand-off and queued exchanges], nccl_comm.h) launch in the enqueueing
+// thread, under the communicator's lock. CUDA's queue of pending launches is finite; once full, a
+// launch blocks until the GPU drains it, and a GPU whose NCCL kernel waits for a dead peer never
+// does. Blocked inside NCCL, the enqueueing thread would hold the lock the watchdog needs to abort,
+// and nothing would ever end the wait. So a ring keeps at most kCudaMaxQueuedOps stream operations
+// (exchanges, kernels, copies, event records and waits) of unfinished calls: before enqueueing a
+// call that would exceed it, the caller waits on the host for the oldest calls to finish (or fail:
+// the watchdog still runs, and an abort ends the wait with DistBackendError). A single call larger
+// than the bound (only with a tiny RINGREDUCE_SEGMENT_BYTES) is enqueued alone. Training loops
+// rarely wait here: a 64 MiB all-reduce on 8 ranks is ~100 operations with the default pipeline.
+constexpr int64_t kCudaMaxQueuedOps = 1024;
 
 // A pool of cudaEventDisableTiming events on one device, shared by a ring and its works.
 class EventPool : public std::enable_shared_from_this<EventPool> {
@@ -141,10 +156,13 @@ class CudaWork {
 
 class CudaRing {
  public:
-  // Takes ownership of an initialized communicator. Creates the streams, the staging slots and the
+  // Takes ownership of an initialized communicator (lane 0) and of `more_lanes`, communicators of
+  // the same ranks on the same device for lanes 1.. (Note [Lanes] in plan.h; each lane gets its own
+  // streams, so its transfers overlap the others'). Creates the streams, the staging and the
   // watchdog thread on the communicator's device.
-  explicit CudaRing(std::shared_ptr<NcclComm> comm, int32_t num_slots = kCudaStagingSlots,
-                    int64_t staging_bytes = kCudaStagingBytes);
+  explicit CudaRing(std::shared_ptr<NcclComm> comm, int64_t staging_bytes = kGpuStagingBytes,
+                    int64_t max_queued_ops = kCudaMaxQueuedOps,
+                    std::vector<std::shared_ptr<NcclComm>> more_lanes = {});
   ~CudaRing();  // shutdown("ring destroyed") if not done yet
   CudaRing(const CudaRing&) = delete;
   CudaRing& operator=(const CudaRing&) = delete;
@@ -153,14 +171,23 @@ class CudaRing {
   int device() const { return comm_->device(); }
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
-  cudaStream_t commStream() const { return comm_stream_; }
-  cudaStream_t computeStream() const { return compute_stream_; }
-  int64_t slotBytes() const { return slot_bytes_; }
-  int32_t numSlots() const { return num_slots_; }
+  // Lane 0's streams (the one-lane ring's, the agreement frames', a call's epilogue's).
+  cudaStream_t commStream() const { return lanes_.empty() ? nullptr : lanes_[0].comm_stream; }
+  cudaStream_t computeStream() const { return lanes_.empty() ? nullptr : lanes_[0].compute_stream; }
+  // Every internal stream (every lane's), which a call's buffers must be protected on.
+  std::vector<cudaStream_t> streams() const;
+  int32_t numLanes() const { return static_cast<int32_t>(lanes_.size()); }
+  // Hand-offs of every lane's communicator (Note [Hand-off and queued exchanges]).
+  int64_t handOffs() const;
+  // True once any lane's communicator was aborted.
+  bool aborted() const;
+  int64_t stagingBytes() const { return staging_bytes_; }
 
-  // The plan options of this communicator's calls (gpuPlanOptions: the all-gather lands in the
-  // output; segment_bytes <= 0 means the default, capped so that a segment fits a staging slot).
-  PlanOptions planOptions(RedOp op, bool accum_float32, int64_t segment_bytes) const;
+  // The plan options of a call of `numel` elements of `dtype` over a ring of `nranks` ranks of this
+  // communicator: gpuPlanOptions (the all-gather lands in the output) with the pipeline of Note
+  // [GPU pipeline rule] (gpu_pipeline.h) in this ring's staging. Throws kValue for bad knobs.
+  PlanOptions planOptions(RedOp op, bool accum_float32, int nranks, int64_t numel, DType dtype,
+                          const GpuKnobs& knobs) const;
 
   // Enqueues one call: `stages` (ring_driver.h; their members are ranks of this communicator and
   // name this rank) on `data`, the call's contiguous elements on this device; `accum`: the float32
@@ -175,6 +202,14 @@ class CudaRing {
                                     const std::vector<int>& ring_key, const std::string& what,
                                     cudaStream_t caller, bool caller_waits,
                                     const std::function<void()>& epilogue = {});
+
+  // The one-shot all-reduce (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h) of `data`
+  // (numel elements of `dtype`) over `ring`, receiving the others' tensors into the staging
+  // ((ring.size() - 1) x the tensor's bytes must fit it). Otherwise as enqueue().
+  std::shared_ptr<CudaWork> enqueueOneShot(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
+                                           bool accum_float32, void* data, const std::vector<int>& ring_key,
+                                           const std::string& what, cudaStream_t caller, bool caller_waits,
+                                           const std::function<void()>& epilogue = {});
 
   // All-gather of one agreement frame per ring member (Note [Cross-rank agreement]) around
   // `ring` only (Note [Sub-rings on one communicator]); frames[i] is ring index i's. Runs core's
@@ -199,25 +234,47 @@ class CudaRing {
  private:
   friend class CudaBackend;
   void watchdogLoop();
+  // Note [Bounded launch queue]: waits until `ops` more stream operations fit (call_mu_ held).
+  void makeRoom(int64_t ops);
+  // Buffers of a call: `data`, and `slots` staging slots of slot_stride bytes (kRuntime if they do
+  // not fit the staging).
+  DeviceBuffers layOut(void* data, int64_t slot_stride, int32_t slots) const;
+  // The part of a call common to the ring and the one-shot (call_mu_ held): room in the launch
+  // queue, the work and its events, `drive` on the CUDA backend, the failure handling of Note
+  // [Ordering, lifetime, failure], the bookkeeping.
+  std::shared_ptr<CudaWork> submit(const std::vector<int>& ring_key, const std::string& what, DType dtype,
+                                   cudaStream_t caller, const std::function<void()>& epilogue, int64_t ops,
+                                   const std::function<void(DeviceBackend&)>& drive);
   void failAll(const std::string& reason);
   // failAll, then abort the communicator (Note [Ordering, lifetime, failure]).
   void failAndAbort(const std::string& reason);
   void checkOpen() const;
 
+  // One lane (Note [Lanes]): its communicator, streams and events. Lane 0's communicator is comm_.
+  struct Lane {
+    std::shared_ptr<NcclComm> comm;
+    cudaStream_t comm_stream = nullptr;
+    cudaStream_t compute_stream = nullptr;
+    std::vector<cudaEvent_t> plan_events;
+    cudaEvent_t stage_event = nullptr;  // kStageDoneEvent, re-recorded between the lane's stages
+    cudaEvent_t done_event = nullptr;   // laneDoneEvent(k), the lane's end (lanes >= 1)
+  };
+  void abortLanes(const std::string& reason);  // every lane's communicator, lane 0 first
+
   std::shared_ptr<NcclComm> comm_;
   std::shared_ptr<EventPool> pool_;
-  int32_t num_slots_;
-  int64_t slot_bytes_;
-  cudaStream_t comm_stream_ = nullptr;
-  cudaStream_t compute_stream_ = nullptr;
+  int64_t staging_bytes_;
+  std::vector<Lane> lanes_;
   void* staging_ = nullptr;
   void* frames_dev_ = nullptr;   // NcclFrameTransport's device staging, for exchangeFrames
   void* frames_host_ = nullptr;  // and its pinned host staging
-  std::vector<cudaEvent_t> plan_events_;
-  cudaEvent_t stage_event_ = nullptr;    // kStageDoneEvent, re-recorded between stages
   std::shared_ptr<CudaWork> last_work_;  // its done event orders the next call (kPrevCallDoneEvent)
   std::map<std::vector<int>, uint64_t> next_seq_;  // per ring (ringKey)
   mutable std::mutex call_mu_;  // one enqueue at a time
+  // Note [Bounded launch queue] (call_mu_): unfinished calls and their stream operations.
+  int64_t max_queued_ops_;
+  std::deque<std::pair<std::shared_ptr<CudaWork>, int64_t>> queued_;
+  int64_t queued_ops_ = 0;
 
   // watchdog
   std::mutex wd_mu_;

@@ -68,12 +68,17 @@ class LoopbackBackend final : public DeviceBackend {
  public:
   LoopbackBackend(Shared& sh, RankState& st, cudaStream_t caller) : sh_(sh), st_(st), caller_(caller) {}
 
-  void prepare(int32_t num_events) override {
+  void setLane(int32_t lane) override {
+    RR_CHECK(lane == 0, kRuntime, "ringreduce loopback: the loopback driver runs one lane");
+  }
+
+  void prepare(int32_t num_events, int32_t lanes) override {
+    RR_CHECK(lanes == 1, kRuntime, "ringreduce loopback: the loopback driver runs one lane");
     while (static_cast<int32_t>(st_.plan_events.size()) < num_events) st_.plan_events.push_back(sh_.newEvent());
   }
 
   void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
-                int recv_peer) override {
+                int recv_peer, Launch /*launch: no NCCL here*/) override {
     std::shared_ptr<Post> mine;
     if (send_bytes > 0) {
       mine = std::make_shared<Post>();
@@ -117,6 +122,14 @@ class LoopbackBackend final : public DeviceBackend {
     }
   }
 
+  void group(const std::vector<PeerOp>&) override {
+    RR_THROW(kRuntime, "ringreduce loopback: the loopback driver runs ring stages only, not the one-shot");
+  }
+
+  void reduceInOrder(const OneShotLaunch&) override {
+    RR_THROW(kRuntime, "ringreduce loopback: the loopback driver runs ring stages only, not the one-shot");
+  }
+
   void reduce(const ReduceLaunch& l) override {
     launchReduce(st_.dtype, l.op, l.a, l.a_wide, l.b, l.b_wide, l.dst, l.dst_wide, l.count, l.divisor, l.round_sum,
                  st_.compute);
@@ -154,12 +167,13 @@ class LoopbackBackend final : public DeviceBackend {
 }  // namespace
 
 void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel, DType dtype, RedOp op,
-                       bool accum_float32, int64_t segment_bytes, int32_t num_slots, int64_t slot_bytes,
-                       cudaStream_t caller, const LoopbackShape& shape) {
+                       bool accum_float32, const GpuKnobs& knobs, cudaStream_t caller, const LoopbackShape& shape) {
   const int n = static_cast<int>(data.size());
   RR_CHECK(n >= 1, kValue, "ringreduce loopback: need at least one rank");
   RR_CHECK(shape.phases >= 1 && shape.phases <= 3, kValue, "ringreduce loopback: phases must be 1, 2 or 3");
-  RR_CHECK(num_slots >= 1 && slot_bytes >= 256, kValue, "ringreduce loopback: bad staging");
+  const GpuPipeline pipe = gpuPipeline(n, numel, dtype, accum_float32, kGpuStagingBytes, knobs, /*max_lanes=*/1);
+  const int32_t num_slots = pipe.slots;
+  const int64_t slot_bytes = pipe.slot_bytes;
   checkSupported(dtype, op);
   DeviceGuard guard(device);
   Shared sh;
@@ -169,7 +183,7 @@ void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel
   const bool hier = shape.phases == kPhaseBoth && shape.local_size > 1;
   RR_CHECK(!(hier && accum_float32), kValue,
            "ringreduce loopback: the hierarchical all-reduce reduces a float32 copy instead of accum_float32");
-  const PlanOptions opts = gpuPlanOptions(op, accum_float32, segment_bytes, num_slots, slot_bytes);
+  const PlanOptions opts = gpuPlanOptions(op, accum_float32, pipe.max_segment_bytes, num_slots, slot_bytes);
   for (int r = 0; r < n; ++r) {
     const RingMembers ring = resolveRing(shape.order, n, r);
     RR_CHECK(ring.size() == n, kValue, "ringreduce loopback: the ring must hold every rank");

@@ -24,6 +24,7 @@
 
 #include "../core/dtype.h"
 #include "../core/plan.h"
+#include "gpu_pipeline.h"
 
 namespace rr {
 
@@ -40,11 +41,12 @@ struct LoopbackShape {
 };
 
 // data[r]: rank r's tensor (numel contiguous elements of dtype) on `device`. Ordered after, and
-// waited for by, `caller` (as a synchronous all_reduce). Staging: num_slots slots of
-// slot_bytes per rank. Throws rr::Error (kBackend for CUDA failures, kRuntime on a rendezvous
-// mismatch, kValue for a bad shape); on an error the streams are synchronized before returning.
+// waited for by, `caller` (as a synchronous all_reduce). Staging: the pipeline of Note [GPU
+// pipeline rule] (gpu_pipeline.h) for `knobs` in kGpuStagingBytes per rank, as CudaRing's. Throws
+// rr::Error (kBackend for CUDA failures, kRuntime on a rendezvous mismatch, kValue for a bad
+// shape); on an error the streams are synchronized before returning.
 void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel, DType dtype, RedOp op,
-                       bool accum_float32, int64_t segment_bytes, int32_t num_slots, int64_t slot_bytes,
-                       cudaStream_t caller, const LoopbackShape& shape = LoopbackShape());
+                       bool accum_float32, const GpuKnobs& knobs, cudaStream_t caller,
+                       const LoopbackShape& shape = LoopbackShape());
 
 }  // namespace rr

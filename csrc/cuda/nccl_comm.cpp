@@ -90,7 +90,9 @@ NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int devic
       timeout_(timeout),
       connect_timeout_(connect_timeout.count() > 0 ? std::max(connect_timeout, timeout) : timeout),
       name_(name),
-      connected_(static_cast<size_t>(nranks > 0 ? nranks : 0), false) {
+      queue_name_(name + " (queued)"),
+      sent_to_(static_cast<size_t>(nranks > 0 ? nranks : 0), false),
+      received_from_(static_cast<size_t>(nranks > 0 ? nranks : 0), false) {
   RR_CHECK(unique_id.size() == sizeof(ncclUniqueId::internal), kValue, "ringreduce: an NCCL unique id has ",
            sizeof(ncclUniqueId::internal), " bytes, got ", unique_id.size());
   RR_CHECK(nranks >= 1 && rank >= 0 && rank < nranks, kValue, "ringreduce: rank ", rank, " of ", nranks);
@@ -99,6 +101,7 @@ NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int devic
   std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  config.splitShare = 1;  // Note [Hand-off and queued exchanges]: the queued child shares connections
   config.commName = name_.c_str();
   DeviceGuard guard(device_);
   std::unique_lock<std::mutex> lock(mu_);
@@ -110,7 +113,25 @@ NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int devic
     RR_THROW(kBackend, "ringreduce: ncclCommInitRankConfig for ", name_, " (rank ", rank_, " of ", nranks_,
              ", device ", device_, ") failed: ", describeNccl(r, nullptr));
   }
-  waitReady(lock, r, "ncclCommInitRankConfig", std::chrono::steady_clock::now() + connect_timeout_);
+  const auto deadline = std::chrono::steady_clock::now() + connect_timeout_;
+  waitReady(lock, r, "ncclCommInitRankConfig", deadline);
+  // The blocking child of Note [Hand-off and queued exchanges]. Splitting a non-blocking parent is
+  // itself non-blocking: the child handle is written once the parent's state leaves ncclInProgress.
+  ncclConfig_t queued = NCCL_CONFIG_INITIALIZER;
+  queued.blocking = 1;
+  queued.commName = queue_name_.c_str();
+  const ncclResult_t s = ncclCommSplit(comm_, /*color=*/0, /*key=*/rank_, &queue_, &queued);
+  if (s != ncclSuccess && s != ncclInProgress) {
+    const std::string msg = std::string("ncclCommSplit (the queued communicator) failed: ") + describeNccl(s, comm_);
+    abortLocked(msg);
+    RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg);
+  }
+  waitReady(lock, s, "ncclCommSplit", deadline);
+  if (queue_ == nullptr) {
+    abortLocked("ncclCommSplit returned no communicator");
+    RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_,
+             "): ncclCommSplit returned no communicator");
+  }
 }
 
 NcclComm::~NcclComm() {
@@ -158,18 +179,65 @@ void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first,
 
 void NcclComm::sendRecv(const void* send, size_t send_bytes, int next, void* recv, size_t recv_bytes,
                         int prev, cudaStream_t stream) {
-  if (send_bytes == 0 && recv_bytes == 0) return;
+  const P2p ops[2] = {P2p{true, const_cast<void*>(send), send_bytes, next}, P2p{false, recv, recv_bytes, prev}};
   std::unique_lock<std::mutex> lock(mu_);
+  launchLocked(lock, ops, 2, stream, /*hand_off=*/true);
+}
+
+void NcclComm::queueSendRecv(const void* send, size_t send_bytes, int next, void* recv, size_t recv_bytes,
+                             int prev, cudaStream_t stream) {
+  const P2p ops[2] = {P2p{true, const_cast<void*>(send), send_bytes, next}, P2p{false, recv, recv_bytes, prev}};
+  std::unique_lock<std::mutex> lock(mu_);
+  launchLocked(lock, ops, 2, stream, /*hand_off=*/false);
+}
+
+void NcclComm::group(const std::vector<P2p>& ops, cudaStream_t stream, bool hand_off) {
+  std::unique_lock<std::mutex> lock(mu_);
+  launchLocked(lock, ops.data(), ops.size(), stream, hand_off);
+}
+
+void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, size_t count, cudaStream_t stream,
+                            bool hand_off) {
   checkUsableLocked();
+  bool any = false;
+  bool first_contact = false;
+  for (size_t i = 0; i < count; ++i) {
+    const P2p& o = ops[i];
+    if (o.bytes == 0) continue;
+    RR_CHECK(o.peer >= 0 && o.peer < nranks_, kRuntime, "ringreduce internal error: NCCL peer ", o.peer,
+             " outside the communicator of ", nranks_, " ranks");
+    const bool known = (o.send ? sent_to_ : received_from_)[static_cast<size_t>(o.peer)];
+    first_contact = first_contact || !known;
+    // Note [Hand-off and queued exchanges]: only a hand-off may make the first contact with a peer.
+    RR_CHECK(hand_off || known, kRuntime, "ringreduce internal error: a queued NCCL ",
+             o.send ? "send to" : "receive from", " rank ", o.peer, " before any hand-off reached it (", name_, ")");
+    any = true;
+  }
+  if (!any) return;
+  ncclComm_t comm = hand_off ? comm_ : queue_;
   // Bytes as ncclUint8: the element type does not matter to a copy, and both sides of each
   // pair agree on the byte count (Note [One ring, two transports, one plan]).
   ncclResult_t r = ncclGroupStart();
-  if (r == ncclSuccess && send_bytes > 0) r = ncclSend(send, send_bytes, ncclUint8, next, comm_, stream);
-  if (r == ncclSuccess && recv_bytes > 0) r = ncclRecv(recv, recv_bytes, ncclUint8, prev, comm_, stream);
+  for (size_t i = 0; i < count && r == ncclSuccess; ++i) {
+    const P2p& o = ops[i];
+    if (o.bytes == 0) continue;
+    r = o.send ? ncclSend(o.buf, o.bytes, ncclUint8, o.peer, comm, stream)
+               : ncclRecv(o.buf, o.bytes, ncclUint8, o.peer, comm, stream);
+  }
   // Always close the group, even after a failure inside it, so that this thread's group depth is
   // balanced for the next call.
   const ncclResult_t end = ncclGroupEnd();
   if (r == ncclSuccess || r == ncclInProgress) r = end;
+  if (!hand_off) {
+    // A blocking communicator's ncclGroupEnd returns once the kernel is enqueued (or failed).
+    if (r != ncclSuccess) {
+      const std::string msg =
+          std::string("a queued ncclGroupEnd(ncclSend, ncclRecv) failed: ") + describeNccl(r, queue_);
+      abortLocked(msg);
+      RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg);
+    }
+    return;
+  }
   // Note [Inside a user's NCCL group]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
   // A non-blocking communicator's outermost ncclGroupEnd with tasks always returns ncclInProgress
@@ -178,29 +246,36 @@ void NcclComm::sendRecv(const void* send, size_t send_bytes, int next, void* rec
   // caller's thread is inside its own ncclGroupStart (torch's _coalescing_manager,
   // batch_isend_irecv): our send/recv now belong to that group and run when it ends. Nothing may
   // be recorded after them as if they ran, and the communicator must not be aborted (the user's
-  // ncclGroupEnd will still use it): refuse, and let CudaRing poison the ring.
+  // ncclGroupEnd will still use it): refuse, and let CudaRing poison the ring. Every call's first
+  // exchange is a hand-off (Note [Hand-off and queued exchanges]), so this is seen before any
+  // queued exchange could join the user's group.
   if (end == ncclSuccess && r == ncclSuccess) {
     inside_user_group_ = true;
     RR_THROW(kRuntime, "ringreduce: a CUDA collective was called inside an NCCL group of this thread "
              "(ncclGroupStart; torch.distributed's _coalescing_manager or batch_isend_irecv); ringreduce "
              "cannot run there. Call it before or after the group. Group ", name_, " is unusable now.");
   }
-  const bool first_contact = (next >= 0 && next < nranks_ && send_bytes > 0 && !connected_[static_cast<size_t>(next)]) ||
-                             (prev >= 0 && prev < nranks_ && recv_bytes > 0 && !connected_[static_cast<size_t>(prev)]);
+  ++hand_offs_;
   waitReady(lock, r, "ncclGroupEnd(ncclSend, ncclRecv)",
             std::chrono::steady_clock::now() + (first_contact ? connect_timeout_ : timeout_));
-  if (send_bytes > 0 && next >= 0 && next < nranks_) connected_[static_cast<size_t>(next)] = true;
-  if (recv_bytes > 0 && prev >= 0 && prev < nranks_) connected_[static_cast<size_t>(prev)] = true;
+  for (size_t i = 0; i < count; ++i) {
+    const P2p& o = ops[i];
+    if (o.bytes > 0) (o.send ? sent_to_ : received_from_)[static_cast<size_t>(o.peer)] = true;
+  }
 }
 
 std::string NcclComm::pollError() {
   std::unique_lock<std::mutex> lock(mu_);
   if (aborted_ || comm_ == nullptr) return "";
-  ncclResult_t state = ncclSuccess;
-  const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
-  if (q != ncclSuccess) return std::string("ncclCommGetAsyncError failed: ") + describeNccl(q, comm_);
-  if (state == ncclSuccess || state == ncclInProgress) return "";
-  return std::string("asynchronous NCCL error: ") + describeNccl(state, comm_);
+  for (ncclComm_t c : {comm_, queue_}) {
+    if (c == nullptr) continue;
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(c, &state);
+    if (q != ncclSuccess) return std::string("ncclCommGetAsyncError failed: ") + describeNccl(q, c);
+    if (state != ncclSuccess && state != ncclInProgress)
+      return std::string("asynchronous NCCL error: ") + describeNccl(state, c);
+  }
+  return "";
 }
 
 void NcclComm::abort(const std::string& reason) {
@@ -211,15 +286,18 @@ void NcclComm::abort(const std::string& reason) {
 void NcclComm::abortLocked(const std::string& reason) {
   if (aborted_.exchange(true)) return;
   abort_reason_ = reason;
-  if (comm_ == nullptr) return;
+  if (comm_ == nullptr && queue_ == nullptr) return;
   // The device must be current for NCCL's teardown. Errors cannot be reported to anyone useful
-  // here (this also runs on the watchdog thread and in the destructor): the communicator is gone
-  // either way and every later use reports abort_reason_.
+  // here (this also runs on the watchdog thread and in the destructor): the communicators are gone
+  // either way and every later use reports abort_reason_. Parent first, then the child (Note
+  // [Hand-off and queued exchanges]).
   int previous = -1;
   if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   if (previous != device_) (void)cudaSetDevice(device_);
-  (void)ncclCommAbort(comm_);
+  if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+  if (queue_ != nullptr) (void)ncclCommAbort(queue_);
   comm_ = nullptr;
+  queue_ = nullptr;
   restoreDevice(previous);
 }
 

@@ -19,9 +19,9 @@
 //   * a wait that takes longer than the communicator's timeout, a CUDA or NCCL failure, or an abort
 //     of the communicator (which lets NCCL's kernels return over garbage) throws kBackend; the
 //     caller then aborts the communicator, so abandon() has nothing to forget.
-// A frame exchange over n ranks therefore costs n - 1 host round trips; on the GPU the check is
-// opt-in (RINGREDUCE_CHECK=1), and every hop is a few microseconds of copies next to the NCCL
-// hand-off each exchange costs anyway (Note [Non-blocking NCCL and abort] in nccl_comm.h).
+// A frame exchange over n ranks therefore costs n - 1 host round trips (each a hand-off, Note
+// [Hand-off and queued exchanges] in nccl_comm.h, and a wait for the copies); on the GPU the check
+// is opt-in (RINGREDUCE_CHECK=1).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -51,11 +51,12 @@ void checkSpan(const Plan& plan, const DeviceBuffers& b, const Span& s) {
 
 }  // namespace
 
-PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t segment_bytes, int32_t num_slots,
+PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t max_segment_bytes, int32_t num_slots,
                            int64_t slot_bytes) {
+  RR_CHECK(max_segment_bytes >= 16, kValue, "ringreduce: the segment size must be at least 16 bytes, got ",
+           max_segment_bytes);
   PlanOptions o;
-  const int64_t wanted = segment_bytes > 0 ? segment_bytes : kGpuDefaultSegmentBytes;
-  o.max_segment_bytes = maxI64(16, minI64(wanted, slot_bytes));
+  o.max_segment_bytes = maxI64(16, minI64(max_segment_bytes, slot_bytes));
   o.num_slots = num_slots;
   o.accum_float32 = accum_float32;
   o.gather_into_data = true;
@@ -64,6 +65,18 @@ PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t segment_bytes, 
   // wait anyway; the plan without them has fewer waits on the streams.
   o.recv_only_waits = false;
   return o;
+}
+
+bool handsOffEveryExchange(const Plan& plan) {
+  const RingSchedule& sc = plan.sched;
+  for (int c = 0; c < sc.nranks; ++c)
+    if (sc.segmentRange(c, plan.lane).empty()) return true;
+  return false;
+}
+
+Launch exchangeLaunch(const Plan& plan, int32_t exchange) {
+  // Note [Which exchanges hand off]: a lane's first grid exchange is its own first segment's.
+  return exchange == plan.lane || handsOffEveryExchange(plan) ? Launch::kHandOff : Launch::kQueued;
 }
 
 size_t slotBytesFor(const Plan& plan) {
@@ -92,21 +105,34 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
   std::vector<DeviceBuffers> bufs(stages.size());
   std::vector<EventMap> events(stages.size());
   int32_t num_events = 0;
+  int32_t lanes = 1;
+  for (const RingStage& st : stages) {
+    RR_CHECK(st.lane >= 0 && st.lane == st.plan.lane && st.plan.lanes >= 1 && st.lane < st.plan.lanes, kRuntime,
+             "ringreduce internal error: a stage on lane ", st.lane, " with a plan for lane ", st.plan.lane, " of ",
+             st.plan.lanes);
+    lanes = std::max(lanes, st.lane + 1);
+  }
+  // Note [Lanes]: lane k's staging slots are slots [k x per_lane, (k + 1) x per_lane).
+  const size_t per_lane = lanes > 1 ? static_cast<size_t>(buffers.slots_per_lane) : buffers.slots.size();
   for (size_t k = 0; k < stages.size(); ++k) {
     const RingStage& st = stages[k];
     const Plan& plan = st.plan;
     RR_CHECK(static_cast<int>(st.members.size()) == plan.sched.nranks, kRuntime,
              "ringreduce internal error: a ring of ", plan.sched.nranks, " ranks with ", st.members.size(),
              " members");
-    RR_CHECK(st.offset >= 0 && (stages.size() == 1 || plan.accum_elems == 0), kRuntime,
+    RR_CHECK(st.offset >= 0 && (stages.size() == static_cast<size_t>(lanes) || plan.accum_elems == 0), kRuntime,
              "ringreduce internal error: malformed stage ", k);
-    RR_CHECK(buffers.slots.size() >= static_cast<size_t>(plan.num_slots), kRuntime,
-             "ringreduce internal error: plan needs ", plan.num_slots, " staging slots, have ", buffers.slots.size());
+    RR_CHECK(per_lane >= static_cast<size_t>(plan.num_slots) &&
+                 buffers.slots.size() >= per_lane * static_cast<size_t>(st.lane + 1),
+             kRuntime, "ringreduce internal error: plan needs ", plan.num_slots, " staging slots on lane ", st.lane,
+             ", have ", buffers.slots.size(), " for ", lanes, " lanes");
     RR_CHECK(buffers.slot_bytes >= slotBytesFor(plan), kRuntime, "ringreduce internal error: staging slots of ",
              buffers.slot_bytes, " bytes, plan needs ", slotBytesFor(plan));
     checkSupported(plan.dtype, st.op);
     DeviceBuffers& b = bufs[k];
     b = buffers;
+    b.slots.assign(buffers.slots.begin() + static_cast<std::ptrdiff_t>(per_lane * static_cast<size_t>(st.lane)),
+                   buffers.slots.begin() + static_cast<std::ptrdiff_t>(per_lane * static_cast<size_t>(st.lane + 1)));
     if (b.data != nullptr) b.data = static_cast<char*>(b.data) + st.offset * static_cast<int64_t>(dtypeSize(plan.dtype));
     for (const Op& o : plan.ops) {
       checkSpan(plan, b, o.send);
@@ -117,25 +143,31 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
     events[k] = mapWaitedEvents(plan);
     if (events[k].count > num_events) num_events = events[k].count;
   }
-  be.prepare(num_events);
+  be.prepare(num_events, lanes);
 
-  // Framing, steps 1-2 of Note [Driving the plan on streams].
+  // Framing, steps 1-2 of Note [Driving the plan on streams], on every lane's streams.
   be.record(Stream::kCaller, kCallStartEvent);
-  be.wait(Stream::kComm, kCallStartEvent);
-  be.wait(Stream::kCompute, kCallStartEvent);
-  be.wait(Stream::kComm, kPrevCallDoneEvent);
+  for (int32_t lane = 0; lane < lanes; ++lane) {
+    be.setLane(lane);
+    be.wait(Stream::kComm, kCallStartEvent);
+    be.wait(Stream::kCompute, kCallStartEvent);
+    be.wait(Stream::kComm, kPrevCallDoneEvent);
+  }
 
+  std::vector<int> stages_on_lane(static_cast<size_t>(lanes), 0);
   for (size_t k = 0; k < stages.size(); ++k) {
     const RingStage& st = stages[k];
     const Plan& plan = st.plan;
     const DeviceBuffers& b = bufs[k];
     const EventMap& ev = events[k];
     const bool round_sum = !plan.accum_float32;
+    be.setLane(st.lane);
     // Note [Sub-rings on one communicator]: the plan's neighbours as communicator ranks.
     const int next_peer = st.members[static_cast<size_t>(plan.next)];
     const int prev_peer = st.members[static_cast<size_t>(plan.prev)];
-    if (k > 0) {
-      // The previous stage is complete on kCompute (its plan ended waiting all its exchanges).
+    const bool hand_off_all = handsOffEveryExchange(plan);  // Note [Which exchanges hand off]
+    if (stages_on_lane[static_cast<size_t>(st.lane)]++ > 0) {
+      // The lane's previous stage is complete on kCompute (its plan ended waiting all its exchanges).
       be.record(Stream::kCompute, kStageDoneEvent);
       be.wait(Stream::kComm, kStageDoneEvent);
     }
@@ -149,7 +181,8 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
           const size_t sb = spanBytes(plan, o.send);
           const size_t rb = spanBytes(plan, o.recv);
           be.exchange(sb ? spanAddress(plan, b, o.send) : nullptr, sb, sb ? next_peer : -1,
-                      rb ? spanAddress(plan, b, o.recv) : nullptr, rb, rb ? prev_peer : -1);
+                      rb ? spanAddress(plan, b, o.recv) : nullptr, rb, rb ? prev_peer : -1,
+                      hand_off_all || o.exchange == plan.lane ? Launch::kHandOff : Launch::kQueued);
           break;
         }
         case OpKind::kReduce: {
@@ -183,6 +216,67 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
     }
   }
 
+  // Join (Note [Lanes]): lane 0's kCompute waits for every other lane's end, which covers its
+  // exchanges (each lane's plan ends with kCompute waiting all of them).
+  for (int32_t lane = 1; lane < lanes; ++lane) {
+    be.setLane(lane);
+    be.record(Stream::kCompute, laneDoneEvent(lane));
+    be.setLane(0);
+    be.wait(Stream::kCompute, laneDoneEvent(lane));
+  }
+  be.setLane(0);
+  // Framing, steps 4-5.
+  be.finish();
+  be.record(Stream::kCompute, kCallDoneEvent);
+  if (caller_waits) be.wait(Stream::kCaller, kCallDoneEvent);
+}
+
+void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, DType dtype, RedOp op,
+                    bool accum_float32, const DeviceBuffers& buffers, DeviceBackend& be, bool caller_waits) {
+  const int n = static_cast<int>(members.size());
+  const size_t bytes = static_cast<size_t>(numel) * dtypeSize(dtype);
+  checkSupported(dtype, op);
+  RR_CHECK(n >= 2 && n <= kOneShotMaxRanks && index >= 0 && index < n, kValue, "ringreduce: a one-shot all-reduce of ",
+           n, " ranks (2..", kOneShotMaxRanks, ") at ring index ", index);
+  RR_CHECK(numel > 0 && buffers.data != nullptr, kRuntime, "ringreduce internal error: an empty one-shot all-reduce");
+  RR_CHECK(buffers.slots.size() >= static_cast<size_t>(n - 1) && buffers.slot_bytes >= bytes, kRuntime,
+           "ringreduce internal error: the one-shot needs ", n - 1, " receive buffers of ", bytes, " bytes, have ",
+           buffers.slots.size(), " of ", buffers.slot_bytes);
+  // Note [GPU one-shot all-reduce]: every rank's tensor to every other rank, in one group.
+  std::vector<PeerOp> ops;
+  OneShotLaunch l;
+  l.op = op;
+  l.args.n = n;
+  l.args.count = numel;
+  l.args.dst = buffers.data;
+  l.args.chunk = makeRingSchedule(n, numel, static_cast<int64_t>(dtypeSize(dtype)),
+                                  static_cast<int64_t>(dtypeSize(dtype)), 16).chunk;
+  l.args.divisor = op == RedOp::kAvg ? n : 0;
+  l.args.wide = accum_float32 && isHalfType(dtype) && n > 2;  // as buildPlan decides for the ring
+  for (int j = 0; j < n; ++j) {
+    if (j == index) {
+      l.args.in[j] = buffers.data;
+      continue;
+    }
+    void* slot = buffers.slots[static_cast<size_t>(j < index ? j : j - 1)];
+    l.args.in[j] = slot;
+    ops.push_back(PeerOp{true, buffers.data, bytes, members[static_cast<size_t>(j)]});
+    ops.push_back(PeerOp{false, slot, bytes, members[static_cast<size_t>(j)]});
+  }
+  for (int j = n; j < kOneShotMaxRanks; ++j) l.args.in[j] = nullptr;
+  be.prepare(1, 1);
+  be.setLane(0);
+  // Framing, steps 1-2 of Note [Driving the plan on streams].
+  be.record(Stream::kCaller, kCallStartEvent);
+  be.wait(Stream::kComm, kCallStartEvent);
+  be.wait(Stream::kCompute, kCallStartEvent);
+  be.wait(Stream::kComm, kPrevCallDoneEvent);
+  be.group(ops);
+  // The reduce reads every received tensor and overwrites the one the sends read: it waits for
+  // the whole group (one event covers it), so kCallDone again means "everything finished".
+  be.record(Stream::kComm, 0);
+  be.wait(Stream::kCompute, 0);
+  be.reduceInOrder(l);
   // Framing, steps 4-5.
   be.finish();
   be.record(Stream::kCompute, kCallDoneEvent);

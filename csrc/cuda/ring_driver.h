@@ -34,6 +34,12 @@
 // is in order and needs nothing. Plan events are re-recorded by the next stage; every wait is
 // enqueued after the record it names, within its stage, so it captures that stage's record.
 //
+// Lanes (Note [Lanes] in plan.h): the stages of a call may run on several lanes, each with its own
+// kComm, kCompute, plan events and NCCL communicator (DeviceBackend::setLane). Steps 1-2 happen on
+// every lane; the stages of one lane follow each other as above; before step 4, lane 0's kCompute
+// waits for laneDoneEvent(k), recorded at the end of lane k's kCompute, for every other lane k.
+// So kCallDone still means the whole call (every lane, sends included) has finished.
+//
 // Note [Sub-rings on one communicator]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A plan speaks of ring indices (plan.rank, plan.next, plan.prev in 0..n-1). The GPU transport owns
@@ -55,17 +61,43 @@
 
 #include "../core/collectives.h"
 #include "../core/dtype.h"
+#include "../core/one_shot_body.h"
 #include "../core/plan.h"
 
 namespace rr {
 
 enum class Stream : uint8_t { kComm = 0, kCompute = 1, kCaller = 2 };
 
+// Note [Which exchanges hand off]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The GPU transport launches an exchange either as a hand-off (the non-blocking communicator; the
+// host waits until NCCL has put it on the stream) or queued (its blocking child; no wait): Note
+// [Hand-off and queued exchanges] in nccl_comm.h. A hand-off is what may make the first contact
+// with a peer and what notices a caller inside its own NCCL group, so:
+//   * the first exchange of each stage of a call (its grid exchange 0) hands off;
+//   * every other exchange is queued - unless some chunk of the stage is empty (a tensor of fewer
+//     than n x 16 bytes, or numel < n for exact blocks); then every exchange of the stage hands off.
+// NCCL matches point-to-point messages per communicator, so both ends of each message must launch
+// it the same way. They do: the sender's exchange e and the receiver's exchange e carry the same
+// message (Note [One ring, two transports, one plan] in plan.h), and the rule depends only on e and
+// the schedule, which every rank of the ring shares. When no chunk is empty, every rank's exchange
+// 0 sends to the next rank and receives from the previous one, so the hand-off reaches both
+// neighbours of the stage before any queued exchange does. A call thus costs one host wait per
+// stage (1, or 3 for the hierarchical all-reduce), whatever its size; the simulated device checks
+// both properties (sim_device.h).
+enum class Launch : uint8_t { kQueued = 0, kHandOff = 1 };
+Launch exchangeLaunch(const Plan& plan, int32_t exchange);
+bool handsOffEveryExchange(const Plan& plan);  // some chunk of the plan is empty
+
 // Framing events (negative ids; plan events are dense ids >= 0 from EventMap).
 constexpr int32_t kCallStartEvent = -1;
 constexpr int32_t kCallDoneEvent = -2;
 constexpr int32_t kPrevCallDoneEvent = -3;
-constexpr int32_t kStageDoneEvent = -4;  // between the stages of one call (kCompute -> kComm)
+constexpr int32_t kStageDoneEvent = -4;  // between the stages of one lane of a call (kCompute -> kComm)
+// Note [Lanes]: lane k's end, recorded on its kCompute, waited by lane 0's (k >= 1).
+constexpr int32_t laneDoneEvent(int32_t lane) { return -16 - lane; }
+constexpr bool isLaneDoneEvent(int32_t event) { return event <= -17; }
+constexpr int32_t laneOfDoneEvent(int32_t event) { return -16 - event; }
 
 // Arguments of one reduce launch, mirroring hostReduce()/launchReduce().
 struct ReduceLaunch {
@@ -81,19 +113,42 @@ struct ReduceLaunch {
   RedOp op;        // the stage's reduction (a hierarchical AVG sums in its first stage)
 };
 
+// One point-to-point operation of an NCCL group with several peers (the one-shot all-reduce's).
+struct PeerOp {
+  bool send = false;
+  void* buf = nullptr;  // read for a send, written for a receive
+  size_t bytes = 0;
+  int peer = -1;        // communicator rank
+};
+
+// The one-shot reduce (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h).
+struct OneShotLaunch {
+  OneShotArgs args;
+  RedOp op = RedOp::kSum;
+};
+
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
-  // Called once per call before anything else: at least `num_events` plan events must exist.
-  virtual void prepare(int32_t num_events) = 0;
+  // Called once per call before anything else: at least `num_events` plan events must exist on
+  // each of `lanes` lanes (Note [Lanes]).
+  virtual void prepare(int32_t num_events, int32_t lanes) = 0;
+  // Every later op goes to lane `lane`'s streams, plan events and communicator (kCaller and the
+  // call's framing events are shared by the lanes; kStageDoneEvent is per lane).
+  virtual void setLane(int32_t lane) = 0;
   // On kComm: send `send_bytes` from `send` to communicator rank `send_peer` and receive
-  // `recv_bytes` into `recv` from communicator rank `recv_peer`, as one group. Either side may be
-  // empty (null, 0 bytes; its peer is then -1). The peers are the ring's neighbours mapped through
-  // the stage's members (Note [Sub-rings on one communicator]).
+  // `recv_bytes` into `recv` from communicator rank `recv_peer`, as one group, launched as `launch`
+  // says (Note [Which exchanges hand off]). Either side may be empty (null, 0 bytes; its peer is
+  // then -1). The peers are the ring's neighbours mapped through the stage's members (Note
+  // [Sub-rings on one communicator]).
   virtual void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
-                        int recv_peer) = 0;
+                        int recv_peer, Launch launch) = 0;
+  // On kComm: one NCCL group of sends and receives with several peers, always a hand-off (the
+  // one-shot all-reduce's exchange; Note [Which exchanges hand off]).
+  virtual void group(const std::vector<PeerOp>& ops) = 0;
   // On kCompute.
   virtual void reduce(const ReduceLaunch& launch) = 0;
+  virtual void reduceInOrder(const OneShotLaunch& launch) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // `event` is a dense plan event index (>= 0) or a framing event (< 0).
   virtual void record(Stream stream, int32_t event) = 0;
@@ -107,8 +162,9 @@ class DeviceBackend {
 struct DeviceBuffers {
   void* data = nullptr;        // numel contiguous elements of plan.dtype
   void* accum = nullptr;       // plan.accum_elems float32 elements (accum_float32 only)
-  std::vector<void*> slots;    // plan.num_slots receive buffers of >= slot bytes each
+  std::vector<void*> slots;    // plan.num_slots receive buffers of >= slot bytes each (per lane)
   size_t slot_bytes = 0;       // capacity of each slot, checked against the plan
+  int32_t slots_per_lane = 0;  // with several lanes, lane k uses slots [k x this, (k + 1) x this)
 };
 
 // Maps plan event ids to dense indices: only events some op waits for get one.
@@ -126,14 +182,25 @@ EventMap mapWaitedEvents(const Plan& plan);
 void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers& buffers, DeviceBackend& backend,
                        bool caller_waits);
 
+// The one-shot all-reduce (Note [GPU one-shot all-reduce]) of `numel` elements of `dtype` over the
+// ring `members` (ring index -> communicator rank; this process is ring index `index`), with the
+// call framing of Note [Driving the plan on streams]: one group on kComm sends buffers.data to
+// every other member and receives member j's tensor into buffers.slots[j < index ? j : j - 1]
+// (each of >= numel elements: buffers.slot_bytes), then one reduce on kCompute writes the result
+// into buffers.data. AVG divides by the ring's size; accum_float32 carries float32 partials as the
+// ring would. Throws kRuntime/kValue (before anything is enqueued) when the buffers do not fit or
+// the ring is larger than kOneShotMaxRanks.
+void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, DType dtype, RedOp op,
+                    bool accum_float32, const DeviceBuffers& buffers, DeviceBackend& backend, bool caller_waits);
+
 // A single flat ring: `members` empty means ring index i is communicator rank i.
 void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& backend,
                      bool caller_waits, const std::vector<int>& members = {});
 
 // The plan options of the GPU transport: the all-gather lands in the output (gather_into_data);
-// segment_bytes <= 0 means the default (1 MiB); segments are capped so that one fits a slot.
-constexpr int64_t kGpuDefaultSegmentBytes = 1 << 20;
-PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t segment_bytes, int32_t num_slots,
+// segments of at most max_segment_bytes (>= 16), capped so that one fits a slot of slot_bytes.
+// The pipeline rule (gpu_pipeline.h) picks the three numbers for a call.
+PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t max_segment_bytes, int32_t num_slots,
                            int64_t slot_bytes);
 
 // Bytes one staging slot needs for `plan`.

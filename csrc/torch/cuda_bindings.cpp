@@ -85,15 +85,13 @@ std::function<void()> writeBack(const at::Tensor& user, const at::Tensor& from, 
 py::object launch(CudaRing& ring, CudaCallRequest& req, CudaCallBuffers& buf, std::vector<at::Tensor>& bufs,
                   const std::vector<at::Tensor>& user_out, const at::Tensor& result) {
   const int device = ring.device();
-  const c10::cuda::CUDAStream comm_s = wrap(ring.commStream(), device);
   const c10::cuda::CUDAStream compute_s = wrap(ring.computeStream(), device);
   buf.protect = [&]() {
-    // The caching allocator must not hand these blocks out again before the internal streams are
-    // done with them, even if Python drops the tensor right after the call (or the enqueue fails).
-    for (const at::Tensor& t : bufs) {
-      t.record_stream(comm_s);
-      t.record_stream(compute_s);
-    }
+    // The caching allocator must not hand these blocks out again before the internal streams (every
+    // lane's) are done with them, even if Python drops the tensor right after the call (or the
+    // enqueue fails).
+    for (cudaStream_t s : ring.streams())
+      for (const at::Tensor& t : bufs) t.record_stream(wrap(s, device));
     for (const at::Tensor& t : user_out) t.record_stream(compute_s);
   };
   const std::shared_ptr<CudaWork> work = [&] {
@@ -112,7 +110,7 @@ py::object launch(CudaRing& ring, CudaCallRequest& req, CudaCallBuffers& buf, st
   return py::cast(std::make_shared<CudaWorkHandle>(work, result, bufs, future));
 }
 
-CudaCallRequest request(const CudaRing& ring, const at::Tensor& t, int kind, int op, int64_t segment_bytes,
+CudaCallRequest request(const CudaRing& ring, const at::Tensor& t, int kind, int op, const GpuKnobs& knobs,
                         bool async_op, bool check, const std::string& group_name, const std::vector<int>& members) {
   CudaCallRequest req;
   req.kind = static_cast<CallKind>(kind);
@@ -120,7 +118,7 @@ CudaCallRequest request(const CudaRing& ring, const at::Tensor& t, int kind, int
   req.dtype = toDType(t.scalar_type());
   req.numel = t.numel();
   req.shape.assign(t.sizes().begin(), t.sizes().end());
-  req.segment_bytes = segment_bytes;
+  req.knobs = knobs;
   req.async_op = async_op;
   req.check = check;
   req.group_name = group_name;
@@ -133,12 +131,13 @@ CudaCallRequest request(const CudaRing& ring, const at::Tensor& t, int kind, int
 // row-major contiguous (views, transposes, channels_last, conj/neg views) is reduced in a
 // row-major working copy made on the caller's stream and written back on the reduce stream.
 py::object cudaAllReduce(const std::shared_ptr<CudaRing>& ring, const at::Tensor& tensor, int op, bool accum_float32,
-                         int64_t segment_bytes, bool async_op, bool check, int kind, const std::string& group_name,
-                         const std::vector<int>& members, int local_size) {
+                         const GpuKnobs& knobs, bool async_op, bool check, int kind, const std::string& group_name,
+                         const std::vector<int>& members, int local_size, bool one_shot) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ring->device()));
-  CudaCallRequest req = request(*ring, tensor, kind, op, segment_bytes, async_op, check, group_name, members);
+  CudaCallRequest req = request(*ring, tensor, kind, op, knobs, async_op, check, group_name, members);
   req.accum_float32 = accum_float32;
   req.local_size = local_size;
+  req.one_shot = one_shot;
   const bool plain = tensor.is_contiguous() && !tensor.is_conj() && !tensor.is_neg();
   if (!plain) checkWritable(tensor, "tensor");
   std::vector<at::Tensor> bufs, user_out;
@@ -166,14 +165,14 @@ py::object cudaAllReduce(const std::shared_ptr<CudaRing>& ring, const at::Tensor
 // reduce_scatter (kind 3: a private copy of `input` is reduced, block r copied into `output`) and
 // all_gather (kind 4: `input` placed as block r of the contiguous `output`, the others received).
 py::object cudaRingHalf(const std::shared_ptr<CudaRing>& ring, const at::Tensor& input, const at::Tensor& output,
-                        int op, int64_t segment_bytes, bool async_op, bool check, int kind,
+                        int op, const GpuKnobs& knobs, bool async_op, bool check, int kind,
                         const std::string& group_name, const std::vector<int>& members) {
   const bool scatter = kind == static_cast<int>(CallKind::kReduceScatter);
   RR_CHECK(scatter || kind == static_cast<int>(CallKind::kAllGather), kValue,
            "ringreduce: cuda_ring_half runs reduce_scatter (kind 3) or all_gather (kind 4), got kind ", kind);
   if (scatter) checkWritable(output, "output");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ring->device()));
-  CudaCallRequest req = request(*ring, input, kind, op, segment_bytes, async_op, check, group_name, members);
+  CudaCallRequest req = request(*ring, input, kind, op, knobs, async_op, check, group_name, members);
   req.out_numel = output.numel();
   std::vector<at::Tensor> bufs, user_out;
   CudaCallBuffers buf;
@@ -234,23 +233,48 @@ void registerCudaBindings(pybind11::module& m) {
   m.def("cuda_group_timeout_ms", &groupTimeoutMs, py::arg("group"),
         "The timeout of the group's CUDA backend (else its CPU backend, else 10 minutes), in ms.");
 
+  // The pipeline's overrides of one call (Note [GPU pipeline rule], csrc/cuda/gpu_pipeline.h).
+  py::class_<GpuKnobs>(m, "GpuKnobs")
+      .def(py::init<>())
+      .def_readwrite("segment_bytes", &GpuKnobs::segment_bytes)
+      .def_readwrite("slots", &GpuKnobs::slots)
+      .def_readwrite("lanes", &GpuKnobs::lanes)
+      .def_readwrite("one_shot_bytes", &GpuKnobs::one_shot_bytes);
+
   py::class_<CudaRing, std::shared_ptr<CudaRing>>(m, "CudaRing")
       .def(py::init([](const py::bytes& unique_id, int nranks, int rank, int device, int64_t timeout_ms,
-                       const std::string& name, int num_slots, int64_t connect_timeout_ms) {
+                       const std::string& name, int64_t staging_bytes, int64_t connect_timeout_ms,
+                       const std::vector<py::bytes>& lane_ids) {
              const std::string id = unique_id;
+             std::vector<std::string> more;
+             for (const py::bytes& b : lane_ids) more.push_back(b);
              py::gil_scoped_release nogil;  // init polls until every rank joined
-             auto comm = std::make_shared<NcclComm>(id, nranks, rank, device, std::chrono::milliseconds(timeout_ms),
-                                                    name, std::chrono::milliseconds(connect_timeout_ms));
-             return std::make_shared<CudaRing>(comm, num_slots, kCudaStagingBytes);
+             const auto op_ms = std::chrono::milliseconds(timeout_ms);
+             const auto connect_ms = std::chrono::milliseconds(connect_timeout_ms);
+             auto comm = std::make_shared<NcclComm>(id, nranks, rank, device, op_ms, name, connect_ms);
+             // Note [Lanes]: one more communicator per lane, from its own unique id.
+             std::vector<std::shared_ptr<NcclComm>> lanes;
+             try {
+               for (size_t k = 0; k < more.size(); ++k)
+                 lanes.push_back(std::make_shared<NcclComm>(more[k], nranks, rank, device, op_ms,
+                                                            name + " lane " + std::to_string(k + 1), connect_ms));
+             } catch (...) {
+               comm->abort("a lane's communicator could not be created");
+               throw;
+             }
+             return std::make_shared<CudaRing>(comm, staging_bytes, kCudaMaxQueuedOps, std::move(lanes));
            }),
            py::arg("unique_id"), py::arg("nranks"), py::arg("rank"), py::arg("device"), py::arg("timeout_ms"),
-           py::arg("name"), py::arg("num_slots") = kCudaStagingSlots, py::arg("connect_timeout_ms") = 0)
+           py::arg("name"), py::arg("staging_bytes") = 0, py::arg("connect_timeout_ms") = 0,
+           py::arg("lane_ids") = std::vector<py::bytes>{})
       .def_property_readonly("rank", &CudaRing::rank)
       .def_property_readonly("size", &CudaRing::size)
       .def_property_readonly("device", &CudaRing::device)
       .def_property_readonly("next_seq", [](const CudaRing& r) { py::gil_scoped_release g; return r.nextSeq(); })
-      .def_property_readonly("staging_bytes", [](const CudaRing& r) { return r.slotBytes() * r.numSlots(); })
-      .def("aborted", [](CudaRing& r) { return r.isShutdown() || r.comm().aborted(); })
+      .def_property_readonly("staging_bytes", &CudaRing::stagingBytes)
+      .def_property_readonly("hand_offs", &CudaRing::handOffs)
+      .def_property_readonly("lanes", &CudaRing::numLanes)
+      .def("aborted", [](CudaRing& r) { return r.isShutdown() || r.aborted(); })
       .def("abort_reason", [](CudaRing& r) { return r.comm().abortReason(); })
       .def("abort", &CudaRing::shutdown, py::arg("reason"), py::arg("at_exit") = false,
            py::call_guard<py::gil_scoped_release>(), "CudaRing::shutdown (idempotent).");
@@ -272,11 +296,11 @@ void registerCudaBindings(pybind11::module& m) {
            [](const CudaWorkHandle& h) { return std::make_shared<torch::jit::PythonFutureWrapper>(h.future()); });
 
   m.def("cuda_all_reduce", &cudaAllReduce, py::arg("comm"), py::arg("tensor"), py::arg("op"),
-        py::arg("accum_float32"), py::arg("segment_bytes"), py::arg("async_op"), py::arg("check"), py::arg("kind"),
+        py::arg("accum_float32"), py::arg("knobs"), py::arg("async_op"), py::arg("check"), py::arg("kind"),
         py::arg("group_name"), py::arg("members") = std::vector<int>{}, py::arg("local_size") = 0,
-        "ringreduce._cuda.cuda_all_reduce's native half.");
+        py::arg("one_shot") = true, "ringreduce._cuda.cuda_all_reduce's native half.");
   m.def("cuda_ring_half", &cudaRingHalf, py::arg("comm"), py::arg("input"), py::arg("output"), py::arg("op"),
-        py::arg("segment_bytes"), py::arg("async_op"), py::arg("check"), py::arg("kind"), py::arg("group_name"),
+        py::arg("knobs"), py::arg("async_op"), py::arg("check"), py::arg("kind"), py::arg("group_name"),
         py::arg("members") = std::vector<int>{},
         "ringreduce._cuda.cuda_ring_half's native half.");
   m.def(
@@ -296,14 +320,18 @@ void registerCudaBindings(pybind11::module& m) {
         c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
         cudaStream_t caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
         const LoopbackShape shape{static_cast<uint8_t>(phases), local_size, order};
+        GpuKnobs knobs;
+        knobs.segment_bytes = segment_bytes;
+        knobs.slots = num_slots;
         py::gil_scoped_release nogil;
         loopbackAllReduce(device, ptrs, t0.numel(), toDType(t0.scalar_type()), static_cast<RedOp>(op), accum_float32,
-                          segment_bytes, num_slots, kCudaStagingBytes / num_slots / 256 * 256, caller, shape);
+                          knobs, caller, shape);
       },
       py::arg("tensors"), py::arg("op"), py::arg("accum_float32") = false, py::arg("segment_bytes") = 0,
-      py::arg("num_slots") = kCudaStagingSlots, py::arg("phases") = 3, py::arg("local_size") = 0,
+      py::arg("num_slots") = 0, py::arg("phases") = 3, py::arg("local_size") = 0,
       py::arg("order") = std::vector<int>{},
-      "Test hook: loopbackAllReduce (csrc/cuda/loopback_ring.h) on `tensors`, one per simulated rank.");
+      "Test hook: loopbackAllReduce (csrc/cuda/loopback_ring.h) on `tensors`, one per simulated rank; "
+      "segment_bytes/num_slots 0: the pipeline rule's (csrc/cuda/gpu_pipeline.h).");
   m.def(
       "_cuda_reduce",
       [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, int op, int divisor) {

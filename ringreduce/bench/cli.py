@@ -27,6 +27,9 @@ in the JSON); implementations alternate by round, with an untimed barrier before
 --timing single times barrier-aligned single calls instead. algbw = bytes / time; busbw = algbw *
 2(n-1)/n; #wrong counts wrong elements after one extra call on exact data, summed over ranks;
 ratio = ringreduce time / stock time; floor = one memcpy of the buffer, timed the same way.
+On GPUs (--backend nccl): nccl-ring = stock NCCL with NCCL_ALGO=RING, %ring = ringreduce busbw / its busbw;
+loop(us) = the one-GPU loopback driver (world-size simulated ranks on rank 0's GPU), loop-eff = its
+HBM-traffic time at the copy's rate (7(n-1)/2 copies of the buffer) / its time.
 
 examples:
   python -m ringreduce.bench                                   # 2 CPU ranks or all GPUs
@@ -83,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also time ringreduce with RINGREDUCE_CHECK=0, interleaved; adds a check(us) column")
     run.add_argument("--no-nccl-ring", dest="nccl_ring", action="store_false",
                      help="on GPUs, skip stock NCCL with NCCL_ALGO=RING")
+    run.add_argument("--no-loopback", dest="loopback", action="store_false",
+                     help="on GPUs, skip timing the one-GPU loopback driver against its HBM ideal (loop columns)")
     ranks = p.add_argument_group("ranks")
     ranks.add_argument("--nproc", type=int, default=None,
                        help="local ranks to spawn (default: all GPUs if >= 2, else 2 CPU ranks; with --backend "
@@ -139,7 +144,7 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
         iters=args.iters, warmup=args.warmup, transport=args.transport,
         seconds_per_size=args.seconds, min_iters=args.min_iters, max_iters=args.max_iters,
         check=True if args.check_cost and backend == "nccl" and args.check is None else args.check,
-        check_cost=args.check_cost, nccl_ring=args.nccl_ring, json_path=args.json_path,
+        check_cost=args.check_cost, nccl_ring=args.nccl_ring, loopback=args.loopback, json_path=args.json_path,
         plot_path=args.plot_path, command=[sys.executable, "-m", "ringreduce.bench", *argv], launcher=launcher,
         quiet=args.quiet,
     )

@@ -24,6 +24,7 @@ class BenchConfig:
     transport: str = "default"  # ringreduce's CPU transport: "default", "shm" or "tcp" (RINGREDUCE_SHM)
     check_cost: bool = False  # also time ringreduce with RINGREDUCE_CHECK=0
     nccl_ring: bool = True  # on NCCL: also stock NCCL with NCCL_ALGO=RING
+    loopback: bool = True  # on NCCL: rank 0 also times the one-GPU loopback driver (Note [Loopback ideal])
     json_path: str | None = None
     plot_path: str | None = None
     command: list[str] = field(default_factory=list)

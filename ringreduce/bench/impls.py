@@ -85,6 +85,16 @@ def stock_rtol(op: str, backend: str, dtype: torch.dtype, world_size: int) -> fl
     return 0.0
 
 
+def loopback_call(op: str, tensors: list[torch.Tensor]) -> Callable[[], None]:
+    """One all-reduce of the one-GPU loopback driver (csrc/cuda/loopback_ring.h: a ring of
+    len(tensors) simulated ranks as host threads, every exchange a device copy) on `tensors`, with the
+    pipeline rule's segments; synchronous on the current stream."""
+    from ringreduce._native import C
+
+    code = int(ringreduce.ReduceOp.AVG if op == "avg" else ringreduce.ReduceOp.SUM)
+    return lambda: C._cuda_loopback_all_reduce(tensors, code)
+
+
 def build_impls(
     op: str, backend: str, device: torch.device, dtype: torch.dtype, check: bool | None, check_cost: bool,
     nccl_ring: bool,

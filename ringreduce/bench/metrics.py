@@ -25,6 +25,32 @@ def busbw_gbs(size_bytes: int, time_us: float, world_size: int) -> float:
     return algbw_gbs(size_bytes, time_us) * busbw_factor(world_size)
 
 
+# Note [Loopback ideal]: the one-GPU loopback driver (csrc/cuda/loopback_ring.h) runs a ring of n
+# ranks on one GPU, every byte through HBM. Per rank and ring step, the reduce-scatter copies a chunk
+# into staging (read + write: 2 chunk bytes) and reduces it (read two, write one: 3), the
+# all-gather copies a chunk straight into the output (2): 7 (n - 1) chunk bytes per rank, with
+# chunk = size / n, so 7 (n - 1) x size bytes of HBM traffic per call. A device-to-device copy of
+# the buffer moves 2 x size bytes; timed in the same run (the floor column) it gives the HBM rate,
+# and the ideal loopback time is 7 (n - 1) / 2 copies. loop-eff = ideal / measured (<= 1; the
+# issue-24 target is >= 0.80 at n = 4 and 8, 256 MiB float32).
+LOOPBACK_HBM_BYTES_PER_SIZE = 7  # times (n - 1)
+
+
+def loopback_hbm_bytes(world_size: int, size_bytes: int) -> int:
+    """HBM bytes one loopback all-reduce of `size_bytes` over `world_size` simulated ranks moves."""
+    return LOOPBACK_HBM_BYTES_PER_SIZE * max(0, world_size - 1) * size_bytes
+
+
+def loopback_ideal_us(world_size: int, copy_us: float) -> float:
+    """The loopback all-reduce's time at the HBM rate of a copy of the same buffer taking `copy_us`."""
+    return loopback_hbm_bytes(world_size, 1) / 2.0 * copy_us
+
+
+def loopback_efficiency(loopback_us: float, ideal_us: float) -> float:
+    """ideal / measured (1.0: the loopback ring runs at the copy's HBM rate)."""
+    return ideal_us / loopback_us if loopback_us > 0 else 0.0
+
+
 def aggregate_size(
     size: int, count: int, type_name: str, op: str, world_size: int, per_rank: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -66,6 +92,11 @@ def aggregate_size(
             "rss_exact": all(bool(s["rss_exact"]) for s in stats),
             "cuda_growth_bytes": max(cuda) if cuda else None,
         })
+        lb = stats[0].get("loopback_us")
+        if lb is not None:
+            copy_us = float(stats[0]["loopback_copy_us"])
+            rows[-1].update(loopback_us=float(lb), loopback_copy_us=copy_us,
+                            loopback_ideal_us=loopback_ideal_us(world_size, copy_us))
     return rows
 
 

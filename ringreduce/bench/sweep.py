@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.data import count_wrong, fill_pattern, pattern_modulus
-from ringreduce.bench.impls import GLOO, NCCL, Impl, build_impls
+from ringreduce.bench.impls import GLOO, NCCL, RINGREDUCE, Impl, build_impls, loopback_call
 from ringreduce.bench.memory import measure_call
 from ringreduce.bench.metrics import aggregate_size
 from ringreduce.bench.sizes import DTYPES, format_size
@@ -133,7 +133,41 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
         impl.enter()
         impl.run(buf)
         results[impl.name]["wrong"] = count_wrong(buf, ctx.world_size, k, cfg.op, impl.rtol)
+    if cfg.loopback and ctx.device.type == "cuda":
+        _time_loopback(cfg, ctx, count, dtype, k, iters, rounds, floor, source, results)
     return {"size": size, "count": count, "iters": iters, "rounds": rounds, "warmup": cfg.warmup, "impls": results}
+
+
+def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.dtype, k: int, iters: int,
+                   rounds: int, floor: torch.Tensor, source: torch.Tensor, results: dict[str, dict[str, Any]]) -> None:
+    """Rank 0 times the one-GPU loopback driver over world_size simulated ranks, alone on its GPU (the
+    other ranks wait at a barrier), and a copy of the buffer in the same rounds: the loopback's ideal
+    (Note [Loopback ideal] in metrics.py). Its result is checked like the others' (#wrong)."""
+    torch.cuda.synchronize(ctx.device)
+    dist.barrier()
+    if ctx.rank == 0:
+        tensors = [torch.empty(count, dtype=dtype, device=ctx.device) for _ in range(ctx.world_size)]
+        for r, t in enumerate(tensors):
+            fill_pattern(t, r, k)
+        run = loopback_call(cfg.op, tensors)
+        for _ in range(min(cfg.warmup, 2)):
+            run()
+        # As many calls per round as keep the loopback near --seconds per size (it moves n x the bytes).
+        calls = auto_iters(time_round(run, 1, ctx.device), cfg.seconds_per_size / rounds, 1, iters)
+        loop_s, copy_s = [], []
+        for _ in range(rounds):
+            loop_s.append(time_round(run, calls, ctx.device))
+            copy_s.append(time_round(lambda: floor.copy_(source), calls, ctx.device))
+        for r, t in enumerate(tensors):
+            fill_pattern(t, r, k)
+        run()
+        wrong = sum(count_wrong(t, ctx.world_size, k, cfg.op, 0.0) for t in tensors)
+        results[RINGREDUCE].update(loopback_us=statistics.median(loop_s) * 1e6,
+                                   loopback_copy_us=statistics.median(copy_s) * 1e6)
+        results[RINGREDUCE]["wrong"] += wrong
+        del tensors
+    torch.cuda.synchronize(ctx.device)
+    dist.barrier()
 
 
 def _progress(cfg: BenchConfig, index: int, total: int, size: int, started: float) -> None:
@@ -153,7 +187,7 @@ def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]],
     impls = build_impls(cfg.op, cfg.backend, ctx.device, DTYPES[cfg.dtype].torch_dtype, cfg.check,
                         cfg.check_cost, cfg.nccl_ring)
     stock = NCCL if cfg.backend == "nccl" else GLOO
-    layout = Layout(tuple(impl.name for impl in impls), stock)
+    layout = Layout(tuple(impl.name for impl in impls), stock, loopback=cfg.loopback and ctx.device.type == "cuda")
     if ctx.rank == 0:
         print("\n".join(header(layout)), flush=True)
     rows: list[dict[str, Any]] = []

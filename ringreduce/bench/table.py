@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringreduce.bench.impls import NCCL_RING, RINGREDUCE, RINGREDUCE_NOCHECK
-from ringreduce.bench.metrics import average_busbw, time_ratio
+from ringreduce.bench.metrics import average_busbw, loopback_efficiency, time_ratio
 from ringreduce.bench.sizes import format_size
 
 _KEY = "{:>12} {:>12} {:>8} {:>6}"
@@ -21,11 +21,13 @@ class Layout:
 
     impls: tuple[str, ...]
     stock: str
+    loopback: bool = False  # the one-GPU loopback driver was timed (GPU runs)
 
     @property
     def extras(self) -> tuple[str, ...]:
         """Derived columns: time ratio vs stock, the memcpy floor and ringreduce's time over it, the
-        agreement check's cost, busbw % of NCCL RING."""
+        agreement check's cost, busbw % of NCCL RING, the loopback driver's time and ideal / time
+        (Note [Loopback ideal] in metrics.py)."""
         cols = []
         if RINGREDUCE in self.impls and self.stock in self.impls:
             cols.append("ratio")
@@ -34,6 +36,8 @@ class Layout:
             cols.append("check(us)")
         if NCCL_RING in self.impls:
             cols.append("%ring")
+        if self.loopback:
+            cols += ["loop(us)", "loop-eff"]
         return tuple(cols)
 
 
@@ -63,6 +67,13 @@ def _extra_value(extra: str, rows: list[dict[str, Any]], layout: Layout) -> str:
         return f"{by_impl[RINGREDUCE]['time_us'] / floor:9.2f}" if floor > 0 and RINGREDUCE in by_impl else f"{'n/a':>9}"
     if extra == "check(us)":
         return f"{by_impl[RINGREDUCE]['time_us'] - by_impl[RINGREDUCE_NOCHECK]['time_us']:9.1f}"
+    if extra in ("loop(us)", "loop-eff"):
+        row = by_impl.get(RINGREDUCE, {})
+        if row.get("loopback_us") is None:
+            return f"{'n/a':>9}"
+        if extra == "loop(us)":
+            return f"{row['loopback_us']:9.1f}"
+        return f"{loopback_efficiency(row['loopback_us'], row['loopback_ideal_us']):9.2f}"
     ring = by_impl[NCCL_RING]["busbw_gbs"]
     return f"{100.0 * by_impl[RINGREDUCE]['busbw_gbs'] / ring:8.1f}%" if ring > 0 else f"{'n/a':>9}"
 
@@ -100,6 +111,12 @@ def footer(rows: list[dict[str, Any]], layout: Layout, highlight: tuple[int, ...
     if ratios:
         lines.append(f"# Time ratio {RINGREDUCE}/{layout.stock}: " + "  ".join(ratios)
                      + "  (docs/design.md section 5 targets)")
+    loops = [row for row in rows if row["impl"] == RINGREDUCE and row.get("loopback_us") is not None]
+    if loops:
+        lines.append("# Loopback driver on one GPU, ideal/time (HBM traffic at a copy's rate, Note [Loopback ideal]): "
+                     + "  ".join(f"{format_size(row['size'])} "
+                                 f"{loopback_efficiency(row['loopback_us'], row['loopback_ideal_us']):.2f}"
+                                 for row in loops))
     return lines
 
 

@@ -169,6 +169,9 @@ std::string staticChecks(Shared& sh) {
     if (p.avg_divisor != ref.avg_divisor)
       return concat("the ranks disagree on the AVG divisor: rank ", r, "'s is ", p.avg_divisor, ", rank 0's ",
                     ref.avg_divisor);
+    if (p.lanes != ref.lanes || p.lane != ref.lane || p.lanes < 1 || p.lane < 0 || p.lane >= p.lanes)
+      return concat("the ranks disagree on the lane (Note [Lanes]): rank ", r, " runs lane ", p.lane, " of ", p.lanes,
+                    ", rank 0 lane ", ref.lane, " of ", ref.lanes);
     if (p.avg_divisor < n)
       return concat("rank ", r, "'s AVG divisor ", p.avg_divisor, " is smaller than its ring's size ", n,
                     " (AVG divides the sum of at least the ring's contributions)");
@@ -1017,6 +1020,12 @@ class Simulation {
     return "";
   }
 
+  // Note [Lanes]: whether element i is this plan set's to finish.
+  bool inLane(int64_t i) const {
+    const Plan& ref = sh_.plans[0];
+    return ref.lanes <= 1 || laneOfElement(ref.sched, ref.lanes, i) == ref.lane;
+  }
+
   // The value of element i that an all-gather-only plan starts from on its owner: the same on every
   // rank, whoever owns it.
   static uint64_t finishedHash(int64_t i) { return mix64(0xf1a15bedull ^ (static_cast<uint64_t>(i) << 8)); }
@@ -1032,6 +1041,7 @@ class Simulation {
         const int own = sh_.plans[r].sched.ownedChunk(r);
         const Range range = sh_.plans[r].sched.chunkRange(own);
         for (int64_t i = range.begin; i < range.end; ++i) {
+          if (!inLane(i)) continue;
           const Cell& c = d[static_cast<size_t>(i)];
           if (c.mask != full_)
             return concat("element ", i, " of rank ", r, " (in its owned chunk ", own, ") ends with contributions ",
@@ -1046,6 +1056,7 @@ class Simulation {
     for (int r = 0; r < n_; ++r) {
       const std::vector<Cell>& d = st_[r].data;
       for (int64_t i = 0; i < numel; ++i) {
+        if (!inLane(i)) continue;  // Note [Lanes]: another lane's element, never touched here
         const Cell& c = d[static_cast<size_t>(i)];
         if (c.mask != full_)
           return concat("element ", i, " of rank ", r, " ends with contributions ", maskText(c.mask),
@@ -1123,7 +1134,8 @@ std::string checkPlans(int nranks, int64_t numel, DType dtype, const PlanOptions
                   opt.avg_divisor ? concat(" avg_divisor=", opt.avg_divisor) : std::string(),
                   opt.phases != kPhaseBoth ? concat(" ", phaseMaskText(opt.phases)) : std::string(),
                   opt.owner_shift ? concat(" owner_shift=", opt.owner_shift) : std::string(),
-                  opt.exact_chunks ? " exact_chunks" : "", opt.recv_only_waits ? "" : " full_waits_only", "] ");
+                  opt.exact_chunks ? " exact_chunks" : "", opt.recv_only_waits ? "" : " full_waits_only",
+                  opt.lanes > 1 ? concat(" lane ", opt.lane, "/", opt.lanes) : std::string(), "] ");
   };
   if (nranks < 1 || nranks > 64) return params() + "the checker supports 1..64 ranks";
   std::vector<Plan> plans;
@@ -1139,6 +1151,39 @@ std::string checkPlans(int nranks, int64_t numel, DType dtype, const PlanOptions
   co.trials = trials;
   const std::string err = checkPlanSet(plans, co);
   return err.empty() ? err : params() + err;
+}
+
+std::string checkLanes(int nranks, int64_t numel, DType dtype, const PlanOptions& opt, uint64_t seed, int trials) {
+  const int lanes = opt.lanes;
+  if (lanes < 1) return concat("[lanes=", lanes, "] needs at least one lane");
+  // Which lane touches each element of the tensor (-1: none yet), over every rank's plans.
+  std::vector<int> owner(static_cast<size_t>(numel > 0 ? numel : 0), -1);
+  for (int k = 0; k < lanes; ++k) {
+    PlanOptions o = opt;
+    o.lane = k;
+    const std::string err = checkPlans(nranks, numel, dtype, o, seed + static_cast<uint64_t>(k), trials);
+    if (!err.empty()) return concat("[lane ", k, " of ", lanes, "] ", err);
+    for (int r = 0; r < nranks; ++r) {
+      const Plan p = buildPlan(nranks, r, numel, dtype, o);
+      for (const Op& op : p.ops)
+        for (const Span* sp : {&op.send, &op.recv, &op.a, &op.dst}) {
+          if (sp->buf != BufKind::kData) continue;
+          for (int64_t i = sp->offset; i < sp->offset + sp->count; ++i) {
+            int& who = owner[static_cast<size_t>(i)];
+            if (who >= 0 && who != k)
+              return concat("[lanes=", lanes, "] element ", i, " is touched by lanes ", who, " and ", k);
+            who = k;
+            if (laneOfElement(p.sched, lanes, i) != k)
+              return concat("[lanes=", lanes, "] lane ", k, " touches element ", i, " of lane ",
+                            laneOfElement(p.sched, lanes, i));
+          }
+        }
+    }
+  }
+  if (nranks > 1)
+    for (int64_t i = 0; i < numel; ++i)
+      if (owner[static_cast<size_t>(i)] < 0) return concat("[lanes=", lanes, "] no lane touches element ", i);
+  return "";
 }
 
 }  // namespace rr

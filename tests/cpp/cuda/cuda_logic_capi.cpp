@@ -8,6 +8,9 @@
 //   rr_sim_ring        the stages of every GPU collective (ring_driver.h: flat ring, reduce-scatter
 //                      only, all-gather only, hierarchical) over rank lists of one simulated
 //                      communicator, several rings side by side, reporting the peers each rank used
+//   rr_gpu_pipeline    the pipeline rule (gpu_pipeline.h) for a call
+//   rr_sim_mixed       calls that are one-shot all-reduces (enqueueOneShot) or rings, back to back
+//                      on one simulated device (shared staging and events)
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -15,6 +18,7 @@
 
 #include "../../../csrc/core/error.h"
 #include "../../../csrc/core/plan.h"
+#include "../../../csrc/cuda/gpu_pipeline.h"
 #include "../../../csrc/cuda/ring_driver.h"
 #include "sim_device.h"
 
@@ -27,6 +31,31 @@ void putError(const std::string& msg, char* err, int errlen) {
 }  // namespace
 
 extern "C" {
+
+// out[0..3]: max segment bytes, slots, slot bytes, lanes of gpuPipeline(); out[4]: the one-shot
+// threshold. Knobs as GpuKnobs (0 / -1: the rule). Returns 0, or -1 with the message in err.
+int rr_gpu_pipeline(int nranks, long long numel, int dtype, int accum_float32, long long staging_bytes,
+                    long long segment_bytes, int slots, int lanes, long long one_shot_bytes, int max_lanes,
+                    long long* out, char* err, int errlen) {
+  try {
+    rr::GpuKnobs k;
+    k.segment_bytes = segment_bytes;
+    k.slots = slots;
+    k.lanes = lanes;
+    k.one_shot_bytes = one_shot_bytes;
+    const rr::GpuPipeline p =
+        rr::gpuPipeline(nranks, numel, static_cast<rr::DType>(dtype), accum_float32 != 0, staging_bytes, k, max_lanes);
+    out[0] = p.max_segment_bytes;
+    out[1] = p.slots;
+    out[2] = p.slot_bytes;
+    out[3] = p.lanes;
+    out[4] = rr::gpuOneShotBytes(nranks, staging_bytes, k);
+    return 0;
+  } catch (const std::exception& e) {
+    putError(e.what(), err, errlen);
+    return -1;
+  }
+}
 
 // Returns 0, or -1 with the message in err (rr::Error kind in *kind).
 int rr_kernel_reduce(int dtype, int op, const void* a, int a_wide, const void* b, int b_wide, void* dst,
@@ -54,7 +83,7 @@ int rr_kernel_reduce(int dtype, int op, const void* a, int a_wide, const void* b
 // the first failure (race, deadlock, mismatch, exception) in err.
 int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_float32, long long segment_bytes,
                      int num_slots, long long slot_bytes, int ncalls, unsigned long long async_mask,
-                     unsigned long long seed, int fault, int data_offset, int gather_into_data,
+                     unsigned long long seed, int fault, int data_offset, int gather_into_data, int lanes,
                      const void* const* inputs,
                      void* const* outputs, char* err, int errlen) {
   try {
@@ -63,7 +92,8 @@ int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_f
     const size_t elem = rr::dtypeSize(dt);
     const size_t pad = static_cast<size_t>(data_offset) * elem;
     const size_t bytes = static_cast<size_t>(numel) * elem;
-    rr::sim::SimDevice dev(nranks, num_slots, static_cast<size_t>(slot_bytes), seed);
+    // Note [Lanes]: `lanes` lanes of num_slots slots each.
+    rr::sim::SimDevice dev(nranks, num_slots * lanes, static_cast<size_t>(slot_bytes), seed);
     // Device memory of every call and rank: padding, tensor, padding (0x5A sentinels).
     std::vector<std::vector<unsigned char>> data(static_cast<size_t>(ncalls * nranks));
     std::vector<std::vector<float>> accum(static_cast<size_t>(ncalls * nranks));
@@ -72,6 +102,9 @@ int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_f
     // gather_into_data = 0 runs the CPU transport's plan shape (all-gather through staging and
     // kCopy) through the GPU driver: the driver must be correct for any valid plan.
     opts.gather_into_data = gather_into_data != 0;
+    opts.lanes = lanes;
+    std::vector<int> members;
+    for (int r = 0; r < nranks; ++r) members.push_back(r);
 
     for (int c = 0; c < ncalls; ++c) {
       const bool async = (async_mask >> c) & 1u;
@@ -83,16 +116,19 @@ int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_f
         // The producer: the caller's kernel that writes the tensor right before the call.
         dev.callerOp(r, "producer of call " + std::to_string(c), {}, {{tensor, bytes}},
                      [tensor, in, bytes]() { std::memcpy(tensor, in, bytes); });
-        const rr::Plan plan = rr::buildPlan(nranks, r, numel, dt, opts);
-        accum[i].assign(static_cast<size_t>(plan.accum_elems) + 16, -12345.0f);
+        const std::vector<rr::RingStage> stages =
+            rr::flatRingStages(rr::resolveRing(members, nranks, r), numel, dt, rop, opts);
+        const int64_t accum_elems = stages[0].plan.accum_elems;  // lanes share it (disjoint segments)
+        accum[i].assign(static_cast<size_t>(accum_elems) + 16, -12345.0f);
         rr::DeviceBuffers buf;
         buf.data = tensor;
-        buf.accum = plan.accum_elems > 0 ? accum[i].data() : nullptr;
+        buf.accum = accum_elems > 0 ? accum[i].data() : nullptr;
         buf.slot_bytes = dev.rank(r).slot_bytes;
+        buf.slots_per_lane = num_slots;
         for (auto& s : dev.rank(r).slots) buf.slots.push_back(s.data());
         {
           auto be = dev.backend(r, dt, static_cast<rr::sim::Fault>(fault), &calls[i]);
-          rr::enqueueRingCall(plan, rop, buf, *be, /*caller_waits=*/!async);
+          rr::enqueueRingStages(stages, buf, *be, /*caller_waits=*/!async);
         }
         if (!async) {
           void* out = outputs[i];
@@ -208,6 +244,74 @@ int rr_sim_ring(int comm_size, int nrings, int ring_size, const int* members, in
       for (size_t k = bytes; k < data[b].size(); ++k)
         if (data[b][k] != 0x5A) {
           putError("memory after the tensor was modified (buffer " + std::to_string(b) + ")", err, errlen);
+          return -1;
+        }
+    return 0;
+  } catch (const std::exception& e) {
+    putError(std::string("exception: ") + e.what(), err, errlen);
+    return -1;
+  }
+}
+
+// Runs `ncalls` synchronous flat all-reduces on a simulated ring of `nranks` (ring index = rank):
+// call c is a one-shot (Note [GPU one-shot all-reduce]) when bit c of one_shot_mask is set, else
+// the ring with the given segment and slots. inputs/outputs as rr_sim_allreduce's. Staging: max(n -
+// 1, num_slots) slots of max(slot_bytes, the tensor) bytes. Returns 0, or -1 with the first failure.
+int rr_sim_mixed(int nranks, long long numel, int dtype, int op, int accum_float32, long long segment_bytes,
+                 int num_slots, long long slot_bytes, int ncalls, unsigned long long one_shot_mask,
+                 unsigned long long seed, int fault, const void* const* inputs, void* const* outputs, int* hand_offs,
+                 char* err, int errlen) {
+  try {
+    const rr::DType dt = static_cast<rr::DType>(dtype);
+    const rr::RedOp rop = static_cast<rr::RedOp>(op);
+    const size_t bytes = static_cast<size_t>(numel) * rr::dtypeSize(dt);
+    const size_t slot = std::max(static_cast<size_t>(slot_bytes), (bytes + 255) / 256 * 256);
+    rr::sim::SimDevice dev(nranks, std::max(nranks - 1, num_slots), slot, seed);
+    const rr::PlanOptions opts = rr::gpuPlanOptions(rop, accum_float32 != 0, segment_bytes, num_slots, slot_bytes);
+    std::vector<std::vector<unsigned char>> data(static_cast<size_t>(ncalls * nranks));
+    std::vector<std::vector<float>> accum(static_cast<size_t>(ncalls * nranks));
+    std::vector<rr::sim::SimCall> calls(static_cast<size_t>(ncalls * nranks));
+    std::vector<int> members;
+    for (int r = 0; r < nranks; ++r) members.push_back(r);
+    for (int c = 0; c < ncalls; ++c) {
+      const bool one_shot = (one_shot_mask >> c) & 1u;
+      for (int r = 0; r < nranks; ++r) {
+        const size_t i = static_cast<size_t>(c * nranks + r);
+        data[i].assign(bytes + 64, 0x5A);
+        unsigned char* tensor = data[i].data();
+        const void* in = inputs[i];
+        void* out = outputs[i];
+        dev.callerOp(r, "producer of call " + std::to_string(c), {}, {{tensor, bytes}},
+                     [tensor, in, bytes]() { std::memcpy(tensor, in, bytes); });
+        rr::DeviceBuffers buf;
+        buf.data = tensor;
+        buf.slot_bytes = dev.rank(r).slot_bytes;
+        for (auto& sl : dev.rank(r).slots) buf.slots.push_back(sl.data());
+        {
+          auto be = dev.backend(r, dt, static_cast<rr::sim::Fault>(fault), &calls[i]);
+          if (one_shot) {
+            rr::enqueueOneShot(members, r, numel, dt, rop, accum_float32 != 0, buf, *be, /*caller_waits=*/true);
+          } else {
+            const rr::Plan plan = rr::buildPlan(nranks, r, numel, dt, opts);
+            accum[i].assign(static_cast<size_t>(plan.accum_elems) + 16, -12345.0f);
+            buf.accum = plan.accum_elems > 0 ? accum[i].data() : nullptr;
+            rr::enqueueRingCall(plan, rop, buf, *be, /*caller_waits=*/true);
+          }
+        }
+        dev.callerOp(r, "consumer of call " + std::to_string(c), {{tensor, bytes}}, {},
+                     [tensor, out, bytes]() { std::memcpy(out, tensor, bytes); });
+      }
+    }
+    const std::string failure = dev.run();
+    for (int r = 0; r < nranks; ++r) hand_offs[r] = dev.handOffs(r);
+    if (!failure.empty()) {
+      putError(failure, err, errlen);
+      return -1;
+    }
+    for (size_t i = 0; i < data.size(); ++i)
+      for (size_t k = bytes; k < data[i].size(); ++k)
+        if (data[i][k] != 0x5A) {
+          putError("memory after the tensor was modified (call/rank " + std::to_string(i) + ")", err, errlen);
           return -1;
         }
     return 0;

@@ -21,6 +21,12 @@ struct CUevent_st {
 
 struct ncclComm {
   bool aborted = false;
+  // The abort flag NCCL shares between a parent and its split-shared children: set by the abort
+  // of any of them, it lets the kernels of all of them exit.
+  std::shared_ptr<bool> shared_abort = std::make_shared<bool>(false);
+  bool blocking = false;
+  int level = 0;  // 0: created by ncclCommInitRankConfig; 1: by ncclCommSplit
+  uint64_t id = 0;  // the unique id it was created from (its children inherit it)
   // Linked communicators (rrfake::linkRanks) move their messages; the others only pass time.
   bool linked = false;
   uint64_t world = 0;
@@ -81,8 +87,13 @@ struct State {
   bool link = false;    // communicators created now are linked
   uint64_t world = 1;   // of the linked communicators created now
   int size_mismatches = 0;
-  // Messages of linked communicators by (world, src, dst), in sending order.
-  std::map<std::tuple<uint64_t, int, int>, std::deque<std::vector<char>>> mail;
+  // Messages of linked communicators by (world, unique id, level, src, dst), in sending order: NCCL
+  // matches point-to-point messages per communicator, so a parent's message never meets a child's
+  // receive, nor one lane's another's.
+  std::map<std::tuple<uint64_t, uint64_t, int, int, int>, std::deque<std::vector<char>>> mail;
+  int host_waits = 0;     // ncclInProgress handed to the caller, stream/event synchronizations
+  int queued_groups = 0;  // blocking ncclGroupEnd calls that enqueued an exchange
+  int fail_queued_at = -1;  // the queued group end (0-based) that fails, -1: none
   // Kept reachable (leak checkers): device memory a test leaves allocated on purpose (undrained
   // streams) and aborted communicators, which queued exchange ops may still point at.
   std::vector<void*> allocations;
@@ -117,7 +128,7 @@ cudaError_t fail(cudaError_t e) {
 bool canRun(const State& g, const FakeOp& op) {
   switch (op.kind) {
     case FakeOp::kWait: return op.event->fired >= op.gen;
-    case FakeOp::kExchange: return (op.comm->aborted && g.abort_releases) || g.budget != 0;
+    case FakeOp::kExchange: return (*op.comm->shared_abort && g.abort_releases) || g.budget != 0;
     default: return true;
   }
 }
@@ -131,7 +142,7 @@ bool runLinkedExchange(State& g, FakeOp& op, bool* progress) {
     for (const FakeTask& t : op.tasks) {
       if (!t.is_send) continue;
       const char* src = static_cast<const char*>(t.src);
-      g.mail[std::make_tuple(c.world, c.rank, t.peer)].emplace_back(src, src + t.bytes);
+      g.mail[std::make_tuple(c.world, c.id, c.level, c.rank, t.peer)].emplace_back(src, src + t.bytes);
     }
     op.sent = true;
     *progress = true;
@@ -140,12 +151,12 @@ bool runLinkedExchange(State& g, FakeOp& op, bool* progress) {
   for (const FakeTask& t : op.tasks)
     if (!t.is_send) ++wanted[t.peer];
   for (const auto& w : wanted) {
-    auto it = g.mail.find(std::make_tuple(c.world, w.first, c.rank));
+    auto it = g.mail.find(std::make_tuple(c.world, c.id, c.level, w.first, c.rank));
     if (it == g.mail.end() || it->second.size() < w.second) return false;
   }
   for (const FakeTask& t : op.tasks) {
     if (t.is_send) continue;
-    auto& box = g.mail[std::make_tuple(c.world, t.peer, c.rank)];
+    auto& box = g.mail[std::make_tuple(c.world, c.id, c.level, t.peer, c.rank)];
     const std::vector<char>& m = box.front();
     if (m.size() != t.bytes) ++g.size_mismatches;
     std::memcpy(t.dst, m.data(), std::min(m.size(), t.bytes));
@@ -163,7 +174,7 @@ void pump(State& g) {
       FakeStream& s = *sp;
       while (!s.q.empty() && canRun(g, s.q.front())) {
         FakeOp& front = s.q.front();
-        if (front.kind == FakeOp::kExchange && front.comm->linked && !(front.comm->aborted && g.abort_releases) &&
+        if (front.kind == FakeOp::kExchange && front.comm->linked && !(*front.comm->shared_abort && g.abort_releases) &&
             !runLinkedExchange(g, front, &progress)) {
           break;  // waits for a peer's message
         }
@@ -173,7 +184,7 @@ void pump(State& g) {
         if (op.kind == FakeOp::kRecord) {
           if (op.event->fired < op.gen) op.event->fired = op.gen;
         } else if (op.kind == FakeOp::kExchange) {
-          if (!(op.comm->aborted && g.abort_releases) && g.budget > 0) --g.budget;
+          if (!(*op.comm->shared_abort && g.abort_releases) && g.budget > 0) --g.budget;
           ++g.exchanges_run;
         } else if (op.kind == FakeOp::kCopy && op.bytes > 0) {
           std::memmove(op.dst, op.src, op.bytes);
@@ -214,6 +225,8 @@ void reset() {
   g.capture_invalidated = false;
   for (bool& c : g.ctx) c = false;
   g.streams_destroyed = g.sync_timeouts = g.abort_calls = g.exchanges_run = g.task_calls = 0;
+  g.host_waits = g.queued_groups = 0;
+  g.fail_queued_at = -1;
   g.link = false;
   ++g.world;
   g.size_mismatches = 0;
@@ -301,6 +314,18 @@ int messagesLeft() {
 int pairsUsed() {
   std::lock_guard<std::mutex> lock(st().mu);
   return static_cast<int>(st().mail.size());
+}
+int hostWaits() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().host_waits;
+}
+int queuedGroups() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().queued_groups;
+}
+void failQueuedGroupAt(int k) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().fail_queued_at = k;
 }
 bool streamValid(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(st().mu);
@@ -393,6 +418,10 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   return fs(s)->q.empty() ? cudaSuccess : fail(cudaErrorNotReady);
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  {
+    std::lock_guard<std::mutex> lock(st().mu);
+    ++st().host_waits;
+  }
   const auto deadline = Clock::now() + std::chrono::seconds(3);
   while (true) {
     {
@@ -488,15 +517,37 @@ ncclResult_t ncclGetVersion(int* v) {
 }
 const char* ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "fake NCCL error"; }
 const char* ncclGetLastError(ncclComm_t) { return ""; }
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int, ncclUniqueId, int rank, ncclConfig_t*) {
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int, ncclUniqueId id, int rank, ncclConfig_t* config) {
   std::lock_guard<std::mutex> lock(st().mu);
   touchContext();
   st().comms.push_back(std::make_unique<ncclComm>());
   *comm = st().comms.back().get();
+  std::memcpy(&(*comm)->id, id.internal, sizeof(uint64_t));
+  (*comm)->blocking = config != nullptr && config->blocking == 1;
   (*comm)->linked = st().link;
   (*comm)->world = st().world;
   (*comm)->rank = rank;
   (*comm)->ready_at = Clock::now() + std::chrono::milliseconds(st().init_ms);
+  ++st().host_waits;
+  return ncclInProgress;
+}
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  if (comm == nullptr || newcomm == nullptr || color != 0) return ncclInvalidArgument;
+  st().comms.push_back(std::make_unique<ncclComm>());
+  ncclComm* child = st().comms.back().get();
+  child->shared_abort = comm->shared_abort;  // the parent's config.splitShare = 1
+  child->blocking = config != nullptr && config->blocking == 1;
+  child->level = comm->level + 1;
+  child->linked = comm->linked;
+  child->world = comm->world;
+  child->id = comm->id;
+  child->rank = key;
+  *newcomm = child;
+  if (comm->blocking) return ncclSuccess;
+  // A non-blocking parent: the split runs in the background; its state says when it is done.
+  comm->ready_at = Clock::now();
+  ++st().host_waits;
   return ncclInProgress;
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
@@ -509,7 +560,8 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   {
     std::lock_guard<std::mutex> lock(st().mu);
     ++st().abort_calls;
-    comm->aborted = true;  // the communicator's kernels exit: held exchanges pass
+    comm->aborted = true;
+    *comm->shared_abort = true;  // the kernels of the communicator (and its sharers) exit: held exchanges pass
     pump(st());
     sleep_ms = st().abort_sleep_ms;
   }
@@ -550,11 +602,24 @@ ncclResult_t ncclGroupEnd() {
   State& g = st();
   ncclComm* comm = t_tasks.front().comm;
   cudaStream_t s = t_tasks.front().stream;
+  for (const ThreadTask& t : t_tasks) {
+    if (t.comm->blocking != comm->blocking) {  // NCCL: not allowed in one group
+      t_tasks.clear();
+      return ncclInvalidUsage;
+    }
+  }
   FakeOp op{FakeOp::kExchange};
   op.comm = comm;
   for (const ThreadTask& t : t_tasks) op.tasks.push_back(t.task);
   t_tasks.clear();
+  if (comm->blocking) {
+    // The launch happens in this call; there is no state to poll afterwards.
+    if (g.queued_groups++ == g.fail_queued_at) return ncclSystemError;
+    fs(s)->q.push_back(op);
+    return ncclSuccess;
+  }
   fs(s)->q.push_back(op);
+  ++g.host_waits;
   int ms = g.default_handoff_ms;
   if (!g.handoffs.empty()) {
     ms = g.handoffs.front();
@@ -569,8 +634,10 @@ ncclResult_t ncclGroupEnd() {
 
 // ---- the reduce kernel's launcher ---------------------------------------------------------------
 
+#include "../../../csrc/cuda/one_shot_kernels.cuh"
 #include "../../../csrc/cuda/reduce_kernels.cuh"
 
 namespace rr {
 void launchReduce(DType, RedOp, const void*, bool, const void*, bool, void*, bool, int64_t, int, bool, cudaStream_t) {}
+void launchOneShotReduce(DType, RedOp, const OneShotArgs&, cudaStream_t) {}
 }  // namespace rr

@@ -10,13 +10,22 @@
 //     captures the event's latest record and blocks the stream until it fired; copies are memcpy
 //     (device memory is host memory); launchReduce() enqueues nothing;
 //   * ncclSend/ncclRecv queue tasks in the thread's group; the outermost ncclGroupEnd puts one
-//     "exchange" op on the stream and returns ncclInProgress, and the communicator's async state
-//     stays ncclInProgress until the hand-off delay passed (NCCL >= 2.23's non-blocking
-//     behaviour, src/group.cc); a nested ncclGroupEnd only decrements the depth (ncclSuccess);
+//     "exchange" op on the stream; for a non-blocking communicator it returns ncclInProgress and
+//     the communicator's async state stays ncclInProgress until the hand-off delay passed (NCCL
+//     >= 2.23's non-blocking behaviour, src/group.cc); for a blocking one it returns ncclSuccess
+//     (the launch happened in the call). A nested ncclGroupEnd only decrements the depth
+//     (ncclSuccess); blocking and non-blocking communicators in one group are refused
+//     (ncclInvalidUsage), as NCCL does;
+//   * ncclCommSplit derives a child sharing its parent's abort flag (config.splitShare), blocking
+//     or not as its config says; on a non-blocking parent it returns ncclInProgress;
+//   * host waits are counted: every ncclInProgress returned to the caller (init, split,
+//     non-blocking ncclGroupEnd: each obliges the caller to poll before going on) and every
+//     cudaStreamSynchronize;
 //   * an exchange op passes when the exchange budget allows it, or once its communicator was
 //     aborted (NCCL's kernels exit on abort) unless the test says otherwise;
 //   * communicators created after linkRanks() (threads as ranks, one world until reset()) move
-//     their messages: an exchange posts its sends to per-(src, dst) mailboxes when it reaches the
+//     their messages: an exchange posts its sends to per-(communicator level, src, dst) mailboxes
+//     (NCCL matches messages per communicator: a parent's never meets its child's) when it reaches the
 //     front of its stream, and completes once each of its receives has a message (matched in
 //     sending order); other communicators move nothing;
 //   * ops run only when someone polls (event/stream queries), as a GPU would, from any thread;
@@ -51,6 +60,9 @@ bool streamValid(cudaStream_t s);
 void linkRanks();                   // communicators created from now until reset() move messages
 int sizeMismatches();               // linked receives whose message had another size
 int messagesLeft();                 // linked messages sent but never received
-int pairsUsed();                    // (src, dst) pairs of linked ranks that exchanged a message
+int pairsUsed();                    // (level, src, dst) of linked ranks that exchanged a message
+int hostWaits();                    // see the Note
+int queuedGroups();                 // blocking ncclGroupEnd calls
+void failQueuedGroupAt(int k);      // the k-th (0-based) blocking ncclGroupEnd fails (ncclSystemError)
 
 }  // namespace rrfake

@@ -4,9 +4,13 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <sstream>
+#include <tuple>
+#include <type_traits>
 
 #include "../../../csrc/core/error.h"
+#include "../../../csrc/core/one_shot_body.h"
 #include "../../../csrc/core/reduce_body.h"
 #include "../../../csrc/core/reduce_dispatch.h"
 
@@ -27,15 +31,13 @@ struct Op {
   enum Kind { kRecord, kWait, kExchange, kWork } kind = kWork;
   std::string what;
   int64_t record_id = -1;  // kRecord: own record; kWait: captured record (-1: no-op)
-  // kExchange
-  const void* send = nullptr;
-  size_t send_bytes = 0;
-  void* recv = nullptr;
-  size_t recv_bytes = 0;
-  int send_peer = -1;  // communicator ranks (Note [Sub-rings on one communicator])
-  int recv_peer = -1;
-  int phase = 0;  // 0 not started, 1 send posted, 2 receive done
-  std::shared_ptr<Msg> out;
+  // kExchange: one NCCL group of sends and receives (peers are communicator ranks, Note [Sub-rings
+  // on one communicator]), launched on the hand-off or the queued communicator.
+  std::vector<PeerOp> parts;
+  int launch = 0;  // Launch (Note [Which exchanges hand off])
+  int lane = 0;    // Note [Lanes]: whose communicator carries it
+  int phase = 0;   // 0 not started, 1 sends posted, 2 receives done
+  std::vector<std::shared_ptr<Msg>> outs;
   // kWork and kExchange
   std::vector<SimDevice::Access> reads, writes;
   std::function<void()> fn;
@@ -43,13 +45,14 @@ struct Op {
 };
 
 namespace {
-constexpr int kStreams = 3;
-const char* streamName(int s) {
-  switch (s) {
-    case 0: return "comm";
-    case 1: return "compute";
-    default: return "caller";
-  }
+// Per rank: kComm and kCompute of each of up to kSimLanes lanes (Note [Lanes]), then kCaller.
+constexpr int kSimLanes = 4;
+constexpr int kStreams = 2 * kSimLanes + 1;
+int streamIndex(Stream s, int lane) { return s == Stream::kCaller ? 2 * kSimLanes : 2 * lane + static_cast<int>(s); }
+std::string streamName(int s) {
+  if (s == 2 * kSimLanes) return "caller";
+  const std::string lane = s >= 2 ? " (lane " + std::to_string(s / 2) + ")" : "";
+  return (s % 2 == 0 ? "comm" : "compute") + lane;
 }
 }  // namespace
 
@@ -75,9 +78,13 @@ struct SimDevice::Impl {
   std::vector<StreamState> streams;            // n * 3
   std::vector<std::vector<uint64_t>> vcs;      // per stream: vector clock over n * 3 components
   std::vector<RecordState> records;
-  // Point-to-point channels as NCCL matches them: per (sender, receiver) pair, in posting order.
-  std::map<std::pair<int, int>, std::vector<std::shared_ptr<Msg>>> channels;
-  std::map<std::pair<int, int>, size_t> received;
+  // Point-to-point channels as NCCL matches them: per communicator (the hand-off one or the queued
+  // one, Note [Which exchanges hand off]) and (sender, receiver) pair, in posting order.
+  using Channel = std::tuple<int, int, int, int>;  // lane, launch, sender, receiver
+  std::map<Channel, std::vector<std::shared_ptr<Msg>>> channels;
+  std::map<Channel, size_t> received;
+  std::vector<int> hand_offs;                // per rank
+  std::set<std::tuple<int, int, int, int>> contacted;  // (lane, rank, peer, 0 send / 1 receive) handed off
   std::vector<std::vector<SimDevice::PeerUse>> peers;  // per rank: every exchange's peers
   std::vector<std::vector<AccessRec>> accesses;           // per rank
   std::string failure;
@@ -86,6 +93,7 @@ struct SimDevice::Impl {
     vcs.assign(static_cast<size_t>(n * kStreams), std::vector<uint64_t>(static_cast<size_t>(n * kStreams), 0));
     peers.resize(static_cast<size_t>(n));
     accesses.resize(static_cast<size_t>(n));
+    hand_offs.assign(static_cast<size_t>(n), 0);
   }
 
   static std::string opName(int comp, const Op& op) {
@@ -136,15 +144,23 @@ struct SimDevice::Impl {
       case Op::kRecord:
       case Op::kWork: return true;
       case Op::kWait: return op.record_id < 0 || records[static_cast<size_t>(op.record_id)].fired;
-      case Op::kExchange:
+      case Op::kExchange: {
         if (op.phase == 0) return true;
         if (op.phase == 1) {
-          if (op.recv_bytes == 0) return true;
-          const auto key = std::make_pair(op.recv_peer, r);
-          auto it = channels.find(key);
-          return it != channels.end() && it->second.size() > received[key];
+          // Every receive has its message (several from one peer match in order).
+          std::map<Channel, size_t> need;
+          for (const PeerOp& p : op.parts)
+            if (!p.send && p.bytes > 0) ++need[Channel{op.lane, op.launch, p.peer, r}];
+          for (const auto& kv : need) {
+            auto it = channels.find(kv.first);
+            if (it == channels.end() || it->second.size() < received[kv.first] + kv.second) return false;
+          }
+          return true;
         }
-        return !op.out || op.out->consumed;
+        for (const auto& m : op.outs)
+          if (!m->consumed) return false;
+        return true;
+      }
     }
     return false;
   }
@@ -182,28 +198,31 @@ struct SimDevice::Impl {
         if (op.phase == 0) {
           // The exchange's accesses last until it completes; they are logged with its start epoch.
           if (!startOp(comp, op)) return false;
-          if (op.send_bytes > 0) {
-            op.out = std::make_shared<Msg>();
-            op.out->bytes.assign(static_cast<const unsigned char*>(op.send),
-                                 static_cast<const unsigned char*>(op.send) + op.send_bytes);
-            op.out->what = opName(comp, op);
-            channels[std::make_pair(r, op.send_peer)].push_back(op.out);
+          for (const PeerOp& p : op.parts) {
+            if (!p.send || p.bytes == 0) continue;
+            auto m = std::make_shared<Msg>();
+            const unsigned char* from = static_cast<const unsigned char*>(p.buf);
+            m->bytes.assign(from, from + p.bytes);
+            m->what = opName(comp, op);
+            channels[Channel{op.lane, op.launch, r, p.peer}].push_back(m);
+            op.outs.push_back(m);
           }
           op.phase = 1;
           return true;
         }
         if (op.phase == 1) {
-          if (op.recv_bytes > 0) {
-            const auto key = std::make_pair(op.recv_peer, r);
+          for (const PeerOp& p : op.parts) {
+            if (p.send || p.bytes == 0) continue;
+            const Channel key{op.lane, op.launch, p.peer, r};
             std::shared_ptr<Msg> m = channels[key][received[key]++];
-            if (m->bytes.size() != op.recv_bytes) {
+            if (m->bytes.size() != p.bytes) {
               std::ostringstream os;
-              os << "size mismatch: [" << opName(comp, op) << "] expects " << op.recv_bytes << " bytes, ["
-                 << m->what << "] sent " << m->bytes.size();
+              os << "size mismatch: [" << opName(comp, op) << "] expects " << p.bytes << " bytes from rank " << p.peer
+                 << ", [" << m->what << "] sent " << m->bytes.size();
               failure = os.str();
               return false;
             }
-            std::memcpy(op.recv, m->bytes.data(), op.recv_bytes);
+            std::memcpy(p.buf, m->bytes.data(), p.bytes);
             m->consumed = true;
           }
           op.phase = 2;
@@ -245,15 +264,32 @@ const std::vector<SimDevice::PeerUse>& SimDevice::peersUsed(int r) const {
   return impl_->peers[static_cast<size_t>(r)];
 }
 
-void SimDevice::enqueue(int r, Stream s, std::unique_ptr<Op> op) {
+int SimDevice::handOffs(int r) const { return impl_->hand_offs[static_cast<size_t>(r)]; }
+
+void SimDevice::enqueue(int r, Stream s, std::unique_ptr<Op> op, int lane) {
+  RR_CHECK(lane >= 0 && lane < kSimLanes, kRuntime, "sim: lane ", lane, " (at most ", kSimLanes, ")");
+  op->lane = lane;
   if (op->kind == Op::kExchange) {
-    RR_CHECK((op->send_bytes == 0 || (op->send_peer >= 0 && op->send_peer < nranks_ && op->send_peer != r)) &&
-                 (op->recv_bytes == 0 || (op->recv_peer >= 0 && op->recv_peer < nranks_ && op->recv_peer != r)),
-             kRuntime, "sim: rank ", r, " exchanges with peers ", op->send_peer, "/", op->recv_peer, " of ", nranks_);
-    impl_->peers[static_cast<size_t>(r)].push_back(PeerUse{op->send_bytes > 0 ? op->send_peer : -1,
-                                                            op->recv_bytes > 0 ? op->recv_peer : -1});
+    PeerUse use{-1, -1};
+    // Note [Hand-off and queued exchanges] (nccl_comm.h): only a hand-off may reach a peer first.
+    const bool hand_off = op->launch == static_cast<int>(Launch::kHandOff);
+    if (hand_off) ++impl_->hand_offs[static_cast<size_t>(r)];
+    for (const PeerOp& p : op->parts) {
+      if (p.bytes == 0) continue;
+      RR_CHECK(p.peer >= 0 && p.peer < nranks_ && p.peer != r, kRuntime, "sim: rank ", r, " exchanges with peer ",
+               p.peer, " of ", nranks_);
+      (p.send ? use.send_peer : use.recv_peer) = p.peer;
+      const auto key = std::make_tuple(op->lane, r, p.peer, p.send ? 0 : 1);
+      if (hand_off) {
+        impl_->contacted.insert(key);
+      } else if (!impl_->contacted.count(key) && impl_->failure.empty()) {
+        impl_->failure = "rank " + std::to_string(r) + " queues a " + (p.send ? "send to" : "receive from") +
+                         " rank " + std::to_string(p.peer) + " before any hand-off reached it: [" + op->what + "]";
+      }
+    }
+    impl_->peers[static_cast<size_t>(r)].push_back(use);
   }
-  impl_->streams[static_cast<size_t>(r * kStreams + static_cast<int>(s))].q.push_back(std::move(op));
+  impl_->streams[static_cast<size_t>(r * kStreams + streamIndex(s, lane))].q.push_back(std::move(op));
 }
 
 void SimDevice::callerOp(int r, const std::string& what, std::vector<Access> reads, std::vector<Access> writes,
@@ -277,6 +313,7 @@ void SimDevice::callerWait(int r, const SimCall& call) {
 
 std::string SimDevice::run() {
   Impl& m = *impl_;
+  if (!m.failure.empty()) return m.failure;
   const int total = nranks_ * kStreams;
   std::vector<int> ready;
   while (m.failure.empty()) {
@@ -312,16 +349,24 @@ class SimBackend final : public DeviceBackend {
       : dev_(dev), r_(r), dtype_(dtype), fault_(fault), call_(call) {
     call_->start = dev_.newEvent();
     call_->done = dev_.newEvent();
-    call_->stage = dev_.newEvent();
   }
 
-  void prepare(int32_t num_events) override {
+  void prepare(int32_t num_events, int32_t lanes) override {
     SimRank& sr = dev_.rank(r_);
-    while (static_cast<int32_t>(sr.plan_events.size()) < num_events) sr.plan_events.push_back(dev_.newEvent());
+    if (sr.plan_events.size() < static_cast<size_t>(lanes)) sr.plan_events.resize(static_cast<size_t>(lanes));
+    for (auto& pool : sr.plan_events)
+      while (static_cast<int32_t>(pool.size()) < num_events) pool.push_back(dev_.newEvent());
+    while (call_->stage.size() < static_cast<size_t>(lanes)) call_->stage.push_back(dev_.newEvent());
+    while (call_->lane_done.size() < static_cast<size_t>(lanes)) call_->lane_done.push_back(dev_.newEvent());
   }
+
+  void setLane(int32_t lane) override { lane_ = lane; }
 
   void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
-                int recv_peer) override {
+                int recv_peer, Launch launch) override {
+    if (fault_ == Fault::kWrongLaunch && r_ == 0 && exchanges_ == 1) {
+      launch = launch == Launch::kHandOff ? Launch::kQueued : Launch::kHandOff;
+    }
     if (fault_ == Fault::kUnmappedPeers) {
       const int n = dev_.nranks();
       if (send_bytes > 0) send_peer = (r_ + 1) % n;
@@ -329,18 +374,45 @@ class SimBackend final : public DeviceBackend {
     }
     auto op = std::make_unique<Op>();
     op->kind = Op::kExchange;
-    op->what = "exchange #" + std::to_string(exchanges_++) + " send " + std::to_string(send_bytes) + "B to " +
+    op->what = std::string(launch == Launch::kHandOff ? "hand-off" : "queued") + " exchange #" +
+               std::to_string(exchanges_++) + " send " + std::to_string(send_bytes) + "B to " +
                std::to_string(send_peer) + " recv " + std::to_string(recv_bytes) + "B from " +
                std::to_string(recv_peer);
-    op->send = send;
-    op->send_bytes = send_bytes;
-    op->send_peer = send_peer;
-    op->recv = recv;
-    op->recv_bytes = recv_bytes;
-    op->recv_peer = recv_peer;
+    op->launch = static_cast<int>(launch);
+    op->parts.push_back(PeerOp{true, const_cast<void*>(send), send_bytes, send_peer});
+    op->parts.push_back(PeerOp{false, recv, recv_bytes, recv_peer});
     op->reads.push_back({send, send_bytes});
     op->writes.push_back({recv, recv_bytes});
-    dev_.enqueue(r_, Stream::kComm, std::move(op));
+    dev_.enqueue(r_, Stream::kComm, std::move(op), lane_);
+  }
+
+  void group(const std::vector<PeerOp>& ops) override {
+    auto op = std::make_unique<Op>();
+    op->kind = Op::kExchange;
+    op->what = "hand-off group #" + std::to_string(exchanges_++) + " of " + std::to_string(ops.size()) +
+               " sends/receives";
+    op->launch = static_cast<int>(Launch::kHandOff);
+    op->parts = ops;
+    for (const PeerOp& p : ops) (p.send ? op->reads : op->writes).push_back({p.buf, p.bytes});
+    dev_.enqueue(r_, Stream::kComm, std::move(op), lane_);
+  }
+
+  void reduceInOrder(const OneShotLaunch& l) override {
+    OneShotLaunch x = l;
+    const size_t elem = dtypeSize(dtype_);
+    if (fault_ == Fault::kShiftReduce && x.args.count > 1) {
+      x.args.dst = static_cast<char*>(x.args.dst) + elem;
+      x.args.count -= 1;
+    }
+    auto op = std::make_unique<Op>();
+    op->kind = Op::kWork;
+    op->what = "one-shot reduce of " + std::to_string(x.args.count) + " elements from " + std::to_string(x.args.n) +
+               " ranks";
+    for (int j = 0; j < x.args.n; ++j) op->reads.push_back({x.args.in[j], static_cast<size_t>(x.args.count) * elem});
+    op->writes.push_back({x.args.dst, static_cast<size_t>(x.args.count) * elem});
+    const DType dtype = dtype_;
+    op->fn = [dtype, x]() { hostOneShotReduce(dtype, x.op, x.args, /*nthreads=*/5); };
+    dev_.enqueue(r_, Stream::kCompute, std::move(op), lane_);
   }
 
   void reduce(const ReduceLaunch& l) override {
@@ -364,7 +436,7 @@ class SimBackend final : public DeviceBackend {
       hostKernelReduce(dtype, rop, x.a, x.a_wide, x.b, x.b_wide, x.dst, x.dst_wide, x.count, x.divisor, x.round_sum,
                        /*nthreads=*/7);
     };
-    dev_.enqueue(r_, Stream::kCompute, std::move(op));
+    dev_.enqueue(r_, Stream::kCompute, std::move(op), lane_);
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {
@@ -374,7 +446,7 @@ class SimBackend final : public DeviceBackend {
     op->reads.push_back({src, bytes});
     op->writes.push_back({dst, bytes});
     op->fn = [dst, src, bytes]() { std::memcpy(dst, src, bytes); };
-    dev_.enqueue(r_, Stream::kCompute, std::move(op));
+    dev_.enqueue(r_, Stream::kCompute, std::move(op), lane_);
   }
 
   void record(Stream s, int32_t event) override {
@@ -382,7 +454,7 @@ class SimBackend final : public DeviceBackend {
     op->kind = Op::kRecord;
     op->what = "record " + eventName(event);
     op->record_id = dev_.enqueueRecordId(eventOf(event));
-    dev_.enqueue(r_, s, std::move(op));
+    dev_.enqueue(r_, s, std::move(op), lane_);
   }
 
   void wait(Stream s, int32_t event) override {
@@ -390,6 +462,7 @@ class SimBackend final : public DeviceBackend {
     if (fault_ == Fault::kSkipCallerStart && event == kCallStartEvent) return;
     if (fault_ == Fault::kSkipCallerDone && event == kCallDoneEvent) return;
     if (fault_ == Fault::kSkipStageWait && event == kStageDoneEvent) return;
+    if (fault_ == Fault::kSkipLaneJoin && isLaneDoneEvent(event)) return;
     if (fault_ == Fault::kDropFirstPlanWait && event >= 0 && s == Stream::kCompute && !dropped_) {
       dropped_ = true;
       return;
@@ -405,7 +478,7 @@ class SimBackend final : public DeviceBackend {
     op->kind = Op::kWait;
     op->what = "wait " + eventName(event);
     op->record_id = e->latest_enqueued;  // captured now, as cudaStreamWaitEvent does
-    dev_.enqueue(r_, s, std::move(op));
+    dev_.enqueue(r_, s, std::move(op), lane_);
   }
 
   ~SimBackend() override { dev_.rank(r_).last_done = call_->done; }
@@ -414,17 +487,20 @@ class SimBackend final : public DeviceBackend {
   std::shared_ptr<Event> eventOf(int32_t e) {
     if (e == kCallStartEvent) return call_->start;
     if (e == kCallDoneEvent) return call_->done;
-    if (e == kStageDoneEvent) return call_->stage;
+    if (e == kStageDoneEvent) return call_->stage.at(static_cast<size_t>(lane_));
+    if (isLaneDoneEvent(e)) return call_->lane_done.at(static_cast<size_t>(laneOfDoneEvent(e)));
     SimRank& sr = dev_.rank(r_);
-    RR_CHECK(e >= 0 && static_cast<size_t>(e) < sr.plan_events.size(), kRuntime, "sim: event ", e,
-             " outside the pool of ", sr.plan_events.size());
-    return sr.plan_events[static_cast<size_t>(e)];
+    const auto& pool = sr.plan_events.at(static_cast<size_t>(lane_));
+    RR_CHECK(e >= 0 && static_cast<size_t>(e) < pool.size(), kRuntime, "sim: event ", e, " outside the pool of ",
+             pool.size());
+    return pool[static_cast<size_t>(e)];
   }
   static std::string eventName(int32_t e) {
     if (e == kCallStartEvent) return "call-start";
     if (e == kCallDoneEvent) return "call-done";
     if (e == kPrevCallDoneEvent) return "previous-call-done";
     if (e == kStageDoneEvent) return "stage-done";
+    if (isLaneDoneEvent(e)) return "lane-done " + std::to_string(laneOfDoneEvent(e));
     return "plan-event " + std::to_string(e);
   }
 
@@ -435,6 +511,7 @@ class SimBackend final : public DeviceBackend {
   SimCall* call_;
   int exchanges_ = 0;
   int reduces_ = 0;
+  int32_t lane_ = 0;
   bool dropped_ = false;
   bool shifted_ = false;
 };
@@ -455,7 +532,27 @@ struct HostGridLauncher {
   }
 };
 
+struct HostOneShotLauncher {
+  const OneShotArgs& args;
+  int nthreads;
+  template <typename TA, typename TB, typename TD, RedOp op>
+  void run() {
+    if constexpr (std::is_same<TA, TD>::value && std::is_same<TB, TD>::value) {
+      for (int t = 0; t < nthreads; ++t) OneShotBody<TD, op>::run(args, t, nthreads);
+    } else {
+      RR_THROW(kRuntime, "sim: the one-shot reduce dispatches narrow operands only");
+    }
+  }
+};
+
 }  // namespace
+
+void hostOneShotReduce(DType dtype, RedOp op, const OneShotArgs& args, int nthreads) {
+  checkSupported(dtype, op);
+  if (args.count <= 0) return;
+  HostOneShotLauncher l{args, nthreads < 1 ? 1 : nthreads};
+  dispatchReduce(dtype, op, false, false, false, l);
+}
 
 std::unique_ptr<DeviceBackend> SimDevice::backend(int r, DType dtype, Fault fault, SimCall* call) {
   return std::make_unique<SimBackend>(*this, r, dtype, fault, call);
@@ -469,6 +566,9 @@ void enqueueSyncCall(SimDevice& dev, int r, DType dtype, const std::vector<RingS
   b.accum = accum;
   b.slot_bytes = dev.rank(r).slot_bytes;
   for (auto& s : dev.rank(r).slots) b.slots.push_back(s.data());
+  int32_t lanes = 1;
+  for (const RingStage& st : stages) lanes = std::max(lanes, st.lane + 1);
+  b.slots_per_lane = static_cast<int32_t>(b.slots.size()) / lanes;  // Note [Lanes]: the slots split evenly
   {
     auto be = dev.backend(r, dtype, fault, call);
     enqueueRingStages(stages, b, *be, /*caller_waits=*/true);

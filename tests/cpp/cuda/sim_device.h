@@ -2,19 +2,23 @@
 //
 // Note [Simulated streams]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// SimDevice gives every rank of an in-process ring three streams (kComm, kCompute, kCaller) with
-// CUDA's semantics, and a DeviceBackend (ring_driver.h) that only *enqueues* onto them, exactly
+// SimDevice gives every rank of an in-process ring a kComm and a kCompute stream per lane (up to
+// 4, Note [Lanes] in plan.h; each lane also its own communicator) and a kCaller stream, with CUDA's
+// semantics, and a DeviceBackend (ring_driver.h) that only *enqueues* onto them, exactly
 // like the CUDA backend. A seeded random scheduler then advances one stream at a time, across all
 // ranks, so every interleaving CUDA allows can occur:
 //   * a stream runs its ops in order; an event record fires when it is reached; a stream wait
 //     captures, when it is enqueued, the event's latest enqueued record (none: a no-op, as in CUDA)
 //     and blocks until that record fired;
 //   * an exchange posts its send to its send peer when it reaches the head of kComm, then blocks
-//     until the matching message from its receive peer arrived (matched per (sender, receiver)
-//     pair in posting order, like NCCL p2p; byte counts must agree) and its own message was
+//     until the matching message from its receive peer arrived (matched per communicator - the
+//     hand-off or the queued one of Note [Which exchanges hand off] - and (sender, receiver) pair,
+//     in posting order, like NCCL p2p; byte counts must agree) and its own message was
 //     consumed (strict rendezvous, so a cyclic wait shows as a deadlock instead of passing by
 //     luck). Ranks are communicator ranks: a sub-ring (Note [Sub-rings on one communicator]) talks
-//     to the peers its members name, and peersUsed() reports them;
+//     to the peers its members name, and peersUsed() reports them. A queued exchange with a peer
+//     (in that direction) that no hand-off reached before fails the run; handOffs() counts a
+//     rank's hand-offs (its host waits on the GPU);
 //   * reduces run the same ReduceBody, through the same dispatch, as the CUDA kernel (on a
 //     simulated grid of threads); copies are memcpy.
 // Every memory access is checked for races with vector clocks (one component per rank and
@@ -48,6 +52,8 @@ enum class Fault : int {
   kSkipCallerDone = 5,     // the caller does not wait for the call's end
   kSkipStageWait = 6,      // kComm does not wait for the previous stage of the call
   kUnmappedPeers = 7,      // exchanges talk to communicator ranks r +- 1, ignoring the members
+  kWrongLaunch = 8,        // rank 0 launches its second exchange on the other communicator
+  kSkipLaneJoin = 9,       // lane 0 does not wait for the other lanes' ends (Note [Lanes])
 };
 
 struct Event;   // a physical event
@@ -60,7 +66,7 @@ struct SimRank {
   int rank = 0;
   std::vector<std::vector<unsigned char>> slots;
   size_t slot_bytes = 0;
-  std::vector<std::shared_ptr<Event>> plan_events;
+  std::vector<std::vector<std::shared_ptr<Event>>> plan_events;  // per lane
   std::shared_ptr<Event> last_done;  // kPrevCallDoneEvent
 };
 
@@ -68,7 +74,8 @@ struct SimRank {
 struct SimCall {
   std::shared_ptr<Event> start;
   std::shared_ptr<Event> done;
-  std::shared_ptr<Event> stage;  // kStageDoneEvent
+  std::vector<std::shared_ptr<Event>> stage;      // kStageDoneEvent, per lane
+  std::vector<std::shared_ptr<Event>> lane_done;  // laneDoneEvent(k)
 };
 
 class SimDevice {
@@ -89,6 +96,8 @@ class SimDevice {
     int recv_peer;
   };
   const std::vector<PeerUse>& peersUsed(int r) const;
+  // Exchanges of rank r launched as hand-offs (Note [Which exchanges hand off]).
+  int handOffs(int r) const;
 
   // Caller-stream op: runs `fn` when reached; `reads`/`writes` are its accesses (checked).
   struct Access {
@@ -105,7 +114,7 @@ class SimDevice {
   std::string run();
 
   // For DeviceBackend implementations.
-  void enqueue(int r, Stream s, std::unique_ptr<Op> op);
+  void enqueue(int r, Stream s, std::unique_ptr<Op> op, int lane = 0);
   std::shared_ptr<Event> newEvent();
   int64_t enqueueRecordId(const std::shared_ptr<Event>& e);
 
@@ -123,6 +132,10 @@ class SimDevice {
 // partials of a single flat stage, or null. Throws what the driver throws.
 void enqueueSyncCall(SimDevice& dev, int r, DType dtype, const std::vector<RingStage>& stages, void* tensor,
                      size_t bytes, const void* input, void* output, void* accum, Fault fault, SimCall* call);
+
+// The one-shot reduce of the CUDA kernel, on the host: OneShotBody over `nthreads` simulated
+// threads, dispatched as launchOneShotReduce() dispatches the kernels.
+void hostOneShotReduce(DType dtype, RedOp op, const OneShotArgs& args, int nthreads);
 
 // The reduce of the CUDA kernel, on the host: ReduceBody over `nthreads` simulated threads,
 // dispatched by reduce_dispatch.h exactly as launchReduce() dispatches the kernels.

@@ -138,6 +138,7 @@ struct RingsRun {
   std::string failure;
   std::vector<std::vector<float>> out;  // [communicator rank][i] (idle ranks: empty)
   std::vector<std::vector<rr::sim::SimDevice::PeerUse>> peers;
+  std::vector<int> hand_offs;  // per communicator rank, over all calls
 };
 
 // Input of ring index `index` of ring `ring` in call `call`.
@@ -148,12 +149,14 @@ float ringInput(int call, int ring, int index, int64_t i) {
 // `rings`: disjoint rank lists of a communicator of `comm_size` ranks, all run concurrently, each
 // `ncalls` synchronous calls. For kAllGather every rank's tensor holds its own block and garbage.
 RingsRun runRings(int comm_size, const std::vector<std::vector<int>>& rings, Mode mode, int local_size, int64_t numel,
-                  rr::RedOp op, int avg_divisor, int64_t seg, int slots, int ncalls, uint64_t seed, Fault fault) {
+                  rr::RedOp op, int avg_divisor, int64_t seg, int slots, int ncalls, uint64_t seed, Fault fault,
+                  int lanes = 1) {
   RingsRun res;
   const size_t slot_bytes = static_cast<size_t>(std::max<int64_t>(256, seg * 4));
-  rr::sim::SimDevice dev(comm_size, slots, slot_bytes, seed);
+  rr::sim::SimDevice dev(comm_size, slots * lanes, slot_bytes, seed);
   rr::PlanOptions base = rr::gpuPlanOptions(op, false, seg, slots, static_cast<int64_t>(slot_bytes));
   base.avg_divisor = avg_divisor;
+  base.lanes = lanes;
   const size_t bytes = static_cast<size_t>(numel) * 4;
   std::vector<std::vector<float>> tensors(static_cast<size_t>(comm_size)), inputs, outputs;
   std::vector<rr::sim::SimCall> calls(static_cast<size_t>(ncalls * comm_size));
@@ -197,6 +200,7 @@ RingsRun runRings(int comm_size, const std::vector<std::vector<int>>& rings, Mod
   res.failure = dev.run();
   for (int r = 0; r < comm_size; ++r) {
     res.peers.push_back(dev.peersUsed(r));
+    res.hand_offs.push_back(dev.handOffs(r));
     bool member = false;
     for (const auto& ring : rings) member = member || std::find(ring.begin(), ring.end(), r) != ring.end();
     if (member) res.out[static_cast<size_t>(r)] = outputs[static_cast<size_t>((ncalls - 1) * comm_size + r)];
@@ -346,6 +350,98 @@ TEST_CASE(driver_hierarchical_stages) {
     caught += !res.failure.empty() || !checkRings(res, rings, Mode::kHierarchical, 97, rr::RedOp::kSum, 0, 1).empty();
   }
   CHECK_MSG(caught == 4, "a missing stage wait went unnoticed in " << 4 - caught << " of 4 schedules");
+}
+
+// Note [Which exchanges hand off]: one hand-off per stage of a call when every chunk has elements
+// (the host waits once per stage, whatever the tensor's size), every exchange when some chunk is
+// empty; both ends of every message agree (the simulator matches messages per communicator and
+// fails a queued exchange that reaches a peer first), and a rank that launches one exchange on the
+// other communicator is caught.
+TEST_CASE(hand_offs_once_per_stage_and_agreed_by_both_ends) {
+  const std::vector<int> members = {3, 0, 5, 1, 4, 2};
+  struct Shape {
+    Mode mode;
+    int local;
+    int64_t numel;
+  };
+  for (const Shape& sh : {Shape{Mode::kFlat, 0, 1003}, Shape{Mode::kFlat, 0, 5}, Shape{Mode::kReduceScatter, 0, 96},
+                          Shape{Mode::kAllGather, 0, 96}, Shape{Mode::kHierarchical, 2, 1003},
+                          Shape{Mode::kHierarchical, 3, 97}})
+    for (uint64_t seed = 0; seed < 3; ++seed) {
+      const std::vector<std::vector<int>> rings = {members};
+      const RingsRun res = runRings(6, rings, sh.mode, sh.local, sh.numel, rr::RedOp::kSum, 0, 32, 2, 2, seed,
+                                    Fault::kNone);
+      CHECK_MSG(res.failure.empty(), "mode " << static_cast<int>(sh.mode) << " numel " << sh.numel << ": "
+                                             << res.failure);
+      CHECK(checkRings(res, rings, sh.mode, sh.numel, rr::RedOp::kSum, 0, 2).empty());
+      for (int r = 0; r < 6; ++r) {
+        const rr::RingMembers ring = rr::resolveRing(members, 6, r);
+        std::vector<rr::RingStage> stages;
+        const rr::PlanOptions base = rr::gpuPlanOptions(rr::RedOp::kSum, false, 32, 2, 256);
+        switch (sh.mode) {
+          case Mode::kFlat:
+            stages = rr::flatRingStages(ring, sh.numel, rr::DType::kFloat32, rr::RedOp::kSum, base);
+            break;
+          case Mode::kReduceScatter:
+            stages = rr::ringHalfStages(ring, sh.numel, rr::DType::kFloat32, rr::RedOp::kSum, base,
+                                        rr::kPhaseReduceScatter);
+            break;
+          case Mode::kAllGather:
+            stages = rr::ringHalfStages(ring, sh.numel, rr::DType::kFloat32, rr::RedOp::kSum, base,
+                                        rr::kPhaseAllGather);
+            break;
+          case Mode::kHierarchical:
+            stages = rr::hierarchicalStages(ring, sh.local, sh.numel, rr::DType::kFloat32, rr::RedOp::kSum, base);
+            break;
+        }
+        int want = 0;  // per call
+        for (const rr::RingStage& st : stages) {
+          int issued = 0;
+          for (const rr::Op& o : st.plan.ops) issued += o.kind == rr::OpKind::kExchange ? 1 : 0;
+          want += rr::handsOffEveryExchange(st.plan) ? issued : (issued > 0 ? 1 : 0);
+        }
+        CHECK_MSG(res.hand_offs[static_cast<size_t>(r)] == 2 * want,
+                  "mode " << static_cast<int>(sh.mode) << " numel " << sh.numel << " rank " << r << ": "
+                          << res.hand_offs[static_cast<size_t>(r)] << " hand-offs in 2 calls, want " << 2 * want);
+      }
+    }
+  // 1003 elements on 6 ranks fill every chunk: a flat call hands off once, the hierarchical one
+  // once per stage.
+  CHECK(!rr::handsOffEveryExchange(rr::buildPlan(6, 0, 1003, rr::DType::kFloat32,
+                                                 rr::gpuPlanOptions(rr::RedOp::kSum, false, 32, 2, 256))));
+  CHECK(rr::handsOffEveryExchange(rr::buildPlan(6, 0, 5, rr::DType::kFloat32,
+                                                rr::gpuPlanOptions(rr::RedOp::kSum, false, 32, 2, 256))));
+  int caught = 0;
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    const Run res = run(3, 257, rr::RedOp::kSum, 16, 2, 1, 0, seed, Fault::kWrongLaunch, true);
+    caught += !res.failure.empty() || !correct(res, 3, rr::RedOp::kSum);
+  }
+  CHECK_MSG(caught == 4, "an exchange launched on the other communicator went unnoticed in " << 4 - caught << " of 4");
+}
+
+// Note [Lanes]: 2-4 lanes, each on its own simulated streams and communicator, for the flat ring and
+// both halves over a scrambled rank list: exact results, one hand-off per lane and call (each lane's
+// first exchange), and a driver that does not join the lanes before the call's end is caught.
+TEST_CASE(lanes_run_side_by_side) {
+  const std::vector<std::vector<int>> rings = {{2, 0, 3, 1}};
+  for (int lanes : {2, 3, 4})
+    for (Mode mode : {Mode::kFlat, Mode::kReduceScatter, Mode::kAllGather})
+      for (uint64_t seed = 0; seed < 3; ++seed) {
+        const int64_t numel = 4 * 257;
+        const RingsRun res =
+            runRings(4, rings, mode, 0, numel, rr::RedOp::kSum, 0, 32, 2, 2, seed, Fault::kNone, lanes);
+        CHECK_MSG(res.failure.empty(), lanes << " lanes, mode " << static_cast<int>(mode) << ": " << res.failure);
+        const std::string bad = checkRings(res, rings, mode, numel, rr::RedOp::kSum, 0, 2);
+        CHECK_MSG(bad.empty(), lanes << " lanes, mode " << static_cast<int>(mode) << ": " << bad);
+        for (int r = 0; r < 4; ++r) CHECK_EQ(res.hand_offs[static_cast<size_t>(r)], 2 * lanes);
+      }
+  int caught = 0;
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    const RingsRun res = runRings(4, rings, Mode::kFlat, 0, 4 * 257, rr::RedOp::kSum, 0, 32, 2, 1, seed,
+                                  Fault::kSkipLaneJoin, 2);
+    caught += !res.failure.empty() || !checkRings(res, rings, Mode::kFlat, 4 * 257, rr::RedOp::kSum, 0, 1).empty();
+  }
+  CHECK_MSG(caught == 4, "a missing lane join went unnoticed in " << 4 - caught << " of 4 schedules");
 }
 
 TEST_CASE(stage_builders_refuse_bad_rings) {

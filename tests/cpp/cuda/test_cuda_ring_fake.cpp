@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,9 +40,10 @@ struct Call {
 
 std::shared_ptr<CudaWork> enqueueAllReduce(CudaRing& ring, std::vector<float>& data, cudaStream_t caller) {
   const RingMembers rm = resolveRing({}, ring.size(), ring.rank());
-  const std::vector<RingStage> stages =
-      flatRingStages(rm, static_cast<int64_t>(data.size()), DType::kFloat32, RedOp::kSum,
-                     ring.planOptions(RedOp::kSum, false, 0));
+  const int64_t numel = static_cast<int64_t>(data.size());
+  const std::vector<RingStage> stages = flatRingStages(
+      rm, numel, DType::kFloat32, RedOp::kSum,
+      ring.planOptions(RedOp::kSum, false, rm.size(), numel, DType::kFloat32, {}));
   return ring.enqueue(stages, data.data(), nullptr, ringKey({}, ring.size()), "all-reduce", caller, false);
 }
 
@@ -375,15 +377,16 @@ TEST_CASE(buffers_are_protected_before_anything_is_enqueued) {
   req.numel = 64;
   req.shape = {64};
   req.caller = caller;
+  req.one_shot = false;  // the ring: a hand-off, then queued exchanges
   int tasks_at_protect = -1;
   CudaCallBuffers buf;
   buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
   buf.protect = [&] { tasks_at_protect = rrfake::ncclTaskCalls(); };
-  rrfake::pushHandoffMs(0);
-  rrfake::setDefaultHandoffMs(-1);  // the second exchange never hands off: the enqueue fails
+  rrfake::failQueuedGroupAt(0);  // the first exchange hands off, the second (queued) fails: half a ring enqueued
   CHECK(throwsKind([&] { runCudaCall(*ring, req, buf); }, ErrorKind::kBackend));
   CHECK_EQ(tasks_at_protect, 0);
   CHECK(rrfake::ncclTaskCalls() > 0);
+  CHECK(ring->comm().aborted());  // the peers wait for the rest: only an abort unblocks them
   ring->shutdown("test");
 }
 
@@ -522,6 +525,249 @@ TEST_CASE(gpu_agreement_check_verdicts_over_nccl) {
   }
   CHECK_EQ(rrfake::messagesLeft(), 0);
   CHECK_EQ(rrfake::sizeMismatches(), 0);
+}
+
+// Issue 24: no host round trip inside a call. A 64 MiB all-reduce in 1 MiB segments runs 64
+// exchanges per rank; only the first hands off to the non-blocking communicator (a host wait), the
+// other 63 are queued on its blocking child (Note [Hand-off and queued exchanges]). Before, every
+// exchange was a hand-off: 64 host waits per rank and call.
+TEST_CASE(a_large_call_waits_on_the_host_once) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  const int64_t numel = (64 << 20) / 4;
+  std::vector<int> waits(2, -1), queued(2, -1), nsegs(2, -1);
+  std::vector<int> ran(2, 0);
+  std::vector<int64_t> hand_offs(2, -1);
+  std::mutex mu;
+  onLinkedRanks(2, {0, 1}, [&](CudaRing& ring, int r) {
+    cudaStream_t caller = newStream();
+    std::vector<float> data(static_cast<size_t>(numel), 1.0f + static_cast<float>(r));
+    const RingMembers rm = resolveRing({}, ring.size(), ring.rank());
+    GpuKnobs knobs;
+    knobs.segment_bytes = 1 << 20;
+    const std::vector<RingStage> stages = flatRingStages(
+        rm, numel, DType::kFloat32, RedOp::kSum,
+        ring.planOptions(RedOp::kSum, false, 2, numel, DType::kFloat32, knobs));
+    nsegs[static_cast<size_t>(r)] = stages[0].plan.sched.nsegs;  // checked after the join (CHECK is not thread-safe)
+    std::shared_ptr<CudaWork> work;
+    int w0 = 0, q0 = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);  // the counters are global: one rank enqueues at a time
+      w0 = rrfake::hostWaits();
+      q0 = rrfake::queuedGroups();
+      work = ring.enqueue(stages, data.data(), nullptr, ringKey({}, ring.size()), "all-reduce", caller, false);
+      waits[static_cast<size_t>(r)] = rrfake::hostWaits() - w0;
+      queued[static_cast<size_t>(r)] = rrfake::queuedGroups() - q0;
+    }
+    work->synchronize(ms(20000));
+    ran[static_cast<size_t>(r)] = 1;
+    hand_offs[static_cast<size_t>(r)] = ring.comm().handOffs();
+  });
+  for (int r = 0; r < 2; ++r) {
+    CHECK_EQ(ran[static_cast<size_t>(r)], 1);
+    CHECK_EQ(nsegs[static_cast<size_t>(r)], 32);
+    CHECK_EQ(hand_offs[static_cast<size_t>(r)], int64_t(1));
+    CHECK_EQ(waits[static_cast<size_t>(r)], 1);    // the call's first exchange
+    CHECK_EQ(queued[static_cast<size_t>(r)], 63);  // 2 steps x 32 segments, less the hand-off
+  }
+  CHECK_EQ(rrfake::exchangesRun(), 2 * 64);
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
+}
+
+// A ring whose chunks are not all filled (numel < n) hands every exchange off (Note [Which
+// exchanges hand off]): a rank whose first exchange carries nothing must not reach a peer first
+// through the queued communicator. Messages still pair up per communicator.
+TEST_CASE(a_ring_with_empty_chunks_hands_every_exchange_off) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  std::vector<int64_t> hand_offs(3, -1);
+  onLinkedRanks(3, {0, 1, 2}, [&](CudaRing& ring, int r) {
+    cudaStream_t caller = newStream();
+    std::vector<float> data(2, 1.0f);  // 2 elements on 3 ranks: chunk 2 is empty
+    enqueueAllReduce(ring, data, caller)->synchronize(ms(5000));
+    hand_offs[static_cast<size_t>(r)] = ring.comm().handOffs();
+  });
+  CHECK_EQ(rrfake::queuedGroups(), 0);
+  for (int r = 0; r < 3; ++r) CHECK(hand_offs[static_cast<size_t>(r)] >= 1);
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
+}
+
+// Note [GPU one-shot all-reduce]: a small flat all-reduce is one hand-off group with every peer
+// (every pair of ranks exchanges one message, each rank waits once on the host) and one kernel;
+// with the agreement check, a rank that takes the ring instead (algorithm="ring" there) makes
+// every rank raise the verdict before anything moves.
+TEST_CASE(small_all_reduce_is_one_group_with_every_peer) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  std::vector<int64_t> hand_offs(3, -1);
+  std::vector<std::string> verdict(3);
+  onLinkedRanks(3, {0, 1, 2}, [&](CudaRing& ring, int r) {
+    cudaStream_t caller = newStream();
+    std::vector<float> data(1000, 1.0f);
+    CudaCallBuffers buf;
+    buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
+    CudaCallRequest req;
+    req.numel = 1000;
+    req.shape = {1000};
+    req.group_name = "fake";
+    req.caller = caller;
+    auto work = runCudaCall(ring, req, buf);
+    work->synchronize(ms(5000));
+    hand_offs[static_cast<size_t>(r)] = ring.comm().handOffs();
+    req.check = true;
+    req.one_shot = r != 1;  // rank 1 asks for the ring
+    (void)throwsKind([&] { runCudaCall(ring, req, buf); }, ErrorKind::kRuntime, &verdict[static_cast<size_t>(r)]);
+  });
+  CHECK_EQ(rrfake::queuedGroups(), 0);
+  CHECK_EQ(rrfake::pairsUsed(), 6);  // the one-shot: all 6 ordered pairs (the frames go around the ring)
+  for (int r = 0; r < 3; ++r) {
+    CHECK_EQ(hand_offs[static_cast<size_t>(r)], int64_t(1));
+    CHECK_MSG(verdict[static_cast<size_t>(r)].find("algorithm") != std::string::npos, verdict[static_cast<size_t>(r)]);
+  }
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
+}
+
+// Note [Lanes]: a ring of two lanes (a second communicator from its own unique id, its own streams)
+// runs a large all-reduce as two rings side by side: each lane hands off once, its messages stay on
+// its own communicators, and an abort (here: a lane whose peer never answers) takes down every lane.
+TEST_CASE(two_lanes_each_hand_off_once_and_abort_together) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  const std::string lane_uid(sizeof(ncclUniqueId::internal), '\x09');
+  const int64_t numel = (16 << 20) / 4;
+  std::vector<int64_t> hand_offs(2, -1);
+  std::vector<int> lanes_used(2, 0);
+  std::vector<std::shared_ptr<CudaRing>> rings(2);
+  for (int r = 0; r < 2; ++r) {
+    auto comm = std::make_shared<NcclComm>(kUid, 2, r, r, ms(800), "fake", ms(5000));
+    auto lane1 = std::make_shared<NcclComm>(lane_uid, 2, r, r, ms(800), "fake lane 1", ms(5000));
+    rings[static_cast<size_t>(r)] = std::make_shared<CudaRing>(comm, kGpuStagingBytes, kCudaMaxQueuedOps,
+                                                               std::vector<std::shared_ptr<NcclComm>>{lane1});
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      cudaSetDevice(r);
+      CudaRing& ring = *rings[static_cast<size_t>(r)];
+      cudaStream_t caller = newStream();
+      std::vector<float> data(static_cast<size_t>(numel), 1.0f);
+      const RingMembers rm = resolveRing({}, 2, r);
+      const std::vector<RingStage> stages = flatRingStages(
+          rm, numel, DType::kFloat32, RedOp::kSum, ring.planOptions(RedOp::kSum, false, 2, numel, DType::kFloat32, {}));
+      lanes_used[static_cast<size_t>(r)] = static_cast<int>(stages.size());
+      ring.enqueue(stages, data.data(), nullptr, ringKey({}, 2), "all-reduce", caller, false)->synchronize(ms(10000));
+      hand_offs[static_cast<size_t>(r)] = ring.handOffs();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    CHECK_EQ(lanes_used[static_cast<size_t>(r)], 2);
+    CHECK_EQ(hand_offs[static_cast<size_t>(r)], int64_t(2));
+    CHECK_EQ(rings[static_cast<size_t>(r)]->streams().size(), size_t(4));
+  }
+  CHECK_EQ(rrfake::pairsUsed(), 2 * 2 * 2);  // 2 lanes x (hand-off, queued) x 2 directions
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
+  // Rank 1 is gone: rank 0's call times out, and both of its lanes are aborted.
+  rings[1]->shutdown("test");
+  rrfake::setAbortReleases(false);
+  std::vector<float> data(static_cast<size_t>(numel), 1.0f);
+  CudaRing& ring = *rings[0];
+  const RingMembers rm = resolveRing({}, 2, 0);
+  auto c = ring.enqueue(flatRingStages(rm, numel, DType::kFloat32, RedOp::kSum,
+                                       ring.planOptions(RedOp::kSum, false, 2, numel, DType::kFloat32, {})),
+                        data.data(), nullptr, ringKey({}, 2), "all-reduce", newStream(), false);
+  CHECK(throwsKind([&] { c->synchronize(ms(8000)); }, ErrorKind::kBackend));
+  CHECK(ring.aborted());
+  rrfake::setAbortReleases(true);
+  ring.shutdown("test");
+}
+
+// runCudaCall on rings of two lanes with float32 partials (bfloat16, accum_dtype=float32, 3 ranks):
+// the lanes share the call's partials buffer, which must therefore exist.
+TEST_CASE(lanes_share_the_float32_partials) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  const std::string lane_uid(sizeof(ncclUniqueId::internal), '\x0b');
+  const int64_t numel = (16 << 20) / 2;
+  std::vector<std::shared_ptr<CudaRing>> rings(3);
+  for (int r = 0; r < 3; ++r) {
+    auto comm = std::make_shared<NcclComm>(kUid, 3, r, r, ms(2000), "fake", ms(5000));
+    auto lane1 = std::make_shared<NcclComm>(lane_uid, 3, r, r, ms(2000), "fake lane 1", ms(5000));
+    rings[static_cast<size_t>(r)] = std::make_shared<CudaRing>(comm, kGpuStagingBytes, kCudaMaxQueuedOps,
+                                                               std::vector<std::shared_ptr<NcclComm>>{lane1});
+  }
+  std::vector<int64_t> accum_asked(3, -1);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      cudaSetDevice(r);
+      std::vector<uint16_t> data(static_cast<size_t>(numel), 0x3f80);  // bfloat16 1.0
+      std::vector<float> partials;
+      CudaCallBuffers buf;
+      buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
+      buf.accum = [&](int64_t elems) {
+        accum_asked[static_cast<size_t>(r)] = elems;
+        partials.assign(static_cast<size_t>(elems), 0.0f);
+        return static_cast<void*>(partials.data());
+      };
+      CudaCallRequest req;
+      req.dtype = DType::kBFloat16;
+      req.numel = numel;
+      req.shape = {numel};
+      req.accum_float32 = true;
+      req.caller = newStream();
+      try {
+        runCudaCall(*rings[static_cast<size_t>(r)], req, buf)->synchronize(ms(10000));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    CHECK_MSG(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
+    CHECK(accum_asked[static_cast<size_t>(r)] > 0);
+    CHECK_EQ(rings[static_cast<size_t>(r)]->handOffs(), int64_t(2));  // both lanes ran
+    rings[static_cast<size_t>(r)]->shutdown("test");
+  }
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
+}
+
+// Note [Bounded launch queue]: a ring keeps at most max_queued_ops stream operations of unfinished
+// calls; the next call waits on the host until older ones finish, and when they never do (a dead
+// peer), the watchdog's timeout ends the wait with DistBackendError instead of a hang.
+TEST_CASE(enqueue_waits_when_the_launch_queue_is_full) {
+  rrfake::reset();
+  auto comm = std::make_shared<NcclComm>(kUid, 2, 0, 0, ms(400), "fake", ms(0));
+  auto ring = std::make_shared<CudaRing>(comm, kGpuStagingBytes, /*max_queued_ops=*/40);
+  cudaStream_t caller = newStream();
+  std::vector<float> d1(64, 1.0f), d2(64, 2.0f), d3(64, 3.0f);
+  rrfake::setExchangeBudget(0);  // nothing finishes until the test says so
+  auto a = enqueueAllReduce(*ring, d1, caller);
+  std::thread release([] {
+    std::this_thread::sleep_for(ms(150));
+    rrfake::setExchangeBudget(-1);
+  });
+  const auto t0 = Clock::now();
+  auto b = enqueueAllReduce(*ring, d2, caller);  // does not fit beside a: waits for it
+  const auto waited = std::chrono::duration_cast<ms>(Clock::now() - t0).count();
+  release.join();
+  CHECK_MSG(waited >= 100, "the second call was enqueued after " << waited << " ms, beside an unfinished first");
+  CHECK(a->isCompleted());
+  b->synchronize(ms(2000));
+  // A peer that never answers: the wait ends when the watchdog fails the oldest call and aborts.
+  rrfake::setExchangeBudget(0);
+  auto c = enqueueAllReduce(*ring, d3, caller);
+  std::string msg;
+  CHECK(throwsKind([&] { enqueueAllReduce(*ring, d1, caller); }, ErrorKind::kBackend, &msg));
+  CHECK(c->failed());
+  ring->shutdown("test");
 }
 
 TEST_MAIN()
