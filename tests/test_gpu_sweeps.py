@@ -20,7 +20,10 @@ from refdata import ALL_TYPES, OPS, supported
 
 from ringreduce._native import C
 
-SLOT_BYTES = 2 << 20  # the GPU ring's staging slot (8 MiB in 4 slots): segments are capped there
+# The plans are counted under the GPU rule before issue 24 (1 MiB segments, 2 MiB slots). The pipeline
+# rule now (Note [GPU pipeline rule], csrc/cuda/gpu_pipeline.h) makes every lane's segments at least as
+# large, and small calls one-shot, so these counts bound the exchanges each lane makes in turn.
+SLOT_BYTES = 2 << 20
 DEFAULT_SEGMENT = 1 << 20
 # Exchanges per rank and test, at most (Note [Sizing the GPU sweeps]; the first sweeps had 230 588).
 BUDGET = {"all_reduce": 6000, "reduce_scatter": 2500, "all_gather": 1000}
