@@ -50,10 +50,20 @@ for tool in tools:
 PY
 then
   SECONDS=0
-  echo "[setup] installing $TORCH_SPEC and ${TOOLS[*]} into .venv: torch's Linux wheel brings its CUDA" \
-       "libraries (about 3 GB to download, 4.5 GB installed), 1-3 minutes on a fast network"
-  _rr_logged .venv/install.log \
-    '/^(Collecting|Downloading|Installing collected|Successfully installed)/ { print "[setup]   " $0; fflush() }' \
+  echo "[setup] installing $TORCH_SPEC and ${TOOLS[*]} into .venv: torch's Linux wheels bring CUDA" \
+       "libraries, about 3 GB of wheels and 5.7 GB installed (about a minute from a nearby mirror, more over" \
+       "a slow network); the large wheels are listed as they come"
+  # Large wheels (torch, triton, the nvidia-* CUDA libraries), then how many packages are unpacked.
+  _rr_logged .venv/install.log '
+    /^[[:space:]]*(Downloading|Processing) .*\.whl/ {
+      big = $0 ~ /\(([0-9.]+ GB|[0-9][0-9][0-9.]* MB)\)/ || $0 ~ /(torch|triton|nvidia|cuda)[-_]/
+      if (!big) next
+      sub(/^[[:space:]]*/, ""); sub(/ \/[^ ]*\//, " "); sub(/ \(from .*$/, "")
+      print "[setup]   " $0; fflush()
+    }
+    /^Installing collected packages:/ {
+      print "[setup]   unpacking " split($0, names, ",") " packages"; fflush()
+    }' \
     python -m pip install --progress-bar off --upgrade pip "$TORCH_SPEC" "${TOOLS[@]}"
   echo "[setup] installed in ${SECONDS} s"
 fi
@@ -72,7 +82,7 @@ fi
 # setup.py says what it builds ("[ringreduce setup] ..." lines: CUDA or not, which architectures, why);
 # ninja's "[k/n] command" lines are shortened to the file each step compiled.
 _rr_logged .venv/build.log '
-  /\[ringreduce setup\]/ { print; fflush(); next }
+  /\[ringreduce setup\]/ { sub(/^[[:space:]]*/, ""); if (!seen[$0]++) print; fflush(); next }
   /^[[:space:]]*\[[0-9]+\/[0-9]+\] / {
     match($0, /\[[0-9]+\/[0-9]+\]/); step = substr($0, RSTART, RLENGTH); what = "linking ringreduce/_C"
     n = split($0, w, " ")
