@@ -113,7 +113,8 @@ void ShmRing::barrier() {
   auto missingPeerHere = [&] {
     for (int p = 0; p < size_ && cpu >= 0; ++p) {
       const RankState* st = rankState(map_, p);
-      if (st->arrived.load(std::memory_order_acquire) < g && st->cpu.load(std::memory_order_relaxed) == cpu) return true;
+      const bool missing = st->arrived.load(std::memory_order_acquire) < g;
+      if (missing && st->cpu.load(std::memory_order_relaxed) == cpu) return true;
     }
     return false;
   };
