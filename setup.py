@@ -97,7 +97,8 @@ def _nvcc_arch_list(cuda_home: str | None) -> str:
 CUDA_HOME = None if os.environ.get("RINGREDUCE_FORCE_CPU") == "1" else find_cuda_home()
 if CUDA_HOME:
     os.environ["CUDA_HOME"] = CUDA_HOME
-if CUDA_HOME and "TORCH_CUDA_ARCH_LIST" not in os.environ:
+ARCHS_DEFAULTED = bool(CUDA_HOME) and "TORCH_CUDA_ARCH_LIST" not in os.environ
+if ARCHS_DEFAULTED:
     os.environ["TORCH_CUDA_ARCH_LIST"] = default_cuda_archs(_nvcc_arch_list(CUDA_HOME))
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
 
@@ -143,6 +144,9 @@ def build_extension():
     inc, lib = nccl
     archs = os.environ["TORCH_CUDA_ARCH_LIST"]
     _log(f"building ringreduce with CUDA ({CUDA_HOME}, archs {archs}) and NCCL ({lib})")
+    if ARCHS_DEFAULTED and torch.cuda.device_count() == 0:
+        _log(f"no GPU visible here: the CUDA kernels are compiled for each of {archs}, minutes of compiling "
+             "on a small machine; TORCH_CUDA_ARCH_LIST=9.0 builds one architecture, RINGREDUCE_FORCE_CPU=1 none")
     arch_list = ",".join(a.strip() for a in archs.replace(",", ";").split(";") if a.strip())
     define_macros += [("RR_WITH_CUDA", "1"), ("RR_CUDA_ARCHS", f'"{arch_list}"')]
     return CUDAExtension(
@@ -197,6 +201,10 @@ setup(
     version=VERSION,
     description="Gradient averaging with a pipelined ring all-reduce over NCCL and gloo point-to-point",
     packages=find_packages(include=["ringreduce", "ringreduce.*"]),
+    # The packages live at the project root: an editable install then adds the root to sys.path (a
+    # .pth file) instead of a meta path finder that a folder named ringreduce in the working directory
+    # (the clone itself, seen from its parent) would shadow, which setuptools warns about.
+    package_dir={"": "."},
     package_data={"ringreduce": ["py.typed"]},
     ext_modules=[build_extension()],
     cmdclass={"build_ext": BuildExt.with_options(use_ninja=True)},

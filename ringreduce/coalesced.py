@@ -143,18 +143,35 @@ def all_reduce_coalesced(
 ) -> Work | None:
     """Reduces every tensor of `tensors` in place with one ring per dtype instead of one per tensor.
 
-    The tensors (any shapes, strides and dtypes, all on one device) are packed into one flat
-    buffer per dtype (in order of first appearance), each buffer is all-reduced with `op` (SUM,
-    AVG, MAX, MIN, PRODUCT) and the results are copied back into the tensors. Every rank must pass
-    the same list (same dtypes, shapes and order); the agreement frame describes the call as
-    coalesced with the number of tensors, so mismatches raise on every rank. Costs one extra copy
-    of the data each way (none for a lone contiguous tensor).
+    The tensors are packed into one flat buffer per dtype (in order of first appearance), each
+    buffer is all-reduced with `op` and the results are copied back (one extra copy each way; none
+    for a lone contiguous tensor). Every rank must pass the same list (same dtypes, shapes and
+    order): the agreement frame describes the call as coalesced with its number of tensors, so a
+    mismatch raises on every rank.
 
-    Returns None, or with ``async_op=True`` a Work whose ``wait()`` copies the results back and
-    whose future's value is the list of tensors. Raises TypeError for a non-list, non-tensor
-    elements and unsupported dtype/op pairs (integer AVG included; checked for every tensor before
-    any data moves), ValueError for tensors on different devices or sparse tensors; other ranks
-    raise RuntimeError naming the refusing rank.
+    Args:
+        tensors: a list or tuple of tensors, any shapes, strides and dtypes, all on one device
+            (CPU or CUDA); DTensors through their local shards.
+        op: SUM (default), AVG, MAX, MIN or PRODUCT; also a string or
+            ``torch.distributed.ReduceOp``.
+        group: None (the default process group), a ``ProcessGroup`` or a ``DeviceMesh``. A rank
+            outside the group returns at once.
+        async_op: True returns a :class:`Work` at once; its ``wait()`` copies the results back into
+            `tensors`, and its future's value is the list of tensors.
+
+    Returns:
+        None, or with ``async_op=True`` a :class:`Work`.
+
+    Raises:
+        TypeError: not a list, an element that is not a tensor, or a dtype that does not support
+            `op` (integer AVG included), checked for every tensor before any data moves; the other
+            ranks raise RuntimeError naming the refusing rank.
+        ValueError: tensors on different devices, sparse tensors, an unknown `op`.
+        RuntimeError: the ranks disagree on the list (every rank raises).
+        torch.distributed.DistBackendError: a peer died or the group's timeout passed.
+
+    CUDA tensors run on ringreduce's streams, ordered after the current stream, which waits for
+    the results (the host does not block), as in :func:`all_reduce`.
     """
     info = resolve(group)
     listed, code, exc = _validate(tensors)

@@ -82,7 +82,9 @@ def all_gather(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
 
     Shape ``(n * d0, ...)`` for a `tensor` of shape ``(d0, ...)`` (``(n,)`` for a 0-d tensor),
     identical on every rank and bitwise equal to :func:`ringreduce.all_gather`. Every rank must pass
-    the same shape and dtype (RuntimeError on every rank otherwise).
+    the same shape and dtype (RuntimeError on every rank otherwise). `group`: None (the default
+    process group), a ProcessGroup or a 1-D DeviceMesh. Raises TypeError for a non-tensor,
+    DistBackendError when a peer dies or times out.
     """
     _check_tensor(tensor, "all_gather", CallKind.ALL_GATHER, group)
     return torch.ops.ringreduce.all_gather(tensor, _traced.group_size(group), _traced.group_name(group))

@@ -648,10 +648,11 @@ class GradientAverager(Joinable):
     def join_hook(self, **kwargs: Any) -> JoinHook:
         """The hook ``torch.distributed.algorithms.Join`` runs on a rank that ran out of inputs.
 
-        Keyword arguments (given to ``Join(...)``): ``divide_by_initial_world_size`` (default True:
+        `kwargs`: the keyword arguments given to ``Join(...)``; this hook reads
+        ``divide_by_initial_world_size`` (default True:
         the sum is divided by the group's size whatever the number of ranks still training, so
         every input weighs the same; False: by the number of ranks still training). See Note
-        [Uneven inputs].
+        [Uneven inputs]. Raises TypeError when it is not a bool.
         """
         divide = kwargs.get("divide_by_initial_world_size", True)
         if not isinstance(divide, bool):

@@ -23,28 +23,69 @@ def all_reduce(
 ) -> Work | None:
     """Reduces `tensor` across the ranks of `group` in place with ringreduce's ring.
 
-    Every rank ends with bitwise-identical values. `op` is SUM, AVG, MAX, MIN or PRODUCT (also as a
-    string or torch.distributed.ReduceOp). AVG divides the fully reduced sum once by the world size
-    (float32 for half types, float64 for float64/complex128), so it equals all_reduce(SUM) then
-    div_(world_size). Half-type partial sums are rounded at every hop unless
-    ``accum_dtype=torch.float32``, which carries them in float32 (1.5x the bytes) and rounds once;
-    note that fp16 sums can overflow (65504) where a pre-divided average would not: use
-    accum_dtype for such data.
+    The counterpart of ``torch.distributed.all_reduce``: every rank must call it with a tensor of
+    the same shape and dtype and the same arguments, in the same order as its other collectives.
+    Every rank ends with bitwise-identical values, whatever the segment size. AVG divides the
+    fully reduced sum once by the group's size (in float32 for half types, float64 for
+    float64/complex128), so it equals ``all_reduce(SUM)`` then ``div_(world_size)``.
 
-    Any strides, views, transposed or channels_last tensors work (matched by logical index; memory
-    outside the tensor's elements is untouched). With ``async_op=True`` returns a :class:`Work` at
-    once (CPU: the ring runs on the group's worker thread; CUDA: on ringreduce's streams, ordered
-    after the current stream). Raises TypeError for non-tensors and unsupported dtype/op pairs
-    (integer AVG included, before any data moves), ValueError for sparse tensors and bad
-    arguments, RuntimeError when ranks disagree (every rank raises, naming what differs) and
-    torch.distributed.DistBackendError when a peer dies or the group's timeout
-    (RINGREDUCE_TIMEOUT) passes. A rank outside `group` returns at once. A DTensor is reduced
-    through its local shard, in place (its placements are not changed).
+    Args:
+        tensor: the input and output, a dense CPU or CUDA tensor of float32, float64, float16,
+            bfloat16, int8/16/32/64, uint8, bool or complex64/128 (complex: SUM and AVG only). Any
+            strides, views, transposed or channels_last layouts work (elements are matched by
+            logical index; memory outside the tensor's elements is untouched). A DTensor is reduced
+            through its local shard, keeping its placements.
+        op: ``ReduceOp.SUM`` (default), ``AVG``, ``MAX``, ``MIN`` or ``PRODUCT``; also the strings
+            "sum", "avg", ... and ``torch.distributed.ReduceOp.*``. Integer and bool tensors take
+            no AVG.
+        group: None (the default process group), a ``ProcessGroup`` from ``dist.new_group``, or a
+            ``DeviceMesh`` (1-D, or a sub-mesh such as ``mesh["dp", "cp"]``, flattened into one
+            ring). A rank outside the group returns at once.
+        async_op: False: return when this rank's result is in `tensor` (CPU) or ordered on the
+            current stream (CUDA). True: return a :class:`Work` at once; ``work.wait()`` before
+            reading `tensor`.
+        accum_dtype: None, or ``torch.float32`` for float16/bfloat16 tensors: partial sums travel
+            and are added in float32 (1.5x the bytes) and are rounded once at the end. Half-type
+            sums are otherwise rounded at every hop, and an fp16 *sum* can overflow (65504) where
+            a pre-divided average would not.
+        algorithm: "auto" (default): the hierarchical all-reduce when the group spans several
+            nodes with equally many of its ranks on each (torchrun's GROUP_RANK and
+            LOCAL_WORLD_SIZE, or RINGREDUCE_LOCAL_SIZE), else the flat ring, which sends small
+            tensors in one shot. "ring": always the flat ring. "hierarchical": reduce-scatter
+            inside each node, all-reduce across nodes among ranks of the same local rank,
+            all-gather inside each node (the flat ring when the group is on one node).
 
-    Under ``torch.compile`` the call is one ``ringreduce::all_reduce_`` op in the graph (no graph
-    break; `group` must then be None, a ProcessGroup or a 1-D DeviceMesh, and ``async_op=True``
-    gives an already completed Work). Ctrl-C interrupts a call blocked on a silent peer
-    (KeyboardInterrupt; the group is then unusable on this rank).
+    Returns:
+        None, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns True and whose
+        future's value is ``[tensor]``.
+
+    Raises:
+        TypeError: `tensor` is not a tensor, or its dtype does not support `op` (integer or bool
+            AVG, complex MAX...), raised before any data moves, `tensor` unchanged; the other
+            ranks raise RuntimeError naming this rank.
+        ValueError: an unknown `op` or `algorithm`, a sparse tensor, an unsupported device, or
+            "hierarchical" for a group with unequal nodes.
+        RuntimeError: the ranks disagree (shape, dtype, op, call order...): every rank raises,
+            naming each rank's call (the agreement check, on by default on CPU, RINGREDUCE_CHECK).
+        torch.distributed.DistBackendError: a peer died or stayed silent past the group's timeout
+            (RINGREDUCE_TIMEOUT overrides it); the group is unusable for ringreduce afterwards.
+        KeyboardInterrupt: Ctrl-C while the call waits on a peer (the group is then unusable on
+            this rank).
+
+    CUDA tensors: the call is ordered after the caller's current stream and runs on ringreduce's
+    own streams (its NCCL communicator and reduce kernels); when it returns (or after
+    ``work.wait()``) the *current stream* waits for the result, the host does not block, as with
+    NCCL in torch.distributed. CPU tensors: the host blocks (``async_op=True``: the group's worker
+    thread runs the ring). Under ``torch.compile`` the call is one ``ringreduce::all_reduce_`` op
+    (no graph break; `group` must then be None, a ProcessGroup or a 1-D DeviceMesh, and
+    ``async_op=True`` gives an already completed Work).
+
+    Example::
+
+        rr.all_reduce(t, op=rr.ReduceOp.MAX)
+        work = rr.all_reduce(grad, op="avg", async_op=True)
+        ...  # overlap other work
+        work.wait()
     """
     if torch.compiler.is_compiling():  # Note [Collectives under torch.compile] (ringreduce/_library.py)
         torch.ops.ringreduce.all_reduce_(tensor, _traced.op_name(op), _traced.group_name(group), accum_dtype, algorithm)
@@ -59,11 +100,38 @@ def all_reduce_avg(
     accum_dtype: torch.dtype | None = None,
     algorithm: str = "auto",
 ) -> Work | None:
-    """Averages `tensor` across `group` in place: ``all_reduce(tensor, op=ReduceOp.AVG, ...)``.
+    """Averages `tensor` across the ranks of `group` in place: ``all_reduce(tensor, op=ReduceOp.AVG)``.
 
-    The drop-in for ``dist.all_reduce(t); t /= world_size``. Integer and bool tensors raise
-    TypeError before any payload moves, leaving the tensor unchanged. Under ``torch.compile`` it is
-    one ``ringreduce::all_reduce_avg_`` op in the graph.
+    The drop-in for ``dist.all_reduce(t); t /= dist.get_world_size()``: the complete sum divided
+    once by the group's size (float32 for half types, float64 for float64/complex128), bitwise
+    identical on every rank.
+
+    Args:
+        tensor: the input and output, a dense floating-point or complex CPU or CUDA tensor (any
+            strides and views; a DTensor through its local shard).
+        group: None (the default process group), a ``ProcessGroup`` or a ``DeviceMesh`` (1-D or a
+            flattened sub-mesh). A rank outside the group returns at once.
+        async_op: True returns a :class:`Work` at once; call ``work.wait()`` before reading
+            `tensor`.
+        accum_dtype: ``torch.float32`` to carry float16/bfloat16 partial sums in float32 and round
+            once (use it for fp16 data whose sum can overflow 65504); None keeps the tensor's type.
+        algorithm: "auto" (default; hierarchical when the group spans several equal nodes, else
+            the flat ring), "ring" or "hierarchical", as in :func:`all_reduce`.
+
+    Returns:
+        None, or with ``async_op=True`` a :class:`Work` (``wait()`` returns True; future value
+        ``[tensor]``).
+
+    Raises:
+        TypeError: an integer or bool tensor (no average) or a non-tensor, before any payload
+            moves, `tensor` unchanged; the other ranks raise RuntimeError naming this rank.
+        ValueError: an unknown `algorithm`, a sparse tensor or an unsupported device.
+        RuntimeError: the ranks disagree on shape, dtype or call: every rank raises.
+        torch.distributed.DistBackendError: a peer died or the group's timeout passed.
+
+    CUDA tensors run on ringreduce's streams, ordered after the current stream, which waits for the
+    result (the host does not block), as in :func:`all_reduce`. Under ``torch.compile`` it is one
+    ``ringreduce::all_reduce_avg_`` op in the graph.
     """
     if torch.compiler.is_compiling():
         torch.ops.ringreduce.all_reduce_avg_(tensor, _traced.group_name(group), accum_dtype, algorithm)

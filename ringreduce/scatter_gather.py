@@ -33,14 +33,34 @@ def reduce_scatter(
 ) -> Work | None:
     """Reduces `input` across the ranks of `group` and leaves block r of the result on rank r.
 
-    `input` holds n blocks of ``output.numel()`` elements in row-major order (n = the group's size;
-    typically shape ``(n * d0, ...)`` with `output` of shape ``(d0, ...)``, as
-    ``torch.distributed.reduce_scatter_tensor``); `output` receives block r, reduced with `op` (SUM,
-    AVG, MAX, MIN, PRODUCT; AVG divides once by n, as all_reduce's). `input` is not modified. The
-    first half of the ring all-reduce: each rank sends (n-1)/n of `input`. Any strides work. Ranks
-    that disagree on shape, dtype or op raise RuntimeError on every rank (the agreement frame);
-    `output` of the wrong size or dtype raises ValueError/TypeError. `group`: None, a ProcessGroup or
-    a DeviceMesh. A rank outside the group returns at once, leaving `output` unchanged. Under
+    The counterpart of ``torch.distributed.reduce_scatter_tensor`` and the first half of the ring
+    all-reduce (each rank sends (n-1)/n of `input`, n = the group's size). Results are bitwise
+    identical to the corresponding block of :func:`all_reduce`'s.
+
+    Args:
+        output: receives block r on rank r: ``output.numel()`` elements, `input`'s dtype and
+            device, any shape and strides (typically ``(d0, ...)``).
+        input: n blocks of ``output.numel()`` elements back to back in row-major order (typically
+            shape ``(n * d0, ...)``); not modified. Any strides.
+        op: SUM (default), AVG (divides once by n, as all_reduce's), MAX, MIN or PRODUCT; also a
+            string or ``torch.distributed.ReduceOp``.
+        group: None (the default process group), a ``ProcessGroup`` or a ``DeviceMesh``. A rank
+            outside the group returns at once, `output` unchanged.
+        async_op: True returns a :class:`Work` at once (``result()[0]`` is `output`); call
+            ``wait()`` before reading `output`.
+
+    Returns:
+        None, or with ``async_op=True`` a :class:`Work`.
+
+    Raises:
+        TypeError: a non-tensor, an `output` whose dtype or device differs from `input`'s, or a
+            dtype that does not support `op`; the other ranks raise RuntimeError.
+        ValueError: `input` is not n blocks of `output`'s size, a sparse tensor, an unknown `op`.
+        RuntimeError: the ranks disagree on shape, dtype or op (every rank raises).
+        torch.distributed.DistBackendError: a peer died or the group's timeout passed.
+
+    CUDA tensors run on ringreduce's streams, ordered after the current stream, which waits for
+    the result (the host does not block). Autograd: :func:`ringreduce.nn.reduce_scatter`. Under
     ``torch.compile`` it is one ``ringreduce::reduce_scatter`` op (and a copy into `output`).
     """
     if torch.compiler.is_compiling():  # Note [Collectives under torch.compile] (ringreduce/_library.py)
@@ -91,16 +111,32 @@ def reduce_scatter(
 
 
 def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
-    """Gathers `tensor` from every rank of `group`, concatenated on dim 0 (rank order).
+    """Gathers `tensor` from every rank of `group`, concatenated on dim 0 in rank order.
 
-    Returns a new tensor of shape ``(n * d0, ...)`` for a tensor of shape ``(d0, ...)`` (``(n,)`` for
-    a 0-d tensor), bitwise identical on every rank; the second half of the ring all-reduce. Every
-    rank must pass the same shape and dtype: uneven first dimensions raise RuntimeError on every
-    rank naming the shapes (pad to the largest, or use torch.distributed.all_gather with a list).
-    With ``async_op=True`` returns a :class:`Work` whose ``result()[0]`` (and future value) is the
-    gathered tensor. `group`: None, a ProcessGroup or a DeviceMesh. A rank outside the group gets
-    None. Autograd: use :func:`ringreduce.nn.all_gather`. Under ``torch.compile`` it is one
-    ``ringreduce::all_gather`` op in the graph.
+    The counterpart of ``torch.distributed.all_gather_into_tensor`` and the second half of the ring
+    all-reduce; the result is bitwise identical on every rank.
+
+    Args:
+        tensor: this rank's block, any shape and strides; every rank must pass the same shape and
+            dtype (pad uneven first dimensions to the largest, or use
+            ``torch.distributed.all_gather`` with a list).
+        group: None (the default process group), a ``ProcessGroup`` or a ``DeviceMesh``.
+        async_op: True returns a :class:`Work` at once whose ``result()[0]`` (and future value) is
+            the gathered tensor, valid after ``wait()``.
+
+    Returns:
+        A new tensor of shape ``(n * d0, ...)`` for a `tensor` of shape ``(d0, ...)`` (``(n,)`` for
+        a 0-d tensor); with ``async_op=True`` a :class:`Work`; None on a rank outside `group`.
+
+    Raises:
+        TypeError: a non-tensor or an unsupported dtype; the other ranks raise RuntimeError.
+        ValueError: a sparse tensor or an unsupported device.
+        RuntimeError: the ranks' shapes or dtypes differ (every rank raises, naming the shapes).
+        torch.distributed.DistBackendError: a peer died or the group's timeout passed.
+
+    CUDA tensors run on ringreduce's streams, ordered after the current stream, which waits for
+    the result (the host does not block). Autograd: :func:`ringreduce.nn.all_gather`. Under
+    ``torch.compile`` it is one ``ringreduce::all_gather`` op in the graph.
     """
     if torch.compiler.is_compiling():  # Note [Collectives under torch.compile] (ringreduce/_library.py)
         out = torch.ops.ringreduce.all_gather(tensor, _traced.group_size(group), _traced.group_name(group))

@@ -60,7 +60,9 @@ class Work:
 
     @classmethod
     def completed(cls, result: list[torch.Tensor]) -> Work:
-        """A Work that is already done (numel 0, world size 1, non-member)."""
+        """A Work that is already done, holding `result` (a list of tensors): what a call returns with
+        ``async_op=True`` when nothing needs to move (numel 0, a group of one rank, a rank outside the
+        group, or a call traced by torch.compile)."""
         return cls(None, result)
 
     def _raise_if_failed(self) -> None:
@@ -68,6 +70,24 @@ class Work:
             self._handle.raise_error()
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        """Waits for the call and returns True, as torch.distributed's ``Work.wait``.
+
+        Args:
+            timeout: None waits as long as the call runs (a dead or silent peer ends it with
+                DistBackendError after the group's timeout); a ``datetime.timedelta`` bounds this
+                wait only.
+
+        CPU tensors: the host blocks until the result is in the tensor. CUDA tensors: the *current
+        stream* waits for the call; the host does not block, unless `timeout` is given, which
+        blocks the host up to `timeout`.
+
+        Raises:
+            RuntimeError: the ranks disagreed (the agreement check), or `timeout` passed before the
+                call completed (the call goes on in the background).
+            torch.distributed.DistBackendError: a peer died or the group's timeout passed.
+            TypeError: `timeout` is neither None nor a ``datetime.timedelta``.
+            KeyboardInterrupt: Ctrl-C during a blocked CPU wait (the group is unusable afterwards).
+        """
         if self._handle is not None:
             if timeout is None:
                 ms = -1
@@ -91,12 +111,15 @@ class Work:
         return True
 
     def is_completed(self) -> bool:
+        """True once the call finished, successfully or not (CUDA: polls the GPU; never blocks)."""
         return self._handle is None or self._handle.is_completed()
 
     def is_success(self) -> bool:
+        """True once the call finished without error; False while it runs or after it failed."""
         return self.is_completed() and (self._handle is None or self._handle.ok())
 
     def exception(self) -> BaseException | None:
+        """The exception a failed call raises in ``wait()``, or None (still running, or succeeded)."""
         if self._handle is None or not self._handle.is_completed() or self._handle.ok():
             return None
         try:
@@ -106,6 +129,13 @@ class Work:
         return None
 
     def get_future(self) -> torch.futures.Future:
+        """A ``torch.futures.Future`` completed with the call: its value is ``[tensor]`` (a list, as
+        torch.distributed's), its ``wait()`` raises the call's error.
+
+        CPU: completed by ringreduce's worker thread when the result is in the tensor. CUDA: the
+        future is CUDA-aware and completes when the call is *enqueued*; its ``wait()``/``then()``
+        order the current stream after the call.
+        """
         if self._future is None:
             if self._handle is None:
                 fut: torch.futures.Future = torch.futures.Future()
@@ -116,6 +146,8 @@ class Work:
         return self._future
 
     def result(self) -> list[torch.Tensor]:
+        """The call's output tensors as a list (``[tensor]``; all_gather: ``[gathered]``); read them
+        after ``wait()``."""
         return self._result
 
     def __repr__(self) -> str:

@@ -1,4 +1,5 @@
 import os
+import re
 import sys
 
 import pytest
@@ -47,3 +48,27 @@ def _nothing_left_in_dev_shm():
     yield
     left = _shm_entries() - before
     assert not left, f"left in /dev/shm: {sorted(left)}"
+
+
+# GPU-only tests on a machine without the GPUs they need: one line in the -ra summary for all of
+# them ("SKIPPED [65] tests/conftest.py: GPU-only tests ...") instead of one per test module and
+# line. Which tests run is unchanged (`pytest -m gpu` still selects them; they skip here as before).
+_NEEDS_GPUS = re.compile(r"\bCUDA GPUs?\b")
+
+
+def _gpu_skip_reason() -> str:
+    import torch
+
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return (f"GPU-only tests (tests/gpu and the multi-GPU cases): this machine has {found} CUDA GPUs; "
+            "they run where >= 2 GPUs exist (pytest -m gpu)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or not isinstance(report.longrepr, tuple) or len(report.longrepr) != 3:
+        return
+    if item.get_closest_marker("gpu") is not None or _NEEDS_GPUS.search(str(report.longrepr[2])):
+        report.longrepr = (__file__, None, _gpu_skip_reason())

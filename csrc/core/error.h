@@ -1,9 +1,17 @@
 // ringreduce core: the one family of error macros.
 //
-// Every failure is thrown as rr::Error carrying a kind and a message ending in file:line. The torch
+// Every failure is thrown as rr::Error carrying a kind, a message and where it was thrown. The torch
 // binding layer maps the kind to the Python exception users expect (TypeError for dtype/op problems,
 // ValueError for bad arguments, RuntimeError for cross-rank mismatches, DistBackendError for transport
 // failures and timeouts). Nothing in ringreduce calls abort(), exit() or assert(false).
+//
+// Note [Where an error was thrown]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A message is the user's to act on: a bad argument, ranks that disagree, a dead peer. Its C++ source
+// line tells a user nothing, so what() is the message alone. An internal error (a broken invariant: a
+// message that starts with "ringreduce internal error", as every such check in the tree does) is a
+// bug to report, and what() ends in " [csrc/<file>:<line>]" for the report. where() always holds the
+// location.
 #pragma once
 
 #include <sstream>
@@ -19,13 +27,36 @@ enum class ErrorKind : int {
   kBackend = 3,   // transport failure, dead peer, timeout, poisoned group   -> DistBackendError
 };
 
+namespace detail {
+inline constexpr char kInternalPrefix[] = "ringreduce internal error";
+
+inline bool isInternal(const std::string& message) { return message.rfind(kInternalPrefix, 0) == 0; }
+
+// "csrc/cpu/group_runtime.cpp:419" from __FILE__ (an absolute path in most builds) and __LINE__.
+inline std::string location(const char* file, int line) {
+  std::string f = file;
+  const size_t csrc = f.rfind("csrc/");
+  if (csrc != std::string::npos) f.erase(0, csrc);
+  return f + ":" + std::to_string(line);
+}
+}  // namespace detail
+
 class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  // Note [Where an error was thrown]: the location is part of what() for internal errors only.
+  Error(ErrorKind kind, const std::string& message, const char* file, int line)
+      : std::runtime_error(detail::isInternal(message) ? message + " [" + detail::location(file, line) + "]"
+                                                       : message),
+        kind_(kind),
+        where_(detail::location(file, line)) {}
   ErrorKind kind() const { return kind_; }
+  // "csrc/<file>:<line>" of the RR_THROW or RR_CHECK, or "" for an Error built without one.
+  const std::string& where() const { return where_; }
 
  private:
   ErrorKind kind_;
+  std::string where_;
 };
 
 namespace detail {
@@ -45,9 +76,8 @@ std::string concat(const Args&... args) {
 
 }  // namespace rr
 
-#define RR_THROW(kind, ...)                                                                   \
-  throw ::rr::Error(::rr::ErrorKind::kind,                                                    \
-                    ::rr::detail::concat(__VA_ARGS__, " [", __FILE__, ":", __LINE__, "]"))
+#define RR_THROW(kind, ...) \
+  throw ::rr::Error(::rr::ErrorKind::kind, ::rr::detail::concat(__VA_ARGS__), __FILE__, __LINE__)
 
 #define RR_CHECK(cond, kind, ...) \
   do {                            \

@@ -1,6 +1,7 @@
 #include "shm_ring.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -30,6 +31,7 @@ struct alignas(64) RankState {
   std::atomic<uint64_t> arrived;   // the last barrier generation this rank reached
   std::atomic<int32_t> pid;
   std::atomic<int32_t> gone;       // 1 once this rank left the ring after a failure
+  std::atomic<int32_t> cpu;        // the core this rank ran on when it last arrived at a barrier
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free");
@@ -76,6 +78,7 @@ size_t ShmRing::segmentBytes(int size) {
 ShmRing::ShmRing(ShmMapping mapping, int rank, int size) : map_(mapping), rank_(rank), size_(size) {
   RR_CHECK(map_.base != nullptr && map_.bytes >= segmentBytes(size), kRuntime,
            "ringreduce internal error: a shared-memory segment too small for ", size, " ranks");
+  rankState(map_, rank_)->cpu.store(-1, std::memory_order_relaxed);
   rankState(map_, rank_)->pid.store(static_cast<int32_t>(getpid()), std::memory_order_release);
   scratch_.resize(kReduceInOrderScratchBytes);
 }
@@ -93,6 +96,8 @@ Frame* ShmRing::frameSlot(int rank, int parity) const {
 void ShmRing::barrier() {
   const uint64_t g = ++generation_;
   Header* h = header(map_);
+  const int32_t cpu = sched_getcpu();
+  rankState(map_, rank_)->cpu.store(cpu, std::memory_order_relaxed);
   rankState(map_, rank_)->arrived.store(g, std::memory_order_release);
   h->bell.fetch_add(1, std::memory_order_seq_cst);
   if (h->sleepers.load(std::memory_order_seq_cst) > 0) futexWakeAll(&h->bell);
@@ -103,9 +108,18 @@ void ShmRing::barrier() {
   };
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
-  // Spin briefly: a peer running on another core arrives within microseconds.
+  // Spin briefly: a peer running on another core arrives within microseconds. A peer that last ran
+  // on this core cannot arrive while this rank spins there (Note [Shared-memory all-reduce]): sleep.
+  auto missingPeerHere = [&] {
+    for (int p = 0; p < size_ && cpu >= 0; ++p) {
+      const RankState* st = rankState(map_, p);
+      const bool missing = st->arrived.load(std::memory_order_acquire) < g;
+      if (missing && st->cpu.load(std::memory_order_relaxed) == cpu) return true;
+    }
+    return false;
+  };
   const std::chrono::microseconds spin = std::min(spinFor(size_), spin_cap_);
-  while (Clock::now() - start < spin) {
+  while (Clock::now() - start < spin && !missingPeerHere()) {
     for (int i = 0; i < 64; ++i) {
       if (everyone()) return;
       cpuRelax();

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ringreduce.bench.impls import RINGREDUCE
@@ -16,7 +17,24 @@ _STYLE = {
     "nccl": ("tab:blue", "s", "--"),
     "nccl-ring": ("tab:green", "^", "-."),
 }
-_RATIO_TICKS = (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def ratio_ticks(low: float, high: float) -> list[float]:
+    """Tick values for a log-scale axis from `low` to `high` (both > 0): 1-2-5 steps of every decade
+    in the range, finer steps (1, 1.5, 2, 3, 5, 7) when that gives fewer than 3 ticks, only the
+    powers of ten when it gives more than 12. So the ticks label the range the data has (ratios of
+    0.02-0.13 get 0.02, 0.05, 0.1), not a fixed list."""
+    if not (0 < low < high) or not math.isfinite(high):
+        raise ValueError(f"ratio_ticks: need 0 < low < high, got {low}, {high}")
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+
+    def steps(mantissas: tuple[float, ...]) -> list[float]:
+        return [t for e in decades for m in mantissas if low <= (t := float(f"{m * 10.0 ** e:.6g}")) <= high]
+
+    ticks = steps((1, 2, 5))
+    if len(ticks) > 12:
+        return steps((1,))
+    return ticks if len(ticks) >= 3 else steps((1, 1.5, 2, 3, 5, 7))
 
 
 def write_plot(doc: dict[str, Any], path: str) -> None:
@@ -71,8 +89,7 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
         low, high = min(min(ratios), 0.9) * 0.9, max(max(ratios), 1.15) * 1.25
         if high / low > 2:  # large small-message ratios would flatten the region around 1
             ax_ratio.set_yscale("log")
-            ax_ratio.yaxis.set_major_locator(
-                matplotlib.ticker.FixedLocator([t for t in _RATIO_TICKS if low <= t <= high]))
+            ax_ratio.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(ratio_ticks(low, high)))
             ax_ratio.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax_ratio.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax_ratio.set_ylim(low, high)
