@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quickstart command 2: set up (venv, torch, build) and run every test: C++ unit tests (ctest)
-# and the Python suite (pytest; GPU tests run only where >= 2 GPUs exist).
+# and the Python suite (pytest; the GPU tests, marked `gpu`, run where a CUDA GPU exists; ranks share
+# a GPU over NCCL's socket transport when there are fewer GPUs than ranks).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck disable=SC1091
