@@ -177,7 +177,7 @@ std::vector<Frame> ShmRing::begin(const Frame& mine, const void* data, int64_t n
 // over the ranks' buffers of `parity` in the ring's order of their chunk, into dst (dst[0] is the
 // piece's element 0).
 void ShmRing::reducePart(int64_t begin, int64_t end, int64_t piece_offset, int parity, void* dst, DType dtype,
-                         RedOp op, bool accum_float32, const RingSchedule& sched) {
+                         RedOp op, DType partial, const Scaling& final, const RingSchedule& sched) {
   const size_t elem = dtypeSize(dtype);
   std::vector<const void*> inputs(static_cast<size_t>(size_));
   int64_t lo = begin;
@@ -189,13 +189,12 @@ void ShmRing::reducePart(int64_t begin, int64_t end, int64_t piece_offset, int p
     // Chunk c starts at the rank after its owner (ownedChunk(r) = r + 1 + shift): c - shift.
     const int first = ((c - sched.shift) % size_ + size_) % size_;
     for (int j = 0; j < size_; ++j) inputs[static_cast<size_t>(j)] = buffer((first + j) % size_, parity) + off;
-    hostReduceInOrder(dtype, op, inputs, static_cast<char*>(dst) + off, hi - lo, op == RedOp::kAvg ? size_ : 0,
-                      accum_float32, scratch_.data());
+    hostReduceInOrder(dtype, partial, op, inputs, static_cast<char*>(dst) + off, hi - lo, final, scratch_.data());
     lo = hi;
   }
 }
 
-void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool accum_float32) {
+void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, DType partial, const Scaling& final) {
   if (numel <= 0) return;
   const size_t elem = dtypeSize(dtype);
   const int64_t per_piece = static_cast<int64_t>(kShmBufferBytes / elem);
@@ -203,7 +202,7 @@ void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool a
            "ringreduce internal error: allReduce after a begin() of another tensor");
   // The ring's chunks (Note [One-shot all-reduce] in group_runtime.h): bounds from (n, numel, sizes).
   const RingSchedule sched = makeRingSchedule(size_, numel, static_cast<int64_t>(elem),
-                                              static_cast<int64_t>(dtypeSize(wireDType(dtype, accum_float32))), 1 << 20);
+                                              static_cast<int64_t>(std::max(elem, dtypeSize(partial))), 1 << 20);
   char* out = static_cast<char*>(data);
   for (int64_t offset = 0; offset < numel; offset += per_piece) {
     const int64_t len = std::min(per_piece, numel - offset);
@@ -214,14 +213,14 @@ void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool a
     }
     if (size_ == 2 || static_cast<size_t>(len) * elem <= kShmFullPieceBytes) {
       // Full: every rank reduces the whole piece into its own tensor.
-      reducePart(0, len, offset, parity, out + static_cast<size_t>(offset) * elem, dtype, op, accum_float32, sched);
+      reducePart(0, len, offset, parity, out + static_cast<size_t>(offset) * elem, dtype, op, partial, final, sched);
       continue;
     }
     // Split: rank r reduces part r into its buffer; after the barrier everyone copies every part out.
     const int64_t part = (len + size_ - 1) / size_;
     const int64_t mine_lo = std::min(len, part * rank_);
     const int64_t mine_hi = std::min(len, mine_lo + part);
-    reducePart(mine_lo, mine_hi, offset, parity, buffer(rank_, parity), dtype, op, accum_float32, sched);
+    reducePart(mine_lo, mine_hi, offset, parity, buffer(rank_, parity), dtype, op, partial, final, sched);
     barrier();
     for (int p = 0; p < size_; ++p) {
       const int64_t lo = std::min(len, part * p);
@@ -237,7 +236,7 @@ void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool a
 // piece in, the ranks meet, and each reduces the part of its owned chunk inside the piece, reading
 // every rank's copy (the barrier of the next piece, or of the next call, keeps a buffer from being
 // overwritten while a slower rank still reads it, as in allReduce).
-void ShmRing::reduceScatter(void* data, DType dtype, RedOp op, const RingSchedule& sched) {
+void ShmRing::reduceScatter(void* data, DType dtype, RedOp op, const RingSchedule& sched, const Scaling& final) {
   const int64_t numel = sched.numel;
   if (numel <= 0) return;
   const size_t elem = dtypeSize(dtype);
@@ -252,7 +251,7 @@ void ShmRing::reduceScatter(void* data, DType dtype, RedOp op, const RingSchedul
     const int64_t lo = std::max<int64_t>(mine.begin, offset) - offset;
     const int64_t hi = std::min<int64_t>(mine.end, offset + len) - offset;
     if (hi > lo)
-      reducePart(lo, hi, offset, parity, out + static_cast<size_t>(offset) * elem, dtype, op, false, sched);
+      reducePart(lo, hi, offset, parity, out + static_cast<size_t>(offset) * elem, dtype, op, dtype, final, sched);
   }
 }
 

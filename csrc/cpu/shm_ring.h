@@ -36,6 +36,7 @@
 
 #include "../core/dtype.h"
 #include "../core/frame.h"
+#include "../core/functors.h"
 #include "shm_segment.h"
 
 namespace rr {
@@ -66,8 +67,10 @@ class ShmRing {
   // call's tensor, meets the others, and returns every rank's frame, by ring rank.
   std::vector<Frame> begin(const Frame& mine, const void* data, int64_t numel, DType dtype);
   // Steps 2-3, after begin() with the same tensor and a verdict that passed: `data` becomes the
-  // reduction over the ring (AVG divides by the ring's size once), in place.
-  void allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool accum_float32);
+  // reduction over the ring, in place, with partials of `partial` between hops (partialDType,
+  // plan.h) and `final` the scaling of the last hop (finalScaling, functors.h: AVG divides by the
+  // ring's size once; its predivide applies to every contribution).
+  void allReduce(void* data, int64_t numel, DType dtype, RedOp op, DType partial, const Scaling& final);
 
   // The ring halves over `sched` (this ring's size; owner(r) = ownedChunk(r), chunk c starting at
   // the rank after its owner): reduce_scatter and all_gather after begin() (Note [Ring halves] in
@@ -76,7 +79,8 @@ class ShmRing {
   // reduceScatter: this rank's owned chunk of `data` becomes the ring's reduction of it, combined
   // in the ring's order (AVG divides by the ring's size); the rest of `data` is left as it was.
   // allGather: every rank's owned chunk is copied from its owner into `data`.
-  void reduceScatter(void* data, DType dtype, RedOp op, const struct RingSchedule& sched);
+  // `final`: the scaling of the last hop, as in allReduce (Plan::finalScaling of the stage).
+  void reduceScatter(void* data, DType dtype, RedOp op, const struct RingSchedule& sched, const Scaling& final);
   void allGather(void* data, DType dtype, const struct RingSchedule& sched);
 
   // The next barrier's generation; the same on every rank that made the same calls (for tests).
@@ -89,7 +93,7 @@ class ShmRing {
   // Marks this rank as gone from the ring (peers raise at their next liveness poll) and throws.
   [[noreturn]] void leave(const std::string& why);
   void reducePart(int64_t begin, int64_t end, int64_t piece_offset, int parity, void* dst, DType dtype, RedOp op,
-                  bool accum_float32, const struct RingSchedule& sched);
+                  DType partial, const Scaling& final, const struct RingSchedule& sched);
 
   ShmMapping map_;
   int rank_;

@@ -67,18 +67,19 @@ constexpr int32_t kCallDoneEvent = -2;
 constexpr int32_t kPrevCallDoneEvent = -3;
 constexpr int32_t kStageDoneEvent = -4;  // between the stages of one call (kCompute -> kComm)
 
-// Arguments of one reduce launch, mirroring hostReduce()/launchReduce().
+// Arguments of one reduce launch, mirroring hostReduce()/launchReduce(): dst = a (op) b, each
+// operand of its own type (the tensor's or the plan's partial type). b null: a convert (Note [First
+// hop] in plan.h), dst = a (divided by scaling.predivide) in dst's type, hostConvert() on the host.
 struct ReduceLaunch {
   const void* a;
-  bool a_wide;
+  DType a_type;
   const void* b;
-  bool b_wide;
+  DType b_type;
   void* dst;
-  bool dst_wide;
+  DType dst_type;
   int64_t count;
-  int divisor;     // > 0: AVG's final division (plan.avg_divisor)
-  bool round_sum;  // round the sum to the destination type before dividing
-  RedOp op;        // the stage's reduction (a hierarchical AVG sums in its first stage)
+  Scaling scaling;  // Plan::scaling(): predivide, and AVG's (or a post factor's) final scaling
+  RedOp op;         // the stage's reduction (a hierarchical AVG sums in its first stage)
 };
 
 class DeviceBackend {
@@ -92,7 +93,7 @@ class DeviceBackend {
   // the stage's members (Note [Sub-rings on one communicator]).
   virtual void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
                         int recv_peer) = 0;
-  // On kCompute.
+  // On kCompute: a reduce, or a convert (launch.b null).
   virtual void reduce(const ReduceLaunch& launch) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // `event` is a dense plan event index (>= 0) or a framing event (< 0).
@@ -106,7 +107,7 @@ class DeviceBackend {
 // Device addresses of the buffers a plan names.
 struct DeviceBuffers {
   void* data = nullptr;        // numel contiguous elements of plan.dtype
-  void* accum = nullptr;       // plan.accum_elems float32 elements (accum_float32 only)
+  void* accum = nullptr;       // plan.accumBytes() of partials (float32 or 16-bit), when the plan has them
   std::vector<void*> slots;    // plan.num_slots receive buffers of >= slot bytes each
   size_t slot_bytes = 0;       // capacity of each slot, checked against the plan
 };

@@ -411,10 +411,10 @@ TEST_CASE(change_a_byte_count) {
       o.a.count = o.kind == OpKind::kReduce ? o.a.count - 1 : o.a.count;
       return true;
     });
-    mutateAll(s, "sending float32 partials as narrow elements", [](Plan& p, int i) {
+    mutateAll(s, "sending partials as the tensor's elements", [](Plan& p, int i) {
       Op& o = p.ops[i];
-      if (o.kind != OpKind::kExchange || !o.send.wide) return false;
-      o.send.wide = false;
+      if (o.kind != OpKind::kExchange || o.send.empty() || o.send.type == p.dtype) return false;
+      o.send.type = p.dtype;
       o.send.buf = BufKind::kData;
       return true;
     });

@@ -89,7 +89,7 @@ struct Inputs {
   std::vector<uint8_t> want;
 };
 
-double roundTo(DType t, double v) {  // the value a store of v into t keeps
+double roundStore(DType t, double v) {  // the value a store of v into t keeps
   uint8_t buf[16];
   setF(t, buf, 0, v);
   return getF(t, buf, 0);
@@ -298,7 +298,7 @@ TEST_CASE(fp16_overflows_and_accum_rounds_once) {
     }
     runCase({n, numel, DType::kFloat16, RedOp::kSum, 3, 16, true}, &in);
   }
-  (void)roundTo;
+  (void)roundStore;
 }
 
 TEST_CASE(dead_peer_raises_backend_error_within_timeout) {

@@ -131,7 +131,7 @@ void allReduceCase(int n, int64_t numel, RedOp op) {
       if (call == 1)
         for (int64_t i = 0; i < numel; ++i) d[i] = value(r, i);
       seen[static_cast<size_t>(r)] = ring.begin(frameOf(r, numel), d, numel, DType::kFloat32);
-      ring.allReduce(d, numel, DType::kFloat32, op, false);
+      ring.allReduce(d, numel, DType::kFloat32, op, DType::kFloat32, finalScaling(op, n, 1, 0, 0, true));
     }
   });
   for (int r = 0; r < n; ++r) CHECK_MSG(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
@@ -259,7 +259,7 @@ TEST_CASE(ring_halves_exact_values) {
       const std::vector<std::string> errors = onRings(n, maps, [&](ShmRing& ring, int r) {
         float* d = data[static_cast<size_t>(r)].data();
         ring.begin(frameOf(r, numel), nullptr, numel, DType::kFloat32);
-        ring.reduceScatter(d, DType::kFloat32, RedOp::kSum, sched);
+        ring.reduceScatter(d, DType::kFloat32, RedOp::kSum, sched, Scaling{});
         after_rs[static_cast<size_t>(r)] = data[static_cast<size_t>(r)];
         ring.begin(frameOf(r, numel), nullptr, numel, DType::kFloat32);
         ring.allGather(d, DType::kFloat32, sched);

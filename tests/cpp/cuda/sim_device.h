@@ -15,8 +15,8 @@
 //     consumed (strict rendezvous, so a cyclic wait shows as a deadlock instead of passing by
 //     luck). Ranks are communicator ranks: a sub-ring (Note [Sub-rings on one communicator]) talks
 //     to the peers its members name, and peersUsed() reports them;
-//   * reduces run the same ReduceBody, through the same dispatch, as the CUDA kernel (on a
-//     simulated grid of threads); copies are memcpy.
+//   * reduces and converts run the same ReduceBody/ConvertBody, through the same dispatch, as the
+//     CUDA kernels (on a simulated grid of threads); copies are memcpy.
 // Every memory access is checked for races with vector clocks (one component per rank and
 // stream): two accesses of one rank to overlapping bytes, at least one a write, must be ordered by
 // stream order and captured event waits; otherwise the run fails naming both ops. An exchange's
@@ -124,10 +124,11 @@ class SimDevice {
 void enqueueSyncCall(SimDevice& dev, int r, DType dtype, const std::vector<RingStage>& stages, void* tensor,
                      size_t bytes, const void* input, void* output, void* accum, Fault fault, SimCall* call);
 
-// The reduce of the CUDA kernel, on the host: ReduceBody over `nthreads` simulated threads,
-// dispatched by reduce_dispatch.h exactly as launchReduce() dispatches the kernels.
-void hostKernelReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide,
-                      void* dst, bool dst_wide, int64_t count, int divisor, bool round_sum, int nthreads);
+// The reduce of the CUDA kernel, on the host: ReduceBody (ConvertBody when b is null) over
+// `nthreads` simulated threads, dispatched by reduce_dispatch.h exactly as launchReduce()
+// dispatches the kernels.
+void hostKernelReduce(RedOp op, const void* a, DType a_type, const void* b, DType b_type, void* dst, DType dst_type,
+                      int64_t count, const Scaling& scaling, int nthreads);
 
 }  // namespace sim
 }  // namespace rr
