@@ -20,6 +20,8 @@ def all_reduce(
     async_op: bool = False,
     accum_dtype: torch.dtype | None = None,
     algorithm: str = "auto",
+    wire_dtype: torch.dtype | None = None,
+    predivide_factor: float | None = None,
 ) -> Work | None:
     """Reduces `tensor` across the ranks of `group` in place with ringreduce's ring.
 
@@ -31,12 +33,28 @@ def all_reduce(
     note that fp16 sums can overflow (65504) where a pre-divided average would not: use
     accum_dtype for such data.
 
+    ``wire_dtype=torch.bfloat16`` (or ``torch.float16``), for float32 tensors with SUM or AVG: the
+    reduce-scatter's partial sums travel as 16-bit values, but every hop adds the received partial,
+    widened, to the local float32 value in float32 and rounds once, to 16 bits, as it sends; the
+    owner's final sum (and AVG's division) is float32 and the all-gather carries float32, so the
+    result is the float32 the ring computed, bitwise identical on every rank (more accurate than
+    DDP's bf16/fp16 compress hooks, which sum in 16 bits). 0.75x the bytes of a float32 ring. It
+    runs on the flat ring (``algorithm="auto"`` picks it; "hierarchical" raises ValueError).
+    ``predivide_factor=f`` (SUM and AVG on floating or complex tensors) never changes what is
+    computed, only where it is scaled: every contribution is divided by f as it enters the ring
+    (rounded to the tensor's dtype), then the finished sum is divided by n/f (AVG) or multiplied by
+    f (SUM), once, in the accumulation precision (Horovod's gradient_predivide_factor: it keeps fp16
+    sums in range). f = n pre-divides fully, as DDP's default hook does.
+
     Any strides, views, transposed or channels_last tensors work (matched by logical index; memory
-    outside the tensor's elements is untouched). With ``async_op=True`` returns a :class:`Work` at
-    once (CPU: the ring runs on the group's worker thread; CUDA: on ringreduce's streams, ordered
-    after the current stream). Raises TypeError for non-tensors and unsupported dtype/op pairs
-    (integer AVG included, before any data moves), ValueError for sparse tensors and bad
-    arguments, RuntimeError when ranks disagree (every rank raises, naming what differs) and
+    outside the tensor's elements is untouched). `group`: None (WORLD), a ProcessGroup or a
+    DeviceMesh; `algorithm`: "auto", "ring" or "hierarchical". With ``async_op=True`` returns a
+    :class:`Work` at once (CPU: the ring runs on the group's worker thread; CUDA: on ringreduce's
+    streams, ordered after the current stream). Raises TypeError for non-tensors and unsupported
+    dtype/op pairs (integer AVG, a 16-bit wire or predivide factor for an integer tensor included,
+    before any data moves), ValueError for sparse tensors and bad arguments (a wire_dtype other than
+    bfloat16/float16 or not narrower than the tensor, a predivide_factor <= 0, either with MAX, MIN
+    or PRODUCT); every rank raises alike (a rank that refuses tells the others), RuntimeError when ranks disagree (every rank raises, naming what differs) and
     torch.distributed.DistBackendError when a peer dies or the group's timeout
     (RINGREDUCE_TIMEOUT) passes. A rank outside `group` returns at once. A DTensor is reduced
     through its local shard, in place (its placements are not changed).
@@ -47,9 +65,11 @@ def all_reduce(
     (KeyboardInterrupt; the group is then unusable on this rank).
     """
     if torch.compiler.is_compiling():  # Note [Collectives under torch.compile] (ringreduce/_library.py)
-        torch.ops.ringreduce.all_reduce_(tensor, _traced.op_name(op), _traced.group_name(group), accum_dtype, algorithm)
+        torch.ops.ringreduce.all_reduce_(tensor, _traced.op_name(op), _traced.group_name(group), accum_dtype, algorithm,
+                                         wire_dtype, _traced.factor(predivide_factor))
         return Work.completed([tensor]) if async_op else None
-    return run_all_reduce(tensor, op, group, async_op, accum_dtype, algorithm, CallKind.ALL_REDUCE)
+    return run_all_reduce(tensor, op, group, async_op, accum_dtype, algorithm, CallKind.ALL_REDUCE,
+                          wire_dtype=wire_dtype, predivide_factor=predivide_factor)
 
 
 def all_reduce_avg(
@@ -58,17 +78,23 @@ def all_reduce_avg(
     async_op: bool = False,
     accum_dtype: torch.dtype | None = None,
     algorithm: str = "auto",
+    wire_dtype: torch.dtype | None = None,
+    predivide_factor: float | None = None,
 ) -> Work | None:
     """Averages `tensor` across `group` in place: ``all_reduce(tensor, op=ReduceOp.AVG, ...)``.
 
-    The drop-in for ``dist.all_reduce(t); t /= world_size``. Integer and bool tensors raise
-    TypeError before any payload moves, leaving the tensor unchanged. Under ``torch.compile`` it is
-    one ``ringreduce::all_reduce_avg_`` op in the graph.
+    The drop-in for ``dist.all_reduce(t); t /= world_size``. `group`, `async_op`, `accum_dtype`,
+    `algorithm`, `wire_dtype` (a 16-bit wire for float32 tensors) and `predivide_factor` (divide by
+    f before the ring, by n/f after) are all_reduce's. Integer and bool tensors raise TypeError
+    before any payload moves, leaving the tensor unchanged. Under ``torch.compile`` it is one
+    ``ringreduce::all_reduce_avg_`` op in the graph.
     """
     if torch.compiler.is_compiling():
-        torch.ops.ringreduce.all_reduce_avg_(tensor, _traced.group_name(group), accum_dtype, algorithm)
+        torch.ops.ringreduce.all_reduce_avg_(tensor, _traced.group_name(group), accum_dtype, algorithm, wire_dtype,
+                                             _traced.factor(predivide_factor))
         return Work.completed([tensor]) if async_op else None
-    return run_all_reduce(tensor, ReduceOp.AVG, group, async_op, accum_dtype, algorithm, CallKind.ALL_REDUCE_AVG)
+    return run_all_reduce(tensor, ReduceOp.AVG, group, async_op, accum_dtype, algorithm, CallKind.ALL_REDUCE_AVG,
+                          wire_dtype=wire_dtype, predivide_factor=predivide_factor)
 
 
 __all__ = ["ReduceOp", "all_reduce", "all_reduce_avg", "to_reduce_op"]

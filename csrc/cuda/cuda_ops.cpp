@@ -17,6 +17,9 @@ Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, 
   f.device_type = 1;
   if (req != nullptr && error == 0) {
     f.accum_float32 = req->accum_float32 ? 1 : 0;
+    f.wire_dtype = req->wire_dtype ? static_cast<int32_t>(*req->wire_dtype) : -1;
+    f.predivide = req->predivide;
+    f.extra_divisor = req->extra_divisor;
     f.algorithm = req->local_size;  // 0: the flat ring; L: hierarchical with L ranks per node
     f.dtype = static_cast<int32_t>(req->dtype);
     f.numel = req->numel;
@@ -60,6 +63,8 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   }
   RR_CHECK(!hier || n % req.local_size == 0, kValue, "ringreduce: hierarchical all-reduce over ", n,
            " ranks needs equal nodes, got ", req.local_size, " ranks per node");
+  RR_CHECK(!req.wire_dtype || (!hier && !scatter && !gather), kValue,
+           "ringreduce: a 16-bit wire (wire_dtype) runs on the flat all-reduce ring only");
   const std::vector<int> key = ringKey(req.members, ring.size());
   if (req.check) agree(ring, makeFrame(&req, req.kind, op, 0, ring.rank(), ring.nextSeq(key)), rm, req.group_name);  // 3
   if (req.numel == 0 || n == 1) {  // 4
@@ -69,7 +74,11 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   // 5. The working buffer, in the stages' dtype (stagesDType: a float32 copy for hierarchical + accum).
   const DType wdtype = stagesDType(req.dtype, hier, req.accum_float32);
   void* data = buf.data(wdtype, rm.index);
-  const PlanOptions base = ring.planOptions(op, req.accum_float32 && !hier && !scatter && !gather, req.segment_bytes);
+  PlanOptions base = ring.planOptions(op, req.accum_float32 && !hier && !scatter && !gather, req.segment_bytes);
+  // Note [Reduction contract] (csrc/core/functors.h): the wire, the predivide factor, the divisor.
+  base.wire_dtype = req.wire_dtype;
+  base.pre_factor = base.post_factor = req.predivide;
+  base.extra_divisor = req.extra_divisor;
   std::vector<RingStage> stages;
   if (scatter) {
     stages = ringHalfStages(rm, req.numel, req.dtype, op, base, kPhaseReduceScatter);
