@@ -188,3 +188,92 @@ def _exact_wire_case(rank, n, wire):
 @pytest.mark.parametrize("wire", sorted(WIRES))
 def test_wire_exact_data(wire):
     run_ranks(4, _exact_wire_case, wire, env={"RINGREDUCE_SEGMENT_BYTES": "256"})
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors: before anything runs, on every rank alike
+
+
+def _expect(fn, exc_type, *needles):
+    try:
+        fn()
+    except exc_type as exc:
+        msg = str(exc)
+        for needle in needles:
+            assert needle in msg, f"{needle!r} not in {msg!r}"
+        return msg
+    raise AssertionError(f"expected {exc_type.__name__} ({needles})")
+
+
+BAD_CALLS = [
+    # (tensor dtype, keywords, op, exception, words of the message)
+    (torch.float32, {"wire_dtype": torch.float32}, "avg", ValueError, "bfloat16 or torch.float16"),
+    (torch.float32, {"wire_dtype": "bf16"}, "avg", TypeError, "wire_dtype must be"),
+    (torch.int32, {"wire_dtype": torch.bfloat16}, "sum", TypeError, "needs a float32 tensor"),
+    (torch.bfloat16, {"wire_dtype": torch.bfloat16}, "avg", ValueError, "narrower than the tensor"),
+    (torch.float16, {"wire_dtype": torch.bfloat16}, "sum", ValueError, "float32 tensors only"),
+    (torch.float64, {"wire_dtype": torch.float16}, "avg", ValueError, "float32 tensors only"),
+    (torch.float32, {"wire_dtype": torch.bfloat16}, "max", ValueError, "SUM and AVG"),
+    (torch.float32, {"wire_dtype": torch.bfloat16, "algorithm": "hierarchical"}, "avg", ValueError, "flat ring"),
+    (torch.float32, {"predivide_factor": 0}, "avg", ValueError, "> 0"),
+    (torch.float32, {"predivide_factor": -2.0}, "sum", ValueError, "> 0"),
+    (torch.float32, {"predivide_factor": float("nan")}, "avg", ValueError, "finite"),
+    (torch.float32, {"predivide_factor": float("inf")}, "avg", ValueError, "finite"),
+    (torch.float32, {"predivide_factor": "2"}, "avg", TypeError, "a number"),
+    (torch.float32, {"predivide_factor": True}, "avg", TypeError, "a number"),
+    (torch.float32, {"predivide_factor": 2.0}, "product", ValueError, "SUM and AVG"),
+    (torch.float32, {"predivide_factor": 2.0}, "min", ValueError, "SUM and AVG"),
+    (torch.int64, {"predivide_factor": 2.0}, "sum", TypeError, "floating-point"),
+]
+
+
+def _bad_calls(rank, n):
+    for dtype, kwargs, op, exc, words in BAD_CALLS:
+        t = (torch.arange(10) + rank).to(dtype)
+        before = t.clone()
+        _expect(lambda t=t, kwargs=kwargs, op=op: rr.all_reduce(t, op=op, **kwargs), exc, words)
+        assert torch.equal(t, before), f"{kwargs} modified the tensor"
+    # the group is fine afterwards
+    t = torch.full((10,), float(rank))
+    rr.all_reduce_avg(t, wire_dtype=torch.bfloat16)
+    assert torch.equal(t, torch.full((10,), (n - 1) / 2))
+    return True
+
+
+def test_bad_arguments_raise_on_every_rank():
+    run_ranks(3, _bad_calls)
+
+
+def _one_rank_refuses(rank, n):
+    t = torch.ones(1000)
+    if rank == 1:
+        _expect(lambda: rr.all_reduce_avg(t, wire_dtype=torch.float64), ValueError, "bfloat16")
+    else:
+        _expect(lambda: rr.all_reduce_avg(t, wire_dtype=torch.bfloat16), RuntimeError,
+                "rank 1: all_reduce_avg refused locally")
+    assert torch.equal(t, torch.ones(1000))
+    return True
+
+
+def test_a_refusing_rank_makes_every_rank_raise():
+    run_ranks(3, _one_rank_refuses)
+
+
+def _disagree(rank, n, numel):
+    t = torch.ones(numel)
+    # one rank with a 16-bit wire, the others without: every rank raises, no tensor changes
+    wire = torch.bfloat16 if rank == 0 else None
+    _expect(lambda: rr.all_reduce_avg(t, wire_dtype=wire), RuntimeError, "wire_dtype", "rank 0")
+    factor = 2.0 if rank == n - 1 else None
+    _expect(lambda: rr.all_reduce(t, op="sum", predivide_factor=factor), RuntimeError, "predivide_factor")
+    factor = 2.0 if rank == 0 else 4.0
+    _expect(lambda: rr.all_reduce_avg(t, predivide_factor=factor), RuntimeError, "predivide_factor")
+    assert torch.equal(t, torch.ones(numel))
+    rr.all_reduce(t, op="sum", wire_dtype=torch.float16, predivide_factor=2.0)  # agreed: fine
+    assert torch.equal(t, torch.full((numel,), float(n)))
+    return True
+
+
+@pytest.mark.parametrize("numel", [16, 100_000])
+def test_ranks_disagreeing_on_wire_or_factor_all_raise(numel):
+    run_ranks(3, _disagree, numel)

@@ -739,7 +739,7 @@ class Simulation {
     // A SUM scales once too when it has a post factor or an extra divisor.
     const bool scales = sh_.opt.average || ref.post_factor > 0 || ref.extra_divisor > 1;
     want_divs_ = (scales && (n_ > 1 || ref.avg_divisor != 1)) ? 1 : 0;
-    want_pre_ = ref.pre_factor > 0 ? full_ : 0;
+    want_pre_ = (ref.pre_factor > 0 && n_ > 1) ? full_ : 0;  // one rank has no reduce to divide in
     st_.assign(static_cast<size_t>(n_), RankState{});
     for (int r = 0; r < n_; ++r) {
       const Plan& p = sh_.plans[r];
