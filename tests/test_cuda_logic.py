@@ -490,7 +490,8 @@ def ring_emulation(inputs, op, wire=None, factor=0.0):
     aligned chunks) takes rank c's value first; each value enters divided by `factor`; partials are
     rounded to `wire` per hop; the finished sum is scaled once."""
     n, numel = len(inputs), inputs[0].numel()
-    chunk = -(-(-(-numel // n)) // 4) * 4
+    chunk = (numel + n - 1) // n
+    chunk = (chunk + 3) // 4 * 4  # ceil(numel / n) rounded up to 16 bytes of float32
     f = torch.tensor(factor, dtype=torch.float32) if factor else None
     out = torch.empty(numel)
     for c in range(n):
