@@ -287,6 +287,16 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
     raise exc
 
 
+def refuse_call(group: Any, tensor: torch.Tensor, kind: Any, exc: BaseException) -> None:
+    """Refuses one call of `kind` on `tensor` over `group` (None, a ProcessGroup or a DeviceMesh) for a
+    reason only this rank knows: its agreement frame, marked as an error, goes to the other ranks (so
+    that their matching call raises at once), then `exc` is raised here."""
+    info = resolve(group)
+    if info is None:
+        raise exc
+    refuse(info, kind, FrameError.OTHER, exc, device_of(tensor))
+
+
 def device_of(tensor: Any) -> torch.device | None:
     return tensor.device if isinstance(tensor, torch.Tensor) else None
 
