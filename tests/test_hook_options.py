@@ -297,7 +297,9 @@ def _training_run(rank: int, ws: int, wire: torch.dtype | None) -> list[float]:
     return losses
 
 
-def test_training_with_a_16_bit_wire_follows_float32():
+def test_training_with_a_16_bit_wire_follows_float32(_transport):
+    if _transport == "tcp":
+        pytest.skip("the transports compute the same bits (tests/test_wire.py); one training run is enough")
     f32 = run_ranks(2, _training_run, None)[0]
     for wire in (torch.bfloat16, torch.float16):
         w = run_ranks(2, _training_run, wire)[0]

@@ -65,6 +65,8 @@ def aggregate_size(
             "rss_growth_bytes": max(int(s["rss_growth"]) for s in stats),
             "rss_exact": all(bool(s["rss_exact"]) for s in stats),
             "cuda_growth_bytes": max(cuda) if cuda else None,
+            # --wire-dtype: relative L2 error on random data (bench/accuracy.py), the same on every rank
+            "rel_error": stats[0].get("rel_error"),
         })
     return rows
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.data import count_wrong, fill_pattern, pattern_modulus
-from ringreduce.bench.impls import GLOO, NCCL, Impl, build_impls
+from ringreduce.bench.impls import GLOO, NCCL, RINGREDUCE, Impl, build_impls, wire_names
 from ringreduce.bench.memory import measure_call
 from ringreduce.bench.metrics import aggregate_size
 from ringreduce.bench.sizes import DTYPES, format_size
@@ -133,6 +133,14 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
         impl.enter()
         impl.run(buf)
         results[impl.name]["wrong"] = count_wrong(buf, ctx.world_size, k, cfg.op, impl.rtol)
+    if cfg.wire_dtype is not None:
+        from ringreduce.bench.accuracy import relative_errors
+
+        compared = {RINGREDUCE, *wire_names(cfg.wire_dtype)}
+        errors = relative_errors([i for i in impls if i.name in compared], cfg.op, count, ctx.rank,
+                                 ctx.world_size, ctx.device)
+        for name, value in errors.items():
+            results[name]["rel_error"] = value
     return {"size": size, "count": count, "iters": iters, "rounds": rounds, "warmup": cfg.warmup, "impls": results}
 
 
@@ -151,9 +159,9 @@ def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]],
     from ringreduce.bench.table import Layout, format_row, header
 
     impls = build_impls(cfg.op, cfg.backend, ctx.device, DTYPES[cfg.dtype].torch_dtype, cfg.check,
-                        cfg.check_cost, cfg.nccl_ring)
+                        cfg.check_cost, cfg.nccl_ring, cfg.wire_dtype)
     stock = NCCL if cfg.backend == "nccl" else GLOO
-    layout = Layout(tuple(impl.name for impl in impls), stock)
+    layout = Layout(tuple(impl.name for impl in impls), stock, cfg.wire_dtype)
     if ctx.rank == 0:
         print("\n".join(header(layout)), flush=True)
     rows: list[dict[str, Any]] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringreduce.bench.impls import NCCL_RING, RINGREDUCE, RINGREDUCE_NOCHECK
+from ringreduce.bench.impls import NCCL_RING, RINGREDUCE, RINGREDUCE_NOCHECK, wire_names
 from ringreduce.bench.metrics import average_busbw, time_ratio
 from ringreduce.bench.sizes import format_size
 
@@ -21,11 +21,14 @@ class Layout:
 
     impls: tuple[str, ...]
     stock: str
+    wire: str | None = None  # --wire-dtype: "bf16" or "fp16"
 
     @property
     def extras(self) -> tuple[str, ...]:
         """Derived columns: time ratio vs stock, the memcpy floor and ringreduce's time over it, the
-        agreement check's cost, busbw % of NCCL RING."""
+        agreement check's cost, busbw % of NCCL RING; with a 16-bit wire the wire's time over
+        ringreduce's float32 time and the relative errors of ringreduce (float32), its 16-bit wire and
+        DDP's compress hook."""
         cols = []
         if RINGREDUCE in self.impls and self.stock in self.impls:
             cols.append("ratio")
@@ -34,6 +37,8 @@ class Layout:
             cols.append("check(us)")
         if NCCL_RING in self.impls:
             cols.append("%ring")
+        if self.wire is not None:
+            cols += ["wire/f32", "err-f32", "err-wire", "err-ddp"]
         return tuple(cols)
 
 
@@ -51,8 +56,19 @@ def header(layout: Layout) -> list[str]:
     return [names, cols, units.rstrip()]
 
 
+def _error(row: dict[str, Any] | None) -> str:
+    value = row.get("rel_error") if row else None
+    return f"{value:9.2e}" if value is not None else f"{'n/a':>9}"
+
+
 def _extra_value(extra: str, rows: list[dict[str, Any]], layout: Layout) -> str:
     by_impl = {row["impl"]: row for row in rows}
+    if layout.wire is not None and extra in ("wire/f32", "err-f32", "err-wire", "err-ddp"):
+        rr_wire, ddp_wire = wire_names(layout.wire)
+        if extra == "wire/f32":
+            value = time_ratio(rows, rr_wire, RINGREDUCE)
+            return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"
+        return _error(by_impl.get({"err-f32": RINGREDUCE, "err-wire": rr_wire, "err-ddp": ddp_wire}[extra]))
     if extra == "ratio":
         value = time_ratio(rows, RINGREDUCE, layout.stock)
         return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"
