@@ -116,6 +116,7 @@ CASES = [
     (1009, "avg", None, 3.0),
     (40_000, "avg", "fp16", None),
     (300_007, "avg", "bf16", 2.0),
+    (1_300_001, "sum", "fp16", 3.0),  # shared memory: the ring in the segment, several rounds
 ]
 
 

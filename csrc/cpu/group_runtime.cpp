@@ -418,7 +418,11 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
   mine.rank = transport_->rank();
   mine.seq = call.seq;
   const bool flat = !refused && opt.allReduce() && !opt.hierarchical(size_);
-  const std::vector<Frame> frames = shm_->begin(mine, flat ? buf.data : nullptr, buf.numel, buf.dtype);
+  // Note [Shared-memory 16-bit wire]: larger float32 all-reduces with a 16-bit wire run the ring.
+  const DType partial = flat ? opt.partial(buf.dtype, size_) : buf.dtype;
+  const bool wire_ring = flat && buf.dtype == DType::kFloat32 && isHalfType(partial) && shm_->wireRingPays(buf.numel);
+  const std::vector<Frame> frames =
+      shm_->begin(mine, flat && !wire_ring ? buf.data : nullptr, buf.numel, buf.dtype);
   timing.check_us = usSince(started);
   const std::string verdict = compareFrames(frames, name_);
   RR_CHECK(verdict.empty(), kRuntime, verdict);
@@ -443,8 +447,12 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
     return;
   }
   const Clock::time_point reduced = Clock::now();
-  shm_->allReduce(buf.data, buf.numel, buf.dtype, opt.op, opt.partial(buf.dtype, size_),
-                  opt.flatFinalScaling(buf.dtype, size_));
+  if (wire_ring) {
+    shm_->allReduceWire(static_cast<float*>(buf.data), buf.numel, opt.op, partial,
+                        opt.flatFinalScaling(buf.dtype, size_));
+  } else {
+    shm_->allReduce(buf.data, buf.numel, buf.dtype, opt.op, partial, opt.flatFinalScaling(buf.dtype, size_));
+  }
   call.body->finish(rank_, size_);
   timing.ring_us = usSince(reduced);
 }

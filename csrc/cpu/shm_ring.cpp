@@ -232,6 +232,71 @@ void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, DType 
   }
 }
 
+bool ShmRing::wireRingPays(int64_t numel) const {
+  return static_cast<size_t>(numel) * sizeof(float) > kShmFullPieceBytes;
+}
+
+void ShmRing::allReduceWire(float* data, int64_t numel, RedOp op, DType partial, const Scaling& final) {
+  if (numel <= 0) return;
+  RR_CHECK(first_piece_ == 0 && isHalfType(partial) && (op == RedOp::kSum || op == RedOp::kAvg), kRuntime,
+           "ringreduce internal error: allReduceWire of ", redOpName(op), " with ", dtypeName(partial),
+           " partials, or after a begin() with data");
+  const int n = size_;
+  // The ring's chunks (the gloo ring's and the one-shot's: the segment size never moves them); a
+  // round's segment fits a buffer as float32 (the all-gather's finished elements).
+  RingSchedule sched = makeRingSchedule(n, numel, 4, 4, static_cast<int64_t>(kShmBufferBytes));
+  // As few rounds as the buffers allow (each costs n barriers), of equal segments.
+  const int64_t cap = static_cast<int64_t>(kShmBufferBytes / sizeof(float));
+  const int64_t want_rounds = ceilDiv(sched.chunk, cap);
+  sched.segment = std::min(cap, roundUp(ceilDiv(sched.chunk, want_rounds), sched.align));
+  sched.nsegs = static_cast<int32_t>(ceilDiv(sched.chunk, sched.segment));
+  const int rounds = sched.nsegs;
+  const int prev = (rank_ + n - 1) % n;
+  Scaling hop;
+  hop.predivide = final.predivide;
+  auto range = [&](int chunk, int g) { return sched.segmentRange(modRing(chunk, n), g); };
+  // The all-gather of a round: every other rank's finished segment of its owned chunk, from the
+  // buffer of `parity` it wrote it into.
+  auto gather = [&](int g, int parity) {
+    for (int p = 0; p < n; ++p) {
+      if (p == rank_) continue;
+      const Range r = range(p + 1, g);
+      if (!r.empty())
+        std::memcpy(data + r.begin, buffer(p, parity), static_cast<size_t>(r.size()) * sizeof(float));
+    }
+  };
+  int pending = -1;  // the round whose all-gather is still to copy out, and its buffer parity
+  int pending_parity = 0;
+  for (int g = 0; g < rounds; ++g) {
+    for (int s = 0; s < n; ++s) {
+      const int parity = static_cast<int>(pieces_++ % 2);
+      const Range r = range(rank_ - s, g);
+      char* mine = buffer(rank_, parity);
+      const char* from_prev = buffer(prev, 1 - parity);  // prev's step s - 1 of this round
+      if (!r.empty()) {
+        float* x = data + r.begin;
+        if (s == 0) {
+          hostConvert(x, DType::kFloat32, mine, partial, r.size(), final.predivide);
+        } else if (s < n - 1) {
+          hostReduce(op, x, DType::kFloat32, from_prev, partial, mine, partial, r.size(), hop);
+        } else {
+          hostReduce(op, x, DType::kFloat32, from_prev, partial, x, DType::kFloat32, r.size(), final);
+          std::memcpy(mine, x, static_cast<size_t>(r.size()) * sizeof(float));
+        }
+      }
+      if (s == 0 && pending >= 0) gather(pending, pending_parity);
+      barrier();
+      if (s == n - 1) {
+        pending = g;
+        pending_parity = parity;
+      }
+    }
+  }
+  // The last round's all-gather needs no barrier after it: the next call writes the other parity
+  // first, and meets the others before it writes this one (Note [Shared-memory all-reduce]).
+  if (pending >= 0) gather(pending, pending_parity);
+}
+
 // Stage 1 of the hierarchical all-reduce in shared memory: piece by piece, every rank copies the
 // piece in, the ranks meet, and each reduces the part of its owned chunk inside the piece, reading
 // every rank's copy (the barrier of the next piece, or of the next call, keeps a buffer from being

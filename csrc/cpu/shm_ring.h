@@ -18,6 +18,24 @@
 //   3. elements are combined in the ring's order (chunk c of the ring's schedule starts with rank
 //      c's elements, then c + 1's, ...: hostReduceInOrder), so results are bitwise the TCP ring's,
 //      on every rank, for every segment and piece size.
+// Note [Shared-memory 16-bit wire]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A float32 all-reduce with 16-bit partials (wire_dtype; Note [Reduction contract] in
+// csrc/core/functors.h) cannot read every rank's float32 copy the way the direct algorithm does and
+// still save anything: the hops of the ring are what it rounds. So larger ones run the ring itself
+// in the segment (allReduceWire), round by round; round g covers segment g of every chunk of the
+// ring's schedule (so ranks work on different chunks at once, as on the wire). Step s of a round:
+// rank r makes the partial of chunk r - s: s = 0 converts its own float32 elements to 16 bits
+// (Note [First hop] in plan.h), 0 < s < n - 1 adds its float32 elements to the previous rank's
+// 16-bit partial in float32 and stores 16 bits, and s = n - 1 (its owned chunk) stores the float32
+// result, scaled once, into its tensor and its buffer; after each step the ranks meet. The next
+// round's first step then copies every other rank's finished float32 segment out (the all-gather).
+// Partials and results alternate between the two buffers of a rank by step, so no rank writes a
+// buffer that another may still read. The arithmetic is the gloo ring's, step for step, so the bits
+// are the same as over gloo and the one-shot path (and as allReduce's emulation for small tensors).
+// A rank moves 2 bytes per element of a partial where the direct algorithm reads 4 per rank; the
+// all-gather still moves float32 (docs/algorithm.md, docs/performance.md).
+//
 // The barrier: a rank publishes its arrival (release), then spins briefly on the others' counters
 // and sleeps on a futex word that every arrival bumps (and wakes only when someone sleeps): with
 // more busy threads than cores, a spinning waiter would take the core its peer needs. A peer that
@@ -71,6 +89,12 @@ class ShmRing {
   // plan.h) and `final` the scaling of the last hop (finalScaling, functors.h: AVG divides by the
   // ring's size once; its predivide applies to every contribution).
   void allReduce(void* data, int64_t numel, DType dtype, RedOp op, DType partial, const Scaling& final);
+  // Note [Shared-memory 16-bit wire]: the float32 all-reduce of `data` with 16-bit partials of
+  // `partial` (SUM or AVG; `final` as in allReduce), after begin() without data and a verdict that
+  // passed. Bitwise allReduce's result.
+  void allReduceWire(float* data, int64_t numel, RedOp op, DType partial, const Scaling& final);
+  // Whether allReduceWire pays off for `numel` float32 elements (else allReduce emulates the hops).
+  bool wireRingPays(int64_t numel) const;
 
   // The ring halves over `sched` (this ring's size; owner(r) = ownedChunk(r), chunk c starting at
   // the rank after its owner): reduce_scatter and all_gather after begin() (Note [Ring halves] in
