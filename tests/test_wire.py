@@ -323,3 +323,37 @@ def test_error_below_ddp_bf16_compress_hook(n, numel, _transport):
 def test_error_below_ddp_fp16_compress_hook():
     ours, theirs = run_ranks(3, _error_vs_compress_hook, 100_003, "fp16")[0]
     assert ours <= ACCURACY_MARGIN * theirs, f"relative error {ours:.3e} vs fp16_compress_hook {theirs:.3e}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The hierarchical all-reduce (simulated nodes): a predivide factor divides in the node rings and
+# scales once in the cross-node ring; a 16-bit wire with algorithm="auto" takes the flat ring.
+
+
+def _hierarchical(rank, n):
+    import os
+
+    os.environ["RINGREDUCE_LOCAL_SIZE"] = "2"
+    try:
+        i = torch.arange(999, dtype=torch.float32)
+        vals = [((i * 7 + r * 5) % 17 - 6) * 4 for r in range(n)]
+        plain = vals[rank].clone()
+        rr.all_reduce_avg(plain, algorithm="hierarchical")
+        for f in (2.0, 0.5):
+            t = vals[rank].clone()
+            rr.all_reduce_avg(t, algorithm="hierarchical", predivide_factor=f)
+            assert torch.equal(t, plain), f"hierarchical AVG with predivide_factor={f}"
+            t = vals[rank].clone()
+            rr.all_reduce(t, op="sum", algorithm="hierarchical", predivide_factor=f)
+            assert torch.equal(t, torch.stack(vals).sum(0)), f"hierarchical SUM with predivide_factor={f}"
+        inputs = random_inputs(n, 5000, 9)
+        t = inputs[rank].clone()
+        rr.all_reduce_avg(t, wire_dtype=torch.bfloat16)  # "auto" over 2 nodes: the flat ring
+        assert same_bits(t, ring_reference(inputs, "avg", torch.bfloat16))
+    finally:
+        del os.environ["RINGREDUCE_LOCAL_SIZE"]
+    return True
+
+
+def test_hierarchical_predivide_and_auto_wire():
+    run_ranks(4, _hierarchical)
