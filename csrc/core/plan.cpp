@@ -23,7 +23,7 @@ namespace {
 //     send is a read, its receive a write. A conflict with X's receive (O reads or overwrites what
 //     X received) needs only the receive half, a recv_only wait; a conflict with X's send (O
 //     overwrites what X sends: an all-gather copy or receive into a tensor segment X sent, or,
-//     with float32 partials, the reduce of X itself into the kAccum segment X sends) needs a
+//     with partials in kAccum, the reduce of X itself into the kAccum segment X sends) needs a
 //     full wait (PlanOptions::recv_only_waits = false: every conflict does);
 //   * earlier compute C, exchange O: kComm waits computeEvent(C) (and so, transitively, every
 //     earlier compute and every exchange half those computes waited for);

@@ -8,8 +8,8 @@
 // reductions and copies that consume what was received.
 //
 // Execution model (what both transports and the checker implement):
-//   * Two queues per rank. kCompute (reduce/copy; the reduce stream on GPU, the worker thread on
-//     CPU) runs its ops in order, each completing before the next starts. kComm (exchanges; the
+//   * Two queues per rank. kCompute (reduce/copy/convert; the reduce stream on GPU, the worker thread
+//     on CPU) runs its ops in order, each completing before the next starts. kComm (exchanges; the
 //     NCCL stream on GPU, posted gloo send/recv on CPU) *issues* its ops in order, but they may
 //     complete in any order (the CPU transport keeps several exchanges in flight).
 //   * kExchange: send `send` (if non-empty) to rank `next` and receive into `recv` (if non-empty)
@@ -38,7 +38,8 @@
 // reduce of exchange e reading the slot e received into; a later op that overwrites what an
 // exchange sends needs the whole exchange (a full wait): an all-gather copy or receive over a
 // tensor segment sent during the reduce-scatter, and, with float32 partials, the reduce of
-// exchange e itself, which overwrites the kAccum segment that e sends. The plan still ends with
+// exchange e itself, which overwrites the kAccum segment that e sends (with 16-bit partials, at
+// every step; the first hop's convert writes it before e). The plan still ends with
 // kCompute knowing every exchange fully complete (full waits, sends included). For a transport
 // that waits for both halves anyway, recv_only waits only add waits (a full one follows later);
 // PlanOptions::recv_only_waits = false builds plans with full waits only.
