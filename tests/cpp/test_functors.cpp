@@ -396,4 +396,52 @@ TEST_CASE(unsupported_pairs_throw_type_errors) {
   }
 }
 
+TEST_CASE(sixteen_bit_partials_and_scaling) {
+  // A hop of a 16-bit wire: float32 local + widened bfloat16 partial, added in float32, rounded once
+  // to bfloat16 (ties to even). 1 + 2^-8 is exactly halfway between bfloat16 1 and 1 + 2^-7: even.
+  const float a = 1.0f;
+  const uint16_t half_ulp = doubleToBf16(std::ldexp(1.0, -8));  // 2^-8 is a bfloat16
+  uint16_t out = 0;
+  hostReduce(RedOp::kSum, &a, DType::kFloat32, &half_ulp, DType::kBFloat16, &out, DType::kBFloat16, 1, Scaling{});
+  CHECK_EQ(bf16ToDouble(out), 1.0);
+  // The final hop stores float32: no rounding to 16 bits.
+  float f = 0;
+  hostReduce(RedOp::kSum, &a, DType::kFloat32, &half_ulp, DType::kBFloat16, &f, DType::kFloat32, 1, Scaling{});
+  CHECK_EQ(static_cast<double>(f), 1.0 + std::ldexp(1.0, -8));
+  // The first hop's convert rounds the float32 value once (to float16 too).
+  const float x = static_cast<float>(1.0 + std::ldexp(1.0, -10) + std::ldexp(1.0, -20));
+  uint16_t c = 0;
+  hostConvert(&x, DType::kFloat32, &c, DType::kBFloat16, 1, 0);
+  CHECK_EQ(c, doubleToBf16(x));
+  hostConvert(&x, DType::kFloat32, &c, DType::kFloat16, 1, 0);
+  CHECK_EQ(c, doubleToHalf(x));
+  // A predivide factor: the local operand enters divided (rounded to its type), the convert too.
+  hostConvert(&x, DType::kFloat32, &c, DType::kBFloat16, 1, 4.0);
+  CHECK_EQ(c, doubleToBf16(static_cast<float>(x / 4.0f)));
+  Scaling pre;
+  pre.predivide = 3.0;
+  const uint16_t h3 = doubleToHalf(3.0), zero = 0;
+  uint16_t ho = 0;
+  hostReduce(RedOp::kSum, &h3, DType::kFloat16, &zero, DType::kFloat16, &ho, DType::kFloat16, 1, pre);
+  CHECK_EQ(halfToDouble(ho), 1.0);
+  // The final scaling: AVG divides by n / f, SUM multiplies by f, an extra divisor divides too.
+  const float s1 = 6.0f, s2 = 3.0f;
+  float r = 0;
+  hostReduce(RedOp::kAvg, &s1, DType::kFloat32, &s2, DType::kFloat32, &r, DType::kFloat32, 1,
+             finalScaling(RedOp::kAvg, 3, 1, 2.0, 0, true));  // 9 / (3 / 2)
+  CHECK_EQ(r, 6.0f);
+  hostReduce(RedOp::kSum, &s1, DType::kFloat32, &s2, DType::kFloat32, &r, DType::kFloat32, 1,
+             finalScaling(RedOp::kSum, 3, 1, 2.0, 0, true));  // 9 * 2
+  CHECK_EQ(r, 18.0f);
+  hostReduce(RedOp::kAvg, &s1, DType::kFloat32, &s2, DType::kFloat32, &r, DType::kFloat32, 1,
+             finalScaling(RedOp::kAvg, 3, 4, 0, 0, true));  // 9 / 12
+  CHECK_EQ(r, 0.75f);
+  hostReduce(RedOp::kSum, &s1, DType::kFloat32, &s2, DType::kFloat32, &r, DType::kFloat32, 1,
+             finalScaling(RedOp::kSum, 3, 4, 2.0, 0, true));  // 9 / (4 / 2)
+  CHECK_EQ(r, 4.5f);
+  // MAX ignores the factors (the bindings refuse them): finalScaling gives none.
+  const Scaling none = finalScaling(RedOp::kMax, 3, 4, 2.0, 0, true);
+  CHECK(none.divisor == 0 && none.postscale == 0);
+}
+
 TEST_MAIN()
