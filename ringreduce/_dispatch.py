@@ -223,7 +223,9 @@ _options_cache: dict[tuple[Any, ...], Any] = {}
 def call_options(info: GroupInfo, kind: Any, op: ReduceOp, *, accum: bool = False, local_error: Any = _NONE,
                  ntensors: int = 1, local_size: int = 0, node_order: tuple[int, ...] = (),
                  one_shot: bool = True, wire: Any = None, predivide: float = 0.0, extra_divisor: int = 1) -> Any:
-    """The native CallOptions of one CPU call on info's ring, with the knobs (RINGREDUCE_*) read now.
+    """The native CallOptions of one CPU call on `info`'s ring, with the knobs (RINGREDUCE_*) read now:
+    the call `kind`, `op`, `accum` (float32 partials), `local_error` (a local refusal), `ntensors`
+    (coalesced), `local_size` and `node_order` (hierarchical).
     `one_shot`: a small flat all-reduce may run as a one-shot (Note [One-shot all-reduce]);
     algorithm="ring" asks for the ring itself. `wire`: the native DType of a 16-bit wire (None: none),
     `predivide`: the predivide factor (0: none), `extra_divisor`: what the final reduce also divides
@@ -317,8 +319,10 @@ def run_all_reduce(
 ) -> Work | None:
     """An all-reduce of `tensor` in place, for all_reduce, all_reduce_avg and all_reduce_coalesced.
 
-    `wire_dtype`, `predivide_factor`: as ringreduce.all_reduce's; `extra_divisor` (GradientAverager's
-    accumulation steps, SUM and AVG only): the final reduce also divides by it.
+    `op`, `group`, `async_op`, `accum_dtype`, `algorithm`, `wire_dtype`, `predivide_factor`: as
+    ringreduce.all_reduce's; `kind`: the collective of the agreement frame; `ntensors`: tensors of a
+    coalesced call; `extra_divisor` (GradientAverager's accumulation steps, SUM and AVG only): the
+    final reduce also divides by it.
     """
     tensor = local_tensor(tensor)
     info = resolve(group)

@@ -28,7 +28,8 @@ def busbw_gbs(size_bytes: int, time_us: float, world_size: int) -> float:
 def aggregate_size(
     size: int, count: int, type_name: str, op: str, world_size: int, per_rank: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """One row per implementation from every rank's measurements of one size.
+    """One row per implementation from every rank's measurements of one size (`size` bytes, `count`
+    elements of `type_name`, `op`, on `world_size` ranks).
 
     `per_rank[r]` is rank r's result: {"iters", "rounds", "warmup", "impls": {name: {"median_us",
     "mean_us", "min_us", "max_us", "floor_us", "wrong", "peak_rss", "rss_growth", "rss_exact",

@@ -66,7 +66,8 @@ def _switch_to(impl: Impl, previous: Impl | None, device: torch.device) -> Impl:
 
 
 def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: int) -> dict[str, Any]:
-    """This rank's measurements of one size (see metrics.aggregate_size for the layout)."""
+    """This rank's (`ctx`) measurements of `impls` at `size` bytes under `cfg` (see
+    metrics.aggregate_size for the layout)."""
     dtype = DTYPES[cfg.dtype].torch_dtype
     count = size // DTYPES[cfg.dtype].itemsize
     k = pattern_modulus(dtype, ctx.world_size)
@@ -155,7 +156,8 @@ def _progress(cfg: BenchConfig, index: int, total: int, size: int, started: floa
 
 
 def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]], str] | None:
-    """Runs the whole sweep on this rank. Rank 0 returns (rows, stock name) and prints as it goes."""
+    """Runs the whole sweep of `cfg` on this rank (`ctx`). Rank 0 returns (rows, stock name) and prints
+    as it goes."""
     from ringreduce.bench.table import Layout, format_row, header
 
     impls = build_impls(cfg.op, cfg.backend, ctx.device, DTYPES[cfg.dtype].torch_dtype, cfg.check,

@@ -17,7 +17,8 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class Layout:
-    """Which implementations the table shows (in order) and which one is the stock baseline."""
+    """Which implementations the table shows (`impls`, in order), which one is the stock baseline
+    (`stock`), and the 16-bit wire of a --wire-dtype run (`wire`: "bf16"/"fp16", or None)."""
 
     impls: tuple[str, ...]
     stock: str

@@ -200,7 +200,8 @@ def _mean_over_ranks(value: float, device: torch.device) -> float:
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    """Runs every variant on this rank (process group already initialized); rank 0 prints."""
+    """Runs every variant that `args` names on this rank (process group already initialized); rank 0
+    prints."""
     rank, ws = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
     if dist.get_backend() == "nccl":
