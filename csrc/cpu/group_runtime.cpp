@@ -420,7 +420,7 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
   const bool flat = !refused && opt.allReduce() && !opt.hierarchical(size_);
   // Note [Shared-memory 16-bit wire]: larger float32 all-reduces with a 16-bit wire run the ring.
   const DType partial = flat ? opt.partial(buf.dtype, size_) : buf.dtype;
-  const bool wire_ring = flat && buf.dtype == DType::kFloat32 && isHalfType(partial) && shm_->wireRingPays(buf.numel);
+  const bool wire_ring = flat && buf.dtype == DType::kFloat32 && isHalfType(partial) && ShmRing::wireRingPays(buf.numel);
   const std::vector<Frame> frames =
       shm_->begin(mine, flat && !wire_ring ? buf.data : nullptr, buf.numel, buf.dtype);
   timing.check_us = usSince(started);

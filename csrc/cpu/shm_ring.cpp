@@ -232,7 +232,7 @@ void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, DType 
   }
 }
 
-bool ShmRing::wireRingPays(int64_t numel) const {
+bool ShmRing::wireRingPays(int64_t numel) {
   return static_cast<size_t>(numel) * sizeof(float) > kShmFullPieceBytes;
 }
 

@@ -94,7 +94,7 @@ class ShmRing {
   // passed. Bitwise allReduce's result.
   void allReduceWire(float* data, int64_t numel, RedOp op, DType partial, const Scaling& final);
   // Whether allReduceWire pays off for `numel` float32 elements (else allReduce emulates the hops).
-  bool wireRingPays(int64_t numel) const;
+  static bool wireRingPays(int64_t numel);
 
   // The ring halves over `sched` (this ring's size; owner(r) = ownedChunk(r), chunk c starting at
   // the rank after its owner): reduce_scatter and all_gather after begin() (Note [Ring halves] in
