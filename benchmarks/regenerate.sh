@@ -21,6 +21,10 @@ sweep cpu-2ranks "${@}"
 sweep cpu-4ranks -b 1M -e 64M -f 4 --nproc 4 "${@}"
 sweep cpu-2ranks-tcp --transport tcp "${@}"
 sweep cpu-4ranks-tcp -b 1K -e 64M -f 4 --nproc 4 --transport tcp "${@}"
+# A 16-bit wire (--wire-dtype bf16) beside float32 ringreduce and DDP's bf16_compress_hook, shared
+# memory, the sizes of its target (docs/design.md section 5), 2 and 4 ranks.
+sweep cpu-2ranks-wire-bf16 -b 16M -e 64M -f 4 --wire-dtype bf16 "${@}"
+sweep cpu-4ranks-wire-bf16 -b 16M -e 64M -f 4 --nproc 4 --wire-dtype bf16 "${@}"
 # What the agreement check costs (ringreduce with and without it, beside gloo), gloo transport.
 python -m ringreduce.bench -b 8 -e 1M -f 4 --check-cost --seconds 3 --transport tcp "${@}" \
   --json "$out/cpu-2ranks-check-cost.json" | tee "$out/cpu-2ranks-check-cost.txt"

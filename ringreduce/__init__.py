@@ -18,7 +18,7 @@ from ringreduce import (
 )
 from ringreduce._native import C as _C
 from ringreduce.coalesced import all_reduce_coalesced
-from ringreduce.hooks import GradientAverager, ddp_comm_hook
+from ringreduce.hooks import CommHookState, GradientAverager, ddp_comm_hook
 from ringreduce.ops import ReduceOp, all_reduce, all_reduce_avg
 from ringreduce.scatter_gather import all_gather, reduce_scatter
 from ringreduce.work import Work
@@ -57,6 +57,7 @@ atexit.register(_C.shutdown)
 atexit.register(_groups.forget_groups)
 
 __all__ = [
+    "CommHookState",
     "GradientAverager",
     "ReduceOp",
     "Work",

@@ -315,8 +315,15 @@ def cuda_all_reduce(
     local_size: int = 0,
     members: Any = None,
     one_shot: bool = True,
+    wire: Any = None,
+    predivide: float = 0.0,
+    extra_divisor: int = 1,
 ) -> Work | None:
     """Ring all-reduce of a CUDA tensor in place (see the module docstring for stream semantics).
+
+    `wire`: the native DType of a 16-bit wire (None: none), `predivide`: the predivide factor (0:
+    none), `extra_divisor`: what the final reduce also divides by (Note [Reduction contract] in
+    csrc/core/functors.h; validated by ringreduce._dispatch.scaling_refusal).
 
     `op` is a ringreduce.ReduceOp (an int 0-4), `info` the resolved group, `accum_float32` carries
     half-type partials in float32, `kind` the call kind of the agreement frame. `members`: the ring's
@@ -334,6 +341,10 @@ def cuda_all_reduce(
     comm = communicator(info, tensor.device)
     _check_on_comm(tensor, comm, "tensor")
     C = _native()
+    scaling: dict[str, Any] = {}
+    if wire is not None or predivide or extra_divisor != 1:
+        scaling = {"wire_dtype": -1 if wire is None else int(wire), "predivide": float(predivide),
+                   "extra_divisor": int(extra_divisor)}
     handle = C.cuda_all_reduce(
         comm,
         tensor,
@@ -347,6 +358,7 @@ def cuda_all_reduce(
         _members(info, members),
         int(local_size),
         bool(one_shot),
+        **scaling,
     )
     if not async_op:
         return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 import time
 from typing import Any
@@ -45,12 +46,17 @@ def debug_level() -> int:
 
 
 def log_call(info: GroupInfo, handle: Any, tensor: torch.Tensor, op: ReduceOp, kind: Any, level: int,
-             async_op: bool, accum: bool, seconds: float | None, local_size: int = 0) -> None:
+             async_op: bool, accum: bool, seconds: float | None, local_size: int = 0, *, wire: Any = None,
+             predivide: float = 0.0) -> None:
+    """Logs one call (RINGREDUCE_DEBUG): its group, sequence number, collective, op, tensor, algorithm,
+    options (`accum`, `wire`, `predivide`), `seconds` (None: async) and, at `level` 2, the knobs."""
     algo = f"hierarchical(local_size={local_size})" if local_size else "ring"
     msg = (
         f"rank {info.rank}/{info.size} {info.name} call #{handle.seq} {KIND_NAMES.get(kind, kind)} "
         f"op={op.name} dtype={str(tensor.dtype).replace('torch.', '')} numel={tensor.numel()} "
         f"algorithm={algo} device={tensor.device.type}{' accum=float32' if accum else ''}"
+        f"{f' wire={str(wire.name).lower()}' if wire is not None else ''}"
+        f"{f' predivide={predivide:g}' if predivide else ''}"
     )
     msg += " async (submitted)" if seconds is None else f" time={seconds * 1e6:.0f}us"
     if level >= 2:
@@ -139,6 +145,76 @@ def local_refusal(
     return _NONE, None, rop, accum
 
 
+_WIRE_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def scaling_refusal(
+    tensor: torch.Tensor, rop: ReduceOp, algorithm: str, wire_dtype: Any, predivide_factor: Any
+) -> tuple[Any, BaseException | None, Any, float]:
+    """(frame error code, exception, native wire DType or None, predivide factor (0.0: none)) for the
+    16-bit wire and the predivide factor of an all-reduce (Note [Reduction contract] in
+    csrc/core/functors.h), from purely local checks on `tensor` (already accepted by local_refusal),
+    the op `rop`, `algorithm`, `wire_dtype` and `predivide_factor`. A factor of 1 is no factor."""
+    wire = None
+    if wire_dtype is not None:
+        if not isinstance(wire_dtype, torch.dtype):
+            return FrameError.OTHER, TypeError(
+                f"ringreduce: wire_dtype must be torch.bfloat16, torch.float16 or None, got {type(wire_dtype).__name__}"
+            ), None, 0.0
+        if wire_dtype not in _WIRE_DTYPES:
+            return FrameError.OTHER, ValueError(
+                f"ringreduce: wire_dtype must be torch.bfloat16 or torch.float16 (a 16-bit wire for float32 "
+                f"tensors), got {wire_dtype}"
+            ), None, 0.0
+        if not (tensor.is_floating_point() or tensor.is_complex()):
+            return FrameError.UNSUPPORTED, TypeError(
+                f"ringreduce: wire_dtype={wire_dtype} needs a float32 tensor, got {_dtype_name(tensor.dtype)} "
+                "(integer and bool values cannot travel as 16-bit floats); drop wire_dtype"
+            ), None, 0.0
+        if tensor.dtype != torch.float32:
+            return FrameError.UNSUPPORTED, ValueError(
+                f"ringreduce: wire_dtype={wire_dtype} applies to float32 tensors only, got "
+                f"{_dtype_name(tensor.dtype)} (a 16-bit wire must be narrower than the tensor; "
+                "float16/bfloat16 tensors already travel in 16 bits); drop wire_dtype"
+            ), None, 0.0
+        if rop not in (ReduceOp.SUM, ReduceOp.AVG):
+            return FrameError.UNSUPPORTED, ValueError(
+                f"ringreduce: wire_dtype applies to SUM and AVG, not {rop.name}; drop wire_dtype"
+            ), None, 0.0
+        if algorithm == "hierarchical":
+            return FrameError.OTHER, ValueError(
+                "ringreduce: wire_dtype runs on the flat ring; use algorithm=\"auto\" or \"ring\" with it"
+            ), None, 0.0
+        wire = C.DType.BFLOAT16 if wire_dtype == torch.bfloat16 else C.DType.FLOAT16
+    factor = 0.0
+    if predivide_factor is not None:
+        if isinstance(predivide_factor, bool) or not isinstance(predivide_factor, (int, float)):
+            return FrameError.OTHER, TypeError(
+                f"ringreduce: predivide_factor must be a number > 0 or None, got {type(predivide_factor).__name__}"
+            ), None, 0.0
+        f = float(predivide_factor)
+        if not math.isfinite(f) or f <= 0:
+            return FrameError.OTHER, ValueError(
+                f"ringreduce: predivide_factor must be a finite number > 0, got {predivide_factor!r}"
+            ), None, 0.0
+        if rop not in (ReduceOp.SUM, ReduceOp.AVG):
+            return FrameError.UNSUPPORTED, ValueError(
+                f"ringreduce: predivide_factor applies to SUM and AVG, not {rop.name} (it only moves where a sum "
+                "is scaled); drop predivide_factor"
+            ), None, 0.0
+        if not (tensor.is_floating_point() or tensor.is_complex()):
+            return FrameError.UNSUPPORTED, TypeError(
+                f"ringreduce: predivide_factor needs a floating-point or complex tensor, got "
+                f"{_dtype_name(tensor.dtype)}; drop predivide_factor"
+            ), None, 0.0
+        factor = 0.0 if f == 1.0 else f
+    return _NONE, None, wire, factor
+
+
 # Options objects by everything they hold: most programs make the same few calls over and over, so
 # a call costs one dictionary lookup instead of building the native struct.
 _options_cache: dict[tuple[Any, ...], Any] = {}
@@ -146,15 +222,19 @@ _options_cache: dict[tuple[Any, ...], Any] = {}
 
 def call_options(info: GroupInfo, kind: Any, op: ReduceOp, *, accum: bool = False, local_error: Any = _NONE,
                  ntensors: int = 1, local_size: int = 0, node_order: tuple[int, ...] = (),
-                 one_shot: bool = True) -> Any:
-    """The native CallOptions of one CPU call on info's ring, with the knobs (RINGREDUCE_*) read now.
+                 one_shot: bool = True, wire: Any = None, predivide: float = 0.0, extra_divisor: int = 1) -> Any:
+    """The native CallOptions of one CPU call on `info`'s ring, with the knobs (RINGREDUCE_*) read now:
+    the call `kind`, `op`, `accum` (float32 partials), `local_error` (a local refusal), `ntensors`
+    (coalesced), `local_size` and `node_order` (hierarchical).
     `one_shot`: a small flat all-reduce may run as a one-shot (Note [One-shot all-reduce]);
-    algorithm="ring" asks for the ring itself."""
+    algorithm="ring" asks for the ring itself. `wire`: the native DType of a 16-bit wire (None: none),
+    `predivide`: the predivide factor (0: none), `extra_divisor`: what the final reduce also divides
+    by (Note [Reduction contract] in csrc/core/functors.h)."""
     check = _config.check_enabled(False)
     segment, slots, timeout = _config.segment_bytes(), _config.num_slots(), _config.timeout_ms()
     node, shm = one_node(info), _config.shm_enabled()
     key = (kind, op, accum, local_error, ntensors, local_size, node_order, one_shot, check, segment, slots, timeout,
-           node, shm)
+           node, shm, wire, predivide, extra_divisor)
     opts = _options_cache.get(key)
     if opts is None:
         opts = C.CallOptions()
@@ -163,6 +243,7 @@ def call_options(info: GroupInfo, kind: Any, op: ReduceOp, *, accum: bool = Fals
         opts.segment_bytes, opts.num_slots, opts.timeout_ms = segment, slots, timeout
         opts.local_size, opts.node_order, opts.one_shot = local_size, list(node_order), one_shot
         opts.one_node, opts.shm = node, shm
+        opts.wire_dtype, opts.predivide, opts.extra_divisor = wire, predivide, extra_divisor
         if len(_options_cache) > 256:
             _options_cache.clear()
         _options_cache[key] = opts
@@ -208,6 +289,16 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
     raise exc
 
 
+def refuse_call(group: Any, tensor: torch.Tensor, kind: Any, exc: BaseException) -> None:
+    """Refuses one call of `kind` on `tensor` over `group` (None, a ProcessGroup or a DeviceMesh) for a
+    reason only this rank knows: its agreement frame, marked as an error, goes to the other ranks (so
+    that their matching call raises at once), then `exc` is raised here."""
+    info = resolve(group)
+    if info is None:
+        raise exc
+    refuse(info, kind, FrameError.OTHER, exc, device_of(tensor))
+
+
 def device_of(tensor: Any) -> torch.device | None:
     return tensor.device if isinstance(tensor, torch.Tensor) else None
 
@@ -221,19 +312,38 @@ def run_all_reduce(
     algorithm: str,
     kind: Any,
     ntensors: int = 1,
+    *,
+    wire_dtype: Any = None,
+    predivide_factor: Any = None,
+    extra_divisor: int = 1,
 ) -> Work | None:
-    """An all-reduce of `tensor` in place, for all_reduce, all_reduce_avg and all_reduce_coalesced."""
+    """An all-reduce of `tensor` in place, for all_reduce, all_reduce_avg and all_reduce_coalesced.
+
+    `op`, `group`, `async_op`, `accum_dtype`, `algorithm`, `wire_dtype`, `predivide_factor`: as
+    ringreduce.all_reduce's; `kind`: the collective of the agreement frame; `ntensors`: tensors of a
+    coalesced call; `extra_divisor` (GradientAverager's accumulation steps, SUM and AVG only): the
+    final reduce also divides by it.
+    """
     tensor = local_tensor(tensor)
     info = resolve(group)
     code, exc, rop, accum = local_refusal(tensor, op, accum_dtype, algorithm)
+    wire, factor = None, 0.0
+    if exc is None:
+        assert rop is not None
+        code, exc, wire, factor = scaling_refusal(tensor, rop, algorithm, wire_dtype, predivide_factor)
     if exc is not None:
         if info is None:
             raise exc
         refuse(info, kind, code, exc, device_of(tensor), algorithm)
     assert rop is not None
+    if extra_divisor != 1 and (rop not in (ReduceOp.SUM, ReduceOp.AVG) or extra_divisor < 1):
+        raise ValueError(f"ringreduce internal error: extra divisor {extra_divisor} with {rop.name}")
     if info is None or tensor.numel() == 0 or info.size == 1:
+        if info is not None and extra_divisor != 1 and tensor.numel() > 0:  # one rank still divides by it
+            tensor.div_(extra_divisor)
         return Work.completed([tensor]) if async_op else None
-    local_size, members = choose_algorithm(info, algorithm)
+    # A 16-bit wire runs on the flat ring (scaling_refusal refused "hierarchical").
+    local_size, members = choose_algorithm(info, "ring" if wire is not None else algorithm)
     if tensor.is_cuda:
         from ringreduce import _cuda
 
@@ -241,7 +351,7 @@ def run_all_reduce(
         with torch.profiler.record_function(name), torch.cuda.nvtx.range(name):
             return _cuda.cuda_all_reduce(
                 tensor, rop, info, async_op, accum, int(kind), local_size=local_size, members=members,
-                one_shot=algorithm == "auto",
+                one_shot=algorithm == "auto", wire=wire, predivide=factor, extra_divisor=extra_divisor,
             )
     level = debug_level()
     start = time.perf_counter()
@@ -251,7 +361,8 @@ def run_all_reduce(
     work = None
     with scope:
         options = call_options(info, kind, rop, accum=accum, ntensors=ntensors, local_size=local_size,
-                               node_order=members if local_size else (), one_shot=algorithm == "auto")
+                               node_order=members if local_size else (), one_shot=algorithm == "auto", wire=wire,
+                               predivide=factor, extra_divisor=extra_divisor)
         handle = submit_cpu(info, tensor, options, synchronous=not async_op)
         if async_op:
             work = Work(handle, [tensor], describe=f"{KIND_NAMES[kind]} {rop.name} on {info.name}",
@@ -267,7 +378,7 @@ def run_all_reduce(
                 handle.raise_error()
     if level:
         log_call(info, handle, tensor, rop, kind, level, async_op, accum,
-                 None if async_op else time.perf_counter() - start, local_size)
+                 None if async_op else time.perf_counter() - start, local_size, wire=wire, predivide=factor)
     return work
 
 

@@ -50,28 +50,35 @@ def _gathered_shape(shape: torch.Size | tuple[int, ...], n: int) -> tuple[int, .
 
 @torch.library.custom_op("ringreduce::all_reduce_", mutates_args=("tensor",))
 def all_reduce_(
-    tensor: torch.Tensor, op: str, group_name: str, accum_dtype: torch.dtype | None = None, algorithm: str = "auto"
+    tensor: torch.Tensor, op: str, group_name: str, accum_dtype: torch.dtype | None = None, algorithm: str = "auto",
+    wire_dtype: torch.dtype | None = None, predivide_factor: float = 0.0,
 ) -> None:
-    """In-place all-reduce of `tensor` over the group named `group_name` (ringreduce.all_reduce)."""
-    run_all_reduce(tensor, op, group_of(group_name), False, accum_dtype, algorithm, CallKind.ALL_REDUCE)
+    """In-place all-reduce of `tensor` over the group named `group_name` (ringreduce.all_reduce): `op`,
+    `accum_dtype`, `algorithm`, `wire_dtype` as there; `predivide_factor` 0.0 means none."""
+    run_all_reduce(tensor, op, group_of(group_name), False, accum_dtype, algorithm, CallKind.ALL_REDUCE,
+                   wire_dtype=wire_dtype, predivide_factor=predivide_factor or None)
 
 
 @all_reduce_.register_fake
 def _(tensor: torch.Tensor, op: str, group_name: str, accum_dtype: torch.dtype | None = None,
-      algorithm: str = "auto") -> None:
+      algorithm: str = "auto", wire_dtype: torch.dtype | None = None, predivide_factor: float = 0.0) -> None:
     return None
 
 
 @torch.library.custom_op("ringreduce::all_reduce_avg_", mutates_args=("tensor",))
 def all_reduce_avg_(
-    tensor: torch.Tensor, group_name: str, accum_dtype: torch.dtype | None = None, algorithm: str = "auto"
+    tensor: torch.Tensor, group_name: str, accum_dtype: torch.dtype | None = None, algorithm: str = "auto",
+    wire_dtype: torch.dtype | None = None, predivide_factor: float = 0.0,
 ) -> None:
-    """In-place average of `tensor` over the group named `group_name` (ringreduce.all_reduce_avg)."""
-    run_all_reduce(tensor, ReduceOp.AVG, group_of(group_name), False, accum_dtype, algorithm, CallKind.ALL_REDUCE_AVG)
+    """In-place average of `tensor` over the group named `group_name` (ringreduce.all_reduce_avg):
+    `accum_dtype`, `algorithm`, `wire_dtype` as there; `predivide_factor` 0.0 means none."""
+    run_all_reduce(tensor, ReduceOp.AVG, group_of(group_name), False, accum_dtype, algorithm, CallKind.ALL_REDUCE_AVG,
+                   wire_dtype=wire_dtype, predivide_factor=predivide_factor or None)
 
 
 @all_reduce_avg_.register_fake
-def _(tensor: torch.Tensor, group_name: str, accum_dtype: torch.dtype | None = None, algorithm: str = "auto") -> None:
+def _(tensor: torch.Tensor, group_name: str, accum_dtype: torch.dtype | None = None, algorithm: str = "auto",
+      wire_dtype: torch.dtype | None = None, predivide_factor: float = 0.0) -> None:
     return None
 
 

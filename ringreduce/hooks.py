@@ -61,6 +61,7 @@ Note [DTensor gradients]
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 from collections.abc import Iterable, Iterator
@@ -71,14 +72,41 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook, _JoinConfig
 
-from ringreduce._dispatch import local_tensor
+from ringreduce._dispatch import local_tensor, refuse_call, run_all_reduce
 from ringreduce._groups import _is_device_mesh, resolve
+from ringreduce._types import CallKind
 from ringreduce.ops import ReduceOp, all_reduce
 from ringreduce.work import Work
 
 _MB = 1024 * 1024
 _HALF_TYPES = (torch.float16, torch.bfloat16)
+_WIRE_TYPES = (torch.bfloat16, torch.float16)
 _NO_GROUP = object()
+_OPS = {"avg": ReduceOp.AVG, "sum": ReduceOp.SUM}
+
+
+def _check_op(op: Any, who: str) -> ReduceOp:
+    """"avg"/"sum" (or ReduceOp.AVG/SUM) as a ReduceOp; anything else is a ValueError naming `who`."""
+    if isinstance(op, str) and op.strip().lower() in _OPS:
+        return _OPS[op.strip().lower()]
+    if isinstance(op, ReduceOp) and op in (ReduceOp.AVG, ReduceOp.SUM):
+        return op
+    raise ValueError(f"ringreduce.{who}: op must be \"avg\" or \"sum\", got {op!r}")
+
+
+def _check_scaling(wire_dtype: Any, predivide_factor: Any, who: str) -> None:
+    """The checks of wire_dtype and predivide_factor that need no tensor (ringreduce.all_reduce
+    makes the rest, on every rank alike)."""
+    if wire_dtype is not None and wire_dtype not in _WIRE_TYPES:
+        raise (ValueError if isinstance(wire_dtype, torch.dtype) else TypeError)(
+            f"ringreduce.{who}: wire_dtype must be torch.bfloat16, torch.float16 or None, got {wire_dtype!r}"
+        )
+    if predivide_factor is not None:
+        if isinstance(predivide_factor, bool) or not isinstance(predivide_factor, (int, float)):
+            raise TypeError(f"ringreduce.{who}: predivide_factor must be a number > 0 or None, got "
+                            f"{type(predivide_factor).__name__}")
+        if not math.isfinite(predivide_factor) or predivide_factor <= 0:
+            raise ValueError(f"ringreduce.{who}: predivide_factor must be a finite number > 0, got {predivide_factor!r}")
 
 
 @dataclass
@@ -239,6 +267,25 @@ class GradientAverager(Joinable):
     - ``gradient_as_bucket_view=True``: ``.grad`` tensors are views into the bucket buffers (no
       extra gradient memory, no copy back), re-established after ``zero_grad(set_to_none=True)``.
     - ``accum_dtype=torch.float32``: float16/bfloat16 buckets carry float32 partial sums.
+    - ``op="sum"``: the gradients are summed over ranks instead of averaged, which is what
+      ``torch.nn.DataParallel`` gives (and what losses with ``reduction="sum"`` over the whole batch
+      want); ``op="avg"`` (the default) is DDP's average.
+    - ``predivide_factor=f``: each bucket is all-reduced with ringreduce.all_reduce's
+      ``predivide_factor`` (gradients divided by f before the ring, the sum scaled once after): the
+      result does not change, half-precision sums stay in range (Horovod's
+      ``gradient_predivide_factor``).
+    - ``wire_dtype=torch.bfloat16`` (or ``torch.float16``): float32 buckets travel as 16-bit
+      partials with float32 sums per hop (ringreduce.all_reduce's ``wire_dtype``); buckets of other
+      dtypes are reduced as they are. A model without float32 parameters raises ValueError.
+    - ``accumulation_steps=G``: gradient accumulation without dividing the loss. Run G - 1
+      backwards inside ``no_sync()`` and then one synced backward; the synced backward's reduction
+      divides the accumulated gradients by G as well, in its one final scaling: ``op="avg"``
+      divides the sum over ranks by n G (the mean over every micro-batch of every rank, when each
+      loss is a mean over its micro-batch); ``op="sum"`` divides it by G (the sum over ranks of the
+      mean over micro-batches). Backwards inside ``no_sync()`` are counted (at the end of each
+      backward); a synced backward after any other number than G - 1 of them raises RuntimeError on
+      every rank before a bucket is reduced (this rank refuses every bucket of the round, so the
+      others raise too instead of waiting; the count is not checked under compiled autograd).
     - `group`: None (WORLD), a ProcessGroup or a DeviceMesh. ``mesh=`` names a DeviceMesh or
       sub-mesh (``mesh["dp"]``, ``mesh["dp", "cp"]``) to average across those mesh dimensions only,
       the same as ``group=mesh``; passing both `group` and `mesh` is a ValueError. Ranks that differ
@@ -271,7 +318,15 @@ class GradientAverager(Joinable):
         gradient_as_bucket_view: bool = False,
         accum_dtype: torch.dtype | None = None,
         mesh: Any = None,
+        op: str = "avg",
+        predivide_factor: float | None = None,
+        wire_dtype: torch.dtype | None = None,
+        accumulation_steps: int = 1,
     ) -> None:
+        """Registers the hooks. `module_or_params`, `group`, `bucket_cap_mb`, `first_bucket_mb`,
+        `gradient_as_bucket_view`, `accum_dtype`, `mesh`, `op`, `predivide_factor`, `wire_dtype` and
+        `accumulation_steps` are described in the class docstring; bad values raise ValueError or
+        TypeError here."""
         super().__init__()  # Joinable: a disabled join config until a Join context sets one
         if mesh is not None:
             if group is not None:
@@ -294,9 +349,18 @@ class GradientAverager(Joinable):
             raise TypeError(
                 f"ringreduce.GradientAverager: accum_dtype must be None or torch.float32, got {accum_dtype}"
             )
+        self.op = _check_op(op, "GradientAverager")
+        _check_scaling(wire_dtype, predivide_factor, "GradientAverager")
+        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
+            raise ValueError(
+                f"ringreduce.GradientAverager: accumulation_steps must be an int >= 1, got {accumulation_steps!r}"
+            )
         resolve(group)  # a clear error now if torch.distributed is not initialized
         self.group = group
         self.accum_dtype = accum_dtype
+        self.predivide_factor = predivide_factor
+        self.wire_dtype = wire_dtype
+        self.accumulation_steps = accumulation_steps
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self._params = _collect_params(module_or_params)
         # What is bucketed: the tensors themselves, or a DTensor's local shard (Note [DTensor gradients]).
@@ -315,6 +379,11 @@ class GradientAverager(Joinable):
                 numel += self._locals[i].numel()
                 self._bucket_of[i] = index
             self._buckets.append(_Bucket(index, dtype, device, members, offsets, numel))
+        if wire_dtype is not None and not any(b.dtype == torch.float32 for b in self._buckets):
+            raise ValueError(
+                f"ringreduce.GradientAverager: wire_dtype={wire_dtype} applies to float32 gradients, and this "
+                f"model has none (dtypes {sorted({str(b.dtype) for b in self._buckets})}); drop wire_dtype"
+            )
         if self._buckets:
             self._buckets[-1].flags = len(self._params)
         for b in self._buckets:
@@ -335,6 +404,10 @@ class GradientAverager(Joinable):
         self._join_flag: torch.Tensor | None = None  # the sum of the sync flags: ranks still syncing
         self._join_divide_by_initial = True
         self._round_divisor = 0  # > 0: this round sums, then divides by the ranks still training
+        # accumulation_steps: backwards finished inside no_sync() since the last synced one, and
+        # whether a no_sync backward is running now (its end counts it).
+        self._accumulated = 0
+        self._nosync_pending = False
         self._handles = []
         for i, p in enumerate(self._params):
             self._handles.append(p.register_hook(self._make_pre_hook(i)))
@@ -452,6 +525,9 @@ class GradientAverager(Joinable):
             param.grad = _as_grad(self._slots[i], param, grad)
         self._used[i] = True
         if not self._sync:
+            # accumulation_steps: this backward is counted when it ends (Note [End of backward]).
+            self._nosync_pending = True
+            self._queue_end_callback()
             return
         if not self._round:
             self._start_round()
@@ -493,8 +569,11 @@ class GradientAverager(Joinable):
                 )
 
     def _start_round(self) -> None:
+        accumulated, self._accumulated = self._accumulated + 1, 0
+        if self.accumulation_steps > 1 and not _compiled_autograd_active() and accumulated != self.accumulation_steps:
+            self._refuse_round(accumulated)
         self._round_divisor = 0
-        if self._join_flag is not None and not self._join_divide_by_initial:
+        if self._join_flag is not None and not self._join_divide_by_initial and self.op == ReduceOp.AVG:
             self._join_works[-1].wait()
             active = int(self._join_flag.item())
             if 0 < active < self._world_size():
@@ -506,6 +585,23 @@ class GradientAverager(Joinable):
             b.pending = len(b.params)
             b.launched = False
             b.work = None
+
+    def _refuse_round(self, accumulated: int) -> None:
+        """A synced backward after the wrong number of no_sync() backwards: every bucket of the round is
+        refused (the other ranks' calls for them raise at once, Note [Cross-rank agreement]), then
+        RuntimeError."""
+        message = (
+            f"ringreduce.GradientAverager: accumulation_steps={self.accumulation_steps}, but this synced backward "
+            f"follows {accumulated - 1} backwards inside no_sync() (expected {self.accumulation_steps - 1}), so "
+            f"dividing the accumulated gradients by {self.accumulation_steps} would be wrong. Run "
+            f"{self.accumulation_steps - 1} backwards inside no_sync() before each synced one (or change "
+            "accumulation_steps); no gradient was reduced"
+        )
+        for b in self._buckets:
+            assert b.buffer is not None
+            with contextlib.suppress(RuntimeError):
+                refuse_call(self.group, b.buffer, CallKind.ALL_REDUCE, RuntimeError(message))
+        raise RuntimeError(message)
 
     def _queue_end_callback(self) -> None:
         if _compiled_autograd_active():
@@ -528,12 +624,17 @@ class GradientAverager(Joinable):
             def after_outer_node(*_: Any) -> None:
                 holder[0].remove()
                 with self._lock:
-                    if self._round or self._join_notified:
+                    if self._round or self._join_notified or self._nosync_pending:
                         self._queue_end_callback()
 
             holder.append(outer.register_hook(after_outer_node))
             return
         with self._lock:
+            if self._nosync_pending:  # a backward inside no_sync() ended: count it
+                self._nosync_pending = False
+                self._accumulated += 1
+                if not self._round:
+                    self._callback_tasks.clear()
             if self._join_notified:
                 self._end_join_iteration()
                 if not self._round:
@@ -565,14 +666,21 @@ class GradientAverager(Joinable):
             if bucket.flags:
                 flags = torch.tensor(self._used, dtype=torch.float32).to(bucket.dtype)
                 bucket.buffer[bucket.numel :].copy_(flags)
-        accum = self.accum_dtype if bucket.dtype in _HALF_TYPES else None
-        op = ReduceOp.SUM if self._round_divisor else ReduceOp.AVG  # Note [Uneven inputs]
-        work = all_reduce(bucket.buffer, op=op, group=self.group, async_op=True, accum_dtype=accum)
+        op = ReduceOp.SUM if self._round_divisor else self.op  # Note [Uneven inputs]
+        work = self._reduce(bucket.buffer, op)
         assert work is not None
         bucket.work = work
         bucket.launched = True
 
     # ---------------------------------------------------------------------------------- finishing
+
+    def _reduce(self, buffer: torch.Tensor, op: ReduceOp) -> Work | None:
+        """The asynchronous all-reduce of one bucket `buffer` with `op` and the averager's options (a
+        shadowing rank's zeros take the same call: Note [Uneven inputs])."""
+        accum = self.accum_dtype if buffer.dtype in _HALF_TYPES else None
+        wire = self.wire_dtype if buffer.dtype == torch.float32 else None
+        return run_all_reduce(buffer, op, self.group, True, accum, "auto", CallKind.ALL_REDUCE, wire_dtype=wire,
+                              predivide_factor=self.predivide_factor, extra_divisor=self.accumulation_steps)
 
     def _finish_round(self) -> None:
         if not self._round:
@@ -711,10 +819,8 @@ class GradientAverager(Joinable):
         works = []
         for b in self._buckets:
             assert b.buffer is not None
-            accum = self.accum_dtype if b.dtype in _HALF_TYPES else None
             zeros = torch.zeros_like(b.buffer)
-            op = ReduceOp.SUM if divisor else ReduceOp.AVG
-            works.append(all_reduce(zeros, op=op, group=self.group, async_op=True, accum_dtype=accum))
+            works.append(self._reduce(zeros, ReduceOp.SUM if divisor else self.op))
         for w in works:
             assert w is not None
             w.wait()
@@ -754,26 +860,66 @@ class _AveragerJoinHook(JoinHook):
         avg._join_config = _JoinConfig.construct_disabled_join_config()  # the Join context is over
 
 
+class CommHookState:
+    """What ringreduce.ddp_comm_hook does with each bucket:
+    ``ddp.register_comm_hook(rr.CommHookState(...), rr.ddp_comm_hook)``.
+
+    `op`: "avg" (DDP's average, the default) or "sum" (DataParallel's sum); `wire_dtype`:
+    torch.bfloat16 or torch.float16 carries float32 buckets as 16-bit partials with float32 sums per
+    hop (ringreduce.all_reduce's ``wire_dtype``; buckets of other dtypes are reduced as they are);
+    `predivide_factor`: ringreduce.all_reduce's (divide by f before the ring, scale once after; the
+    result is the same); `process_group`: the group DDP was built with (None: the default group).
+    Invalid values raise ValueError/TypeError here.
+    """
+
+    def __init__(self, wire_dtype: torch.dtype | None = None, op: str = "avg", predivide_factor: float | None = None,
+                 process_group: dist.ProcessGroup | None = None) -> None:
+        """Validates and keeps `wire_dtype`, `op`, `predivide_factor` and `process_group` (see the class)."""
+        self.op = _check_op(op, "CommHookState")
+        _check_scaling(wire_dtype, predivide_factor, "CommHookState")
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise TypeError(
+                f"ringreduce.CommHookState: process_group must be a ProcessGroup or None, got {type(process_group).__name__}"
+            )
+        self.wire_dtype = wire_dtype
+        self.predivide_factor = predivide_factor
+        self.process_group = process_group
+
+    def __repr__(self) -> str:
+        return (f"CommHookState(wire_dtype={self.wire_dtype}, op={self.op.name.lower()!r}, "
+                f"predivide_factor={self.predivide_factor}, process_group={self.process_group})")
+
+
 def ddp_comm_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
-    """DDP communication hook that averages each gradient bucket with ringreduce's ring.
+    """DDP communication hook that averages (or sums) each gradient bucket with ringreduce's ring.
 
     Register it with ``ddp.register_comm_hook(state, ringreduce.ddp_comm_hook)`` where `state` is
-    None (the default group), a ``ProcessGroup``, or an object with a ``process_group`` attribute
-    (use the group DDP was built with). The bucket is averaged in place asynchronously (sum, then
-    one division by the world size: no fp16 pre-division) and the returned Future's value is the
-    bucket tensor itself, as DDP requires. On CPU the Future is completed by ringreduce's worker
-    thread; on GPUs the reduction runs on ringreduce's streams.
+    None (the default group), a ``ProcessGroup``, a ringreduce.CommHookState (op, wire_dtype,
+    predivide_factor, process_group), or another object with a ``process_group`` attribute (use the
+    group DDP was built with). `bucket` is DDP's GradBucket: its buffer is reduced in place
+    asynchronously (AVG: sum, then one division by the world size: no fp16 pre-division unless a
+    predivide_factor asks for it) and the returned Future's value is the bucket tensor itself, as
+    DDP requires. On CPU the Future is completed by ringreduce's worker thread; on GPUs the
+    reduction runs on ringreduce's streams.
     """
+    options = state if isinstance(state, CommHookState) else None
     group = state
-    if state is not None and not isinstance(state, dist.ProcessGroup):
+    if options is not None:
+        group = options.process_group
+    elif state is not None and not isinstance(state, dist.ProcessGroup):
         group = getattr(state, "process_group", _NO_GROUP)
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(
-            "ringreduce.ddp_comm_hook: state must be None, a torch.distributed.ProcessGroup or an object "
-            f"with a process_group attribute, got {type(state).__name__}"
+            "ringreduce.ddp_comm_hook: state must be None, a torch.distributed.ProcessGroup, a "
+            f"ringreduce.CommHookState or an object with a process_group attribute, got {type(state).__name__}"
         )
     buffer = bucket.buffer()
-    work = all_reduce(buffer, op=ReduceOp.AVG, group=group, async_op=True)
+    if options is None:
+        work = all_reduce(buffer, op=ReduceOp.AVG, group=group, async_op=True)
+    else:
+        wire = options.wire_dtype if buffer.dtype == torch.float32 else None
+        work = all_reduce(buffer, op=options.op, group=group, async_op=True, wire_dtype=wire,
+                          predivide_factor=options.predivide_factor)
     assert work is not None
     return work.get_future().then(lambda fut: fut.value()[0])
 

@@ -20,6 +20,8 @@ def all_reduce(
     async_op: bool = False,
     accum_dtype: torch.dtype | None = None,
     algorithm: str = "auto",
+    wire_dtype: torch.dtype | None = None,
+    predivide_factor: float | None = None,
 ) -> Work | None:
     """Reduces `tensor` across the ranks of `group` in place with ringreduce's ring.
 
@@ -54,6 +56,20 @@ def all_reduce(
             tensors in one shot. "ring": always the flat ring. "hierarchical": reduce-scatter
             inside each node, all-reduce across nodes among ranks of the same local rank,
             all-gather inside each node (the flat ring when the group is on one node).
+        wire_dtype: None, or ``torch.bfloat16`` / ``torch.float16`` for float32 tensors with SUM
+            or AVG: the reduce-scatter's partial sums travel as 16-bit values (0.75x the bytes of
+            a float32 ring), but every hop adds the received partial, widened, to the local
+            float32 value in float32 and rounds once, to 16 bits, as it sends; the owner's final
+            sum (and AVG's division) is float32 and the all-gather carries float32, so the result
+            is the float32 the ring computed, bitwise identical on every rank (more accurate than
+            DDP's bf16/fp16 compress hooks, which sum in 16 bits). Flat ring only ("auto" picks
+            it; "hierarchical" raises ValueError).
+        predivide_factor: None, or f > 0 (SUM and AVG on floating or complex tensors): never
+            changes what is computed, only where it is scaled: every contribution is divided by f
+            as it enters the ring (rounded to the tensor's dtype), then the finished sum is divided
+            by n/f (AVG) or multiplied by f (SUM), once, in the accumulation precision (Horovod's
+            gradient_predivide_factor: it keeps fp16 sums in range). f = n pre-divides fully, as
+            DDP's default hook does.
 
     Returns:
         None, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns True and whose
@@ -61,10 +77,13 @@ def all_reduce(
 
     Raises:
         TypeError: `tensor` is not a tensor, or its dtype does not support `op` (integer or bool
-            AVG, complex MAX...), raised before any data moves, `tensor` unchanged; the other
-            ranks raise RuntimeError naming this rank.
-        ValueError: an unknown `op` or `algorithm`, a sparse tensor, an unsupported device, or
-            "hierarchical" for a group with unequal nodes.
+            AVG, complex MAX...) or `wire_dtype`/`predivide_factor` (an integer tensor), raised
+            before any data moves, `tensor` unchanged; the other ranks raise RuntimeError naming
+            this rank.
+        ValueError: an unknown `op` or `algorithm`, a sparse tensor, an unsupported device,
+            "hierarchical" for a group with unequal nodes or with a `wire_dtype`, a `wire_dtype`
+            other than bfloat16/float16 or not narrower than the tensor, a `predivide_factor` <= 0,
+            or either of them with MAX, MIN or PRODUCT; every rank raises alike.
         RuntimeError: the ranks disagree (shape, dtype, op, call order...): every rank raises,
             naming each rank's call (the agreement check, on by default on CPU, RINGREDUCE_CHECK).
         torch.distributed.DistBackendError: a peer died or stayed silent past the group's timeout
@@ -88,9 +107,11 @@ def all_reduce(
         work.wait()
     """
     if torch.compiler.is_compiling():  # Note [Collectives under torch.compile] (ringreduce/_library.py)
-        torch.ops.ringreduce.all_reduce_(tensor, _traced.op_name(op), _traced.group_name(group), accum_dtype, algorithm)
+        torch.ops.ringreduce.all_reduce_(tensor, _traced.op_name(op), _traced.group_name(group), accum_dtype, algorithm,
+                                         wire_dtype, _traced.factor(predivide_factor))
         return Work.completed([tensor]) if async_op else None
-    return run_all_reduce(tensor, op, group, async_op, accum_dtype, algorithm, CallKind.ALL_REDUCE)
+    return run_all_reduce(tensor, op, group, async_op, accum_dtype, algorithm, CallKind.ALL_REDUCE,
+                          wire_dtype=wire_dtype, predivide_factor=predivide_factor)
 
 
 def all_reduce_avg(
@@ -99,6 +120,8 @@ def all_reduce_avg(
     async_op: bool = False,
     accum_dtype: torch.dtype | None = None,
     algorithm: str = "auto",
+    wire_dtype: torch.dtype | None = None,
+    predivide_factor: float | None = None,
 ) -> Work | None:
     """Averages `tensor` across the ranks of `group` in place: ``all_reduce(tensor, op=ReduceOp.AVG)``.
 
@@ -117,6 +140,10 @@ def all_reduce_avg(
             once (use it for fp16 data whose sum can overflow 65504); None keeps the tensor's type.
         algorithm: "auto" (default; hierarchical when the group spans several equal nodes, else
             the flat ring), "ring" or "hierarchical", as in :func:`all_reduce`.
+        wire_dtype: None, or ``torch.bfloat16`` / ``torch.float16`` for a float32 tensor: a 16-bit
+            wire with float32 sums per hop, as in :func:`all_reduce` (flat ring only).
+        predivide_factor: None, or f > 0: divide every contribution by f before the ring and the
+            finished sum by n/f after it, as in :func:`all_reduce`.
 
     Returns:
         None, or with ``async_op=True`` a :class:`Work` (``wait()`` returns True; future value
@@ -125,7 +152,9 @@ def all_reduce_avg(
     Raises:
         TypeError: an integer or bool tensor (no average) or a non-tensor, before any payload
             moves, `tensor` unchanged; the other ranks raise RuntimeError naming this rank.
-        ValueError: an unknown `algorithm`, a sparse tensor or an unsupported device.
+        ValueError: an unknown `algorithm`, a sparse tensor, an unsupported device, a `wire_dtype`
+            other than bfloat16/float16 or not narrower than the tensor, a `predivide_factor`
+            <= 0, or a 16-bit wire with "hierarchical"; every rank raises alike.
         RuntimeError: the ranks disagree on shape, dtype or call: every rank raises.
         torch.distributed.DistBackendError: a peer died or the group's timeout passed.
 
@@ -134,9 +163,11 @@ def all_reduce_avg(
     ``ringreduce::all_reduce_avg_`` op in the graph.
     """
     if torch.compiler.is_compiling():
-        torch.ops.ringreduce.all_reduce_avg_(tensor, _traced.group_name(group), accum_dtype, algorithm)
+        torch.ops.ringreduce.all_reduce_avg_(tensor, _traced.group_name(group), accum_dtype, algorithm, wire_dtype,
+                                             _traced.factor(predivide_factor))
         return Work.completed([tensor]) if async_op else None
-    return run_all_reduce(tensor, ReduceOp.AVG, group, async_op, accum_dtype, algorithm, CallKind.ALL_REDUCE_AVG)
+    return run_all_reduce(tensor, ReduceOp.AVG, group, async_op, accum_dtype, algorithm, CallKind.ALL_REDUCE_AVG,
+                          wire_dtype=wire_dtype, predivide_factor=predivide_factor)
 
 
 __all__ = ["ReduceOp", "all_reduce", "all_reduce_avg", "to_reduce_op"]

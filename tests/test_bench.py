@@ -237,6 +237,33 @@ def test_sweep_sum_bfloat16_on_pool() -> None:
     assert [row["count"] for row in rows[::2]] == [1, 500, 32769]
 
 
+def test_sweep_wire_dtype_adds_the_16_bit_columns_on_pool() -> None:
+    """--wire-dtype: ringreduce with the wire and DDP's compress hook in the same run; exact on the
+    pattern data (its sums are exact in 16 bits), relative errors ordered as documented."""
+    from ringreduce.bench.table import Layout, format_row, header
+
+    cfg = BenchConfig(sizes=[4096, 1 << 20], dtype="float", op="avg", backend="gloo", iters=3, warmup=1,
+                      quiet=True, wire_dtype="bf16")
+    rows = run_ranks(2, _sweep_on_rank, cfg, timeout=120)[0]
+    assert {row["impl"] for row in rows} == {"ringreduce", "gloo", "rr-bf16", "ddp-bf16"}
+    assert all(row["wrong"] == 0 for row in rows), rows
+    for size in (4096, 1 << 20):
+        err = {row["impl"]: row["rel_error"] for row in rows if row["size"] == size}
+        assert err["gloo"] is None
+        assert err["ringreduce"] < 1e-6 < err["rr-bf16"] < err["ddp-bf16"] < 1e-2, err
+    layout = Layout(("ringreduce", "gloo", "rr-bf16", "ddp-bf16"), "gloo", wire="bf16")
+    lines = header(layout) + [format_row([r for r in rows if r["size"] == 4096], layout)]
+    assert "wire/f32" in lines[1] and "err-ddp" in lines[1]
+    assert len(lines[1]) == len(lines[-1]), "\n".join(lines)  # the columns line up
+
+
+def test_cli_refuses_wire_dtype_for_other_types() -> None:
+    from ringreduce.bench import cli
+
+    with pytest.raises(SystemExit, match="--wire-dtype applies to float32"):
+        cli.make_config(cli.build_parser().parse_args(["--wire-dtype", "bf16", "-d", "half"]), [], "gloo", "spawn")
+
+
 # (c) ringreduce's memory bound --------------------------------------------------------------------
 
 

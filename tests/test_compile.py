@@ -285,6 +285,8 @@ def _opcheck(rank: int, ws: int) -> None:
     cases = [
         (torch.ops.ringreduce.all_reduce_.default, (x.clone(), "sum", name, None, "auto")),
         (torch.ops.ringreduce.all_reduce_avg_.default, (x.clone(), name, None, "auto")),
+        (torch.ops.ringreduce.all_reduce_.default, (x.float(), "sum", name, None, "auto", torch.bfloat16, 2.0)),
+        (torch.ops.ringreduce.all_reduce_avg_.default, (x.float(), name, None, "ring", torch.float16, 0.0)),
         (torch.ops.ringreduce.all_reduce.default, (xg, "sum", name)),
         (torch.ops.ringreduce.all_reduce_avg.default, (xg, name)),
         (torch.ops.ringreduce.all_gather.default, (xg, ws, name)),
@@ -292,6 +294,29 @@ def _opcheck(rank: int, ws: int) -> None:
     ]
     for op, args in cases:
         torch.library.opcheck(op, args)
+
+
+def _wire_fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a = x * 1.0
+    rr.all_reduce_avg(a, wire_dtype=torch.bfloat16, predivide_factor=2.0)
+    b = x * 1.0
+    rr.all_reduce(b, op="sum", predivide_factor=4.0)
+    return a, b
+
+
+def _compiled_wire(rank: int, ws: int) -> None:
+    recorder = GraphRecorder()
+    f = torch.compile(_wire_fn, fullgraph=True, backend=recorder)
+    x = _data(rank)
+    a, b = f(x)
+    ea, eb = _wire_fn(x)
+    assert torch.equal(a, ea) and torch.equal(b, eb), "compiled and eager calls differ"
+    assert torch.equal(b, _expected_sum(ws))
+    assert any("ringreduce.all_reduce_avg_" in g for g in recorder.graphs), recorder.graphs
+
+
+def test_fullgraph_compile_wire_and_predivide() -> None:
+    run_ranks(2, _compiled_wire, timeout=COMPILE_TIMEOUT)
 
 
 def test_opcheck_custom_ops() -> None:

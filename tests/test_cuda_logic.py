@@ -106,15 +106,15 @@ def lib() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(so))
     lib.rr_kernel_reduce.restype = ctypes.c_int
     lib.rr_kernel_reduce.argtypes = [
-        ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-        ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+        ctypes.c_longlong, ctypes.c_int, ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_int,
         ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_int,
     ]
     lib.rr_sim_ring.restype = ctypes.c_int
     lib.rr_sim_ring.argtypes = [
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int,
-        ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int,
-        ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int,
+        ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double,
+        ctypes.c_longlong, ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int,
         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p, ctypes.c_int,
     ]
@@ -133,7 +133,8 @@ def lib() -> ctypes.CDLL:
     ]
     lib.rr_sim_allreduce.restype = ctypes.c_int
     lib.rr_sim_allreduce.argtypes = [
-        ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+        ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double,
+        ctypes.c_longlong,
         ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int,
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
         ctypes.c_char_p, ctypes.c_int,
@@ -145,13 +146,16 @@ def lib() -> ctypes.CDLL:
 # The kernel body against torch
 
 
-def kernel_reduce(lib, dtype, op, a, b, dst, *, divisor=0, round_sum=True, nthreads=5):
+def kernel_reduce(lib, dtype, op, a, b, dst, *, divisor=0, round_sum=True, nthreads=5, postscale=0.0,
+                  predivide=0.0):
+    """The kernel body on (a, b, dst) with their own dtypes (`dtype`: a's); b None: the convert.
+    `divisor` applies to AVG only, as the plan passes it (Scaling, csrc/core/functors.h)."""
     kind = ctypes.c_int(0)
     err = ctypes.create_string_buffer(2048)
+    b_ptr, b_type = (None, DTYPES[dst.dtype]) if b is None else (b.data_ptr(), DTYPES[b.dtype])
     rc = lib.rr_kernel_reduce(
-        DTYPES[dtype], op, a.data_ptr(), int(a.dtype == torch.float32 and dtype in HALF),
-        b.data_ptr(), int(b.dtype == torch.float32 and dtype in HALF), dst.data_ptr(),
-        int(dst.dtype == torch.float32 and dtype in HALF), a.numel(), divisor, int(round_sum), nthreads,
+        op, a.data_ptr(), DTYPES[dtype], b_ptr, b_type, dst.data_ptr(), DTYPES[dst.dtype], a.numel(),
+        divisor if op == AVG else 0, float(postscale), float(predivide), int(round_sum), nthreads,
         ctypes.byref(kind), err, len(err),
     )
     return rc, kind.value, err.value.decode()
@@ -214,10 +218,13 @@ def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
     return bool((x == y).all())
 
 
-def width_variants(dtype):
-    """(b dtype, dst dtype) pairs the plan produces: float32 partials only for half types."""
+def width_variants(dtype, op=SUM):
+    """(b dtype, dst dtype) pairs the plan produces: float32 partials for half types, 16-bit partials
+    for float32 (SUM and AVG)."""
     if dtype in HALF:
         return [(dtype, dtype), (dtype, torch.float32), (torch.float32, torch.float32), (torch.float32, dtype)]
+    if dtype == torch.float32 and op in (SUM, AVG):
+        return [(dtype, dtype)] + [(p, d) for p in HALF for d in (p, torch.float32)]
     return [(dtype, dtype)]
 
 
@@ -228,14 +235,15 @@ def test_kernel_body_matches_torch(lib, dtype):
     for op_name, op in OPS.items():
         if not supported(dtype, op):
             continue
-        for b_dtype, dst_dtype in width_variants(dtype):
+        for b_dtype, dst_dtype in width_variants(dtype, op):
             for count in (0, 1, 3, 8, 33, 257):
                 # misalign a, b and dst independently: head, vector body with per-operand
                 # vector/scalar loads, tail
                 for offs in ((0, 0, 0), (1, 0, 1), (0, 3, 2), (5, 1, 0), (2, 2, 2)):
                     for divisor, round_sum in ((0, True), (3, True), (3, False)) if op == AVG else ((0, True),):
                         a_full = random_values(dtype, count + 8, gen)
-                        b_full = random_values(b_dtype if b_dtype != torch.float32 else dtype, count + 8, gen).to(b_dtype)
+                        b_src = b_dtype if (b_dtype != torch.float32 or dtype == torch.float32) else dtype
+                        b_full = random_values(b_src, count + 8, gen).to(b_dtype)
                         d_full = torch.zeros(count + 8, dtype=dst_dtype)
                         a = a_full[offs[0] : offs[0] + count]
                         b = b_full[offs[1] : offs[1] + count]
@@ -280,12 +288,60 @@ def test_kernel_body_refuses_unsupported(lib):
     rc, kind, msg = kernel_reduce(lib, torch.complex64, MAX, c, c, c)
     assert rc != 0 and kind == 0
     f = torch.zeros(4, dtype=torch.float32)
-    # float32 partials are only defined for half types
-    kind_v = ctypes.c_int(0)
-    err = ctypes.create_string_buffer(512)
-    rc = lib.rr_kernel_reduce(0, SUM, f.data_ptr(), 0, f.data_ptr(), 1, f.data_ptr(), 0, 4, 0, 1, 1,
-                              ctypes.byref(kind_v), err, 512)
-    assert rc != 0 and kind_v.value == 2
+    # no plan produces (float32, float64) -> float32, nor a 16-bit wire for MAX
+    rc, kind, msg = kernel_reduce(lib, torch.float32, SUM, f, torch.zeros(4, dtype=torch.float64), f)
+    assert rc != 0 and kind == 2 and "no reduce for operand types" in msg
+    rc, kind, msg = kernel_reduce(lib, torch.float32, MAX, f, torch.zeros(4, dtype=torch.bfloat16), f)
+    assert rc != 0 and kind == 0 and "16-bit wire" in msg
+    rc, kind, msg = kernel_reduce(lib, torch.float64, SUM, torch.zeros(4, dtype=torch.float64), None, f)
+    assert rc != 0 and kind == 2 and "no convert" in msg
+
+
+def test_kernel_convert_and_scaling(lib):
+    """The first hop's convert (ConvertBody: float32 to a 16-bit wire, or an in-place predivide) and a
+    reduce's predivide and post-scaling (Scaling, csrc/core/functors.h), against torch."""
+    gen = torch.Generator().manual_seed(11)
+    for count in (1, 7, 64, 203):
+        for off in (0, 1, 3):
+            a_full = random_values(torch.float32, count + 8, gen)
+            a = a_full[off : off + count]
+            for wire in HALF:
+                for f in (0.0, 3.0):
+                    dst = torch.zeros(count + 8, dtype=wire)[off // 2 : off // 2 + count]
+                    rc, _, msg = kernel_reduce(lib, torch.float32, SUM, a, None, dst, predivide=f, nthreads=3)
+                    assert rc == 0, msg
+                    want = (a / torch.tensor(f) if f else a).to(wire)
+                    assert same_bits(dst, want), f"convert to {wire} f={f} count={count} off={off}"
+            for dtype in (torch.float64, torch.float16, torch.bfloat16, torch.complex64):
+                x = random_values(dtype, count, gen)
+                want = x.clone()
+                if dtype.is_complex:
+                    want = torch.complex(want.real / 4.0, want.imag / 4.0)
+                else:
+                    acc = torch.float64 if dtype == torch.float64 else torch.float32
+                    want = (want.to(acc) / 4.0).to(dtype)
+                rc, _, msg = kernel_reduce(lib, dtype, SUM, x, None, x, predivide=4.0)  # in place
+                assert rc == 0, msg
+                assert same_bits(x, want), f"in-place predivide of {dtype}"
+    # A reduce: the local operand divided (rounded to its type), then the final scaling.
+    a, b = random_values(torch.float32, 100, gen), random_values(torch.bfloat16, 100, gen)
+    f32 = torch.float32
+    for op, divisor, post, want_fn in (
+        (AVG, 3, 2.0, lambda s: s / (torch.tensor(3.0) / torch.tensor(2.0))),
+        (AVG, 3, 0.0, lambda s: s / 3),
+        (SUM, 0, 2.0, lambda s: s * 2),
+    ):
+        dst = torch.zeros(100, dtype=f32)
+        rc, _, msg = kernel_reduce(lib, torch.float32, op, a, b, dst, divisor=divisor, postscale=post,
+                                   predivide=post)
+        assert rc == 0, msg
+        x = a / torch.tensor(post) if post else a
+        assert same_bits(dst, want_fn(x + b.to(f32))), f"op {op} divisor {divisor} post {post}"
+    h = random_values(torch.float16, 100, gen)
+    dst = torch.zeros(100, dtype=torch.float16)
+    rc, _, msg = kernel_reduce(lib, torch.float16, SUM, h, h, dst, predivide=3.0)
+    assert rc == 0, msg
+    assert same_bits(dst, ((h.to(f32) / 3).to(torch.float16).to(f32) + h.to(f32)).to(torch.float16))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,7 +411,7 @@ def expected(dtype, op, inputs, divisor=None):
 
 def sim_allreduce(lib, *, nranks, numel, dtype, op, accum=False, segment_bytes=64, num_slots=4,
                   slot_bytes=None, ncalls=1, async_mask=0, seed=1, fault=0, data_offset=0, inputs=None,
-                  gather_into_data=True, lanes=1):
+                  gather_into_data=True, lanes=1, wire=None, predivide=0.0):
     elem = torch.empty((), dtype=dtype).element_size()
     if slot_bytes is None:
         slot_bytes = max(256, segment_bytes * 4)
@@ -366,9 +422,9 @@ def sim_allreduce(lib, *, nranks, numel, dtype, op, accum=False, segment_bytes=6
     in_ptrs = (ctypes.c_void_p * len(flat_in))(*[t.data_ptr() for t in flat_in])
     out_ptrs = (ctypes.c_void_p * len(outs))(*[t.data_ptr() for t in outs])
     err = ctypes.create_string_buffer(8192)
-    rc = lib.rr_sim_allreduce(nranks, numel, DTYPES[dtype], op, int(accum), segment_bytes, num_slots, slot_bytes,
-                              ncalls, async_mask, seed, fault, data_offset, int(gather_into_data), lanes, in_ptrs,
-                              out_ptrs, err, len(err))
+    rc = lib.rr_sim_allreduce(nranks, numel, DTYPES[dtype], op, int(accum), DTYPES[wire] if wire else -1,
+                              float(predivide), segment_bytes, num_slots, slot_bytes, ncalls, async_mask, seed, fault,
+                              data_offset, int(gather_into_data), lanes, in_ptrs, out_ptrs, err, len(err))
     del elem
     results = [outs[c * nranks : (c + 1) * nranks] for c in range(ncalls)]
     return rc, err.value.decode(), inputs, results
@@ -595,6 +651,56 @@ def test_one_shot_race_detector_and_faults(lib):
         assert caught == 4, f"fault {fault} went unnoticed in {4 - caught} of 4 schedules"
 
 
+def ring_emulation(inputs, op, wire=None, factor=0.0):
+    """The flat ring's arithmetic on float32 inputs (Note [Reduction contract]): chunk c (16-byte
+    aligned chunks) takes rank c's value first; each value enters divided by `factor`; partials are
+    rounded to `wire` per hop; the finished sum is scaled once."""
+    n, numel = len(inputs), inputs[0].numel()
+    chunk = (numel + n - 1) // n
+    chunk = (chunk + 3) // 4 * 4  # ceil(numel / n) rounded up to 16 bytes of float32
+    f = torch.tensor(factor, dtype=torch.float32) if factor else None
+    out = torch.empty(numel)
+    for c in range(n):
+        b, e = min(c * chunk, numel), min((c + 1) * chunk, numel)
+        if b >= e:
+            continue
+        xs = [(inputs[(c + j) % n][b:e] / f) if f is not None else inputs[(c + j) % n][b:e] for j in range(n)]
+        p = xs[0].to(wire) if wire else xs[0]
+        for k in range(1, n):
+            s = xs[k] + p.float()
+            p = s.to(wire) if (wire and k < n - 1) else s
+        if op == AVG:
+            q = torch.tensor(float(n))
+            p = p / (q / f if f is not None else q)
+        elif f is not None:
+            p = p * f
+        out[b:e] = p
+    return out
+
+
+@pytest.mark.parametrize("wire", [None, torch.bfloat16, torch.float16], ids=["none", "bf16", "fp16"])
+def test_sim_driver_wire_and_predivide(lib, wire):
+    """The GPU driver's plan with 16-bit partials and/or a predivide factor (converts on kCompute,
+    16-bit exchanges, float32 all-gather), under random stream schedules: bitwise the ring's
+    arithmetic reproduced in torch, identical on every rank."""
+    gen = torch.Generator().manual_seed(21)
+    for n in (2, 3, 5):
+        for numel in (1, n + 1, 301):
+            for op, factor in ((SUM, 0.0), (AVG, 0.0), (AVG, 3.0), (SUM, 2.0)):
+                if wire is None and not factor:
+                    continue
+                ins = [[torch.randn(numel, generator=gen) * (r + 1) for r in range(n)]]
+                rc, msg, _, outs = sim_allreduce(lib, nranks=n, numel=numel, dtype=torch.float32, op=op,
+                                                 segment_bytes=32, num_slots=3, inputs=ins, seed=numel + n,
+                                                 data_offset=numel % 3, wire=wire, predivide=factor,
+                                                 gather_into_data=numel % 2 == 1)
+                label = f"n={n} numel={numel} op={op} wire={wire} f={factor}"
+                assert rc == 0, f"{label}: {msg}"
+                want = ring_emulation(ins[0], op, wire, factor)
+                for got in outs[0]:
+                    assert same_bits(got, want), f"{label}:\ngot  {got}\nwant {want}"
+
+
 FAULTS = {
     # With gather_into_data (the GPU plan) the all-gather's sends already order kComm after every
     # staging read, so the previous-call wait is defense in depth there; it is required for
@@ -638,7 +744,8 @@ MODE_FLAT, MODE_REDUCE_SCATTER, MODE_ALL_GATHER, MODE_HIERARCHICAL = range(4)
 
 
 def sim_ring(lib, *, comm_size, rings, mode, numel, dtype, op, local_size=0, accum=False, segment_bytes=48,
-             num_slots=3, slot_bytes=None, avg_divisor=0, ncalls=1, seed=1, fault=0, inputs=None):
+             num_slots=3, slot_bytes=None, avg_divisor=0, ncalls=1, seed=1, fault=0, inputs=None, wire=None,
+             predivide=0.0):
     """Runs `ncalls` calls on the rings `rings` (lists of communicator ranks, one size) side by side.
 
     Returns (rc, message, inputs[c][k][i], outputs[c][k][i], peers) where peers[r] = (set of ranks r
@@ -664,7 +771,8 @@ def sim_ring(lib, *, comm_size, rings, mode, numel, dtype, op, local_size=0, acc
     peers_buf = (ctypes.c_int * (comm_size * 16))()
     err = ctypes.create_string_buffer(8192)
     rc = lib.rr_sim_ring(comm_size, len(rings), ring_size, c_members, mode, local_size, numel, DTYPES[dtype], op,
-                         int(accum), segment_bytes, num_slots, slot_bytes, avg_divisor, ncalls, seed, fault, in_ptrs,
+                         int(accum), DTYPES[wire] if wire else -1, float(predivide), segment_bytes, num_slots,
+                         slot_bytes, avg_divisor, ncalls, seed, fault, in_ptrs,
                          out_ptrs, peers_buf, err, len(err))
     it = iter(outs)
     results = [[[next(it) for _ in range(ring_size)] for _ in rings] for _ in range(ncalls)]
@@ -820,6 +928,25 @@ def test_sim_hierarchical_exact(lib, dtype):
     assert runs > 0
 
 
+def test_sim_hierarchical_predivide(lib):
+    """A predivide factor through the hierarchical stages: every contribution divided once in the node
+    ring, the finished sum scaled once in the cross-node ring (exact data, dyadic factors: equal to
+    the flat reduction); the driver refuses a 16-bit wire there."""
+    for comm, members, local in HIER_LAYOUTS:
+        for op, f in ((AVG, 2.0), (SUM, 4.0), (AVG, 0.5)):
+            for dtype in (torch.float32, torch.bfloat16):
+                rc, msg, ins, outs, _ = sim_ring(lib, comm_size=comm, rings=[members], mode=MODE_HIERARCHICAL,
+                                                 local_size=local, numel=203, dtype=dtype, op=op, segment_bytes=48,
+                                                 seed=7 + comm, predivide=f)
+                label = f"members={members} L={local} op={op} f={f} {dtype}"
+                assert rc == 0, f"{label}: {msg}"
+                check_results(dtype, op, ins[0], outs[0], label)
+    comm, members, local = HIER_LAYOUTS[0]
+    rc, msg, *_ = sim_ring(lib, comm_size=comm, rings=[members], mode=MODE_HIERARCHICAL, local_size=local,
+                           numel=64, dtype=torch.float32, op=AVG, wire=torch.bfloat16)
+    assert rc != 0 and "flat ring" in msg
+
+
 def test_sim_hierarchical_back_to_back_and_random_data(lib):
     """Several hierarchical calls in a row share staging and events; random float32 data agrees
     with the float64 truth within tolerance and is identical on every rank."""
@@ -909,9 +1036,10 @@ class _FakeNative:
         return comm
 
     def cuda_all_reduce(self, comm, tensor, op, accum, knobs, async_op, check, kind, name, members, local_size,
-                        one_shot=True):
+                        one_shot=True, **scaling):
         self.calls.append(("all_reduce", comm, kind, list(members), local_size, async_op))
         self.knobs.append(knobs)
+        self.scaling = scaling
         return self if async_op else None
 
     def cuda_ring_half(self, comm, tensor, output, op, knobs, async_op, check, kind, name, members):

@@ -86,6 +86,8 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
            " ranks per node");
   RR_CHECK(!base.accum_float32, kValue,
            "ringreduce internal error: the hierarchical stages never carry float32 partials (reduce a float32 copy)");
+  RR_CHECK(!base.wire_dtype, kValue,
+           "ringreduce: a 16-bit wire (wire_dtype) runs on the flat ring only; use algorithm=\"ring\" (or \"auto\")");
   const int M = n / L;
   const int node = ring.index / L;
   const int local = ring.index % L;
@@ -102,6 +104,8 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   p1.exact_chunks = false;
   p1.average = false;
   p1.avg_divisor = 0;
+  p1.post_factor = 0;  // every contribution is divided by the predivide factor here, scaled in stage 2
+  p1.extra_divisor = 1;
   stages[0].plan = buildPlan(L, local, numel, dtype, p1);
   stages[0].op = op == RedOp::kAvg ? RedOp::kSum : op;
   stages[0].members = intra;
@@ -114,6 +118,7 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   p2.exact_chunks = false;
   p2.average = op == RedOp::kAvg;
   p2.avg_divisor = n;
+  p2.pre_factor = 0;  // its inputs are node sums, divided in stage 1 already
   stages[1].plan = buildPlan(M, node, mine.size(), dtype, p2);
   stages[1].op = op;
   stages[1].offset = mine.begin;
@@ -121,6 +126,7 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   // 3. All-gather inside the node.
   PlanOptions p3 = p1;
   p3.phases = kPhaseAllGather;
+  p3.pre_factor = 0;
   stages[2].plan = buildPlan(L, local, numel, dtype, p3);
   stages[2].op = RedOp::kSum;
   stages[2].members = intra;

@@ -18,7 +18,9 @@
 // result is bitwise identical on every rank (stage 2 is a ring all-reduce, stage 3 copies), but its
 // rounding differs from the flat ring's, as the summation order does. Half types with float32
 // accumulation reduce a float32 copy of the tensor (stagesDType below; the caller makes it), so
-// the stages never carry float32 partials.
+// the stages never carry float32 partials; a 16-bit wire is refused (the flat ring has it). A
+// predivide factor divides every contribution in stage 1, and stage 2's final reduce scales once
+// (Note [Reduction contract] in functors.h).
 #pragma once
 
 #include <cstdint>
@@ -68,9 +70,9 @@ struct RingStage {
 //     (kPhaseAllGather) over `ring`: Note [Ring halves] in plan.h, owner_shift -1 and exact
 //     blocks, so ring index r owns block r of numel / n elements; one stage per lane too;
 //   * hierarchicalStages: Note [Hierarchical all-reduce] over `ring` ordered node by node with
-//     `local_size` ranks per node, on one lane (base.lanes is ignored). base.accum_float32 must be
-//     off. local_size <= 1 or >= the ring's size is the flat ring. Throws kValue when local_size
-//     does not divide the ring's size.
+//     `local_size` ranks per node, on one lane (base.lanes is ignored). base.accum_float32 and
+//     base.wire_dtype must be off. local_size <= 1 or >= the ring's size is the flat ring. Throws
+//     kValue when local_size does not divide the ring's size.
 std::vector<RingStage> flatRingStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
                                       const PlanOptions& base);
 std::vector<RingStage> ringHalfStages(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,

@@ -73,6 +73,9 @@ std::string describeFrame(const Frame& f) {
      << ", numel=" << f.numel << ", shape=" << shapeString(f)
      << ", device=" << (f.device_type == 1 ? "cuda" : "cpu");
   if (f.accum_float32) os << ", accum_dtype=float32";
+  if (f.wire_dtype >= 0) os << ", wire_dtype=" << dtypeName(static_cast<DType>(f.wire_dtype));
+  if (f.predivide != 0) os << ", predivide_factor=" << f.predivide;
+  if (f.extra_divisor != 1) os << ", accumulation_steps=" << f.extra_divisor;
   if (f.ntensors != 1) os << ", tensors=" << f.ntensors;
   os << ")";
   return os.str();
@@ -97,7 +100,8 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
            f.dtype != ref.dtype || f.numel != ref.numel || f.ndim != ref.ndim ||
            f.shape_hash != ref.shape_hash || f.accum_float32 != ref.accum_float32 ||
            f.device_type != ref.device_type || f.algorithm != ref.algorithm ||
-           f.ntensors != ref.ntensors || f.segment_bytes != ref.segment_bytes;
+           f.ntensors != ref.ntensors || f.segment_bytes != ref.segment_bytes || f.wire_dtype != ref.wire_dtype ||
+           f.predivide != ref.predivide || f.extra_divisor != ref.extra_divisor;
   };
   bool any = bad;
   for (const Frame& f : frames) any = any || differs(f);
@@ -124,7 +128,7 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
     }
   };
   bool err = false, kind = false, op = false, dt = false, numel = false, shape = false, acc = false,
-       dev = false, seq = false, nt = false, alg = false, segb = false;
+       dev = false, seq = false, nt = false, alg = false, segb = false, wire = false, pre = false, steps = false;
   for (const Frame& f : frames) {
     err = err || f.error != 0;
     kind = kind || f.kind != ref.kind;
@@ -138,6 +142,9 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
     nt = nt || f.ntensors != ref.ntensors;
     alg = alg || f.algorithm != ref.algorithm;
     segb = segb || f.segment_bytes != ref.segment_bytes;
+    wire = wire || f.wire_dtype != ref.wire_dtype;
+    pre = pre || f.predivide != ref.predivide;
+    steps = steps || f.extra_divisor != ref.extra_divisor;
   }
   note(err, "a rank refused the call");
   note(kind, "collective");
@@ -150,6 +157,9 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
   note(seq, "call sequence (a rank skipped or added a call)");
   note(nt, "number of tensors");
   note(alg, "algorithm");
+  note(wire, "wire_dtype");
+  note(pre, "predivide_factor");
+  note(steps, "accumulation_steps");
   note(segb && !err, "segment size (RINGREDUCE_SEGMENT_BYTES)");
   return head.str() + " [differs: " + what.str() + "]" + os.str();
 }

@@ -20,7 +20,7 @@
 namespace rr {
 
 constexpr uint32_t kFrameMagic = 0x52524652u;  // "RRFR"
-constexpr uint32_t kFrameVersion = 1;
+constexpr uint32_t kFrameVersion = 2;
 constexpr int kFrameMaxDims = 8;
 
 enum class CallKind : int32_t {
@@ -70,8 +70,14 @@ struct Frame {
   // picks it; saturated at 2^31-1): the exchanges' sizes follow from it, so ranks must agree on it.
   int32_t segment_bytes = 0;
   int32_t flags = 0;  // FrameFlags; not compared
+  // Note [Reduction contract] (functors.h): the 16-bit wire's DType (-1: none), the extra divisor
+  // (GradientAverager's accumulation steps; 1: none) and the predivide factor (0: none). Ranks that
+  // differ here would compute different results: they must agree.
+  int32_t wire_dtype = -1;
+  int32_t extra_divisor = 1;
+  double predivide = 0;
 };
-static_assert(sizeof(Frame) == 144, "the frame's wire size is part of the protocol");
+static_assert(sizeof(Frame) == 160, "the frame's wire size is part of the protocol");
 constexpr size_t kFrameBytes = sizeof(Frame);
 
 const char* callKindName(int32_t kind);

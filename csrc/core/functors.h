@@ -8,18 +8,31 @@
 //     hop), integers -> themselves (arithmetic done in the unsigned type of the same width, so
 //     overflow wraps exactly like torch's and is never undefined behaviour), bool -> 0/1 byte
 //     (SUM/MAX = or, MIN/PRODUCT = and, as torch's NCCL backend maps them), complex -> (re, im) pairs.
-// * One reduction step computes dst = store(combine(load(a), load(b))): a is the local operand, b
-//   the partial received from the previous rank. The ring fixes which rank's value enters at which
-//   hop from (world size, numel) alone, so every rank and every segment size gives the same bits.
-// * Half types are rounded to their own type after every hop (what NCCL does), unless the plan
-//   carries partials in float32 (accum_dtype=float32); then dst/b may be float and only the final
-//   store rounds.
-// * AVG is SUM followed by one division of the fully reduced value by the world size, in float32 for
-//   half types (and float32), float64 for float64/complex128: `sum / n`, correctly rounded, which is
-//   what `t.div_(n)` computes. With `round_sum` the sum is first rounded to the destination type
+// * One reduction step computes dst = store(combine(load(a), load(b))) in the accumulation type of
+//   dst: a is the local operand (always the tensor's own element), b the partial received from the
+//   previous rank. The ring fixes which rank's value enters at which hop from (world size, numel)
+//   alone, so every rank and every segment size gives the same bits.
+// * Partials (b, and dst before the last hop) travel in the plan's partial type (plan.h): the
+//   tensor's own type by default, so half types are rounded to their own type after every hop (what
+//   NCCL does); float32 for half types with accum_dtype=float32 (only the final store rounds); or a
+//   16-bit type for float32 tensors with wire_dtype=bfloat16/float16, where every hop adds the
+//   widened 16-bit partial and the local float32 value in float32 and rounds once, to 16 bits, as
+//   it stores the partial it sends; the final reduce stores float32. A convert (ConvertStep) makes
+//   the first hop's partial from the local value: its only rounding is the store into the partial
+//   type.
+// * Scaling (struct Scaling): with a predivide factor f, the local operand enters every step as
+//   a / f computed in the accumulation type and rounded to a's own type (what t.div_(f) before the
+//   call would give), and the convert of the first hop divides the same way. The final reduce of an
+//   element (the owner's last hop) then scales the finished sum once: AVG divides it by the ring's
+//   size n (`sum / n`, correctly rounded, what `t.div_(n)` computes), by n / f with a predivide
+//   factor (n / f computed in the accumulation type); SUM with a predivide factor multiplies it by
+//   f. An extra divisor d (GradientAverager's accumulation steps) makes AVG divide by n d (or n d / f)
+//   and SUM by d (or d / f). All of it in float32 for half types and float32, float64 for float64 and
+//   complex128 (per component). With `round_sum` the sum is first rounded to the destination type
 //   (the value an all_reduce(SUM) would have produced), so AVG == all_reduce(SUM) then div_(n) bit
 //   for bit. No pre-multiplication by 1/n (NCCL's bf16 AVG carries a +0.195% bias for n=3).
-// * MAX/MIN propagate NaN (like torch.maximum/minimum).
+// * MAX/MIN propagate NaN (like torch.maximum/minimum). Predivide factors, extra divisors and
+//   16-bit partials apply to SUM and AVG only (the bindings refuse the rest before any data moves).
 #pragma once
 
 #include "common.h"
@@ -210,43 +223,122 @@ RR_HD_INLINE uint8_t combineBool(uint8_t a, uint8_t b) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The final division of AVG: sum / n in the accumulation precision (float for half types and
-// float32, double for float64, per component for complex). Integers are never averaged.
-RR_HD_INLINE float divideBy(float s, int n) { return s / static_cast<float>(n); }
-RR_HD_INLINE double divideBy(double s, int n) { return s / static_cast<double>(n); }
-template <typename R>
-RR_HD_INLINE Complex<R> divideBy(Complex<R> s, int n) {
-  return Complex<R>{s.re / static_cast<R>(n), s.im / static_cast<R>(n)};
-}
+// Scaling by a real factor in the accumulation precision (per component for complex). Integers are
+// never scaled: AVG, predivide factors and extra divisors are refused for them before any data moves.
 template <typename T>
-RR_HD_INLINE T divideBy(T s, int) {
-  return s;  // integral types: unreachable, AVG is refused before any data moves
+struct RealOf {
+  using type = T;
+};
+template <typename R>
+struct RealOf<Complex<R>> {
+  using type = R;
+};
+
+RR_HD_INLINE float divideBy(float s, float d) { return s / d; }
+RR_HD_INLINE double divideBy(double s, double d) { return s / d; }
+template <typename R>
+RR_HD_INLINE Complex<R> divideBy(Complex<R> s, R d) {
+  return Complex<R>{s.re / d, s.im / d};
+}
+template <typename T, typename D>
+RR_HD_INLINE T divideBy(T s, D) {
+  return s;  // integral types: unreachable
+}
+RR_HD_INLINE float multiplyBy(float s, float m) { return s * m; }
+RR_HD_INLINE double multiplyBy(double s, double m) { return s * m; }
+template <typename R>
+RR_HD_INLINE Complex<R> multiplyBy(Complex<R> s, R m) {
+  return Complex<R>{s.re * m, s.im * m};
+}
+template <typename T, typename M>
+RR_HD_INLINE T multiplyBy(T s, M) {
+  return s;  // integral types: unreachable
+}
+
+// What one reduction step does besides combining its operands (Note [Reduction contract]). A plain
+// struct, passed by value to kernels.
+struct Scaling {
+  double predivide = 0;    // > 0: the local operand enters as a / predivide, rounded to a's type
+  int32_t divisor = 0;     // > 0 (final reduce): the sum is divided by divisor, or divisor / postscale
+  double postscale = 0;    // > 0 (final reduce): see divisor; without a divisor the sum is multiplied by it
+  bool round_sum = false;  // final reduce: round the sum to dst's type before scaling it
+};
+
+// The Scaling of the final reduce of an element: `op` AVG divides by `ring_divisor` (the ring's
+// size, or the whole group's for the hierarchical all-reduce) times `extra_divisor`; SUM divides by
+// `extra_divisor` when it is above 1; `postscale`: the predivide factor (0: none). Other ops: none.
+RR_HD_INLINE Scaling finalScaling(RedOp op, int32_t ring_divisor, int32_t extra_divisor, double postscale,
+                                  double predivide, bool round_sum) {
+  Scaling s;
+  s.predivide = predivide;
+  s.round_sum = round_sum;
+  if (op == RedOp::kAvg) {
+    s.divisor = ring_divisor * (extra_divisor > 1 ? extra_divisor : 1);
+    s.postscale = postscale;
+  } else if (op == RedOp::kSum) {
+    s.divisor = extra_divisor > 1 ? extra_divisor : 0;
+    s.postscale = postscale;
+  }
+  return s;
+}
+
+// Rounds an accumulation-type value to T's precision (and back).
+template <typename Acc, typename T>
+RR_HD_INLINE Acc roundTo(const Acc& v) {
+  return Convert<Acc, T>::load(Convert<Acc, T>::store(v));
+}
+
+// The final scaling of a finished sum s (Acc), stored as TD.
+template <typename TD, typename Acc>
+RR_HD_INLINE Acc scaleFinal(Acc s, const Scaling& sc) {
+  using Real = typename RealOf<Acc>::type;
+  if (sc.divisor <= 0 && sc.postscale <= 0) return s;
+  if (sc.round_sum) s = roundTo<Acc, TD>(s);
+  if (sc.divisor > 0) {
+    const Real d = sc.postscale > 0 ? static_cast<Real>(sc.divisor) / static_cast<Real>(sc.postscale)
+                                    : static_cast<Real>(sc.divisor);
+    return divideBy(s, d);
+  }
+  return multiplyBy(s, static_cast<Real>(sc.postscale));
 }
 
 // ---------------------------------------------------------------------------------------------
-// One reduction step on one element. TA: local operand, TB: received partial, TD: destination.
-// Mixed types occur only for half types with float32 partials (TA/TB/TD in {T, float}).
-// `divisor` > 0 applies AVG's final division; `round_sum` first rounds the sum to TD.
+// One reduction step on one element. TA: local operand (the tensor's type), TB: received partial,
+// TD: destination. Mixed types occur only with a partial type other than the tensor's (TB/TD the
+// partial type: float32 for half tensors, float16/bfloat16 for float32 tensors).
 template <typename TA, typename TB, typename TD, RedOp op>
 struct ReduceStep {
   using Acc = typename AccOf<TD>::type;
+  using Real = typename RealOf<Acc>::type;
 
-  RR_HD_INLINE static TD apply(const TA& a, const TB& b, int divisor, bool round_sum) {
-    const Acc x = Convert<Acc, TA>::load(a);
+  RR_HD_INLINE static TD apply(const TA& a, const TB& b, const Scaling& sc) {
+    Acc x = Convert<Acc, TA>::load(a);
+    if (sc.predivide > 0) x = roundTo<Acc, TA>(divideBy(x, static_cast<Real>(sc.predivide)));
     const Acc y = Convert<Acc, TB>::load(b);
-    Acc s = Combine<op>::apply(x, y);
-    if (op == RedOp::kAvg && divisor > 0) {
-      if (round_sum) s = Convert<Acc, TD>::load(Convert<Acc, TD>::store(s));
-      s = divideBy(s, divisor);
-    }
-    return Convert<Acc, TD>::store(s);
+    const Acc s = Combine<op>::apply(x, y);
+    return Convert<Acc, TD>::store(scaleFinal<TD>(s, sc));
   }
 };
 
 template <RedOp op>
 struct ReduceStep<Bool8, Bool8, Bool8, op> {
-  RR_HD_INLINE static Bool8 apply(const Bool8& a, const Bool8& b, int, bool) {
+  RR_HD_INLINE static Bool8 apply(const Bool8& a, const Bool8& b, const Scaling&) {
     return Bool8{combineBool<op>(a.bits != 0, b.bits != 0)};
+  }
+};
+
+// The first hop's partial made from the local value: dst = store(a), divided by the predivide
+// factor first (rounded to TS, as in ReduceStep), in TS's accumulation type. TS is the tensor's
+// type; TD the partial type (the same type for an in-place predivide).
+template <typename TS, typename TD>
+struct ConvertStep {
+  using Acc = typename AccOf<TS>::type;
+  using Real = typename RealOf<Acc>::type;
+
+  RR_HD_INLINE static TD apply(const TS& a, double predivide) {
+    Acc x = Convert<Acc, TS>::load(a);
+    if (predivide > 0) x = roundTo<Acc, TS>(divideBy(x, static_cast<Real>(predivide)));
+    return Convert<Acc, TD>::store(x);
   }
 };
 

@@ -67,18 +67,24 @@ struct OneShotBody {
       if (a.wide && n > 2) {
         // Step 1 widens, the middle steps stay float32, the last one rounds (and divides).
         const T* x1 = static_cast<const T*>(a.in[(c + 1) % n]);
-        float w = ReduceStep<T, T, float, op>::apply(x1[i], partial, 0, false);
+        const Scaling hop;
+        Scaling last;
+        last.divisor = a.divisor;
+        float w = ReduceStep<T, T, float, op>::apply(x1[i], partial, hop);
         for (int k = 2; k < n - 1; ++k) {
           const T* xk = static_cast<const T*>(a.in[(c + k) % n]);
-          w = ReduceStep<T, float, float, op>::apply(xk[i], w, 0, false);
+          w = ReduceStep<T, float, float, op>::apply(xk[i], w, hop);
         }
         const T* xl = static_cast<const T*>(a.in[(c + n - 1) % n]);
-        return ReduceStep<T, float, T, op>::apply(xl[i], w, a.divisor, false);
+        return ReduceStep<T, float, T, op>::apply(xl[i], w, last);
       }
     }
+    Scaling last;
+    last.divisor = a.divisor;
+    last.round_sum = true;
     for (int k = 1; k < n; ++k) {
       const T* xk = static_cast<const T*>(a.in[(c + k) % n]);
-      partial = ReduceStep<T, T, T, op>::apply(xk[i], partial, k == n - 1 ? a.divisor : 0, true);
+      partial = ReduceStep<T, T, T, op>::apply(xk[i], partial, k == n - 1 ? last : Scaling());
     }
     return partial;
   }

@@ -23,7 +23,7 @@ namespace {
 //     send is a read, its receive a write. A conflict with X's receive (O reads or overwrites what
 //     X received) needs only the receive half, a recv_only wait; a conflict with X's send (O
 //     overwrites what X sends: an all-gather copy or receive into a tensor segment X sent, or,
-//     with float32 partials, the reduce of X itself into the kAccum segment X sends) needs a
+//     with partials in kAccum, the reduce of X itself into the kAccum segment X sends) needs a
 //     full wait (PlanOptions::recv_only_waits = false: every conflict does);
 //   * earlier compute C, exchange O: kComm waits computeEvent(C) (and so, transitively, every
 //     earlier compute and every exchange half those computes waited for);
@@ -54,19 +54,25 @@ struct RegionState {
   std::vector<OpRef> readers;
 };
 
+// Compute ops are identified by a compute id: c < E is the reduce/copy that consumes exchange c's
+// receive, E + e the convert that makes exchange e's send (Note [First hop] in plan.h).
 struct Builder {
   Plan& plan;
   int S;
   int num_rs;
   bool recv_only_waits;
+  int32_t E = 0;
   std::vector<char> has_compute;      // per exchange: a reduce/copy consumes its receive
-  std::vector<int32_t> compute_pos;   // per exchange: position in compute order, -1 if not emitted
-  std::vector<Op> computes;           // per exchange
-  std::vector<std::vector<Access>> ex_access, co_access;
+  std::vector<char> has_convert;      // per exchange: a convert makes its send
+  std::vector<int32_t> compute_pos;   // per compute id: position in compute order, -1 if not emitted
+  std::vector<Op> computes;           // per compute id
+  std::vector<std::vector<Access>> ex_access, co_access;  // per exchange, per compute id
   std::deque<int32_t> pending;        // exchanges whose compute is not yet emitted, in order
   std::unordered_map<int64_t, RegionState> regions;
   int32_t computes_emitted = 0;
-  std::vector<int32_t> compute_order;  // position in compute order -> exchange
+  std::vector<int32_t> compute_order;  // position in compute order -> compute id
+
+  int32_t eventOf(int32_t c) const { return c < E ? Plan::computeEvent(c) : plan.convertEvent(c - E); }
   // What each queue knows has completed, per exchange: the whole exchange (`_x`) or at least its
   // receive (`_recv`; set by full waits too).
   std::vector<int32_t> compute_saw_x;     // compute position before which kCompute waited it fully, -1
@@ -148,19 +154,19 @@ struct Builder {
     }
   }
 
-  void emitCompute(int32_t e) {
+  void emitCompute(int32_t c) {
     std::vector<OpRef> deps;
-    for (const Access& a : co_access[e]) conflicts(a, deps);
+    for (const Access& a : co_access[c]) conflicts(a, deps);
     // Earlier computes need nothing: kCompute is in order.
     for (const ExchangeNeed& x : exchangeNeeds(deps, -1))
       if (!computeKnows(x)) computeWaits(x);
-    emit(computes[e]);
+    emit(computes[c]);
     Op rec{OpKind::kRecord, Queue::kCompute};
-    rec.event = Plan::computeEvent(e);
+    rec.event = eventOf(c);
     emit(rec);
-    for (const Access& a : co_access[e]) record(a, OpRef{true, e});
-    compute_pos[e] = computes_emitted++;
-    compute_order.push_back(e);
+    for (const Access& a : co_access[c]) record(a, OpRef{true, c});
+    compute_pos[c] = computes_emitted++;
+    compute_order.push_back(c);
   }
 
   void popCompute() {
@@ -176,17 +182,27 @@ struct Builder {
     return false;
   }
 
-  void emitExchange(int32_t e) {
-    // Program order is "exchange e, then its compute"; computes deferred in `pending` still come
-    // before exchange e logically, so a pending compute that touches one of e's regions is emitted
-    // now (with everything before it), and the hazard check below then orders e after it.
+  // Emits the pending computes up to the last one that clashes with `accesses`.
+  void flushClashing(const std::vector<Access>& accesses) {
     for (size_t i = pending.size(); i-- > 0;) {
-      if (clash(co_access[pending[i]], ex_access[e])) {
+      if (clash(co_access[pending[i]], accesses)) {
         const int32_t target = pending[i];
         while (compute_pos[target] < 0) popCompute();
         break;
       }
     }
+  }
+
+  void emitExchange(int32_t e) {
+    // Program order is "exchange e's convert (if any), exchange e, then its compute"; computes
+    // deferred in `pending` still come before exchange e logically, so a pending compute that
+    // touches one of e's regions (or its convert's) is emitted now (with everything before it), and
+    // the hazard checks below then order e after it.
+    if (has_convert[e]) {
+      flushClashing(co_access[E + e]);
+      emitCompute(E + e);
+    }
+    flushClashing(ex_access[e]);
     std::vector<OpRef> deps;
     for (const Access& a : ex_access[e]) conflicts(a, deps);
     // Computes first: a wait on the latest of them covers the earlier ones.
@@ -198,7 +214,7 @@ struct Builder {
         need_compute = compute_pos[d.exchange];
     }
     if (need_compute >= 0) {
-      emitWait(Queue::kComm, Plan::computeEvent(compute_order[static_cast<size_t>(need_compute)]));
+      emitWait(Queue::kComm, eventOf(compute_order[static_cast<size_t>(need_compute)]));
       comm_knows_compute = need_compute;
     }
     for (const ExchangeNeed& x : exchangeNeeds(deps, e))
@@ -232,12 +248,29 @@ int32_t laneOfElement(const RingSchedule& sc, int32_t lanes, int64_t index) {
 }
 
 int64_t Plan::slotBytes() const {
-  const int64_t narrow = static_cast<int64_t>(dtypeSize(dtype));
-  const int64_t widest = accum_float32 && narrow < 4 ? 4 : narrow;
-  return slot_elems * widest;
+  return slot_elems * static_cast<int64_t>(std::max(dtypeSize(dtype), dtypeSize(partial)));
 }
 
 int64_t Plan::stagingBytes() const { return static_cast<int64_t>(num_slots) * slotBytes(); }
+
+int64_t Plan::accumBytes() const { return accum_elems * static_cast<int64_t>(dtypeSize(partial)); }
+
+Scaling Plan::finalScaling(RedOp op) const {
+  return rr::finalScaling(op, avg_divisor, extra_divisor, post_factor, pre_factor, !accum_float32);
+}
+
+Scaling Plan::scaling(RedOp op, const Op& o) const {
+  if (o.kind == OpKind::kReduce && o.final) return finalScaling(op);
+  Scaling s;
+  if (o.kind == OpKind::kReduce || o.kind == OpKind::kConvert) s.predivide = pre_factor;
+  return s;
+}
+
+DType partialDType(DType dtype, int nranks, bool accum_float32, const std::optional<DType>& wire_dtype) {
+  if (accum_float32 && isHalfType(dtype) && nranks > 2) return DType::kFloat32;
+  if (wire_dtype && dtype == DType::kFloat32 && isHalfType(*wire_dtype)) return *wire_dtype;
+  return dtype;
+}
 
 Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptions& options) {
   RR_CHECK(nranks >= 1, kValue, "ringreduce: world size must be >= 1, got ", nranks);
@@ -257,13 +290,25 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   // A one-rank ring has no final reduce to divide in; a larger divisor would silently not divide.
   RR_CHECK(!(options.average && nranks == 1 && options.avg_divisor > 1), kValue,
            "ringreduce: a one-rank ring cannot divide by ", options.avg_divisor);
+  RR_CHECK(!options.wire_dtype || (dtype == DType::kFloat32 && isHalfType(*options.wire_dtype)), kValue,
+           "ringreduce: a 16-bit wire (float16/bfloat16) applies to float32 tensors, got ",
+           options.wire_dtype ? dtypeName(*options.wire_dtype) : "", " for ", dtypeName(dtype));
+  RR_CHECK(options.pre_factor >= 0 && options.post_factor >= 0 && options.extra_divisor >= 1, kValue,
+           "ringreduce: bad scaling (pre ", options.pre_factor, ", post ", options.post_factor, ", divisor ",
+           options.extra_divisor, ")");
+  RR_CHECK(options.pre_factor == 0 || !isIntegralType(dtype), kValue,
+           "ringreduce: a predivide factor needs a floating or complex tensor, got ", dtypeName(dtype));
 
   Plan plan;
   plan.dtype = dtype;
   // float32 partials only matter when partials travel, i.e. with more than two ranks; with two,
   // the single (final) reduce-scatter step already accumulates in float32 and rounds once.
   plan.accum_float32 = options.accum_float32 && isHalfType(dtype) && nranks > 2;
-  plan.wire = plan.accum_float32 ? DType::kFloat32 : dtype;
+  plan.partial = partialDType(dtype, nranks, options.accum_float32, options.wire_dtype);
+  plan.wire16 = plan.partial != dtype && !plan.accum_float32;
+  plan.pre_factor = options.pre_factor;
+  plan.post_factor = options.post_factor;
+  plan.extra_divisor = options.extra_divisor;
   plan.gather_into_data = options.gather_into_data;
   plan.phases = options.phases;
   plan.avg_divisor = options.avg_divisor > 0 ? options.avg_divisor : nranks;
@@ -273,7 +318,7 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   plan.next = (rank + 1) % nranks;
   plan.prev = (rank + nranks - 1) % nranks;
   const int64_t elem = static_cast<int64_t>(dtypeSize(dtype));
-  const int64_t wire_elem = plan.accum_float32 ? 4 : elem;
+  const int64_t wire_elem = std::max(elem, static_cast<int64_t>(dtypeSize(plan.partial)));
   plan.sched = makeRingSchedule(nranks, numel, elem, wire_elem, options.max_segment_bytes,
                                 options.exact_chunks, options.owner_shift);
   const RingSchedule& sc = plan.sched;
@@ -303,17 +348,21 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
     plan.num_slots =
         slots >= 1 && slots * plan.slotBytes() <= kAutoStagingBytes ? static_cast<int32_t>(slots) : kDefaultSlots;
   }
-  plan.accum_elems = plan.accum_float32 ? sc.chunk : 0;
+  // Note [First hop]: the reduce-scatter's first sends are converted (16-bit wire, predivide).
+  const bool convert_first = run_rs && (plan.wire16 || plan.pre_factor > 0);
+  plan.accum_elems = plan.accum_float32 || (plan.wire16 && run_rs) ? sc.chunk : 0;
   plan.num_exchanges = ((run_rs ? 1 : 0) + (run_ag ? 1 : 0)) * (n - 1) * S;
-  plan.num_events = 2 * plan.num_exchanges;
+  plan.num_events = (convert_first ? 3 : 2) * plan.num_exchanges;
   const int32_t E = plan.num_exchanges;
 
   Builder b{plan, S, run_rs ? (n - 1) * S : 0, options.recv_only_waits};
+  b.E = E;
   b.has_compute.assign(E, 0);
-  b.compute_pos.assign(E, -1);
-  b.computes.resize(E);
+  b.has_convert.assign(E, 0);
+  b.compute_pos.assign(2 * static_cast<size_t>(E), -1);
+  b.computes.resize(2 * static_cast<size_t>(E));
   b.ex_access.resize(E);
-  b.co_access.resize(E);
+  b.co_access.resize(2 * static_cast<size_t>(E));
   b.compute_saw_x.assign(E, -1);
   b.compute_saw_recv.assign(E, -1);
   b.comm_saw_x.assign(E, 0);
@@ -322,7 +371,9 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   b.ex_recv.resize(E);
   plan.exchanges.resize(E);
 
-  const bool accum = plan.accum_float32;
+  const bool partials = plan.accum_elems > 0;  // reduce-scatter partials live in kAccum
+  const DType T = dtype;
+  const DType P = plan.partial;
   const int lookahead = plan.num_slots - 1;
   int32_t staged = 0;  // receives into staging so far
   auto dataRegion = [&](int chunk, int j) { return regionKey(kRegionData, int64_t(chunk) * S + j); };
@@ -357,36 +408,55 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
         if (send_r.empty() && recv_r.empty()) continue;  // both neighbours skip it too
 
         if (!send_r.empty()) {
-          if (phase == Phase::kReduceScatter && accum && s > 0) {
-            b.ex_send[e] = Span{BufKind::kAccum, -1, true, sc.segmentOffset(j), send_r.size()};
+          const bool rs = phase == Phase::kReduceScatter;
+          if (rs && s == 0 && convert_first) {
+            // Note [First hop]: the local segment, rounded to the wire and/or predivided.
+            Op c{OpKind::kConvert, Queue::kCompute};
+            c.exchange = e;
+            c.a = Span{BufKind::kData, -1, T, send_r.begin, send_r.size()};
+            b.co_access[E + e].push_back({dataRegion(info.send_chunk, j), false});
+            if (plan.wire16) {
+              c.dst = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), send_r.size()};
+              b.co_access[E + e].push_back({regionKey(kRegionAccum, j), true});
+            } else {
+              c.dst = c.a;
+              b.co_access[E + e].push_back({dataRegion(info.send_chunk, j), true});
+            }
+            b.computes[E + e] = c;
+            b.has_convert[e] = 1;
+          }
+          if (rs && partials && (s > 0 || plan.wire16)) {
+            b.ex_send[e] = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), send_r.size()};
             b.ex_access[e].push_back({regionKey(kRegionAccum, j), false});
           } else {
-            b.ex_send[e] = Span{BufKind::kData, -1, false, send_r.begin, send_r.size()};
+            b.ex_send[e] = Span{BufKind::kData, -1, T, send_r.begin, send_r.size()};
             b.ex_access[e].push_back({dataRegion(info.send_chunk, j), false});
           }
         }
         if (!recv_r.empty()) {
           if (phase == Phase::kAllGather && plan.gather_into_data) {
-            b.ex_recv[e] = Span{BufKind::kData, -1, false, recv_r.begin, recv_r.size()};
+            b.ex_recv[e] = Span{BufKind::kData, -1, T, recv_r.begin, recv_r.size()};
             b.ex_access[e].push_back({dataRegion(info.recv_chunk, j), true});
           } else {
             const int32_t slot = staged % plan.num_slots;
             ++staged;
-            const bool wide = phase == Phase::kReduceScatter && accum && s > 0;
-            b.ex_recv[e] = Span{BufKind::kStaging, slot, wide, 0, recv_r.size()};
+            // Reduce-scatter receives carry partials (after the first hop, or every hop on a
+            // 16-bit wire); all-gather receives the tensor's finished elements.
+            const bool carries_partial = phase == Phase::kReduceScatter && partials && (s > 0 || plan.wire16);
+            b.ex_recv[e] = Span{BufKind::kStaging, slot, carries_partial ? P : T, 0, recv_r.size()};
             b.ex_access[e].push_back({regionKey(kRegionSlot, slot), true});
             b.has_compute[e] = 1;
             Op c{phase == Phase::kReduceScatter ? OpKind::kReduce : OpKind::kCopy, Queue::kCompute};
             c.exchange = e;
             c.recv = b.ex_recv[e];
             b.co_access[e].push_back({regionKey(kRegionSlot, slot), false});
-            const Span data_span{BufKind::kData, -1, false, recv_r.begin, recv_r.size()};
+            const Span data_span{BufKind::kData, -1, T, recv_r.begin, recv_r.size()};
             if (phase == Phase::kReduceScatter) {
               c.a = data_span;
               c.final = (s == n - 2);
               b.co_access[e].push_back({dataRegion(info.recv_chunk, j), false});
-              if (accum && !c.final) {
-                c.dst = Span{BufKind::kAccum, -1, true, sc.segmentOffset(j), recv_r.size()};
+              if (partials && !c.final) {
+                c.dst = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), recv_r.size()};
                 b.co_access[e].push_back({regionKey(kRegionAccum, j), true});
               } else {
                 c.dst = data_span;
@@ -434,7 +504,7 @@ void putSpan(std::ostringstream& os, const Span& s) {
   }
   os << bufName(s.buf);
   if (s.buf == BufKind::kStaging) os << s.slot;
-  os << "[" << s.offset << "+" << s.count << (s.wide ? ",f32" : "") << "]";
+  os << "[" << s.offset << "+" << s.count << "," << dtypeName(s.type) << "]";
 }
 }  // namespace
 
@@ -442,7 +512,11 @@ std::string Plan::describe() const {
   std::ostringstream os;
   os << "plan rank " << rank << "/" << sched.nranks << " numel " << sched.numel << " chunk "
      << sched.chunk << " segment " << sched.segment << " nsegs " << sched.nsegs << " slots "
-     << num_slots << (accum_float32 ? " accum_f32" : "") << (gather_into_data ? " gather_direct" : "")
+     << num_slots << (accum_float32 ? " accum_f32" : "") << (wire16 ? std::string(" wire ") + dtypeName(partial) : "")
+     << (pre_factor > 0 ? " pre " + std::to_string(pre_factor) : std::string())
+     << (post_factor > 0 ? " post " + std::to_string(post_factor) : std::string())
+     << (extra_divisor > 1 ? " divisor x" + std::to_string(extra_divisor) : std::string())
+     << (gather_into_data ? " gather_direct" : "")
      << (phases == kPhaseReduceScatter ? " reduce_scatter_only" : "")
      << (phases == kPhaseAllGather ? " all_gather_only" : "")
      << (sched.shift != 0 ? " shift " + std::to_string(sched.shift) : std::string()) << " avg_divisor "
@@ -471,6 +545,12 @@ std::string Plan::describe() const {
         putSpan(os, op.dst);
         os << " = ";
         putSpan(os, op.recv);
+        break;
+      case OpKind::kConvert:
+        os << "convert " << op.exchange << " ";
+        putSpan(os, op.dst);
+        os << " = ";
+        putSpan(os, op.a);
         break;
       case OpKind::kRecord:
         os << "record " << op.event;

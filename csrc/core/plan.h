@@ -8,8 +8,8 @@
 // reductions and copies that consume what was received.
 //
 // Execution model (what both transports and the checker implement):
-//   * Two queues per rank. kCompute (reduce/copy; the reduce stream on GPU, the worker thread on
-//     CPU) runs its ops in order, each completing before the next starts. kComm (exchanges; the
+//   * Two queues per rank. kCompute (reduce/copy/convert; the reduce stream on GPU, the worker thread
+//     on CPU) runs its ops in order, each completing before the next starts. kComm (exchanges; the
 //     NCCL stream on GPU, posted gloo send/recv on CPU) *issues* its ops in order, but they may
 //     complete in any order (the CPU transport keeps several exchanges in flight).
 //   * kExchange: send `send` (if non-empty) to rank `next` and receive into `recv` (if non-empty)
@@ -22,7 +22,9 @@
 //     a transport that walks the list sequentially (the CPU transport) never waits for an event
 //     it has not yet recorded.
 //   * Event ids: exchangeEvent(e) = "exchange e complete" (recorded on kComm right after it),
-//     computeEvent(e) = "the reduce/copy of exchange e complete" (recorded on kCompute).
+//     computeEvent(e) = "the reduce/copy of exchange e complete" (recorded on kCompute),
+//     convertEvent(e) = "the convert that makes exchange e's send complete" (kCompute; Note [First
+//     hop]).
 //   * A kWait on exchangeEvent(e) with `recv_only` set asks for less: it holds back the later ops
 //     of its queue only until the RECEIVE half of exchange e has completed (its send may still be
 //     reading). A transport may treat it as a full wait, which is always safe: the GPU does (one
@@ -36,38 +38,54 @@
 // reduce of exchange e reading the slot e received into; a later op that overwrites what an
 // exchange sends needs the whole exchange (a full wait): an all-gather copy or receive over a
 // tensor segment sent during the reduce-scatter, and, with float32 partials, the reduce of
-// exchange e itself, which overwrites the kAccum segment that e sends. The plan still ends with
+// exchange e itself, which overwrites the kAccum segment that e sends (with 16-bit partials, at
+// every step; the first hop's convert writes it before e). The plan still ends with
 // kCompute knowing every exchange fully complete (full waits, sends included). For a transport
 // that waits for both halves anyway, recv_only waits only add waits (a full one follows later);
 // PlanOptions::recv_only_waits = false builds plans with full waits only.
 //
 // Buffers: kData is the tensor (contiguous, numel elements of the tensor's dtype); kAccum is one
-// chunk of float32 partials (only with accum_dtype=float32 on half types); kStaging slot k is a
-// receive buffer of `slot_elems` wire elements. A late message must never land in user memory, so
-// the CPU transport receives every segment into staging; the GPU transport may receive the
-// all-gather straight into kData (gather_into_data), since NCCL aborts rather than delivers late.
+// chunk of partials in the plan's partial type (float32 with accum_dtype=float32 on half types,
+// 16 bits with a 16-bit wire on float32; absent otherwise); kStaging slot k is a receive buffer of
+// `slot_elems` elements of the widest type received. Every span names its element type (the
+// tensor's or the partial type). A late message must never land in user memory, so the CPU
+// transport receives every segment into staging; the GPU transport may receive the all-gather
+// straight into kData (gather_into_data), since NCCL aborts rather than delivers late.
+//
+// Note [First hop]
+// ~~~~~~~~~~~~~~~~
+// The reduce-scatter's first hop sends the local value itself. When that value must change first -
+// a 16-bit wire (float32 rounded to 16 bits), a predivide factor (divided, in place) or both - a
+// kConvert op on kCompute makes it before the exchange sends it: dst = ConvertStep(a) (functors.h),
+// from the tensor's segment into kAccum (a 16-bit wire) or back into itself (a predivide only). Every
+// other contribution of a rank enters as the local operand of a reduce, which divides it on load:
+// each element of each rank is divided exactly once, and the plan checker verifies it. The convert
+// reads the segment once and writes it once (half the bytes on a 16-bit wire): no pass over the
+// whole tensor.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common.h"
 #include "dtype.h"
+#include "functors.h"
 #include "schedule.h"
 
 namespace rr {
 
 enum class Queue : uint8_t { kComm = 0, kCompute = 1 };
 enum class BufKind : uint8_t { kNone = 0, kData = 1, kAccum = 2, kStaging = 3 };
-enum class OpKind : uint8_t { kExchange = 0, kReduce = 1, kCopy = 2, kRecord = 3, kWait = 4 };
+enum class OpKind : uint8_t { kExchange = 0, kReduce = 1, kCopy = 2, kRecord = 3, kWait = 4, kConvert = 5 };
 enum class Phase : uint8_t { kReduceScatter = 0, kAllGather = 1 };
 
-// A run of elements in one buffer. `wide`: the elements are float32 partials (accum mode), else
-// elements of the tensor's dtype. Offsets and counts are in elements of that type.
+// A run of elements in one buffer. `type`: their element type, the tensor's (plan.dtype) or the
+// plan's partial type (plan.partial). Offsets and counts are in elements of that type.
 struct Span {
   BufKind buf = BufKind::kNone;
   int32_t slot = -1;  // staging slot, for kStaging
-  bool wide = false;
+  DType type = DType::kFloat32;
   int64_t offset = 0;
   int64_t count = 0;
   bool empty() const { return count <= 0; }
@@ -76,12 +94,12 @@ struct Span {
 struct Op {
   OpKind kind;
   Queue queue;
-  int32_t exchange = -1;  // exchange index (kExchange, kReduce, kCopy)
+  int32_t exchange = -1;  // exchange index (kExchange, kReduce, kCopy, kConvert: the exchange it feeds)
   int32_t event = -1;     // kRecord, kWait
   Span send;              // kExchange: what goes to `next`
   Span recv;              // kExchange: where data from `prev` lands; kReduce/kCopy: the source
-  Span a;                 // kReduce: the local operand
-  Span dst;               // kReduce/kCopy: the destination
+  Span a;                 // kReduce: the local operand; kConvert: the source
+  Span dst;               // kReduce/kCopy/kConvert: the destination
   bool final = false;     // kReduce: last reduction of the owned chunk (AVG divides here)
   bool recv_only = false; // kWait on an exchangeEvent: only the receive half must have completed
 };
@@ -144,6 +162,16 @@ struct PlanOptions {
   int32_t num_slots = kDefaultSlots;  // staging slots (kAutoSlots: Note [Staging slots]); also
                                       // bounds the exchanges in flight
   bool accum_float32 = false;    // half types: partials travel as float32
+  // float32 tensors: reduce-scatter partials travel as this 16-bit type (Note [First hop]).
+  std::optional<DType> wire_dtype;
+  // Note [Reduction contract] (functors.h): the local operands of the reduce-scatter enter divided
+  // by pre_factor (0: not); the final reduce divides by avg_divisor * extra_divisor (AVG) or by
+  // extra_divisor (SUM, when above 1), over post_factor, or, with neither, multiplies by
+  // post_factor. A flat ring takes both factors equal (predivide_factor); the hierarchical
+  // all-reduce divides in its first ring and scales in its second.
+  double pre_factor = 0;
+  double post_factor = 0;
+  int32_t extra_divisor = 1;
   bool gather_into_data = false; // all-gather receives straight into kData (GPU transport)
   bool average = false;          // op is AVG: the final reduce divides by avg_divisor
   int32_t avg_divisor = 0;       // 0: the ring's size
@@ -161,29 +189,42 @@ struct PlanOptions {
 struct Plan {
   RingSchedule sched;
   DType dtype = DType::kFloat32;
-  DType wire = DType::kFloat32;  // type of wide elements (float32) when accum is on, else dtype
+  DType partial = DType::kFloat32;  // type of kAccum: float32 (accum), 16 bits (wire), else dtype
   int32_t rank = 0;
   int32_t next = 0;
   int32_t prev = 0;
   int32_t num_slots = 0;
   int64_t slot_elems = 0;   // elements (of the widest wire type) per staging slot
-  int64_t accum_elems = 0;  // float32 elements of kAccum (one chunk), 0 when unused
+  int64_t accum_elems = 0;  // elements (of `partial`) of kAccum (one chunk), 0 when unused
   bool accum_float32 = false;
+  bool wire16 = false;      // 16-bit partials of a float32 tensor (PlanOptions::wire_dtype)
+  double pre_factor = 0;    // PlanOptions
+  double post_factor = 0;
+  int32_t extra_divisor = 1;
   bool gather_into_data = false;
   uint8_t phases = kPhaseBoth;
   int32_t avg_divisor = 1;    // what a final AVG reduce divides by
   int32_t lanes = 1;          // Note [Lanes]
   int32_t lane = 0;
   int32_t num_exchanges = 0;  // exchanges in the full grid (indices 0..num_exchanges-1)
-  int32_t num_events = 0;
+  int32_t num_events = 0;     // 2 per exchange, 3 when the plan has converts
   std::vector<ExchangeInfo> exchanges;  // indexed by exchange id
   std::vector<Op> ops;
 
   static int32_t exchangeEvent(int32_t e) { return 2 * e; }
   static int32_t computeEvent(int32_t e) { return 2 * e + 1; }
+  int32_t convertEvent(int32_t e) const { return 2 * num_exchanges + e; }
+  // Whether `event` is an exchangeEvent (else a compute-queue event).
+  bool isExchangeEvent(int32_t event) const { return event < 2 * num_exchanges && event % 2 == 0; }
+
+  // What the reduce `o` (or convert) scales (Note [Reduction contract] in functors.h).
+  Scaling scaling(RedOp op, const Op& o) const;
+  // The Scaling of a final reduce (of this plan's reduce-scatter with `op`).
+  Scaling finalScaling(RedOp op) const;
 
   int64_t slotBytes() const;     // bytes of one staging slot (slot_elems of the widest wire type)
   int64_t stagingBytes() const;  // bytes of all staging slots
+  int64_t accumBytes() const;    // bytes of kAccum
   std::string describe() const;  // human-readable op list, for debugging and test failures
 };
 
@@ -194,8 +235,11 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
 int32_t laneOfElement(const RingSchedule& sc, int32_t lanes, int64_t index);
 
 // The element size of a span's elements.
-inline int64_t spanElemSize(const Plan& plan, const Span& s) {
-  return static_cast<int64_t>(dtypeSize(s.wide ? DType::kFloat32 : plan.dtype));
-}
+inline int64_t spanElemSize(const Plan&, const Span& s) { return static_cast<int64_t>(dtypeSize(s.type)); }
+
+// The type reduce-scatter partials travel in for a tensor of `dtype` on a ring of `nranks`: float32
+// for half types with accum_float32 (when partials travel: more than two ranks), the 16-bit
+// wire_dtype of a float32 tensor, else the tensor's own type.
+DType partialDType(DType dtype, int nranks, bool accum_float32, const std::optional<DType>& wire_dtype);
 
 }  // namespace rr

@@ -3,11 +3,12 @@
 // Note [Vectorized reduce with scalar head and tail]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // dst[i] = ReduceStep<TA, TB, TD, op>(a[i], b[i]) for i < count (functors.h, Note [Reduction
-// contract]); dst may alias a (the reduce-scatter reduces in place). The three operands need not
+// contract]); dst may alias a (the reduce-scatter reduces in place). ConvertBody, the first hop's
+// convert (dst[i] = ConvertStep<TA, TD>(a[i])), is the same loop without b. The three operands need not
 // share an alignment: a and dst point into the user's tensor at any storage offset, b into a
 // staging slot or the float32 partials. So:
 //   * V = 16 / (largest element size) elements form one vector; a vector of TD is loaded/stored as
-//     one aligned Pack<TD, V> (16 bytes for the widest operand; 8 for half next to float32).
+//     one aligned Pack<TD, V> (16 bytes for the widest operand; 8 for a 16-bit type next to float32).
 //   * head = elements until dst is aligned to a whole Pack; the body then runs in whole vectors;
 //     the tail is what is left. If dst's address is not even a multiple of sizeof(TD), everything
 //     is "head" (scalar).
@@ -64,32 +65,32 @@ struct ReduceBody {
 
   // Vectors [0, nvec) of the body; dst is Pack-aligned, a/b are when kVecA/kVecB.
   template <bool kVecA, bool kVecB>
-  RR_HD_INLINE static void body(const TA* va, const TB* vb, TD* vd, int64_t nvec, int divisor, bool round_sum,
-                                int64_t thread, int64_t nthreads) {
+  RR_HD_INLINE static void body(const TA* va, const TB* vb, TD* vd, int64_t nvec, const Scaling& sc, int64_t thread,
+                                int64_t nthreads) {
     for (int64_t k = thread; k < nvec; k += nthreads) {
       Pack<TD, V> pd;
       if constexpr (kVecA && kVecB) {
         const Pack<TA, V> pa = reinterpret_cast<const Pack<TA, V>*>(va)[k];
         const Pack<TB, V> pb = reinterpret_cast<const Pack<TB, V>*>(vb)[k];
-        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(pa.v[u], pb.v[u], divisor, round_sum);
+        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(pa.v[u], pb.v[u], sc);
       } else if constexpr (kVecA) {
         const Pack<TA, V> pa = reinterpret_cast<const Pack<TA, V>*>(va)[k];
-        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(pa.v[u], vb[k * V + u], divisor, round_sum);
+        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(pa.v[u], vb[k * V + u], sc);
       } else {
         static_assert(!kVecB, "b is loaded as a vector only together with a");
-        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(va[k * V + u], vb[k * V + u], divisor, round_sum);
+        for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(va[k * V + u], vb[k * V + u], sc);
       }
       reinterpret_cast<Pack<TD, V>*>(vd)[k] = pd;
     }
   }
 
   // The elements of [0, count) that belong to `thread` of `nthreads`.
-  RR_HD_INLINE static void run(const TA* a, const TB* b, TD* dst, int64_t count, int divisor,
-                               bool round_sum, int64_t thread, int64_t nthreads) {
+  RR_HD_INLINE static void run(const TA* a, const TB* b, TD* dst, int64_t count, const Scaling& sc,
+                               int64_t thread, int64_t nthreads) {
     const int64_t head = headElements<TD, V>(dst, count);
     const int64_t nvec = (count - head) / V;
     const int64_t tail = head + nvec * V;
-    for (int64_t i = thread; i < head; i += nthreads) dst[i] = Step::apply(a[i], b[i], divisor, round_sum);
+    for (int64_t i = thread; i < head; i += nthreads) dst[i] = Step::apply(a[i], b[i], sc);
     if (nvec > 0) {
       // Separate loop versions rather than a branch per vector: with both loads in one loop body
       // a compiler may merge them into the aligned one (GCC does), faulting on misaligned
@@ -100,29 +101,51 @@ struct ReduceBody {
       const bool a_vec = packAligned<TA, V>(a + head);
       const bool b_vec = packAligned<TB, V>(b + head);
       if (a_vec && b_vec) {
-        body<true, true>(a + head, b + head, dst + head, nvec, divisor, round_sum, thread, nthreads);
+        body<true, true>(a + head, b + head, dst + head, nvec, sc, thread, nthreads);
       } else if (a_vec) {
-        body<true, false>(a + head, b + head, dst + head, nvec, divisor, round_sum, thread, nthreads);
+        body<true, false>(a + head, b + head, dst + head, nvec, sc, thread, nthreads);
       } else {
-        body<false, false>(a + head, b + head, dst + head, nvec, divisor, round_sum, thread, nthreads);
+        body<false, false>(a + head, b + head, dst + head, nvec, sc, thread, nthreads);
       }
     }
     for (int64_t i = tail + thread; i < count; i += nthreads)
-      dst[i] = Step::apply(a[i], b[i], divisor, round_sum);
+      dst[i] = Step::apply(a[i], b[i], sc);
   }
 };
 
-// The (TA, TB, TD) combinations the plan produces (Note [Reduction contract]): all operands of
-// the tensor's type, or, for float16/bfloat16 with accum_dtype=float32, float32 partials in b
-// and/or dst. Each width pattern is one case of this enum.
-enum class Widths : int { kNarrow = 0, kToWide = 1, kWideToWide = 2, kWideToNarrow = 3 };
+// dst[i] = ConvertStep<TS, TD>(a[i], predivide) for i < count, split like ReduceBody (a may be dst:
+// an in-place predivide).
+template <typename TS, typename TD>
+struct ConvertBody {
+  static constexpr int V = VectorShape<TS, TS, TD>::V;
+  using Step = ConvertStep<TS, TD>;
 
-RR_HD_INLINE int widthsOf(bool a_wide, bool b_wide, bool dst_wide) {
-  if (a_wide) return -1;  // the local operand is always the tensor itself
-  if (!b_wide && !dst_wide) return static_cast<int>(Widths::kNarrow);
-  if (!b_wide && dst_wide) return static_cast<int>(Widths::kToWide);
-  if (b_wide && dst_wide) return static_cast<int>(Widths::kWideToWide);
-  return static_cast<int>(Widths::kWideToNarrow);
-}
+  RR_HD_INLINE static void run(const TS* a, TD* dst, int64_t count, double predivide, int64_t thread,
+                               int64_t nthreads) {
+    const int64_t head = headElements<TD, V>(dst, count);
+    const int64_t nvec = (count - head) / V;
+    const int64_t tail = head + nvec * V;
+    for (int64_t i = thread; i < head; i += nthreads) dst[i] = Step::apply(a[i], predivide);
+    if (nvec > 0) {
+      const TS* va = a + head;
+      TD* vd = dst + head;
+      if (packAligned<TS, V>(va)) {
+        for (int64_t k = thread; k < nvec; k += nthreads) {
+          const Pack<TS, V> pa = reinterpret_cast<const Pack<TS, V>*>(va)[k];
+          Pack<TD, V> pd;
+          for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(pa.v[u], predivide);
+          reinterpret_cast<Pack<TD, V>*>(vd)[k] = pd;
+        }
+      } else {
+        for (int64_t k = thread; k < nvec; k += nthreads) {
+          Pack<TD, V> pd;
+          for (int u = 0; u < V; ++u) pd.v[u] = Step::apply(va[k * V + u], predivide);
+          reinterpret_cast<Pack<TD, V>*>(vd)[k] = pd;
+        }
+      }
+    }
+    for (int64_t i = tail + thread; i < count; i += nthreads) dst[i] = Step::apply(a[i], predivide);
+  }
+};
 
 }  // namespace rr

@@ -1,11 +1,17 @@
-// ringreduce core: the one runtime -> template dispatch of the reduce, shared by the CUDA launcher
-// (csrc/cuda/reduce_kernels.cu), the CPU loops (csrc/cpu/host_reduce.cpp) and the host tests, so all
-// instantiate exactly the same (TA, TB, TD, op).
+// ringreduce core: the one runtime -> template dispatch of the reduce and the convert, shared by the
+// CUDA launcher (csrc/cuda/reduce_kernels.cu), the CPU loops (csrc/cpu/host_reduce.cpp) and the host
+// tests, so all instantiate exactly the same (TA, TB, TD, op) and (TS, TD).
 //
-// dispatchReduce(dtype, op, a_wide, b_wide, dst_wide, launcher) calls
-// launcher.template run<TA, TB, TD, op>() for the storage types of the call; an explicit list
-// with a loud default (STYLE rule 4). float32 partials (the wide variants) exist only for the half
-// types; AVG only for floating and complex types; complex only for SUM and AVG.
+// dispatchReduce(op, a_type, b_type, dst_type, launcher) calls launcher.template run<TA, TB, TD,
+// op>() for the storage types of the operands; dispatchConvert(from, to, launcher) calls
+// launcher.template convert<TS, TD>(). Explicit lists with a loud default (STYLE rule 4). The
+// operand type triples are those a plan produces (plan.h, Note [Reduction contract]):
+//   * every operand of the tensor's type (every dtype, with the dtype/op rules of dtype.h);
+//   * float16/bfloat16 with float32 partials (accum_dtype=float32): b and/or dst float32;
+//   * float32 with float16/bfloat16 partials (wire_dtype): b 16-bit, dst 16-bit or float32; SUM
+//     and AVG only.
+// Converts: a floating or complex type to itself (an in-place predivide) and float32 to
+// float16/bfloat16 (the first hop of a 16-bit wire).
 #pragma once
 
 #include "dtype.h"
@@ -16,27 +22,38 @@
 namespace rr {
 namespace dispatch_detail {
 
+// The half-type patterns with float32 partials: b and/or dst float32 (a is the tensor).
 template <typename T, RedOp op, typename L>
-void byWidths(int widths, L& l) {
-  switch (static_cast<Widths>(widths)) {
-    case Widths::kNarrow: return l.template run<T, T, T, op>();
-    case Widths::kToWide: return l.template run<T, T, float, op>();
-    case Widths::kWideToWide: return l.template run<T, float, float, op>();
-    case Widths::kWideToNarrow: return l.template run<T, float, T, op>();
-  }
-  RR_THROW(kRuntime, "ringreduce internal error: unexpected operand widths ", widths);
+void withFloatPartials(bool b_wide, bool dst_wide, L& l) {
+  if (!b_wide && !dst_wide) return l.template run<T, T, T, op>();
+  if (!b_wide) return l.template run<T, T, float, op>();
+  if (dst_wide) return l.template run<T, float, float, op>();
+  return l.template run<T, float, T, op>();
 }
 
 template <typename T, typename L>
-void halfType(RedOp op, int widths, L& l) {
+void halfType(RedOp op, bool b_wide, bool dst_wide, L& l) {
   switch (op) {
-    case RedOp::kSum: return byWidths<T, RedOp::kSum>(widths, l);
-    case RedOp::kAvg: return byWidths<T, RedOp::kAvg>(widths, l);
-    case RedOp::kMax: return byWidths<T, RedOp::kMax>(widths, l);
-    case RedOp::kMin: return byWidths<T, RedOp::kMin>(widths, l);
-    case RedOp::kProduct: return byWidths<T, RedOp::kProduct>(widths, l);
+    case RedOp::kSum: return withFloatPartials<T, RedOp::kSum>(b_wide, dst_wide, l);
+    case RedOp::kAvg: return withFloatPartials<T, RedOp::kAvg>(b_wide, dst_wide, l);
+    case RedOp::kMax: return withFloatPartials<T, RedOp::kMax>(b_wide, dst_wide, l);
+    case RedOp::kMin: return withFloatPartials<T, RedOp::kMin>(b_wide, dst_wide, l);
+    case RedOp::kProduct: return withFloatPartials<T, RedOp::kProduct>(b_wide, dst_wide, l);
   }
   RR_THROW(kType, "ringreduce: unknown op code ", static_cast<int>(op));
+}
+
+// float32 tensors with 16-bit partials P: b is P, dst P (a hop) or float32 (the final reduce).
+template <typename P, typename L>
+void sixteenBitWire(RedOp op, bool dst_partial, L& l) {
+  switch (op) {
+    case RedOp::kSum:
+      return dst_partial ? l.template run<float, P, P, RedOp::kSum>() : l.template run<float, P, float, RedOp::kSum>();
+    case RedOp::kAvg:
+      return dst_partial ? l.template run<float, P, P, RedOp::kAvg>() : l.template run<float, P, float, RedOp::kAvg>();
+    default: break;
+  }
+  RR_THROW(kType, "ringreduce: op ", redOpName(op), " is not supported with a 16-bit wire (SUM and AVG are)");
 }
 
 template <typename T, typename L>
@@ -73,31 +90,68 @@ void complexType(RedOp op, L& l) {
   RR_THROW(kType, "ringreduce: op ", redOpName(op), " is not supported for complex tensors");
 }
 
+[[noreturn]] inline void badOperands(DType a, DType b, DType dst) {
+  RR_THROW(kRuntime, "ringreduce internal error: no reduce for operand types (", dtypeName(a), ", ", dtypeName(b),
+           ") -> ", dtypeName(dst));
+}
+
 }  // namespace dispatch_detail
 
 template <typename L>
-void dispatchReduce(DType dtype, RedOp op, bool a_wide, bool b_wide, bool dst_wide, L& l) {
+void dispatchReduce(RedOp op, DType a_type, DType b_type, DType dst_type, L& l) {
   using namespace dispatch_detail;
-  checkSupported(dtype, op);
-  const int widths = widthsOf(a_wide, b_wide, dst_wide);
-  RR_CHECK(widths == static_cast<int>(Widths::kNarrow) || (widths > 0 && isHalfType(dtype)), kRuntime,
-           "ringreduce internal error: float32 partials requested for ", dtypeName(dtype), " (a=", a_wide,
-           " b=", b_wide, " dst=", dst_wide, ")");
-  switch (dtype) {
-    case DType::kFloat32: return floating<float>(op, l);
-    case DType::kFloat64: return floating<double>(op, l);
-    case DType::kFloat16: return halfType<Half>(op, widths, l);
-    case DType::kBFloat16: return halfType<BFloat16>(op, widths, l);
-    case DType::kInt8: return integral<int8_t>(op, l);
-    case DType::kInt16: return integral<int16_t>(op, l);
-    case DType::kInt32: return integral<int32_t>(op, l);
-    case DType::kInt64: return integral<int64_t>(op, l);
-    case DType::kUInt8: return integral<uint8_t>(op, l);
-    case DType::kBool: return integral<Bool8>(op, l);
-    case DType::kComplex64: return complexType<Complex<float>>(op, l);
-    case DType::kComplex128: return complexType<Complex<double>>(op, l);
+  checkSupported(a_type, op);
+  const DType t = a_type;  // the local operand is always the tensor itself
+  if (b_type == t && dst_type == t) {
+    switch (t) {
+      case DType::kFloat32: return floating<float>(op, l);
+      case DType::kFloat64: return floating<double>(op, l);
+      case DType::kFloat16: return halfType<Half>(op, false, false, l);
+      case DType::kBFloat16: return halfType<BFloat16>(op, false, false, l);
+      case DType::kInt8: return integral<int8_t>(op, l);
+      case DType::kInt16: return integral<int16_t>(op, l);
+      case DType::kInt32: return integral<int32_t>(op, l);
+      case DType::kInt64: return integral<int64_t>(op, l);
+      case DType::kUInt8: return integral<uint8_t>(op, l);
+      case DType::kBool: return integral<Bool8>(op, l);
+      case DType::kComplex64: return complexType<Complex<float>>(op, l);
+      case DType::kComplex128: return complexType<Complex<double>>(op, l);
+    }
+    RR_THROW(kType, "ringreduce: unknown dtype code ", static_cast<int>(t));
   }
-  RR_THROW(kType, "ringreduce: unknown dtype code ", static_cast<int>(dtype));
+  const bool b_ok = b_type == t || b_type == DType::kFloat32;
+  const bool dst_ok = dst_type == t || dst_type == DType::kFloat32;
+  if (isHalfType(t) && b_ok && dst_ok) {
+    const bool b_wide = b_type == DType::kFloat32;
+    const bool dst_wide = dst_type == DType::kFloat32;
+    if (t == DType::kFloat16) return halfType<Half>(op, b_wide, dst_wide, l);
+    return halfType<BFloat16>(op, b_wide, dst_wide, l);
+  }
+  if (t == DType::kFloat32 && isHalfType(b_type) && (dst_type == b_type || dst_type == t)) {
+    if (b_type == DType::kFloat16) return sixteenBitWire<Half>(op, dst_type == b_type, l);
+    return sixteenBitWire<BFloat16>(op, dst_type == b_type, l);
+  }
+  badOperands(a_type, b_type, dst_type);
+}
+
+template <typename L>
+void dispatchConvert(DType from, DType to, L& l) {
+  if (from == to) {
+    switch (from) {
+      case DType::kFloat32: return l.template convert<float, float>();
+      case DType::kFloat64: return l.template convert<double, double>();
+      case DType::kFloat16: return l.template convert<Half, Half>();
+      case DType::kBFloat16: return l.template convert<BFloat16, BFloat16>();
+      case DType::kComplex64: return l.template convert<Complex<float>, Complex<float>>();
+      case DType::kComplex128: return l.template convert<Complex<double>, Complex<double>>();
+      default: break;
+    }
+  } else if (from == DType::kFloat32 && to == DType::kFloat16) {
+    return l.template convert<float, Half>();
+  } else if (from == DType::kFloat32 && to == DType::kBFloat16) {
+    return l.template convert<float, BFloat16>();
+  }
+  RR_THROW(kRuntime, "ringreduce internal error: no convert from ", dtypeName(from), " to ", dtypeName(to));
 }
 
 }  // namespace rr

@@ -158,6 +158,10 @@ std::vector<RingStage> GroupRuntime::stagesFor(const CallOptions& opt, const Cal
   base.max_segment_bytes = opt.segment_bytes;
   base.num_slots = opt.num_slots;
   base.accum_float32 = opt.accum_float32;
+  base.wire_dtype = opt.wire_dtype;
+  base.pre_factor = opt.predivide;
+  base.post_factor = opt.predivide;
+  base.extra_divisor = opt.extra_divisor;
   base.gather_into_data = false;  // late messages must land in staging, never in user memory
   switch (opt.kind) {
     case CallKind::kReduceScatter:
@@ -220,9 +224,10 @@ RingBuffers GroupRuntime::ringBuffers(const Plan& plan, void* data, int64_t lead
     bufs.slot_room.push_back(slot_sizes_[k]);
   }
   if (plan.accum_elems > 0) {
-    if (static_cast<int64_t>(accum_.size()) < plan.accum_elems) {
+    const int64_t floats = ceilDiv(plan.accumBytes(), static_cast<int64_t>(sizeof(float)));
+    if (static_cast<int64_t>(accum_.size()) < floats) {
       std::lock_guard<std::mutex> g(mu_);
-      accum_.resize(static_cast<size_t>(plan.accum_elems));
+      accum_.resize(static_cast<size_t>(floats));
     }
     bufs.accum = accum_.data();
   }
@@ -309,8 +314,8 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
       const char* base = p == rank_ ? static_cast<const char*>(buf.data) : frames_.payload(p);
       inputs[static_cast<size_t>(j)] = base + offset;
     }
-    hostReduceInOrder(buf.dtype, opt.op, inputs, static_cast<char*>(buf.data) + offset, range.size(),
-                      opt.op == RedOp::kAvg ? size_ : 0, opt.accum_float32, scratch_.data());
+    hostReduceInOrder(buf.dtype, opt.partial(buf.dtype, size_), opt.op, inputs, static_cast<char*>(buf.data) + offset,
+                      range.size(), opt.flatFinalScaling(buf.dtype, size_), scratch_.data());
   }
   call.body->finish(rank_, size_);
   timing.ring_us = usSince(reduced);
@@ -413,7 +418,11 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
   mine.rank = transport_->rank();
   mine.seq = call.seq;
   const bool flat = !refused && opt.allReduce() && !opt.hierarchical(size_);
-  const std::vector<Frame> frames = shm_->begin(mine, flat ? buf.data : nullptr, buf.numel, buf.dtype);
+  // Note [Shared-memory 16-bit wire]: larger float32 all-reduces with a 16-bit wire run the ring.
+  const DType partial = flat ? opt.partial(buf.dtype, size_) : buf.dtype;
+  const bool wire_ring = flat && buf.dtype == DType::kFloat32 && isHalfType(partial) && ShmRing::wireRingPays(buf.numel);
+  const std::vector<Frame> frames =
+      shm_->begin(mine, flat && !wire_ring ? buf.data : nullptr, buf.numel, buf.dtype);
   timing.check_us = usSince(started);
   const std::string verdict = compareFrames(frames, name_);
   RR_CHECK(verdict.empty(), kRuntime, verdict);
@@ -428,7 +437,8 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
     // The ring halves in the segment: rank r's block is reduced (or copied) from every rank's.
     const Clock::time_point moved = Clock::now();
     if (opt.kind == CallKind::kReduceScatter) {
-      shm_->reduceScatter(buf.data, buf.dtype, stages[0].op, stages[0].plan.sched);
+      shm_->reduceScatter(buf.data, buf.dtype, stages[0].op, stages[0].plan.sched,
+                          stages[0].plan.finalScaling(stages[0].op));
     } else {
       shm_->allGather(buf.data, buf.dtype, stages[0].plan.sched);
     }
@@ -437,7 +447,12 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
     return;
   }
   const Clock::time_point reduced = Clock::now();
-  shm_->allReduce(buf.data, buf.numel, buf.dtype, opt.op, opt.accum_float32);
+  if (wire_ring) {
+    shm_->allReduceWire(static_cast<float*>(buf.data), buf.numel, opt.op, partial,
+                        opt.flatFinalScaling(buf.dtype, size_));
+  } else {
+    shm_->allReduce(buf.data, buf.numel, buf.dtype, opt.op, partial, opt.flatFinalScaling(buf.dtype, size_));
+  }
   call.body->finish(rank_, size_);
   timing.ring_us = usSince(reduced);
 }
@@ -462,7 +477,7 @@ void GroupRuntime::runStages(const Call& call, const CallBuffer& buf, const std:
       continue;
     }
     if (node != nullptr && k != 1) {
-      if (k == 0) node->reduceScatter(buf.data, st.plan.dtype, st.op, st.plan.sched);
+      if (k == 0) node->reduceScatter(buf.data, st.plan.dtype, st.op, st.plan.sched, st.plan.finalScaling(st.op));
       else node->allGather(buf.data, st.plan.dtype, st.plan.sched);
       continue;
     }

@@ -90,6 +90,9 @@ struct CallOptions {
   CallKind kind = CallKind::kAllReduce;
   RedOp op = RedOp::kSum;
   bool accum_float32 = false;          // half types: partials travel as float32
+  std::optional<DType> wire_dtype;     // float32 tensors: partials travel as this 16-bit type
+  double predivide = 0;                // predivide_factor (0: none; Note [Reduction contract])
+  int32_t extra_divisor = 1;           // the final reduce also divides by it (accumulation steps)
   FrameError local_error = FrameError::kNone;  // this rank refuses the call: frames only
   int32_t ntensors = 1;                // all_reduce_coalesced: tensors in the call
   bool check = true;                   // exchange agreement frames first
@@ -112,6 +115,16 @@ struct CallOptions {
   bool shm = true;
 
   bool allReduce() const { return kind != CallKind::kReduceScatter && kind != CallKind::kAllGather; }
+  // The type partials travel in on a flat ring of `ring_size` ranks (partialDType, plan.h).
+  DType partial(DType dtype, int ring_size) const {
+    return partialDType(dtype, ring_size, accum_float32, wire_dtype);
+  }
+  // The Scaling of a flat ring's final reduce (finalScaling, functors.h), for the paths that
+  // reduce in the ring's order without a plan (one-shot, shared memory).
+  Scaling flatFinalScaling(DType dtype, int ring_size) const {
+    const bool wide = partial(dtype, ring_size) == DType::kFloat32 && isHalfType(dtype);
+    return finalScaling(op, ring_size, extra_divisor, predivide, predivide, !wide);
+  }
   // Whether an all-reduce on a ring of `ring_size` ranks runs the hierarchical stages.
   bool hierarchical(int ring_size) const { return allReduce() && local_size > 1 && local_size < ring_size; }
 };

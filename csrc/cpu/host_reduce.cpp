@@ -17,40 +17,69 @@ struct HostLoop {
   const void* b;
   void* dst;
   int64_t count;
-  int divisor;
-  bool round_sum;
+  Scaling sc;
 
   template <typename TA, typename TB, typename TD, RedOp op>
   void run() const {
     const TA* __restrict__ pa = static_cast<const TA*>(a);
     const TB* __restrict__ pb = static_cast<const TB*>(b);
     TD* pd = static_cast<TD*>(dst);  // may alias pa (in-place reduce)
-    if (op == RedOp::kAvg && divisor > 0) {
-      for (int64_t i = 0; i < count; ++i) pd[i] = ReduceStep<TA, TB, TD, op>::apply(pa[i], pb[i], divisor, round_sum);
+    if (sc.predivide > 0 || sc.divisor > 0 || sc.postscale > 0) {
+      for (int64_t i = 0; i < count; ++i) pd[i] = ReduceStep<TA, TB, TD, op>::apply(pa[i], pb[i], sc);
     } else {
-      for (int64_t i = 0; i < count; ++i) pd[i] = ReduceStep<TA, TB, TD, op>::apply(pa[i], pb[i], 0, false);
+      const Scaling none;  // a constant the compiler folds: the plain loop vectorizes
+      for (int64_t i = 0; i < count; ++i) pd[i] = ReduceStep<TA, TB, TD, op>::apply(pa[i], pb[i], none);
+    }
+  }
+};
+
+struct HostConvert {
+  const void* a;
+  void* dst;
+  int64_t count;
+  double predivide;
+
+  template <typename TS, typename TD>
+  void convert() const {
+    const TS* pa = static_cast<const TS*>(a);
+    TD* pd = static_cast<TD*>(dst);  // may alias pa (an in-place predivide)
+    if (predivide > 0) {
+      for (int64_t i = 0; i < count; ++i) pd[i] = ConvertStep<TS, TD>::apply(pa[i], predivide);
+    } else {
+      for (int64_t i = 0; i < count; ++i) pd[i] = ConvertStep<TS, TD>::apply(pa[i], 0);
     }
   }
 };
 
 }  // namespace
 
-void hostReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide,
-                void* dst, bool dst_wide, int64_t count, int divisor, bool round_sum) {
-  checkSupported(dtype, op);
+void hostReduce(RedOp op, const void* a, DType a_type, const void* b, DType b_type, void* dst, DType dst_type,
+                int64_t count, const Scaling& scaling) {
+  checkSupported(a_type, op);
   if (count <= 0) return;
-  HostLoop loop{a, b, dst, count, divisor, round_sum};
-  dispatchReduce(dtype, op, a_wide, b_wide, dst_wide, loop);
+  HostLoop loop{a, b, dst, count, scaling};
+  dispatchReduce(op, a_type, b_type, dst_type, loop);
 }
 
-void hostReduceInOrder(DType dtype, RedOp op, const std::vector<const void*>& inputs, void* dst, int64_t count,
-                       int divisor, bool accum_float32, void* scratch) {
+void hostConvert(const void* a, DType a_type, void* dst, DType dst_type, int64_t count, double predivide) {
+  if (count <= 0) return;
+  HostConvert c{a, dst, count, predivide};
+  dispatchConvert(a_type, dst_type, c);
+}
+
+void hostReduceInOrder(DType dtype, DType partial, RedOp op, const std::vector<const void*>& inputs, void* dst,
+                       int64_t count, const Scaling& scaling, void* scratch) {
   const size_t n = inputs.size();
   RR_CHECK(n >= 1, kRuntime, "ringreduce internal error: a reduction of no inputs");
-  const bool wide = accum_float32 && isHalfType(dtype);
   const size_t elem = dtypeSize(dtype);
-  const size_t partial = wide ? sizeof(float) : elem;
-  char* s[2] = {static_cast<char*>(scratch), static_cast<char*>(scratch) + kReduceInOrderBlock * partial};
+  const size_t pelem = std::max(elem, dtypeSize(partial));
+  // Float32 partials of a half type start narrow (the ring's first hop sends the tensor's elements);
+  // a 16-bit wire or a predivide converts the first input (Note [First hop] in plan.h).
+  const bool wide = isHalfType(dtype) && partial == DType::kFloat32;
+  const bool convert_first = (partial != dtype && !wide) || scaling.predivide > 0;
+  Scaling hop;
+  hop.predivide = scaling.predivide;
+  char* s[2] = {static_cast<char*>(scratch), static_cast<char*>(scratch) + kReduceInOrderBlock * pelem};
   std::vector<const char*> in(n);
   for (int64_t at = 0; at < count; at += kReduceInOrderBlock) {
     const int64_t m = count - at < kReduceInOrderBlock ? count - at : kReduceInOrderBlock;
@@ -58,25 +87,31 @@ void hostReduceInOrder(DType dtype, RedOp op, const std::vector<const void*>& in
     for (size_t k = 0; k < n; ++k) in[k] = static_cast<const char*>(inputs[k]) + off;
     char* out_last = static_cast<char*>(dst) + off;
     if (n == 1) {
+      RR_CHECK(scaling.predivide == 0 && scaling.divisor <= 1 && scaling.postscale == 0, kRuntime,
+               "ringreduce internal error: a one-input reduction that scales");
       if (out_last != in[0]) std::memcpy(out_last, in[0], static_cast<size_t>(m) * elem);
       continue;
     }
     // The partial is the second operand, which must never be what the last step writes (dst may
     // alias only the first): a first input that is dst starts as a copy.
     const void* acc = in[0];
-    if (acc == out_last) {
+    DType acc_type = dtype;
+    if (convert_first) {
+      const DType first = wide ? dtype : partial;
+      hostConvert(in[0], dtype, s[0], first, m, scaling.predivide);
+      acc = s[0];
+      acc_type = first;
+    } else if (acc == out_last) {
       std::memcpy(s[0], in[0], static_cast<size_t>(m) * elem);
       acc = s[0];
     }
-    bool acc_wide = false;
     for (size_t k = 1; k < n; ++k) {
       const bool last = k + 1 == n;
       void* out = last ? static_cast<void*>(out_last) : s[k % 2];
-      const bool out_wide = wide && !last;
-      hostReduce(dtype, op, in[k], false, acc, acc_wide, out, out_wide, m, last && op == RedOp::kAvg ? divisor : 0,
-                 /*round_sum=*/!wide);
+      const DType out_type = last ? dtype : partial;
+      hostReduce(op, in[k], dtype, acc, acc_type, out, out_type, m, last ? scaling : hop);
       acc = out;
-      acc_wide = out_wide;
+      acc_type = out_type;
     }
   }
 }

@@ -5,25 +5,29 @@
 #include <vector>
 
 #include "../core/dtype.h"
+#include "../core/functors.h"
 
 namespace rr {
 
-// dst[i] = reduce(a[i], b[i]) for i < count, with the semantics of ReduceStep (functors.h).
-// a_wide/b_wide/dst_wide: the operand holds float32 partials (only for float16/bfloat16).
-// divisor > 0: AVG's final division by the world size; round_sum: round the sum to the
-// destination type before dividing. Throws rr::Error(kType) for unsupported pairs.
-void hostReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide,
-                void* dst, bool dst_wide, int64_t count, int divisor, bool round_sum);
+// dst[i] = reduce(a[i], b[i]) for i < count, with the semantics of ReduceStep (functors.h): a of
+// a_type (the tensor's), b and dst of their types (the tensor's, or the partial type). Throws
+// rr::Error(kType) for unsupported dtype/op pairs.
+void hostReduce(RedOp op, const void* a, DType a_type, const void* b, DType b_type, void* dst, DType dst_type,
+                int64_t count, const Scaling& scaling);
 
-// dst = the reduction of inputs[0..n-1], combined in that order, step k computing
+// dst[i] = ConvertStep(a[i], predivide) for i < count (Note [First hop] in plan.h); dst may be a.
+void hostConvert(const void* a, DType a_type, void* dst, DType dst_type, int64_t count, double predivide);
+
+// dst = the reduction of inputs[0..n-1] (all of `dtype`), combined in that order, step k computing
 // inputs[k] (op) partial (Note [One-shot all-reduce] in group_runtime.h), so every process that
-// reduces the same inputs gets the same bits. AVG divides the complete sum once by `divisor`.
-// Half types round the partial to their type at every step unless accum_float32 (then float32
-// partials, rounded once). Works in blocks of kReduceInOrderBlock elements, so the partials stay in
+// reduces the same inputs gets the same bits as the ring. Partials between steps are of `partial`
+// (partialDType, plan.h: rounded at every step to it); the first is inputs[0] converted to it
+// (Note [First hop]). `scaling`: its predivide applies to every input, its divisor/postscale to the
+// last step (finalScaling). Works in blocks of kReduceInOrderBlock elements, so the partials stay in
 // cache; `scratch` holds kReduceInOrderScratchBytes. dst may be one of the inputs.
 constexpr int64_t kReduceInOrderBlock = 8192;
 constexpr size_t kReduceInOrderScratchBytes = 2 * kReduceInOrderBlock * 16;  // widest element: complex128
-void hostReduceInOrder(DType dtype, RedOp op, const std::vector<const void*>& inputs, void* dst, int64_t count,
-                       int divisor, bool accum_float32, void* scratch);
+void hostReduceInOrder(DType dtype, DType partial, RedOp op, const std::vector<const void*>& inputs, void* dst,
+                       int64_t count, const Scaling& scaling, void* scratch);
 
 }  // namespace rr

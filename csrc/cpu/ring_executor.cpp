@@ -70,10 +70,17 @@ PlanRun::PlanRun(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
   exchange_op_.assign(static_cast<size_t>(plan.num_exchanges), nullptr);
   for (const Op& o : plan.ops)
     if (o.kind == OpKind::kExchange) exchange_op_[static_cast<size_t>(o.exchange)] = &o;
+  // The leading exchange: the first, when only records precede it, or converts (Note [First hop]
+  // in plan.h) and the waits for them; then its receive may go before the verdict, its send not
+  // (the convert runs in run(), after the verdict).
   for (int64_t i = 0; i < nops; ++i) {
-    const OpKind k = plan.ops[static_cast<size_t>(i)].kind;
-    if (k == OpKind::kRecord) continue;
-    if (k == OpKind::kExchange) lead_op_ = i;
+    const Op& o = plan.ops[static_cast<size_t>(i)];
+    if (o.kind == OpKind::kRecord) continue;
+    if (o.kind == OpKind::kConvert || (o.kind == OpKind::kWait && !plan.isExchangeEvent(o.event))) {
+      lead_send_allowed_ = false;
+      continue;
+    }
+    if (o.kind == OpKind::kExchange) lead_op_ = i;
     break;
   }
 }
@@ -86,7 +93,7 @@ std::vector<int> PlanRun::postLeading(size_t recv_room, size_t max_send) {
       if (postReceive(e, recv_room)) slots.push_back(exchange_op_[static_cast<size_t>(e)]->recv.slot);
   const Op& first = plan_.ops[static_cast<size_t>(lead_op_)];
   Pending& p = pending_.at(static_cast<size_t>(first.exchange));
-  if (!first.send.empty() && spanBytes(plan_, first.send) <= max_send) {
+  if (lead_send_allowed_ && !first.send.empty() && spanBytes(plan_, first.send) <= max_send) {
     p.send = t_.isend(spanPtr(plan_, buffers_, first.send), spanBytes(plan_, first.send), plan_.next,
                       tag_ + (first.exchange % kTagsPerCall));
     p.send_posted = true;
@@ -125,7 +132,6 @@ void PlanRun::postReceives(int64_t at) {
 }
 
 void PlanRun::run() {
-  const bool round_sum = !plan_.accum_float32;
   // A recv_only wait (Note [One ring, two transports, one plan]) waits the receive request only;
   // a full wait also the send request, whenever it comes.
   auto waitExchange = [&](int32_t e, bool recv_only) {
@@ -154,15 +160,18 @@ void PlanRun::run() {
         break;
       }
       case OpKind::kWait:
-        // Even events are "exchange complete"; odd ones are computes, which already ran inline.
-        if (o.event % 2 == 0) waitExchange(o.event / 2, o.recv_only);
+        // Exchange events wait for requests; compute events name ops that already ran inline.
+        if (plan_.isExchangeEvent(o.event)) waitExchange(o.event / 2, o.recv_only);
         break;
       case OpKind::kRecord:
         break;
       case OpKind::kReduce:
-        hostReduce(plan_.dtype, op_, spanPtr(plan_, buffers_, o.a), o.a.wide, spanPtr(plan_, buffers_, o.recv),
-                   o.recv.wide, spanPtr(plan_, buffers_, o.dst), o.dst.wide, o.dst.count,
-                   (o.final && op_ == RedOp::kAvg) ? plan_.avg_divisor : 0, round_sum);
+        hostReduce(op_, spanPtr(plan_, buffers_, o.a), o.a.type, spanPtr(plan_, buffers_, o.recv), o.recv.type,
+                   spanPtr(plan_, buffers_, o.dst), o.dst.type, o.dst.count, plan_.scaling(op_, o));
+        break;
+      case OpKind::kConvert:
+        hostConvert(spanPtr(plan_, buffers_, o.a), o.a.type, spanPtr(plan_, buffers_, o.dst), o.dst.type, o.dst.count,
+                    plan_.pre_factor);
         break;
       case OpKind::kCopy:
         std::memcpy(spanPtr(plan_, buffers_, o.dst), spanPtr(plan_, buffers_, o.recv), spanBytes(plan_, o.dst));

@@ -11,7 +11,7 @@ namespace rr {
 
 struct RingBuffers {
   void* data = nullptr;            // numel contiguous elements of plan.dtype
-  void* accum = nullptr;           // plan.accum_elems float32 (may be null when 0)
+  void* accum = nullptr;           // plan.accumBytes() (may be null when 0)
   std::vector<void*> slots;        // plan.num_slots buffers of plan.slot_elems widest elements
   std::vector<int64_t> slot_room;  // bytes each slot holds, when larger than the plan needs (empty: exact)
 };
@@ -62,7 +62,8 @@ class PlanRun {
   std::vector<Pending> pending_;
   std::vector<std::vector<int32_t>> post_after_;  // index i+1: receives posted after op i
   std::vector<const Op*> exchange_op_;
-  int64_t lead_op_ = -1;    // the first op that is not a record, when it is an exchange
+  int64_t lead_op_ = -1;    // the leading exchange's op (see the constructor), or -1
+  bool lead_send_allowed_ = true;  // no op but records precedes it: postLeading may send
   int64_t lead_send_ = -1;
 };
 

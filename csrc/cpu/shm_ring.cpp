@@ -191,7 +191,7 @@ std::vector<Frame> ShmRing::begin(const Frame& mine, const void* data, int64_t n
 // over the ranks' buffers of `parity` in the ring's order of their chunk, into dst (dst[0] is the
 // piece's element 0).
 void ShmRing::reducePart(int64_t begin, int64_t end, int64_t piece_offset, int parity, void* dst, DType dtype,
-                         RedOp op, bool accum_float32, const RingSchedule& sched) {
+                         RedOp op, DType partial, const Scaling& final, const RingSchedule& sched) {
   const size_t elem = dtypeSize(dtype);
   std::vector<const void*> inputs(static_cast<size_t>(size_));
   int64_t lo = begin;
@@ -203,13 +203,12 @@ void ShmRing::reducePart(int64_t begin, int64_t end, int64_t piece_offset, int p
     // Chunk c starts at the rank after its owner (ownedChunk(r) = r + 1 + shift): c - shift.
     const int first = ((c - sched.shift) % size_ + size_) % size_;
     for (int j = 0; j < size_; ++j) inputs[static_cast<size_t>(j)] = buffer((first + j) % size_, parity) + off;
-    hostReduceInOrder(dtype, op, inputs, static_cast<char*>(dst) + off, hi - lo, op == RedOp::kAvg ? size_ : 0,
-                      accum_float32, scratch_.data());
+    hostReduceInOrder(dtype, partial, op, inputs, static_cast<char*>(dst) + off, hi - lo, final, scratch_.data());
     lo = hi;
   }
 }
 
-void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool accum_float32) {
+void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, DType partial, const Scaling& final) {
   if (numel <= 0) return;
   const size_t elem = dtypeSize(dtype);
   const int64_t per_piece = static_cast<int64_t>(kShmBufferBytes / elem);
@@ -217,7 +216,7 @@ void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool a
            "ringreduce internal error: allReduce after a begin() of another tensor");
   // The ring's chunks (Note [One-shot all-reduce] in group_runtime.h): bounds from (n, numel, sizes).
   const RingSchedule sched = makeRingSchedule(size_, numel, static_cast<int64_t>(elem),
-                                              static_cast<int64_t>(dtypeSize(wireDType(dtype, accum_float32))), 1 << 20);
+                                              static_cast<int64_t>(std::max(elem, dtypeSize(partial))), 1 << 20);
   char* out = static_cast<char*>(data);
   for (int64_t offset = 0; offset < numel; offset += per_piece) {
     const int64_t len = std::min(per_piece, numel - offset);
@@ -228,14 +227,14 @@ void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool a
     }
     if (size_ == 2 || static_cast<size_t>(len) * elem <= kShmFullPieceBytes) {
       // Full: every rank reduces the whole piece into its own tensor.
-      reducePart(0, len, offset, parity, out + static_cast<size_t>(offset) * elem, dtype, op, accum_float32, sched);
+      reducePart(0, len, offset, parity, out + static_cast<size_t>(offset) * elem, dtype, op, partial, final, sched);
       continue;
     }
     // Split: rank r reduces part r into its buffer; after the barrier everyone copies every part out.
     const int64_t part = (len + size_ - 1) / size_;
     const int64_t mine_lo = std::min(len, part * rank_);
     const int64_t mine_hi = std::min(len, mine_lo + part);
-    reducePart(mine_lo, mine_hi, offset, parity, buffer(rank_, parity), dtype, op, accum_float32, sched);
+    reducePart(mine_lo, mine_hi, offset, parity, buffer(rank_, parity), dtype, op, partial, final, sched);
     barrier();
     for (int p = 0; p < size_; ++p) {
       const int64_t lo = std::min(len, part * p);
@@ -247,11 +246,76 @@ void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool a
   }
 }
 
+bool ShmRing::wireRingPays(int64_t numel) {
+  return static_cast<size_t>(numel) * sizeof(float) > kShmFullPieceBytes;
+}
+
+void ShmRing::allReduceWire(float* data, int64_t numel, RedOp op, DType partial, const Scaling& final) {
+  if (numel <= 0) return;
+  RR_CHECK(first_piece_ == 0 && isHalfType(partial) && (op == RedOp::kSum || op == RedOp::kAvg), kRuntime,
+           "ringreduce internal error: allReduceWire of ", redOpName(op), " with ", dtypeName(partial),
+           " partials, or after a begin() with data");
+  const int n = size_;
+  // The ring's chunks (the gloo ring's and the one-shot's: the segment size never moves them); a
+  // round's segment fits a buffer as float32 (the all-gather's finished elements).
+  RingSchedule sched = makeRingSchedule(n, numel, 4, 4, static_cast<int64_t>(kShmBufferBytes));
+  // As few rounds as the buffers allow (each costs n barriers), of equal segments.
+  const int64_t cap = static_cast<int64_t>(kShmBufferBytes / sizeof(float));
+  const int64_t want_rounds = ceilDiv(sched.chunk, cap);
+  sched.segment = std::min(cap, roundUp(ceilDiv(sched.chunk, want_rounds), sched.align));
+  sched.nsegs = static_cast<int32_t>(ceilDiv(sched.chunk, sched.segment));
+  const int rounds = sched.nsegs;
+  const int prev = (rank_ + n - 1) % n;
+  Scaling hop;
+  hop.predivide = final.predivide;
+  auto range = [&](int chunk, int g) { return sched.segmentRange(modRing(chunk, n), g); };
+  // The all-gather of a round: every other rank's finished segment of its owned chunk, from the
+  // buffer of `parity` it wrote it into.
+  auto gather = [&](int g, int parity) {
+    for (int p = 0; p < n; ++p) {
+      if (p == rank_) continue;
+      const Range r = range(p + 1, g);
+      if (!r.empty())
+        std::memcpy(data + r.begin, buffer(p, parity), static_cast<size_t>(r.size()) * sizeof(float));
+    }
+  };
+  int pending = -1;  // the round whose all-gather is still to copy out, and its buffer parity
+  int pending_parity = 0;
+  for (int g = 0; g < rounds; ++g) {
+    for (int s = 0; s < n; ++s) {
+      const int parity = static_cast<int>(pieces_++ % 2);
+      const Range r = range(rank_ - s, g);
+      char* mine = buffer(rank_, parity);
+      const char* from_prev = buffer(prev, 1 - parity);  // prev's step s - 1 of this round
+      if (!r.empty()) {
+        float* x = data + r.begin;
+        if (s == 0) {
+          hostConvert(x, DType::kFloat32, mine, partial, r.size(), final.predivide);
+        } else if (s < n - 1) {
+          hostReduce(op, x, DType::kFloat32, from_prev, partial, mine, partial, r.size(), hop);
+        } else {
+          hostReduce(op, x, DType::kFloat32, from_prev, partial, x, DType::kFloat32, r.size(), final);
+          std::memcpy(mine, x, static_cast<size_t>(r.size()) * sizeof(float));
+        }
+      }
+      if (s == 0 && pending >= 0) gather(pending, pending_parity);
+      barrier();
+      if (s == n - 1) {
+        pending = g;
+        pending_parity = parity;
+      }
+    }
+  }
+  // The last round's all-gather needs no barrier after it: the next call writes the other parity
+  // first, and meets the others before it writes this one (Note [Shared-memory all-reduce]).
+  if (pending >= 0) gather(pending, pending_parity);
+}
+
 // Stage 1 of the hierarchical all-reduce in shared memory: piece by piece, every rank copies the
 // piece in, the ranks meet, and each reduces the part of its owned chunk inside the piece, reading
 // every rank's copy (the barrier of the next piece, or of the next call, keeps a buffer from being
 // overwritten while a slower rank still reads it, as in allReduce).
-void ShmRing::reduceScatter(void* data, DType dtype, RedOp op, const RingSchedule& sched) {
+void ShmRing::reduceScatter(void* data, DType dtype, RedOp op, const RingSchedule& sched, const Scaling& final) {
   const int64_t numel = sched.numel;
   if (numel <= 0) return;
   const size_t elem = dtypeSize(dtype);
@@ -266,7 +330,7 @@ void ShmRing::reduceScatter(void* data, DType dtype, RedOp op, const RingSchedul
     const int64_t lo = std::max<int64_t>(mine.begin, offset) - offset;
     const int64_t hi = std::min<int64_t>(mine.end, offset + len) - offset;
     if (hi > lo)
-      reducePart(lo, hi, offset, parity, out + static_cast<size_t>(offset) * elem, dtype, op, false, sched);
+      reducePart(lo, hi, offset, parity, out + static_cast<size_t>(offset) * elem, dtype, op, dtype, final, sched);
   }
 }
 

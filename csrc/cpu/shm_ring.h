@@ -18,6 +18,24 @@
 //   3. elements are combined in the ring's order (chunk c of the ring's schedule starts with rank
 //      c's elements, then c + 1's, ...: hostReduceInOrder), so results are bitwise the TCP ring's,
 //      on every rank, for every segment and piece size.
+// Note [Shared-memory 16-bit wire]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A float32 all-reduce with 16-bit partials (wire_dtype; Note [Reduction contract] in
+// csrc/core/functors.h) cannot read every rank's float32 copy the way the direct algorithm does and
+// still save anything: the hops of the ring are what it rounds. So larger ones run the ring itself
+// in the segment (allReduceWire), round by round; round g covers segment g of every chunk of the
+// ring's schedule (so ranks work on different chunks at once, as on the wire). Step s of a round:
+// rank r makes the partial of chunk r - s: s = 0 converts its own float32 elements to 16 bits
+// (Note [First hop] in plan.h), 0 < s < n - 1 adds its float32 elements to the previous rank's
+// 16-bit partial in float32 and stores 16 bits, and s = n - 1 (its owned chunk) stores the float32
+// result, scaled once, into its tensor and its buffer; after each step the ranks meet. The next
+// round's first step then copies every other rank's finished float32 segment out (the all-gather).
+// Partials and results alternate between the two buffers of a rank by step, so no rank writes a
+// buffer that another may still read. The arithmetic is the gloo ring's, step for step, so the bits
+// are the same as over gloo and the one-shot path (and as allReduce's emulation for small tensors).
+// A rank moves 2 bytes per element of a partial where the direct algorithm reads 4 per rank; the
+// all-gather still moves float32 (docs/algorithm.md, docs/performance.md).
+//
 // The barrier: a rank publishes its arrival (release), then spins briefly on the others' counters
 // and sleeps on a futex word that every arrival bumps (and wakes only when someone sleeps): with
 // more busy threads than cores, a spinning waiter would take the core its peer needs. Each rank
@@ -40,6 +58,7 @@
 
 #include "../core/dtype.h"
 #include "../core/frame.h"
+#include "../core/functors.h"
 #include "shm_segment.h"
 
 namespace rr {
@@ -70,8 +89,16 @@ class ShmRing {
   // call's tensor, meets the others, and returns every rank's frame, by ring rank.
   std::vector<Frame> begin(const Frame& mine, const void* data, int64_t numel, DType dtype);
   // Steps 2-3, after begin() with the same tensor and a verdict that passed: `data` becomes the
-  // reduction over the ring (AVG divides by the ring's size once), in place.
-  void allReduce(void* data, int64_t numel, DType dtype, RedOp op, bool accum_float32);
+  // reduction over the ring, in place, with partials of `partial` between hops (partialDType,
+  // plan.h) and `final` the scaling of the last hop (finalScaling, functors.h: AVG divides by the
+  // ring's size once; its predivide applies to every contribution).
+  void allReduce(void* data, int64_t numel, DType dtype, RedOp op, DType partial, const Scaling& final);
+  // Note [Shared-memory 16-bit wire]: the float32 all-reduce of `data` with 16-bit partials of
+  // `partial` (SUM or AVG; `final` as in allReduce), after begin() without data and a verdict that
+  // passed. Bitwise allReduce's result.
+  void allReduceWire(float* data, int64_t numel, RedOp op, DType partial, const Scaling& final);
+  // Whether allReduceWire pays off for `numel` float32 elements (else allReduce emulates the hops).
+  static bool wireRingPays(int64_t numel);
 
   // The ring halves over `sched` (this ring's size; owner(r) = ownedChunk(r), chunk c starting at
   // the rank after its owner): reduce_scatter and all_gather after begin() (Note [Ring halves] in
@@ -80,7 +107,8 @@ class ShmRing {
   // reduceScatter: this rank's owned chunk of `data` becomes the ring's reduction of it, combined
   // in the ring's order (AVG divides by the ring's size); the rest of `data` is left as it was.
   // allGather: every rank's owned chunk is copied from its owner into `data`.
-  void reduceScatter(void* data, DType dtype, RedOp op, const struct RingSchedule& sched);
+  // `final`: the scaling of the last hop, as in allReduce (Plan::finalScaling of the stage).
+  void reduceScatter(void* data, DType dtype, RedOp op, const struct RingSchedule& sched, const Scaling& final);
   void allGather(void* data, DType dtype, const struct RingSchedule& sched);
 
   // The next barrier's generation; the same on every rank that made the same calls (for tests).
@@ -93,7 +121,7 @@ class ShmRing {
   // Marks this rank as gone from the ring (peers raise at their next liveness poll) and throws.
   [[noreturn]] void leave(const std::string& why);
   void reducePart(int64_t begin, int64_t end, int64_t piece_offset, int parity, void* dst, DType dtype, RedOp op,
-                  bool accum_float32, const struct RingSchedule& sched);
+                  DType partial, const Scaling& final, const struct RingSchedule& sched);
 
   ShmMapping map_;
   int rank_;

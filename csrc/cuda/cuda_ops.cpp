@@ -21,6 +21,9 @@ Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, 
   f.device_type = 1;
   if (req != nullptr && error == 0) {
     f.accum_float32 = req->accum_float32 ? 1 : 0;
+    f.wire_dtype = req->wire_dtype ? static_cast<int32_t>(*req->wire_dtype) : -1;
+    f.predivide = req->predivide;
+    f.extra_divisor = req->extra_divisor;
     // 0: the flat ring; L: hierarchical with L ranks per node; -1: the one-shot (ranks whose
     // thresholds differ would otherwise pair a one-shot group with ring exchanges).
     f.algorithm = one_shot ? -1 : req->local_size;
@@ -68,9 +71,12 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   }
   RR_CHECK(!hier || n % req.local_size == 0, kValue, "ringreduce: hierarchical all-reduce over ", n,
            " ranks needs equal nodes, got ", req.local_size, " ranks per node");
+  RR_CHECK(!req.wire_dtype || (!hier && !scatter && !gather), kValue,
+           "ringreduce: a 16-bit wire (wire_dtype) runs on the flat all-reduce ring only");
   const std::vector<int> key = ringKey(req.members, ring.size());
   const int64_t bytes = req.numel * static_cast<int64_t>(dtypeSize(req.dtype));
   const bool one_shot = !scatter && !gather && !hier && req.one_shot && n <= kOneShotMaxRanks &&
+                        !req.wire_dtype && req.predivide == 0 && req.extra_divisor == 1 &&
                         bytes <= gpuOneShotBytes(n, ring.stagingBytes(), req.knobs);
   if (req.check) {
     agree(ring, makeFrame(&req, req.kind, op, 0, ring.rank(), ring.nextSeq(key), one_shot), rm, req.group_name);  // 3
@@ -88,7 +94,11 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
                                !req.async_op, buf.epilogue);
   }
   const bool partials32 = req.accum_float32 && !hier && !scatter && !gather;
-  const PlanOptions base = ring.planOptions(op, partials32, n, gather ? req.out_numel : req.numel, wdtype, req.knobs);
+  PlanOptions base = ring.planOptions(op, partials32, n, gather ? req.out_numel : req.numel, wdtype, req.knobs);
+  // Note [Reduction contract] (csrc/core/functors.h): the wire, the predivide factor, the divisor.
+  base.wire_dtype = req.wire_dtype;
+  base.pre_factor = base.post_factor = req.predivide;
+  base.extra_divisor = req.extra_divisor;
   std::vector<RingStage> stages;
   if (scatter) {
     stages = ringHalfStages(rm, req.numel, req.dtype, op, base, kPhaseReduceScatter);

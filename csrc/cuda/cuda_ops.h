@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,9 @@ struct CudaCallRequest {
   int64_t out_numel = 0;          // ring halves: of the output
   std::vector<int64_t> shape;     // of the input (agreement frame)
   bool accum_float32 = false;
+  std::optional<DType> wire_dtype;  // float32 all-reduce: a 16-bit wire (flat ring only)
+  double predivide = 0;             // predivide_factor (0: none)
+  int32_t extra_divisor = 1;        // the final reduce also divides by it
   bool direct = true;             // all-reduce: the tensor is row-major contiguous (no working copy)
   GpuKnobs knobs;                 // Note [GPU pipeline rule] (gpu_pipeline.h)
   bool one_shot = true;           // all-reduce: a small flat one may take the one-shot (algorithm="auto")

@@ -209,8 +209,7 @@ class CudaBackend final : public DeviceBackend {
 
   void reduce(const ReduceLaunch& l) override {
     enqueued_ = true;
-    launchReduce(dtype_, l.op, l.a, l.a_wide, l.b, l.b_wide, l.dst, l.dst_wide, l.count, l.divisor,
-                 l.round_sum, lane_->compute_stream);
+    launchReduce(l.op, l.a, l.a_type, l.b, l.b_type, l.dst, l.dst_type, l.count, l.scaling, lane_->compute_stream);
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {

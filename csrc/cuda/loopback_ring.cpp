@@ -131,8 +131,7 @@ class LoopbackBackend final : public DeviceBackend {
   }
 
   void reduce(const ReduceLaunch& l) override {
-    launchReduce(st_.dtype, l.op, l.a, l.a_wide, l.b, l.b_wide, l.dst, l.dst_wide, l.count, l.divisor, l.round_sum,
-                 st_.compute);
+    launchReduce(l.op, l.a, l.a_type, l.b, l.b_type, l.dst, l.dst_type, l.count, l.scaling, st_.compute);
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {

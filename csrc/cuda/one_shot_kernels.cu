@@ -60,7 +60,7 @@ void launchOneShotReduce(DType dtype, RedOp op, const OneShotArgs& args, cudaStr
            " ranks (1..", kOneShotMaxRanks, ")");
   if (args.count <= 0) return;
   OneShotLauncher l{args, stream};
-  dispatchReduce(dtype, op, false, false, false, l);
+  dispatchReduce(op, dtype, dtype, dtype, l);
 }
 
 }  // namespace rr

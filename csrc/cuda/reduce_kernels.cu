@@ -49,26 +49,29 @@ struct KernelLauncher {
   const void* b;
   void* dst;
   int64_t count;
-  int divisor;
-  bool round_sum;
+  Scaling scaling;
   cudaStream_t stream;
   template <typename TA, typename TB, typename TD, RedOp op>
   void run() {
-    launchTyped<TA, TB, TD, op>(a, b, dst, count, divisor, round_sum, stream);
+    launchTyped<TA, TB, TD, op>(a, b, dst, count, scaling, stream);
+  }
+  template <typename TS, typename TD>
+  void convert() {
+    launchConvertTyped<TS, TD>(a, dst, count, scaling.predivide, stream);
   }
 };
 
 }  // namespace
 
-void launchReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide,
-                  void* dst, bool dst_wide, int64_t count, int divisor, bool round_sum,
-                  cudaStream_t stream) {
+void launchReduce(RedOp op, const void* a, DType a_type, const void* b, DType b_type, void* dst, DType dst_type,
+                  int64_t count, const Scaling& scaling, cudaStream_t stream) {
   if (count <= 0) {
-    checkSupported(dtype, op);
+    checkSupported(a_type, op);
     return;
   }
-  KernelLauncher l{a, b, dst, count, divisor, round_sum, stream};
-  dispatchReduce(dtype, op, a_wide, b_wide, dst_wide, l);
+  KernelLauncher l{a, b, dst, count, scaling, stream};
+  if (b == nullptr) return dispatchConvert(a_type, dst_type, l);
+  dispatchReduce(op, a_type, b_type, dst_type, l);
 }
 
 }  // namespace rr

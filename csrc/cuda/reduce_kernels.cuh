@@ -9,19 +9,20 @@
 #include <cstdint>
 
 #include "../core/dtype.h"
+#include "../core/functors.h"
 
 namespace rr {
 
 // Enqueues dst[i] = reduce(a[i], b[i]) for i < count on `stream`, with the semantics of
-// hostReduce() (csrc/cpu/host_reduce.h) and the same ReduceStep functors. a_wide/b_wide/dst_wide:
-// the operand holds float32 partials (float16/bfloat16 only; a is never wide). divisor > 0: AVG's
-// final division by the world size; round_sum: round the sum to the destination type first.
+// hostReduce() (csrc/cpu/host_reduce.h) and the same ReduceStep functors: a of the tensor's type,
+// b and dst of theirs (the tensor's, or partials: float32 for half types, 16 bits for float32;
+// reduce_dispatch.h lists the triples), `scaling` the predivide and final scaling (functors.h).
+// b null: a convert instead, dst[i] = ConvertStep(a[i], scaling.predivide) (hostConvert()).
 // Pointers may have any alignment; dst may alias a. Throws rr::Error(kType) for unsupported
-// dtype/op pairs, rr::Error(kRuntime) for impossible width patterns, rr::Error(kBackend) when the
+// dtype/op pairs, rr::Error(kRuntime) for impossible type patterns, rr::Error(kBackend) when the
 // launch fails. Does nothing when count <= 0.
-void launchReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide,
-                  void* dst, bool dst_wide, int64_t count, int divisor, bool round_sum,
-                  cudaStream_t stream);
+void launchReduce(RedOp op, const void* a, DType a_type, const void* b, DType b_type, void* dst, DType dst_type,
+                  int64_t count, const Scaling& scaling, cudaStream_t stream);
 
 // Threads per block of the reduce kernels (also their __launch_bounds__).
 constexpr int kReduceThreads = 256;

@@ -17,36 +17,55 @@ namespace rr {
 
 template <typename TA, typename TB, typename TD, RedOp op>
 __global__ void __launch_bounds__(kReduceThreads)
-    reduceKernel(const TA* a, const TB* b, TD* dst, int64_t count, int divisor, bool round_sum) {
+    reduceKernel(const TA* a, const TB* b, TD* dst, int64_t count, Scaling scaling) {
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nthreads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  ReduceBody<TA, TB, TD, op>::run(a, b, dst, count, divisor, round_sum, thread, nthreads);
+  ReduceBody<TA, TB, TD, op>::run(a, b, dst, count, scaling, thread, nthreads);
+}
+
+// Note [First hop] (plan.h): the convert, converting on load/store in the same vectorized loop.
+template <typename TS, typename TD>
+__global__ void __launch_bounds__(kReduceThreads)
+    convertKernel(const TS* a, TD* dst, int64_t count, double predivide) {
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nthreads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  ConvertBody<TS, TD>::run(a, dst, count, predivide, thread, nthreads);
 }
 
 // Multiprocessors of the current device (cached per device).
 int reduceSmCount();
 
-template <typename TA, typename TB, typename TD, RedOp op>
-void launchTyped(const void* a, const void* b, void* dst, int64_t count, int divisor, bool round_sum,
-                 cudaStream_t stream) {
-  constexpr int V = ReduceBody<TA, TB, TD, op>::V;
-  // One thread per vector (plus head/tail), at most 8 blocks per SM: the grid-stride loop covers
-  // the rest. Segments are <= a few MiB, so this is a few thousand blocks at most.
+// One thread per vector (plus head/tail), at most 8 blocks per SM: the grid-stride loop covers
+// the rest. Segments are <= a few MiB, so this is a few thousand blocks at most.
+inline unsigned reduceBlocks(int64_t count, int V) {
   const int64_t work = ceilDiv(count, V);
   const int64_t wanted = ceilDiv(work, kReduceThreads);
-  const int64_t blocks = maxI64(1, minI64(wanted, static_cast<int64_t>(reduceSmCount()) * 8));
-  reduceKernel<TA, TB, TD, op><<<static_cast<unsigned>(blocks), kReduceThreads, 0, stream>>>(
-      static_cast<const TA*>(a), static_cast<const TB*>(b), static_cast<TD*>(dst), count, divisor,
-      round_sum);
+  return static_cast<unsigned>(maxI64(1, minI64(wanted, static_cast<int64_t>(reduceSmCount()) * 8)));
+}
+
+template <typename TA, typename TB, typename TD, RedOp op>
+void launchTyped(const void* a, const void* b, void* dst, int64_t count, Scaling scaling, cudaStream_t stream) {
+  constexpr int V = ReduceBody<TA, TB, TD, op>::V;
+  reduceKernel<TA, TB, TD, op><<<reduceBlocks(count, V), kReduceThreads, 0, stream>>>(
+      static_cast<const TA*>(a), static_cast<const TB*>(b), static_cast<TD*>(dst), count, scaling);
+  RR_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TS, typename TD>
+void launchConvertTyped(const void* a, void* dst, int64_t count, double predivide, cudaStream_t stream) {
+  constexpr int V = ConvertBody<TS, TD>::V;
+  convertKernel<TS, TD><<<reduceBlocks(count, V), kReduceThreads, 0, stream>>>(
+      static_cast<const TS*>(a), static_cast<TD*>(dst), count, predivide);
   RR_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace rr
 
 // RR_INST_PREFIX is `template` (instantiate here) or `extern template` (instantiated elsewhere).
-#define RR_INST(TA, TB, TD, OP)                                                                          \
-  RR_INST_PREFIX void launchTyped<TA, TB, TD, RedOp::OP>(const void*, const void*, void*, int64_t, int, \
-                                                          bool, cudaStream_t);
+#define RR_INST(TA, TB, TD, OP) \
+  RR_INST_PREFIX void launchTyped<TA, TB, TD, RedOp::OP>(const void*, const void*, void*, int64_t, Scaling, cudaStream_t);
+#define RR_INST_CONVERT(TS, TD) \
+  RR_INST_PREFIX void launchConvertTyped<TS, TD>(const void*, void*, int64_t, double, cudaStream_t);
 #define RR_INST_ALL_OPS(TA, TB, TD) \
   RR_INST(TA, TB, TD, kSum)         \
   RR_INST(TA, TB, TD, kAvg)         \
@@ -58,9 +77,19 @@ void launchTyped(const void* a, const void* b, void* dst, int64_t count, int div
   RR_INST(T, T, T, kMax)  \
   RR_INST(T, T, T, kMin)  \
   RR_INST(T, T, T, kProduct)
-// float16/bfloat16: all operands narrow, and the three float32-partial patterns of the plan.
+// float16/bfloat16: all operands narrow, and the three float32-partial patterns of the plan; and
+// float32 tensors with 16-bit partials of that type (a 16-bit wire: SUM and AVG), with the converts
+// of the first hop (reduce_dispatch.h).
+#define RR_INST_WIRE(P)          \
+  RR_INST(float, P, P, kSum)     \
+  RR_INST(float, P, P, kAvg)     \
+  RR_INST(float, P, float, kSum) \
+  RR_INST(float, P, float, kAvg) \
+  RR_INST_CONVERT(float, P)      \
+  RR_INST_CONVERT(P, P)
 #define RR_INST_HALF(T)            \
   RR_INST_ALL_OPS(T, T, T)         \
+  RR_INST_WIRE(T)                  \
   RR_INST_ALL_OPS(T, T, float)     \
   RR_INST_ALL_OPS(T, float, float) \
   RR_INST_ALL_OPS(T, float, T)
@@ -70,6 +99,10 @@ void launchTyped(const void* a, const void* b, void* dst, int64_t count, int div
 #define RR_INST_OTHER_TYPES                                        \
   RR_INST_ALL_OPS(float, float, float)                             \
   RR_INST_ALL_OPS(double, double, double)                          \
+  RR_INST_CONVERT(float, float)                                    \
+  RR_INST_CONVERT(double, double)                                  \
+  RR_INST_CONVERT(Complex<float>, Complex<float>)                  \
+  RR_INST_CONVERT(Complex<double>, Complex<double>)                \
   RR_INST_NO_AVG(int8_t)                                           \
   RR_INST_NO_AVG(int16_t)                                          \
   RR_INST_NO_AVG(int32_t)                                          \

@@ -33,11 +33,12 @@ void checkSpan(const Plan& plan, const DeviceBuffers& b, const Span& s) {
   const int64_t end = (s.offset + s.count) * spanElemSize(plan, s);
   switch (s.buf) {
     case BufKind::kData:
-      RR_CHECK(b.data != nullptr && !s.wide && end <= plan.sched.numel * static_cast<int64_t>(dtypeSize(plan.dtype)),
+      RR_CHECK(b.data != nullptr && s.type == plan.dtype &&
+                   end <= plan.sched.numel * static_cast<int64_t>(dtypeSize(plan.dtype)),
                kRuntime, "ringreduce internal error: data span out of range");
       break;
     case BufKind::kAccum:
-      RR_CHECK(b.accum != nullptr && s.wide && s.offset + s.count <= plan.accum_elems, kRuntime,
+      RR_CHECK(b.accum != nullptr && s.type == plan.partial && s.offset + s.count <= plan.accum_elems, kRuntime,
                "ringreduce internal error: accum span out of range");
       break;
     case BufKind::kStaging:
@@ -160,7 +161,6 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
     const Plan& plan = st.plan;
     const DeviceBuffers& b = bufs[k];
     const EventMap& ev = events[k];
-    const bool round_sum = !plan.accum_float32;
     be.setLane(st.lane);
     // Note [Sub-rings on one communicator]: the plan's neighbours as communicator ranks.
     const int next_peer = st.members[static_cast<size_t>(plan.next)];
@@ -189,14 +189,28 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
           // dst = a (op) received partial; the last reduce of the owned chunk divides for AVG.
           ReduceLaunch l;
           l.a = spanAddress(plan, b, o.a);
-          l.a_wide = o.a.wide;
+          l.a_type = o.a.type;
           l.b = spanAddress(plan, b, o.recv);
-          l.b_wide = o.recv.wide;
+          l.b_type = o.recv.type;
           l.dst = spanAddress(plan, b, o.dst);
-          l.dst_wide = o.dst.wide;
+          l.dst_type = o.dst.type;
           l.count = o.dst.count;
-          l.divisor = (o.final && st.op == RedOp::kAvg) ? plan.avg_divisor : 0;
-          l.round_sum = round_sum;
+          l.scaling = plan.scaling(st.op, o);
+          l.op = st.op;
+          be.reduce(l);
+          break;
+        }
+        case OpKind::kConvert: {
+          // Note [First hop]: the first reduce-scatter send, rounded to the wire / predivided.
+          ReduceLaunch l;
+          l.a = spanAddress(plan, b, o.a);
+          l.a_type = o.a.type;
+          l.b = nullptr;
+          l.b_type = o.dst.type;
+          l.dst = spanAddress(plan, b, o.dst);
+          l.dst_type = o.dst.type;
+          l.count = o.dst.count;
+          l.scaling = plan.scaling(st.op, o);
           l.op = st.op;
           be.reduce(l);
           break;

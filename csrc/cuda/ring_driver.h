@@ -99,18 +99,19 @@ constexpr int32_t laneDoneEvent(int32_t lane) { return -16 - lane; }
 constexpr bool isLaneDoneEvent(int32_t event) { return event <= -17; }
 constexpr int32_t laneOfDoneEvent(int32_t event) { return -16 - event; }
 
-// Arguments of one reduce launch, mirroring hostReduce()/launchReduce().
+// Arguments of one reduce launch, mirroring hostReduce()/launchReduce(): dst = a (op) b, each
+// operand of its own type (the tensor's or the plan's partial type). b null: a convert (Note [First
+// hop] in plan.h), dst = a (divided by scaling.predivide) in dst's type, hostConvert() on the host.
 struct ReduceLaunch {
   const void* a;
-  bool a_wide;
+  DType a_type;
   const void* b;
-  bool b_wide;
+  DType b_type;
   void* dst;
-  bool dst_wide;
+  DType dst_type;
   int64_t count;
-  int divisor;     // > 0: AVG's final division (plan.avg_divisor)
-  bool round_sum;  // round the sum to the destination type before dividing
-  RedOp op;        // the stage's reduction (a hierarchical AVG sums in its first stage)
+  Scaling scaling;  // Plan::scaling(): predivide, and AVG's (or a post factor's) final scaling
+  RedOp op;         // the stage's reduction (a hierarchical AVG sums in its first stage)
 };
 
 // One point-to-point operation of an NCCL group with several peers (the one-shot all-reduce's).
@@ -146,7 +147,7 @@ class DeviceBackend {
   // On kComm: one NCCL group of sends and receives with several peers, always a hand-off (the
   // one-shot all-reduce's exchange; Note [Which exchanges hand off]).
   virtual void group(const std::vector<PeerOp>& ops) = 0;
-  // On kCompute.
+  // On kCompute: a reduce, or a convert (launch.b null).
   virtual void reduce(const ReduceLaunch& launch) = 0;
   virtual void reduceInOrder(const OneShotLaunch& launch) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
@@ -161,7 +162,7 @@ class DeviceBackend {
 // Device addresses of the buffers a plan names.
 struct DeviceBuffers {
   void* data = nullptr;        // numel contiguous elements of plan.dtype
-  void* accum = nullptr;       // plan.accum_elems float32 elements (accum_float32 only)
+  void* accum = nullptr;       // plan.accumBytes() of partials (float32 or 16-bit), when the plan has them
   std::vector<void*> slots;    // plan.num_slots receive buffers of >= slot bytes each (per lane)
   size_t slot_bytes = 0;       // capacity of each slot, checked against the plan
   int32_t slots_per_lane = 0;  // with several lanes, lane k uses slots [k x this, (k + 1) x this)

@@ -36,8 +36,11 @@ namespace {
 }
 
 py::dict planSummary(int nranks, int rank, int64_t numel, int dtype, int64_t segment_bytes, int num_slots,
-                     bool accum, bool gather, int phases, int owner_shift, bool exact_chunks) {
+                     bool accum, bool gather, int phases, int owner_shift, bool exact_chunks, int wire_dtype,
+                     double predivide) {
   rr::PlanOptions o;
+  if (wire_dtype >= 0) o.wire_dtype = static_cast<rr::DType>(wire_dtype);
+  o.pre_factor = o.post_factor = predivide;
   o.phases = static_cast<uint8_t>(phases);
   o.owner_shift = owner_shift;
   o.exact_chunks = exact_chunks;
@@ -54,6 +57,8 @@ py::dict planSummary(int nranks, int rank, int64_t numel, int dtype, int64_t seg
   d["num_ops"] = static_cast<int64_t>(p.ops.size());
   d["staging_bytes"] = p.stagingBytes();
   d["accum_elems"] = p.accum_elems;
+  d["accum_bytes"] = p.accumBytes();
+  d["partial_dtype"] = p.partial;
   d["owned_chunk"] = p.sched.ownedChunk(rank);
   py::list bounds;
   for (int c = 0; c < nranks; ++c) {
@@ -119,6 +124,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("kind", &rr::CallOptions::kind)
       .def_readwrite("op", &rr::CallOptions::op)
       .def_readwrite("accum_float32", &rr::CallOptions::accum_float32)
+      .def_readwrite("wire_dtype", &rr::CallOptions::wire_dtype)
+      .def_readwrite("predivide", &rr::CallOptions::predivide)
+      .def_readwrite("extra_divisor", &rr::CallOptions::extra_divisor)
       .def_readwrite("local_error", &rr::CallOptions::local_error)
       .def_readwrite("ntensors", &rr::CallOptions::ntensors)
       .def_readwrite("check", &rr::CallOptions::check)
@@ -216,7 +224,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("plan_summary", &planSummary, py::arg("nranks"), py::arg("rank"), py::arg("numel"), py::arg("dtype"),
         py::arg("segment_bytes") = 1 << 20, py::arg("num_slots") = 4, py::arg("accum_float32") = false,
         py::arg("gather_into_data") = false, py::arg("phases") = 3, py::arg("owner_shift") = 0,
-        py::arg("exact_chunks") = false, "The ring schedule and plan one rank would run (for tests and docs).");
+        py::arg("exact_chunks") = false, py::arg("wire_dtype") = -1, py::arg("predivide") = 0.0,
+        "The ring schedule and plan one rank would run (for tests and docs).");
 
   py::dict info;
   info["version"] = RR_VERSION;

@@ -91,6 +91,9 @@ Frame CpuCall::frame() const {
   f.error = static_cast<int32_t>(opt_.local_error);
   f.ntensors = opt_.ntensors;
   f.accum_float32 = opt_.accum_float32 ? 1 : 0;
+  f.wire_dtype = opt_.wire_dtype ? static_cast<int32_t>(*opt_.wire_dtype) : -1;
+  f.predivide = opt_.predivide;
+  f.extra_divisor = opt_.extra_divisor;
   f.algorithm = opt_.local_size;  // 0: the flat ring; L: hierarchical with L ranks per node
   f.segment_bytes = static_cast<int32_t>(std::min<int64_t>(opt_.segment_bytes, std::numeric_limits<int32_t>::max()));
   if (tensor_.defined() && opt_.local_error == FrameError::kNone) {

@@ -130,12 +130,17 @@ CudaCallRequest request(const CudaRing& ring, const at::Tensor& t, int kind, int
 // all_reduce of a CUDA tensor in place (the sequencing: runCudaCall). A tensor that is not
 // row-major contiguous (views, transposes, channels_last, conj/neg views) is reduced in a
 // row-major working copy made on the caller's stream and written back on the reduce stream.
+// wire_dtype: a DType code (-1: none); predivide, extra_divisor: Note [Reduction contract].
 py::object cudaAllReduce(const std::shared_ptr<CudaRing>& ring, const at::Tensor& tensor, int op, bool accum_float32,
                          const GpuKnobs& knobs, bool async_op, bool check, int kind, const std::string& group_name,
-                         const std::vector<int>& members, int local_size, bool one_shot) {
+                         const std::vector<int>& members, int local_size, bool one_shot, int wire_dtype,
+                         double predivide, int extra_divisor) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ring->device()));
   CudaCallRequest req = request(*ring, tensor, kind, op, knobs, async_op, check, group_name, members);
   req.accum_float32 = accum_float32;
+  if (wire_dtype >= 0) req.wire_dtype = static_cast<DType>(wire_dtype);
+  req.predivide = predivide;
+  req.extra_divisor = extra_divisor;
   req.local_size = local_size;
   req.one_shot = one_shot;
   const bool plain = tensor.is_contiguous() && !tensor.is_conj() && !tensor.is_neg();
@@ -155,7 +160,7 @@ py::object cudaAllReduce(const std::shared_ptr<CudaRing>& ring, const at::Tensor
     buf.epilogue = writeBack(tensor, w, ring->device(), ring->computeStream());
     return w.data_ptr();
   };
-  buf.accum = [&](int64_t elems) {
+  buf.accum = [&](int64_t elems) {  // float32 elements: room for the partials of either width
     bufs.push_back(at::empty({elems}, tensor.options().dtype(at::kFloat)));
     return bufs.back().data_ptr();
   };
@@ -298,7 +303,8 @@ void registerCudaBindings(pybind11::module& m) {
   m.def("cuda_all_reduce", &cudaAllReduce, py::arg("comm"), py::arg("tensor"), py::arg("op"),
         py::arg("accum_float32"), py::arg("knobs"), py::arg("async_op"), py::arg("check"), py::arg("kind"),
         py::arg("group_name"), py::arg("members") = std::vector<int>{}, py::arg("local_size") = 0,
-        py::arg("one_shot") = true, "ringreduce._cuda.cuda_all_reduce's native half.");
+        py::arg("one_shot") = true, py::arg("wire_dtype") = -1, py::arg("predivide") = 0.0,
+        py::arg("extra_divisor") = 1, "ringreduce._cuda.cuda_all_reduce's native half.");
   m.def("cuda_ring_half", &cudaRingHalf, py::arg("comm"), py::arg("input"), py::arg("output"), py::arg("op"),
         py::arg("knobs"), py::arg("async_op"), py::arg("check"), py::arg("kind"), py::arg("group_name"),
         py::arg("members") = std::vector<int>{},
@@ -340,8 +346,12 @@ void registerCudaBindings(pybind11::module& m) {
                        t->scalar_type() == a.scalar_type(), kValue,
                    "ringreduce._cuda_reduce: a, b, out must be contiguous CUDA tensors of one device, dtype, size");
         c10::cuda::CUDAGuard guard(a.device());
-        launchReduce(toDType(a.scalar_type()), static_cast<RedOp>(op), a.data_ptr(), false, b.data_ptr(), false,
-                     out.data_ptr(), false, a.numel(), divisor, true, c10::cuda::getCurrentCUDAStream().stream());
+        const DType t = toDType(a.scalar_type());
+        Scaling sc;
+        sc.divisor = static_cast<RedOp>(op) == RedOp::kAvg ? divisor : 0;
+        sc.round_sum = true;
+        launchReduce(static_cast<RedOp>(op), a.data_ptr(), t, b.data_ptr(), t, out.data_ptr(), t, a.numel(), sc,
+                     c10::cuda::getCurrentCUDAStream().stream());
       },
       py::arg("a"), py::arg("b"), py::arg("out"), py::arg("op"), py::arg("divisor") = 0,
       "Test hook: the ring's reduce kernel, out = op(a, b) (/ divisor), on the current stream.");

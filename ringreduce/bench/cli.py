@@ -36,6 +36,7 @@ examples:
   python -m ringreduce.bench -b 1M -e 64M -f 4 --nproc 4       # 4 ranks, 1 to 64 MiB
   python -m ringreduce.bench --backend nccl --nproc 2 -b 1M -e 256M -f 2   # one GPU: 2 ranks share it
   python -m ringreduce.bench -b 8 -e 1M -f 4 --check-cost      # cost of the agreement check
+  python -m ringreduce.bench -b 16M -e 64M --wire-dtype bf16    # 16-bit wire vs float32 and DDP's hook
   torchrun --nnodes 2 --nproc-per-node 8 ... -m ringreduce.bench -b 8 -e 256M -f 2
   python -m ringreduce.bench --mode train [train-step options]  # training-step benchmark
 """
@@ -84,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "default: the library's choice")
     run.add_argument("--check-cost", action="store_true",
                      help="also time ringreduce with RINGREDUCE_CHECK=0, interleaved; adds a check(us) column")
+    run.add_argument("--wire-dtype", choices=("bf16", "fp16"), default=None,
+                     help="also time ringreduce with this 16-bit wire (rr-bf16) and DDP's bf16/fp16_compress_hook "
+                     "(ddp-bf16) in the same run, with their time over ringreduce's float32 time (wire/f32) and "
+                     "relative errors against float64 on random data (err-f32, err-wire, err-ddp); float only")
     run.add_argument("--no-nccl-ring", dest="nccl_ring", action="store_false",
                      help="on GPUs, skip stock NCCL with NCCL_ALGO=RING")
     run.add_argument("--no-loopback", dest="loopback", action="store_false",
@@ -119,10 +124,13 @@ def _resolve_backend(requested: str, launched: bool) -> str:
 
 
 def make_config(args: argparse.Namespace, argv: list[str], backend: str, launcher: str) -> BenchConfig:
-    """Validates the parsed arguments and turns them into the ranks' BenchConfig."""
+    """Validates the parsed arguments `args` (from command line `argv`) and turns them into the ranks'
+    BenchConfig for `backend` ("gloo"/"nccl") and `launcher` ("spawn"/"torchrun")."""
     dtype = parse_dtype(args.dtype)
     if args.op == "avg" and not dtype.is_floating:
         raise SystemExit(f"ringreduce.bench: --op avg needs a floating type, not {dtype.name} (use --op sum)")
+    if args.wire_dtype is not None and dtype.name != "float":
+        raise SystemExit(f"ringreduce.bench: --wire-dtype applies to float32 (-d float), not {dtype.name}")
     if args.check is False and args.check_cost:
         raise SystemExit("ringreduce.bench: --check-cost compares check on and off; drop --no-check")
     if args.iters is not None and args.iters < 1:
@@ -146,7 +154,7 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
         check=True if args.check_cost and backend == "nccl" and args.check is None else args.check,
         check_cost=args.check_cost, nccl_ring=args.nccl_ring, loopback=args.loopback, json_path=args.json_path,
         plot_path=args.plot_path, command=[sys.executable, "-m", "ringreduce.bench", *argv], launcher=launcher,
-        quiet=args.quiet,
+        quiet=args.quiet, wire_dtype=args.wire_dtype,
     )
 
 

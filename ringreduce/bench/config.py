@@ -30,3 +30,4 @@ class BenchConfig:
     command: list[str] = field(default_factory=list)
     launcher: str = "spawn"  # "spawn" (local ranks started by the CLI) or "torchrun"
     quiet: bool = False  # no progress lines on stderr
+    wire_dtype: str | None = None  # "bf16"/"fp16": also ringreduce's 16-bit wire and DDP's compress hook

@@ -22,6 +22,12 @@ RINGREDUCE_NOCHECK = "rr-nocheck"
 GLOO = "gloo"
 NCCL = "nccl"
 NCCL_RING = "nccl-ring"
+WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def wire_names(wire: str) -> tuple[str, str]:
+    """The names of ringreduce with a 16-bit `wire` ("bf16"/"fp16") and of DDP's compress hook for it."""
+    return f"rr-{wire}", f"ddp-{wire}"
 
 
 @dataclass
@@ -47,6 +53,29 @@ def _ringreduce_call(op: str) -> Callable[[torch.Tensor], None]:
     if op == "avg":
         return lambda t: ringreduce.all_reduce_avg(t)
     return lambda t: ringreduce.all_reduce(t, op=ringreduce.ReduceOp.SUM)
+
+
+def _ringreduce_wire_call(op: str, wire: torch.dtype) -> Callable[[torch.Tensor], None]:
+    if op == "avg":
+        return lambda t: ringreduce.all_reduce_avg(t, wire_dtype=wire)
+    return lambda t: ringreduce.all_reduce(t, op=ringreduce.ReduceOp.SUM, wire_dtype=wire)
+
+
+def _compress_hook_call(op: str, wire: torch.dtype) -> Callable[[torch.Tensor], None]:
+    """DDP's bf16/fp16_compress_hook on one bucket (cast to 16 bits, divide by n, all-reduce in 16
+    bits, copy back); for --op sum the same without the division."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    hook = default_hooks.bf16_compress_hook if wire == torch.bfloat16 else default_hooks.fp16_compress_hook
+    if op == "avg":
+        return lambda t: hook(None, (t,)).wait()
+
+    def compress_sum(t: torch.Tensor) -> None:
+        c = t.to(wire)
+        dist.all_reduce(c)
+        t.copy_(c)
+
+    return compress_sum
 
 
 def _stock_call(op: str, backend: str, world_size: int, group: dist.ProcessGroup | None) -> Callable[[torch.Tensor], None]:
@@ -97,9 +126,12 @@ def loopback_call(op: str, tensors: list[torch.Tensor]) -> Callable[[], None]:
 
 def build_impls(
     op: str, backend: str, device: torch.device, dtype: torch.dtype, check: bool | None, check_cost: bool,
-    nccl_ring: bool,
+    nccl_ring: bool, wire: str | None = None,
 ) -> list[Impl]:
-    """The implementations to compare, in table order: ringreduce first, then the stock ones.
+    """The implementations to compare, in table order: ringreduce first, then the stock ones, and with
+    a 16-bit `wire` ("bf16"/"fp16") ringreduce with it and DDP's compress hook last. `op`, `backend`,
+    `device`, `dtype`: the sweep's; `check`: RINGREDUCE_CHECK (None: the library default);
+    `check_cost`: also ringreduce without the check; `nccl_ring`: also NCCL with NCCL_ALGO=RING.
 
     Communicators are created here (collective: every rank must call it with the same arguments),
     before any is timed; ringreduce's and the default NCCL communicator exist before NCCL_ALGO is set.
@@ -112,6 +144,13 @@ def build_impls(
         impls.append(Impl(RINGREDUCE_NOCHECK, _ringreduce_call(op), {"RINGREDUCE_CHECK": "0"}, is_ringreduce=True))
     rtol = stock_rtol(op, backend, dtype, n)
     impls.append(Impl(NCCL if backend == "nccl" else GLOO, _stock_call(op, backend, n, None), rtol=rtol))
+    if wire is not None:
+        rr_name, ddp_name = wire_names(wire)
+        wdt = WIRE_DTYPES[wire]
+        # The pattern data's sums are exact in 16 bits (bench/data.py), so ringreduce's 16-bit wire
+        # must give them exactly; the compress hook divides in 16 bits first, so it gets a tolerance.
+        impls.append(Impl(rr_name, _ringreduce_wire_call(op, wdt), {"RINGREDUCE_CHECK": check_env}, is_ringreduce=True))
+        impls.append(Impl(ddp_name, _compress_hook_call(op, wdt), rtol=2.0 * n * torch.finfo(wdt).eps))
     warm = torch.zeros(16, device=device)
     for impl in impls:
         impl.enter()

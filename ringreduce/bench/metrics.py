@@ -54,7 +54,8 @@ def loopback_efficiency(loopback_us: float, ideal_us: float) -> float:
 def aggregate_size(
     size: int, count: int, type_name: str, op: str, world_size: int, per_rank: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """One row per implementation from every rank's measurements of one size.
+    """One row per implementation from every rank's measurements of one size (`size` bytes, `count`
+    elements of `type_name`, `op`, on `world_size` ranks).
 
     `per_rank[r]` is rank r's result: {"iters", "rounds", "warmup", "impls": {name: {"median_us",
     "mean_us", "min_us", "max_us", "floor_us", "wrong", "peak_rss", "rss_growth", "rss_exact",
@@ -91,6 +92,8 @@ def aggregate_size(
             "rss_growth_bytes": max(int(s["rss_growth"]) for s in stats),
             "rss_exact": all(bool(s["rss_exact"]) for s in stats),
             "cuda_growth_bytes": max(cuda) if cuda else None,
+            # --wire-dtype: relative L2 error on random data (bench/accuracy.py), the same on every rank
+            "rel_error": stats[0].get("rel_error"),
         })
         lb = stats[0].get("loopback_us")
         if lb is not None:

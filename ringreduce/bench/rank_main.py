@@ -50,7 +50,7 @@ def _finish(cfg: BenchConfig, rows: list[dict[str, Any]], stock: str, machine: d
     from ringreduce.bench.table import Layout, footer, memory_lines
 
     impls = tuple(dict.fromkeys(row["impl"] for row in rows))
-    layout = Layout(impls, stock)
+    layout = Layout(impls, stock, wire=cfg.wire_dtype)
     print("\n".join(footer(rows, layout) + memory_lines(rows, layout, MEMORY_BOUND_BYTES)), flush=True)
     doc = build_report(cfg, machine, rows, stock, elapsed)
     if cfg.json_path:

@@ -34,6 +34,7 @@ ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
     "rss_growth_bytes": int,
     "rss_exact": bool,
     "cuda_growth_bytes": (int, type(None)),
+    "rel_error": (float, type(None)),
 }
 TOP_FIELDS: dict[str, type | tuple[type, ...]] = {
     "schema": str,

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.data import count_wrong, fill_pattern, pattern_modulus
-from ringreduce.bench.impls import GLOO, NCCL, RINGREDUCE, Impl, build_impls, loopback_call
+from ringreduce.bench.impls import GLOO, NCCL, RINGREDUCE, Impl, build_impls, loopback_call, wire_names
 from ringreduce.bench.memory import measure_call
 from ringreduce.bench.metrics import aggregate_size
 from ringreduce.bench.sizes import DTYPES, format_size
@@ -66,7 +66,8 @@ def _switch_to(impl: Impl, previous: Impl | None, device: torch.device) -> Impl:
 
 
 def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: int) -> dict[str, Any]:
-    """This rank's measurements of one size (see metrics.aggregate_size for the layout)."""
+    """This rank's (`ctx`) measurements of `impls` at `size` bytes under `cfg` (see
+    metrics.aggregate_size for the layout)."""
     dtype = DTYPES[cfg.dtype].torch_dtype
     count = size // DTYPES[cfg.dtype].itemsize
     k = pattern_modulus(dtype, ctx.world_size)
@@ -135,6 +136,14 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
         results[impl.name]["wrong"] = count_wrong(buf, ctx.world_size, k, cfg.op, impl.rtol)
     if cfg.loopback and ctx.device.type == "cuda":
         _time_loopback(cfg, ctx, count, dtype, k, iters, rounds, floor, source, results)
+    if cfg.wire_dtype is not None:
+        from ringreduce.bench.accuracy import relative_errors
+
+        compared = {RINGREDUCE, *wire_names(cfg.wire_dtype)}
+        errors = relative_errors([i for i in impls if i.name in compared], cfg.op, count, ctx.rank,
+                                 ctx.world_size, ctx.device)
+        for name, value in errors.items():
+            results[name]["rel_error"] = value
     return {"size": size, "count": count, "iters": iters, "rounds": rounds, "warmup": cfg.warmup, "impls": results}
 
 
@@ -181,13 +190,15 @@ def _progress(cfg: BenchConfig, index: int, total: int, size: int, started: floa
 
 
 def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]], str] | None:
-    """Runs the whole sweep on this rank. Rank 0 returns (rows, stock name) and prints as it goes."""
+    """Runs the whole sweep of `cfg` on this rank (`ctx`). Rank 0 returns (rows, stock name) and prints
+    as it goes."""
     from ringreduce.bench.table import Layout, format_row, header
 
     impls = build_impls(cfg.op, cfg.backend, ctx.device, DTYPES[cfg.dtype].torch_dtype, cfg.check,
-                        cfg.check_cost, cfg.nccl_ring)
+                        cfg.check_cost, cfg.nccl_ring, cfg.wire_dtype)
     stock = NCCL if cfg.backend == "nccl" else GLOO
-    layout = Layout(tuple(impl.name for impl in impls), stock, loopback=cfg.loopback and ctx.device.type == "cuda")
+    layout = Layout(tuple(impl.name for impl in impls), stock, loopback=cfg.loopback and ctx.device.type == "cuda",
+                    wire=cfg.wire_dtype)
     if ctx.rank == 0:
         print("\n".join(header(layout)), flush=True)
     rows: list[dict[str, Any]] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringreduce.bench.impls import NCCL_RING, RINGREDUCE, RINGREDUCE_NOCHECK
+from ringreduce.bench.impls import NCCL_RING, RINGREDUCE, RINGREDUCE_NOCHECK, wire_names
 from ringreduce.bench.metrics import average_busbw, loopback_efficiency, time_ratio
 from ringreduce.bench.sizes import format_size
 
@@ -17,17 +17,22 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class Layout:
-    """Which implementations the table shows (in order) and which one is the stock baseline."""
+    """Which implementations the table shows (`impls`, in order), which one is the stock baseline
+    (`stock`), whether the one-GPU loopback driver was timed (`loopback`), and the 16-bit wire of a
+    --wire-dtype run (`wire`: "bf16"/"fp16", or None)."""
 
     impls: tuple[str, ...]
     stock: str
     loopback: bool = False  # the one-GPU loopback driver was timed (GPU runs)
+    wire: str | None = None  # --wire-dtype: "bf16" or "fp16"
 
     @property
     def extras(self) -> tuple[str, ...]:
         """Derived columns: time ratio vs stock, the memcpy floor and ringreduce's time over it, the
         agreement check's cost, busbw % of NCCL RING, the loopback driver's time and ideal / time
-        (Note [Loopback ideal] in metrics.py)."""
+        (Note [Loopback ideal] in metrics.py); with a 16-bit wire the wire's time over ringreduce's
+        float32 time and the relative errors of ringreduce (float32), its 16-bit wire and DDP's
+        compress hook."""
         cols = []
         if RINGREDUCE in self.impls and self.stock in self.impls:
             cols.append("ratio")
@@ -38,6 +43,8 @@ class Layout:
             cols.append("%ring")
         if self.loopback:
             cols += ["loop(us)", "loop-eff"]
+        if self.wire is not None:
+            cols += ["wire/f32", "err-f32", "err-wire", "err-ddp"]
         return tuple(cols)
 
 
@@ -55,8 +62,19 @@ def header(layout: Layout) -> list[str]:
     return [names, cols, units.rstrip()]
 
 
+def _error(row: dict[str, Any] | None) -> str:
+    value = row.get("rel_error") if row else None
+    return f"{value:9.2e}" if value is not None else f"{'n/a':>9}"
+
+
 def _extra_value(extra: str, rows: list[dict[str, Any]], layout: Layout) -> str:
     by_impl = {row["impl"]: row for row in rows}
+    if layout.wire is not None and extra in ("wire/f32", "err-f32", "err-wire", "err-ddp"):
+        rr_wire, ddp_wire = wire_names(layout.wire)
+        if extra == "wire/f32":
+            value = time_ratio(rows, rr_wire, RINGREDUCE)
+            return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"
+        return _error(by_impl.get({"err-f32": RINGREDUCE, "err-wire": rr_wire, "err-ddp": ddp_wire}[extra]))
     if extra == "ratio":
         value = time_ratio(rows, RINGREDUCE, layout.stock)
         return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"

@@ -11,7 +11,12 @@ per step over many steps in one run, averaged over ranks:
 - ``averager``: ``ringreduce.GradientAverager``,
 - ``loop-gloo``: the hand-written loop: backward, then ``dist.all_reduce`` + ``div_`` of every grad,
 - ``loop-rr``: the same loop with ``ringreduce.all_reduce_avg``,
-- ``coalesced``: backward, then one ``ringreduce.all_reduce_coalesced`` of all grads.
+- ``coalesced``: backward, then one ``ringreduce.all_reduce_coalesced`` of all grads,
+- ``ddp-compress`` (with ``--wire-dtype``): DDP with torch's ``bf16_compress_hook`` (or fp16).
+
+``--wire-dtype bf16|fp16`` gives ``ddp+hook`` (``rr.CommHookState(wire_dtype=...)``) and
+``averager`` (``GradientAverager(wire_dtype=...)``) ringreduce's 16-bit wire, and adds
+``ddp-compress`` to the default variants; the final parameters then agree to WIRE_PARAM_TOL.
 
 Overlap, measured from outside (host clock): ``tail`` is the time from the last gradient's
 accumulation in backward (a post-accumulate-grad hook registered before any averaging hook) until
@@ -43,6 +48,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 VARIANTS = ("local", "ddp", "ddp+hook", "averager", "loop-gloo", "loop-rr", "coalesced")
+WIRE_VARIANTS = ("ddp-compress",)  # with --wire-dtype only
+WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PARAM_TOL = 1e-5  # max abs difference of the final parameters between averaging variants
+WIRE_PARAM_TOL = 1e-3  # the same with a 16-bit wire (partials rounded to 16 bits per hop)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="timed steps per variant (median reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="bucket cap of DDP and GradientAverager")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
+    p.add_argument("--variants", default=None,
+                   help=f"comma-separated subset of {','.join(VARIANTS + WIRE_VARIANTS)} (default: all; "
+                   "ddp-compress needs --wire-dtype)")
+    p.add_argument("--wire-dtype", choices=sorted(WIRE_DTYPES), default=None,
+                   help="ddp+hook and averager carry float32 gradients as 16-bit partials (ringreduce's wire_dtype); "
+                   "adds ddp-compress (torch's bf16/fp16_compress_hook) to the default variants")
     p.add_argument("--json", dest="json_path", default=None, help="write the results as JSON to this file")
     return p
 
@@ -116,11 +130,18 @@ def _run_variant(name: str, args: argparse.Namespace, device: torch.device, rank
     averager = None
     if name == "ddp":
         trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    elif name == "ddp+hook":
+    wire = WIRE_DTYPES[args.wire_dtype] if args.wire_dtype else None
+    if name == "ddp+hook":
         trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-        trained.register_comm_hook(None, rr.ddp_comm_hook)
+        trained.register_comm_hook(rr.CommHookState(wire_dtype=wire) if wire else None, rr.ddp_comm_hook)
+    elif name == "ddp-compress":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+        hook = default_hooks.bf16_compress_hook if wire == torch.bfloat16 else default_hooks.fp16_compress_hook
+        trained.register_comm_hook(None, hook)
     elif name == "averager":
-        averager = rr.GradientAverager(model, bucket_cap_mb=args.bucket_cap_mb)
+        averager = rr.GradientAverager(model, bucket_cap_mb=args.bucket_cap_mb, wire_dtype=wire)
     opt = torch.optim.SGD(params, lr=1e-3)
     loss_fn = nn.MSELoss()
 
@@ -179,17 +200,24 @@ def _mean_over_ranks(value: float, device: torch.device) -> float:
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    """Runs every variant on this rank (process group already initialized); rank 0 prints."""
+    """Runs every variant that `args` names on this rank (process group already initialized); rank 0
+    prints."""
     rank, ws = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
     if dist.get_backend() == "nccl":
         local = int(os.environ.get("LOCAL_RANK", rank))
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
-    names = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in names if v not in VARIANTS]
+    if args.variants is None:
+        names = list(VARIANTS) + (list(WIRE_VARIANTS) if args.wire_dtype else [])
+    else:
+        names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS + WIRE_VARIANTS]
     if unknown:
-        raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+        raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(VARIANTS + WIRE_VARIANTS)}")
+    if "ddp-compress" in names and not args.wire_dtype:
+        raise SystemExit("the ddp-compress variant needs --wire-dtype bf16 or fp16")
+    tolerance = WIRE_PARAM_TOL if args.wire_dtype else PARAM_TOL
     nparams = sum(p.numel() for p in make_model(args.layers, args.width, torch.device("meta")).parameters())
     rows = []
     for name in names:
@@ -213,7 +241,7 @@ def run_rank(args: argparse.Namespace) -> int:
             reference, r["max_param_diff"] = final, 0.0
             continue
         r["max_param_diff"] = float((final - reference).abs().max())
-        agree = agree and r["max_param_diff"] <= 1e-5
+        agree = agree and r["max_param_diff"] <= tolerance
     agree = _mean_over_ranks(float(agree), device) == 1.0
     if rank == 0:
         _print(rows, args, ws, nparams, device, agree)
@@ -230,6 +258,8 @@ def run_rank(args: argparse.Namespace) -> int:
                 "steps": args.steps,
                 "warmup": args.warmup,
                 "bucket_cap_mb": args.bucket_cap_mb,
+                "wire_dtype": args.wire_dtype,
+                "param_tolerance": tolerance,
                 "torch_threads": torch.get_num_threads(),
                 "results_agree": agree,
                 "rows": rows,
@@ -248,7 +278,8 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace, ws: int, nparam
            agree: bool) -> None:
     print(f"# ringreduce train-step benchmark: {args.layers} x Linear({args.width}, {args.width}) = "
           f"{nparams / 1e6:.1f}M params, batch {args.batch}/rank, {ws} ranks, {dist.get_backend()} on "
-          f"{device.type}, {torch.get_num_threads()} torch threads/rank, bucket cap {args.bucket_cap_mb} MB")
+          f"{device.type}, {torch.get_num_threads()} torch threads/rank, bucket cap {args.bucket_cap_mb} MB"
+          + (f", 16-bit wire {args.wire_dtype} (ddp+hook, averager)" if args.wire_dtype else ""))
     print(f"# median of {args.steps} steps after {args.warmup} warm-up steps, averaged over ranks; "
           "exposed = step - local step; tail = last gradient ready -> every gradient averaged")
     head = f"{'variant':>10} {'step ms':>9} {'min ms':>8} {'vs ddp':>7} {'exposed ms':>11} {'tail ms':>8}"

@@ -23,6 +23,8 @@ struct Setup {
   bool accum;
   bool gather;
   bool avg;
+  int wire = -1;     // a 16-bit wire's DType code, -1: none (Note [First hop] in plan.h)
+  double pre = 0;    // the predivide factor (pre and post), 0: none
 };
 
 const Setup kSetups[] = {
@@ -33,6 +35,10 @@ const Setup kSetups[] = {
     {4, 100, DType::kFloat16, 2, 16, true, true, true},
     {5, 23, DType::kFloat64, 3, 16, false, true, true},
     {2, 9, DType::kInt8, 1, 16, false, false, false},
+    {3, 50, DType::kFloat32, 2, 16, false, false, true, static_cast<int>(DType::kBFloat16)},
+    {2, 37, DType::kFloat32, 3, 16, false, true, false, static_cast<int>(DType::kFloat16), 4.0},
+    {4, 61, DType::kFloat32, 2, 16, false, false, true, -1, 2.0},
+    {3, 40, DType::kFloat16, 2, 16, true, true, false, -1, 3.0},
 };
 
 std::vector<Plan> build(const Setup& s) {
@@ -42,6 +48,8 @@ std::vector<Plan> build(const Setup& s) {
   o.accum_float32 = s.accum;
   o.gather_into_data = s.gather;
   o.average = s.avg;
+  if (s.wire >= 0) o.wire_dtype = static_cast<DType>(s.wire);
+  o.pre_factor = o.post_factor = s.pre;
   std::vector<Plan> plans;
   for (int r = 0; r < s.n; ++r) plans.push_back(buildPlan(s.n, r, s.numel, s.dtype, o));
   return plans;
@@ -57,7 +65,9 @@ std::string check(const std::vector<Plan>& plans, const Setup& s) {
 
 std::string setupText(const Setup& s) {
   return detail::concat("n=", s.n, " numel=", s.numel, " ", dtypeName(s.dtype), " slots=", s.slots,
-                        " seg=", s.seg, s.accum ? " accum" : "", s.gather ? " gather" : "", s.avg ? " avg" : "");
+                        " seg=", s.seg, s.accum ? " accum" : "", s.gather ? " gather" : "", s.avg ? " avg" : "",
+                        s.wire >= 0 ? detail::concat(" wire=", dtypeName(static_cast<DType>(s.wire))) : std::string(),
+                        s.pre > 0 ? detail::concat(" pre=", s.pre) : std::string());
 }
 
 // Applies `mutate` to rank r's plan at op index i for every (r, i) it accepts (returns true);
@@ -134,7 +144,7 @@ bool waitIsImplied(const std::vector<Plan>& base_plans, int rank, int wait_op, W
       if (last[q] >= 0) preds[base[r] + i].push_back(base[r] + last[q]);
       last[q] = i;
       if (o.kind == OpKind::kWait) {
-        if (o.event % 2 == 0) {
+        if (p.isExchangeEvent(o.event)) {
           preds[base[r] + i].push_back(cbase[r] + o.event / 2);
           if (!o.recv_only) preds[base[r] + i].push_back(sbase[r] + o.event / 2);
         } else {
@@ -162,7 +172,7 @@ bool waitIsImplied(const std::vector<Plan>& base_plans, int rank, int wait_op, W
   }
   if (target < 0) return false;
   std::vector<int> sources;
-  if (w.event % 2 == 0) {
+  if (p.isExchangeEvent(w.event)) {
     if (cut == WaitCut::kDelete) sources.push_back(cbase[rank] + w.event / 2);
     if (!w.recv_only) sources.push_back(sbase[rank] + w.event / 2);
   } else {
@@ -239,7 +249,7 @@ TEST_CASE(weaken_any_full_wait) {
       const Plan& p = base[r];
       for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
         const Op& w = p.ops[i];
-        if (w.kind != OpKind::kWait || w.event % 2 != 0 || w.recv_only) continue;
+        if (w.kind != OpKind::kWait || !p.isExchangeEvent(w.event) || w.recv_only) continue;
         const bool implied = waitIsImplied(base, r, i, WaitCut::kWeaken);
         std::vector<Plan> plans = base;
         plans[r].ops[i].recv_only = true;
@@ -325,7 +335,7 @@ TEST_CASE(recv_only_only_on_exchange_waits) {
   int tried = 0;
   for (int i = 0; i < static_cast<int>(base[1].ops.size()); ++i) {
     const Op& o = base[1].ops[i];
-    if (o.kind == OpKind::kWait && o.event % 2 == 0) continue;
+    if (o.kind == OpKind::kWait && base[1].isExchangeEvent(o.event)) continue;
     std::vector<Plan> plans = base;
     plans[1].ops[i].recv_only = true;
     const std::string err = check(plans, s);
@@ -411,10 +421,10 @@ TEST_CASE(change_a_byte_count) {
       o.a.count = o.kind == OpKind::kReduce ? o.a.count - 1 : o.a.count;
       return true;
     });
-    mutateAll(s, "sending float32 partials as narrow elements", [](Plan& p, int i) {
+    mutateAll(s, "sending partials as the tensor's elements", [](Plan& p, int i) {
       Op& o = p.ops[i];
-      if (o.kind != OpKind::kExchange || !o.send.wide) return false;
-      o.send.wide = false;
+      if (o.kind != OpKind::kExchange || o.send.empty() || o.send.type == p.dtype) return false;
+      o.send.type = p.dtype;
       o.send.buf = BufKind::kData;
       return true;
     });
@@ -466,6 +476,50 @@ TEST_CASE(final_flag_and_average) {
       o.final = true;
       return true;
     });
+  }
+}
+
+TEST_CASE(first_hop_converts) {
+  // Note [First hop] (plan.h): the convert must exist, write what the exchange sends, in the wire's
+  // type, and divide each contribution exactly once.
+  int tried = 0;
+  for (const Setup& s : kSetups) {
+    if (s.wire < 0 && s.pre <= 0) continue;
+    tried += mutateAll(s, "dropping a convert", [](Plan& p, int i) {
+      if (p.ops[i].kind != OpKind::kConvert) return false;
+      p.ops.erase(p.ops.begin() + i);
+      return true;
+    });
+    mutateAll(s, "a convert that keeps the tensor's type", [](Plan& p, int i) {
+      Op& o = p.ops[i];
+      if (o.kind != OpKind::kConvert || o.dst.buf != BufKind::kAccum) return false;
+      o.dst.type = p.dtype;
+      return true;
+    });
+    mutateAll(s, "a convert into the wrong accumulator segment", [](Plan& p, int i) {
+      Op& o = p.ops[i];
+      if (o.kind != OpKind::kConvert || o.dst.buf != BufKind::kAccum || o.dst.offset == 0) return false;
+      o.dst.offset = 0;
+      return true;
+    });
+    mutateAll(s, "a plan that forgets its predivide factor", [&](Plan& p, int i) {
+      if (i != 0 || p.pre_factor <= 0) return false;
+      p.pre_factor = 0;
+      return true;
+    });
+  }
+  CHECK(tried > 0);
+  // A predivide plan whose convert runs twice on one segment divides a contribution twice.
+  const Setup s{4, 61, DType::kFloat32, 2, 16, false, false, true, -1, 2.0};
+  const std::vector<Plan> base = build(s);
+  for (int i = 0; i < static_cast<int>(base[1].ops.size()); ++i) {
+    if (base[1].ops[i].kind != OpKind::kConvert) continue;
+    std::vector<Plan> plans = base;
+    plans[1].ops.insert(plans[1].ops.begin() + i, base[1].ops[i]);
+    const std::string err = check(plans, s);
+    CHECK_MSG(err.find("predivided") != std::string::npos || err.find("raw") != std::string::npos,
+              "a repeated convert: " << err);
+    break;
   }
 }
 

@@ -15,13 +15,19 @@ namespace {
 struct Config {
   DType dtype;
   bool accum;
+  int wire = -1;   // a 16-bit wire's DType code (Note [First hop] in plan.h), -1: none
+  double pre = 0;  // predivide factor, 0: none
 };
+constexpr int kBf16 = static_cast<int>(DType::kBFloat16);
+constexpr int kF16 = static_cast<int>(DType::kFloat16);
 
 const Config kConfigs[] = {
     {DType::kFloat32, false},  {DType::kFloat64, false},  {DType::kFloat16, false}, {DType::kFloat16, true},
     {DType::kBFloat16, false}, {DType::kBFloat16, true},  {DType::kInt8, false},    {DType::kInt16, false},
     {DType::kInt32, false},    {DType::kInt64, false},    {DType::kUInt8, false},   {DType::kBool, false},
     {DType::kComplex64, false}, {DType::kComplex128, false},
+    {DType::kFloat32, false, kBf16}, {DType::kFloat32, false, kF16, 3.0}, {DType::kFloat32, false, -1, 2.0},
+    {DType::kFloat16, true, -1, 0.5}, {DType::kFloat64, false, -1, 4.0}, {DType::kComplex64, false, -1, 2.0},
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 const int64_t kSegBytes[] = {16, 32, 48, 64, 256, 4096, 1 << 20};
@@ -34,6 +40,8 @@ void expectOk(int n, int64_t numel, const Config& c, int slots, int64_t seg, boo
   o.accum_float32 = c.accum;
   o.gather_into_data = gather;
   o.average = avg && isFloatingType(c.dtype);
+  if (c.wire >= 0) o.wire_dtype = static_cast<DType>(c.wire);
+  o.pre_factor = o.post_factor = c.pre;
   const std::string err = checkPlans(n, numel, c.dtype, o, seed, trials);
   CHECK_MSG(err.empty(), err);
 }
@@ -81,6 +89,24 @@ TEST_CASE(large_counts) {
   if (rrtest::kSanitized) return;
   expectOk(4, big, {DType::kInt8, false}, 3, 1 << 16, false, false, 5, 1);
   expectOk(5, 100003, {DType::kFloat16, true}, 5, 4096, true, true, 6, 1);
+}
+
+TEST_CASE(wire_and_predivide_halves_and_rings) {
+  // The reduce-scatter half alone, and a full ring with an extra divisor, with a 16-bit wire.
+  for (int n : {2, 3, 5}) {
+    for (uint8_t phases : {uint8_t(kPhaseReduceScatter), uint8_t(kPhaseBoth)}) {
+      PlanOptions o;
+      o.max_segment_bytes = 32;
+      o.num_slots = 3;
+      o.phases = phases;
+      o.average = true;
+      o.wire_dtype = DType::kBFloat16;
+      o.pre_factor = o.post_factor = 2.0;
+      o.extra_divisor = phases == kPhaseBoth ? 4 : 1;
+      const std::string err = checkPlans(n, 203, DType::kFloat32, o, 7 + n, 2);
+      CHECK_MSG(err.empty(), err);
+    }
+  }
 }
 
 TEST_CASE(many_trials_random_timing) {

@@ -89,7 +89,7 @@ struct Inputs {
   std::vector<uint8_t> want;
 };
 
-double roundTo(DType t, double v) {  // the value a store of v into t keeps
+double roundStore(DType t, double v) {  // the value a store of v into t keeps
   uint8_t buf[16];
   setF(t, buf, 0, v);
   return getF(t, buf, 0);
@@ -173,12 +173,16 @@ struct Case {
   bool eager = false;
   int64_t lead_room = 0;  // > 0: PlanRun::postLeading(lead_room, lead_max_send) first
   int64_t lead_max_send = 0;
+  int wire = -1;          // a 16-bit wire's DType code (Note [First hop] in plan.h), -1: none
+  double pre = 0;         // predivide factor (pre and post), 0: none
 };
 
 std::string caseText(const Case& c) {
   return detail::concat("n=", c.n, " numel=", c.numel, " ", dtypeName(c.dtype), " ", redOpName(c.op), " slots=", c.slots,
                         " seg=", c.seg, c.accum ? " accum" : "", c.delay_us ? " delayed" : "", c.eager ? " eager" : "",
-                        c.lead_room ? detail::concat(" lead_room=", c.lead_room, " lead_max_send=", c.lead_max_send) : "");
+                        c.lead_room ? detail::concat(" lead_room=", c.lead_room, " lead_max_send=", c.lead_max_send) : "",
+                        c.wire >= 0 ? detail::concat(" wire=", dtypeName(static_cast<DType>(c.wire))) : "",
+                        c.pre > 0 ? detail::concat(" pre=", c.pre) : "");
 }
 
 void runCase(const Case& c, const Inputs* given = nullptr) {
@@ -187,6 +191,8 @@ void runCase(const Case& c, const Inputs* given = nullptr) {
   o.plan.num_slots = c.slots;
   o.plan.max_segment_bytes = c.seg;
   o.plan.accum_float32 = c.accum;
+  if (c.wire >= 0) o.plan.wire_dtype = static_cast<DType>(c.wire);
+  o.plan.pre_factor = o.plan.post_factor = c.pre;
   o.transport.timeout = std::chrono::milliseconds(20000);
   o.transport.max_delay_us = c.delay_us;
   o.transport.eager = c.eager;
@@ -298,7 +304,7 @@ TEST_CASE(fp16_overflows_and_accum_rounds_once) {
     }
     runCase({n, numel, DType::kFloat16, RedOp::kSum, 3, 16, true}, &in);
   }
-  (void)roundTo;
+  (void)roundStore;
 }
 
 TEST_CASE(dead_peer_raises_backend_error_within_timeout) {
@@ -331,6 +337,81 @@ TEST_CASE(unsupported_pair_raises_type_error_on_every_rank) {
   const std::vector<InprocRankResult> res = runInprocAllReduce(n, 10, DType::kInt32, RedOp::kAvg, in.data, o);
   for (int r = 0; r < n; ++r) CHECK(res[r].is_rr_error && res[r].kind == ErrorKind::kType);
   CHECK(in.data[1] == before);  // tensor unchanged
+}
+
+TEST_CASE(sixteen_bit_wire_and_predivide) {
+  constexpr int kBf16 = static_cast<int>(DType::kBFloat16);
+  constexpr int kF16 = static_cast<int>(DType::kFloat16);
+  // Small integers: every partial is exact in 16 bits, so the wire changes nothing; multiples of 4:
+  // x / f is exact for f in {2, 4}, so a predivide factor changes nothing either.
+  auto exact = [](int n, int64_t numel, RedOp op, double f) {
+    Inputs in;
+    in.data.assign(static_cast<size_t>(n), std::vector<uint8_t>(static_cast<size_t>(numel) * 4));
+    in.want.assign(static_cast<size_t>(numel) * 4, 0);
+    for (int64_t i = 0; i < numel; ++i) {
+      double s = 0;
+      for (int r = 0; r < n; ++r) {
+        const double v = static_cast<double>(((i * 7 + r * 5) % 17) - 6) * 4;
+        setF(DType::kFloat32, in.data[static_cast<size_t>(r)].data(), i, v);
+        s += v;
+      }
+      if (op == RedOp::kAvg) s = f > 0 ? (s / f) / (n / f) : s / n;
+      setF(DType::kFloat32, in.want.data(), i, static_cast<double>(static_cast<float>(s)));
+    }
+    return in;
+  };
+  int k = 0;
+  for (int n : {2, 3, 5}) {
+    for (RedOp op : {RedOp::kSum, RedOp::kAvg}) {
+      for (int wire : {-1, kBf16, kF16}) {
+        for (double f : {0.0, 2.0, 4.0}) {
+          if (wire < 0 && f == 0) continue;
+          ++k;
+          const int64_t numel = 37 + 50 * (k % 4);
+          const Inputs in = exact(n, numel, op, f);
+          Case c{n, numel, DType::kFloat32, op, 1 + k % 4, k % 2 ? 16 : 64, false, k % 3 == 0 ? 100 : 0, k % 3 == 1};
+          c.wire = wire;
+          c.pre = f;
+          runCase(c, &in);
+        }
+      }
+    }
+  }
+  // Where the rounding happens: on two ranks, the first hop's partial is rank c's value rounded to
+  // bfloat16, and the owner adds its float32 value to it. 1 + 2^-10 is not a bfloat16 (it rounds to
+  // 1), so chunk 0 (rank 0's value first) ends 1 and chunk 1 (rank 0's value last) 1 + 2^-10.
+  {
+    const int64_t numel = 64;
+    Inputs in;
+    in.data.assign(2, std::vector<uint8_t>(numel * 4, 0));
+    in.want.assign(numel * 4, 0);
+    const double x = 1.0 + std::ldexp(1.0, -10);
+    const int64_t chunk = 32;  // (n, numel) = (2, 64): two chunks of 32
+    for (int64_t i = 0; i < numel; ++i) {
+      setF(DType::kFloat32, in.data[0].data(), i, x);
+      setF(DType::kFloat32, in.data[1].data(), i, 0.0);
+      setF(DType::kFloat32, in.want.data(), i, i < chunk ? 1.0 : x);
+    }
+    Case c{2, numel, DType::kFloat32, RedOp::kSum, 2, 32};
+    c.wire = kBf16;
+    runCase(c, &in);
+  }
+  // fp16 AVG with predivide_factor = n: the sum of 3 x 30000 overflows fp16, the pre-divided one
+  // does not (Horovod's reason for the factor).
+  {
+    const int n = 3;
+    const int64_t numel = 40;
+    Inputs in;
+    in.data.assign(n, std::vector<uint8_t>(numel * 2));
+    in.want.assign(numel * 2, 0);
+    for (int64_t i = 0; i < numel; ++i) {
+      for (int r = 0; r < n; ++r) setF(DType::kFloat16, in.data[r].data(), i, 30000.0);
+      setF(DType::kFloat16, in.want.data(), i, 30000.0);
+    }
+    Case c{n, numel, DType::kFloat16, RedOp::kAvg, 2, 16};
+    c.pre = 3.0;
+    runCase(c, &in);
+  }
 }
 
 TEST_MAIN()

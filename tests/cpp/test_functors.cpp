@@ -66,6 +66,17 @@ uint16_t doubleToBf16(double x) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// hostReduce with the operand widths of the float32-partial mode (a wide operand holds float32) and
+// AVG's divisor (0: none), as the plan's reduces of half types call it.
+void hostReduceWide(DType t, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide, void* dst,
+                    bool dst_wide, int64_t count, int divisor, bool round_sum) {
+  Scaling sc;
+  sc.divisor = op == RedOp::kAvg ? divisor : 0;
+  sc.round_sum = round_sum;
+  hostReduce(op, a, a_wide ? DType::kFloat32 : t, b, b_wide ? DType::kFloat32 : t, dst,
+             dst_wide ? DType::kFloat32 : t, count, sc);
+}
+
 // ---- Reference semantics.
 template <typename T>
 T wrapRef(RedOp op, T a, T b) {
@@ -92,7 +103,7 @@ template <typename T>
 void runLoop(DType t, RedOp op, const std::vector<T>& a, const std::vector<T>& b, std::vector<T>& out,
              int divisor, bool round_sum) {
   out.assign(a.size(), T{});
-  hostReduce(t, op, a.data(), false, b.data(), false, out.data(), false, static_cast<int64_t>(a.size()), divisor,
+  hostReduceWide(t, op, a.data(), false, b.data(), false, out.data(), false, static_cast<int64_t>(a.size()), divisor,
              round_sum);
 }
 
@@ -228,25 +239,25 @@ TEST_CASE(integers_wrap_like_twos_complement) {
   checkIntegral<uint8_t>(DType::kUInt8, {0, 1, 2, 16, 100, 200, 255, 128});
   // Named expectations, independent of the generic reference.
   int8_t a8 = 127, b8 = 1, o8 = 0;
-  hostReduce(DType::kInt8, RedOp::kSum, &a8, false, &b8, false, &o8, false, 1, 0, false);
+  hostReduceWide(DType::kInt8, RedOp::kSum, &a8, false, &b8, false, &o8, false, 1, 0, false);
   CHECK_EQ(int(o8), -128);
   a8 = -128;
   b8 = -1;
-  hostReduce(DType::kInt8, RedOp::kProduct, &a8, false, &b8, false, &o8, false, 1, 0, false);
+  hostReduceWide(DType::kInt8, RedOp::kProduct, &a8, false, &b8, false, &o8, false, 1, 0, false);
   CHECK_EQ(int(o8), -128);
   int16_t a16 = 300, o16 = 0;
-  hostReduce(DType::kInt16, RedOp::kProduct, &a16, false, &a16, false, &o16, false, 1, 0, false);
+  hostReduceWide(DType::kInt16, RedOp::kProduct, &a16, false, &a16, false, &o16, false, 1, 0, false);
   CHECK_EQ(int(o16), 24464);  // 90000 - 65536
   int32_t a32 = 2147483647, b32 = 1, o32 = 0;
-  hostReduce(DType::kInt32, RedOp::kSum, &a32, false, &b32, false, &o32, false, 1, 0, false);
+  hostReduceWide(DType::kInt32, RedOp::kSum, &a32, false, &b32, false, &o32, false, 1, 0, false);
   CHECK_EQ(o32, std::numeric_limits<int32_t>::min());
   int64_t a64 = std::numeric_limits<int64_t>::min(), b64 = -1, o64 = 0;
-  hostReduce(DType::kInt64, RedOp::kSum, &a64, false, &b64, false, &o64, false, 1, 0, false);
+  hostReduceWide(DType::kInt64, RedOp::kSum, &a64, false, &b64, false, &o64, false, 1, 0, false);
   CHECK_EQ(o64, std::numeric_limits<int64_t>::max());
-  hostReduce(DType::kInt64, RedOp::kProduct, &a64, false, &b64, false, &o64, false, 1, 0, false);
+  hostReduceWide(DType::kInt64, RedOp::kProduct, &a64, false, &b64, false, &o64, false, 1, 0, false);
   CHECK_EQ(o64, std::numeric_limits<int64_t>::min());
   uint8_t u1 = 200, u2 = 100, uo = 0;
-  hostReduce(DType::kUInt8, RedOp::kSum, &u1, false, &u2, false, &uo, false, 1, 0, false);
+  hostReduceWide(DType::kUInt8, RedOp::kSum, &u1, false, &u2, false, &uo, false, 1, 0, false);
   CHECK_EQ(int(uo), 44);
 }
 
@@ -254,7 +265,7 @@ TEST_CASE(bool_is_or_and) {
   std::vector<Bool8> a = {{0}, {0}, {1}, {1}}, b = {{0}, {1}, {0}, {1}}, out(4);
   const uint8_t want_or[] = {0, 1, 1, 1}, want_and[] = {0, 0, 0, 1};
   for (RedOp op : {RedOp::kSum, RedOp::kMax, RedOp::kMin, RedOp::kProduct}) {
-    hostReduce(DType::kBool, op, a.data(), false, b.data(), false, out.data(), false, 4, 0, false);
+    hostReduceWide(DType::kBool, op, a.data(), false, b.data(), false, out.data(), false, 4, 0, false);
     const bool is_and = op == RedOp::kMin || op == RedOp::kProduct;
     for (int i = 0; i < 4; ++i) CHECK_EQ(int(out[i].bits), int(is_and ? want_and[i] : want_or[i]));
   }
@@ -268,7 +279,7 @@ TEST_CASE(floats_propagate_nan_and_overflow) {
   // NaN wins MAX/MIN in either position (torch.maximum semantics).
   for (RedOp op : {RedOp::kMax, RedOp::kMin}) {
     float a[2] = {std::nanf(""), 1.0f}, b[2] = {1.0f, std::nanf("")}, o[2];
-    hostReduce(DType::kFloat32, op, a, false, b, false, o, false, 2, 0, false);
+    hostReduceWide(DType::kFloat32, op, a, false, b, false, o, false, 2, 0, false);
     CHECK(std::isnan(o[0]) && std::isnan(o[1]));
   }
 }
@@ -284,7 +295,7 @@ TEST_CASE(half_types_round_ties_to_even_and_overflow) {
   auto h = [](double d) { return Half{doubleToHalf(d)}; };
   auto hsum = [&](double x, double y) {
     Half a = h(x), b = h(y), o{0};
-    hostReduce(DType::kFloat16, RedOp::kSum, &a, false, &b, false, &o, false, 1, 0, false);
+    hostReduceWide(DType::kFloat16, RedOp::kSum, &a, false, &b, false, &o, false, 1, 0, false);
     return halfToDouble(o.bits);
   };
   CHECK_EQ(hsum(65504, 65504), inf());  // fp16 sums overflow where a pre-divide would not
@@ -295,7 +306,7 @@ TEST_CASE(half_types_round_ties_to_even_and_overflow) {
   auto b = [](double d) { return BFloat16{doubleToBf16(d)}; };
   auto bsum = [&](double x, double y) {
     BFloat16 p = b(x), q = b(y), o{0};
-    hostReduce(DType::kBFloat16, RedOp::kSum, &p, false, &q, false, &o, false, 1, 0, false);
+    hostReduceWide(DType::kBFloat16, RedOp::kSum, &p, false, &q, false, &o, false, 1, 0, false);
     return bf16ToDouble(o.bits);
   };
   CHECK_EQ(bsum(256, 1), 256.0);  // 257 is a tie -> 256 (even)
@@ -306,23 +317,23 @@ TEST_CASE(half_types_round_ties_to_even_and_overflow) {
 TEST_CASE(avg_divides_the_rounded_sum_once) {
   // fp16: 2048 + 3 = 2051 rounds to 2052; 2052 / 3 = 684. Unrounded 2051 / 3 would give 683.5.
   Half a{doubleToHalf(2048)}, b{doubleToHalf(3)}, o{0};
-  hostReduce(DType::kFloat16, RedOp::kAvg, &a, false, &b, false, &o, false, 1, 3, true);
+  hostReduceWide(DType::kFloat16, RedOp::kAvg, &a, false, &b, false, &o, false, 1, 3, true);
   CHECK_EQ(halfToDouble(o.bits), 684.0);
-  hostReduce(DType::kFloat16, RedOp::kAvg, &a, false, &b, false, &o, false, 1, 3, false);
+  hostReduceWide(DType::kFloat16, RedOp::kAvg, &a, false, &b, false, &o, false, 1, 3, false);
   CHECK_EQ(halfToDouble(o.bits), 683.5);
   // bf16: 256 + 5 = 261 ties to 260; 260 / 3 = 86.67 -> 86.5. Unrounded 261 / 3 = 87.
   BFloat16 p{doubleToBf16(256)}, q{doubleToBf16(5)}, r{0};
-  hostReduce(DType::kBFloat16, RedOp::kAvg, &p, false, &q, false, &r, false, 1, 3, true);
+  hostReduceWide(DType::kBFloat16, RedOp::kAvg, &p, false, &q, false, &r, false, 1, 3, true);
   CHECK_EQ(bf16ToDouble(r.bits), 86.5);
   // Without a divisor AVG combines like SUM.
-  hostReduce(DType::kBFloat16, RedOp::kAvg, &p, false, &q, false, &r, false, 1, 0, true);
+  hostReduceWide(DType::kBFloat16, RedOp::kAvg, &p, false, &q, false, &r, false, 1, 0, true);
   CHECK_EQ(bf16ToDouble(r.bits), 260.0);
   // float32 and float64: sum / n correctly rounded, once.
   float fa = 1.0f, fb = 1.0f, fo = 0;
-  hostReduce(DType::kFloat32, RedOp::kAvg, &fa, false, &fb, false, &fo, false, 1, 3, true);
+  hostReduceWide(DType::kFloat32, RedOp::kAvg, &fa, false, &fb, false, &fo, false, 1, 3, true);
   CHECK_EQ(fo, 2.0f / 3.0f);
   double da = 1.0, db = 1.0, dout = 0;
-  hostReduce(DType::kFloat64, RedOp::kAvg, &da, false, &db, false, &dout, false, 1, 3, true);
+  hostReduceWide(DType::kFloat64, RedOp::kAvg, &da, false, &db, false, &dout, false, 1, 3, true);
   CHECK_EQ(dout, 2.0 / 3.0);
 }
 
@@ -332,33 +343,33 @@ TEST_CASE(float32_partials_round_once) {
   // only at the end; hop-by-hop rounding would lose both halves.
   Half a{doubleToHalf(2048)}, h05{doubleToHalf(0.5)};
   float partial = 0;
-  hostReduce(DType::kFloat16, RedOp::kSum, &h05, false, &h05, false, &partial, true, 1, 0, false);
+  hostReduceWide(DType::kFloat16, RedOp::kSum, &h05, false, &h05, false, &partial, true, 1, 0, false);
   CHECK_EQ(partial, 1.0f);
   Half out{0};
-  hostReduce(DType::kFloat16, RedOp::kSum, &a, false, &partial, true, &out, false, 1, 0, false);
+  hostReduceWide(DType::kFloat16, RedOp::kSum, &a, false, &partial, true, &out, false, 1, 0, false);
   CHECK_EQ(halfToDouble(out.bits), 2048.0);  // 2049 tie -> 2048
   Half a2{doubleToHalf(2050)};
-  hostReduce(DType::kFloat16, RedOp::kSum, &a2, false, &partial, true, &out, false, 1, 0, false);
+  hostReduceWide(DType::kFloat16, RedOp::kSum, &a2, false, &partial, true, &out, false, 1, 0, false);
   CHECK_EQ(halfToDouble(out.bits), 2052.0);  // 2051 tie -> 2052
   // Final AVG from float32 partials: no intermediate rounding of the sum.
   float p3 = 3.0f;
-  hostReduce(DType::kFloat16, RedOp::kAvg, &a, false, &p3, true, &out, false, 1, 3, false);
+  hostReduceWide(DType::kFloat16, RedOp::kAvg, &a, false, &p3, true, &out, false, 1, 3, false);
   CHECK_EQ(halfToDouble(out.bits), 683.5);  // 2051 / 3 = 683.67 -> 683.5
   // Partial to partial (middle hops): float32 in, float32 out.
   float p1 = 1e-3f, p2 = 0;
   BFloat16 bl{doubleToBf16(256)};
-  hostReduce(DType::kBFloat16, RedOp::kSum, &bl, false, &p1, true, &p2, true, 1, 0, false);
+  hostReduceWide(DType::kBFloat16, RedOp::kSum, &bl, false, &p1, true, &p2, true, 1, 0, false);
   CHECK_EQ(p2, 256.0f + 1e-3f);
 }
 
 TEST_CASE(complex_sum_and_avg) {
   Complex<float> a{1.0f, -2.0f}, b{0.5f, 4.0f}, o{0, 0};
-  hostReduce(DType::kComplex64, RedOp::kSum, &a, false, &b, false, &o, false, 1, 0, false);
+  hostReduceWide(DType::kComplex64, RedOp::kSum, &a, false, &b, false, &o, false, 1, 0, false);
   CHECK(o.re == 1.5f && o.im == 2.0f);
-  hostReduce(DType::kComplex64, RedOp::kAvg, &a, false, &b, false, &o, false, 1, 2, true);
+  hostReduceWide(DType::kComplex64, RedOp::kAvg, &a, false, &b, false, &o, false, 1, 2, true);
   CHECK(o.re == 0.75f && o.im == 1.0f);
   Complex<double> c{1.0, 1.0}, d{2.0, -4.0}, e{0, 0};
-  hostReduce(DType::kComplex128, RedOp::kAvg, &c, false, &d, false, &e, false, 1, 3, true);
+  hostReduceWide(DType::kComplex128, RedOp::kAvg, &c, false, &d, false, &e, false, 1, 3, true);
   CHECK(e.re == 1.0 && e.im == -1.0);
 }
 
@@ -367,7 +378,7 @@ TEST_CASE(unsupported_pairs_throw_type_errors) {
   for (DType t : {DType::kInt8, DType::kInt32, DType::kUInt8, DType::kBool}) {
     bool threw = false;
     try {
-      hostReduce(t, RedOp::kAvg, &x, false, &x, false, &x, false, 1, 2, true);
+      hostReduceWide(t, RedOp::kAvg, &x, false, &x, false, &x, false, 1, 2, true);
     } catch (const Error& e) {
       threw = e.kind() == ErrorKind::kType;
     }
@@ -377,12 +388,60 @@ TEST_CASE(unsupported_pairs_throw_type_errors) {
   for (RedOp op : {RedOp::kMax, RedOp::kMin, RedOp::kProduct}) {
     bool threw = false;
     try {
-      hostReduce(DType::kComplex64, op, &c, false, &c, false, &c, false, 1, 0, false);
+      hostReduceWide(DType::kComplex64, op, &c, false, &c, false, &c, false, 1, 0, false);
     } catch (const Error& e) {
       threw = e.kind() == ErrorKind::kType && std::string(e.what()).find("complex64") != std::string::npos;
     }
     CHECK(threw);
   }
+}
+
+TEST_CASE(sixteen_bit_partials_and_scaling) {
+  // A hop of a 16-bit wire: float32 local + widened bfloat16 partial, added in float32, rounded once
+  // to bfloat16 (ties to even). 1 + 2^-8 is exactly halfway between bfloat16 1 and 1 + 2^-7: even.
+  const float a = 1.0f;
+  const uint16_t half_ulp = doubleToBf16(std::ldexp(1.0, -8));  // 2^-8 is a bfloat16
+  uint16_t out = 0;
+  hostReduce(RedOp::kSum, &a, DType::kFloat32, &half_ulp, DType::kBFloat16, &out, DType::kBFloat16, 1, Scaling{});
+  CHECK_EQ(bf16ToDouble(out), 1.0);
+  // The final hop stores float32: no rounding to 16 bits.
+  float f = 0;
+  hostReduce(RedOp::kSum, &a, DType::kFloat32, &half_ulp, DType::kBFloat16, &f, DType::kFloat32, 1, Scaling{});
+  CHECK_EQ(static_cast<double>(f), 1.0 + std::ldexp(1.0, -8));
+  // The first hop's convert rounds the float32 value once (to float16 too).
+  const float x = static_cast<float>(1.0 + std::ldexp(1.0, -10) + std::ldexp(1.0, -20));
+  uint16_t c = 0;
+  hostConvert(&x, DType::kFloat32, &c, DType::kBFloat16, 1, 0);
+  CHECK_EQ(c, doubleToBf16(x));
+  hostConvert(&x, DType::kFloat32, &c, DType::kFloat16, 1, 0);
+  CHECK_EQ(c, doubleToHalf(x));
+  // A predivide factor: the local operand enters divided (rounded to its type), the convert too.
+  hostConvert(&x, DType::kFloat32, &c, DType::kBFloat16, 1, 4.0);
+  CHECK_EQ(c, doubleToBf16(static_cast<float>(x / 4.0f)));
+  Scaling pre;
+  pre.predivide = 3.0;
+  const uint16_t h3 = doubleToHalf(3.0), zero = 0;
+  uint16_t ho = 0;
+  hostReduce(RedOp::kSum, &h3, DType::kFloat16, &zero, DType::kFloat16, &ho, DType::kFloat16, 1, pre);
+  CHECK_EQ(halfToDouble(ho), 1.0);
+  // The final scaling: AVG divides by n / f, SUM multiplies by f, an extra divisor divides too.
+  const float s1 = 6.0f, s2 = 3.0f;
+  float r = 0;
+  hostReduce(RedOp::kAvg, &s1, DType::kFloat32, &s2, DType::kFloat32, &r, DType::kFloat32, 1,
+             finalScaling(RedOp::kAvg, 3, 1, 2.0, 0, true));  // 9 / (3 / 2)
+  CHECK_EQ(r, 6.0f);
+  hostReduce(RedOp::kSum, &s1, DType::kFloat32, &s2, DType::kFloat32, &r, DType::kFloat32, 1,
+             finalScaling(RedOp::kSum, 3, 1, 2.0, 0, true));  // 9 * 2
+  CHECK_EQ(r, 18.0f);
+  hostReduce(RedOp::kAvg, &s1, DType::kFloat32, &s2, DType::kFloat32, &r, DType::kFloat32, 1,
+             finalScaling(RedOp::kAvg, 3, 4, 0, 0, true));  // 9 / 12
+  CHECK_EQ(r, 0.75f);
+  hostReduce(RedOp::kSum, &s1, DType::kFloat32, &s2, DType::kFloat32, &r, DType::kFloat32, 1,
+             finalScaling(RedOp::kSum, 3, 4, 2.0, 0, true));  // 9 / (4 / 2)
+  CHECK_EQ(r, 4.5f);
+  // MAX ignores the factors (the bindings refuse them): finalScaling gives none.
+  const Scaling none = finalScaling(RedOp::kMax, 3, 4, 2.0, 0, true);
+  CHECK(none.divisor == 0 && none.postscale == 0);
 }
 
 TEST_MAIN()

@@ -389,11 +389,11 @@ bool stillOrdered(std::vector<Plan> plans, int rank, int wait_op, bool weaken = 
       const int q = o.queue == Queue::kComm ? 1 : 0;
       if (last[q] >= 0) succ[op_node[r] + last[q]].push_back(op_node[r] + i);
       last[q] = i;
-      if (o.kind == OpKind::kWait && o.event % 2 == 0) {
+      if (o.kind == OpKind::kWait && p.isExchangeEvent(o.event)) {
         succ[done_node[r] + o.event / 2].push_back(op_node[r] + i);
         if (!o.recv_only) succ[sent_node[r] + o.event / 2].push_back(op_node[r] + i);
       }
-      if (o.kind == OpKind::kWait && o.event % 2 == 1)
+      if (o.kind == OpKind::kWait && !p.isExchangeEvent(o.event))
         for (int k = 0; k < static_cast<int>(p.ops.size()); ++k)
           if (p.ops[k].kind == OpKind::kRecord && p.ops[k].event == o.event)
             succ[op_node[r] + k].push_back(op_node[r] + i);
@@ -416,7 +416,7 @@ bool stillOrdered(std::vector<Plan> plans, int rank, int wait_op, bool weaken = 
   }
   if (guarded < 0) return false;
   std::vector<int> sources;
-  if (w.event % 2 == 0) {
+  if (p.isExchangeEvent(w.event)) {
     if (!weaken) sources.push_back(done_node[rank] + w.event / 2);
     if (!w.recv_only) sources.push_back(sent_node[rank] + w.event / 2);
   } else {

@@ -131,7 +131,7 @@ void allReduceCase(int n, int64_t numel, RedOp op) {
       if (call == 1)
         for (int64_t i = 0; i < numel; ++i) d[i] = value(r, i);
       seen[static_cast<size_t>(r)] = ring.begin(frameOf(r, numel), d, numel, DType::kFloat32);
-      ring.allReduce(d, numel, DType::kFloat32, op, false);
+      ring.allReduce(d, numel, DType::kFloat32, op, DType::kFloat32, finalScaling(op, n, 1, 0, 0, true));
     }
   });
   for (int r = 0; r < n; ++r) CHECK_MSG(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
@@ -215,6 +215,54 @@ TEST_CASE(all_reduce_exact_values) {
   allReduceCase(5, 333, RedOp::kMax);
 }
 
+// Note [Shared-memory 16-bit wire]: the ring in the segment gives allReduce's emulation of the same
+// hops bit for bit (random-looking non-integer data, so every 16-bit rounding matters), on every
+// rank, over one and several rounds and uneven chunks; two calls back to back alternate parities.
+TEST_CASE(sixteen_bit_wire_ring_equals_the_emulation) {
+  for (int n : {2, 3, 4}) {
+    for (int64_t numel : {int64_t(70000), int64_t(262144 * 2 + 77), int64_t(1 << 20) + 3}) {
+      if (rrtest::kSanitized && numel > 300000) continue;
+      for (DType wire : {DType::kBFloat16, DType::kFloat16}) {
+        const RedOp op = wire == DType::kBFloat16 ? RedOp::kAvg : RedOp::kSum;
+        const Scaling final = finalScaling(op, n, 1, wire == DType::kFloat16 ? 3.0 : 0.0,
+                                           wire == DType::kFloat16 ? 3.0 : 0.0, true);
+        std::vector<ShmMapping> maps;
+        const std::vector<std::string> why = agree(n, &maps);
+        if (!why[0].empty()) {
+          CHECK_MSG(false, why[0]);
+          return;
+        }
+        CHECK(ShmRing::wireRingPays(numel));  // the runtime takes the ring at this size
+        auto input = [](int r, int64_t i) { return value(r, i) * 1.0009765625f + 0.0078125f * static_cast<float>(r); };
+        std::vector<std::vector<float>> ring(static_cast<size_t>(n)), emulated(static_cast<size_t>(n));
+        const std::vector<std::string> errors = onRings(n, maps, [&](ShmRing& sr, int r) {
+          for (int call = 0; call < 2; ++call) {
+            std::vector<float> d(static_cast<size_t>(numel));
+            for (int64_t i = 0; i < numel; ++i) d[static_cast<size_t>(i)] = input(r, i);
+            if (call == 0) {
+              sr.begin(frameOf(r, numel), nullptr, numel, DType::kFloat32);
+              sr.allReduceWire(d.data(), numel, op, wire, final);
+              ring[static_cast<size_t>(r)] = d;
+            } else {
+              sr.begin(frameOf(r, numel), d.data(), numel, DType::kFloat32);
+              sr.allReduce(d.data(), numel, DType::kFloat32, op, wire, final);
+              emulated[static_cast<size_t>(r)] = d;
+            }
+          }
+        });
+        for (int r = 0; r < n; ++r) CHECK_MSG(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
+        for (int r = 0; r < n; ++r) {
+          CHECK_MSG(std::memcmp(ring[static_cast<size_t>(r)].data(), emulated[0].data(),
+                                static_cast<size_t>(numel) * sizeof(float)) == 0,
+                    "n=" << n << " numel=" << numel << " " << dtypeName(wire) << ": rank " << r
+                         << "'s ring result differs from the emulation");
+        }
+      }
+    }
+  }
+  CHECK(ourSegments().empty());
+}
+
 TEST_CASE(silent_peer_raises_backend_error_at_the_timeout) {
   std::vector<ShmMapping> maps;
   const std::vector<std::string> why = agree(2, &maps);
@@ -259,7 +307,7 @@ TEST_CASE(ring_halves_exact_values) {
       const std::vector<std::string> errors = onRings(n, maps, [&](ShmRing& ring, int r) {
         float* d = data[static_cast<size_t>(r)].data();
         ring.begin(frameOf(r, numel), nullptr, numel, DType::kFloat32);
-        ring.reduceScatter(d, DType::kFloat32, RedOp::kSum, sched);
+        ring.reduceScatter(d, DType::kFloat32, RedOp::kSum, sched, Scaling{});
         after_rs[static_cast<size_t>(r)] = data[static_cast<size_t>(r)];
         ring.begin(frameOf(r, numel), nullptr, numel, DType::kFloat32);
         ring.allGather(d, DType::kFloat32, sched);

@@ -34,7 +34,7 @@ std::string spanText(const Span& s) {
   std::ostringstream os;
   os << bufText(s.buf);
   if (s.buf == BufKind::kStaging) os << s.slot;
-  os << "[" << s.offset << "+" << s.count << (s.wide ? ",f32" : "") << "]";
+  os << "[" << s.offset << "+" << s.count << "," << dtypeName(s.type) << "]";
   return os.str();
 }
 
@@ -52,7 +52,8 @@ std::string maskText(uint64_t mask) {
   return os.str();
 }
 
-std::string eventText(int32_t ev, bool recv_only = false) {
+std::string eventText(const Plan& p, int32_t ev, bool recv_only = false) {
+  if (ev >= 2 * p.num_exchanges) return concat(ev, " (convert for exchange ", ev - 2 * p.num_exchanges, ")");
   if (recv_only && ev % 2 == 0) return concat(ev, " (receive of exchange ", ev / 2, " complete)");
   return concat(ev, ev % 2 == 0 ? " (exchange " : " (compute of exchange ", ev / 2,
                 ev % 2 == 0 ? " complete)" : ")");
@@ -120,16 +121,20 @@ std::string checkSpan(const Shared& sh, int r, int i, const Span& s, const char*
   const Plan& p = sh.plans[r];
   auto where = [&] { return concat(sh.opText(r, i), ": ", role, " span ", spanText(s)); };
   if (s.offset < 0) return concat(where(), " has a negative offset");
-  if (s.wide && !p.accum_float32) return concat(where(), " is float32 but the plan has no float32 partials");
+  if (s.type != p.dtype && s.type != p.partial)
+    return concat(where(), " holds ", dtypeName(s.type), ", neither the tensor's ", dtypeName(p.dtype),
+                  " nor the plan's partial type ", dtypeName(p.partial));
   switch (s.buf) {
     case BufKind::kNone: return concat(where(), " names no buffer");
     case BufKind::kData:
-      if (s.wide) return concat(where(), ": the tensor holds no float32 partials");
+      if (s.type != p.dtype) return concat(where(), ": the tensor holds ", dtypeName(p.dtype), " only");
       if (s.offset + s.count > p.sched.numel)
         return concat(where(), " exceeds the tensor's ", p.sched.numel, " elements");
       return "";
     case BufKind::kAccum:
-      if (!s.wide) return concat(where(), ": the accumulator holds float32 partials only");
+      if (s.type != p.partial || p.partial == p.dtype)
+        return concat(where(), ": the accumulator holds partials of ", dtypeName(p.partial), " only (and exists only "
+                      "when they differ from the tensor's type)");
       if (s.offset + s.count > p.accum_elems)
         return concat(where(), " exceeds the accumulator's ", p.accum_elems, " elements");
       return "";
@@ -148,8 +153,7 @@ std::string staticChecks(Shared& sh) {
   const int n = sh.n;
   const Plan& ref = P[0];
   sh.narrow = static_cast<int64_t>(dtypeSize(ref.dtype));
-  const int64_t widest = ref.accum_float32 ? std::max<int64_t>(4, sh.narrow) : sh.narrow;
-  sh.slot_bytes = ref.slot_elems * widest;
+  sh.slot_bytes = ref.slot_elems * std::max<int64_t>(sh.narrow, static_cast<int64_t>(dtypeSize(ref.partial)));
   sh.idx.assign(static_cast<size_t>(n), RankIndex{});
   // Note [Ring halves] (plan.h): what the plans compute is fixed by the phase mask, the owner map
   // and the AVG divisor; ranks that disagree on any of them run different collectives. Checked
@@ -175,6 +179,10 @@ std::string staticChecks(Shared& sh) {
     if (p.avg_divisor < n)
       return concat("rank ", r, "'s AVG divisor ", p.avg_divisor, " is smaller than its ring's size ", n,
                     " (AVG divides the sum of at least the ring's contributions)");
+    if (p.pre_factor != ref.pre_factor || p.post_factor != ref.post_factor || p.extra_divisor != ref.extra_divisor)
+      return concat("the ranks disagree on the scaling: rank ", r, "'s pre/post factors and divisor are ", p.pre_factor,
+                    "/", p.post_factor, "/", p.extra_divisor, ", rank 0's ", ref.pre_factor, "/", ref.post_factor, "/",
+                    ref.extra_divisor);
   }
   for (int r = 0; r < n; ++r) {
     const Plan& p = P[r];
@@ -191,10 +199,10 @@ std::string staticChecks(Shared& sh) {
                                                   static_cast<int64_t>(a.nsegs) * a.segment < a.chunk)))
       return concat("rank ", r, "'s schedule (numel ", a.numel, ", chunk ", a.chunk, ", segment ", a.segment,
                     ", nsegs ", a.nsegs, ") does not cover the tensor");
-    if (p.dtype != ref.dtype || p.wire != ref.wire || p.accum_float32 != ref.accum_float32 ||
-        p.num_slots != ref.num_slots || p.slot_elems != ref.slot_elems ||
+    if (p.dtype != ref.dtype || p.partial != ref.partial || p.accum_float32 != ref.accum_float32 ||
+        p.wire16 != ref.wire16 || p.num_slots != ref.num_slots || p.slot_elems != ref.slot_elems ||
         p.accum_elems != ref.accum_elems || p.num_exchanges != ref.num_exchanges ||
-        p.num_events != 2 * p.num_exchanges)
+        (p.num_events != 2 * p.num_exchanges && p.num_events != 3 * p.num_exchanges))
       return concat("rank ", r, "'s plan parameters (dtype, slots, accumulator, exchanges) differ from rank 0's");
     // One grid of (n - 1) steps x nsegs segments per half the mask names, nothing for one rank or
     // an empty tensor.
@@ -221,7 +229,7 @@ std::string staticChecks(Shared& sh) {
       ix.q[qi].push_back(i);
       ix.pos[i] = static_cast<int32_t>(ix.q[qi].size());
       std::string err;
-      if (o.recv_only && (o.kind != OpKind::kWait || o.event % 2 != 0))
+      if (o.recv_only && (o.kind != OpKind::kWait || !p.isExchangeEvent(o.event)))
         return concat(sh.opText(r, i), ": recv_only is only meaningful on a wait for an exchange event");
       switch (o.kind) {
         case OpKind::kExchange:
@@ -255,26 +263,48 @@ std::string staticChecks(Shared& sh) {
             return concat(sh.opText(r, i), ": has an empty operand");
           if (o.recv.count != o.dst.count || (red && o.a.count != o.dst.count))
             return concat(sh.opText(r, i), ": operand counts differ");
-          if (!red && o.recv.wide != o.dst.wide)
-            return concat(sh.opText(r, i), ": a copy cannot change the element width");
+          if (!red && o.recv.type != o.dst.type)
+            return concat(sh.opText(r, i), ": a copy cannot change the element type");
           if (!(err = checkSpan(sh, r, i, o.recv, "source")).empty()) return err;
           if (!(err = checkSpan(sh, r, i, o.dst, "destination")).empty()) return err;
           if (red && !(err = checkSpan(sh, r, i, o.a, "local operand")).empty()) return err;
+          if (red && (o.a.buf != BufKind::kData || o.dst.type != (o.final ? p.dtype : o.dst.type)))
+            return concat(sh.opText(r, i), ": a reduce's local operand is the tensor, and its final reduce writes "
+                          "the tensor's type");
+          break;
+        }
+        case OpKind::kConvert: {
+          // Note [First hop] (plan.h): the local segment of a first reduce-scatter send, into kAccum
+          // (a 16-bit wire) or into itself (a predivide only).
+          if (o.queue != Queue::kCompute) return concat(sh.opText(r, i), ": a convert must be on kCompute");
+          if (!p.wire16 && p.pre_factor <= 0)
+            return concat(sh.opText(r, i), ": a convert in a plan without a 16-bit wire or predivide factor");
+          if (o.exchange < 0 || o.exchange >= E || p.exchanges[o.exchange].phase != Phase::kReduceScatter ||
+              p.exchanges[o.exchange].step != 0)
+            return concat(sh.opText(r, i), ": a convert feeds a first reduce-scatter exchange, not exchange ",
+                          o.exchange);
+          if (o.a.empty() || o.a.count != o.dst.count || o.a.buf != BufKind::kData)
+            return concat(sh.opText(r, i), ": a convert reads a non-empty tensor segment into as many elements");
+          if (p.wire16 ? (o.dst.buf != BufKind::kAccum)
+                       : (o.dst.buf != BufKind::kData || o.dst.offset != o.a.offset))
+            return concat(sh.opText(r, i), ": a convert writes ", p.wire16 ? "kAccum (16-bit wire)" : "its source in place");
+          if (!(err = checkSpan(sh, r, i, o.a, "source")).empty()) return err;
+          if (!(err = checkSpan(sh, r, i, o.dst, "destination")).empty()) return err;
           break;
         }
         case OpKind::kRecord: {
           if (o.event < 0 || o.event >= p.num_events)
             return concat(sh.opText(r, i), ": event outside [0, ", p.num_events, ")");
           if (ix.record_op[o.event] >= 0)
-            return concat(sh.opText(r, i), ": event ", eventText(o.event), " already recorded by op #",
+            return concat(sh.opText(r, i), ": event ", eventText(p, o.event), " already recorded by op #",
                           ix.record_op[o.event]);
           ix.record_op[o.event] = i;
           const int32_t x = o.event / 2;
-          if (o.event % 2 == 0) {
+          if (p.isExchangeEvent(o.event)) {
             if (o.queue != Queue::kComm)
               return concat(sh.opText(r, i), ": exchange events must be recorded on kComm");
             if (ix.exchange_op[x] < 0)
-              return concat(sh.opText(r, i), ": records ", eventText(o.event),
+              return concat(sh.opText(r, i), ": records ", eventText(p, o.event),
                             " before exchange ", x, " is issued (the GPU event would not cover it)");
           } else if (o.queue != Queue::kCompute) {
             return concat(sh.opText(r, i), ": compute events must be recorded on kCompute");
@@ -285,10 +315,10 @@ std::string staticChecks(Shared& sh) {
           if (o.event < 0 || o.event >= p.num_events)
             return concat(sh.opText(r, i), ": event outside [0, ", p.num_events, ")");
           if (ix.record_op[o.event] < 0)
-            return concat(sh.opText(r, i), ": waits on event ", eventText(o.event),
+            return concat(sh.opText(r, i), ": waits on event ", eventText(p, o.event),
                           " before it is recorded in list order (the CPU executor would skip or "
                           "deadlock on it; cudaStreamWaitEvent would not wait)");
-          if (o.event % 2 == 0) {
+          if (p.isExchangeEvent(o.event)) {
             int32_t& fr = ix.first_wait_recv[qi][o.event / 2];
             fr = std::min(fr, ix.pos[i]);
             if (!o.recv_only) {
@@ -316,11 +346,11 @@ std::string staticChecks(Shared& sh) {
     for (size_t k = 0; k < common; ++k) {
       const Op& s = P[r].ops[sends[k]];
       const Op& v = P[nx].ops[recvs[k]];
-      if (s.exchange != v.exchange || s.send.count != v.recv.count || s.send.wide != v.recv.wide)
+      if (s.exchange != v.exchange || s.send.count != v.recv.count || s.send.type != v.recv.type)
         return concat("send/recv mismatch: message ", k, " from rank ", r, " to rank ", nx, " is ",
                       sh.opText(r, sends[k]), " (sends ", spanText(s.send), ") but it is matched with ",
                       sh.opText(nx, recvs[k]), " (receives ", spanText(v.recv),
-                      "): exchange indices, element counts and widths must agree");
+                      "): exchange indices, element counts and types must agree");
     }
     if (sends.size() > common)
       return concat("send/recv mismatch: ", sh.opText(r, sends[common]), " sends to rank ", nx,
@@ -423,7 +453,7 @@ class HappensBefore {
             const int32_t* src = nullptr;
             const int32_t* send_src = nullptr;
             if (o.kind == OpKind::kWait) {
-              if (o.event % 2 == 0) {
+              if (p.isExchangeEvent(o.event)) {
                 const int32_t x = o.event / 2;
                 if (!completed_[r][x]) break;
                 src = &cclk_[r][static_cast<size_t>(x) * w_];
@@ -547,6 +577,9 @@ class HappensBefore {
       } else if (o.kind == OpKind::kCopy) {
         add(i, o.recv, false);
         add(i, o.dst, true);
+      } else if (o.kind == OpKind::kConvert) {
+        add(i, o.a, false);
+        add(i, o.dst, true);
       }
     }
     std::stable_sort(acc.begin(), acc.end(), [](const Access& x, const Access& y) { return x.topo < y.topo; });
@@ -601,10 +634,11 @@ class HappensBefore {
 
 struct Cell {
   uint64_t mask = 0;  // contributing ranks
+  uint64_t pre = 0;   // contributions divided by the predivide factor (Note [First hop], plan.h)
   uint64_t hash = 0;  // reduction tree
   int64_t idx = -1;   // logical element index
-  uint8_t divs = 0;   // AVG divisions applied
-  uint8_t wide = 0;
+  uint8_t divs = 0;   // final scalings applied (AVG's division, a SUM's post-scaling)
+  uint8_t type = 0;   // DType the element is stored as
   uint8_t valid = 0;
 };
 
@@ -676,6 +710,7 @@ class Simulation {
   std::vector<Msg> msgs_;
   std::priority_queue<Ev, std::vector<Ev>, std::greater<Ev>> events_;
   uint64_t full_ = 0;
+  uint64_t want_pre_ = 0;  // the contributions a finished element has divided by the predivide factor
   uint8_t want_divs_ = 0;
   bool late_sends_ = false;
 
@@ -704,7 +739,10 @@ class Simulation {
     full_ = n_ == 64 ? ~0ull : ((1ull << n_) - 1);
     // AVG divides exactly once unless the divisor is 1 (one rank, default divisor): a ring of one
     // with a larger divisor (a hierarchical stage) still owes its caller the division.
-    want_divs_ = (sh_.opt.average && ref.avg_divisor != 1) ? 1 : 0;
+    // A SUM scales once too when it has a post factor or an extra divisor.
+    const bool scales = sh_.opt.average || ref.post_factor > 0 || ref.extra_divisor > 1;
+    want_divs_ = (scales && (n_ > 1 || ref.avg_divisor != 1)) ? 1 : 0;
+    want_pre_ = (ref.pre_factor > 0 && n_ > 1) ? full_ : 0;  // one rank has no reduce to divide in
     st_.assign(static_cast<size_t>(n_), RankState{});
     for (int r = 0; r < n_; ++r) {
       const Plan& p = sh_.plans[r];
@@ -715,12 +753,14 @@ class Simulation {
         Cell& c = s.data[static_cast<size_t>(i)];
         c.idx = i;
         c.valid = 1;
+        c.type = static_cast<uint8_t>(p.dtype);
         if (ref.phases != kPhaseAllGather) {
           c.mask = 1ull << r;  // this rank's contribution
           c.hash = mix64(static_cast<uint64_t>(r) * 0x100000001b3ull ^ static_cast<uint64_t>(i));
         } else if (i >= own.begin && i < own.end) {
           // All-gather only: the owned chunk is finished, as a reduce-scatter left it.
           c.mask = full_;
+          c.pre = want_pre_;
           c.divs = want_divs_;
           c.hash = finishedHash(i);
         }
@@ -780,11 +820,12 @@ class Simulation {
 
   bool waitReady(int r, const Op& w) const {
     const RankState& s = st_[r];
+    const Plan& p = sh_.plans[r];
     // The GPU driver: one event per exchange, so a recv_only wait is a full one.
     if (model_ == Model::kStreams) return s.fired[w.event] != 0;
     // The CPU executor: even events wait for the exchange's requests (recv_only: the receive
     // request alone, its send may complete any time later); odd ones ran inline.
-    if (w.event % 2 == 1) return true;
+    if (!p.isExchangeEvent(w.event)) return true;
     const int32_t x = w.event / 2;
     return !s.ex_issued[x] || s.ex_complete[x] || (w.recv_only && s.ex_received[x]);
   }
@@ -808,7 +849,7 @@ class Simulation {
         if (!waitReady(r, o)) return;  // woken when something completes
         break;
       case OpKind::kRecord:
-        if (o.event % 2 == 0) {
+        if (p.isExchangeEvent(o.event)) {
           s.rec_issued[o.event] = 1;
           if (s.ex_complete[o.event / 2]) fire(r, o.event);
         } else {
@@ -820,6 +861,7 @@ class Simulation {
         break;
       case OpKind::kReduce:
       case OpKind::kCopy:
+      case OpKind::kConvert:
         s.busy[q] = true;
         ++s.cur[q];
         push(now_ + delay(), kComputeDone, r, q, i);
@@ -869,6 +911,11 @@ class Simulation {
         fail(concat(sh_.opText(m.src, m.send_op), " sends element ", k, " of its span, which was never written"));
         return;
       }
+      if (c[k].type != static_cast<uint8_t>(o.send.type)) {
+        fail(concat(sh_.opText(m.src, m.send_op), " sends element ", c[k].idx, " as ", dtypeName(o.send.type),
+                    " but it holds ", dtypeName(static_cast<DType>(c[k].type))));
+        return;
+      }
     }
     push(now_ + (late_sends_ ? 40.0 : 0.0) + delay(), kSendDone, m.src, id, -1);
     push(now_ + delay(), kMsgWrite, m.src, id, -1);
@@ -898,13 +945,12 @@ class Simulation {
     Cell* c = cells(m.dst, o.recv);
     for (int64_t k = 0; k < o.recv.count; ++k) {
       Cell v = m.payload[static_cast<size_t>(k)];
-      v.wide = o.recv.wide ? 1 : 0;
       if (o.recv.buf == BufKind::kData && v.idx != o.recv.offset + k) {
         fail(concat(sh_.opText(m.dst, m.recv_op), " receives element ", v.idx, " into position ",
                     o.recv.offset + k));
         return;
       }
-      if (o.recv.buf == BufKind::kData && (v.mask != full_ || v.divs != want_divs_)) {
+      if (o.recv.buf == BufKind::kData && (v.mask != full_ || v.divs != want_divs_ || v.pre != want_pre_)) {
         fail(concat(sh_.opText(m.dst, m.recv_op), " receives unfinished element ", v.idx,
                     " into the tensor (contributions ", maskText(v.mask), ", divisions ", int(v.divs), ")"));
         return;
@@ -944,15 +990,37 @@ class Simulation {
     const Op& o = p.ops[i];
     auto where = [&] { return concat(sh_.opText(r, i), ": "); };
     if (overwritesSending(r, i, o.dst)) return;
+    const bool predivide = p.pre_factor > 0;
+    if (o.kind == OpKind::kConvert) {
+      // Note [First hop]: this rank's own raw value, divided (predivide) and stored in dst's type.
+      std::vector<Cell> out(static_cast<size_t>(o.dst.count));
+      const Cell* src = cells(r, o.a);
+      for (int64_t k = 0; k < o.dst.count; ++k) {
+        const Cell x = src[k];
+        if (!x.valid) return fail(concat(where(), "reads ", spanText(o.a), " element ", k, ", never written"));
+        if (x.mask != (1ull << r) || x.divs || x.pre || x.type != static_cast<uint8_t>(o.a.type))
+          return fail(concat(where(), "converts element ", x.idx, ", which is not this rank's raw ",
+                             dtypeName(o.a.type), " value (contributions ", maskText(x.mask), ", predivided ",
+                             maskText(x.pre), ")"));
+        Cell z = x;
+        if (predivide) z.pre = x.mask;
+        z.type = static_cast<uint8_t>(o.dst.type);
+        z.hash = mix64(x.hash ^ 0xc0ffee00ull ^ static_cast<uint64_t>(o.dst.type));
+        out[static_cast<size_t>(k)] = z;
+      }
+      Cell* dst = cells(r, o.dst);
+      for (int64_t k = 0; k < o.dst.count; ++k) dst[k] = out[static_cast<size_t>(k)];
+      return;
+    }
     Cell* src = cells(r, o.recv);
     Cell* dst = cells(r, o.dst);
     Cell* loc = o.kind == OpKind::kReduce ? cells(r, o.a) : nullptr;
     for (int64_t k = 0; k < o.dst.count; ++k) {
       const Cell y = src[k];
       if (!y.valid) return fail(concat(where(), "reads ", spanText(o.recv), " element ", k, ", never written"));
-      if (y.wide != (o.recv.wide ? 1 : 0))
-        return fail(concat(where(), "reads element ", y.idx, " as ", o.recv.wide ? "float32" : "narrow",
-                           " but it was received as ", y.wide ? "float32" : "narrow"));
+      if (y.type != static_cast<uint8_t>(o.recv.type))
+        return fail(concat(where(), "reads element ", y.idx, " as ", dtypeName(o.recv.type), " but it holds ",
+                           dtypeName(static_cast<DType>(y.type))));
       Cell z;
       if (o.kind == OpKind::kReduce) {
         const Cell x = loc[k];
@@ -965,9 +1033,16 @@ class Simulation {
                              maskText(x.mask & y.mask), " are in both operands"));
         if (x.divs || y.divs)
           return fail(concat(where(), "element ", x.idx, " is reduced after AVG already divided it"));
+        if (x.type != static_cast<uint8_t>(o.a.type) || x.pre)
+          return fail(concat(where(), "local operand element ", x.idx, " is not this rank's raw value (",
+                             dtypeName(static_cast<DType>(x.type)), ", predivided ", maskText(x.pre), ")"));
+        if (y.pre != (predivide ? y.mask : 0))
+          return fail(concat(where(), "element ", y.idx, " arrives with contributions ", maskText(y.mask),
+                             " of which ", maskText(y.pre), " are divided by the predivide factor (all or none)"));
         z.idx = x.idx;
         z.mask = x.mask | y.mask;
-        z.hash = mix64(x.hash ^ ((y.hash << 23) | (y.hash >> 41)) ^ (o.dst.wide ? 0x5555ull : 0) ^
+        z.pre = predivide ? z.mask : 0;  // the reduce divides its local operand on load
+        z.hash = mix64(x.hash ^ ((y.hash << 23) | (y.hash >> 41)) ^ (static_cast<uint64_t>(o.dst.type) * 0x5555ull) ^
                        (o.final ? 0xaaaa0000ull : 0));
         z.valid = 1;
         if (o.final) {
@@ -977,15 +1052,15 @@ class Simulation {
           if (z.mask != full_)
             return fail(concat(where(), "final reduce of element ", z.idx, " has contributions ",
                                maskText(z.mask), ", missing ", maskText(full_ & ~z.mask)));
-          if (sh_.opt.average) z.divs = 1;
+          if (want_divs_) z.divs = 1;
         }
       } else {
-        if (y.mask != full_ || y.divs != want_divs_)
+        if (y.mask != full_ || y.divs != want_divs_ || y.pre != want_pre_)
           return fail(concat(where(), "copies element ", y.idx, " before it is finished (contributions ",
                              maskText(y.mask), ", divisions ", int(y.divs), ")"));
         z = y;
       }
-      z.wide = o.dst.wide ? 1 : 0;
+      z.type = static_cast<uint8_t>(o.dst.type);
       if (o.dst.buf == BufKind::kData && z.idx != o.dst.offset + k)
         return fail(concat(where(), "writes element ", z.idx, " into tensor position ", o.dst.offset + k));
       dst[k] = z;
@@ -1049,6 +1124,9 @@ class Simulation {
           if (c.divs != want_divs_)
             return concat("element ", i, " of rank ", r, " (in its owned chunk ", own, ") ends divided ",
                           int(c.divs), " times (AVG needs ", int(want_divs_), ")");
+          if (c.pre != want_pre_)
+            return concat("element ", i, " of rank ", r, " ends with contributions ", maskText(c.pre),
+                          " divided by the predivide factor (needs ", maskText(want_pre_), ")");
         }
       }
       return "";
@@ -1064,6 +1142,11 @@ class Simulation {
         if (c.divs != want_divs_)
           return concat("element ", i, " of rank ", r, " ends divided ", int(c.divs), " times (AVG needs ",
                         int(want_divs_), ")");
+        if (c.pre != want_pre_)
+          return concat("element ", i, " of rank ", r, " ends with contributions ", maskText(c.pre),
+                        " divided by the predivide factor (needs ", maskText(want_pre_), ")");
+        if (c.type != static_cast<uint8_t>(ref.dtype))
+          return concat("element ", i, " of rank ", r, " ends as ", dtypeName(static_cast<DType>(c.type)));
         if (c.hash != st_[0].data[static_cast<size_t>(i)].hash)
           return concat("element ", i, " of rank ", r, " was reduced in a different order than on rank 0 ",
                         "(the results would not be bitwise identical)");
@@ -1094,8 +1177,11 @@ std::string describeOp(const Plan& plan, int i) {
     case OpKind::kCopy:
       os << "copy x" << o.exchange << " " << spanText(o.dst) << " = " << spanText(o.recv);
       break;
-    case OpKind::kRecord: os << "record " << eventText(o.event); break;
-    case OpKind::kWait: os << "wait " << eventText(o.event, o.recv_only); break;
+    case OpKind::kConvert:
+      os << "convert x" << o.exchange << " " << spanText(o.dst) << " = " << spanText(o.a);
+      break;
+    case OpKind::kRecord: os << "record " << eventText(plan, o.event); break;
+    case OpKind::kWait: os << "wait " << eventText(plan, o.event, o.recv_only); break;
     default: os << "unknown kind " << static_cast<int>(o.kind);
   }
   return os.str();
@@ -1130,6 +1216,10 @@ std::string checkPlans(int nranks, int64_t numel, DType dtype, const PlanOptions
   auto params = [&] {
     return concat("[n=", nranks, " numel=", numel, " dtype=", dtypeName(dtype), " slots=", opt.num_slots,
                   " max_segment_bytes=", opt.max_segment_bytes, opt.accum_float32 ? " accum_f32" : "",
+                  opt.wire_dtype ? concat(" wire=", dtypeName(*opt.wire_dtype)) : std::string(),
+                  opt.pre_factor > 0 ? concat(" pre=", opt.pre_factor) : std::string(),
+                  opt.post_factor > 0 ? concat(" post=", opt.post_factor) : std::string(),
+                  opt.extra_divisor > 1 ? concat(" extra_divisor=", opt.extra_divisor) : std::string(),
                   opt.gather_into_data ? " gather_into_data" : "", opt.average ? " avg" : "",
                   opt.avg_divisor ? concat(" avg_divisor=", opt.avg_divisor) : std::string(),
                   opt.phases != kPhaseBoth ? concat(" ", phaseMaskText(opt.phases)) : std::string(),

@@ -1,8 +1,8 @@
 // ringreduce tests: a C entry point to the GPU driver's host-testable logic, loaded with ctypes by
 // tests/test_cuda_logic.py (built there with the host compiler; no torch, no CUDA).
 //
-//   rr_kernel_reduce   the reduce kernel's body (ReduceBody through reduce_dispatch.h) on a
-//                      simulated grid of threads
+//   rr_kernel_reduce   the reduce kernel's body (ReduceBody through reduce_dispatch.h; ConvertBody
+//                      when b is null) on a simulated grid of threads
 //   rr_sim_allreduce   whole ring all-reduces of n ranks through enqueueRingCall() (the GPU
 //                      driver) on the simulated streams of sim_device.h
 //   rr_sim_ring        the stages of every GPU collective (ring_driver.h: flat ring, reduce-scatter
@@ -58,12 +58,19 @@ int rr_gpu_pipeline(int nranks, long long numel, int dtype, int accum_float32, l
 }
 
 // Returns 0, or -1 with the message in err (rr::Error kind in *kind).
-int rr_kernel_reduce(int dtype, int op, const void* a, int a_wide, const void* b, int b_wide, void* dst,
-                     int dst_wide, long long count, int divisor, int round_sum, int nthreads, int* kind, char* err,
-                     int errlen) {
+// Operand types are DType codes; b null: a convert (ConvertBody, predivide only).
+int rr_kernel_reduce(int op, const void* a, int a_type, const void* b, int b_type, void* dst, int dst_type,
+                     long long count, int divisor, double postscale, double predivide, int round_sum, int nthreads,
+                     int* kind, char* err, int errlen) {
   try {
-    rr::sim::hostKernelReduce(static_cast<rr::DType>(dtype), static_cast<rr::RedOp>(op), a, a_wide != 0, b,
-                              b_wide != 0, dst, dst_wide != 0, count, divisor, round_sum != 0, nthreads);
+    rr::Scaling sc;
+    sc.divisor = divisor;
+    sc.postscale = postscale;
+    sc.predivide = predivide;
+    sc.round_sum = round_sum != 0;
+    rr::sim::hostKernelReduce(static_cast<rr::RedOp>(op), a, static_cast<rr::DType>(a_type), b,
+                              static_cast<rr::DType>(b_type), dst, static_cast<rr::DType>(dst_type), count, sc,
+                              nthreads);
     return 0;
   } catch (const rr::Error& e) {
     if (kind) *kind = static_cast<int>(e.kind());
@@ -80,8 +87,10 @@ int rr_kernel_reduce(int dtype, int op, const void* a, int a_wide, const void* b
 // when bit c of async_mask is set: its Work.wait() is enqueued on the caller stream only after
 // every call was enqueued. `data_offset` elements of padding precede each rank's device tensor
 // (misaligned storage offsets); the padding must be untouched at the end. Returns 0, or -1 with
-// the first failure (race, deadlock, mismatch, exception) in err.
-int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_float32, long long segment_bytes,
+// the first failure (race, deadlock, mismatch, exception) in err. wire_dtype: a 16-bit wire's DType
+// code (-1: none); predivide: the predivide factor (0: none).
+int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_float32, int wire_dtype,
+                     double predivide, long long segment_bytes,
                      int num_slots, long long slot_bytes, int ncalls, unsigned long long async_mask,
                      unsigned long long seed, int fault, int data_offset, int gather_into_data, int lanes,
                      const void* const* inputs,
@@ -99,6 +108,8 @@ int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_f
     std::vector<std::vector<float>> accum(static_cast<size_t>(ncalls * nranks));
     std::vector<rr::sim::SimCall> calls(static_cast<size_t>(ncalls * nranks));
     rr::PlanOptions opts = rr::gpuPlanOptions(rop, accum_float32 != 0, segment_bytes, num_slots, slot_bytes);
+    if (wire_dtype >= 0) opts.wire_dtype = static_cast<rr::DType>(wire_dtype);
+    opts.pre_factor = opts.post_factor = predivide;
     // gather_into_data = 0 runs the CPU transport's plan shape (all-gather through staging and
     // kCopy) through the GPU driver: the driver must be correct for any valid plan.
     opts.gather_into_data = gather_into_data != 0;
@@ -183,7 +194,8 @@ int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_f
 // each rank sent to (first 8) and received from (last 8), -1 padded. Returns 0, or -1 with the
 // first failure in err.
 int rr_sim_ring(int comm_size, int nrings, int ring_size, const int* members, int mode, int local_size,
-                long long numel, int dtype, int op, int accum_float32, long long segment_bytes, int num_slots,
+                long long numel, int dtype, int op, int accum_float32, int wire_dtype, double predivide,
+                long long segment_bytes, int num_slots,
                 long long slot_bytes, int avg_divisor, int ncalls, unsigned long long seed, int fault,
                 const void* const* inputs, void* const* outputs, int* peers_out, char* err, int errlen) {
   try {
@@ -193,6 +205,8 @@ int rr_sim_ring(int comm_size, int nrings, int ring_size, const int* members, in
     rr::sim::SimDevice dev(comm_size, num_slots, static_cast<size_t>(slot_bytes), seed);
     rr::PlanOptions base = rr::gpuPlanOptions(rop, accum_float32 != 0, segment_bytes, num_slots, slot_bytes);
     base.avg_divisor = avg_divisor;
+    if (wire_dtype >= 0) base.wire_dtype = static_cast<rr::DType>(wire_dtype);
+    base.pre_factor = base.post_factor = predivide;
     const size_t nbuf = static_cast<size_t>(ncalls) * static_cast<size_t>(nrings) * static_cast<size_t>(ring_size);
     std::vector<std::vector<unsigned char>> data(nbuf);
     std::vector<std::vector<float>> accum(nbuf);

@@ -638,6 +638,6 @@ ncclResult_t ncclGroupEnd() {
 #include "../../../csrc/cuda/reduce_kernels.cuh"
 
 namespace rr {
-void launchReduce(DType, RedOp, const void*, bool, const void*, bool, void*, bool, int64_t, int, bool, cudaStream_t) {}
+void launchReduce(RedOp, const void*, DType, const void*, DType, void*, DType, int64_t, const Scaling&, cudaStream_t) {}
 void launchOneShotReduce(DType, RedOp, const OneShotArgs&, cudaStream_t) {}
 }  // namespace rr

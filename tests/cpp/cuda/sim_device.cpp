@@ -419,22 +419,19 @@ class SimBackend final : public DeviceBackend {
     ReduceLaunch x = l;
     if (fault_ == Fault::kShiftReduce && !shifted_ && x.count > 1) {
       shifted_ = true;
-      x.dst = static_cast<char*>(x.dst) + (x.dst_wide ? 4 : dtypeSize(dtype_));
+      x.dst = static_cast<char*>(x.dst) + dtypeSize(x.dst_type);
       x.count -= 1;
     }
-    const size_t narrow = dtypeSize(dtype_);
     auto op = std::make_unique<Op>();
     op->kind = Op::kWork;
-    op->what = "reduce #" + std::to_string(reduces_++) + " of " + std::to_string(x.count) + " elements" +
-               (x.divisor > 0 ? " (final, divides)" : "");
-    op->reads.push_back({x.a, static_cast<size_t>(x.count) * (x.a_wide ? 4 : narrow)});
-    op->reads.push_back({x.b, static_cast<size_t>(x.count) * (x.b_wide ? 4 : narrow)});
-    op->writes.push_back({x.dst, static_cast<size_t>(x.count) * (x.dst_wide ? 4 : narrow)});
-    const DType dtype = dtype_;
-    const RedOp rop = x.op;
-    op->fn = [dtype, rop, x]() {
-      hostKernelReduce(dtype, rop, x.a, x.a_wide, x.b, x.b_wide, x.dst, x.dst_wide, x.count, x.divisor, x.round_sum,
-                       /*nthreads=*/7);
+    op->what = std::string(x.b ? "reduce #" : "convert #") + std::to_string(reduces_++) + " of " +
+               std::to_string(x.count) + " elements" +
+               (x.scaling.divisor > 0 || x.scaling.postscale > 0 ? " (final, scales)" : "");
+    op->reads.push_back({x.a, static_cast<size_t>(x.count) * dtypeSize(x.a_type)});
+    if (x.b) op->reads.push_back({x.b, static_cast<size_t>(x.count) * dtypeSize(x.b_type)});
+    op->writes.push_back({x.dst, static_cast<size_t>(x.count) * dtypeSize(x.dst_type)});
+    op->fn = [x]() {
+      hostKernelReduce(x.op, x.a, x.a_type, x.b, x.b_type, x.dst, x.dst_type, x.count, x.scaling, /*nthreads=*/7);
     };
     dev_.enqueue(r_, Stream::kCompute, std::move(op), lane_);
   }
@@ -521,14 +518,18 @@ struct HostGridLauncher {
   const void* b;
   void* dst;
   int64_t count;
-  int divisor;
-  bool round_sum;
+  Scaling scaling;
   int nthreads;
   template <typename TA, typename TB, typename TD, RedOp op>
   void run() {
     for (int t = 0; t < nthreads; ++t)
       ReduceBody<TA, TB, TD, op>::run(static_cast<const TA*>(a), static_cast<const TB*>(b), static_cast<TD*>(dst),
-                                       count, divisor, round_sum, t, nthreads);
+                                       count, scaling, t, nthreads);
+  }
+  template <typename TS, typename TD>
+  void convert() {
+    for (int t = 0; t < nthreads; ++t)
+      ConvertBody<TS, TD>::run(static_cast<const TS*>(a), static_cast<TD*>(dst), count, scaling.predivide, t, nthreads);
   }
 };
 
@@ -551,7 +552,7 @@ void hostOneShotReduce(DType dtype, RedOp op, const OneShotArgs& args, int nthre
   checkSupported(dtype, op);
   if (args.count <= 0) return;
   HostOneShotLauncher l{args, nthreads < 1 ? 1 : nthreads};
-  dispatchReduce(dtype, op, false, false, false, l);
+  dispatchReduce(op, dtype, dtype, dtype, l);
 }
 
 std::unique_ptr<DeviceBackend> SimDevice::backend(int r, DType dtype, Fault fault, SimCall* call) {
@@ -576,14 +577,15 @@ void enqueueSyncCall(SimDevice& dev, int r, DType dtype, const std::vector<RingS
   dev.callerOp(r, "consumer", {{tensor, bytes}}, {}, [tensor, output, bytes]() { std::memcpy(output, tensor, bytes); });
 }
 
-void hostKernelReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide, void* dst,
-                      bool dst_wide, int64_t count, int divisor, bool round_sum, int nthreads) {
+void hostKernelReduce(RedOp op, const void* a, DType a_type, const void* b, DType b_type, void* dst, DType dst_type,
+                      int64_t count, const Scaling& scaling, int nthreads) {
   if (count <= 0) {
-    checkSupported(dtype, op);
+    checkSupported(a_type, op);
     return;
   }
-  HostGridLauncher l{a, b, dst, count, divisor, round_sum, nthreads < 1 ? 1 : nthreads};
-  dispatchReduce(dtype, op, a_wide, b_wide, dst_wide, l);
+  HostGridLauncher l{a, b, dst, count, scaling, nthreads < 1 ? 1 : nthreads};
+  if (b == nullptr) return dispatchConvert(a_type, dst_type, l);
+  dispatchReduce(op, a_type, b_type, dst_type, l);
 }
 
 }  // namespace sim

@@ -19,8 +19,8 @@
 //     to the peers its members name, and peersUsed() reports them. A queued exchange with a peer
 //     (in that direction) that no hand-off reached before fails the run; handOffs() counts a
 //     rank's hand-offs (its host waits on the GPU);
-//   * reduces run the same ReduceBody, through the same dispatch, as the CUDA kernel (on a
-//     simulated grid of threads); copies are memcpy.
+//   * reduces and converts run the same ReduceBody/ConvertBody, through the same dispatch, as the
+//     CUDA kernels (on a simulated grid of threads); copies are memcpy.
 // Every memory access is checked for races with vector clocks (one component per rank and
 // stream): two accesses of one rank to overlapping bytes, at least one a write, must be ordered by
 // stream order and captured event waits; otherwise the run fails naming both ops. An exchange's
@@ -137,10 +137,11 @@ void enqueueSyncCall(SimDevice& dev, int r, DType dtype, const std::vector<RingS
 // threads, dispatched as launchOneShotReduce() dispatches the kernels.
 void hostOneShotReduce(DType dtype, RedOp op, const OneShotArgs& args, int nthreads);
 
-// The reduce of the CUDA kernel, on the host: ReduceBody over `nthreads` simulated threads,
-// dispatched by reduce_dispatch.h exactly as launchReduce() dispatches the kernels.
-void hostKernelReduce(DType dtype, RedOp op, const void* a, bool a_wide, const void* b, bool b_wide,
-                      void* dst, bool dst_wide, int64_t count, int divisor, bool round_sum, int nthreads);
+// The reduce of the CUDA kernel, on the host: ReduceBody (ConvertBody when b is null) over
+// `nthreads` simulated threads, dispatched by reduce_dispatch.h exactly as launchReduce()
+// dispatches the kernels.
+void hostKernelReduce(RedOp op, const void* a, DType a_type, const void* b, DType b_type, void* dst, DType dst_type,
+                      int64_t count, const Scaling& scaling, int nthreads);
 
 }  // namespace sim
 }  // namespace rr

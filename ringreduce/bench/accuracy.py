@@ -1,0 +1,45 @@
+"""The error columns of ``--wire-dtype``: how far each implementation's average is from the exact one.
+
+Rank r holds gradient-like data, ``randn(count) * (1 + r)`` from a seed of its own (every rank can
+regenerate every rank's data, so the float64 reference needs no communication). Each implementation
+reduces one fresh copy, outside the timed loop; its error is the relative L2 distance of the result
+from the float64 average (or sum) of the inputs, ||result - ref|| / ||ref||, the same on every rank.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ringreduce.bench.impls import Impl
+
+CHUNK = 1 << 22  # elements of float64 temporaries at a time
+
+
+def _inputs(rank: int, count: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(4242 + rank)
+    return (torch.randn(count, generator=g) * (1 + rank)).to(device)
+
+
+def relative_errors(impls: list[Impl], op: str, count: int, rank: int, world_size: int,
+                    device: torch.device) -> dict[str, float]:
+    """{implementation name: relative L2 error} of each of `impls` reducing (`op` "avg" or "sum") this
+    rank's `count` random float32 elements on `device`, in the group of `world_size` ranks."""
+    results = {}
+    for impl in impls:
+        t = _inputs(rank, count, device)
+        impl.enter()
+        impl.run(t)
+        results[impl.name] = t.cpu()
+    err2 = dict.fromkeys(results, 0.0)
+    ref2 = 0.0
+    everyone = [_inputs(r, count, torch.device("cpu")) for r in range(world_size)]
+    for start in range(0, count, CHUNK):
+        end = min(start + CHUNK, count)
+        ref = sum(x[start:end].double() for x in everyone)
+        if op == "avg":
+            ref = ref / world_size
+        ref2 += float((ref * ref).sum())
+        for name, got in results.items():
+            d = got[start:end].double() - ref
+            err2[name] += float((d * d).sum())
+    return {name: (e / ref2) ** 0.5 if ref2 > 0 else 0.0 for name, e in err2.items()}

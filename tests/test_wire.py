@@ -1,0 +1,359 @@
+"""16-bit wires and predivide factors of rr.all_reduce / rr.all_reduce_avg (Note [Reduction contract],
+csrc/core/functors.h; Note [First hop], csrc/core/plan.h), over both CPU transports.
+
+* Exact data (small integers, dyadic factors): the float64 reference rounded once per division.
+* Random data: bitwise the ring's order reproduced here in torch (the first hop rounded to the wire,
+  every later hop adding the widened partial and the local float32 value in float32, rounding once
+  to 16 bits as it sends; the owner's final sum float32), on every rank, for the ring, the one-shot
+  and the shared-memory paths alike (tiny and default segment sizes).
+* Errors: refused before anything runs, on every rank alike; ranks that disagree on the wire or
+  the factor raise on every rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from ranks import run_ranks
+
+import ringreduce as rr
+from ringreduce._native import C
+
+BOTH_TRANSPORTS = True
+
+WIRES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# ------------------------------------------------------------------------------------------------
+# The reference: the ring's arithmetic, reproduced with torch float32 ops
+
+
+def chunk_bounds(n: int, numel: int, dtype: torch.dtype = torch.float32) -> list[tuple[int, int]]:
+    """The ring's chunks (Note [Chunk ownership], csrc/core/schedule.h), from the native plan."""
+    return [tuple(b) for b in C.plan_summary(n, 0, numel, C.dtype_code(dtype))["chunks"]]
+
+
+def ring_reference(inputs: list[torch.Tensor], op: str = "avg", wire: torch.dtype | None = None,
+                   factor: float | None = None, extra: int = 1) -> torch.Tensor:
+    """What the flat ring computes from rank r's float32 `inputs[r]`: chunk c takes rank c's value
+    first, then c + 1's, ..., each entering divided by `factor`; partials rounded to `wire` per hop;
+    the final sum scaled once (AVG: / (n * extra / factor); SUM: * factor, or / (extra / factor))."""
+    n = len(inputs)
+    numel = inputs[0].numel()
+    out = torch.empty(numel, dtype=torch.float32)
+    f32 = torch.float32
+    f = torch.tensor(factor, dtype=f32) if factor else None
+
+    def enter(t: torch.Tensor) -> torch.Tensor:
+        return t / f if f is not None else t
+
+    for c, (b, e) in enumerate(chunk_bounds(n, numel)):
+        if b >= e:
+            continue
+        xs = [inputs[(c + j) % n].reshape(-1)[b:e] for j in range(n)]
+        p = enter(xs[0])
+        if wire is not None:
+            p = p.to(wire)
+        for k in range(1, n):
+            s = enter(xs[k]) + p.to(f32)
+            p = s.to(wire) if (wire is not None and k < n - 1) else s
+        divisor = n * extra if op == "avg" else (extra if extra > 1 else 0)
+        if divisor:
+            q = torch.tensor(float(divisor), dtype=f32)
+            if f is not None:
+                q = q / f
+            p = p / q
+        elif f is not None:
+            p = p * f
+        out[b:e] = p
+    return out
+
+
+def random_inputs(n: int, numel: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(numel, generator=g) * (1 + r) for r in range(n)]
+
+
+def gather(t: torch.Tensor) -> list[torch.Tensor]:
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return out
+
+
+def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    return x.dtype == y.dtype and x.shape == y.shape and bool((x.view(torch.int32) == y.view(torch.int32)).all())
+
+
+# ------------------------------------------------------------------------------------------------
+# Random data: bitwise the reference, on every path
+
+
+def _random_case(rank, n, numel, seed, op, wire, factor, segment):
+    inputs = random_inputs(n, numel, seed)
+    t = inputs[rank].clone()
+    wire_dtype = WIRES.get(wire)
+    if op == "avg":
+        rr.all_reduce_avg(t, wire_dtype=wire_dtype, predivide_factor=factor)
+    else:
+        rr.all_reduce(t, op="sum", wire_dtype=wire_dtype, predivide_factor=factor)
+    want = ring_reference(inputs, op, wire_dtype, factor)
+    assert same_bits(t, want), (
+        f"n={n} numel={numel} op={op} wire={wire} factor={factor} segment={segment}: "
+        f"{int((t != want).sum())} elements differ, first {t[t != want][:4]} vs {want[t != want][:4]}"
+    )
+    assert all(same_bits(x, t) for x in gather(t)), "ranks differ"
+    return True
+
+
+CASES = [
+    # (numel, op, wire, factor): small tensors take the one-shot (CPU, gloo) or shared memory;
+    # larger ones the ring; primes and numel < n cover uneven chunks.
+    (1, "avg", "bf16", None),
+    (5, "sum", "fp16", 4.0),
+    (1009, "avg", "bf16", None),
+    (1009, "sum", "bf16", 3.0),
+    (1009, "avg", None, 3.0),
+    (40_000, "avg", "fp16", None),
+    (300_007, "avg", "bf16", 2.0),
+    (1_300_001, "sum", "fp16", 3.0),  # shared memory: the ring in the segment, several rounds
+]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("segment", ["64", "default"])
+def test_random_data_is_the_rings_arithmetic(n, segment):
+    env = {"RINGREDUCE_SEGMENT_BYTES": segment} if segment != "default" else {}
+    for i, (numel, op, wire, factor) in enumerate(CASES):
+        if segment == "64" and numel > 50_000:
+            continue  # tiny segments: the many-segment paths, on small tensors
+        run_ranks(n, _random_case, numel, 17 * i + n, op, wire, factor, segment, env=env)
+
+
+def _ring_only_case(rank, n):
+    # algorithm="ring" keeps small tensors off the one-shot: the plan's convert and 16-bit hops.
+    inputs = random_inputs(n, 777, 5)
+    t = inputs[rank].clone()
+    rr.all_reduce_avg(t, algorithm="ring", wire_dtype=torch.bfloat16, predivide_factor=8.0)
+    assert same_bits(t, ring_reference(inputs, "avg", torch.bfloat16, 8.0))
+    return True
+
+
+def test_ring_algorithm_small_tensor():
+    run_ranks(4, _ring_only_case, env={"RINGREDUCE_SEGMENT_BYTES": "48"})
+
+
+# ------------------------------------------------------------------------------------------------
+# Exact data: the float64 reference rounded once per division
+
+
+def _exact_case(rank, n, factor, dtype):
+    numel = 1031
+    i = torch.arange(numel, dtype=torch.float64)
+    vals = [((i * 7 + r * 5) % 17 - 6) * 4 for r in range(n)]  # multiples of 4: x / f exact for f | 4
+    t = vals[rank].to(dtype, copy=True)
+    s = torch.stack(vals).sum(0)  # exact in every dtype used here
+    rr.all_reduce(t, op="sum", predivide_factor=factor)
+    assert torch.equal(t, (s / factor * factor).to(dtype)), "SUM with a predivide factor"
+    t = vals[rank].to(dtype, copy=True)
+    rr.all_reduce_avg(t, predivide_factor=factor)
+    # (sum of x / f) / (n / f), each division rounded once: the f64 value rounded to the dtype
+    want = ((s / factor) / (n / factor)).to(dtype)
+    assert torch.equal(t, want), f"AVG with predivide_factor={factor} ({dtype})"
+    t = vals[rank].to(dtype, copy=True)
+    rr.all_reduce_avg(t)
+    assert torch.equal(t, want), "the factor changed the result"
+    return True
+
+
+@pytest.mark.parametrize("factor", [2.0, 4.0, 0.5])
+def test_predivide_exact_data(factor):
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        run_ranks(3, _exact_case, factor, dtype)
+
+
+def _exact_wire_case(rank, n, wire):
+    # Integers whose partial sums stay below 256: exact in bfloat16 and float16, so the 16-bit wire
+    # changes nothing.
+    i = torch.arange(4099)
+    vals = [((i * 7 + r * 5) % 17 - 6).float() for r in range(n)]
+    t = vals[rank].clone()
+    rr.all_reduce(t, op="sum", wire_dtype=WIRES[wire], algorithm="ring")
+    assert torch.equal(t, torch.stack(vals).sum(0))
+    t = vals[rank].clone()
+    rr.all_reduce_avg(t, wire_dtype=WIRES[wire])
+    assert torch.equal(t, (torch.stack(vals).double().sum(0) / n).float())
+    return True
+
+
+@pytest.mark.parametrize("wire", sorted(WIRES))
+def test_wire_exact_data(wire):
+    run_ranks(4, _exact_wire_case, wire, env={"RINGREDUCE_SEGMENT_BYTES": "256"})
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors: before anything runs, on every rank alike
+
+
+def _expect(fn, exc_type, *needles):
+    try:
+        fn()
+    except exc_type as exc:
+        msg = str(exc)
+        for needle in needles:
+            assert needle in msg, f"{needle!r} not in {msg!r}"
+        return msg
+    raise AssertionError(f"expected {exc_type.__name__} ({needles})")
+
+
+BAD_CALLS = [
+    # (tensor dtype, keywords, op, exception, words of the message)
+    (torch.float32, {"wire_dtype": torch.float32}, "avg", ValueError, "bfloat16 or torch.float16"),
+    (torch.float32, {"wire_dtype": "bf16"}, "avg", TypeError, "wire_dtype must be"),
+    (torch.int32, {"wire_dtype": torch.bfloat16}, "sum", TypeError, "needs a float32 tensor"),
+    (torch.bfloat16, {"wire_dtype": torch.bfloat16}, "avg", ValueError, "narrower than the tensor"),
+    (torch.float16, {"wire_dtype": torch.bfloat16}, "sum", ValueError, "float32 tensors only"),
+    (torch.float64, {"wire_dtype": torch.float16}, "avg", ValueError, "float32 tensors only"),
+    (torch.float32, {"wire_dtype": torch.bfloat16}, "max", ValueError, "SUM and AVG"),
+    (torch.float32, {"wire_dtype": torch.bfloat16, "algorithm": "hierarchical"}, "avg", ValueError, "flat ring"),
+    (torch.float32, {"predivide_factor": 0}, "avg", ValueError, "> 0"),
+    (torch.float32, {"predivide_factor": -2.0}, "sum", ValueError, "> 0"),
+    (torch.float32, {"predivide_factor": float("nan")}, "avg", ValueError, "finite"),
+    (torch.float32, {"predivide_factor": float("inf")}, "avg", ValueError, "finite"),
+    (torch.float32, {"predivide_factor": "2"}, "avg", TypeError, "a number"),
+    (torch.float32, {"predivide_factor": True}, "avg", TypeError, "a number"),
+    (torch.float32, {"predivide_factor": 2.0}, "product", ValueError, "SUM and AVG"),
+    (torch.float32, {"predivide_factor": 2.0}, "min", ValueError, "SUM and AVG"),
+    (torch.int64, {"predivide_factor": 2.0}, "sum", TypeError, "floating-point"),
+]
+
+
+def _bad_calls(rank, n):
+    for dtype, kwargs, op, exc, words in BAD_CALLS:
+        t = (torch.arange(10) + rank).to(dtype)
+        before = t.clone()
+        _expect(lambda t=t, kwargs=kwargs, op=op: rr.all_reduce(t, op=op, **kwargs), exc, words)
+        assert torch.equal(t, before), f"{kwargs} modified the tensor"
+    # the group is fine afterwards
+    t = torch.full((10,), float(rank))
+    rr.all_reduce_avg(t, wire_dtype=torch.bfloat16)
+    assert torch.equal(t, torch.full((10,), (n - 1) / 2))
+    return True
+
+
+def test_bad_arguments_raise_on_every_rank():
+    run_ranks(3, _bad_calls)
+
+
+def _one_rank_refuses(rank, n):
+    t = torch.ones(1000)
+    if rank == 1:
+        _expect(lambda: rr.all_reduce_avg(t, wire_dtype=torch.float64), ValueError, "bfloat16")
+    else:
+        _expect(lambda: rr.all_reduce_avg(t, wire_dtype=torch.bfloat16), RuntimeError,
+                "rank 1: all_reduce_avg refused locally")
+    assert torch.equal(t, torch.ones(1000))
+    return True
+
+
+def test_a_refusing_rank_makes_every_rank_raise():
+    run_ranks(3, _one_rank_refuses)
+
+
+def _disagree(rank, n, numel):
+    t = torch.ones(numel)
+    # one rank with a 16-bit wire, the others without: every rank raises, no tensor changes
+    wire = torch.bfloat16 if rank == 0 else None
+    _expect(lambda: rr.all_reduce_avg(t, wire_dtype=wire), RuntimeError, "wire_dtype", "rank 0")
+    factor = 2.0 if rank == n - 1 else None
+    _expect(lambda: rr.all_reduce(t, op="sum", predivide_factor=factor), RuntimeError, "predivide_factor")
+    factor = 2.0 if rank == 0 else 4.0
+    _expect(lambda: rr.all_reduce_avg(t, predivide_factor=factor), RuntimeError, "predivide_factor")
+    assert torch.equal(t, torch.ones(numel))
+    rr.all_reduce(t, op="sum", wire_dtype=torch.float16, predivide_factor=2.0)  # agreed: fine
+    assert torch.equal(t, torch.full((numel,), float(n)))
+    return True
+
+
+@pytest.mark.parametrize("numel", [16, 100_000])
+def test_ranks_disagreeing_on_wire_or_factor_all_raise(numel):
+    run_ranks(3, _disagree, numel)
+
+
+# ------------------------------------------------------------------------------------------------
+# Accuracy against DDP's 16-bit compress hooks (cast to 16 bits, divide, all-reduce in 16 bits)
+
+
+def _error_vs_compress_hook(rank, n, numel, wire_name):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    wire = WIRES[wire_name]
+    hook = default_hooks.bf16_compress_hook if wire == torch.bfloat16 else default_hooks.fp16_compress_hook
+    # Gradient-like data: normal values, a different scale per rank.
+    inputs = random_inputs(n, numel, 1234 + n)
+    ref = torch.stack([t.double() for t in inputs]).mean(0)
+    ours = inputs[rank].clone()
+    rr.all_reduce_avg(ours, wire_dtype=wire)
+    theirs = inputs[rank].clone()
+    hook(None, (theirs,)).wait()  # DDP's hook on a bucket tuple, over gloo
+
+    def rel(x):
+        return float((x.double() - ref).norm() / ref.norm())
+
+    assert all(same_bits(x, ours) for x in gather(ours)), "16-bit wire results differ between ranks"
+    return rel(ours), rel(theirs)
+
+
+# (ranks, elements): 16 Mi elements at one world size, smaller ones elsewhere (CI time).
+ACCURACY_CASES = [(2, 16 << 20), (2, 4099), (3, 1 << 20), (3, 65537), (4, 1 << 20), (4, 333)]
+# Ours must be at most this fraction of the compress hook's relative error (measured about 0.5x:
+# docs/performance.md).
+ACCURACY_MARGIN = 0.8
+
+
+@pytest.mark.parametrize("n,numel", ACCURACY_CASES, ids=[f"{n}ranks-{m}" for n, m in ACCURACY_CASES])
+def test_error_below_ddp_bf16_compress_hook(n, numel, _transport):
+    if _transport == "tcp" and numel > 100_000:
+        pytest.skip("large cases run on the default transport only (CI time); small ones on both")
+    errors = run_ranks(n, _error_vs_compress_hook, numel, "bf16", timeout=600)
+    ours, theirs = errors[0]
+    assert ours <= ACCURACY_MARGIN * theirs, f"relative error {ours:.3e} vs bf16_compress_hook {theirs:.3e}"
+
+
+def test_error_below_ddp_fp16_compress_hook():
+    ours, theirs = run_ranks(3, _error_vs_compress_hook, 100_003, "fp16")[0]
+    assert ours <= ACCURACY_MARGIN * theirs, f"relative error {ours:.3e} vs fp16_compress_hook {theirs:.3e}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The hierarchical all-reduce (simulated nodes): a predivide factor divides in the node rings and
+# scales once in the cross-node ring; a 16-bit wire with algorithm="auto" takes the flat ring.
+
+
+def _hierarchical(rank, n):
+    import os
+
+    os.environ["RINGREDUCE_LOCAL_SIZE"] = "2"
+    try:
+        i = torch.arange(999, dtype=torch.float32)
+        vals = [((i * 7 + r * 5) % 17 - 6) * 4 for r in range(n)]
+        plain = vals[rank].clone()
+        rr.all_reduce_avg(plain, algorithm="hierarchical")
+        for f in (2.0, 0.5):
+            t = vals[rank].clone()
+            rr.all_reduce_avg(t, algorithm="hierarchical", predivide_factor=f)
+            assert torch.equal(t, plain), f"hierarchical AVG with predivide_factor={f}"
+            t = vals[rank].clone()
+            rr.all_reduce(t, op="sum", algorithm="hierarchical", predivide_factor=f)
+            assert torch.equal(t, torch.stack(vals).sum(0)), f"hierarchical SUM with predivide_factor={f}"
+        inputs = random_inputs(n, 5000, 9)
+        t = inputs[rank].clone()
+        rr.all_reduce_avg(t, wire_dtype=torch.bfloat16)  # "auto" over 2 nodes: the flat ring
+        assert same_bits(t, ring_reference(inputs, "avg", torch.bfloat16))
+    finally:
+        del os.environ["RINGREDUCE_LOCAL_SIZE"]
+    return True
+
+
+def test_hierarchical_predivide_and_auto_wire():
+    run_ranks(4, _hierarchical)
