@@ -120,7 +120,8 @@ def lib() -> ctypes.CDLL:
     ]
     lib.rr_sim_mixed.restype = ctypes.c_int
     lib.rr_sim_mixed.argtypes = [
-        ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int,
+        ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double,
+        ctypes.c_int, ctypes.c_longlong, ctypes.c_int,
         ctypes.c_longlong, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int,
         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p, ctypes.c_int,
@@ -581,8 +582,9 @@ def test_pipeline_rule_from_python(lib):
 
 
 def sim_mixed(lib, *, nranks, dtype, op, inputs, one_shot_mask, accum=False, segment_bytes=64, num_slots=2,
-              seed=1, fault=0):
-    """Calls on one simulated device, call c a one-shot when bit c of one_shot_mask is set, else the ring.
+              seed=1, fault=0, wire=None, predivide=0.0, extra_divisor=1):
+    """Calls on one simulated device, call c a one-shot when bit c of one_shot_mask is set, else the ring,
+    both with the same arithmetic (accum, a 16-bit `wire`, `predivide`, `extra_divisor`).
     inputs: [call][rank] tensors. Returns (rc, message, outputs [call][rank], hand-offs per rank)."""
     ncalls = len(inputs)
     numel = inputs[0][0].numel()
@@ -592,7 +594,8 @@ def sim_mixed(lib, *, nranks, dtype, op, inputs, one_shot_mask, accum=False, seg
     out_ptrs = (ctypes.c_void_p * len(outs))(*[t.data_ptr() for t in outs])
     hand_offs = (ctypes.c_int * nranks)()
     err = ctypes.create_string_buffer(8192)
-    rc = lib.rr_sim_mixed(nranks, numel, DTYPES[dtype], op, int(accum), segment_bytes, num_slots,
+    rc = lib.rr_sim_mixed(nranks, numel, DTYPES[dtype], op, int(accum), DTYPES[wire] if wire else -1,
+                          float(predivide), int(extra_divisor), segment_bytes, num_slots,
                           max(256, segment_bytes * 4), ncalls, one_shot_mask, seed, fault, in_ptrs, out_ptrs, hand_offs,
                           err, len(err))
     return rc, err.value.decode(), [outs[c * nranks:(c + 1) * nranks] for c in range(ncalls)], list(hand_offs)
@@ -630,6 +633,42 @@ def test_one_shot_gives_the_rings_bits(lib, dtype):
                 assert hand_offs == [4] * nranks, f"{label}: hand-offs {hand_offs}"
                 runs += 1
     assert runs > 0
+
+
+def test_one_shot_gives_the_rings_bits_with_a_wire_and_scaling(lib):
+    """Note [GPU one-shot all-reduce] with issue 25's arithmetic: a 16-bit wire (bf16, fp16; rounded per
+    hop, float32 final), predivide factors and an extra divisor (GradientAverager's accumulation steps),
+    also on a bf16 tensor with float32 partials: on random data the one-shot gives bitwise the ring's
+    result on every rank, for SUM and AVG on 2, 3 and 5 ranks, and both equal the ring's arithmetic
+    reproduced in torch (ring_emulation) where it covers the case."""
+    gen = torch.Generator().manual_seed(2425)
+    cases = [(torch.float32, False, wire, factor, steps) for wire in (torch.bfloat16, torch.float16)
+             for factor, steps in ((0.0, 1), (3.0, 1), (0.0, 4), (2.0, 3))]
+    cases += [(torch.float32, False, None, 3.0, 1), (torch.float32, False, None, 0.0, 4),
+              (torch.bfloat16, True, None, 2.0, 1), (torch.float16, False, None, 4.0, 2)]
+    runs = 0
+    for dtype, accum, wire, factor, steps in cases:
+        for op in (SUM, AVG):
+            for nranks in (2, 3, 5):
+                numel = 200 + 13 * nranks
+                rand = [[(torch.randn(numel, generator=gen) * (r + 1)).to(dtype) for r in range(nranks)]
+                        for _ in range(2)]
+                # ring, one-shot, one-shot, ring: the one-shot between ring calls on one device
+                calls = [rand[0], rand[0], rand[1], rand[1]]
+                label = f"{dtype} op={op} n={nranks} accum={accum} wire={wire} f={factor} steps={steps}"
+                rc, msg, outs, _ = sim_mixed(lib, nranks=nranks, dtype=dtype, op=op, inputs=calls,
+                                             one_shot_mask=0b0110, accum=accum, wire=wire, predivide=factor,
+                                             extra_divisor=steps, seed=nranks + op + runs)
+                assert rc == 0, f"{label}: {msg}"
+                for r in range(nranks):
+                    assert same_bits(outs[1][r], outs[0][0]), f"{label}: one-shot rank {r} differs from the ring"
+                    assert same_bits(outs[2][r], outs[3][0]), f"{label}: one-shot rank {r} differs from the ring"
+                    assert same_bits(outs[0][r], outs[0][0]) and same_bits(outs[3][r], outs[3][0]), label
+                if dtype == torch.float32 and steps == 1:
+                    want = ring_emulation(rand[0], op, wire, factor)
+                    assert same_bits(outs[1][0], want), f"{label}: not the ring's arithmetic"
+                runs += 1
+    assert runs == 2 * 3 * len(cases)
 
 
 def test_one_shot_race_detector_and_faults(lib):

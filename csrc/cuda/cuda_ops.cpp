@@ -76,7 +76,6 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   const std::vector<int> key = ringKey(req.members, ring.size());
   const int64_t bytes = req.numel * static_cast<int64_t>(dtypeSize(req.dtype));
   const bool one_shot = !scatter && !gather && !hier && req.one_shot && n <= kOneShotMaxRanks &&
-                        !req.wire_dtype && req.predivide == 0 && req.extra_divisor == 1 &&
                         bytes <= gpuOneShotBytes(n, ring.stagingBytes(), req.knobs);
   if (req.check) {
     agree(ring, makeFrame(&req, req.kind, op, 0, ring.rank(), ring.nextSeq(key), one_shot), rm, req.group_name);  // 3
@@ -88,17 +87,18 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   // 5. The working buffer, in the stages' dtype (stagesDType: a float32 copy for hierarchical + accum).
   const DType wdtype = stagesDType(req.dtype, hier, req.accum_float32);
   void* data = buf.data(wdtype, rm.index);
-  if (one_shot) {
-    if (buf.protect) buf.protect();  // 6
-    return ring.enqueueOneShot(rm, req.numel, wdtype, op, req.accum_float32, data, key, what, req.caller,  // 7
-                               !req.async_op, buf.epilogue);
-  }
   const bool partials32 = req.accum_float32 && !hier && !scatter && !gather;
   PlanOptions base = ring.planOptions(op, partials32, n, gather ? req.out_numel : req.numel, wdtype, req.knobs);
   // Note [Reduction contract] (csrc/core/functors.h): the wire, the predivide factor, the divisor.
   base.wire_dtype = req.wire_dtype;
   base.pre_factor = base.post_factor = req.predivide;
   base.extra_divisor = req.extra_divisor;
+  if (one_shot) {
+    // The flat ring's arithmetic, wire and scaling included (Note [GPU one-shot all-reduce]).
+    if (buf.protect) buf.protect();  // 6
+    return ring.enqueueOneShot(rm, req.numel, wdtype, op, base, data, key, what, req.caller, !req.async_op,  // 7
+                               buf.epilogue);
+  }
   std::vector<RingStage> stages;
   if (scatter) {
     stages = ringHalfStages(rm, req.numel, req.dtype, op, base, kPhaseReduceScatter);
@@ -108,10 +108,10 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
     stages = hier ? hierarchicalStages(rm, req.local_size, req.numel, wdtype, op, base)
                   : flatRingStages(rm, req.numel, wdtype, op, base);
   }
-  // The flat ring's float32 partials (one chunk), shared by its lanes (Note [Lanes]); the
-  // hierarchical stages never carry any.
-  const int64_t accum_elems = hier ? 0 : stages[0].plan.accum_elems;
-  void* accum = accum_elems > 0 ? buf.accum(accum_elems) : nullptr;
+  // The flat ring's partials (one chunk of float32, or of 16-bit values with a wire), shared by its
+  // lanes (Note [Lanes]); the hierarchical stages never carry any.
+  const int64_t accum_bytes = hier ? 0 : stages[0].plan.accumBytes();
+  void* accum = accum_bytes > 0 ? buf.accum(ceilDiv(accum_bytes, static_cast<int64_t>(sizeof(float)))) : nullptr;
   if (buf.protect) buf.protect();  // 6
   return ring.enqueue(stages, data, accum, key, what, req.caller, !req.async_op, buf.epilogue);  // 7
 }

@@ -58,7 +58,7 @@ struct CudaCallBuffers {
   // The contiguous elements the ring runs on: the tensor itself, or a working copy made on the
   // caller's stream (in `dtype`; ring halves: see runCudaCall). `ring_index`: this rank's index.
   std::function<void*(DType dtype, int ring_index)> data;
-  std::function<void*(int64_t elems)> accum;  // float32 partials
+  std::function<void*(int64_t elems)> accum;  // `elems` float32s: room for the partials (either width)
   std::function<void()> protect;              // recordStream of every buffer (step 6)
   std::function<void()> epilogue;             // on the compute stream inside the call, or empty
   std::function<void()> trivial;              // numel > 0 on a ring of one: what to do instead

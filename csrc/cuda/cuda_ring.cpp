@@ -149,9 +149,8 @@ std::string CudaWork::errorMessage() const {
 
 class CudaBackend final : public DeviceBackend {
  public:
-  CudaBackend(CudaRing& ring, CudaWork& work, DType dtype, cudaStream_t caller,
-              const std::function<void()>& epilogue)
-      : ring_(ring), work_(work), dtype_(dtype), caller_(caller), epilogue_(epilogue) {}
+  CudaBackend(CudaRing& ring, CudaWork& work, cudaStream_t caller, const std::function<void()>& epilogue)
+      : ring_(ring), work_(work), caller_(caller), epilogue_(epilogue) {}
 
   bool enqueuedAnything() const { return enqueued_; }
   bool timerRecorded() const { return work_.timer_recorded_; }
@@ -204,7 +203,7 @@ class CudaBackend final : public DeviceBackend {
 
   void reduceInOrder(const OneShotLaunch& l) override {
     enqueued_ = true;
-    launchOneShotReduce(dtype_, l.op, l.args, lane_->compute_stream);
+    launchOneShotReduce(l.dtype, l.partial, l.op, l.args, lane_->compute_stream);
   }
 
   void reduce(const ReduceLaunch& l) override {
@@ -259,7 +258,6 @@ class CudaBackend final : public DeviceBackend {
 
   CudaRing& ring_;
   CudaWork& work_;
-  DType dtype_;
   cudaStream_t caller_;
   const std::function<void()>& epilogue_;
   bool enqueued_ = false;
@@ -418,12 +416,12 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
   DeviceBuffers buffers = layOut(data, slot_stride, slots * lanes);
   buffers.slots_per_lane = slots;
   buffers.accum = accum;
-  return submit(ring_key, what, dtype, caller, epilogue, ops,
+  return submit(ring_key, what, caller, epilogue, ops,
                 [&](DeviceBackend& be) { enqueueRingStages(stages, buffers, be, caller_waits); });
 }
 
 std::shared_ptr<CudaWork> CudaRing::enqueueOneShot(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
-                                                   bool accum_float32, void* data, const std::vector<int>& ring_key,
+                                                   const PlanOptions& options, void* data, const std::vector<int>& ring_key,
                                                    const std::string& what, cudaStream_t caller, bool caller_waits,
                                                    const std::function<void()>& epilogue) {
   checkNotCapturing(caller, what);
@@ -434,8 +432,8 @@ std::shared_ptr<CudaWork> CudaRing::enqueueOneShot(const RingMembers& ring, int6
            kRuntime, "ringreduce internal error: a one-shot ring that does not hold this rank");
   const int64_t bytes = numel * static_cast<int64_t>(dtypeSize(dtype));
   DeviceBuffers buffers = layOut(data, roundUp(std::max<int64_t>(bytes, 1), 256), ring.size() - 1);
-  return submit(ring_key, what, dtype, caller, epilogue, /*ops=*/12, [&](DeviceBackend& be) {
-    rr::enqueueOneShot(ring.ranks, ring.index, numel, dtype, op, accum_float32, buffers, be, caller_waits);
+  return submit(ring_key, what, caller, epilogue, /*ops=*/12, [&](DeviceBackend& be) {
+    rr::enqueueOneShot(ring.ranks, ring.index, numel, dtype, op, options, buffers, be, caller_waits);
   });
 }
 
@@ -450,7 +448,7 @@ DeviceBuffers CudaRing::layOut(void* data, int64_t slot_stride, int32_t slots) c
   return buffers;
 }
 
-std::shared_ptr<CudaWork> CudaRing::submit(const std::vector<int>& ring_key, const std::string& what, DType dtype,
+std::shared_ptr<CudaWork> CudaRing::submit(const std::vector<int>& ring_key, const std::string& what,
                                            cudaStream_t caller, const std::function<void()>& epilogue, int64_t ops,
                                            const std::function<void(DeviceBackend&)>& drive) {
   DeviceGuard guard(device());
@@ -460,7 +458,7 @@ std::shared_ptr<CudaWork> CudaRing::submit(const std::vector<int>& ring_key, con
   work->start_ = pool_->acquire();
   work->done_ = pool_->acquire();
   work->timer_ = pool_->acquire();
-  CudaBackend backend(*this, *work, dtype, caller, epilogue);
+  CudaBackend backend(*this, *work, caller, epilogue);
   try {
     drive(backend);
     if (!backend.timerRecorded()) {

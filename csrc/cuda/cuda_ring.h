@@ -205,9 +205,10 @@ class CudaRing {
 
   // The one-shot all-reduce (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h) of `data`
   // (numel elements of `dtype`) over `ring`, receiving the others' tensors into the staging
-  // ((ring.size() - 1) x the tensor's bytes must fit it). Otherwise as enqueue().
+  // ((ring.size() - 1) x the tensor's bytes must fit it), with the arithmetic of the flat ring that
+  // `options` plan (ring_driver.h's enqueueOneShot). Otherwise as enqueue().
   std::shared_ptr<CudaWork> enqueueOneShot(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
-                                           bool accum_float32, void* data, const std::vector<int>& ring_key,
+                                           const PlanOptions& options, void* data, const std::vector<int>& ring_key,
                                            const std::string& what, cudaStream_t caller, bool caller_waits,
                                            const std::function<void()>& epilogue = {});
 
@@ -242,8 +243,8 @@ class CudaRing {
   // The part of a call common to the ring and the one-shot (call_mu_ held): room in the launch
   // queue, the work and its events, `drive` on the CUDA backend, the failure handling of Note
   // [Ordering, lifetime, failure], the bookkeeping.
-  std::shared_ptr<CudaWork> submit(const std::vector<int>& ring_key, const std::string& what, DType dtype,
-                                   cudaStream_t caller, const std::function<void()>& epilogue, int64_t ops,
+  std::shared_ptr<CudaWork> submit(const std::vector<int>& ring_key, const std::string& what, cudaStream_t caller,
+                                   const std::function<void()>& epilogue, int64_t ops,
                                    const std::function<void(DeviceBackend&)>& drive);
   void failAll(const std::string& reason);
   // failAll, then abort the communicator (Note [Ordering, lifetime, failure]).

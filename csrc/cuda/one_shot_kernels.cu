@@ -1,8 +1,9 @@
 // ringreduce GPU: the one-shot all-reduce's reduce kernel. Only CUDA headers and csrc/core here.
 //
-// One kernel template, oneShotKernel<T, op>, runs OneShotBody (csrc/core/one_shot_body.h, Note
-// [GPU one-shot all-reduce]) over a grid-stride loop; the dtype/op dispatch is the ring kernels'
-// one table (reduce_dispatch.h, narrow operands), so every supported pair exists and nothing else.
+// One kernel template, oneShotKernel<T, P, op>, runs OneShotBody (csrc/core/one_shot_body.h, Note
+// [GPU one-shot all-reduce]) over a grid-stride loop; the dispatch is the ring kernels' one table
+// (reduce_dispatch.h) with the partial type as the received and the stored operand, so the
+// one-shot exists for exactly the (tensor, partial, op) triples the ring reduces.
 // The tensors are small (the one-shot threshold is at most a few MiB), so the kernel reads element
 // by element: its time is a few microseconds next to the NCCL group before it.
 #include <cuda_runtime.h>
@@ -21,11 +22,11 @@ namespace {
 
 constexpr int kOneShotThreads = 256;
 
-template <typename T, RedOp op>
+template <typename T, typename P, RedOp op>
 __global__ void __launch_bounds__(kOneShotThreads) oneShotKernel(const OneShotArgs args) {
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nthreads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  OneShotBody<T, op>::run(args, thread, nthreads);
+  OneShotBody<T, P, op>::run(args, thread, nthreads);
 }
 
 struct OneShotLauncher {
@@ -33,13 +34,13 @@ struct OneShotLauncher {
   cudaStream_t stream;
   template <typename TA, typename TB, typename TD, RedOp op>
   void run() {
-    if constexpr (!std::is_same<TA, TD>::value || !std::is_same<TB, TD>::value) {
-      RR_THROW(kRuntime, "ringreduce internal error: the one-shot reduce dispatches narrow operands only");
+    if constexpr (!std::is_same<TB, TD>::value) {
+      RR_THROW(kRuntime, "ringreduce internal error: the one-shot reduce dispatches (tensor, partial, partial)");
     } else {
-      launch<TD, op>();
+      launch<TA, TB, op>();
     }
   }
-  template <typename T, RedOp op>
+  template <typename T, typename P, RedOp op>
   void launch() {
     int device = 0;
     RR_CUDA_CHECK(cudaGetDevice(&device));
@@ -47,20 +48,20 @@ struct OneShotLauncher {
     RR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     const int64_t wanted = ceilDiv(args.count, kOneShotThreads);
     const int64_t blocks = maxI64(1, minI64(wanted, static_cast<int64_t>(sms > 0 ? sms : 1) * 4));
-    oneShotKernel<T, op><<<static_cast<unsigned>(blocks), kOneShotThreads, 0, stream>>>(args);
+    oneShotKernel<T, P, op><<<static_cast<unsigned>(blocks), kOneShotThreads, 0, stream>>>(args);
     RR_CUDA_CHECK(cudaGetLastError());
   }
 };
 
 }  // namespace
 
-void launchOneShotReduce(DType dtype, RedOp op, const OneShotArgs& args, cudaStream_t stream) {
+void launchOneShotReduce(DType dtype, DType partial, RedOp op, const OneShotArgs& args, cudaStream_t stream) {
   checkSupported(dtype, op);
   RR_CHECK(args.n >= 1 && args.n <= kOneShotMaxRanks, kValue, "ringreduce: a one-shot all-reduce of ", args.n,
            " ranks (1..", kOneShotMaxRanks, ")");
   if (args.count <= 0) return;
   OneShotLauncher l{args, stream};
-  dispatchReduce(op, dtype, dtype, dtype, l);
+  dispatchReduce(op, dtype, partial, partial, l);
 }
 
 }  // namespace rr

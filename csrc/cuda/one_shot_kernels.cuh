@@ -9,9 +9,10 @@
 
 namespace rr {
 
-// Enqueues args.dst[i] = the ring-ordered reduction of args.in[0..n-1][i] on `stream`. Throws
-// rr::Error(kType) for unsupported dtype/op pairs, kValue for n outside 1..kOneShotMaxRanks,
+// Enqueues args.dst[i] = the ring-ordered reduction of args.in[0..n-1][i] on `stream`, with
+// partials of `partial` (the ring's: partialDType, plan.h) and the ring's scaling (args.scaling).
+// Throws rr::Error(kType) for unsupported dtype/op pairs, kValue for n outside 1..kOneShotMaxRanks,
 // kBackend when the launch fails. Does nothing when args.count <= 0.
-void launchOneShotReduce(DType dtype, RedOp op, const OneShotArgs& args, cudaStream_t stream);
+void launchOneShotReduce(DType dtype, DType partial, RedOp op, const OneShotArgs& args, cudaStream_t stream);
 
 }  // namespace rr

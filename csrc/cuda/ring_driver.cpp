@@ -246,7 +246,7 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
 }
 
 void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, DType dtype, RedOp op,
-                    bool accum_float32, const DeviceBuffers& buffers, DeviceBackend& be, bool caller_waits) {
+                    const PlanOptions& options, const DeviceBuffers& buffers, DeviceBackend& be, bool caller_waits) {
   const int n = static_cast<int>(members.size());
   const size_t bytes = static_cast<size_t>(numel) * dtypeSize(dtype);
   checkSupported(dtype, op);
@@ -256,17 +256,28 @@ void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, D
   RR_CHECK(buffers.slots.size() >= static_cast<size_t>(n - 1) && buffers.slot_bytes >= bytes, kRuntime,
            "ringreduce internal error: the one-shot needs ", n - 1, " receive buffers of ", bytes, " bytes, have ",
            buffers.slots.size(), " of ", buffers.slot_bytes);
+  // The ring's arithmetic, as buildPlan decides it (Note [GPU one-shot all-reduce]).
+  RR_CHECK(!options.wire_dtype || (dtype == DType::kFloat32 && isHalfType(*options.wire_dtype)), kRuntime,
+           "ringreduce internal error: a one-shot with a ", dtypeName(*options.wire_dtype), " wire for ",
+           dtypeName(dtype));
+  RR_CHECK(options.pre_factor >= 0 && options.post_factor >= 0 && options.extra_divisor >= 1, kRuntime,
+           "ringreduce internal error: a one-shot with bad scaling");
+  const DType partial = partialDType(dtype, n, options.accum_float32, options.wire_dtype);
+  const bool wide = isHalfType(dtype) && partial == DType::kFloat32;  // Plan::accum_float32
   // Note [GPU one-shot all-reduce]: every rank's tensor to every other rank, in one group.
   std::vector<PeerOp> ops;
   OneShotLaunch l;
   l.op = op;
+  l.dtype = dtype;
+  l.partial = partial;
   l.args.n = n;
   l.args.count = numel;
   l.args.dst = buffers.data;
-  l.args.chunk = makeRingSchedule(n, numel, static_cast<int64_t>(dtypeSize(dtype)),
-                                  static_cast<int64_t>(dtypeSize(dtype)), 16).chunk;
-  l.args.divisor = op == RedOp::kAvg ? n : 0;
-  l.args.wide = accum_float32 && isHalfType(dtype) && n > 2;  // as buildPlan decides for the ring
+  const int64_t elem = static_cast<int64_t>(dtypeSize(dtype));
+  l.args.chunk = makeRingSchedule(n, numel, elem, std::max(elem, static_cast<int64_t>(dtypeSize(partial))), 16).chunk;
+  // Plan::finalScaling, which the ring's final reduce uses.
+  l.args.scaling = finalScaling(op, options.avg_divisor > 0 ? options.avg_divisor : n, options.extra_divisor,
+                                options.post_factor, options.pre_factor, /*round_sum=*/!wide);
   for (int j = 0; j < n; ++j) {
     if (j == index) {
       l.args.in[j] = buffers.data;

@@ -125,6 +125,8 @@ struct PeerOp {
 // The one-shot reduce (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h).
 struct OneShotLaunch {
   OneShotArgs args;
+  DType dtype = DType::kFloat32;    // the tensor's
+  DType partial = DType::kFloat32;  // the ring's partial type (partialDType, plan.h)
   RedOp op = RedOp::kSum;
 };
 
@@ -188,11 +190,14 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
 // call framing of Note [Driving the plan on streams]: one group on kComm sends buffers.data to
 // every other member and receives member j's tensor into buffers.slots[j < index ? j : j - 1]
 // (each of >= numel elements: buffers.slot_bytes), then one reduce on kCompute writes the result
-// into buffers.data. AVG divides by the ring's size; accum_float32 carries float32 partials as the
-// ring would. Throws kRuntime/kValue (before anything is enqueued) when the buffers do not fit or
-// the ring is larger than kOneShotMaxRanks.
+// into buffers.data. `options` are the flat ring's plan options, of which the one-shot takes what
+// decides the bits: accum_float32 and wire_dtype (the partial type), pre_factor, post_factor,
+// extra_divisor and avg_divisor (the final scaling; 0: the ring's size). Throws kRuntime/kValue
+// (before anything is enqueued) when the buffers do not fit or the ring is larger than
+// kOneShotMaxRanks.
 void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, DType dtype, RedOp op,
-                    bool accum_float32, const DeviceBuffers& buffers, DeviceBackend& backend, bool caller_waits);
+                    const PlanOptions& options, const DeviceBuffers& buffers, DeviceBackend& backend,
+                    bool caller_waits);
 
 // A single flat ring: `members` empty means ring index i is communicator rank i.
 void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& backend,

@@ -269,10 +269,13 @@ int rr_sim_ring(int comm_size, int nrings, int ring_size, const int* members, in
 
 // Runs `ncalls` synchronous flat all-reduces on a simulated ring of `nranks` (ring index = rank):
 // call c is a one-shot (Note [GPU one-shot all-reduce]) when bit c of one_shot_mask is set, else
-// the ring with the given segment and slots. inputs/outputs as rr_sim_allreduce's. Staging: max(n -
-// 1, num_slots) slots of max(slot_bytes, the tensor) bytes. Returns 0, or -1 with the first failure.
-int rr_sim_mixed(int nranks, long long numel, int dtype, int op, int accum_float32, long long segment_bytes,
-                 int num_slots, long long slot_bytes, int ncalls, unsigned long long one_shot_mask,
+// the ring with the given segment and slots; both with the same arithmetic options (accum_float32,
+// wire_dtype: a DType code or -1, predivide: 0 none, extra_divisor: 1 none). inputs/outputs as
+// rr_sim_allreduce's. Staging: max(n - 1, num_slots) slots of max(slot_bytes, the tensor) bytes.
+// Returns 0, or -1 with the first failure.
+int rr_sim_mixed(int nranks, long long numel, int dtype, int op, int accum_float32, int wire_dtype, double predivide,
+                 int extra_divisor, long long segment_bytes, int num_slots, long long slot_bytes, int ncalls,
+                 unsigned long long one_shot_mask,
                  unsigned long long seed, int fault, const void* const* inputs, void* const* outputs, int* hand_offs,
                  char* err, int errlen) {
   try {
@@ -281,7 +284,10 @@ int rr_sim_mixed(int nranks, long long numel, int dtype, int op, int accum_float
     const size_t bytes = static_cast<size_t>(numel) * rr::dtypeSize(dt);
     const size_t slot = std::max(static_cast<size_t>(slot_bytes), (bytes + 255) / 256 * 256);
     rr::sim::SimDevice dev(nranks, std::max(nranks - 1, num_slots), slot, seed);
-    const rr::PlanOptions opts = rr::gpuPlanOptions(rop, accum_float32 != 0, segment_bytes, num_slots, slot_bytes);
+    rr::PlanOptions opts = rr::gpuPlanOptions(rop, accum_float32 != 0, segment_bytes, num_slots, slot_bytes);
+    if (wire_dtype >= 0) opts.wire_dtype = static_cast<rr::DType>(wire_dtype);
+    opts.pre_factor = opts.post_factor = predivide;
+    opts.extra_divisor = extra_divisor;
     std::vector<std::vector<unsigned char>> data(static_cast<size_t>(ncalls * nranks));
     std::vector<std::vector<float>> accum(static_cast<size_t>(ncalls * nranks));
     std::vector<rr::sim::SimCall> calls(static_cast<size_t>(ncalls * nranks));
@@ -304,7 +310,7 @@ int rr_sim_mixed(int nranks, long long numel, int dtype, int op, int accum_float
         {
           auto be = dev.backend(r, dt, static_cast<rr::sim::Fault>(fault), &calls[i]);
           if (one_shot) {
-            rr::enqueueOneShot(members, r, numel, dt, rop, accum_float32 != 0, buf, *be, /*caller_waits=*/true);
+            rr::enqueueOneShot(members, r, numel, dt, rop, opts, buf, *be, /*caller_waits=*/true);
           } else {
             const rr::Plan plan = rr::buildPlan(nranks, r, numel, dt, opts);
             accum[i].assign(static_cast<size_t>(plan.accum_elems) + 16, -12345.0f);

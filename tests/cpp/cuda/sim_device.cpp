@@ -399,6 +399,7 @@ class SimBackend final : public DeviceBackend {
 
   void reduceInOrder(const OneShotLaunch& l) override {
     OneShotLaunch x = l;
+    RR_CHECK(x.dtype == dtype_, kRuntime, "sim: a one-shot of ", dtypeName(x.dtype), " in a call of ", dtypeName(dtype_));
     const size_t elem = dtypeSize(dtype_);
     if (fault_ == Fault::kShiftReduce && x.args.count > 1) {
       x.args.dst = static_cast<char*>(x.args.dst) + elem;
@@ -410,8 +411,7 @@ class SimBackend final : public DeviceBackend {
                " ranks";
     for (int j = 0; j < x.args.n; ++j) op->reads.push_back({x.args.in[j], static_cast<size_t>(x.args.count) * elem});
     op->writes.push_back({x.args.dst, static_cast<size_t>(x.args.count) * elem});
-    const DType dtype = dtype_;
-    op->fn = [dtype, x]() { hostOneShotReduce(dtype, x.op, x.args, /*nthreads=*/5); };
+    op->fn = [x]() { hostOneShotReduce(x.dtype, x.partial, x.op, x.args, /*nthreads=*/5); };
     dev_.enqueue(r_, Stream::kCompute, std::move(op), lane_);
   }
 
@@ -538,21 +538,21 @@ struct HostOneShotLauncher {
   int nthreads;
   template <typename TA, typename TB, typename TD, RedOp op>
   void run() {
-    if constexpr (std::is_same<TA, TD>::value && std::is_same<TB, TD>::value) {
-      for (int t = 0; t < nthreads; ++t) OneShotBody<TD, op>::run(args, t, nthreads);
+    if constexpr (std::is_same<TB, TD>::value) {
+      for (int t = 0; t < nthreads; ++t) OneShotBody<TA, TB, op>::run(args, t, nthreads);
     } else {
-      RR_THROW(kRuntime, "sim: the one-shot reduce dispatches narrow operands only");
+      RR_THROW(kRuntime, "sim: the one-shot reduce dispatches (tensor, partial, partial)");
     }
   }
 };
 
 }  // namespace
 
-void hostOneShotReduce(DType dtype, RedOp op, const OneShotArgs& args, int nthreads) {
+void hostOneShotReduce(DType dtype, DType partial, RedOp op, const OneShotArgs& args, int nthreads) {
   checkSupported(dtype, op);
   if (args.count <= 0) return;
   HostOneShotLauncher l{args, nthreads < 1 ? 1 : nthreads};
-  dispatchReduce(op, dtype, dtype, dtype, l);
+  dispatchReduce(op, dtype, partial, partial, l);
 }
 
 std::unique_ptr<DeviceBackend> SimDevice::backend(int r, DType dtype, Fault fault, SimCall* call) {
