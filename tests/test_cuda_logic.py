@@ -544,18 +544,27 @@ def test_lanes_give_the_one_lane_bits(lib, lanes):
     """Note [Lanes]: lanes run side by side on their own simulated streams and communicators (random
     interleavings, race detector, back-to-back and async calls sharing the staging); on random data the
     result is bitwise the one-lane ring's on every rank, for float32, bf16 with float32 partials (lanes
-    share the partials buffer) and fp16 AVG."""
+    share the partials buffer), fp16 AVG, and float32 with a 16-bit wire and/or a predivide factor
+    (each lane converts its own segments' first hop and shares the 16-bit partials buffer), which is
+    also the ring's arithmetic reproduced in torch."""
     gen = torch.Generator().manual_seed(100 + lanes)
-    for n, numel, dtype, op, accum in ((3, 2053, torch.float32, SUM, False), (4, 1031, torch.bfloat16, AVG, True),
-                                       (2, 777, torch.float16, AVG, False), (5, 4099, torch.float32, MAX, False)):
+    for n, numel, dtype, op, accum, wire, factor in (
+            (3, 2053, torch.float32, SUM, False, None, 0.0), (4, 1031, torch.bfloat16, AVG, True, None, 0.0),
+            (2, 777, torch.float16, AVG, False, None, 0.0), (5, 4099, torch.float32, MAX, False, None, 0.0),
+            (3, 2053, torch.float32, AVG, False, torch.bfloat16, 0.0),
+            (4, 1031, torch.float32, SUM, False, torch.float16, 2.0),
+            (2, 777, torch.float32, AVG, False, None, 3.0)):
         ins = [[(torch.randn(numel, generator=gen) * 100).to(dtype) for _ in range(n)] for _ in range(3)]
         kw = dict(nranks=n, numel=numel, dtype=dtype, op=op, accum=accum, segment_bytes=96, num_slots=2,
-                  inputs=ins, ncalls=3, async_mask=0b010)
+                  inputs=ins, ncalls=3, async_mask=0b010, wire=wire, predivide=factor)
         rc, msg, _, one = sim_allreduce(lib, seed=1, lanes=1, **kw)
         assert rc == 0, msg
+        if wire is not None or factor:
+            for c in range(3):
+                assert same_bits(one[c][0], ring_emulation(ins[c], op, wire, factor)), f"n={n} {wire} call {c}"
         for seed in range(3):
             rc, msg, _, outs = sim_allreduce(lib, seed=seed, lanes=lanes, gather_into_data=seed != 1, **kw)
-            label = f"{lanes} lanes n={n} {dtype} seed {seed}"
+            label = f"{lanes} lanes n={n} {dtype} wire={wire} f={factor} seed {seed}"
             assert rc == 0, f"{label}: {msg}"
             for c in range(3):
                 for got in outs[c]:

@@ -149,8 +149,9 @@ enum PhaseMask : uint8_t { kPhaseReduceScatter = 1, kPhaseAllGather = 2, kPhaseB
 // chunk: the chunks, their owners and the order in which each element's contributions are combined
 // are the one-lane ring's, so every result bit is too, whatever K (tests assert it). A lane's
 // exchanges keep their indices in the full grid (they are a subset of it; the others are absent,
-// like empty ones), its staging slots are numbered within the lane, and the float32 partials of
-// segment j are only ever touched by the lane of j, so lanes may share the partials buffer.
+// like empty ones), its staging slots are numbered within the lane, and the partials of segment j
+// (kAccum: float32, or a 16-bit wire's, whose first hop's convert is the lane's own too) are only
+// ever touched by the lane of j, so lanes may share the partials buffer (checkLanes verifies both).
 // lanes = 1 is the plain ring.
 constexpr int32_t kAutoSlots = 0;
 constexpr int32_t kDefaultSlots = 4;

@@ -14,6 +14,10 @@
 // larger exchanges are better, and the only limits are the staging memory (a segment must fit a
 // slot) and the pipelining (the reduce of segment j overlaps the transfer of segment j + 1). So:
 //   * slots = 2 (RINGREDUCE_SLOTS overrides): double buffering is all a serialized lane needs;
+//   * a slot holds one segment of the widest element the plan moves (Plan::slotBytes): the tensor's,
+//     or float32 with accum_dtype=float32 on a half type; a 16-bit wire never widens it (its 16-bit
+//     partials fill half a slot, the float32 all-gather all of it), so a wire or a predivide factor
+//     never changes the pipeline, and the driver refuses slots smaller than a plan needs;
 //   * a segment is as large as a slot (staging / (lanes x slots); RINGREDUCE_SEGMENT_BYTES caps it
 //     instead), and never more than half a chunk's share of a lane (makeRingSchedule's own rule:
 //     ceil(chunk / 2)), so that every lane of every chunk pipelines at least two segments. With the
@@ -70,7 +74,8 @@ struct GpuPipeline {
 };
 
 // The pipeline of a ring call over `nranks` ranks of `numel` elements of `dtype` (float32
-// partials on the wire when `accum_float32`), in `staging_bytes` of staging, with at most
+// partials on the wire when `accum_float32`; a 16-bit wire_dtype needs no argument: its widest
+// element is the tensor's), in `staging_bytes` of staging, with at most
 // `max_lanes` lanes (the communicator's). Throws kValue for knobs out of range or staging too small
 // for the slots.
 GpuPipeline gpuPipeline(int nranks, int64_t numel, DType dtype, bool accum_float32, int64_t staging_bytes,

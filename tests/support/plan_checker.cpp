@@ -1246,8 +1246,10 @@ std::string checkPlans(int nranks, int64_t numel, DType dtype, const PlanOptions
 std::string checkLanes(int nranks, int64_t numel, DType dtype, const PlanOptions& opt, uint64_t seed, int trials) {
   const int lanes = opt.lanes;
   if (lanes < 1) return concat("[lanes=", lanes, "] needs at least one lane");
-  // Which lane touches each element of the tensor (-1: none yet), over every rank's plans.
+  // Which lane touches each element of the tensor, and each element of the partials buffer that the
+  // lanes share (one chunk, indexed within it), -1: none yet; over every rank's plans.
   std::vector<int> owner(static_cast<size_t>(numel > 0 ? numel : 0), -1);
+  std::vector<int> accum_owner;
   for (int k = 0; k < lanes; ++k) {
     PlanOptions o = opt;
     o.lane = k;
@@ -1255,16 +1257,21 @@ std::string checkLanes(int nranks, int64_t numel, DType dtype, const PlanOptions
     if (!err.empty()) return concat("[lane ", k, " of ", lanes, "] ", err);
     for (int r = 0; r < nranks; ++r) {
       const Plan p = buildPlan(nranks, r, numel, dtype, o);
+      if (accum_owner.size() < static_cast<size_t>(p.accum_elems)) accum_owner.resize(p.accum_elems, -1);
       for (const Op& op : p.ops)
         for (const Span* sp : {&op.send, &op.recv, &op.a, &op.dst}) {
-          if (sp->buf != BufKind::kData) continue;
+          if (sp->buf != BufKind::kData && sp->buf != BufKind::kAccum) continue;
+          const bool data = sp->buf == BufKind::kData;
+          const char* what = data ? "element " : "partial ";
           for (int64_t i = sp->offset; i < sp->offset + sp->count; ++i) {
-            int& who = owner[static_cast<size_t>(i)];
+            if (!data && i >= p.accum_elems) return concat("[lanes=", lanes, "] partial ", i, " outside kAccum");
+            int& who = (data ? owner : accum_owner)[static_cast<size_t>(i)];
             if (who >= 0 && who != k)
-              return concat("[lanes=", lanes, "] element ", i, " is touched by lanes ", who, " and ", k);
+              return concat("[lanes=", lanes, "] ", what, i, " is touched by lanes ", who, " and ", k);
             who = k;
+            // A partial's index is its element's index within the chunk: the same lane.
             if (laneOfElement(p.sched, lanes, i) != k)
-              return concat("[lanes=", lanes, "] lane ", k, " touches element ", i, " of lane ",
+              return concat("[lanes=", lanes, "] lane ", k, " touches ", what, i, " of lane ",
                             laneOfElement(p.sched, lanes, i));
           }
         }

@@ -87,7 +87,8 @@ std::string checkPlans(int nranks, int64_t numel, DType dtype, const PlanOptions
 
 // Note [Lanes] (plan.h): checks the plan set of every lane 0..opt.lanes-1 (each as checkPlans does,
 // finishing only its own elements), and that the lanes split the tensor: every element is touched
-// by exactly one lane, the lane laneOfElement() names.
+// by exactly one lane, the lane laneOfElement() names; so is every element of the partials buffer
+// (kAccum, shared by the lanes: float32 partials, or a 16-bit wire's), by its chunk position.
 std::string checkLanes(int nranks, int64_t numel, DType dtype, const PlanOptions& opt, uint64_t seed, int trials);
 
 // One op of a plan as text ("op #12 compute reduce x5 data[8+4] = data[8+4] + slot1[0+4] final").

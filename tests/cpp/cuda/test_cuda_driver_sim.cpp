@@ -444,6 +444,45 @@ TEST_CASE(lanes_run_side_by_side) {
   CHECK_MSG(caught == 4, "a missing lane join went unnoticed in " << 4 - caught << " of 4 schedules");
 }
 
+// Note [GPU pipeline rule]: a slot must hold a segment of the plan's widest element. A 16-bit wire
+// plan's reduce-scatter receives 16-bit partials but its all-gather float32 elements; staging sized
+// for the partials alone is refused before anything is enqueued (an internal error), staging of the
+// plan's slotBytes() is enqueued (not run: one rank alone). The same for float32 partials of a
+// bfloat16 tensor.
+TEST_CASE(driver_refuses_slots_narrower_than_the_widest_element) {
+  const int n = 3;
+  const int64_t numel = 301;
+  for (rr::DType dtype : {rr::DType::kFloat32, rr::DType::kBFloat16}) {
+    const bool wire = dtype == rr::DType::kFloat32;
+    rr::PlanOptions o = rr::gpuPlanOptions(rr::RedOp::kSum, !wire, 64, 2, 256);
+    if (wire) o.wire_dtype = rr::DType::kBFloat16;
+    const rr::Plan plan = rr::buildPlan(n, 0, numel, dtype, o);
+    CHECK_EQ(plan.slotBytes(), plan.slot_elems * 4);  // float32: the all-gather's, or the partials'
+    for (size_t slot_bytes : {static_cast<size_t>(plan.slot_elems * 2), static_cast<size_t>(plan.slotBytes())}) {
+      rr::sim::SimDevice dev(n, 2, slot_bytes, 1);
+      std::vector<float> tensor(static_cast<size_t>(numel), 1.0f), accum(static_cast<size_t>(plan.accum_elems) + 1);
+      rr::DeviceBuffers b;
+      b.data = tensor.data();
+      b.accum = accum.data();
+      b.slot_bytes = slot_bytes;
+      for (auto& sl : dev.rank(0).slots) b.slots.push_back(sl.data());
+      std::string what;
+      rr::sim::SimCall call;
+      try {
+        auto be = dev.backend(0, dtype, Fault::kNone, &call);
+        rr::enqueueRingCall(plan, rr::RedOp::kSum, b, *be, true);
+      } catch (const rr::Error& e) {
+        what = e.what();
+      }
+      if (slot_bytes < static_cast<size_t>(plan.slotBytes())) {
+        CHECK_MSG(what.find("internal error: staging slots of") != std::string::npos, what);
+      } else {
+        CHECK_MSG(what.empty(), what);
+      }
+    }
+  }
+}
+
 TEST_CASE(stage_builders_refuse_bad_rings) {
   auto throws = [](const std::function<void()>& f) {
     try {

@@ -4,6 +4,7 @@
 // ring halves, float32 partials - passes the plan checker (tests/support/plan_checker.h), which
 // runs all ranks' plans with random completion orders.
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -161,27 +162,48 @@ TEST_CASE(every_pipeline_shape_passes_the_plan_checker) {
   CHECK(checked > 20);
 }
 
-// Note [Lanes]: every lane count with every pipeline shape: each lane's plan set passes the checker
-// and the lanes split the tensor, every element to exactly one lane.
+// The arithmetic a plan may carry (Note [Reduction contract]): none, float32 partials of a half
+// tensor, a 16-bit wire of a float32 tensor, predivide factors with and without a wire.
+struct Arith {
+  DType dtype;
+  bool accum;
+  std::optional<DType> wire;
+  double predivide;
+};
+const Arith kAriths[] = {{DType::kFloat32, false, std::nullopt, 0},
+                         {DType::kFloat16, true, std::nullopt, 0},
+                         {DType::kFloat32, false, DType::kBFloat16, 0},
+                         {DType::kFloat32, false, DType::kFloat16, 3},
+                         {DType::kBFloat16, true, std::nullopt, 2}};
+
+PlanOptions withArith(PlanOptions o, const Arith& a) {
+  o.wire_dtype = a.wire;
+  o.pre_factor = o.post_factor = a.predivide;
+  return o;
+}
+
+// Note [Lanes]: every lane count with every pipeline shape and arithmetic: each lane's plan set
+// passes the checker (a 16-bit wire's converts and partial hops included: each element of each rank
+// divided once, reduced once), and the lanes split the tensor and the partials they share, every
+// element to exactly one lane.
 TEST_CASE(lanes_split_the_tensor_and_pass_the_plan_checker) {
   int checked = 0;
   for (int n : {2, 3, 4})
     for (int lanes : {1, 2, 3, 4})
       for (int64_t numel : {int64_t{1}, int64_t{n + 1}, int64_t{517}, int64_t{3001}})
-        for (bool accum : {false, true}) {
+        for (const Arith& a : kAriths) {
           if (rrtest::kSanitized && numel > 600) continue;
-          const DType dt = accum ? DType::kFloat16 : DType::kFloat32;
           GpuKnobs k;
           k.lanes = lanes;
-          const GpuPipeline p = gpuPipeline(n, numel, dt, accum, 8192, k, kGpuMaxLanes);
+          const GpuPipeline p = gpuPipeline(n, numel, a.dtype, a.accum, 8192, k, kGpuMaxLanes);
           CHECK_EQ(p.lanes, lanes);
-          PlanOptions o = gpuPlanOptions(RedOp::kAvg, accum, p.max_segment_bytes, p.slots, p.slot_bytes);
+          PlanOptions o = withArith(gpuPlanOptions(RedOp::kAvg, a.accum, p.max_segment_bytes, p.slots, p.slot_bytes), a);
           o.lanes = p.lanes;
-          const std::string bad = checkLanes(n, numel, dt, o, 31 * n + numel + lanes, 1);
+          const std::string bad = checkLanes(n, numel, a.dtype, o, 31 * n + numel + lanes, 1);
           CHECK_MSG(bad.empty(), bad);
           ++checked;
         }
-  CHECK(checked > 50);
+  CHECK(checked > 150);
   // A plan set whose ranks run different lanes is refused by name.
   PlanOptions o = gpuPlanOptions(RedOp::kSum, false, 64, 2, 256);
   o.lanes = 2;
@@ -192,6 +214,43 @@ TEST_CASE(lanes_split_the_tensor_and_pass_the_plan_checker) {
   }
   const std::string err = checkPlanSet(plans, CheckOptions());
   CHECK_MSG(err.find("lane") != std::string::npos, err);
+}
+
+// Note [GPU pipeline rule]: a slot holds a segment of the widest element the plan moves. With a
+// 16-bit wire that is the float32 all-gather (the reduce-scatter's 16-bit partials fill half a slot),
+// with accum_dtype=float32 the float32 partials: so the rule's segments are those of the float32
+// (or float32-partial) plan, every lane's staging spans fit its slots, and all lanes' slots fit the
+// staging.
+TEST_CASE(slots_hold_the_widest_element_of_wire_and_accum_plans) {
+  int checked = 0;
+  for (int n : {2, 3, 8})
+    for (int64_t bytes : {int64_t{4} << 10, int64_t{1} << 20, int64_t{64} << 20})
+      for (int32_t max_lanes : {1, kGpuMaxLanes})
+        for (const Arith& a : kAriths) {
+          const int64_t numel = bytes / static_cast<int64_t>(dtypeSize(a.dtype));
+          const GpuPipeline p = gpuPipeline(n, numel, a.dtype, a.accum, kGpuStagingBytes, GpuKnobs(), max_lanes);
+          CHECK(p.slot_bytes * p.slots * p.lanes <= kGpuStagingBytes);
+          PlanOptions o = withArith(gpuPlanOptions(RedOp::kSum, a.accum, p.max_segment_bytes, p.slots, p.slot_bytes), a);
+          o.lanes = p.lanes;
+          const PlanOptions plain = gpuPlanOptions(RedOp::kSum, a.accum, p.max_segment_bytes, p.slots, p.slot_bytes);
+          for (int32_t lane = 0; lane < p.lanes; ++lane) {
+            o.lane = lane;
+            const Plan plan = buildPlan(n, n - 1, numel, a.dtype, o);
+            const int64_t widest = plan.accum_float32 ? 4 : static_cast<int64_t>(dtypeSize(a.dtype));
+            CHECK_MSG(plan.slotBytes() == plan.slot_elems * widest, "slot of " << plan.slotBytes() << " bytes");
+            CHECK_MSG(static_cast<int64_t>(slotBytesFor(plan)) <= p.slot_bytes,
+                      n << " ranks, " << bytes << " B, wire " << (a.wire ? dtypeName(*a.wire) : "none") << ": plan slot "
+                         << slotBytesFor(plan) << " > " << p.slot_bytes);
+            for (const Op& op : plan.ops)
+              for (const Span* sp : {&op.send, &op.recv, &op.a, &op.dst})
+                if (sp->buf == BufKind::kStaging)
+                  CHECK(sp->count * static_cast<int64_t>(dtypeSize(sp->type)) <= plan.slotBytes());
+            // A wire or a predivide factor never changes the pipeline's segments.
+            CHECK_EQ(plan.sched.segment, buildPlan(n, n - 1, numel, a.dtype, plain).sched.segment);
+            ++checked;
+          }
+        }
+  CHECK(checked > 90);
 }
 
 TEST_MAIN()
