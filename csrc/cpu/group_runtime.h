@@ -73,13 +73,15 @@ constexpr std::chrono::microseconds kWorkerSpin{10};
 // csrc/core/agreement.h). Once the frames agree, every rank reduces the n tensors itself, chunk by
 // chunk of the ring's schedule, in the ring's order: chunk c starts with rank c's elements and
 // takes rank c + 1's, c + 2's, ... as each hop of the ring would (local elements first operand,
-// partial second, half types rounded at every hop unless accum_dtype=float32, AVG dividing the
-// complete sum once). The result is therefore bitwise the ring's, on every rank, for every segment
+// partial second, half types rounded at every hop unless accum_dtype=float32, a 16-bit wire's
+// partials rounded at every hop from the first hop's convert on, every contribution divided by the
+// predivide factor, the complete sum scaled once: hostReduceInOrder with the plan's partial type and
+// final Scaling). The result is therefore bitwise the ring's, on every rank, for every segment
 // size. Bytes: (n - 1) S per rank instead of 2 (n - 1) / n S, in one latency instead of 2 (n - 1):
 // the same bytes for two ranks, where it takes tensors up to 1 MiB (measured back-to-back on 2 vCPUs:
 // 0.52-0.77x gloo's time from 256 KiB to 1 MiB, the ring 1.14-1.27x), 64 KiB up to 8 ranks and 32 KiB
 // beyond (docs/performance.md). Its memory, 2 (n - 1) receive buffers and one send buffer of
-// 144 B + oneShotBytes(n) each and 256 KiB of scratch, is at most kOneShotMemoryBytes (3.3 MiB at
+// kFrameBytes (160 B) + oneShotBytes(n) each and 256 KiB of scratch, is at most kOneShotMemoryBytes (3.3 MiB at
 // 2 ranks, under 1.3 MiB beyond), on top of the staging slots.
 constexpr int64_t oneShotBytes(int ranks) { return ranks <= 2 ? 1 << 20 : ranks <= 8 ? 64 << 10 : 32 << 10; }
 constexpr int64_t kOneShotMemoryBytes = 4 << 20;
