@@ -16,9 +16,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from ranks import run_ranks
+from refdata import ring_reference
 
 import ringreduce as rr
-from ringreduce._native import C
 
 BOTH_TRANSPORTS = True
 
@@ -26,48 +26,7 @@ WIRES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # ------------------------------------------------------------------------------------------------
-# The reference: the ring's arithmetic, reproduced with torch float32 ops
-
-
-def chunk_bounds(n: int, numel: int, dtype: torch.dtype = torch.float32) -> list[tuple[int, int]]:
-    """The ring's chunks (Note [Chunk ownership], csrc/core/schedule.h), from the native plan."""
-    return [tuple(b) for b in C.plan_summary(n, 0, numel, C.dtype_code(dtype))["chunks"]]
-
-
-def ring_reference(inputs: list[torch.Tensor], op: str = "avg", wire: torch.dtype | None = None,
-                   factor: float | None = None, extra: int = 1) -> torch.Tensor:
-    """What the flat ring computes from rank r's float32 `inputs[r]`: chunk c takes rank c's value
-    first, then c + 1's, ..., each entering divided by `factor`; partials rounded to `wire` per hop;
-    the final sum scaled once (AVG: / (n * extra / factor); SUM: * factor, or / (extra / factor))."""
-    n = len(inputs)
-    numel = inputs[0].numel()
-    out = torch.empty(numel, dtype=torch.float32)
-    f32 = torch.float32
-    f = torch.tensor(factor, dtype=f32) if factor else None
-
-    def enter(t: torch.Tensor) -> torch.Tensor:
-        return t / f if f is not None else t
-
-    for c, (b, e) in enumerate(chunk_bounds(n, numel)):
-        if b >= e:
-            continue
-        xs = [inputs[(c + j) % n].reshape(-1)[b:e] for j in range(n)]
-        p = enter(xs[0])
-        if wire is not None:
-            p = p.to(wire)
-        for k in range(1, n):
-            s = enter(xs[k]) + p.to(f32)
-            p = s.to(wire) if (wire is not None and k < n - 1) else s
-        divisor = n * extra if op == "avg" else (extra if extra > 1 else 0)
-        if divisor:
-            q = torch.tensor(float(divisor), dtype=f32)
-            if f is not None:
-                q = q / f
-            p = p / q
-        elif f is not None:
-            p = p * f
-        out[b:e] = p
-    return out
+# The reference: the ring's arithmetic, reproduced with torch float32 ops (refdata.ring_reference)
 
 
 def random_inputs(n: int, numel: int, seed: int) -> list[torch.Tensor]:

@@ -24,7 +24,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from refdata import bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks
+from refdata import bits_equal, exact_input, gather_inputs, reference, ring_reference, same_on_all_ranks
 
 from gpu.gpu_ranks import device, need_gpus, run_gpu_ranks, world
 from gpu.sweeps import all_reduce_cases
@@ -98,6 +98,43 @@ def _random_vs_nccl(rank: int, n: int) -> None:
 
 def test_random_data_matches_nccl():
     run_gpu_ranks(_random_vs_nccl)
+
+
+# ---- 16-bit wires and predivide factors: the ring's arithmetic on every path ---------------------
+
+
+def _wire_and_scaling(rank: int, n: int, on_cuda: bool = True) -> int:
+    """Bitwise the ring's arithmetic reproduced in torch (refdata.ring_reference), on every rank, for
+    the one-shot (a small tensor with algorithm "auto"), the ring ("ring") and the ring in lanes (a
+    16 MiB tensor: chunks of >= 4 MiB at <= 3 ranks give the default communicator's 2 lanes)."""
+    import ringreduce as rr
+
+    dev = device(rank) if on_cuda else torch.device("cpu")
+    wires = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}
+    cases = [(1009, "avg", "bf16", None), (1009, "sum", "fp16", 3.0), (1009, "avg", None, 4.0),
+             (300_007, "avg", "fp16", 2.0), (4 * 2**20 + 3, "avg", "bf16", None),
+             (4 * 2**20 + 3, "sum", "fp16", 3.0)]
+    runs = 0
+    for i, (numel, op, wire, factor) in enumerate(cases):
+        gen = torch.Generator().manual_seed(900 + i)
+        inputs = [torch.randn(numel, generator=gen) * (r + 1) for r in range(n)]
+        want = ring_reference(inputs, op, wires[wire], factor)
+        for algorithm in ("auto", "ring") if numel < 2**20 else ("auto",):
+            t = inputs[rank].to(dev, copy=True)
+            if op == "avg":
+                rr.all_reduce_avg(t, algorithm=algorithm, wire_dtype=wires[wire], predivide_factor=factor)
+            else:
+                rr.all_reduce(t, op="sum", algorithm=algorithm, wire_dtype=wires[wire], predivide_factor=factor)
+            label = f"numel={numel} {op} wire={wire} f={factor} {algorithm}"
+            assert bits_equal(t.cpu(), want), f"{label}: {int((t.cpu() != want).sum())} elements differ"
+            assert same_on_all_ranks(t), label
+            runs += 1
+    return runs
+
+
+def test_wire_and_predivide_are_the_rings_arithmetic():
+    counts = run_gpu_ranks(_wire_and_scaling)
+    assert all(c == 10 for c in counts)
 
 
 # ---- layouts -----------------------------------------------------------------------------------
