@@ -21,7 +21,9 @@ and its import. ``scripts/gpu_check.sh`` runs every GPU check, on one GPU too.
   it): each lane is a communicator of its own with its own streams, so large all-reduces run two
   rings side by side (Note [Lanes] in csrc/core/plan.h; the bits are the one-lane ring's). Init and
   first connections may take the store's timeout; each later call ``RINGREDUCE_TIMEOUT`` seconds
-  (else the group's timeout). The communicator is non-blocking
+  (else the group's timeout). Ctrl-C ends each such host wait within 1 s with KeyboardInterrupt and
+  leaves the group unusable on this rank (Note [Interrupting a host wait on CUDA] in
+  csrc/cuda/host_interrupt.h). The communicator is non-blocking
   (``config.blocking = 0``) with a blocking child (``ncclCommSplit``) that carries every exchange of a
   call but the first of each ring stage, so the host waits for NCCL once per stage, not per segment
   (Note [Hand-off and queued exchanges] in csrc/cuda/nccl_comm.h); it has its own communication and

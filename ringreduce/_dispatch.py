@@ -44,18 +44,42 @@ def debug_level() -> int:
     return 2 if raw == "DETAIL" else 1
 
 
+def ring_parameters(is_cuda: bool) -> str:
+    """The ring's parameters in a DETAIL log line: the CPU ring's segment and slots, or, on CUDA, the
+    GPU pipeline rule (csrc/cuda/gpu_pipeline.h: it picks segment, slots, lanes and the one-shot per
+    call) with the overrides that are set."""
+    if not is_cuda:
+        return f"segment_bytes={_config.segment_bytes()} slots={_config.num_slots() or 'auto'}"
+    segment, slots = _config.segment_bytes_override(), _config.num_slots()
+    lanes, one_shot = _config.lanes(), _config.one_shot_bytes()
+    return (
+        f"segment_bytes={f'<={segment}' if segment else 'gpu rule'} "
+        f"slots={f'{slots} per lane' if slots else 'gpu rule'} "
+        f"lanes={f'<={lanes}' if lanes else 'gpu rule'} "
+        f"one_shot_bytes={one_shot if one_shot >= 0 else 'gpu rule'}"
+    )
+
+
 def log_call(info: GroupInfo, handle: Any, tensor: torch.Tensor, op: ReduceOp, kind: Any, level: int,
              async_op: bool, accum: bool, seconds: float | None, local_size: int = 0) -> None:
+    """One RINGREDUCE_DEBUG line. `handle`: the call's native handle (None: a CUDA call without one,
+    i.e. synchronous); `seconds`: how long a synchronous call took (CUDA: to enqueue)."""
     algo = f"hierarchical(local_size={local_size})" if local_size else "ring"
+    number = "" if handle is None else f" call #{handle.seq}"
     msg = (
-        f"rank {info.rank}/{info.size} {info.name} call #{handle.seq} {KIND_NAMES.get(kind, kind)} "
+        f"rank {info.rank}/{info.size} {info.name}{number} {KIND_NAMES.get(kind, kind)} "
         f"op={op.name} dtype={str(tensor.dtype).replace('torch.', '')} numel={tensor.numel()} "
         f"algorithm={algo} device={tensor.device.type}{' accum=float32' if accum else ''}"
     )
-    msg += " async (submitted)" if seconds is None else f" time={seconds * 1e6:.0f}us"
+    if seconds is None:
+        msg += " async (submitted)"
+    elif tensor.is_cuda:
+        msg += f" enqueued in {seconds * 1e6:.0f}us (the GPU runs it after)"
+    else:
+        msg += f" time={seconds * 1e6:.0f}us"
     if level >= 2:
         msg += (
-            f" segment_bytes={_config.segment_bytes()} slots={_config.num_slots() or 'auto'} "
+            f" {ring_parameters(tensor.is_cuda)} "
             f"check={_config.check_enabled(tensor.is_cuda)} contiguous={tensor.is_contiguous()}"
         )
         if seconds is not None and hasattr(handle, "timing_us"):
@@ -234,16 +258,21 @@ def run_all_reduce(
     if info is None or tensor.numel() == 0 or info.size == 1:
         return Work.completed([tensor]) if async_op else None
     local_size, members = choose_algorithm(info, algorithm)
+    level = debug_level()
     if tensor.is_cuda:
         from ringreduce import _cuda
 
+        start = time.perf_counter()
         name = f"ringreduce.{KIND_NAMES[kind]}"
         with torch.profiler.record_function(name), torch.cuda.nvtx.range(name):
-            return _cuda.cuda_all_reduce(
+            cuda_work = _cuda.cuda_all_reduce(
                 tensor, rop, info, async_op, accum, int(kind), local_size=local_size, members=members,
                 one_shot=algorithm == "auto",
             )
-    level = debug_level()
+        if level:
+            log_call(info, getattr(cuda_work, "_handle", None), tensor, rop, kind, level, async_op, accum,
+                     None if async_op else time.perf_counter() - start, local_size)
+        return cuda_work
     start = time.perf_counter()
     # The profiler range only when a profiler listens: entering one costs ~10 us per call otherwise.
     scope = (torch.profiler.record_function(f"ringreduce.{KIND_NAMES[kind]}")
