@@ -52,12 +52,12 @@ def ring_parameters(is_cuda: bool) -> str:
         return f"segment_bytes={_config.segment_bytes()} slots={_config.num_slots() or 'auto'}"
     segment, slots = _config.segment_bytes_override(), _config.num_slots()
     lanes, one_shot = _config.lanes(), _config.one_shot_bytes()
-    return (
-        f"segment_bytes={f'<={segment}' if segment else 'gpu rule'} "
-        f"slots={f'{slots} per lane' if slots else 'gpu rule'} "
-        f"lanes={f'<={lanes}' if lanes else 'gpu rule'} "
-        f"one_shot_bytes={one_shot if one_shot >= 0 else 'gpu rule'}"
-    )
+    return " ".join((
+        f"segment_bytes<={segment}" if segment else "segment_bytes=gpu rule",  # a set value caps the rule's
+        f"slots={slots} per lane" if slots else "slots=gpu rule",
+        f"lanes<={lanes}" if lanes else "lanes=gpu rule",  # the communicator's lanes bound it too
+        f"one_shot_bytes={one_shot}" if one_shot >= 0 else "one_shot_bytes=gpu rule",
+    ))
 
 
 def log_call(info: GroupInfo, handle: Any, tensor: torch.Tensor, op: ReduceOp, kind: Any, level: int,

@@ -488,3 +488,43 @@ def test_build_info_reports_cuda_and_nccl():
     assert info["cuda"] is True
     assert info["nccl_version"] and info["nccl_runtime_version"]
     assert info["cuda_archs"]
+
+
+def _debug_lines(rank: int, n: int) -> list[str]:
+    import logging
+
+    import ringreduce as rr
+
+    class Capture(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+
+    dev = device(rank)
+    cap = Capture()
+    log = logging.getLogger("ringreduce")
+    log.addHandler(cap)
+    knobs = ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_LANES", "RINGREDUCE_ONESHOT_BYTES")
+    saved = {k: os.environ.pop(k) for k in knobs if k in os.environ}  # the pipeline rule itself
+    os.environ["RINGREDUCE_DEBUG"] = "DETAIL"
+    try:
+        x = torch.ones(4096, device=dev)
+        rr.all_reduce(x)
+        rr.all_reduce(x, async_op=True).wait()
+    finally:
+        os.environ.pop("RINGREDUCE_DEBUG")
+        os.environ.update(saved)
+        log.removeHandler(cap)
+    torch.cuda.synchronize(dev)
+    assert bool((x == n * n).all())
+    return cap.lines
+
+
+def test_debug_log_of_gpu_calls_names_the_pipeline_rule():
+    lines = run_gpu_ranks(_debug_lines)[0]
+    assert len(lines) == 2, lines
+    assert all("device=cuda" in ln and "segment_bytes=gpu rule" in ln for ln in lines), lines
+    assert "enqueued in" in lines[0] and "call #" in lines[1] and "async" in lines[1], lines
