@@ -278,9 +278,7 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
             # The other ranks wait in init until their connect timeout; a second try here would not
             # meet them (the generation moved on): the group is done for ringreduce on this rank.
             with _lock:
-                _interrupted[key] = (
-                    f"{interrupt_reason(info.name, None)} (its NCCL communicator was being created)"
-                )
+                _interrupted[key] = interrupt_reason(info.name, None, "waited for its NCCL communicator")
             raise
         with _lock:
             _comms[key] = (info.pg, device.index, comm)

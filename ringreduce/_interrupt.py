@@ -31,11 +31,11 @@ SLICE_MS = 100  # worst-case extra latency of Ctrl-C; a finished call returns at
 _SETTLE_MS = 500  # how long an interrupted wait lets the worker finish failing the call
 
 
-def interrupt_reason(ring_name: str, seq: int | None) -> str:
-    """Why a ring is unusable after Ctrl-C during call `seq` (None: a call not numbered yet)."""
-    during = "a call" if seq is None else f"call #{seq}"
+def interrupt_reason(ring_name: str, seq: int | None, waited: str = "waited") -> str:
+    """Why a ring is unusable after Ctrl-C while call `seq` (None: a call not numbered yet) `waited`."""
+    call = "a call" if seq is None else f"call #{seq}"
     return (
-        f"ringreduce: {ring_name} was interrupted on this rank (KeyboardInterrupt while {during} waited); "
+        f"ringreduce: {ring_name} was interrupted on this rank (KeyboardInterrupt while {call} {waited}); "
         "the group is unusable for ringreduce on this rank: destroy the process group "
         "(torch.distributed.destroy_process_group()) and create a new one to go on"
     )
