@@ -21,7 +21,9 @@ and its import. ``scripts/gpu_check.sh`` runs every GPU check, on one GPU too.
   it): each lane is a communicator of its own with its own streams, so large all-reduces run two
   rings side by side (Note [Lanes] in csrc/core/plan.h; the bits are the one-lane ring's). Init and
   first connections may take the store's timeout; each later call ``RINGREDUCE_TIMEOUT`` seconds
-  (else the group's timeout). The communicator is non-blocking
+  (else the group's timeout). Ctrl-C ends each such host wait within 1 s with KeyboardInterrupt and
+  leaves the group unusable on this rank (Note [Interrupting a host wait on CUDA] in
+  csrc/cuda/host_interrupt.h). The communicator is non-blocking
   (``config.blocking = 0``) with a blocking child (``ncclCommSplit``) that carries every exchange of a
   call but the first of each ring stage, so the host waits for NCCL once per stage, not per segment
   (Note [Hand-off and queued exchanges] in csrc/cuda/nccl_comm.h); it has its own communication and
@@ -94,6 +96,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
 from typing import Any
 
 import torch
@@ -101,7 +104,7 @@ import torch.distributed as dist
 
 from ringreduce import _config
 from ringreduce._groups import GroupInfo
-from ringreduce._interrupt import interrupt_reason
+from ringreduce._interrupt import SLICE_MS, interrupt_reason
 from ringreduce._types import KIND_NAMES, CallKind
 from ringreduce.work import Work
 
@@ -113,6 +116,9 @@ _lock = threading.Lock()  # guards the dicts below; never held while waiting for
 # (Note [One GPU per group]); the group is held so that its id cannot be reused while it lives.
 _comms: dict[int, tuple[Any, int, Any]] = {}
 _creating: dict[int, threading.Lock] = {}  # id(process group) -> its creation lock
+# id(process group) -> why its communicator will never exist: Ctrl-C interrupted its creation (Note
+# [Interrupting a host wait on CUDA] in csrc/cuda/host_interrupt.h)
+_interrupted: dict[int, str] = {}
 _shut_down = False
 
 
@@ -173,7 +179,8 @@ def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, 
     uid_key = _UID_KEY.format(group=group, generation=generation)
     if pg_rank == 0:
         store.set(uid_key, _pack_ids([C.nccl_unique_id() for _ in range(max(1, lanes))]))
-    ids = _unpack_ids(store.get(uid_key))  # blocks until rank 0 published them (store timeout)
+    _wait_for_key(store, uid_key, f"rank 0 of {group} did not publish the NCCL unique ids")
+    ids = _unpack_ids(store.get(uid_key))
     if int(store.add(uid_key + "/read", 1)) == pg_size:
         for k in (uid_key, uid_key + "/read"):
             try:
@@ -181,6 +188,27 @@ def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, 
             except Exception:  # noqa: BLE001 - a store without deletion: the key is never read again
                 pass
     return ids, generation
+
+
+def _wait_for_key(store: Any, key: str, what: str) -> None:
+    """Waits until `key` is in `store`, at most the store's timeout, in slices: ``store.get`` would
+    block with the GIL released until then, out of Ctrl-C's reach (Note [Ctrl-C] in
+    ringreduce/_interrupt.py); ``time.sleep`` between the checks is where KeyboardInterrupt lands.
+    Raises DistStoreError saying `what` at the timeout."""
+    try:
+        limit_s = store.timeout.total_seconds()
+    except Exception:  # noqa: BLE001 - a store without a timeout: torch's default
+        limit_s = 300.0
+    deadline = time.monotonic() + limit_s
+    pause = 0.001  # rank 0 usually published already: check again soon, then every half slice
+    while not store.check([key]):
+        if time.monotonic() > deadline:
+            raise dist.DistStoreError(
+                f"ringreduce: {what} within {limit_s:.0f} s (the store's timeout, key {key}): every rank of the "
+                "group must make the group's first CUDA call (or init_communicator) together"
+            )
+        time.sleep(pause)
+        pause = min(2 * pause, SLICE_MS / 2000.0)
 
 
 def _connect_timeout_ms(pg: dist.ProcessGroup, op_timeout_ms: int) -> int:
@@ -200,7 +228,9 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
     Creation is collective over every rank of ``info.pg`` (not only the ring's members: a ring over
     a rank list of the group runs over the group's communicator). Its ranks are the group's ranks.
     Note [One GPU per group]: a process uses one GPU per group; a tensor on another device raises
-    ValueError (a second communicator created on one rank only would hang the others).
+    ValueError (a second communicator created on one rank only would hang the others). Ctrl-C while
+    the ranks meet raises KeyboardInterrupt and leaves the group unusable for ringreduce on this rank
+    (later calls raise DistBackendError saying so).
     """
     if device.type != "cuda" or device.index is None:
         raise ValueError(f"ringreduce: expected a CUDA device with an index, got {device}")
@@ -212,6 +242,9 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
     with creating:  # other groups' calls go on meanwhile; this group's wait for the first
         with _lock:
             entry = _comms.get(key)
+            interrupted = _interrupted.get(key)
+        if interrupted is not None:
+            raise dist.DistBackendError(interrupted)
         if entry is not None:
             _, pinned, comm = entry
             if pinned != device.index:
@@ -225,20 +258,28 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
         # The group's ranks, not the ring's indices (info.rank/info.size describe the ring).
         pg_rank = dist.get_rank(info.pg)
         pg_size = dist.get_world_size(info.pg)
-        ids, generation = _rendezvous_uids(C, info.pg, pg_rank, pg_size, _config.lanes() or _config.DEFAULT_LANES)
-        label = info.name if not info.members else f"process group of {info.name}"
-        timeout_ms = _timeout_ms(info.pg)
-        comm = C.CudaRing(
-            ids[0],
-            pg_size,
-            pg_rank,
-            device.index,
-            timeout_ms,
-            f"ringreduce {label} on cuda:{device.index} (generation {generation})",
-            0,  # staging: the default (kGpuStagingBytes)
-            _connect_timeout_ms(info.pg, timeout_ms),
-            lane_ids=ids[1:],
-        )
+        try:
+            ids, generation = _rendezvous_uids(C, info.pg, pg_rank, pg_size,
+                                               _config.lanes() or _config.DEFAULT_LANES)
+            label = info.name if not info.members else f"process group of {info.name}"
+            timeout_ms = _timeout_ms(info.pg)
+            comm = C.CudaRing(
+                ids[0],
+                pg_size,
+                pg_rank,
+                device.index,
+                timeout_ms,
+                f"ringreduce {label} on cuda:{device.index} (generation {generation})",
+                0,  # staging: the default (kGpuStagingBytes)
+                _connect_timeout_ms(info.pg, timeout_ms),
+                lane_ids=ids[1:],
+            )
+        except KeyboardInterrupt:
+            # The other ranks wait in init until their connect timeout; a second try here would not
+            # meet them (the generation moved on): the group is done for ringreduce on this rank.
+            with _lock:
+                _interrupted[key] = interrupt_reason(info.name, None, "waited for its NCCL communicator")
+            raise
         with _lock:
             _comms[key] = (info.pg, device.index, comm)
         return comm
@@ -477,6 +518,7 @@ def release_group(group: dist.ProcessGroup) -> None:
     with _lock:
         entry = _comms.pop(id(group), None)
         _creating.pop(id(group), None)
+        _interrupted.pop(id(group), None)
     if entry is not None:
         entry[2].abort("the process group was released")
 

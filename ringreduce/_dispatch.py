@@ -45,23 +45,47 @@ def debug_level() -> int:
     return 2 if raw == "DETAIL" else 1
 
 
+def ring_parameters(is_cuda: bool) -> str:
+    """The ring's parameters in a DETAIL log line: the CPU ring's segment and slots, or, on CUDA, the
+    GPU pipeline rule (csrc/cuda/gpu_pipeline.h: it picks segment, slots, lanes and the one-shot per
+    call) with the overrides that are set."""
+    if not is_cuda:
+        return f"segment_bytes={_config.segment_bytes()} slots={_config.num_slots() or 'auto'}"
+    segment, slots = _config.segment_bytes_override(), _config.num_slots()
+    lanes, one_shot = _config.lanes(), _config.one_shot_bytes()
+    return " ".join((
+        f"segment_bytes<={segment}" if segment else "segment_bytes=gpu rule",  # a set value caps the rule's
+        f"slots={slots} per lane" if slots else "slots=gpu rule",
+        f"lanes<={lanes}" if lanes else "lanes=gpu rule",  # the communicator's lanes bound it too
+        f"one_shot_bytes={one_shot}" if one_shot >= 0 else "one_shot_bytes=gpu rule",
+    ))
+
+
 def log_call(info: GroupInfo, handle: Any, tensor: torch.Tensor, op: ReduceOp, kind: Any, level: int,
              async_op: bool, accum: bool, seconds: float | None, local_size: int = 0, *, wire: Any = None,
              predivide: float = 0.0) -> None:
-    """Logs one call (RINGREDUCE_DEBUG): its group, sequence number, collective, op, tensor, algorithm,
-    options (`accum`, `wire`, `predivide`), `seconds` (None: async) and, at `level` 2, the knobs."""
+    """One RINGREDUCE_DEBUG line: the call's group, sequence number, collective, op, tensor, algorithm,
+    options (`accum`, `wire`, `predivide`) and, at `level` 2, the knobs. `handle`: the call's native
+    handle (None: a CUDA call without one, i.e. synchronous); `seconds`: how long a synchronous call
+    took (CUDA: to enqueue; None: async)."""
     algo = f"hierarchical(local_size={local_size})" if local_size else "ring"
+    number = "" if handle is None else f" call #{handle.seq}"
     msg = (
-        f"rank {info.rank}/{info.size} {info.name} call #{handle.seq} {KIND_NAMES.get(kind, kind)} "
+        f"rank {info.rank}/{info.size} {info.name}{number} {KIND_NAMES.get(kind, kind)} "
         f"op={op.name} dtype={str(tensor.dtype).replace('torch.', '')} numel={tensor.numel()} "
         f"algorithm={algo} device={tensor.device.type}{' accum=float32' if accum else ''}"
         f"{f' wire={str(wire.name).lower()}' if wire is not None else ''}"
         f"{f' predivide={predivide:g}' if predivide else ''}"
     )
-    msg += " async (submitted)" if seconds is None else f" time={seconds * 1e6:.0f}us"
+    if seconds is None:
+        msg += " async (submitted)"
+    elif tensor.is_cuda:
+        msg += f" enqueued in {seconds * 1e6:.0f}us (the GPU runs it after)"
+    else:
+        msg += f" time={seconds * 1e6:.0f}us"
     if level >= 2:
         msg += (
-            f" segment_bytes={_config.segment_bytes()} slots={_config.num_slots() or 'auto'} "
+            f" {ring_parameters(tensor.is_cuda)} "
             f"check={_config.check_enabled(tensor.is_cuda)} contiguous={tensor.is_contiguous()}"
         )
         if seconds is not None and hasattr(handle, "timing_us"):
@@ -344,16 +368,21 @@ def run_all_reduce(
         return Work.completed([tensor]) if async_op else None
     # A 16-bit wire runs on the flat ring (scaling_refusal refused "hierarchical").
     local_size, members = choose_algorithm(info, "ring" if wire is not None else algorithm)
+    level = debug_level()
     if tensor.is_cuda:
         from ringreduce import _cuda
 
+        start = time.perf_counter()
         name = f"ringreduce.{KIND_NAMES[kind]}"
         with torch.profiler.record_function(name), torch.cuda.nvtx.range(name):
-            return _cuda.cuda_all_reduce(
+            cuda_work = _cuda.cuda_all_reduce(
                 tensor, rop, info, async_op, accum, int(kind), local_size=local_size, members=members,
                 one_shot=algorithm == "auto", wire=wire, predivide=factor, extra_divisor=extra_divisor,
             )
-    level = debug_level()
+        if level:
+            log_call(info, getattr(cuda_work, "_handle", None), tensor, rop, kind, level, async_op, accum,
+                     None if async_op else time.perf_counter() - start, local_size, wire=wire, predivide=factor)
+        return cuda_work
     start = time.perf_counter()
     # The profiler range only when a profiler listens: entering one costs ~10 us per call otherwise.
     scope = (torch.profiler.record_function(f"ringreduce.{KIND_NAMES[kind]}")

@@ -10,8 +10,14 @@ Note [Ctrl-C]
     that says why), gives the worker a moment to let go of the call's tensors, and re-raises. The
     other ranks' calls fail with DistBackendError when this process exits or at their timeout;
     this process can exit normally. A completed call costs one native wait, as before.
-    On CUDA tensors only ``Work.wait(timeout=...)`` blocks the host; it waits in the same slices, and
-    an interrupt aborts the group's communicator on this rank (ringreduce/_cuda.py).
+    On CUDA tensors ``Work.wait(timeout=...)`` waits in the same slices, and an interrupt aborts the
+    group's communicator on this rank (ringreduce/_cuda.py). The other host waits of the GPU path are
+    inside a native call: the NCCL communicator's creation, the hand-off of each ring stage's first
+    exchange (the first contact with a peer waits up to the connect timeout), the agreement frames of
+    RINGREDUCE_CHECK=1, a full launch queue. They run Python's signal handlers themselves every 50 ms
+    and abort the communicator when one raised (Note [Interrupting a host wait on CUDA] in
+    csrc/cuda/host_interrupt.h); the unique ids' rendezvous through the store waits in slices
+    (``_cuda._wait_for_key``).
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ SLICE_MS = 100  # worst-case extra latency of Ctrl-C; a finished call returns at
 _SETTLE_MS = 500  # how long an interrupted wait lets the worker finish failing the call
 
 
-def interrupt_reason(ring_name: str, seq: int) -> str:
+def interrupt_reason(ring_name: str, seq: int | None, waited: str = "waited") -> str:
+    """Why a ring is unusable after Ctrl-C while call `seq` (None: a call not numbered yet) `waited`."""
+    call = "a call" if seq is None else f"call #{seq}"
     return (
-        f"ringreduce: {ring_name} was interrupted on this rank (KeyboardInterrupt while call #{seq} waited); "
+        f"ringreduce: {ring_name} was interrupted on this rank (KeyboardInterrupt while {call} {waited}); "
         "the group is unusable for ringreduce on this rank: destroy the process group "
         "(torch.distributed.destroy_process_group()) and create a new one to go on"
     )

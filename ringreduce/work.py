@@ -86,7 +86,8 @@ class Work:
                 call completed (the call goes on in the background).
             torch.distributed.DistBackendError: a peer died or the group's timeout passed.
             TypeError: `timeout` is neither None nor a ``datetime.timedelta``.
-            KeyboardInterrupt: Ctrl-C during a blocked CPU wait (the group is unusable afterwards).
+            KeyboardInterrupt: Ctrl-C during a blocked host wait (CPU, or CUDA with `timeout`; the
+                group is unusable afterwards).
         """
         if self._handle is not None:
             if timeout is None:

@@ -3,12 +3,14 @@
 ringreduce._C is replaced by a recorder and the group's store by an in-process HashStore, so the
 rendezvous of the NCCL unique id and the one-GPU-per-group rule run as they would on GPUs, with
 ranks as threads. Guards issue 15's defects 7 (generation keys that let ranks disagree or read an
-old id) and 15 (device mix-ups).
+old id) and 15 (device mix-ups), and Ctrl-C while a communicator is created (docs/design.md 1.4).
 """
 
 from __future__ import annotations
 
 import datetime
+import os
+import signal
 import threading
 import time
 from typing import Any
@@ -166,3 +168,57 @@ def test_default_device_refuses_gpu0_for_another_local_rank(monkeypatch):
         _cuda._default_device()
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert _cuda._default_device() == torch.device("cuda", 0)
+
+
+# ---- Ctrl-C while a group's communicator is created (docs/design.md 1.4) ---------------------------
+
+
+def test_ctrl_c_while_rank_0_never_publishes_the_ids(world):
+    # store.get would block with the GIL released for the store's timeout (20 s here), out of reach
+    # of Python's SIGINT handler; the rendezvous waits in slices instead.
+    make, _ = world
+    info = make(1, 2, "silent-rank-0")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _cuda.communicator(info, torch.device("cuda", 0))
+        elapsed = time.monotonic() - start
+    finally:
+        timer.cancel()
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
+    assert elapsed < 5.0, f"KeyboardInterrupt after {elapsed:.1f} s (the store's timeout is 20 s)"
+    # The group is unusable for ringreduce on this rank, and says so.
+    with pytest.raises(dist.DistBackendError, match="interrupted on this rank") as exc:
+        _cuda.communicator(info, torch.device("cuda", 0))
+    assert "unusable" in str(exc.value)
+    _cuda.release_group(info.pg)
+    assert id(info.pg) not in _cuda._interrupted
+
+
+def test_rank_0_that_never_publishes_the_ids_raises_at_the_store_timeout(world):
+    make, store = world
+    store.set_timeout(datetime.timedelta(seconds=0.3))
+    with pytest.raises(dist.DistStoreError, match="rank 0 of late did not publish the NCCL unique ids"):
+        _cuda.communicator(make(1, 2, "late"), torch.device("cuda", 0))
+
+
+def test_ctrl_c_during_native_creation_leaves_the_group_unusable(world, monkeypatch):
+    make, _ = world
+    info = make(0, 1, "solo")
+
+    def interrupted_init(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt  # what C.CudaRing raises when Ctrl-C ends its wait for the other ranks
+
+    monkeypatch.setattr(FakeC, "CudaRing", staticmethod(interrupted_init))
+    with pytest.raises(KeyboardInterrupt):
+        _cuda.communicator(info, torch.device("cuda", 0))
+    monkeypatch.setattr(FakeC, "CudaRing", FakeComm)
+    with pytest.raises(dist.DistBackendError, match="interrupted on this rank") as exc:
+        _cuda.communicator(info, torch.device("cuda", 0))
+    assert "unusable" in str(exc.value) and "waited for its NCCL communicator" in str(exc.value)
+    _cuda.release_group(info.pg)  # a new process group object would do the same
+    assert isinstance(_cuda.communicator(info, torch.device("cuda", 0)), FakeComm)

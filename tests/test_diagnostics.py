@@ -109,3 +109,52 @@ def test_transport_errors_name_the_call_and_group():
     status, msg, code = out[0]
     assert status == "ok" and code == 0, out
     assert "call #1 (all_reduce)" in msg and "WORLD" in msg and "unusable" in msg, msg
+
+
+class _CudaTensorStub:
+    """What log_call reads of a CUDA tensor (no GPU here)."""
+
+    is_cuda = True
+    device = torch.device("cuda", 0)
+    dtype = torch.float32
+
+    def numel(self) -> int:
+        return 1000
+
+    def is_contiguous(self) -> bool:
+        return True
+
+
+_GPU_KNOBS = ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_LANES", "RINGREDUCE_ONESHOT_BYTES")
+
+
+def test_gpu_detail_line_names_the_pipeline_rule_not_the_cpu_segment(monkeypatch):
+    from ringreduce._dispatch import debug_level, log_call, ring_parameters
+    from ringreduce._groups import GroupInfo
+    from ringreduce._types import CallKind
+
+    for k in _GPU_KNOBS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("RINGREDUCE_DEBUG", "DETAIL")
+    assert debug_level() == 2  # also sets the logger's level, as a call does
+    rule = "segment_bytes=gpu rule slots=gpu rule lanes=gpu rule one_shot_bytes=gpu rule"
+    assert ring_parameters(True) == rule
+    assert ring_parameters(False) == "segment_bytes=1048576 slots=auto"  # the CPU ring's defaults
+    cap = _Capture()
+    log = logging.getLogger("ringreduce")
+    log.addHandler(cap)
+    try:
+        info = GroupInfo(pg=None, rank=0, size=2, name="WORLD (size 2)")
+        log_call(info, None, _CudaTensorStub(), rr.ReduceOp.SUM, CallKind.ALL_REDUCE, 2, False, False, 2e-5)
+        monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", "65536")
+        monkeypatch.setenv("RINGREDUCE_SLOTS", "3")
+        monkeypatch.setenv("RINGREDUCE_LANES", "1")
+        monkeypatch.setenv("RINGREDUCE_ONESHOT_BYTES", "0")
+        log_call(info, None, _CudaTensorStub(), rr.ReduceOp.SUM, CallKind.ALL_REDUCE, 2, False, False, 2e-5)
+    finally:
+        log.removeHandler(cap)
+    first, second = cap.lines
+    assert rule in first and "1048576" not in first and "call #" not in first, first
+    assert "all_reduce op=SUM" in first and "device=cuda" in first and "enqueued in 20us" in first, first
+    assert "check=False" in first, first  # the GPU default
+    assert "segment_bytes<=65536 slots=3 per lane lanes<=1 one_shot_bytes=0" in second, second

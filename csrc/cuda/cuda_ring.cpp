@@ -8,6 +8,7 @@
 
 #include "../core/agreement.h"
 #include "cuda_check.h"
+#include "host_interrupt.h"
 #include "nccl_frame_transport.h"
 #include "one_shot_kernels.cuh"
 #include "reduce_kernels.cuh"
@@ -490,6 +491,7 @@ std::shared_ptr<CudaWork> CudaRing::submit(const std::vector<int>& ring_key, con
 }
 
 void CudaRing::makeRoom(int64_t ops) {
+  InterruptCheck interrupt;  // Note [Interrupting a host wait on CUDA]
   while (!queued_.empty()) {
     CudaWork& oldest = *queued_.front().first;
     const bool room = queued_ops_ + ops <= max_queued_ops_;
@@ -503,6 +505,11 @@ void CudaRing::makeRoom(int64_t ops) {
     // running meanwhile; an abort makes the wait end with DistBackendError.
     comm_->checkUsable();
     checkOpen();
+    if (interrupt.requested()) {
+      const std::string reason = interruptedReason(comm_->name(), "a call waiting for room in the launch queue");
+      failAndAbort(reason);
+      RR_THROW(kBackend, reason);
+    }
     std::this_thread::sleep_for(kHostPoll);
   }
 }

@@ -77,7 +77,8 @@ namespace rr {
 // and nothing would ever end the wait. So a ring keeps at most kCudaMaxQueuedOps stream operations
 // (exchanges, kernels, copies, event records and waits) of unfinished calls: before enqueueing a
 // call that would exceed it, the caller waits on the host for the oldest calls to finish (or fail:
-// the watchdog still runs, and an abort ends the wait with DistBackendError). A single call larger
+// the watchdog still runs, and an abort ends the wait with DistBackendError; so does Ctrl-C, after
+// aborting: Note [Interrupting a host wait on CUDA] in host_interrupt.h). A single call larger
 // than the bound (only with a tiny RINGREDUCE_SEGMENT_BYTES) is enqueued alone. Training loops
 // rarely wait here: a 64 MiB all-reduce on 8 ranks is ~100 operations with the default pipeline.
 constexpr int64_t kCudaMaxQueuedOps = 1024;

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "cuda_check.h"
+#include "host_interrupt.h"
 
 namespace rr {
 
@@ -144,6 +145,7 @@ void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first,
   ncclResult_t state = first;
   const auto busy_until = std::chrono::steady_clock::now() + kBusyPoll;
   const auto spin_until = std::chrono::steady_clock::now() + kSpinPoll;
+  InterruptCheck interrupt;  // Note [Interrupting a host wait on CUDA]
   while (true) {
     if (aborted_) {
       RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " was aborted during ", what, ": ",
@@ -170,7 +172,13 @@ void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first,
     } else {
       std::this_thread::sleep_for(kPollInterval);
     }
+    const bool interrupted = interrupt.requested();  // without mu_: it may wait for the GIL
     lock.lock();
+    if (interrupted) {
+      const std::string reason = interruptedReason(name_, what);
+      abortLocked(reason);
+      RR_THROW(kBackend, reason);
+    }
     if (aborted_ || comm_ == nullptr) continue;  // reported at the top
     const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
     if (q != ncclSuccess) state = q;

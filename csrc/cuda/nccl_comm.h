@@ -15,7 +15,8 @@
 // non-blocking ncclGroupEnd that has tasks (src/group.cc, ncclGroupEndInternal, returns
 // ncclInProgress), so a hand-off also costs that thread's start. A rank that never arrives
 // therefore costs a timeout, not a hang: waitReady() aborts the communicator when the deadline
-// passes, and the watchdog (cuda_ring.h) may abort it at any time from its own thread. NCCL's
+// passes or Ctrl-C interrupts the wait (Note [Interrupting a host wait on CUDA], host_interrupt.h),
+// and the watchdog (cuda_ring.h) may abort it at any time from its own thread. NCCL's
 // rule for that (docs: usage/communicators "Error handling and communicator abort") is that no
 // other thread may be inside an NCCL call on the communicator meanwhile: every NCCL call here holds
 // mu_, and abort() takes it too.
@@ -107,7 +108,8 @@ class NcclComm {
   static int compiledVersion() { return NCCL_VERSION_CODE; }
 
   // Joins the communicator `unique_id` as `rank` of `nranks` on CUDA `device`. Blocks (polling)
-  // until every rank has joined or `connect_timeout` passes; then aborts and throws kBackend.
+  // until every rank has joined or `connect_timeout` passes (or Ctrl-C: host_interrupt.h); then
+  // aborts and throws kBackend.
   // `timeout` bounds each later exchange's hand-off to the GPU, except the first exchange with
   // each peer (NCCL connects p2p channels lazily there): that one gets `connect_timeout` too.
   // connect_timeout <= 0 means `timeout`.
@@ -168,7 +170,8 @@ class NcclComm {
 
  private:
   // Polls ncclCommGetAsyncError of the parent until the state leaves ncclInProgress, releasing the
-  // lock between polls; aborts and throws on an error or when `deadline` passes. `lock` must hold mu_.
+  // lock between polls; aborts and throws on an error, when `deadline` passes, or when the calling
+  // thread's HostInterruptScope says stop (host_interrupt.h). `lock` must hold mu_.
   void waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first, const char* what,
                  std::chrono::steady_clock::time_point deadline);
   // The group on the parent (hand-off) or the child (queued); `lock` holds mu_.

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "cuda_check.h"
+#include "host_interrupt.h"
 
 namespace rr {
 
@@ -13,12 +14,18 @@ constexpr auto kHostPoll = std::chrono::microseconds(20);
 
 void hostWait(cudaEvent_t event, NcclComm& comm, std::chrono::steady_clock::time_point deadline,
               const std::string& what) {
+  InterruptCheck interrupt;  // Note [Interrupting a host wait on CUDA]
   while (true) {
     if (eventFired(event)) {
       comm.checkUsable();  // fired because an abort let the kernels exit: the data is garbage
       return;
     }
     comm.checkUsable();
+    if (interrupt.requested()) {
+      const std::string reason = interruptedReason(comm.name(), what);
+      comm.abort(reason);
+      RR_THROW(kBackend, reason);
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       RR_THROW(kBackend, "ringreduce: ", what, " on ", comm.name(), " (rank ", comm.rank(), " of ", comm.size(),
                ") did not finish within ", comm.timeout().count(), " ms");

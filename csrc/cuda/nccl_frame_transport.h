@@ -16,9 +16,10 @@
 //   * a message is at most kMaxMessage bytes (a frame);
 //   * tags are not sent: NCCL matches the messages of a pair of ranks in posting order, and the
 //     calls of one communicator are serialized by CudaRing;
-//   * a wait that takes longer than the communicator's timeout, a CUDA or NCCL failure, or an abort
-//     of the communicator (which lets NCCL's kernels return over garbage) throws kBackend; the
-//     caller then aborts the communicator, so abandon() has nothing to forget.
+//   * a wait that takes longer than the communicator's timeout, a CUDA or NCCL failure, an abort
+//     of the communicator (which lets NCCL's kernels return over garbage), or Ctrl-C (Note
+//     [Interrupting a host wait on CUDA]) throws kBackend; the caller then aborts the
+//     communicator, so abandon() has nothing to forget.
 // A frame exchange over n ranks therefore costs n - 1 host round trips (each a hand-off, Note
 // [Hand-off and queued exchanges] in nccl_comm.h, and a wait for the copies); on the GPU the check
 // is opt-in (RINGREDUCE_CHECK=1).
@@ -38,8 +39,9 @@
 namespace rr {
 
 // Polls `event` until it fired; throws kBackend on a CUDA error, when `comm` was aborted (an
-// event that fired because the abort let the kernels exit does not count), or when `deadline`
-// passes (the message names `what`).
+// event that fired because the abort let the kernels exit does not count), when `deadline`
+// passes (the message names `what`), or when Ctrl-C interrupts it (then `comm` is aborted first;
+// Note [Interrupting a host wait on CUDA] in host_interrupt.h).
 void hostWait(cudaEvent_t event, NcclComm& comm, std::chrono::steady_clock::time_point deadline,
               const std::string& what);
 

@@ -17,11 +17,13 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "../core/error.h"
 #include "../cuda/cuda_ops.h"
+#include "../cuda/host_interrupt.h"
 #include "../cuda/loopback_ring.h"
 #include "../cuda/reduce_kernels.cuh"
 #include "cpu_ops.h"  // rr::toDType
@@ -59,6 +61,47 @@ class CudaWorkHandle {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// Runs `fn` without the GIL, its host waits asking for Ctrl-C (Note [Interrupting a host wait on
+// CUDA], csrc/cuda/host_interrupt.h): the poll takes the GIL and runs Python's pending signal
+// handlers. When one raised (KeyboardInterrupt), the wait that asked aborted its communicator and
+// threw; `on_interrupt` (may be empty) then runs without the GIL with that error's message, and the
+// handler's exception is raised instead of the wait's error.
+template <typename Fn>
+auto interruptible(Fn&& fn, const std::function<void(const std::string&)>& on_interrupt) -> decltype(fn()) {
+  std::shared_ptr<py::error_already_set> raised;
+  std::optional<decltype(fn())> result;
+  std::string why = "interrupted";
+  try {
+    py::gil_scoped_release nogil;
+    HostInterruptScope scope([&raised] {
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() == 0) return false;
+      raised = std::make_shared<py::error_already_set>();
+      return true;
+    });
+    result.emplace(fn());
+  } catch (const std::exception& e) {
+    if (!raised) throw;
+    why = e.what();
+  }
+  if (raised) {
+    // Every wait that was told to stop threw; should one have returned anyway, the signal is still
+    // not lost, and the ring is still shut down (1.4: the group is unusable after Ctrl-C).
+    if (on_interrupt) {
+      py::gil_scoped_release nogil;
+      on_interrupt(why);
+    }
+    throw *raised;
+  }
+  return std::move(*result);
+}
+
+// What an interrupted call does to its ring: shut it down (the watchdog is joined; every later call
+// raises with the interrupt's reason, which the wait's abort recorded first).
+std::function<void(const std::string&)> shutDownOnInterrupt(CudaRing& ring) {
+  return [&ring](const std::string& why) { ring.shutdown(why); };
+}
+
 c10::cuda::CUDAStream wrap(cudaStream_t s, int device) {
   return c10::cuda::getStreamFromExternal(s, static_cast<c10::DeviceIndex>(device));
 }
@@ -94,10 +137,9 @@ py::object launch(CudaRing& ring, CudaCallRequest& req, CudaCallBuffers& buf, st
       for (const at::Tensor& t : bufs) t.record_stream(wrap(s, device));
     for (const at::Tensor& t : user_out) t.record_stream(compute_s);
   };
-  const std::shared_ptr<CudaWork> work = [&] {
-    py::gil_scoped_release nogil;  // also while waiting for the ring's call lock
-    return runCudaCall(ring, req, buf);
-  }();
+  // Without the GIL, also while waiting for the ring's call lock; Ctrl-C ends its host waits.
+  const std::shared_ptr<CudaWork> work =
+      interruptible([&] { return runCudaCall(ring, req, buf); }, shutDownOnInterrupt(ring));
   if (!req.async_op || !work) return py::none();
   // CUDA-aware future: completed now (at enqueue), with its event recorded on the reduce stream
   // after the whole call, so that waiting on it (or .then()) synchronizes streams, not the host.
@@ -253,21 +295,27 @@ void registerCudaBindings(pybind11::module& m) {
              const std::string id = unique_id;
              std::vector<std::string> more;
              for (const py::bytes& b : lane_ids) more.push_back(b);
-             py::gil_scoped_release nogil;  // init polls until every rank joined
-             const auto op_ms = std::chrono::milliseconds(timeout_ms);
-             const auto connect_ms = std::chrono::milliseconds(connect_timeout_ms);
-             auto comm = std::make_shared<NcclComm>(id, nranks, rank, device, op_ms, name, connect_ms);
-             // Note [Lanes]: one more communicator per lane, from its own unique id.
-             std::vector<std::shared_ptr<NcclComm>> lanes;
-             try {
-               for (size_t k = 0; k < more.size(); ++k)
-                 lanes.push_back(std::make_shared<NcclComm>(more[k], nranks, rank, device, op_ms,
-                                                            name + " lane " + std::to_string(k + 1), connect_ms));
-             } catch (...) {
-               comm->abort("a lane's communicator could not be created");
-               throw;
-             }
-             return std::make_shared<CudaRing>(comm, staging_bytes, kCudaMaxQueuedOps, std::move(lanes));
+             // Init polls until every rank joined, without the GIL; Ctrl-C ends the wait (a
+             // communicator being created aborts itself).
+             return interruptible(
+                 [&] {
+                   const auto op_ms = std::chrono::milliseconds(timeout_ms);
+                   const auto connect_ms = std::chrono::milliseconds(connect_timeout_ms);
+                   auto comm = std::make_shared<NcclComm>(id, nranks, rank, device, op_ms, name, connect_ms);
+                   // Note [Lanes]: one more communicator per lane, from its own unique id.
+                   std::vector<std::shared_ptr<NcclComm>> lanes;
+                   try {
+                     for (size_t k = 0; k < more.size(); ++k)
+                       lanes.push_back(std::make_shared<NcclComm>(more[k], nranks, rank, device, op_ms,
+                                                                  name + " lane " + std::to_string(k + 1),
+                                                                  connect_ms));
+                   } catch (const std::exception& e) {
+                     comm->abort(std::string("a lane's communicator could not be created: ") + e.what());
+                     throw;
+                   }
+                   return std::make_shared<CudaRing>(comm, staging_bytes, kCudaMaxQueuedOps, std::move(lanes));
+                 },
+                 {});
            }),
            py::arg("unique_id"), py::arg("nranks"), py::arg("rank"), py::arg("device"), py::arg("timeout_ms"),
            py::arg("name"), py::arg("staging_bytes") = 0, py::arg("connect_timeout_ms") = 0,
@@ -280,7 +328,8 @@ void registerCudaBindings(pybind11::module& m) {
       .def_property_readonly("hand_offs", &CudaRing::handOffs)
       .def_property_readonly("lanes", &CudaRing::numLanes)
       .def("aborted", [](CudaRing& r) { return r.isShutdown() || r.aborted(); })
-      .def("abort_reason", [](CudaRing& r) { return r.comm().abortReason(); })
+      .def("abort_reason", [](CudaRing& r) { return r.comm().abortReason(); },
+           py::call_guard<py::gil_scoped_release>())
       .def("abort", &CudaRing::shutdown, py::arg("reason"), py::arg("at_exit") = false,
            py::call_guard<py::gil_scoped_release>(), "CudaRing::shutdown (idempotent).");
 
@@ -359,9 +408,13 @@ void registerCudaBindings(pybind11::module& m) {
       "cuda_refuse",
       [](const std::shared_ptr<CudaRing>& ring, int kind, int error, int op, const std::string& group_name,
          const std::vector<int>& members) {
-        sendCudaRefusal(*ring, static_cast<CallKind>(kind), error, static_cast<RedOp>(op), group_name, members);
+        interruptible(
+            [&] {
+              sendCudaRefusal(*ring, static_cast<CallKind>(kind), error, static_cast<RedOp>(op), group_name, members);
+              return true;
+            },
+            shutDownOnInterrupt(*ring));
       },
-      py::call_guard<py::gil_scoped_release>(),
       py::arg("comm"), py::arg("kind"), py::arg("error"), py::arg("op"), py::arg("group_name"),
       py::arg("members") = std::vector<int>{},
       "sendCudaRefusal (csrc/cuda/cuda_ops.h).");

@@ -441,22 +441,34 @@ def test_peer_that_exits_raises_on_the_others():
         assert "ringreduce" in r["message"], r
 
 
-def _interrupted(rank: int, n: int) -> dict:
-    """Rank 0 waits (host-blocking, timed Work.wait) for a call whose peer is silent; rank 1 sends it
-    SIGINT (the CUDA twin of tests/test_interrupt.py)."""
+def _interrupted(rank: int, n: int, how: str) -> dict:
+    """Rank 0 blocks on the host waiting for rank 1, which stays silent and then sends it SIGINT (the
+    CUDA twins of tests/test_interrupt.py). `how`: "work_wait", a timed Work.wait() (the wait is in
+    Python); "checked_call", a synchronous call with RINGREDUCE_CHECK=1 waiting for the agreement
+    frames; "first_contact", a synchronous call whose first exchange connects to rank 1 inside NCCL
+    (the communicator exists, no exchange ran yet). The last two wait in native code (Note
+    [Interrupting a host wait on CUDA], csrc/cuda/host_interrupt.h)."""
     import ringreduce as rr
+    from ringreduce import _cuda
 
     store = dist.distributed_c10d._get_default_store()
     dev = device(rank)
-    rr.all_reduce(torch.ones(4, device=dev))  # the communicator exists on both ranks
+    if how == "first_contact":
+        _cuda.init_communicator(device=dev)  # every rank joins; no peer is connected yet
+    else:
+        rr.all_reduce(torch.ones(4, device=dev))  # the communicator exists and lane 0 is connected
     torch.cuda.synchronize(dev)
     if rank == 0:
         store.set("pid0", str(os.getpid()))
-        t = torch.arange(1 << 18, dtype=torch.float32, device=dev)  # 1 MiB: several exchanges
+        t = torch.arange(1 << 18, dtype=torch.float32, device=dev)  # 1 MiB
+        before = t.clone()
         caught = None
-        work = rr.all_reduce(t, async_op=True)
         try:
-            work.wait(timeout=datetime.timedelta(seconds=60))
+            if how == "work_wait":
+                work = rr.all_reduce(t, async_op=True)
+                work.wait(timeout=datetime.timedelta(seconds=60))
+            else:
+                rr.all_reduce(t)
         except KeyboardInterrupt:
             caught = time.time()
         sent = float(store.get("sigint_at").decode())
@@ -466,6 +478,8 @@ def _interrupted(rank: int, n: int) -> dict:
             result["next_call"] = "returned"
         except dist.DistBackendError as exc:
             result["next_call"] = str(exc)
+        torch.cuda.synchronize(dev)
+        result["unchanged"] = bool(torch.equal(t, before))
         store.set("rank0_done", "1")
         return result
     if rank == 1:
@@ -477,19 +491,25 @@ def _interrupted(rank: int, n: int) -> dict:
     errors = []
     for _ in range(2):  # the first call may still meet rank 0's interrupted one half way
         try:
-            rr.all_reduce(torch.ones(1 << 18, device=dev), async_op=True).wait(timeout=datetime.timedelta(seconds=60))
+            rr.all_reduce(torch.ones(1 << 18, device=dev), async_op=True).wait(timeout=datetime.timedelta(seconds=150))
         except dist.DistBackendError as exc:
             errors.append(str(exc))
             break
     return {"errors": errors}
 
 
-def test_ctrl_c_interrupts_a_blocked_wait():
-    out = run_gpu_ranks(_interrupted, env={"RINGREDUCE_TIMEOUT": "8"}, timeout=240, fresh=True)
+@pytest.mark.parametrize("how", ["work_wait", "checked_call", "first_contact"])
+def test_ctrl_c_interrupts_a_blocked_wait(how):
+    # RINGREDUCE_TIMEOUT bounds the frames' wait (8 s); a first contact waits up to the connect
+    # timeout (the store's, 120 s in gpu_ranks.py): without the interrupt rank 0 would wait that long.
+    env = {"RINGREDUCE_TIMEOUT": "8", "RINGREDUCE_CHECK": "1" if how == "checked_call" else "0"}
+    out = run_gpu_ranks(_interrupted, how, env=env, timeout=420, fresh=True)
     first = out[0]
     assert first["latency"] is not None, "no KeyboardInterrupt"
     assert 0 <= first["latency"] < 1.0, f"KeyboardInterrupt {first['latency']:.3f} s after SIGINT"
     assert "interrupted on this rank" in first["next_call"] and "unusable" in first["next_call"], first
+    if how == "checked_call":
+        assert first["unchanged"], "the interrupted call moved payload before its agreement check"
     for r in out[1:]:
         assert r["errors"], "a peer's calls did not fail"
 
@@ -505,3 +525,43 @@ def test_build_info_reports_cuda_and_nccl():
     assert info["cuda"] is True
     assert info["nccl_version"] and info["nccl_runtime_version"]
     assert info["cuda_archs"]
+
+
+def _debug_lines(rank: int, n: int) -> list[str]:
+    import logging
+
+    import ringreduce as rr
+
+    class Capture(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+
+    dev = device(rank)
+    cap = Capture()
+    log = logging.getLogger("ringreduce")
+    log.addHandler(cap)
+    knobs = ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_LANES", "RINGREDUCE_ONESHOT_BYTES")
+    saved = {k: os.environ.pop(k) for k in knobs if k in os.environ}  # the pipeline rule itself
+    os.environ["RINGREDUCE_DEBUG"] = "DETAIL"
+    try:
+        x = torch.ones(4096, device=dev)
+        rr.all_reduce(x)
+        rr.all_reduce(x, async_op=True).wait()
+    finally:
+        os.environ.pop("RINGREDUCE_DEBUG")
+        os.environ.update(saved)
+        log.removeHandler(cap)
+    torch.cuda.synchronize(dev)
+    assert bool((x == n * n).all())
+    return cap.lines
+
+
+def test_debug_log_of_gpu_calls_names_the_pipeline_rule():
+    lines = run_gpu_ranks(_debug_lines)[0]
+    assert len(lines) == 2, lines
+    assert all("device=cuda" in ln and "segment_bytes=gpu rule" in ln for ln in lines), lines
+    assert "enqueued in" in lines[0] and "call #" in lines[1] and "async" in lines[1], lines

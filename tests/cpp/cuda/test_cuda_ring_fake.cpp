@@ -15,6 +15,7 @@
 #include "../../../csrc/core/error.h"
 #include "../../../csrc/cuda/cuda_ops.h"
 #include "../../../csrc/cuda/cuda_ring.h"
+#include "../../../csrc/cuda/host_interrupt.h"
 #include "../../../csrc/cuda/nccl_comm.h"
 #include "../check.h"
 #include "fake_cuda.h"
@@ -768,6 +769,165 @@ TEST_CASE(enqueue_waits_when_the_launch_queue_is_full) {
   CHECK(throwsKind([&] { enqueueAllReduce(*ring, d1, caller); }, ErrorKind::kBackend, &msg));
   CHECK(c->failed());
   ring->shutdown("test");
+}
+
+// ---- Ctrl-C (Note [Interrupting a host wait on CUDA], csrc/cuda/host_interrupt.h) ------------------
+//
+// Each host wait that a silent peer can stretch to a timeout (30 s or more here) must end soon after
+// the calling thread's scope says stop - the torch layer's scope says so once Python's SIGINT handler
+// raised KeyboardInterrupt - with the communicator aborted and every later call refused with the
+// reason. The bounds below are a tenth of those timeouts: they tell an interrupted wait from one that
+// ran out, not how fast it was (tests/gpu and tests/test_interrupt.py assert the 1 s).
+
+namespace {
+
+// What the torch layer's scope does on Ctrl-C: a poll that says stop from `after` on (counting the
+// times it was asked).
+struct CtrlC {
+  explicit CtrlC(ms after) : at(Clock::now() + after), scope([this] {
+                                ++asks;
+                                return Clock::now() >= at;
+                              }) {}
+  Clock::time_point at;
+  int asks = 0;
+  HostInterruptScope scope;
+};
+
+int64_t msSince(Clock::time_point t0) { return std::chrono::duration_cast<ms>(Clock::now() - t0).count(); }
+
+bool saysInterrupted(const std::string& msg) {
+  return msg.find("interrupted on this rank") != std::string::npos && msg.find("unusable") != std::string::npos;
+}
+
+}  // namespace
+
+// (b) of issue 23's follow-up: the first exchange of a call hands off to NCCL, which connects to the
+// peer inside ncclGroupEnd; a silent peer keeps it in progress for the connect timeout (60 s here).
+TEST_CASE(ctrl_c_interrupts_a_first_contact_hand_off) {
+  rrfake::reset();
+  auto ring = makeRing(/*timeout_ms=*/30000, /*connect_ms=*/60000);
+  rrfake::setDefaultHandoffMs(-1);  // the hand-off never completes: the peer never connects
+  cudaStream_t caller = newStream();
+  std::vector<float> data(64, 1.0f);
+  std::string msg;
+  const auto t0 = Clock::now();
+  {
+    CtrlC ctrl_c(ms(100));
+    CHECK(throwsKind([&] { enqueueAllReduce(*ring, data, caller); }, ErrorKind::kBackend, &msg));
+    CHECK(ctrl_c.scope.interrupted());
+  }
+  const int64_t took = msSince(t0);
+  CHECK_MSG(took < 3000, "the interrupted hand-off returned after " << took << " ms");
+  CHECK_MSG(saysInterrupted(msg) && msg.find("ncclGroupEnd") != std::string::npos, msg);
+  CHECK(ring->aborted());
+  CHECK(rrfake::abortCalls() >= 2);  // every lane's parent and child
+  rrfake::setDefaultHandoffMs(0);
+  std::string later;
+  CHECK(throwsKind([&] { enqueueAllReduce(*ring, data, caller); }, ErrorKind::kBackend, &later));
+  CHECK_MSG(saysInterrupted(later), later);
+  ring->shutdown("test");
+}
+
+// (a): with RINGREDUCE_CHECK=1 the call waits on the host for the peers' agreement frames; a silent
+// peer's never come (timeout 30 s). Nothing of the payload was enqueued.
+TEST_CASE(ctrl_c_interrupts_the_agreement_check) {
+  rrfake::reset();
+  auto ring = makeRing(30000);
+  rrfake::setExchangeBudget(0);  // the frame exchange never completes
+  cudaStream_t caller = newStream();
+  std::vector<float> data(64, 1.0f);
+  CudaCallRequest req;
+  req.numel = 64;
+  req.shape = {64};
+  req.check = true;
+  req.group_name = "fake";
+  req.caller = caller;
+  CudaCallBuffers buf;
+  bool payload = false;
+  buf.data = [&](DType, int) {
+    payload = true;
+    return static_cast<void*>(data.data());
+  };
+  std::string msg;
+  const auto t0 = Clock::now();
+  {
+    CtrlC ctrl_c(ms(100));
+    CHECK(throwsKind([&] { runCudaCall(*ring, req, buf); }, ErrorKind::kBackend, &msg));
+  }
+  const int64_t took = msSince(t0);
+  CHECK_MSG(took < 3000, "the interrupted agreement check returned after " << took << " ms");
+  CHECK_MSG(saysInterrupted(msg) && msg.find("agreement check") != std::string::npos, msg);
+  CHECK(!payload);
+  CHECK_EQ(rrfake::ncclTaskCalls(), 2);  // the frame hop's send and receive, nothing else
+  CHECK(ring->aborted());
+  rrfake::setExchangeBudget(-1);
+  std::string later;
+  CHECK(throwsKind([&] { runCudaCall(*ring, req, buf); }, ErrorKind::kBackend, &later));
+  CHECK_MSG(saysInterrupted(later), later);
+  ring->shutdown("test");
+}
+
+// (c): communicator creation waits in ncclCommInitRankConfig for every rank to join (the connect
+// timeout, 60 s here); the communicator being created aborts itself.
+TEST_CASE(ctrl_c_interrupts_communicator_creation) {
+  rrfake::reset();
+  rrfake::setInitMs(60000);  // a rank never joins
+  std::string msg;
+  const auto t0 = Clock::now();
+  {
+    CtrlC ctrl_c(ms(100));
+    CHECK(throwsKind([&] { NcclComm comm(kUid, 2, 0, 0, ms(30000), "fake", ms(60000)); }, ErrorKind::kBackend,
+                     &msg));
+  }
+  const int64_t took = msSince(t0);
+  CHECK_MSG(took < 3000, "the interrupted init returned after " << took << " ms");
+  CHECK_MSG(saysInterrupted(msg) && msg.find("ncclCommInitRankConfig") != std::string::npos, msg);
+  CHECK_EQ(rrfake::abortCalls(), 1);
+}
+
+// (c): Note [Bounded launch queue] - a call waits on the host for room while the oldest call waits
+// for a silent peer (until the watchdog's timeout, 30 s here).
+TEST_CASE(ctrl_c_interrupts_a_wait_for_the_launch_queue) {
+  rrfake::reset();
+  auto comm = std::make_shared<NcclComm>(kUid, 2, 0, 0, ms(30000), "fake", ms(0));
+  auto ring = std::make_shared<CudaRing>(comm, kGpuStagingBytes, /*max_queued_ops=*/40);
+  cudaStream_t caller = newStream();
+  std::vector<float> d1(64, 1.0f), d2(64, 2.0f);
+  rrfake::setExchangeBudget(0);
+  auto first = enqueueAllReduce(*ring, d1, caller);
+  std::string msg;
+  const auto t0 = Clock::now();
+  {
+    CtrlC ctrl_c(ms(100));
+    CHECK(throwsKind([&] { enqueueAllReduce(*ring, d2, caller); }, ErrorKind::kBackend, &msg));
+  }
+  const int64_t took = msSince(t0);
+  CHECK_MSG(took < 3000, "the interrupted wait for room returned after " << took << " ms");
+  CHECK_MSG(saysInterrupted(msg) && msg.find("launch queue") != std::string::npos, msg);
+  CHECK(first->failed());  // failed before aborted (Note [Ordering, lifetime, failure])
+  CHECK(ring->aborted());
+  std::string later;
+  CHECK(throwsKind([&] { enqueueAllReduce(*ring, d1, caller); }, ErrorKind::kBackend, &later));
+  CHECK_MSG(saysInterrupted(later), later);
+  ring->shutdown("test");
+}
+
+// The poll costs the GIL: hand-offs that complete at once (every exchange of a healthy ring) must
+// not ask it. A thread without a scope (the watchdog, C++ callers) never asks at all.
+TEST_CASE(a_prompt_hand_off_does_not_ask_for_ctrl_c) {
+  rrfake::reset();
+  NcclComm comm(kUid, 2, 0, 0, ms(2000), "fake");
+  cudaStream_t s = newStream();
+  std::vector<char> a(16), b(16);
+  int asks = 0;
+  HostInterruptScope scope([&asks] {
+    ++asks;
+    return false;
+  });
+  for (int i = 0; i < 100; ++i) comm.sendRecv(a.data(), 16, 1, b.data(), 16, 1, s);
+  // A wait asks only after kInterruptPoll (50 ms); a loaded machine may stretch one or two.
+  CHECK_MSG(asks < 5, asks << " of 100 prompt hand-offs asked for Ctrl-C");
+  CHECK(!scope.interrupted());
 }
 
 TEST_MAIN()

@@ -1,0 +1,96 @@
+// ringreduce GPU: Ctrl-C during the host waits of a CUDA call (torch-free, CUDA-free).
+//
+// Note [Interrupting a host wait on CUDA]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A CUDA call does not block the host on its payload, but a few of its steps wait on the host for
+// something a silent peer never gives:
+//   * NcclComm::waitReady(): communicator init and ncclCommSplit (up to the connect timeout), and
+//     each hand-off (the first contact with a peer up to the connect timeout, later ones up to the
+//     timeout; Note [Hand-off and queued exchanges] in nccl_comm.h);
+//   * hostWait(): the agreement frames of RINGREDUCE_CHECK=1 (the timeout; nccl_frame_transport.h);
+//   * CudaRing::makeRoom(): the bounded launch queue, until the watchdog fails the oldest call
+//     (Note [Bounded launch queue] in cuda_ring.h).
+// The caller's thread sits in them with the GIL released, and CPython runs its SIGINT handler only
+// between bytecodes of the main thread: Ctrl-C would wait for the timeout (30 minutes by default).
+// So the torch layer (csrc/torch/cuda_bindings.cpp) opens a HostInterruptScope around such a call,
+// with a poll that takes the GIL and runs the pending signal handlers (PyErr_CheckSignals), and each
+// wait above asks an InterruptCheck at every turn of its loop. The check asks the poll at most once
+// per kInterruptPoll and never during the first kInterruptPoll of a wait, so a hand-off that
+// completes in microseconds never takes the GIL. Once the poll says yes (a handler raised:
+// KeyboardInterrupt for SIGINT), the wait aborts the communicator - CudaRing's waits every lane's,
+// with the call's in-flight works failed first - with interruptedReason(), and throws kBackend; the
+// torch layer raises the handler's exception instead and shuts the ring down, so that every later
+// call on the group raises DistBackendError with that reason. The peers fail at once where NCCL
+// sees the abort, else at their timeout. The answer is latched in the scope: a later wait of the
+// same call throws at once.
+//
+// The scope belongs to the thread that opened it: the watchdog and every other thread see none and
+// never ask (the watchdog must never wait for the GIL), nor do the C++ tests unless they open one.
+// A wait asks with no NcclComm lock held: a Python thread holding the GIL may be waiting for one.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <utility>
+
+namespace rr {
+
+// How often a blocked host wait asks for Ctrl-C (and how long it waits before asking first).
+constexpr std::chrono::milliseconds kInterruptPoll{50};
+
+class HostInterruptScope {
+ public:
+  // `poll`: true when the wait must stop (it may block briefly, e.g. for the GIL; never throws).
+  explicit HostInterruptScope(std::function<bool()> poll) : poll_(std::move(poll)), previous_(current()) {
+    current() = this;
+  }
+  ~HostInterruptScope() { current() = previous_; }
+  HostInterruptScope(const HostInterruptScope&) = delete;
+  HostInterruptScope& operator=(const HostInterruptScope&) = delete;
+
+  // True once a wait of this scope was told to stop.
+  bool interrupted() const { return interrupted_; }
+
+  // The innermost scope of the calling thread, or null.
+  static HostInterruptScope*& current() {
+    static thread_local HostInterruptScope* scope = nullptr;
+    return scope;
+  }
+
+ private:
+  friend class InterruptCheck;
+  std::function<bool()> poll_;
+  HostInterruptScope* previous_;
+  bool interrupted_ = false;
+};
+
+// The questions of one host wait: construct it when the wait starts, ask requested() at each turn.
+class InterruptCheck {
+ public:
+  InterruptCheck()
+      : scope_(HostInterruptScope::current()), next_(std::chrono::steady_clock::now() + kInterruptPoll) {}
+
+  bool requested() {
+    if (scope_ == nullptr) return false;
+    if (scope_->interrupted_) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_ || !scope_->poll_) return false;
+    next_ = now + kInterruptPoll;
+    if (scope_->poll_()) scope_->interrupted_ = true;
+    return scope_->interrupted_;
+  }
+
+ private:
+  HostInterruptScope* scope_;
+  std::chrono::steady_clock::time_point next_;
+};
+
+// Why communicator `name` was aborted when `what` was interrupted; every later call reports it.
+inline std::string interruptedReason(const std::string& name, const std::string& what) {
+  return "ringreduce: " + name + " was interrupted on this rank (Ctrl-C or another signal while " + what +
+         " waited for its peers); the group is unusable for ringreduce on this rank: destroy the process group "
+         "(torch.distributed.destroy_process_group()) and create a new one to go on";
+}
+
+}  // namespace rr
