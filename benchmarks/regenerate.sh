@@ -25,6 +25,9 @@ sweep cpu-4ranks-tcp -b 1K -e 64M -f 4 --nproc 4 --transport tcp "${@}"
 # memory, the sizes of its target (docs/design.md section 5), 2 and 4 ranks.
 sweep cpu-2ranks-wire-bf16 -b 16M -e 64M -f 4 --wire-dtype bf16 "${@}"
 sweep cpu-4ranks-wire-bf16 -b 16M -e 64M -f 4 --nproc 4 --wire-dtype bf16 "${@}"
+# The same over gloo point-to-point, where the wire's bytes travel.
+sweep cpu-2ranks-tcp-wire-bf16 -b 16M -e 64M -f 4 --wire-dtype bf16 --transport tcp --seconds 3 "${@}"
+sweep cpu-4ranks-tcp-wire-bf16 -b 16M -e 64M -f 4 --nproc 4 --wire-dtype bf16 --transport tcp --seconds 3 "${@}"
 # What the agreement check costs (ringreduce with and without it, beside gloo), gloo transport.
 python -m ringreduce.bench -b 8 -e 1M -f 4 --check-cost --seconds 3 --transport tcp "${@}" \
   --json "$out/cpu-2ranks-check-cost.json" | tee "$out/cpu-2ranks-check-cost.txt"

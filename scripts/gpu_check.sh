@@ -22,7 +22,8 @@
 # 0 when every check passed (and on a machine without a GPU when the simulated checks passed), 1
 # otherwise.
 # Environment: PYTHON (default: the first of .venv/bin/python, python, python3 that has torch),
-# RESULTS, MAX_JOBS, CXX (the build's compiler), GPU_CHECK_BUDGET, BENCH_ARGS (extra arguments for
+# RESULTS, MAX_JOBS, CXX (the build's compiler), TORCH_CUDA_ARCH_LIST (default with a GPU: the visible
+# GPUs' architectures), GPU_CHECK_BUDGET, BENCH_ARGS (extra arguments for
 # ringreduce.bench); without a GPU also SIM_TESTS (the pytest files to run) and GPU_CHECK_CPP=0
 # (skip the C++ checks).
 set -uo pipefail
@@ -186,6 +187,14 @@ if [[ "$NGPU" == "0" ]]; then
 fi
 
 # ---- a GPU: build, machine -------------------------------------------------------------------
+# Kernels for the GPUs at hand only (setup.py's default is four architectures: minutes more on any
+# machine), as torch's own extension builds do when TORCH_CUDA_ARCH_LIST is unset.
+if [[ -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
+  TORCH_CUDA_ARCH_LIST="$("$PYTHON" -c 'import torch; n = torch.cuda.device_count()
+print(";".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(n)})))' 2>/dev/null)"
+  [[ -n "$TORCH_CUDA_ARCH_LIST" ]] && export TORCH_CUDA_ARCH_LIST &&
+    say "TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST (the visible GPUs; set it to build others)"
+fi
 build 1 || finish "gpu_check: could not build ringreduce with CUDA (see $LOG)"
 "$PYTHON" -c 'import json, ringreduce; print(json.dumps(ringreduce.build_info()))' > "$RESULTS/build_info.json" 2>&1
 say "build_info: $(cat "$RESULTS/build_info.json")"

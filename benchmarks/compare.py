@@ -1,0 +1,123 @@
+"""Two builds of ringreduce side by side: medians over repeated runs of the same sweep.
+
+    python benchmarks/compare.py DIR [--base old] [--head new]
+
+DIR holds the JSON files `python -m ringreduce.bench --json` wrote, named `<build>-<N>r-<run>.json`
+(benchmarks/compare_commits.sh names them so: `old-2r-1.json`, `new-2r-1.json`, ...). For every world
+size N and message size it prints, as a Markdown table, the median over runs of each build's
+ringreduce time, their ratio, and the median over runs of each build's ringreduce/stock ratio (the
+stock collective ran in the same processes, so that ratio is the steadier one on a shared machine).
+A size a run lacks is left out of that run's medians. Files `train-<build>-<run>.json` from
+`python -m ringreduce.bench.train_step --json` give one more table: each variant's step time and its
+ratio to DDP's step in the same run, medians over runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+_NAME = re.compile(r"^(?P<build>[A-Za-z0-9_.]+)-(?P<n>\d+)r-(?P<run>\d+)\.json$")
+_TRAIN = re.compile(r"^train-(?P<build>[A-Za-z0-9_.]+)-(?P<run>\d+)\.json$")
+
+
+def load(folder: Path) -> dict[tuple[str, int], list[dict[int, dict[str, float]]]]:
+    """{(build, world size): [one run's {size: {impl: time_us}}, ...]} from the JSON files in `folder`."""
+    runs: dict[tuple[str, int], list[dict[int, dict[str, float]]]] = {}
+    for path in sorted(folder.glob("*.json")):
+        m = _NAME.match(path.name)
+        if not m:
+            continue
+        rows: dict[int, dict[str, float]] = {}
+        for row in json.loads(path.read_text())["rows"]:
+            rows.setdefault(int(row["size"]), {})[row["impl"]] = float(row["time_us"])
+        runs.setdefault((m["build"], int(m["n"])), []).append(rows)
+    return runs
+
+
+def load_train(folder: Path) -> dict[str, list[dict[str, tuple[float, float]]]]:
+    """{build: [one run's {variant: (step ms, step / DDP's step)}, ...]} from `train-<build>-<run>.json`."""
+    runs: dict[str, list[dict[str, tuple[float, float]]]] = {}
+    for path in sorted(folder.glob("train-*.json")):
+        m = _TRAIN.match(path.name)
+        if m:
+            rows = json.loads(path.read_text())["rows"]
+            runs.setdefault(m["build"], []).append({r["variant"]: (r["median_ms"], r["vs_ddp"]) for r in rows})
+    return runs
+
+
+def train_table(runs: dict[str, list[dict[str, tuple[float, float]]]], base: str, head: str) -> str:
+    """The training step's Markdown table (empty when either build has no run)."""
+    a, b = runs.get(base), runs.get(head)
+    if not a or not b:
+        return ""
+    out = [f"train_step: {len(a)} runs of {base}, {len(b)} runs of {head}; medians over runs", "",
+           f"| variant | {base} step (ms) | {head} step (ms) | {base} vs DDP | {head} vs DDP |", "|---|---|---|---|---|"]
+    for variant in a[0]:
+        cols = []
+        for k in (0, 1):
+            for runs_ in (a, b):
+                cols.append(_median([r[variant][k] for r in runs_ if variant in r]))
+        if None in cols:
+            continue
+        out.append(f"| {variant} | {cols[0]:.1f} | {cols[1]:.1f} | {cols[2]:.3f} | {cols[3]:.3f} |")
+    return "\n".join(out + [""])
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def table(runs: dict[tuple[str, int], list[dict[int, dict[str, float]]]], base: str, head: str) -> str:
+    """The Markdown tables, one per world size both builds ran."""
+    out = []
+    for n in sorted({n for (_, n) in runs}):
+        a, b = runs.get((base, n)), runs.get((head, n))
+        if not a or not b:
+            continue
+        stock = next(iter(impl for impl in next(iter(a[0].values())) if impl != "ringreduce"), None)
+        out.append(f"{n} ranks: {len(a)} runs of {base}, {len(b)} runs of {head}; medians over runs")
+        out.append("")
+        out.append(f"| size | {base} (us) | {head} (us) | {head}/{base} | {base} / {stock} | {head} / {stock} |")
+        out.append("|---|---|---|---|---|---|")
+        for size in sorted(set().union(*a, *b)):
+            ta = _median([r[size]["ringreduce"] for r in a if "ringreduce" in r.get(size, {})])
+            tb = _median([r[size]["ringreduce"] for r in b if "ringreduce" in r.get(size, {})])
+            ra = _median([r[size]["ringreduce"] / r[size][stock] for r in a if stock in r.get(size, {})])
+            rb = _median([r[size]["ringreduce"] / r[size][stock] for r in b if stock in r.get(size, {})])
+            if ta is None or tb is None:
+                continue
+            cells = [_size(size), f"{ta:.1f}", f"{tb:.1f}", f"{tb / ta:.2f}",
+                     "-" if ra is None else f"{ra:.3f}", "-" if rb is None else f"{rb:.3f}"]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path)
+    p.add_argument("--base", default="old", help="the build compared against (file prefix, default old)")
+    p.add_argument("--head", default="new", help="the build under test (file prefix, default new)")
+    args = p.parse_args(argv)
+    text = table(load(args.folder), args.base, args.head) + train_table(load_train(args.folder), args.base, args.head)
+    if not text:
+        print(f"compare: no pairs of <{args.base}|{args.head}>-<N>r-<run>.json in {args.folder}", file=sys.stderr)
+        return 1
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""benchmarks/compare.py: medians over runs of two builds, from the JSON the benchmark writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _compare():
+    spec = importlib.util.spec_from_file_location("rr_bench_compare", _ROOT / "benchmarks" / "compare.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _sweep(path: Path, times: dict[int, tuple[float, float]]) -> None:
+    rows = []
+    for size, (rr, gloo) in times.items():
+        rows.append({"size": size, "impl": "ringreduce", "time_us": rr})
+        rows.append({"size": size, "impl": "gloo", "time_us": gloo})
+    path.write_text(json.dumps({"rows": rows}))
+
+
+def test_medians_ratios_and_missing_sizes(tmp_path):
+    # three runs of each build; medians: old 1 KiB 20, new 1 KiB 30 (the outlier 900 drops out)
+    for i, (o, n) in enumerate([(10.0, 30.0), (20.0, 900.0), (40.0, 25.0)], start=1):
+        _sweep(tmp_path / f"old-2r-{i}.json", {1024: (o, 100.0), 2**20: (1000.0, 4000.0)})
+        _sweep(tmp_path / f"new-2r-{i}.json", {1024: (n, 200.0)} | ({2**20: (500.0, 4000.0)} if i == 1 else {}))
+    (tmp_path / "notes.json").write_text("{}")  # not a run: ignored
+    text = _compare().table(_compare().load(tmp_path), "old", "new")
+    lines = text.splitlines()
+    assert lines[0] == "2 ranks: 3 runs of old, 3 runs of new; medians over runs"
+    assert "| 1 KiB | 20.0 | 30.0 | 1.50 | 0.200 | 0.150 |" in lines
+    # 1 MiB: the new build ran it once; its median is that run
+    assert "| 1 MiB | 1000.0 | 500.0 | 0.50 | 0.250 | 0.125 |" in lines
+
+
+def test_training_step_table(tmp_path):
+    for i, (old, new) in enumerate([(150.0, 120.0), (170.0, 100.0)], start=1):
+        for build, step in (("old", old), ("new", new)):
+            rows = [{"variant": "ddp", "median_ms": 200.0, "vs_ddp": 1.0},
+                    {"variant": "averager", "median_ms": step, "vs_ddp": step / 200.0}]
+            (tmp_path / f"train-{build}-{i}.json").write_text(json.dumps({"rows": rows}))
+    text = _compare().train_table(_compare().load_train(tmp_path), "old", "new")
+    assert "| averager | 160.0 | 110.0 | 0.800 | 0.550 |" in text.splitlines()
+
+
+def test_no_pairs_is_an_error(tmp_path, capsys):
+    _sweep(tmp_path / "old-2r-1.json", {1024: (1.0, 2.0)})
+    assert _compare().main([str(tmp_path)]) == 1
+    assert "no pairs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("nbytes,label", [(1024, "1 KiB"), (3 * 2**20, "3 MiB"), (8, "8 B"), (1536, "1536 B")])
+def test_size_labels(nbytes, label):
+    assert _compare()._size(nbytes) == label
