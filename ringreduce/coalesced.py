@@ -18,12 +18,18 @@ from ringreduce.work import Work
 
 
 class _FlatGroup:
-    """Tensors of one dtype packed into one flat buffer (or reduced directly when alone and dense)."""
+    """Tensors of one dtype packed into one flat buffer, or reduced directly when `alone` (the call's
+    only buffer) and one dense tensor.
 
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
+    A call with several buffers packs every one of them: when a later buffer's ring raises (ranks
+    that disagree on it), no result is copied back, so the call leaves every tensor unchanged as its
+    error says, instead of a lone tensor of an earlier buffer already holding its result.
+    """
+
+    def __init__(self, tensors: list[torch.Tensor], alone: bool) -> None:
         self.tensors = tensors
         single = tensors[0]
-        if len(tensors) == 1 and single.is_contiguous() and not single.is_conj() and not single.is_neg():
+        if alone and len(tensors) == 1 and single.is_contiguous() and not single.is_conj() and not single.is_neg():
             self.flat = single
             self.packed = False
             return
@@ -149,7 +155,8 @@ _HALF_TYPES = (torch.float16, torch.bfloat16)
 # all_reduce checks it. predivide_factor and algorithm apply to every buffer, so a factor with an
 # integer tensor in the list is refused. The checks run for every tensor before any ring, and each
 # buffer's agreement frame carries the wire and the factor it runs with: ranks that disagree on them
-# raise at the frame of the first buffer they differ on.
+# raise at the frame of the first buffer they differ on, and no tensor changes (_FlatGroup packs
+# every buffer of a call with several).
 
 
 def _buffer_options(dtype: torch.dtype, accum_dtype: Any, wire_dtype: Any) -> tuple[Any, Any]:
@@ -201,7 +208,8 @@ def all_reduce_coalesced(
 
     The tensors are packed into one flat buffer per dtype (in order of first appearance), each
     buffer is all-reduced as :func:`all_reduce` reduces a tensor, with `op` and the options below,
-    and the results are copied back (one extra copy each way; none for a lone contiguous tensor):
+    and the results are copied back (one extra copy each way; none for a list of one contiguous
+    tensor, empty tensors aside), only once every buffer is reduced:
     a tensor gets the bits of its elements in ``all_reduce`` of its dtype's packed buffer. Every
     rank must pass the same list (same dtypes, shapes and order) and the same options: the
     agreement frame describes the call as coalesced with its number of tensors, and each buffer's
@@ -269,7 +277,7 @@ def all_reduce_coalesced(
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in live:
         by_dtype.setdefault(t.dtype, []).append(t)
-    groups = [_FlatGroup(ts) for ts in by_dtype.values()]
+    groups = [_FlatGroup(ts, alone=len(by_dtype) == 1) for ts in by_dtype.values()]
     works: list[Work] = []
     for g in groups:
         accum, wire = _buffer_options(g.flat.dtype, accum_dtype, wire_dtype)
