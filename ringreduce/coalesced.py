@@ -156,7 +156,8 @@ _HALF_TYPES = (torch.float16, torch.bfloat16)
 # integer tensor in the list is refused. The checks run for every tensor before any ring, and each
 # buffer's agreement frame carries the wire and the factor it runs with: ranks that disagree on them
 # raise at the frame of the first buffer they differ on, and no tensor changes (_FlatGroup packs
-# every buffer of a call with several).
+# every buffer of a call with several). A rank that refuses the call locally sends one refusal frame
+# per ring the others run (_rings), so that a call of several buffers keeps the ranks in step.
 
 
 def _buffer_options(dtype: torch.dtype, accum_dtype: Any, wire_dtype: Any) -> tuple[Any, Any]:
@@ -192,6 +193,20 @@ def _refusal(
         assert exc is not None  # a wire for a tensor that is not float32
         return code, type(exc)(f"{exc} (in ringreduce.all_reduce_coalesced, whose list has no float32 tensor)")
     return FrameError.NONE, None
+
+
+def _rings(tensors: Any) -> int:
+    """How many rings a rank that passes the same list runs: one per dtype of its non-empty tensors
+    (none when there is none). A refusing rank sends as many refusal frames, so that the ranks stay
+    in step; for a list that is not one, or holds a non-tensor, at least one (a guess: the others
+    hold a tensor there)."""
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
+        return 1
+    elements = [local_tensor(t) for t in tensors]
+    dtypes = {t.dtype for t in elements if isinstance(t, torch.Tensor) and t.numel() > 0}
+    if all(isinstance(t, torch.Tensor) for t in elements):
+        return len(dtypes)
+    return max(1, len(dtypes))
 
 
 def all_reduce_coalesced(
@@ -269,7 +284,7 @@ def all_reduce_coalesced(
             raise exc
         # The device the other ranks run this call on: the list's (CPU for a list that is not one).
         device = listed[0].device if listed else None
-        refuse(info, CallKind.ALL_REDUCE_COALESCED, code, exc, device, algorithm)
+        refuse(info, CallKind.ALL_REDUCE_COALESCED, code, exc, device, algorithm, calls=_rings(tensors))
     assert listed is not None
     live = [t for t in listed if t.numel() > 0]
     if info is None or info.size == 1 or not live:
