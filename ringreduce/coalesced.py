@@ -225,8 +225,8 @@ def all_reduce_coalesced(
     buffer is all-reduced as :func:`all_reduce` reduces a tensor, with `op` and the options below,
     and the results are copied back once every buffer is reduced (one extra copy each way; none
     for a list of one contiguous tensor, empty tensors aside): a tensor gets the bits of its
-    elements in ``all_reduce`` of its dtype's packed buffer, and a call that raises leaves every
-    tensor unchanged. Every rank must pass the same list (same dtypes, shapes and order) and the
+    elements in ``all_reduce`` of its dtype's packed buffer, and a call refused or disagreed on
+    leaves every tensor unchanged. Every rank must pass the same list (same dtypes, shapes and order) and the
     same options: the agreement frame describes the call as coalesced with its number of tensors,
     and each buffer's frame its wire and factor, so a mismatch raises on every rank.
 
