@@ -288,10 +288,13 @@ def interrupter(info: GroupInfo, handle: Any) -> Any:
 
 
 def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, device: torch.device | None,
-           algorithm: str = "ring") -> None:
+           algorithm: str = "ring", calls: int = 1) -> None:
     """Tells the other ranks (agreement frame marked as an error) before raising `exc` locally.
 
     `device`: where the refused call's tensors live (None for a non-tensor argument: the CPU path).
+    `calls`: how many native calls the other ranks run for this one (all_reduce_coalesced runs one
+    per dtype buffer, none for a list of empty tensors): one refusal frame stands in for each, so
+    that every rank has run as many calls afterwards and the next collective's frames meet.
     """
     is_cuda = device is not None and device.type == "cuda"
     if info is not None and info.size > 1 and _config.check_enabled(is_cuda):
@@ -304,12 +307,18 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
                 _, members = choose_algorithm(info, algorithm if algorithm in ALGORITHMS else "auto")
             except ValueError:
                 members = info.members
-            _cuda.cuda_refuse(info, device, int(kind), int(code), members=members)
+            for _ in range(calls):
+                _cuda.cuda_refuse(info, device, int(kind), int(code), members=members)
         elif not is_cuda:
             # CPU: every call of a ring (hierarchical ones too) runs on the ring's own runtime
-            handle = submit_cpu(info, None, call_options(info, kind, ReduceOp.SUM, local_error=code))
-            wait_sliced(handle, -1, interrupter(info, handle))  # the others raise "rank r refused"; we raise ours
-            exc.args = (f"{exc.args[0]} (call #{handle.seq} on {info.name}; the other ranks were told)",)
+            seqs = []
+            for _ in range(calls):
+                handle = submit_cpu(info, None, call_options(info, kind, ReduceOp.SUM, local_error=code))
+                wait_sliced(handle, -1, interrupter(info, handle))  # the others raise "rank r refused"; we raise ours
+                seqs.append(handle.seq)
+            if seqs:
+                which = f"call #{seqs[0]}" if len(seqs) == 1 else f"calls #{seqs[0]}-#{seqs[-1]}"
+                exc.args = (f"{exc.args[0]} ({which} on {info.name}; the other ranks were told)",)
     raise exc
 
 

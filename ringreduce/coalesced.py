@@ -11,19 +11,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce._dispatch import local_refusal, local_tensor, refuse, run_all_reduce
+from ringreduce._dispatch import local_refusal, local_tensor, refuse, run_all_reduce, scaling_refusal
 from ringreduce._groups import resolve
 from ringreduce._types import CallKind, FrameError, ReduceOp
 from ringreduce.work import Work
 
 
 class _FlatGroup:
-    """Tensors of one dtype packed into one flat buffer (or reduced directly when alone and dense)."""
+    """Tensors of one dtype packed into one flat buffer, or reduced directly when `alone` (the call's
+    only buffer) and one dense tensor.
 
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
+    A call with several buffers packs every one of them: when a later buffer's ring raises (ranks
+    that disagree on it), no result is copied back, so the call leaves every tensor unchanged as its
+    error says, instead of a lone tensor of an earlier buffer already holding its result.
+    """
+
+    def __init__(self, tensors: list[torch.Tensor], alone: bool) -> None:
         self.tensors = tensors
         single = tensors[0]
-        if len(tensors) == 1 and single.is_contiguous() and not single.is_conj() and not single.is_neg():
+        if alone and len(tensors) == 1 and single.is_contiguous() and not single.is_conj() and not single.is_neg():
             self.flat = single
             self.packed = False
             return
@@ -135,19 +141,94 @@ def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, Any, BaseExcepti
     return tensors, FrameError.NONE, None
 
 
+_HALF_TYPES = (torch.float16, torch.bfloat16)
+
+# Note [Options of a coalesced list]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# all_reduce_coalesced reduces each dtype's packed buffer with one all-reduce, so each option means
+# what it means to ringreduce.all_reduce, applied per buffer. Two options name the dtype they are for
+# and apply to the buffers of that dtype only, the others being reduced as they are (GradientAverager
+# treats its buckets the same way): wire_dtype to the float32 buffer, accum_dtype=torch.float32 to
+# the float16/bfloat16 buffers. A wire_dtype that applies to no tensor of a non-empty list is refused
+# as all_reduce refuses the list's first tensor (a model without float32 gradients asked for a
+# 16-bit wire: GradientAverager refuses it too); any other accum_dtype is checked per tensor as
+# all_reduce checks it. predivide_factor and algorithm apply to every buffer, so a factor with an
+# integer tensor in the list is refused. The checks run for every tensor before any ring, and each
+# buffer's agreement frame carries the wire and the factor it runs with: ranks that disagree on them
+# raise at the frame of the first buffer they differ on, and no tensor changes (_FlatGroup packs
+# every buffer of a call with several). A rank that refuses the call locally sends one refusal frame
+# per ring the others run (_rings), so that a call of several buffers keeps the ranks in step.
+
+
+def _buffer_options(dtype: torch.dtype, accum_dtype: Any, wire_dtype: Any) -> tuple[Any, Any]:
+    """(accum_dtype, wire_dtype) that the buffer of `dtype` is reduced with (Note [Options of a
+    coalesced list])."""
+    accum = None if accum_dtype == torch.float32 and dtype not in _HALF_TYPES else accum_dtype
+    wire = wire_dtype if dtype == torch.float32 else None
+    return accum, wire
+
+
+def _refusal(
+    listed: list[torch.Tensor], op: Any, accum_dtype: Any, algorithm: Any, wire_dtype: Any, predivide_factor: Any
+) -> tuple[Any, BaseException | None]:
+    """(frame error code, exception) from purely local checks of every tensor of `listed` with the
+    options its buffer takes, as all_reduce checks a tensor (Note [Options of a coalesced list])."""
+    if not listed:
+        # No tensor: the options alone, as all_reduce checks them (on an empty float32 stand-in).
+        probe = torch.empty(0)
+        code, exc, rop, _ = local_refusal(probe, op, None, algorithm)
+        if exc is None:
+            code, exc, _, _ = scaling_refusal(probe, rop, algorithm, wire_dtype, predivide_factor)
+        return code, exc
+    rop = None
+    for k, t in enumerate(listed):
+        accum, wire = _buffer_options(t.dtype, accum_dtype, wire_dtype)
+        code, exc, rop, _ = local_refusal(t, op, accum, algorithm)
+        if exc is None:
+            code, exc, _, _ = scaling_refusal(t, rop, algorithm, wire, predivide_factor)
+        if exc is not None:
+            return code, type(exc)(f"{exc} (in ringreduce.all_reduce_coalesced, element {k})")
+    if wire_dtype is not None and not any(t.dtype == torch.float32 for t in listed):
+        code, exc, _, _ = scaling_refusal(listed[0], rop, algorithm, wire_dtype, predivide_factor)
+        assert exc is not None  # a wire for a tensor that is not float32
+        return code, type(exc)(f"{exc} (in ringreduce.all_reduce_coalesced, whose list has no float32 tensor)")
+    return FrameError.NONE, None
+
+
+def _rings(tensors: Any) -> int:
+    """How many rings a rank that passes the same list runs: one per dtype of its non-empty tensors
+    (none when there is none). A refusing rank sends as many refusal frames, so that the ranks stay
+    in step; for a list that is not one, or holds a non-tensor, at least one (a guess: the others
+    hold a tensor there)."""
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
+        return 1
+    elements = [local_tensor(t) for t in tensors]
+    dtypes = {t.dtype for t in elements if isinstance(t, torch.Tensor) and t.numel() > 0}
+    if all(isinstance(t, torch.Tensor) for t in elements):
+        return len(dtypes)
+    return max(1, len(dtypes))
+
+
 def all_reduce_coalesced(
     tensors: Sequence[torch.Tensor],
     op: Any = ReduceOp.SUM,
     group: dist.ProcessGroup | None = None,
     async_op: bool = False,
+    accum_dtype: torch.dtype | None = None,
+    algorithm: str = "auto",
+    wire_dtype: torch.dtype | None = None,
+    predivide_factor: float | None = None,
 ) -> Work | None:
     """Reduces every tensor of `tensors` in place with one ring per dtype instead of one per tensor.
 
     The tensors are packed into one flat buffer per dtype (in order of first appearance), each
-    buffer is all-reduced with `op` and the results are copied back (one extra copy each way; none
-    for a lone contiguous tensor). Every rank must pass the same list (same dtypes, shapes and
-    order): the agreement frame describes the call as coalesced with its number of tensors, so a
-    mismatch raises on every rank.
+    buffer is all-reduced as :func:`all_reduce` reduces a tensor, with `op` and the options below,
+    and the results are copied back once every buffer is reduced (one extra copy each way; none
+    for a list of one contiguous tensor, empty tensors aside): a tensor gets the bits of its
+    elements in ``all_reduce`` of its dtype's packed buffer, and a call refused or disagreed on
+    leaves every tensor unchanged. Every rank must pass the same list (same dtypes, shapes and order) and the
+    same options: the agreement frame describes the call as coalesced with its number of tensors,
+    and each buffer's frame its wire and factor, so a mismatch raises on every rank.
 
     Args:
         tensors: a list or tuple of tensors, any shapes, strides and dtypes, all on one device
@@ -158,16 +239,36 @@ def all_reduce_coalesced(
             outside the group returns at once.
         async_op: True returns a :class:`Work` at once; its ``wait()`` copies the results back into
             `tensors`, and its future's value is the list of tensors.
+        accum_dtype: None, or ``torch.float32``: the float16/bfloat16 tensors' partial sums travel
+            and are added in float32 and are rounded once, as in :func:`all_reduce`; tensors of
+            other dtypes are reduced as they are. Any other value is checked for every tensor as
+            :func:`all_reduce` checks it.
+        algorithm: "auto" (default), "ring" or "hierarchical", for every dtype's ring, as in
+            :func:`all_reduce`.
+        wire_dtype: None, or ``torch.bfloat16`` / ``torch.float16``: the float32 tensors travel on
+            a 16-bit wire with float32 sums per hop (the flat ring), as in :func:`all_reduce`;
+            tensors of other dtypes are reduced as they are, as ``GradientAverager(wire_dtype=...)``
+            treats buckets of other dtypes. A non-empty list without a float32 tensor is refused as
+            :func:`all_reduce` refuses its first tensor.
+        predivide_factor: None, or f > 0 (SUM and AVG): every buffer's contributions are divided
+            by f before its ring and its finished sum scaled once after it, as in
+            :func:`all_reduce`; every tensor must then be floating-point or complex.
 
     Returns:
         None, or with ``async_op=True`` a :class:`Work`.
 
     Raises:
-        TypeError: not a list, an element that is not a tensor, or a dtype that does not support
-            `op` (integer AVG included), checked for every tensor before any data moves; the other
-            ranks raise RuntimeError naming the refusing rank.
-        ValueError: tensors on different devices, sparse tensors, an unknown `op`.
-        RuntimeError: the ranks disagree on the list (every rank raises).
+        TypeError: not a list, an element that is not a tensor, a dtype that does not support
+            `op` (integer AVG included), `accum_dtype` or `predivide_factor` (an integer tensor),
+            a `wire_dtype` for a list without float32 tensors whose first tensor is an integer
+            one, or a `wire_dtype` or `predivide_factor` that is not a dtype or a number; checked
+            for every tensor before any data moves, the tensors unchanged; the other ranks raise
+            RuntimeError naming the refusing rank.
+        ValueError: tensors on different devices, sparse tensors, an unknown `op` or `algorithm`,
+            a `wire_dtype` other than bfloat16/float16, a 16-bit wire for a list with no float32
+            tensor or with "hierarchical", a `predivide_factor` <= 0, or either of them with MAX,
+            MIN or PRODUCT; every rank raises alike.
+        RuntimeError: the ranks disagree on the list or on the options (every rank raises).
         torch.distributed.DistBackendError: a peer died or the group's timeout passed.
 
     CUDA tensors run on ringreduce's streams, ordered after the current stream, which waits for
@@ -177,17 +278,13 @@ def all_reduce_coalesced(
     listed, code, exc = _validate(tensors)
     if exc is None:
         assert listed is not None
-        for k, t in enumerate(listed):
-            code, exc, _, _ = local_refusal(t, op, None, "auto")
-            if exc is not None:
-                exc = type(exc)(f"{exc} (in ringreduce.all_reduce_coalesced, element {k})")
-                break
+        code, exc = _refusal(listed, op, accum_dtype, algorithm, wire_dtype, predivide_factor)
     if exc is not None:
         if info is None:
             raise exc
         # The device the other ranks run this call on: the list's (CPU for a list that is not one).
         device = listed[0].device if listed else None
-        refuse(info, CallKind.ALL_REDUCE_COALESCED, code, exc, device, "auto")
+        refuse(info, CallKind.ALL_REDUCE_COALESCED, code, exc, device, algorithm, calls=_rings(tensors))
     assert listed is not None
     live = [t for t in listed if t.numel() > 0]
     if info is None or info.size == 1 or not live:
@@ -195,10 +292,12 @@ def all_reduce_coalesced(
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in live:
         by_dtype.setdefault(t.dtype, []).append(t)
-    groups = [_FlatGroup(ts) for ts in by_dtype.values()]
+    groups = [_FlatGroup(ts, alone=len(by_dtype) == 1) for ts in by_dtype.values()]
     works: list[Work] = []
     for g in groups:
-        w = run_all_reduce(g.flat, op, group, True, None, "auto", CallKind.ALL_REDUCE_COALESCED, ntensors=len(listed))
+        accum, wire = _buffer_options(g.flat.dtype, accum_dtype, wire_dtype)
+        w = run_all_reduce(g.flat, op, group, True, accum, algorithm, CallKind.ALL_REDUCE_COALESCED,
+                           ntensors=len(listed), wire_dtype=wire, predivide_factor=predivide_factor)
         assert w is not None
         works.append(w)
     work = CoalescedWork(works, groups, listed, describe=f"all_reduce_coalesced of {len(listed)} tensors on {info.name}")

@@ -1,4 +1,5 @@
-"""ringreduce.all_reduce_coalesced: exact results for lists of mixed tensors, async, errors."""
+"""ringreduce.all_reduce_coalesced: exact results for lists of mixed tensors, async, errors, and
+all_reduce's options (accum_dtype, algorithm, wire_dtype, predivide_factor) per packed buffer."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from ranks import run_ranks
+from refdata import bits_equal, ring_reference, same_on_all_ranks
 
 import ringreduce as rr
 
@@ -157,6 +159,170 @@ def _errors(rank: int, ws: int) -> None:
 
 def test_coalesced_errors() -> None:
     run_ranks(3, _errors)
+
+
+# ------------------------------------------------------------------------------------------------
+# all_reduce's options, per packed buffer (Note [Options of a coalesced list], ringreduce/coalesced.py)
+
+
+def _options_inputs(rank: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Random float32 tensors (a different scale per rank) and exact data of other dtypes: multiples
+    of 4 below 64, so a factor of 2 or 4 divides them exactly. Returns the list and the tensor the
+    column slice lives in."""
+    g = torch.Generator().manual_seed(100 + rank)
+
+    def exact(n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+        return (((torch.arange(n) * (k + 3) + 7 * rank + k) % 17 - 8) * 4).to(dtype)
+
+    base = torch.randn(6, 5, generator=g)
+    return [
+        torch.randn(17, generator=g) * (1 + rank),
+        exact(12, 1, torch.float64).reshape(3, 4).t(),  # transposed
+        torch.empty(0),
+        exact(33, 2, torch.bfloat16).reshape(3, 11),
+        base[:, 1],  # column slice: neighbours must stay untouched
+        torch.complex(exact(9, 3, torch.float32), exact(9, 4, torch.float32)),
+        torch.randn(8, 5, generator=g).t() * 3,  # transposed
+        torch.randn(40_000, generator=g),  # the float32 buffer is large enough for the ring
+        exact(5, 5, torch.float16),
+    ], base
+
+
+def _packed(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The flat buffer all_reduce_coalesced packs `dtype`'s tensors into (order of the list)."""
+    return torch.cat([t.reshape(-1) for t in tensors if t.dtype == dtype])
+
+
+def _options_case(rank: int, ws: int, op: str, async_op: bool, kwargs: dict) -> None:
+    tensors, base = _options_inputs(rank)
+    base_before = base.clone()
+    wire, factor = kwargs.get("wire_dtype"), kwargs.get("predivide_factor")
+    # What rr.all_reduce gives on each packed buffer, with the options that buffer takes.
+    want: dict[torch.dtype, torch.Tensor] = {}
+    for dtype in dict.fromkeys(t.dtype for t in tensors):
+        flat = _packed(tensors, dtype)
+        rr.all_reduce(flat, op=op, algorithm=kwargs.get("algorithm", "auto"),
+                      accum_dtype=kwargs.get("accum_dtype") if dtype in (torch.float16, torch.bfloat16) else None,
+                      wire_dtype=wire if dtype == torch.float32 else None, predivide_factor=factor)
+        want[dtype] = flat
+    # The float32 buffer, independently: the ring's arithmetic reproduced from every rank's inputs.
+    reference = ring_reference([_packed(_options_inputs(r)[0], torch.float32) for r in range(ws)], op, wire, factor)
+    assert bits_equal(want[torch.float32], reference), "rr.all_reduce of the packed buffer is not the ring's"
+
+    result = rr.all_reduce_coalesced(tensors, op=op, async_op=async_op, **kwargs)
+    if async_op:
+        assert isinstance(result, rr.Work)
+        value = result.get_future().wait()
+        assert result.wait(timeout=datetime.timedelta(seconds=60)) is True
+        assert isinstance(value, list) and all(v is t for v, t in zip(value, tensors, strict=True))
+    else:
+        assert result is None
+    offsets: dict[torch.dtype, int] = {}
+    for k, t in enumerate(tensors):
+        at = offsets.get(t.dtype, 0)
+        offsets[t.dtype] = at + t.numel()
+        got = t.reshape(-1)
+        assert bits_equal(got, want[t.dtype][at : at + t.numel()]), (k, t.dtype, kwargs)
+        if t.dtype == torch.float64 and op == "sum":  # exact data: the float64 sum itself
+            exact = sum(_options_inputs(r)[0][k].reshape(-1) for r in range(ws))
+            assert torch.equal(got, exact)
+        assert same_on_all_ranks(t), f"element {k} differs between ranks"
+    untouched = torch.ones(base_before.shape[1], dtype=torch.bool)
+    untouched[1] = False
+    assert torch.equal(base[:, untouched], base_before[:, untouched]), "memory outside the slice changed"
+    # A lone float32 tensor (reduced in place, not packed): rr.all_reduce's bits on it.
+    lone = tensors[0].clone()
+    rr.all_reduce(lone, op=op, wire_dtype=wire, predivide_factor=factor)
+    alone = [tensors[0].clone()]
+    rr.all_reduce_coalesced(alone, op=op, wire_dtype=wire, predivide_factor=factor)
+    assert bits_equal(alone[0], lone)
+
+
+OPTION_CASES = [
+    # (op, async_op, keywords): every option on a mixed list, in two calls.
+    ("sum", False, {"wire_dtype": torch.float16, "predivide_factor": 4.0, "accum_dtype": torch.float32}),
+    ("avg", True, {"wire_dtype": torch.bfloat16, "predivide_factor": 2.0, "algorithm": "ring"}),
+]
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_coalesced_options_are_all_reduce_on_each_packed_buffer(ws: int) -> None:
+    for op, async_op, kwargs in OPTION_CASES:
+        run_ranks(ws, _options_case, op, async_op, kwargs)
+    # Tiny segments: the many-segment paths of the same calls.
+    run_ranks(ws, _options_case, *OPTION_CASES[1], env={"RINGREDUCE_SEGMENT_BYTES": 64})
+
+
+def _expect(fn, exc_type: type, *needles: str) -> None:
+    with pytest.raises(exc_type) as info:
+        fn()
+    for needle in needles:
+        assert needle in str(info.value), f"{needle!r} not in {info.value}"
+
+
+f32, f64, bf16, f16, i32, i64 = torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64
+BAD_OPTIONS = [
+    # (dtypes of the list, keywords, op, exception, words of the message)
+    ((f32, f64), {"wire_dtype": f32}, "avg", ValueError, "bfloat16 or torch.float16"),
+    ((f32,), {"wire_dtype": "bf16"}, "avg", TypeError, "wire_dtype must be"),
+    ((i32, i64), {"wire_dtype": bf16}, "sum", TypeError, "needs a float32 tensor", "no float32 tensor"),
+    ((f16, bf16), {"wire_dtype": bf16}, "sum", ValueError, "float32 tensors only", "no float32 tensor"),
+    ((i64, f32), {"wire_dtype": bf16}, "max", ValueError, "SUM and AVG", "element 1"),
+    ((f32,), {"wire_dtype": bf16, "algorithm": "hierarchical"}, "avg", ValueError, "flat ring"),
+    ((f32, f64), {"algorithm": "tree"}, "sum", ValueError, "algorithm must be"),
+    ((f32, f64), {"predivide_factor": 0}, "avg", ValueError, "> 0"),
+    ((f32,), {"predivide_factor": float("nan")}, "avg", ValueError, "finite"),
+    ((f32,), {"predivide_factor": "2"}, "avg", TypeError, "a number"),
+    ((f32,), {"predivide_factor": True}, "sum", TypeError, "a number"),
+    ((f32, f64), {"predivide_factor": 2.0}, "product", ValueError, "SUM and AVG"),
+    ((f32, i64), {"predivide_factor": 2.0}, "sum", TypeError, "floating-point", "element 1"),
+    ((bf16, f32), {"accum_dtype": f64}, "sum", TypeError, "accum_dtype", "element 0"),
+    ((), {"wire_dtype": torch.float64}, "sum", ValueError, "bfloat16 or torch.float16"),
+    ((), {"predivide_factor": -1.0}, "avg", ValueError, "> 0"),
+]
+
+
+def _bad_options(rank: int, ws: int) -> None:
+    for dtypes, kwargs, op, exc, *words in BAD_OPTIONS:
+        tensors = [(torch.arange(10) + rank + k).to(dtype) for k, dtype in enumerate(dtypes)]
+        before = [t.clone() for t in tensors]
+        _expect(lambda t=tensors, kw=kwargs, op=op: rr.all_reduce_coalesced(t, op=op, **kw), exc, *words)
+        assert all(torch.equal(t, b) for t, b in zip(tensors, before, strict=True)), f"{kwargs} changed a tensor"
+    # What the options leave alone: integer tensors beside a 16-bit wire, float32 and integer tensors
+    # beside accum_dtype=float32 (reduced as they are, exactly).
+    ints, floats = torch.arange(7) + rank, torch.full((5,), float(rank))
+    halves = torch.full((3,), float(rank), dtype=bf16)
+    rr.all_reduce_coalesced([ints, floats], op="sum", wire_dtype=bf16)
+    rr.all_reduce_coalesced([ints, floats, halves], op="sum", accum_dtype=f32)
+    total = ws * (ws - 1) // 2  # the sum of the ranks; the second call sums ws equal values
+    assert torch.equal(ints, (torch.arange(7) * ws + total) * ws)
+    assert torch.equal(floats, torch.full((5,), float(total * ws)))
+    assert torch.equal(halves, torch.full((3,), float(total), dtype=bf16))
+    # One rank refuses: it raises its own error, the others RuntimeError, at once; nothing changes.
+    tensors = [torch.ones(4, dtype=f64), torch.ones(1000)]
+    if rank == 1:
+        _expect(lambda: rr.all_reduce_coalesced(tensors, op="avg", wire_dtype=torch.float64), ValueError, "bfloat16")
+    else:
+        _expect(lambda: rr.all_reduce_coalesced(tensors, op="avg", wire_dtype=bf16), RuntimeError,
+                "rank 1: all_reduce_coalesced refused locally")
+    # Ranks that disagree on the wire or the factor all raise; the float64 tensor ahead of the float32
+    # one (which alone takes the wire) stays unchanged too.
+    disagreements = [
+        ({"wire_dtype": bf16} if rank == 0 else {}, "wire_dtype"),
+        ({"predivide_factor": 2.0} if rank == ws - 1 else {}, "predivide_factor"),
+        ({"predivide_factor": 2.0 if rank == 0 else 4.0}, "predivide_factor"),
+    ]
+    for kwargs, words in disagreements:
+        _expect(lambda kw=kwargs: rr.all_reduce_coalesced(tensors, op="sum", **kw), RuntimeError, "disagree", words)
+    assert torch.equal(tensors[0], torch.ones(4, dtype=f64)) and torch.equal(tensors[1], torch.ones(1000))
+    # Agreed: fine afterwards.
+    rr.all_reduce_coalesced(tensors, op="sum", wire_dtype=f16, predivide_factor=2.0)
+    assert torch.equal(tensors[0], torch.full((4,), float(ws), dtype=f64))
+    assert torch.equal(tensors[1], torch.full((1000,), float(ws)))
+
+
+def test_coalesced_bad_options_raise_on_every_rank() -> None:
+    run_ranks(3, _bad_options)
 
 
 def _gpu_exact(rank: int, ws: int) -> None:
