@@ -6,8 +6,9 @@
 # on 2 vCPUs, plus BASE's build (2 minutes there).
 # Usage: bash benchmarks/compare_commits.sh BASE [OUT]
 #   BASE: a commit; OUT: the results folder (default benchmarks/results/local/compare-<BASE>-<time>)
-# Environment: RUNS (default 3), SWEEP (default "-b 1K -e 64M -f 4 --seconds 2"), PYTHON (default
-# .venv/bin/python, else python).
+# Environment: RUNS (default 3), SWEEP (default "-b 1K -e 64M -f 4 --seconds 2"), PARTS (default
+# "sweep train": the all-reduce sweeps and the training step; name one to run only it), PYTHON
+# (default .venv/bin/python, else python).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -15,6 +16,7 @@ BASE="${1:?usage: bash benchmarks/compare_commits.sh BASE [OUT]}"
 base_sha="$(git rev-parse --short "$BASE^{commit}")"
 OUT="${2:-benchmarks/results/local/compare-$base_sha-$(date -u +%Y%m%dT%H%M%SZ)}"
 RUNS="${RUNS:-3}"
+PARTS="${PARTS:-sweep train}"
 read -r -a SWEEP <<< "${SWEEP:--b 1K -e 64M -f 4 --seconds 2}"
 PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo "$ROOT/.venv/bin/python" || echo python)}"
 mkdir -p "$OUT"
@@ -40,13 +42,16 @@ one() {  # one LABEL DIR MODULE ARGS...: one benchmark run with the build in DIR
 }
 for i in $(seq 1 "$RUNS"); do  # alternate the order so neither build always runs first
   for n in 2 4; do
+    [[ " $PARTS " == *" sweep "* ]] || continue
     if (( i % 2 )); then order=(old new); else order=(new old); fi
     for who in "${order[@]}"; do
       dir="$ROOT"; [[ "$who" == old ]] && dir="$WT"
       one "$who-${n}r-$i" "$dir" ringreduce.bench "${SWEEP[@]}" --nproc "$n"
     done
   done
-  for who in old new; do
+  if (( i % 2 )); then order=(old new); else order=(new old); fi
+  [[ " $PARTS " == *" train "* ]] || continue
+  for who in "${order[@]}"; do
     dir="$ROOT"; [[ "$who" == old ]] && dir="$WT"
     one "train-$who-$i" "$dir" ringreduce.bench.train_step
   done
