@@ -12,6 +12,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -288,14 +289,16 @@ def interrupter(info: GroupInfo, handle: Any) -> Any:
 
 
 def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, device: torch.device | None,
-           algorithm: str = "ring", calls: int = 1) -> None:
+           algorithm: str | Sequence[str] = "ring") -> None:
     """Tells the other ranks (agreement frame marked as an error) before raising `exc` locally.
 
     `device`: where the refused call's tensors live (None for a non-tensor argument: the CPU path).
-    `calls`: how many native calls the other ranks run for this one (all_reduce_coalesced runs one
-    per dtype buffer, none for a list of empty tensors): one refusal frame stands in for each, so
-    that every rank has run as many calls afterwards and the next collective's frames meet.
+    `algorithm`: the algorithm the other ranks run this call with (on GPU the refusal frame goes
+    around that ring), or one per native call they run for it (all_reduce_coalesced runs one per
+    dtype buffer, none for a list of empty tensors): one refusal frame stands in for each, so that
+    every rank has run as many calls afterwards and the next collective's frames meet.
     """
+    algorithms = [algorithm] if isinstance(algorithm, str) else list(algorithm)
     is_cuda = device is not None and device.type == "cuda"
     if info is not None and info.size > 1 and _config.check_enabled(is_cuda):
         if is_cuda and C.native_info["cuda"]:
@@ -303,16 +306,16 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
 
             # GPU: the frame goes around the ring the other ranks run this call on (the
             # hierarchical call's rank list is ordered node by node)
-            try:
-                _, members = choose_algorithm(info, algorithm if algorithm in ALGORITHMS else "auto")
-            except ValueError:
-                members = info.members
-            for _ in range(calls):
+            for algo in algorithms:
+                try:
+                    _, members = choose_algorithm(info, algo if algo in ALGORITHMS else "auto")
+                except ValueError:
+                    members = info.members
                 _cuda.cuda_refuse(info, device, int(kind), int(code), members=members)
         elif not is_cuda:
             # CPU: every call of a ring (hierarchical ones too) runs on the ring's own runtime
             seqs = []
-            for _ in range(calls):
+            for _ in algorithms:
                 handle = submit_cpu(info, None, call_options(info, kind, ReduceOp.SUM, local_error=code))
                 wait_sliced(handle, -1, interrupter(info, handle))  # the others raise "rank r refused"; we raise ours
                 seqs.append(handle.seq)
@@ -367,7 +370,8 @@ def run_all_reduce(
     if exc is not None:
         if info is None:
             raise exc
-        refuse(info, kind, code, exc, device_of(tensor), algorithm)
+        # the others run a call with a 16-bit wire on the flat ring (scaling_refusal)
+        refuse(info, kind, code, exc, device_of(tensor), "ring" if wire_dtype is not None else algorithm)
     assert rop is not None
     if extra_divisor != 1 and (rop not in (ReduceOp.SUM, ReduceOp.AVG) or extra_divisor < 1):
         raise ValueError(f"ringreduce internal error: extra divisor {extra_divisor} with {rop.name}")

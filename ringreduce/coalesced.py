@@ -195,18 +195,20 @@ def _refusal(
     return FrameError.NONE, None
 
 
-def _rings(tensors: Any) -> int:
-    """How many rings a rank that passes the same list runs: one per dtype of its non-empty tensors
-    (none when there is none). A refusing rank sends as many refusal frames, so that the ranks stay
-    in step; for a list that is not one, or holds a non-tensor, at least one (a guess: the others
-    hold a tensor there)."""
+def _rings(tensors: Any, algorithm: Any, wire_dtype: Any) -> list[Any]:
+    """The algorithm of each ring a rank that passes the same list runs, in order: one per dtype of
+    its non-empty tensors in order of first appearance (none when there is none), the float32
+    buffer's on the flat ring when a 16-bit wire is asked for (as run_all_reduce runs it). A
+    refusing rank sends a refusal frame around each, so that the ranks stay in step; for a list that
+    is not one, or holds a non-tensor, at least one (a guess: the others hold a tensor there)."""
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
-        return 1
+        return [algorithm]
     elements = [local_tensor(t) for t in tensors]
-    dtypes = {t.dtype for t in elements if isinstance(t, torch.Tensor) and t.numel() > 0}
+    dtypes = list(dict.fromkeys(t.dtype for t in elements if isinstance(t, torch.Tensor) and t.numel() > 0))
+    rings = ["ring" if wire_dtype is not None and d == torch.float32 else algorithm for d in dtypes]
     if all(isinstance(t, torch.Tensor) for t in elements):
-        return len(dtypes)
-    return max(1, len(dtypes))
+        return rings
+    return rings or [algorithm]
 
 
 def all_reduce_coalesced(
@@ -284,7 +286,7 @@ def all_reduce_coalesced(
             raise exc
         # The device the other ranks run this call on: the list's (CPU for a list that is not one).
         device = listed[0].device if listed else None
-        refuse(info, CallKind.ALL_REDUCE_COALESCED, code, exc, device, algorithm, calls=_rings(tensors))
+        refuse(info, CallKind.ALL_REDUCE_COALESCED, code, exc, device, _rings(tensors, algorithm, wire_dtype))
     assert listed is not None
     live = [t for t in listed if t.numel() > 0]
     if info is None or info.size == 1 or not live:

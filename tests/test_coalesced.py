@@ -363,3 +363,41 @@ def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
     with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
         rr.all_reduce_coalesced(tensors)
     assert seen == ["gpu cuda:0"], seen
+
+
+def test_refused_cuda_call_with_a_wire_tells_the_flat_ring(monkeypatch) -> None:
+    """The other ranks run a 16-bit wire on the flat ring whatever `algorithm` says (hierarchical
+    across nodes for "auto"): a refusing rank's frame for that call goes around the flat ring, and
+    for a coalesced list one frame per dtype buffer in the order the others run them (the float32
+    buffer's on the flat ring, the others' on `algorithm`'s). Faked as in the test above."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ringreduce import _cuda, _dispatch, coalesced
+    from ringreduce._groups import GroupInfo
+
+    with FakeTensorMode():
+        f64, f32, f32b = (torch.empty(3, device="cuda", dtype=torch.float64), torch.empty(4, device="cuda"),
+                          torch.empty(2, device="cuda"))
+    info = GroupInfo(pg=None, rank=0, size=4, name="fake group")  # type: ignore[arg-type]
+    algorithms: list[str] = []
+    monkeypatch.setattr(coalesced, "resolve", lambda group: info)
+    monkeypatch.setattr(_dispatch, "resolve", lambda group: info)
+    monkeypatch.setattr(_dispatch, "choose_algorithm", lambda info, algorithm: algorithms.append(algorithm) or (0, ()))
+    monkeypatch.setattr(_cuda, "cuda_refuse", lambda info, device, kind, error, members=None: None)
+    monkeypatch.setitem(_dispatch.C.native_info, "cuda", True)
+    monkeypatch.setenv("RINGREDUCE_CHECK", "1")
+    with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
+        rr.all_reduce_coalesced([f64, f32, f32b], op="avg", wire_dtype=torch.bfloat16)
+    assert algorithms == ["auto", "ring"], algorithms
+    algorithms.clear()
+    with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
+        rr.all_reduce_coalesced([f64, f32], op="avg", algorithm="hierarchical")
+    assert algorithms == ["hierarchical", "hierarchical"], algorithms
+    algorithms.clear()
+    with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
+        rr.all_reduce_avg(f32, wire_dtype=torch.bfloat16)
+    assert algorithms == ["ring"], algorithms
+    algorithms.clear()
+    with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
+        rr.all_reduce_avg(f32)
+    assert algorithms == ["auto"], algorithms
