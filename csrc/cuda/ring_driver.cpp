@@ -185,28 +185,14 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
                       hand_off_all || o.exchange == plan.lane ? Launch::kHandOff : Launch::kQueued);
           break;
         }
-        case OpKind::kReduce: {
-          // dst = a (op) received partial; the last reduce of the owned chunk divides for AVG.
+        case OpKind::kReduce:   // dst = a (op) received partial; the owned chunk's last reduce scales
+        case OpKind::kConvert: {  // Note [First hop]: the first send, rounded to the wire / predivided
+          const bool convert = o.kind == OpKind::kConvert;
           ReduceLaunch l;
           l.a = spanAddress(plan, b, o.a);
           l.a_type = o.a.type;
-          l.b = spanAddress(plan, b, o.recv);
-          l.b_type = o.recv.type;
-          l.dst = spanAddress(plan, b, o.dst);
-          l.dst_type = o.dst.type;
-          l.count = o.dst.count;
-          l.scaling = plan.scaling(st.op, o);
-          l.op = st.op;
-          be.reduce(l);
-          break;
-        }
-        case OpKind::kConvert: {
-          // Note [First hop]: the first reduce-scatter send, rounded to the wire / predivided.
-          ReduceLaunch l;
-          l.a = spanAddress(plan, b, o.a);
-          l.a_type = o.a.type;
-          l.b = nullptr;
-          l.b_type = o.dst.type;
+          l.b = convert ? nullptr : spanAddress(plan, b, o.recv);
+          l.b_type = convert ? o.dst.type : o.recv.type;
           l.dst = spanAddress(plan, b, o.dst);
           l.dst_type = o.dst.type;
           l.count = o.dst.count;
