@@ -257,6 +257,50 @@ def test_sweep_wire_dtype_adds_the_16_bit_columns_on_pool() -> None:
     assert len(lines[1]) == len(lines[-1]), "\n".join(lines)  # the columns line up
 
 
+def _rank0_alone_twice(rank: int, world_size: int) -> list[tuple[float, float]]:
+    """Two rank-0-alone sections; returns per section (when rank 0's work ended, when this rank left)
+    and fails if any rank made a collective meanwhile."""
+    import time
+
+    from ringreduce.bench.sweep import RankContext, _on_rank0_alone
+
+    names = ("barrier", "all_reduce", "all_gather", "broadcast", "gather_object", "all_gather_object")
+    saved = {name: getattr(dist, name) for name in names}
+    collectives: list[str] = []
+    for name in names:
+        setattr(dist, name, lambda *a, _name=name, **k: collectives.append(_name))
+    ctx = RankContext(rank, world_size, torch.device("cpu"))
+    out = []
+    try:
+        for _ in range(2):
+            ended = [0.0]
+
+            def work(ended: list[float] = ended) -> None:
+                time.sleep(0.3)
+                ended[0] = time.time()
+
+            _on_rank0_alone(ctx, work)
+            out.append((ended[0], time.time()))
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+    assert not collectives, f"rank {rank} made collectives while rank 0 worked alone: {collectives}"
+    return out
+
+
+def test_loopback_timing_keeps_the_other_ranks_off_the_gpu() -> None:
+    """Rank 0 times the loopback driver alone (bench/sweep.py _on_rank0_alone): the other ranks wait
+    on the host until it is done, in no collective (a waiting NCCL barrier would keep a kernel
+    spinning on their GPU, which ranks sharing a GPU time-slice against rank 0's work); and a second
+    section waits again (its own key)."""
+    per_rank = run_ranks(3, _rank0_alone_twice, timeout=60)
+    for section in range(2):
+        rank0_done = per_rank[0][section][0]
+        assert rank0_done > 0
+        for r in (1, 2):
+            assert per_rank[r][section][1] >= rank0_done, (section, r, per_rank)
+
+
 def test_cli_refuses_wire_dtype_for_other_types() -> None:
     from ringreduce.bench import cli
 
