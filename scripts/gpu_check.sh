@@ -10,9 +10,10 @@
 #              flat, halves, mapped sub-rings, hierarchical); the reduce kernel against torch for
 #              every dtype/op and its bandwidth next to a device-to-device copy's; the multi-rank GPU
 #              suite (pytest -m gpu tests/gpu) at 2 and at 3 ranks (and at one rank per GPU beyond
-#              3 GPUs); python -m ringreduce.bench against NCCL (1 MiB - 256 MiB; JSON and PNG). With
-#              fewer GPUs than ranks the ranks share them over NCCL's socket transport on lo, and the
-#              output says so (Note [Ranks sharing a GPU], ringreduce/bench/launch.py);
+#              3 GPUs); python -m ringreduce.bench against NCCL (1 MiB - 256 MiB; JSON, and a PNG
+#              where matplotlib is installed). With fewer GPUs than ranks the ranks share them over
+#              NCCL's socket transport on lo, and the output says so (Note [Ranks sharing a GPU],
+#              ringreduce/bench/launch.py);
 #   * no GPU:  the simulated-device checks (ring driver on simulated streams, CudaRing/NcclComm on a
 #              fake CUDA runtime, the communicator registry); the last line says no GPU was found.
 # Time: every step has a limit and the whole run a budget (GPU_CHECK_BUDGET, default 900 s = 15
@@ -226,10 +227,15 @@ done
 
 # ringreduce vs NCCL (default) and NCCL_ALGO=RING, 1 MiB - 256 MiB; 2 ranks on one GPU, else one per GPU.
 NPROC=$(( NGPU >= 2 ? NGPU : 2 ))
+PLOT=(--plot "$RESULTS/bench.png")
+if ! "$PYTHON" -c "import matplotlib" >/dev/null 2>&1; then  # the bench refuses --plot without it
+  PLOT=()
+  SUMMARY+=("INFO  bench without its PNG: $PYTHON has no matplotlib (the JSON has every figure)")
+fi
 # shellcheck disable=SC2086
 step "ringreduce.bench vs NCCL, $NPROC ranks, 1 MiB - 256 MiB" 180 \
   "$PYTHON" -m ringreduce.bench --backend nccl --nproc "$NPROC" -b 1M -e 256M -f 2 --rounds 3 --warmup 2 \
-  --seconds 2 --min-iters 2 --json "$RESULTS/bench.json" --plot "$RESULTS/bench.png" ${BENCH_ARGS:-}
+  --seconds 2 --min-iters 2 --json "$RESULTS/bench.json" "${PLOT[@]}" ${BENCH_ARGS:-}
 if [[ -f "$RESULTS/bench.json" ]]; then
   "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/bench.json" > "$RESULTS/bench_summary.txt" 2>&1 || FAILED=1
 fi

@@ -222,6 +222,16 @@ def test_cli_refuses_shm_without_the_transport(monkeypatch) -> None:
         cli.make_config(cli.build_parser().parse_args(["--transport", "shm"]), [], "gloo", "spawn")
 
 
+def test_cli_refuses_plot_without_matplotlib_before_the_sweep(monkeypatch) -> None:
+    from ringreduce.bench import cli
+
+    monkeypatch.setattr(cli, "_has_matplotlib", lambda: False)
+    with pytest.raises(SystemExit, match="--plot needs matplotlib"):
+        cli.make_config(cli.build_parser().parse_args(["--plot", "x.png"]), [], "gloo", "spawn")
+    cfg = cli.make_config(cli.build_parser().parse_args(["--json", "x.json"]), [], "gloo", "spawn")
+    assert cfg.plot_path is None
+
+
 def _sweep_on_rank(rank: int, world_size: int, cfg: BenchConfig) -> list | None:
     from ringreduce.bench.sweep import RankContext, run_sweep
 
