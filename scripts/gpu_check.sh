@@ -115,10 +115,27 @@ compiler() {  # the compiler a build with CXX=$1 (empty: unset) uses, with its v
     echo "c++ = $(command -v c++ || echo '?') ($(c++ --version 2>/dev/null | head -1)), linked by $link = $(command -v "$link" || echo '?')"
   fi
 }
+cc_for() {  # cc_for CXX: the C compiler beside CXX (g++-12 -> gcc-12, clang++ -> clang), if it exists
+  local path dir base cc
+  path="$(command -v "$1" 2>/dev/null || echo "$1")"
+  dir="$(dirname "$path")"
+  base="$(basename "$path")"
+  case "$base" in
+    *clang++*) cc="${base/clang++/clang}" ;;
+    *g++*) cc="${base/g++/gcc}" ;;
+    *c++*) cc="${base/c++/cc}" ;;
+    *) return 1 ;;
+  esac
+  [[ -x "$dir/$cc" ]] || return 1
+  echo "$dir/$cc"
+}
 build_with() {  # build_with CXX NEED_CUDA: one in-place build (CXX empty: the default compilers)
-  local cxx="$1" need="$2" env_=(MAX_JOBS="${MAX_JOBS:-8}") limit=600 left=$((BUDGET - SECONDS))
+  local cxx="$1" need="$2" env_=(MAX_JOBS="${MAX_JOBS:-8}") limit=600 left=$((BUDGET - SECONDS)) cc
   [[ "$need" == 1 ]] && env_+=(RINGREDUCE_REQUIRE_CUDA=1)
-  [[ -n "$cxx" ]] && env_+=(CXX="$cxx" CC="$(dirname "$cxx")/gcc")
+  if [[ -n "$cxx" ]]; then  # torch's build hands CC to nvcc as -ccbin (the .cu files' host compiler)
+    env_+=(CXX="$cxx")
+    cc="$(cc_for "$cxx")" && env_+=(CC="$cc")
+  fi
   (( left < limit )) && limit=$left
   (( limit >= 20 )) || return 1
   say "---- build ringreduce in place with $(compiler "$cxx") (limit $limit s): setup.py build_ext --inplace"
