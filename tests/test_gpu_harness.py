@@ -52,6 +52,20 @@ def test_nccl_env_only_where_ranks_share_gpus():
     assert nccl_rank_env(0, 3, 2, {"NCCL_SOCKET_IFNAME": "eth0"})["NCCL_SOCKET_IFNAME"] == "eth0"
 
 
+def test_skip_reasons_fold_into_one_line_only_without_a_gpu():
+    """tests/conftest.py folds GPU-only skips into one -ra line on machines without a CUDA GPU; where a
+    GPU exists each keeps its own reason (a world too small for the test, a GPU per rank needed), or
+    the GPU run's summary would hide why a GPU test did not run."""
+    from conftest import gpu_skip_summary
+
+    too_small = "needs >= 4 ranks (world size 2 on 1 GPUs; set RINGREDUCE_GPU_WORLD=4)"
+    assert gpu_skip_summary(True, too_small, 1) is None
+    assert gpu_skip_summary(False, "needs >= 2 CUDA GPUs (found 1)", 1) is None
+    assert "this machine has 0 CUDA GPUs" in gpu_skip_summary(True, too_small, 0)
+    assert "this machine has 0 CUDA GPUs" in gpu_skip_summary(False, "needs >= 2 CUDA GPUs (found 0)", 0)
+    assert gpu_skip_summary(False, "checks the no-GPU mode", 0) is None  # not a GPU test: its own reason
+
+
 def test_transport_label_says_socket_or_one_gpu_per_rank():
     assert nccl_transport_label(2, 1) == "nccl-socket-lo (2 ranks share 1 GPU)"
     assert nccl_transport_label(3, 2) == "nccl-socket-lo (3 ranks share 2 GPUs)"
