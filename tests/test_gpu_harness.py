@@ -146,6 +146,34 @@ def test_hung_rank_is_killed_at_the_timeout_with_its_stack():
     assert 'in _hang_on_rank1' in msg, msg  # faulthandler's stack of the hung rank
 
 
+def test_run_deadline_cuts_a_hang_short_with_its_stack_then_skips(monkeypatch):
+    """RINGREDUCE_GPU_DEADLINE (scripts/gpu_check.sh sets it before its step's limit) shortens a job's
+    timeout to what is left: the hang is reported with the rank's stack long before the job's own
+    300 s; once the deadline has passed, the next test skips without starting a process."""
+    import time as clock
+
+    group = gpu_ranks.RankGroup(2, on_cuda=False, set_device=False)
+    try:
+        assert group.run(_sum_ranks, (), {}, 120.0, {}) == [3, 3]  # started before the deadline is set
+        monkeypatch.setenv(gpu_ranks.DEADLINE_VAR, str(clock.time() + 2))
+        start = clock.monotonic()
+        with pytest.raises(pytest.fail.Exception) as info:
+            group.run(_hang_on_rank1, (), {}, 300.0, {})
+        elapsed = clock.monotonic() - start
+    finally:
+        group.kill()
+    msg = str(info.value)
+    assert "rank 1 did not finish within the timeout" in msg and gpu_ranks.DEADLINE_VAR in msg, msg
+    assert "in _hang_on_rank1" in msg, msg  # faulthandler's stack of the hung rank
+    assert elapsed < 60, f"{elapsed:.0f} s: the deadline did not cut the 300 s job timeout"
+    monkeypatch.setenv(gpu_ranks.DEADLINE_VAR, str(clock.time() - 1))
+    with pytest.raises(pytest.skip.Exception, match="deadline"):
+        run_gpu_ranks(_sum_ranks, device="cpu", fresh=True)
+    monkeypatch.setenv(gpu_ranks.DEADLINE_VAR, "soon")
+    with pytest.raises(ValueError, match="Unix time"):
+        run_gpu_ranks(_sum_ranks, device="cpu", fresh=True)
+
+
 def _sum_ranks(rank: int, n: int) -> int:
     import torch
 
