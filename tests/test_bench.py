@@ -232,6 +232,23 @@ def test_cli_refuses_plot_without_matplotlib_before_the_sweep(monkeypatch) -> No
     assert cfg.plot_path is None
 
 
+def test_train_step_refuses_nccl_with_fewer_gpus_than_ranks(monkeypatch) -> None:
+    """The training-step benchmark runs one rank per GPU (cuda:LOCAL_RANK): more local ranks than GPUs
+    is a clear SystemExit before any rank starts (it was an invalid device ordinal on rank 1)."""
+    from ringreduce.bench import train_step
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(SystemExit, match="one rank per GPU.*2 local ranks meet 1 visible GPU.*--backend gloo"):
+        train_step._resolve_backend("nccl", 2)
+    assert train_step._resolve_backend("auto", 2) == "gloo"
+    assert train_step._resolve_backend("nccl", 1) == "nccl"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(SystemExit, match="--nproc 4"):
+        train_step._resolve_backend("nccl", 8)
+    assert train_step._resolve_backend("auto", 4) == "nccl"
+
+
 def _sweep_on_rank(rank: int, world_size: int, cfg: BenchConfig) -> list | None:
     from ringreduce.bench.sweep import RankContext, run_sweep
 
