@@ -10,13 +10,16 @@
 #              flat, halves, mapped sub-rings, hierarchical); the reduce kernel against torch for
 #              every dtype/op and its bandwidth next to a device-to-device copy's; the multi-rank GPU
 #              suite (pytest -m gpu tests/gpu) at 2 and at 3 ranks (and at one rank per GPU beyond
-#              3 GPUs); python -m ringreduce.bench against NCCL (1 MiB - 256 MiB; JSON and PNG). With
-#              fewer GPUs than ranks the ranks share them over NCCL's socket transport on lo, and the
-#              output says so (Note [Ranks sharing a GPU], ringreduce/bench/launch.py);
+#              3 GPUs); python -m ringreduce.bench against NCCL (1 MiB - 256 MiB; JSON, and a PNG
+#              where matplotlib is installed). With fewer GPUs than ranks the ranks share them over
+#              NCCL's socket transport on lo, and the output says so (Note [Ranks sharing a GPU],
+#              ringreduce/bench/launch.py);
 #   * no GPU:  the simulated-device checks (ring driver on simulated streams, CudaRing/NcclComm on a
 #              fake CUDA runtime, the communicator registry); the last line says no GPU was found.
 # Time: every step has a limit and the whole run a budget (GPU_CHECK_BUDGET, default 900 s = 15
 # minutes on one H100, build included); a step the budget cannot hold any more fails as "not run".
+# The multi-rank suite's jobs end 30 s before their step's limit (RINGREDUCE_GPU_DEADLINE,
+# tests/gpu/gpu_ranks.py), printing where every rank waits; the tests left then skip.
 # Everything goes to one results folder (RESULTS, default benchmarks/results/gpu_check-<UTC time>;
 # without a GPU a temporary folder), with a one-screen summary last (also summary.txt). Exit code:
 # 0 when every check passed (and on a machine without a GPU when the simulated checks passed), 1
@@ -67,7 +70,9 @@ step() {  # step NAME LIMIT_S CMD...: runs CMD (at most LIMIT_S s, within the bu
   fi
   say "---- $name (limit $limit s): $*"
   local t0=$SECONDS rc
-  timeout --kill-after=20 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  # The GPU tests' harness ends its jobs 30 s before the limit (tests/gpu/gpu_ranks.py): a hang is
+  # reported with every rank's stacks, and pytest's summary still prints, before timeout kills it.
+  RINGREDUCE_GPU_DEADLINE="$(($(date +%s) + (limit > 60 ? limit - 30 : limit / 2)))" timeout --kill-after=20 "$limit" "$@" 2>&1 | tee -a "$LOG"
   rc=${PIPESTATUS[0]}
   if (( rc == 0 )); then
     SUMMARY+=("PASS  $name ($((SECONDS - t0)) s)")
@@ -114,10 +119,27 @@ compiler() {  # the compiler a build with CXX=$1 (empty: unset) uses, with its v
     echo "c++ = $(command -v c++ || echo '?') ($(c++ --version 2>/dev/null | head -1)), linked by $link = $(command -v "$link" || echo '?')"
   fi
 }
+cc_for() {  # cc_for CXX: the C compiler beside CXX (g++-12 -> gcc-12, clang++ -> clang), if it exists
+  local path dir base cc
+  path="$(command -v "$1" 2>/dev/null || echo "$1")"
+  dir="$(dirname "$path")"
+  base="$(basename "$path")"
+  case "$base" in
+    *clang++*) cc="${base/clang++/clang}" ;;
+    *g++*) cc="${base/g++/gcc}" ;;
+    *c++*) cc="${base/c++/cc}" ;;
+    *) return 1 ;;
+  esac
+  [[ -x "$dir/$cc" ]] || return 1
+  echo "$dir/$cc"
+}
 build_with() {  # build_with CXX NEED_CUDA: one in-place build (CXX empty: the default compilers)
-  local cxx="$1" need="$2" env_=(MAX_JOBS="${MAX_JOBS:-8}") limit=600 left=$((BUDGET - SECONDS))
+  local cxx="$1" need="$2" env_=(MAX_JOBS="${MAX_JOBS:-8}") limit=600 left=$((BUDGET - SECONDS)) cc
   [[ "$need" == 1 ]] && env_+=(RINGREDUCE_REQUIRE_CUDA=1)
-  [[ -n "$cxx" ]] && env_+=(CXX="$cxx" CC="$(dirname "$cxx")/gcc")
+  if [[ -n "$cxx" ]]; then  # torch's build hands CC to nvcc as -ccbin (the .cu files' host compiler)
+    env_+=(CXX="$cxx")
+    cc="$(cc_for "$cxx")" && env_+=(CC="$cc")
+  fi
   (( left < limit )) && limit=$left
   (( limit >= 20 )) || return 1
   say "---- build ringreduce in place with $(compiler "$cxx") (limit $limit s): setup.py build_ext --inplace"
@@ -226,10 +248,15 @@ done
 
 # ringreduce vs NCCL (default) and NCCL_ALGO=RING, 1 MiB - 256 MiB; 2 ranks on one GPU, else one per GPU.
 NPROC=$(( NGPU >= 2 ? NGPU : 2 ))
+PLOT=(--plot "$RESULTS/bench.png")
+if ! "$PYTHON" -c "import matplotlib" >/dev/null 2>&1; then  # the bench refuses --plot without it
+  PLOT=()
+  SUMMARY+=("INFO  bench without its PNG: $PYTHON has no matplotlib (the JSON has every figure)")
+fi
 # shellcheck disable=SC2086
 step "ringreduce.bench vs NCCL, $NPROC ranks, 1 MiB - 256 MiB" 180 \
   "$PYTHON" -m ringreduce.bench --backend nccl --nproc "$NPROC" -b 1M -e 256M -f 2 --rounds 3 --warmup 2 \
-  --seconds 2 --min-iters 2 --json "$RESULTS/bench.json" --plot "$RESULTS/bench.png" ${BENCH_ARGS:-}
+  --seconds 2 --min-iters 2 --json "$RESULTS/bench.json" "${PLOT[@]}" ${BENCH_ARGS:-}
 if [[ -f "$RESULTS/bench.json" ]]; then
   "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/bench.json" > "$RESULTS/bench_summary.txt" 2>&1 || FAILED=1
 fi

@@ -50,16 +50,24 @@ def _nothing_left_in_dev_shm():
     assert not left, f"left in /dev/shm: {sorted(left)}"
 
 
-# GPU-only tests on a machine without the GPUs they need: one line in the -ra summary for all of
-# them ("SKIPPED [65] tests/conftest.py: GPU-only tests ...") instead of one per test module and
-# line. Which tests run is unchanged (`pytest -m gpu` still selects them; they skip here as before).
+# GPU-only tests on a machine without a CUDA GPU: one line in the -ra summary for all of them
+# ("SKIPPED [65] tests/conftest.py: GPU-only tests ...") instead of one per test module and line.
+# Which tests run is unchanged (`pytest -m gpu` still selects them; they skip here as before). Where
+# a GPU exists each skip keeps its own reason (a world too small, a GPU per rank needed...).
 _NEEDS_GPUS = re.compile(r"\bCUDA GPUs?\b")
 
 
-def _gpu_skip_reason() -> str:
+def _cuda_gpus() -> int:
     import torch
 
-    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_skip_summary(gpu_marked: bool, reason: str, found: int) -> str | None:
+    """The shared -ra line for a skipped test (`gpu_marked`: it has the gpu marker; `reason`: its own
+    skip reason; `found`: this machine's CUDA GPUs), or None to keep its own reason."""
+    if found > 0 or not (gpu_marked or _NEEDS_GPUS.search(reason)):
+        return None
     return (f"GPU-only tests (tests/gpu and the multi-GPU cases): this machine has {found} CUDA GPUs; "
             "they run where a CUDA GPU exists (pytest -m gpu; some need a GPU per rank)")
 
@@ -70,5 +78,6 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if not report.skipped or not isinstance(report.longrepr, tuple) or len(report.longrepr) != 3:
         return
-    if item.get_closest_marker("gpu") is not None or _NEEDS_GPUS.search(str(report.longrepr[2])):
-        report.longrepr = (__file__, None, _gpu_skip_reason())
+    summary = gpu_skip_summary(item.get_closest_marker("gpu") is not None, str(report.longrepr[2]), _cuda_gpus())
+    if summary is not None:
+        report.longrepr = (__file__, None, summary)

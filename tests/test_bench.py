@@ -222,6 +222,33 @@ def test_cli_refuses_shm_without_the_transport(monkeypatch) -> None:
         cli.make_config(cli.build_parser().parse_args(["--transport", "shm"]), [], "gloo", "spawn")
 
 
+def test_cli_refuses_plot_without_matplotlib_before_the_sweep(monkeypatch) -> None:
+    from ringreduce.bench import cli
+
+    monkeypatch.setattr(cli, "_has_matplotlib", lambda: False)
+    with pytest.raises(SystemExit, match="--plot needs matplotlib"):
+        cli.make_config(cli.build_parser().parse_args(["--plot", "x.png"]), [], "gloo", "spawn")
+    cfg = cli.make_config(cli.build_parser().parse_args(["--json", "x.json"]), [], "gloo", "spawn")
+    assert cfg.plot_path is None
+
+
+def test_train_step_refuses_nccl_with_fewer_gpus_than_ranks(monkeypatch) -> None:
+    """The training-step benchmark runs one rank per GPU (cuda:LOCAL_RANK): more local ranks than GPUs
+    is a clear SystemExit before any rank starts (it was an invalid device ordinal on rank 1)."""
+    from ringreduce.bench import train_step
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(SystemExit, match="one rank per GPU.*2 local ranks meet 1 visible GPU.*--backend gloo"):
+        train_step._resolve_backend("nccl", 2)
+    assert train_step._resolve_backend("auto", 2) == "gloo"
+    assert train_step._resolve_backend("nccl", 1) == "nccl"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(SystemExit, match="--nproc 4"):
+        train_step._resolve_backend("nccl", 8)
+    assert train_step._resolve_backend("auto", 4) == "nccl"
+
+
 def _sweep_on_rank(rank: int, world_size: int, cfg: BenchConfig) -> list | None:
     from ringreduce.bench.sweep import RankContext, run_sweep
 
@@ -255,6 +282,50 @@ def test_sweep_wire_dtype_adds_the_16_bit_columns_on_pool() -> None:
     lines = header(layout) + [format_row([r for r in rows if r["size"] == 4096], layout)]
     assert "wire/f32" in lines[1] and "err-ddp" in lines[1]
     assert len(lines[1]) == len(lines[-1]), "\n".join(lines)  # the columns line up
+
+
+def _rank0_alone_twice(rank: int, world_size: int) -> list[tuple[float, float]]:
+    """Two rank-0-alone sections; returns per section (when rank 0's work ended, when this rank left)
+    and fails if any rank made a collective meanwhile."""
+    import time
+
+    from ringreduce.bench.sweep import RankContext, _on_rank0_alone
+
+    names = ("barrier", "all_reduce", "all_gather", "broadcast", "gather_object", "all_gather_object")
+    saved = {name: getattr(dist, name) for name in names}
+    collectives: list[str] = []
+    for name in names:
+        setattr(dist, name, lambda *a, _name=name, **k: collectives.append(_name))
+    ctx = RankContext(rank, world_size, torch.device("cpu"))
+    out = []
+    try:
+        for _ in range(2):
+            ended = [0.0]
+
+            def work(ended: list[float] = ended) -> None:
+                time.sleep(0.3)
+                ended[0] = time.time()
+
+            _on_rank0_alone(ctx, work)
+            out.append((ended[0], time.time()))
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+    assert not collectives, f"rank {rank} made collectives while rank 0 worked alone: {collectives}"
+    return out
+
+
+def test_loopback_timing_keeps_the_other_ranks_off_the_gpu() -> None:
+    """Rank 0 times the loopback driver alone (bench/sweep.py _on_rank0_alone): the other ranks wait
+    on the host until it is done, in no collective (a waiting NCCL barrier would keep a kernel
+    spinning on their GPU, which ranks sharing a GPU time-slice against rank 0's work); and a second
+    section waits again (its own key)."""
+    per_rank = run_ranks(3, _rank0_alone_twice, timeout=60)
+    for section in range(2):
+        rank0_done = per_rank[0][section][0]
+        assert rank0_done > 0
+        for r in (1, 2):
+            assert per_rank[r][section][1] >= rank0_done, (section, r, per_rank)
 
 
 def test_cli_refuses_wire_dtype_for_other_types() -> None:

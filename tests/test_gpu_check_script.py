@@ -48,3 +48,33 @@ def test_bench_summary_reads_what_the_benchmark_writes(tmp_path):
     for cells in rows.values():
         assert len(cells) == 3 and all(float(c) > 0 for c in cells), lines  # ringreduce, gloo busbw; ratio
     assert "gpu_bench_summary.py" in (ROOT / "scripts" / "gpu_check.sh").read_text()
+
+
+def test_build_with_a_named_compiler_sets_cc_to_the_c_compiler_beside_it(tmp_path):
+    """gpu_check.sh's cc_for: CXX=g++-12 / a bare g++ / clang++ give the C compiler of the same
+    toolchain by its full path, and nothing where there is none (CC then stays unset). torch's build
+    passes CC to nvcc as -ccbin: the old `$(dirname CXX)/gcc` gave ./gcc for CXX=g++ and a gcc that
+    need not exist for g++-12, and every .cu file would fail to compile."""
+    import re
+
+    body = re.search(r"^cc_for\(\) \{.*?^\}$", (ROOT / "scripts" / "gpu_check.sh").read_text(), re.S | re.M).group(0)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("g++-12", "gcc-12", "g++", "gcc", "clang++", "clang", "icpx"):
+        (tools / name).write_text("#!/bin/sh\n")
+        (tools / name).chmod(0o755)
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    (lonely / "g++").write_text("#!/bin/sh\n")
+    (lonely / "g++").chmod(0o755)
+
+    def cc_for(cxx: str) -> tuple[int, str]:
+        proc = subprocess.run(["bash", "-c", f'{body}\ncc_for "$1"', "cc_for", cxx], capture_output=True, text=True,
+                              env=dict(os.environ, PATH=f"{tools}:/usr/bin:/bin"), timeout=30)
+        return proc.returncode, proc.stdout.strip()
+
+    assert cc_for(str(tools / "g++-12")) == (0, str(tools / "gcc-12"))
+    assert cc_for("g++") == (0, str(tools / "gcc"))  # found on PATH, not ./gcc
+    assert cc_for(str(tools / "clang++")) == (0, str(tools / "clang"))
+    assert cc_for(str(lonely / "g++"))[0] != 0  # no gcc beside it
+    assert cc_for("icpx")[0] != 0  # not a name it knows

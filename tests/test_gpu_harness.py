@@ -52,6 +52,20 @@ def test_nccl_env_only_where_ranks_share_gpus():
     assert nccl_rank_env(0, 3, 2, {"NCCL_SOCKET_IFNAME": "eth0"})["NCCL_SOCKET_IFNAME"] == "eth0"
 
 
+def test_skip_reasons_fold_into_one_line_only_without_a_gpu():
+    """tests/conftest.py folds GPU-only skips into one -ra line on machines without a CUDA GPU; where a
+    GPU exists each keeps its own reason (a world too small for the test, a GPU per rank needed), or
+    the GPU run's summary would hide why a GPU test did not run."""
+    from conftest import gpu_skip_summary
+
+    too_small = "needs >= 4 ranks (world size 2 on 1 GPUs; set RINGREDUCE_GPU_WORLD=4)"
+    assert gpu_skip_summary(True, too_small, 1) is None
+    assert gpu_skip_summary(False, "needs >= 2 CUDA GPUs (found 1)", 1) is None
+    assert "this machine has 0 CUDA GPUs" in gpu_skip_summary(True, too_small, 0)
+    assert "this machine has 0 CUDA GPUs" in gpu_skip_summary(False, "needs >= 2 CUDA GPUs (found 0)", 0)
+    assert gpu_skip_summary(False, "checks the no-GPU mode", 0) is None  # not a GPU test: its own reason
+
+
 def test_transport_label_says_socket_or_one_gpu_per_rank():
     assert nccl_transport_label(2, 1) == "nccl-socket-lo (2 ranks share 1 GPU)"
     assert nccl_transport_label(3, 2) == "nccl-socket-lo (3 ranks share 2 GPUs)"
@@ -130,6 +144,34 @@ def test_hung_rank_is_killed_at_the_timeout_with_its_stack():
     assert "rank 1 did not finish within the timeout" in msg, msg
     assert "_hang_on_rank1" in msg and "time.sleep" not in msg.split("its output:")[0], msg
     assert 'in _hang_on_rank1' in msg, msg  # faulthandler's stack of the hung rank
+
+
+def test_run_deadline_cuts_a_hang_short_with_its_stack_then_skips(monkeypatch):
+    """RINGREDUCE_GPU_DEADLINE (scripts/gpu_check.sh sets it before its step's limit) shortens a job's
+    timeout to what is left: the hang is reported with the rank's stack long before the job's own
+    300 s; once the deadline has passed, the next test skips without starting a process."""
+    import time as clock
+
+    group = gpu_ranks.RankGroup(2, on_cuda=False, set_device=False)
+    try:
+        assert group.run(_sum_ranks, (), {}, 120.0, {}) == [3, 3]  # started before the deadline is set
+        monkeypatch.setenv(gpu_ranks.DEADLINE_VAR, str(clock.time() + 2))
+        start = clock.monotonic()
+        with pytest.raises(pytest.fail.Exception) as info:
+            group.run(_hang_on_rank1, (), {}, 300.0, {})
+        elapsed = clock.monotonic() - start
+    finally:
+        group.kill()
+    msg = str(info.value)
+    assert "rank 1 did not finish within the timeout" in msg and gpu_ranks.DEADLINE_VAR in msg, msg
+    assert "in _hang_on_rank1" in msg, msg  # faulthandler's stack of the hung rank
+    assert elapsed < 60, f"{elapsed:.0f} s: the deadline did not cut the 300 s job timeout"
+    monkeypatch.setenv(gpu_ranks.DEADLINE_VAR, str(clock.time() - 1))
+    with pytest.raises(pytest.skip.Exception, match="deadline"):
+        run_gpu_ranks(_sum_ranks, device="cpu", fresh=True)
+    monkeypatch.setenv(gpu_ranks.DEADLINE_VAR, "soon")
+    with pytest.raises(ValueError, match="Unix time"):
+        run_gpu_ranks(_sum_ranks, device="cpu", fresh=True)
 
 
 def _sum_ranks(rank: int, n: int) -> int:

@@ -139,6 +139,9 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
         raise SystemExit("ringreduce.bench: --warmup must be >= 0")
     if args.rounds < 1:
         raise SystemExit("ringreduce.bench: --rounds must be >= 1")
+    if args.plot_path is not None and not _has_matplotlib():
+        raise SystemExit("ringreduce.bench: --plot needs matplotlib, which this Python lacks (pip install matplotlib); "
+                         "drop --plot to run the sweep without the PNG (--json keeps every figure)")
     if args.transport == "shm" and not _has_shm():
         raise SystemExit("ringreduce.bench: --transport shm, but this ringreduce build has no shared-memory "
                          "transport (ringreduce.build_info()['shm'] is missing or False)")
@@ -156,6 +159,11 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
         plot_path=args.plot_path, command=[sys.executable, "-m", "ringreduce.bench", *argv], launcher=launcher,
         quiet=args.quiet, wire_dtype=args.wire_dtype,
     )
+
+
+def _has_matplotlib() -> bool:
+    """Whether --plot can draw (checked before the sweep: a missing module must not cost the run)."""
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _has_shm() -> bool:

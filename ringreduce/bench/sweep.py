@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,8 @@ from ringreduce.bench.memory import measure_call
 from ringreduce.bench.metrics import aggregate_size
 from ringreduce.bench.sizes import DTYPES, format_size
 from ringreduce.bench.timing import CallTimer, auto_iters, summarize, time_round
+
+_ALONE_KEY = "ringreduce.bench/rank0_alone"  # _on_rank0_alone's store keys
 
 
 @dataclass
@@ -150,11 +153,13 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
 def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.dtype, k: int, iters: int,
                    rounds: int, floor: torch.Tensor, source: torch.Tensor, results: dict[str, dict[str, Any]]) -> None:
     """Rank 0 times the one-GPU loopback driver over world_size simulated ranks, alone on its GPU (the
-    other ranks wait at a barrier), and a copy of the buffer in the same rounds: the loopback's ideal
-    (Note [Loopback ideal] in metrics.py). Its result is checked like the others' (#wrong)."""
+    other ranks wait on the host, ``_on_rank0_alone``), and a copy of the buffer in the same rounds:
+    the loopback's ideal (Note [Loopback ideal] in metrics.py). Its result is checked like the
+    others' (#wrong)."""
     torch.cuda.synchronize(ctx.device)
     dist.barrier()
-    if ctx.rank == 0:
+
+    def timed() -> None:
         tensors = [torch.empty(count, dtype=dtype, device=ctx.device) for _ in range(ctx.world_size)]
         for r, t in enumerate(tensors):
             fill_pattern(t, r, k)
@@ -175,8 +180,27 @@ def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.
                                    loopback_copy_us=statistics.median(copy_s) * 1e6)
         results[RINGREDUCE]["wrong"] += wrong
         del tensors
-    torch.cuda.synchronize(ctx.device)
-    dist.barrier()
+        torch.cuda.synchronize(ctx.device)
+
+    _on_rank0_alone(ctx, timed)
+
+
+def _on_rank0_alone(ctx: RankContext, work: Callable[[], None]) -> None:
+    """Runs `work` on rank 0 while the other ranks wait on the host, in the store, not in a
+    collective: a waiting NCCL barrier keeps a kernel spinning on each other rank's GPU, and where
+    ranks share a GPU (Note [Ranks sharing a GPU], launch.py) the GPU time-slices rank 0's work
+    against those kernels. Collective over the ranks (each call's key comes from a counter every
+    rank increments once, as Note [Communicator rendezvous keys] in ringreduce/_cuda.py)."""
+    store = dist.distributed_c10d._get_default_store()
+    generation = (int(store.add(_ALONE_KEY, 1)) - 1) // ctx.world_size
+    done = f"{_ALONE_KEY}/{generation}"
+    if ctx.rank == 0:
+        try:
+            work()
+        finally:  # a failure on rank 0 ends the run (launch.py stops the others); they must not wait on
+            store.set(done, "1")
+    else:
+        store.wait([done])
 
 
 def _progress(cfg: BenchConfig, index: int, total: int, size: int, started: float) -> None:

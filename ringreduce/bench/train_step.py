@@ -311,9 +311,17 @@ def _child(args: argparse.Namespace, env: dict[str, str], threads: int) -> None:
 
 
 def _resolve_backend(requested: str, nproc: int) -> str:
+    """The backend for `nproc` local ranks: "auto" is NCCL with a GPU per rank, else gloo. NCCL runs one
+    rank per GPU here (run_rank uses cuda:LOCAL_RANK): fewer GPUs than local ranks is refused."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "nccl" and gpus < nproc:
+        fix = f"--nproc {gpus}" if gpus >= 2 else "--backend gloo"
+        raise SystemExit(f"ringreduce.bench.train_step: --backend nccl runs one rank per GPU, but {nproc} local ranks "
+                         f"meet {gpus} visible GPU(s); use {fix} (the all-reduce sweep, python -m ringreduce.bench "
+                         "--backend nccl, runs ranks that share a GPU)")
     if requested != "auto":
         return requested
-    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nproc else "gloo"
+    return "nccl" if gpus >= nproc else "gloo"
 
 
 def main(argv: list[str] | None = None) -> int:

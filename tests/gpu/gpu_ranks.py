@@ -22,6 +22,10 @@ exits=None)`` runs ``fn(rank, world_size, *args)`` on every rank and returns the
   to report. A rank that raises fails the test with its traceback; a job that exceeds ``timeout`` is
   killed after every rank printed the Python stacks of its threads (faulthandler on SIGUSR1), so a
   hang says where it hung. Either way the pool is discarded.
+* **A deadline for the whole run**: ``RINGREDUCE_GPU_DEADLINE`` (Unix time; scripts/gpu_check.sh
+  sets it a little before its step's limit) shortens every job's timeout and the ranks' startup to
+  what is left before it, so a hang is reported, stacks and all, before the step's own limit kills
+  pytest and with it every rank; once it has passed, the remaining tests skip.
 
 ``device="cpu"`` runs the same machinery over gloo alone without touching CUDA (the harness's own
 tests, tests/test_gpu_harness.py, run it on machines without a GPU).
@@ -51,6 +55,30 @@ GRACE_S = 5.0  # after a rank died: how long the others may still report before 
 STARTUP_S = 180.0  # process start and process group creation, before the first job
 LOG_TAIL = 4000  # characters of a failed rank's output in the report
 PG_TIMEOUT = datetime.timedelta(seconds=120)
+DEADLINE_VAR = "RINGREDUCE_GPU_DEADLINE"  # Unix time by which every job must have ended (gpu_check.sh's step limit)
+
+
+def time_left() -> float | None:
+    """Seconds left before $RINGREDUCE_GPU_DEADLINE (None when it is unset)."""
+    raw = os.environ.get(DEADLINE_VAR, "")
+    if not raw:
+        return None
+    try:
+        deadline = float(raw)
+    except ValueError:
+        raise ValueError(f"{DEADLINE_VAR}={raw!r} is not a Unix time in seconds") from None
+    return deadline - time.time()
+
+
+def _within_deadline(seconds: float) -> tuple[float, str]:
+    """`seconds`, shortened to the time left before the run's deadline, and what limited it ("" when
+    not the deadline); skips the test when the deadline has passed."""
+    left = time_left()
+    if left is None or left >= seconds:
+        return seconds, ""
+    if left < 1.0:
+        pytest.skip(f"not run: the deadline of this run ({DEADLINE_VAR}, scripts/gpu_check.sh's step limit) has passed")
+    return left, f", all that was left before {DEADLINE_VAR}"
 
 
 def visible_gpus() -> int:
@@ -208,7 +236,8 @@ class RankGroup:
 
     def _wait_ready(self, fn: Callable) -> None:
         """Every rank has its process group (startup is not charged to the first job's timeout)."""
-        deadline = time.monotonic() + STARTUP_S
+        startup_s, _ = _within_deadline(STARTUP_S)
+        deadline = time.monotonic() + startup_s
         problems = []
         for r, (conn, proc) in enumerate(zip(self.conns, self.procs, strict=True)):
             while not conn.poll(0.05):
@@ -222,7 +251,7 @@ class RankGroup:
                 problems.append(f"--- rank {r}: {payload}")
             elif status == "died":
                 proc.join(timeout=2)
-                what = describe_exit(proc.exitcode) if not proc.is_alive() else f"not ready within {STARTUP_S:.0f} s"
+                what = describe_exit(proc.exitcode) if not proc.is_alive() else f"not ready within {startup_s:.0f} s"
                 problems.append(f"--- rank {r} did not start: {what}; its output:\n{self.output(r, False) or '(nothing)'}")
         if problems:
             self.kill()
@@ -232,6 +261,7 @@ class RankGroup:
     def run(self, fn: Callable, args: tuple, env: dict, timeout: float, exits: dict[int, int]) -> list[Any]:
         if not self.ready:
             self._wait_ready(fn)
+        timeout, cut = _within_deadline(timeout)
         for r in range(self.world_size):
             try:
                 self.offsets[r] = os.path.getsize(self.logs[r])
@@ -288,7 +318,7 @@ class RankGroup:
                           f"{self.output(r) or '(nothing)'}")
         for r in sorted(pending):
             why = "did not finish within the timeout" if not (dead or errors) else "still running after a rank failed"
-            report.append(f"--- rank {r} {why} ({timeout:.0f} s for {fn.__name__}; killed); its output:\n"
+            report.append(f"--- rank {r} {why} ({timeout:.0f} s for {fn.__name__}{cut}; killed); its output:\n"
                           f"{self.output(r) or '(nothing)'}")
         for r, tb in sorted(errors.items()):
             out = self.output(r)
@@ -354,6 +384,7 @@ def run_gpu_ranks(fn: Callable, *args: Any, world_size: int | None = None, env: 
         pytest.fail("run_gpu_ranks needs a CUDA GPU", pytrace=False)
     if exits and not fresh:
         raise ValueError("exits= needs fresh=True: a pool rank that exits is gone")
+    _within_deadline(timeout)  # past the run's deadline: skip before any process starts
     if fresh:
         group = RankGroup(n, on_cuda, set_device, env)
         try:
