@@ -4,8 +4,9 @@
 # One command for a GPU machine, from a fresh clone or the set-up venv:
 #   scripts/gpu_check.sh
 # It builds ringreduce in place when the checkout has no usable build (the build refuses an extension
-# linked with its own static libstdc++, docs/design.md section 3; then it tries the system's
-# /usr/bin/g++, and says which compiler it used), prints the GPUs, then
+# linked with its own static libstdc++, docs/design.md section 3: a probe library linked first
+# shows such a compiler in seconds, and then it builds with the system's /usr/bin/g++; it says which
+# compiler it used), prints the GPUs, then
 #   * 1+ GPU:  the loopback suite (the GPU ring driver with ranks as threads on one GPU, n = 2..8,
 #              flat, halves, mapped sub-rings, hierarchical); the reduce kernel against torch for
 #              every dtype/op and its bandwidth next to a device-to-device copy's; the multi-rank GPU
@@ -133,8 +134,30 @@ cc_for() {  # cc_for CXX: the C compiler beside CXX (g++-12 -> gcc-12, clang++ -
   [[ -x "$dir/$cc" ]] || return 1
   echo "$dir/$cc"
 }
+probe_libstdcxx() {  # probe_libstdcxx CXX (empty: Python's link command): does a library it links
+  # load the shared libstdc++? 0 yes, 1 no (a static copy: the build would be refused), 2 could not
+  # tell. Seconds, where a refused build costs its whole compile (tools/libstdcxx_check.py).
+  local cxx="${1:-}" dir rc link=()
+  if [[ -n "$cxx" ]]; then
+    link=("$cxx" -shared)
+  else  # setuptools links the extension with Python's LDCXXSHARED
+    read -r -a link <<< "$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("LDCXXSHARED") or "c++ -shared")')"
+  fi
+  dir="$(mktemp -d)"
+  printf '#include <sstream>\nint rr_probe(int x) { std::ostringstream s; s << x; return int(s.str().size()); }\n' \
+    > "$dir/probe.cpp"
+  if ! "${link[@]}" -fPIC -O1 -o "$dir/probe.so" "$dir/probe.cpp" >/dev/null 2>&1; then
+    rc=2
+  elif "$PYTHON" "$ROOT/tools/libstdcxx_check.py" "$dir/probe.so" >/dev/null 2>&1; then
+    rc=0
+  else
+    rc=1
+  fi
+  rm -rf "$dir"
+  return "$rc"
+}
 build_with() {  # build_with CXX NEED_CUDA: one in-place build (CXX empty: the default compilers)
-  local cxx="$1" need="$2" env_=(MAX_JOBS="${MAX_JOBS:-8}") limit=600 left=$((BUDGET - SECONDS)) cc
+  local cxx="$1" need="$2" env_=(MAX_JOBS="${MAX_JOBS:-$(nproc)}") limit=600 left=$((BUDGET - SECONDS)) cc
   [[ "$need" == 1 ]] && env_+=(RINGREDUCE_REQUIRE_CUDA=1)
   if [[ -n "$cxx" ]]; then  # torch's build hands CC to nvcc as -ccbin (the .cu files' host compiler)
     env_+=(CXX="$cxx")
@@ -155,19 +178,28 @@ build() {  # build NEED_CUDA: in place unless a usable build exists; with the sy
     SUMMARY+=("INFO  build: the checkout's existing one, checked: it loads the shared libstdc++")
     return 0
   fi
-  if build_with "${CXX:-}" "$need"; then
+  local probe=0
+  probe_libstdcxx "${CXX:-}" || probe=$?
+  if (( probe == 1 )) && [[ -x "$SYSTEM_CXX" ]] && [[ "${CXX:-}" != "$SYSTEM_CXX" ]]; then
+    # the build would be refused after its whole compile: straight to the system compiler
+    SUMMARY+=("INFO  $(compiler "${CXX:-}") links libstdc++ statically (a probe library), which the build refuses")
+    say "the default compiler links libstdc++ statically (probe); building with $SYSTEM_CXX instead"
+  elif build_with "${CXX:-}" "$need"; then
     SUMMARY+=("PASS  build ($((SECONDS - t0)) s) with $(compiler "${CXX:-}")")
     return 0
-  fi
-  if grep -q "refusing the extension just linked" "$RESULTS/build.log" && [[ -x "$SYSTEM_CXX" ]] &&
-     [[ "${CXX:-}" != "$SYSTEM_CXX" ]]; then
+  elif grep -q "refusing the extension just linked" "$RESULTS/build.log" && [[ -x "$SYSTEM_CXX" ]] &&
+       [[ "${CXX:-}" != "$SYSTEM_CXX" ]]; then
     SUMMARY+=("INFO  build with $(compiler "${CXX:-}") refused: the extension carried its own static libstdc++")
     say "the build with the default compiler was refused (static libstdc++); building with $SYSTEM_CXX instead"
-    t0=$SECONDS
-    if build_with "$SYSTEM_CXX" "$need"; then
-      SUMMARY+=("PASS  build ($((SECONDS - t0)) s) with $(compiler "$SYSTEM_CXX")")
-      return 0
-    fi
+  else
+    SUMMARY+=("FAIL  build ($((SECONDS - t0)) s; see $RESULTS/build.log)")
+    FAILED=1
+    return 1
+  fi
+  t0=$SECONDS
+  if build_with "$SYSTEM_CXX" "$need"; then
+    SUMMARY+=("PASS  build ($((SECONDS - t0)) s) with $(compiler "$SYSTEM_CXX")")
+    return 0
   fi
   SUMMARY+=("FAIL  build ($((SECONDS - t0)) s; see $RESULTS/build.log)")
   FAILED=1

@@ -78,3 +78,36 @@ def test_build_with_a_named_compiler_sets_cc_to_the_c_compiler_beside_it(tmp_pat
     assert cc_for(str(tools / "clang++")) == (0, str(tools / "clang"))
     assert cc_for(str(lonely / "g++"))[0] != 0  # no gcc beside it
     assert cc_for("icpx")[0] != 0  # not a name it knows
+
+
+def test_probe_sees_a_compiler_that_links_libstdcxx_statically(tmp_path):
+    """gpu_check.sh's probe_libstdcxx links a three-line library with the build's compiler and checks
+    it as setup.py checks the extension (tools/libstdcxx_check.py): a g++ that adds
+    -static-libstdc++ (as the first GPU machine's did) is seen in seconds, before a whole build is
+    compiled and refused; the system g++ passes; a compiler that cannot link says "cannot tell"."""
+    import re
+    import shutil
+
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++ on this machine")  # CI's image has one: the build needs it
+    static = subprocess.run([gxx, "-print-file-name=libstdc++.a"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(static):
+        pytest.skip("this g++ has no static libstdc++ to link")
+    body = re.search(r"^probe_libstdcxx\(\) \{.*?^\}$", (ROOT / "scripts" / "gpu_check.sh").read_text(),
+                     re.S | re.M).group(0)
+    wrapper = tmp_path / "static-g++"
+    wrapper.write_text(f'#!/bin/sh\nexec {gxx} "$@" -static-libstdc++\n')
+    wrapper.chmod(0o755)
+    broken = tmp_path / "broken-g++"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+
+    def probe(cxx: str) -> int:
+        script = f'PYTHON="{sys.executable}"; ROOT="{ROOT}"\n{body}\nprobe_libstdcxx "$1"'
+        return subprocess.run(["bash", "-c", script, "probe", cxx], capture_output=True, timeout=120).returncode
+
+    assert probe(str(wrapper)) == 1
+    assert probe(gxx) == 0
+    assert probe(str(broken)) == 2
+    assert probe("") == 0  # Python's own link command (LDCXXSHARED) on this machine
