@@ -192,3 +192,13 @@ def test_pool_reports_an_exception_then_starts_afresh():
         assert run_gpu_ranks(_sum_ranks, device="cpu", env={"SOME_KNOB": "1"}) == [3, 3]  # a fresh pool
     finally:
         close_pools()
+
+
+@pytest.mark.parametrize("body", ["_hooks_match_ddp", "_coalesced_options"])
+def test_gpu_hook_bodies_hold_on_cpu(body):
+    """tests/gpu/test_gpu_hooks.py's bodies on CPU ranks (gloo): what they assert of ringreduce holds
+    there, so a failure on a GPU is ringreduce's on CUDA, not the test's."""
+    from gpu import test_gpu_hooks
+
+    counts = run_gpu_ranks(getattr(test_gpu_hooks, body), False, device="cpu", fresh=True, timeout=240)
+    assert all(c == (16 if body == "_hooks_match_ddp" else 3) for c in counts), counts
