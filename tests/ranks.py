@@ -12,6 +12,7 @@ processes (for tests that kill ranks or poison their groups) and reports exit co
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing as mp
 import os
@@ -21,13 +22,28 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _CTX = mp.get_context("spawn")
 DEFAULT_TIMEOUT = 180.0
 TRANSPORTS = {"shm": "1", "tcp": "0"}  # RINGREDUCE_SHM of a pool's processes
 DEFAULT_TRANSPORT = "shm"  # the library's default for ranks of one host
+
+
+@contextlib.contextmanager
+def job_environ(env: dict) -> Iterator[None]:
+    """os.environ with `env` set (values as strings) for one job of a rank, as it was afterwards."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: str(v) for k, v in env.items()})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def free_port() -> int:
@@ -66,19 +82,12 @@ def _pool_main(rank: int, world_size: int, init_file: str, conn: Any, sys_path: 
         if job is None:
             break
         fn, args, kwargs, env = job
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update({k: str(v) for k, v in env.items()})
         try:
-            result = fn(rank, world_size, *args, **kwargs)
+            with job_environ(env):
+                result = fn(rank, world_size, *args, **kwargs)
             conn.send(("ok", result))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             conn.send(("err", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     try:
         import torch.distributed as dist
 

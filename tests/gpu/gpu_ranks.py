@@ -47,6 +47,7 @@ from typing import Any
 
 import pytest
 import torch
+from ranks import job_environ
 
 from ringreduce.bench.launch import gpu_world_size, nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
 
@@ -184,21 +185,14 @@ def _rank_main(rank: int, world_size: int, init_file: str, log_path: str, conn: 
         if job is None:
             break
         fn, args, env = job
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update({k: str(v) for k, v in env.items()})
         try:
-            result = fn(rank, world_size, *args)
-            if on_cuda:
-                torch.cuda.synchronize(rank_device(rank, torch.cuda.device_count()))
+            with job_environ(env):
+                result = fn(rank, world_size, *args)
+                if on_cuda:
+                    torch.cuda.synchronize(rank_device(rank, torch.cuda.device_count()))
             conn.send(("ok", result))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             conn.send(("err", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     dist.destroy_process_group()
 
 
