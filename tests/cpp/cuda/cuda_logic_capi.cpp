@@ -28,6 +28,20 @@ void putError(const std::string& msg, char* err, int errlen) {
   std::strncpy(err, msg.c_str(), static_cast<size_t>(errlen - 1));
   err[errlen - 1] = '\0';
 }
+
+// The guard bytes (0x5A) around each simulated tensor of `bytes` bytes at offset `pad`: "" when
+// untouched, else which side of which buffer (`what` names the index) was written.
+std::string guardDamage(const std::vector<std::vector<unsigned char>>& data, size_t pad, size_t bytes,
+                        const char* what) {
+  for (size_t i = 0; i < data.size(); ++i) {
+    for (size_t k = 0; k < data[i].size(); ++k) {
+      if ((k < pad || k >= pad + bytes) && data[i][k] != 0x5A)
+        return std::string("memory ") + (k < pad ? "before" : "after") + " the tensor was modified (" + what + " " +
+               std::to_string(i) + ")";
+    }
+  }
+  return "";
+}
 }  // namespace
 
 extern "C" {
@@ -164,17 +178,10 @@ int rr_sim_allreduce(int nranks, long long numel, int dtype, int op, int accum_f
       putError(failure, err, errlen);
       return -1;
     }
-    for (size_t i = 0; i < data.size(); ++i) {
-      for (size_t k = 0; k < pad; ++k)
-        if (data[i][k] != 0x5A) {
-          putError("memory before the tensor was modified (call/rank " + std::to_string(i) + ")", err, errlen);
-          return -1;
-        }
-      for (size_t k = pad + bytes; k < data[i].size(); ++k)
-        if (data[i][k] != 0x5A) {
-          putError("memory after the tensor was modified (call/rank " + std::to_string(i) + ")", err, errlen);
-          return -1;
-        }
+    const std::string damage = guardDamage(data, pad, bytes, "call/rank");
+    if (!damage.empty()) {
+      putError(damage, err, errlen);
+      return -1;
     }
     return 0;
   } catch (const std::exception& e) {
@@ -254,12 +261,11 @@ int rr_sim_ring(int comm_size, int nrings, int ring_size, const int* members, in
       putError(failure, err, errlen);
       return -1;
     }
-    for (size_t b = 0; b < data.size(); ++b)
-      for (size_t k = bytes; k < data[b].size(); ++k)
-        if (data[b][k] != 0x5A) {
-          putError("memory after the tensor was modified (buffer " + std::to_string(b) + ")", err, errlen);
-          return -1;
-        }
+    const std::string damage = guardDamage(data, 0, bytes, "buffer");
+    if (!damage.empty()) {
+      putError(damage, err, errlen);
+      return -1;
+    }
     return 0;
   } catch (const std::exception& e) {
     putError(std::string("exception: ") + e.what(), err, errlen);
@@ -328,12 +334,11 @@ int rr_sim_mixed(int nranks, long long numel, int dtype, int op, int accum_float
       putError(failure, err, errlen);
       return -1;
     }
-    for (size_t i = 0; i < data.size(); ++i)
-      for (size_t k = bytes; k < data[i].size(); ++k)
-        if (data[i][k] != 0x5A) {
-          putError("memory after the tensor was modified (call/rank " + std::to_string(i) + ")", err, errlen);
-          return -1;
-        }
+    const std::string damage = guardDamage(data, 0, bytes, "call/rank");
+    if (!damage.empty()) {
+      putError(damage, err, errlen);
+      return -1;
+    }
     return 0;
   } catch (const std::exception& e) {
     putError(std::string("exception: ") + e.what(), err, errlen);
