@@ -88,7 +88,7 @@ communicators whose operations are enqueued in a different order on different ra
    ``GradientAverager`` or ``ddp_comm_hook``, not both.
 5. Each rank uses one GPU per group (NCCL does not support two ranks of one communicator on one
    device of one host; ranks that share a GPU each set their own ``NCCL_HOSTID`` and talk over NCCL's
-   socket transport, Note [Ranks sharing a GPU] in ringreduce/bench/launch.py).
+   socket transport, Note [Ranks sharing a GPU] in ringreduce/bench/gpu_map.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@
 #              3 GPUs); python -m ringreduce.bench against NCCL (1 MiB - 256 MiB; JSON, and a PNG
 #              where matplotlib is installed). With fewer GPUs than ranks the ranks share them over
 #              NCCL's socket transport on lo, and the output says so (Note [Ranks sharing a GPU],
-#              ringreduce/bench/launch.py);
+#              ringreduce/bench/gpu_map.py);
 #   * no GPU:  the simulated-device checks (ring driver on simulated streams, CudaRing/NcclComm on a
 #              fake CUDA runtime, the communicator registry); the last line says no GPU was found.
 # Time: every step has a limit and the whole run a budget (GPU_CHECK_BUDGET, default 900 s = 15

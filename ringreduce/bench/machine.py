@@ -43,7 +43,7 @@ def _memory_bytes() -> int | None:
 
 def describe(backend: str, world_size: int, hosts: list[str], transport: str | None = None) -> dict[str, Any]:
     """CPU model, cores, memory, GPUs, torch/CUDA/NCCL versions, world size, nodes, relevant env, and
-    on NCCL how it connects the ranks (`transport`: launch.nccl_transport_label)."""
+    on NCCL how it connects the ranks (`transport`: gpu_map.nccl_transport_label)."""
     gpus = []
     if torch.cuda.is_available():
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
