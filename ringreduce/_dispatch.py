@@ -35,7 +35,7 @@ def debug_level() -> int:
 
     0 when unset.
     """
-    raw = (_config._env("RINGREDUCE_DEBUG") or "").upper()
+    raw = _config.debug_setting()
     if raw in ("", "0", "OFF", "WARN", "WARNING"):
         return 0
     if not logger.handlers and not logging.getLogger().handlers:
