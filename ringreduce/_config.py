@@ -66,10 +66,16 @@ if not isinstance(_ENV_BYTES, dict):
     _ENV_BYTES = None
 
 
+_BYTES_KEYS: dict[str, bytes] = {}  # the knobs' names, encoded once
+
+
 def _env(name: str, default: str | None = None) -> str | None:
     if _ENV_BYTES is None:
         return os.environ.get(name, default)
-    raw = _ENV_BYTES.get(name.encode())
+    key = _BYTES_KEYS.get(name)
+    if key is None:
+        key = _BYTES_KEYS[name] = name.encode()
+    raw = _ENV_BYTES.get(key)
     return default if raw is None else os.fsdecode(raw)
 
 
