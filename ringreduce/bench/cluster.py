@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {e} received; stopping the hosts", file=sys.stderr)
         code = 130
     finally:
-        for s, h in saved.items():
+        for s in saved:
             signal.signal(s, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
         for line in cluster.down():
             print(f"# cleanup: {line}", flush=True)
