@@ -189,6 +189,31 @@ def test_tool_runs_the_bench_across_hosts_and_removes_everything(tmp_path):
 
 
 @needs_cluster
+def test_traffic_model_matches_what_the_links_carried(tmp_path):
+    """python -m ringreduce.bench.traffic on 2 hosts x 2 ranks: the bytes each host's link carried out
+    (tc's tbf counters) over each algorithm's calls lie within [1, 1 + MODEL_TOLERANCE] x the model's
+    cross-node payload (docs/algorithm.md: flat ring 2(n-1)/n S per node, hierarchical 2(M-1)/M S)."""
+    from ringreduce.bench.traffic import MODEL_TOLERANCE
+
+    prefix = f"rrc-{os.getpid()}-traffic"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    argv = _tool(prefix, "--module", "ringreduce.bench.traffic", "--", "--size", "4M", "--iters", "3",
+                 "--link-dev", "rr0", "--json", str(tmp_path / "t.json"))
+    argv[argv.index("--ranks-per-host") + 1] = "2"
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    summary = json.load(open(tmp_path / "t.json"))["summary"]
+    S, calls = 4 << 20, 4
+    assert summary["ring"]["model_node_bytes"] == 1.5 * S * calls
+    assert summary["hierarchical"]["model_node_bytes"] == 1.0 * S * calls
+    for algo in ("ring", "hierarchical"):
+        ratios = summary[algo]["link_over_model"]
+        assert sorted(ratios) == ["0", "1"], summary[algo]
+        assert all(1.0 <= r <= 1.0 + MODEL_TOLERANCE for r in ratios.values()), (algo, ratios)
+    assert _namespaces(prefix) == []
+
+
+@needs_cluster
 def test_tool_cleans_up_on_sigint(tmp_path):
     prefix = f"rrc-{os.getpid()}-int"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
