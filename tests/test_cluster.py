@@ -52,15 +52,17 @@ def _env(cluster: Cluster, rank: int, host: int, per_host: int, hosts: int) -> d
 
 
 def _start(cluster: Cluster, out: str, per_host: int, calls: int, hosts: tuple[int, ...] | None = None):
-    """Starts tests/cluster_job.py for every rank of `hosts` (default all); returns {rank: Popen}."""
+    """Starts tests/cluster_job.py for every rank of `hosts` (default all), its stderr in
+    OUT/rank<r>.err (a file: a pipe nobody reads could fill and block the rank); returns {rank: Popen}."""
     procs = {}
     for host in range(cluster.hosts) if hosts is None else hosts:
         for local in range(per_host):
             rank = host * per_host + local
-            procs[rank] = cluster.popen(
-                host, [sys.executable, os.path.join(HERE, "cluster_job.py"), out, str(calls), str(NUMEL)],
-                env=_env(cluster, rank, host, per_host, cluster.hosts),
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            with open(os.path.join(out, f"rank{rank}.err"), "w") as err:
+                procs[rank] = cluster.popen(
+                    host, [sys.executable, os.path.join(HERE, "cluster_job.py"), out, str(calls), str(NUMEL)],
+                    env=_env(cluster, rank, host, per_host, cluster.hosts), stdout=subprocess.DEVNULL, stderr=err)
+            procs[rank].err_path = err.name
     return procs
 
 
@@ -74,7 +76,7 @@ def _wait_ready(out: str, procs: dict, limit: float = 120.0) -> None:
 
 
 def _stderr(procs: dict) -> str:
-    return " | ".join(f"rank {r}: {(p.stderr.read() if p.poll() is not None else '')[-1500:]}" for r, p in procs.items())
+    return " | ".join(f"rank {r}: {open(p.err_path).read()[-1500:]}" for r, p in procs.items())
 
 
 def _finish(procs: dict, limit: float) -> dict[int, int]:
