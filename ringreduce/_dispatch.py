@@ -203,9 +203,9 @@ def scaling_refusal(
             return FrameError.UNSUPPORTED, ValueError(
                 f"ringreduce: wire_dtype applies to SUM and AVG, not {rop.name}; drop wire_dtype"
             ), None, 0.0
-        if algorithm == "hierarchical":
+        if algorithm == "hierarchical" and tensor.is_cuda:
             return FrameError.OTHER, ValueError(
-                "ringreduce: wire_dtype runs on the flat ring; use algorithm=\"auto\" or \"ring\" with it"
+                "ringreduce: on GPUs wire_dtype runs on the flat ring; use algorithm=\"auto\" or \"ring\" with it"
             ), None, 0.0
         wire = C.DType.BFLOAT16 if wire_dtype == torch.bfloat16 else C.DType.FLOAT16
     factor = 0.0
@@ -354,7 +354,8 @@ def run_all_reduce(
     if exc is not None:
         if info is None:
             raise exc
-        # the others run a call with a 16-bit wire on the flat ring (scaling_refusal)
+        # on GPUs the others run a call with a 16-bit wire on the flat ring (scaling_refusal); on
+        # CPUs every call runs on the ring's own runtime, whatever the algorithm
         refuse(info, kind, code, exc, device_of(tensor), "ring" if wire_dtype is not None else algorithm)
     assert rop is not None
     if extra_divisor != 1 and (rop not in (ReduceOp.SUM, ReduceOp.AVG) or extra_divisor < 1):
@@ -363,8 +364,10 @@ def run_all_reduce(
         if info is not None and extra_divisor != 1 and tensor.numel() > 0:  # one rank still divides by it
             tensor.div_(extra_divisor)
         return Work.completed([tensor]) if async_op else None
-    # A 16-bit wire runs on the flat ring (scaling_refusal refused "hierarchical").
-    local_size, members = choose_algorithm(info, "ring" if wire is not None else algorithm)
+    # On GPUs a 16-bit wire runs on the flat ring (scaling_refusal refused "hierarchical"); on CPUs
+    # also on the hierarchical all-reduce's cross-node ring (Note [Hierarchical 16-bit wire] in
+    # csrc/core/collectives.cpp).
+    local_size, members = choose_algorithm(info, "ring" if wire is not None and tensor.is_cuda else algorithm)
     level = debug_level()
     if tensor.is_cuda:
         from ringreduce import _cuda

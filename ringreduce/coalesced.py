@@ -239,7 +239,7 @@ def all_reduce_coalesced(
         algorithm: "auto" (default), "ring" or "hierarchical", for every dtype's ring, as in
             :func:`all_reduce`.
         wire_dtype: None, or ``torch.bfloat16`` / ``torch.float16``: the float32 tensors travel on
-            a 16-bit wire with float32 sums per hop (the flat ring), as in :func:`all_reduce`;
+            a 16-bit wire with float32 sums per hop, as in :func:`all_reduce`;
             tensors of other dtypes are reduced as they are, as ``GradientAverager(wire_dtype=...)``
             treats buckets of other dtypes. A non-empty list without a float32 tensor is refused as
             :func:`all_reduce` refuses its first tensor.

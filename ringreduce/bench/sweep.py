@@ -219,7 +219,7 @@ def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]],
     from ringreduce.bench.table import Layout, format_row, header
 
     impls = build_impls(cfg.op, cfg.backend, ctx.device, DTYPES[cfg.dtype].torch_dtype, cfg.check,
-                        cfg.check_cost, cfg.nccl_ring, cfg.wire_dtype)
+                        cfg.check_cost, cfg.nccl_ring, cfg.wire_dtype, cfg.algorithms)
     stock = NCCL if cfg.backend == "nccl" else GLOO
     layout = Layout(tuple(impl.name for impl in impls), stock, loopback=cfg.loopback and ctx.device.type == "cuda",
                     wire=cfg.wire_dtype)
