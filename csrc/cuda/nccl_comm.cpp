@@ -211,7 +211,9 @@ NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int devic
   setup_ = ncclSetupFor(runtimeVersion(), [](const char* name) { return std::getenv(name); });
   for (const std::string& w : setup_.warnings) announce("ringreduce: " + w);
   if (setup_.simple) {
-    announce("ringreduce: NCCL " + ncclVersionString(setup_.version) + ": " + setup_.why_simple +
+    const std::string nccl = "NCCL " + ncclVersionString(setup_.version);
+    const bool named = setup_.why_simple.find(nccl) != std::string::npos;
+    announce("ringreduce: " + setup_.why_simple + (named ? "" : " (" + nccl + ")") +
              ". ringreduce's GPU communicators take the simplest path: one lane, no one-shot, every exchange "
              "handed off and waited on one non-blocking communicator (correct, slower; RINGREDUCE_NCCL_SIMPLE=1 "
              "forces it)");

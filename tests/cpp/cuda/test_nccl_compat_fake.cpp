@@ -309,9 +309,9 @@ TEST_CASE(a_timeout_on_two_lanes_raises_instead_of_hanging) {
   CHECK(throwsKind([&] { second->synchronize(ms(5000)); }, ErrorKind::kBackend, &msg));
   CHECK_MSG(has(msg, "did not finish within"), msg);
   CHECK(first->failed());
+  ring->shutdown("test");  // joins the watchdog: its stop of the lanes is over
   CHECK_EQ(rrfake::abortHangs(), 0);
   rrfake::setAbortWaitsForKernels(false);
-  ring->shutdown("test");
 }
 
 // Note [Stopping every lane at once]: an abort one lane decides alone (here: a hand-off's deadline
