@@ -291,8 +291,8 @@ CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int64_t staging_bytes, int64_
              kValue, "ringreduce: lane ", k + 1, "'s communicator differs from lane 0's in size, rank or device");
     lanes_[k + 1].comm = std::move(more_lanes[k]);
   }
-  for (Lane& l : lanes_)
-    if (lanes_.size() > 1) l.comm->deferAbortToRing();  // Note [Stopping every lane at once]
+  if (lanes_.size() > 1)
+    for (Lane& l : lanes_) l.comm->deferAbortToRing();  // Note [Stopping every lane at once]
   DeviceGuard guard(comm_->device());
   try {
     for (Lane& l : lanes_) {
