@@ -242,17 +242,20 @@ NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int devic
   ncclConfig_t queued = NCCL_CONFIG_INITIALIZER;
   queued.blocking = 1;
   queued.commName = queue_name_.c_str();
+  // A failed split names the way around it (issue 30's fallback, decided on every rank alike).
+  const std::string simpler = ". The simplest GPU path runs without this child: set RINGREDUCE_NCCL_SIMPLE=1 on "
+                              "every rank (NCCL " + ncclVersionString(setup_.version) + ")";
   const ncclResult_t s = ncclCommSplit(comm_, /*color=*/0, /*key=*/rank_, &queue_, &queued);
   if (s != ncclSuccess && s != ncclInProgress) {
     const std::string msg = std::string("ncclCommSplit (the queued communicator) failed: ") + describeNccl(s, comm_);
     abortLocked(msg);
-    RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg);
+    RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg, simpler);
   }
   waitReady(lock, s, "ncclCommSplit", deadline);
   if (queue_ == nullptr) {
     abortLocked("ncclCommSplit returned no communicator");
     RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_,
-             "): ncclCommSplit returned no communicator");
+             "): ncclCommSplit returned no communicator", simpler);
   }
 }
 
