@@ -103,6 +103,7 @@ struct State {
   int abort_hangs = 0;
   int grouped_aborts = 0;
   int splits = 0;
+  bool fail_split = false;
   // Kept reachable (leak checkers): device memory a test leaves allocated on purpose (undrained
   // streams) and aborted communicators, which queued exchange ops may still point at.
   std::vector<void*> allocations;
@@ -267,6 +268,7 @@ void reset() {
   g.version = NCCL_VERSION_CODE;
   g.abort_waits = false;
   g.abort_hangs = g.grouped_aborts = g.splits = 0;
+  g.fail_split = false;
   g.link = false;
   ++g.world;
   g.size_mismatches = 0;
@@ -382,6 +384,10 @@ int abortHangs() {
 int groupedAborts() {
   std::lock_guard<std::mutex> lock(st().mu);
   return st().grouped_aborts;
+}
+void failSplits(bool on) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().fail_split = on;
 }
 int splits() {
   std::lock_guard<std::mutex> lock(st().mu);
@@ -595,6 +601,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int, ncclUniqueId id, int 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
   std::lock_guard<std::mutex> lock(st().mu);
   if (comm == nullptr || newcomm == nullptr || color != 0) return ncclInvalidArgument;
+  if (st().fail_split) return ncclInternalError;
   st().comms.push_back(std::make_unique<ncclComm>());
   ncclComm* child = st().comms.back().get();
   child->shared_abort = comm->shared_abort;  // the parent's config.splitShare = 1

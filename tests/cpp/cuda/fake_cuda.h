@@ -82,5 +82,6 @@ void setAbortWaitsForKernels(bool on);  // default false: ncclCommAbort returns 
 int abortHangs();                   // aborts that would have waited for ever
 int groupedAborts();                // ncclCommAbort calls inside a group (NCCL >= 2.24: deferred)
 int splits();                       // ncclCommSplit calls
+void failSplits(bool on);           // ncclCommSplit fails (ncclInternalError)
 
 }  // namespace rrfake

@@ -223,6 +223,22 @@ TEST_CASE(environment_overrides_are_refused_or_take_the_simplest_path) {
   CHECK_EQ(rrfake::splits(), 1);
 }
 
+// Issue 30's fallback for a split child that fails on real NCCL: the error says what to set, and
+// with it set no split is made.
+TEST_CASE(a_failed_split_names_the_simplest_path) {
+  rrfake::reset();
+  rrfake::failSplits(true);
+  std::string msg;
+  CHECK(throwsKind([&] { NcclComm c(kUid, 2, 0, 0, ms(1000), "fake"); }, ErrorKind::kBackend, &msg));
+  CHECK_MSG(has(msg, "ncclCommSplit") && has(msg, "RINGREDUCE_NCCL_SIMPLE=1 on every rank") && has(msg, "NCCL 2."),
+            msg);
+  CHECK_EQ(rrfake::abortCalls(), 1);  // the parent
+  ScopedEnv env("RINGREDUCE_NCCL_SIMPLE", "1");
+  NcclComm c(kUid, 2, 0, 0, ms(1000), "fake");
+  CHECK(c.simplePath());
+  CHECK_EQ(rrfake::splits(), 0);
+}
+
 // Issue 30's fallback: RINGREDUCE_NCCL_SIMPLE=1 runs one lane, no one-shot, no child; small and
 // large all-reduces still move every byte.
 TEST_CASE(the_simplest_path_runs_one_lane_without_one_shot_or_child) {
