@@ -24,7 +24,6 @@ namespace {
 
 using namespace rr;
 using ms = std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
 
 const std::string kUid(sizeof(ncclUniqueId::internal), '\x07');
 const std::string kLaneUid(sizeof(ncclUniqueId::internal), '\x0d');
@@ -291,7 +290,6 @@ TEST_CASE(stopping_two_lanes_at_once_never_waits_for_a_lane) {
       std::vector<float> a(static_cast<size_t>(kTwoLaneNumel), 1.0f), b(a);
       auto first = allReduce(*ring, a, caller);
       auto second = allReduce(*ring, b, caller);
-      const auto t0 = Clock::now();
       if (old_order) {  // the order before this guard: lane 0 stopped, then lane 1
         NcclComm::abortTogether({lane0.get()}, "test");
         NcclComm::abortTogether({lane1.get()}, "test");
@@ -300,7 +298,6 @@ TEST_CASE(stopping_two_lanes_at_once_never_waits_for_a_lane) {
         ring->shutdown("test");
         CHECK_MSG(rrfake::abortHangs() == 0, "NCCL " << version << ": " << rrfake::abortHangs() << " waits");
         CHECK_EQ(rrfake::groupedAborts(), version >= 22400 ? 4 : 0);  // 2 parents + 2 children in one group
-        CHECK(std::chrono::duration_cast<ms>(Clock::now() - t0).count() < 1500);
       }
       CHECK(throwsKind([&] { second->synchronize(ms(3000)); }, ErrorKind::kBackend));
       rrfake::setAbortWaitsForKernels(false);
