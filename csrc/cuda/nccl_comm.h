@@ -108,7 +108,7 @@ class DeviceGuard {
 // What Note [Hand-off and queued exchanges] relies on holds for the NCCL that runs, not the one
 // compiled against, and NCCL's environment can override a communicator's config. So each
 // communicator decides at creation, from ncclGetVersion and the environment (ncclSetupFor):
-//   * NCCL < 2.23 (torch 2.4-2.6 ship 2.20/2.21): a non-blocking ncclGroupEnd that needs no new
+//   * NCCL < 2.23 (older torch wheels ship it): a non-blocking ncclGroupEnd that needs no new
 //     connection launches inline and returns ncclSuccess (src/group.cc of 2.21.5/2.22.3), which
 //     reads as "inside the caller's NCCL group": every call after the first would be refused.
 //     There, every group is issued from a launcher thread of the communicator, whose NCCL group
