@@ -39,6 +39,10 @@ KNOBS: tuple[Knob, ...] = (
          "and where the time went"),
     Knob("RINGREDUCE_LOCAL_SIZE", "from torchrun",
          "simulate nodes of this many consecutive ranks (hierarchical all-reduce on one host)"),
+    Knob("RINGREDUCE_NCCL_SIMPLE", "0, or 1 where NCCL < 2.23 or NCCL_COMM_* overrides ask for it",
+         "`1`: GPU groups take the simplest path (one lane, no one-shot, no split child; every exchange waited "
+         "on the one non-blocking communicator), with one warning naming the NCCL version; set it on every "
+         "rank (read when a communicator is created)"),
     Knob("RINGREDUCE_SHM", "on",
          "`0`: CPU ranks on one host use gloo point-to-point instead of shared memory"),
 )
