@@ -74,6 +74,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook, _JoinCon
 
 from ringreduce._dispatch import local_tensor, refuse_call, run_all_reduce
 from ringreduce._groups import _is_device_mesh, resolve
+from ringreduce._param_check import check_same_parameters, warn_if_ddp
 from ringreduce._types import CallKind
 from ringreduce.ops import ReduceOp, all_reduce
 from ringreduce.work import Work
@@ -159,6 +160,14 @@ def _collect_params(module_or_params: Any) -> list[torch.nn.Parameter]:
         seen.add(id(p))
         params.append(p)
     return params
+
+
+def _param_names(module_or_params: Any, params: list[torch.Tensor]) -> list[str]:
+    """Each parameter's name in the module (its index where no module was given), for messages."""
+    names = {}
+    if isinstance(module_or_params, torch.nn.Module):
+        names = {id(p): name for name, p in module_or_params.named_parameters()}
+    return [names.get(id(p), f"parameter {i}") for i, p in enumerate(params)]
 
 
 def _assign_buckets(
@@ -362,9 +371,13 @@ class GradientAverager(Joinable):
         self.wire_dtype = wire_dtype
         self.accumulation_steps = accumulation_steps
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
+        warn_if_ddp(module_or_params)
         self._params = _collect_params(module_or_params)
         # What is bucketed: the tensors themselves, or a DTensor's local shard (Note [DTensor gradients]).
         self._locals = [local_tensor(p) for p in self._params]
+        info = resolve(group)
+        if info is not None and info.size > 1:  # Note [Same parameters on every rank] (_param_check.py)
+            check_same_parameters(self._locals, _param_names(module_or_params, self._params), group, "GradientAverager")
         self._averaged_ranks: frozenset[int] | None = None  # global ranks of `group`, when needed
         self._partial_dims: dict[tuple[int, int], bool] = {}
         cap = max(1, int(bucket_cap_mb * _MB))
