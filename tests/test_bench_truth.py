@@ -117,3 +117,26 @@ def test_plot_reads_back_targets_labels_title_and_footer(tmp_path):
 
     write_plot(_doc(ratios, world_size=3), str(png))
     assert read_plot_metadata(str(png))["targets"] == []
+
+
+def test_an_older_json_is_drawn_again_with_the_targets_of_its_transport(tmp_path):
+    """benchmarks/results/*.png are drawn from their JSON (schema /2) by `python -m ringreduce.bench.plot`:
+    transport and targets derived from what the JSON recorded, the provenance said to be missing."""
+    pytest.importorskip("matplotlib")
+    import json
+
+    from ringreduce.bench.plot import main, read_plot_metadata
+    from ringreduce.bench.report import upgrade_report
+
+    old = json.loads((ROOT / "benchmarks" / "results" / "cpu-2ranks-tcp.json").read_text())
+    assert old["schema"] == "ringreduce.bench.allreduce/2"
+    doc = upgrade_report(old)
+    assert [p for p in validate_report(doc) if not p.startswith("row ")] == []  # its rows are as they were
+    assert doc["ringreduce_transport"] == "tcp"
+    assert [t["max_time_ratio"] for t in doc["targets"]] == [1.10]
+    png = tmp_path / "again.png"
+    assert main([str(ROOT / "benchmarks" / "results" / "cpu-2ranks.json"), str(png)]) == 0
+    drawn = read_plot_metadata(str(png))
+    assert drawn["transport"] == "shm" and [t["max_time_ratio"] for t in drawn["targets"]] == [0.10, 0.40]
+    assert drawn["footer"][-1] == ("commit, time and load average not recorded: written by the benchmark's schema "
+                                   "ringreduce.bench.allreduce/2")

@@ -160,3 +160,25 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
              "provenance": doc["provenance"]}
     fig.savefig(path, dpi=120, metadata={METADATA_KEY: json.dumps(drawn)})
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m ringreduce.bench.plot IN.json OUT.png: draws a benchmark JSON again (an older schema's
+    too: its transport and targets are derived from what it recorded)."""
+    import sys
+
+    from ringreduce.bench.report import upgrade_report
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        sys.stderr.write("usage: python -m ringreduce.bench.plot IN.json OUT.png\n")
+        return 2
+    with open(args[0]) as f:
+        doc = upgrade_report(json.load(f))
+    write_plot(doc, args[1])
+    print(f"# plot written to {args[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -86,6 +86,25 @@ def build_report(
     return doc
 
 
+def upgrade_report(doc: dict[str, Any]) -> dict[str, Any]:
+    """A document of an older schema (/2: no transport, targets or provenance) with those fields added
+    from what it has: the transport from its config and machine, the targets from its ratios, and a
+    provenance that says the commit, time and load average were not recorded. A /3 document as it is."""
+    if doc.get("schema") == SCHEMA:
+        return doc
+    doc = dict(doc)
+    transport = ringreduce_transport(doc)
+    doc["ringreduce_transport"] = transport
+    doc["ringreduce_transport_name"] = TRANSPORT_NAMES[transport]
+    ratios = doc["summary"]["time_ratio_vs_stock"]
+    doc["targets"] = targets_for(transport, doc["world_size"], ratios) if doc["stock"] in ("gloo", "nccl") else []
+    doc["provenance"] = {"commit": None, "started_utc": None, "finished_utc": None, "load_average_start": None,
+                         "load_average_end": None, "cpu_cores": doc["machine"].get("cpu_cores"),
+                         "note": f"not recorded: written by the benchmark's schema {doc.get('schema')}"}
+    doc["schema"] = SCHEMA
+    return doc
+
+
 def _type_ok(value: Any, expected: type | tuple[type, ...]) -> bool:
     if expected is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -108,6 +108,8 @@ def provenance(started_utc: str | None = None, load_start: list[float] | None = 
 
 def provenance_line(prov: dict[str, Any]) -> str:
     """One line for plots and tables."""
+    if prov.get("note"):
+        return f"commit, time and load average {prov['note']}"
     def load(value: list[float] | None) -> str:
         return "?" if not value else f"{value[0]:.2f}"
 
