@@ -34,6 +34,14 @@ def describe(shape: tuple[int, ...], dtype: torch.dtype) -> str:
     return f"shape {tuple(shape)}, {str(dtype).removeprefix('torch.')}"
 
 
+def param_names(module_or_params: Any, params: list[torch.Tensor]) -> list[str]:
+    """Each parameter's name in the module (its index where no module was given), for messages."""
+    names = {}
+    if isinstance(module_or_params, torch.nn.Module):
+        names = {id(p): name for name, p in module_or_params.named_parameters()}
+    return [names.get(id(p), f"parameter {i}") for i, p in enumerate(params)]
+
+
 def check_same_parameters(tensors: list[torch.Tensor], names: list[str], group: Any, who: str) -> None:
     """Raises ValueError on every rank of `group` when the ranks' `tensors` (the bucketed tensors, in
     order; `names` for messages) differ in count, shape or dtype (Note [Same parameters on every

@@ -74,7 +74,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook, _JoinCon
 
 from ringreduce._dispatch import local_tensor, refuse_call, run_all_reduce
 from ringreduce._groups import _is_device_mesh, resolve
-from ringreduce._param_check import check_same_parameters, warn_if_ddp
+from ringreduce._param_check import check_same_parameters, param_names, warn_if_ddp
 from ringreduce._types import CallKind
 from ringreduce.ops import ReduceOp, all_reduce
 from ringreduce.work import Work
@@ -160,14 +160,6 @@ def _collect_params(module_or_params: Any) -> list[torch.nn.Parameter]:
         seen.add(id(p))
         params.append(p)
     return params
-
-
-def _param_names(module_or_params: Any, params: list[torch.Tensor]) -> list[str]:
-    """Each parameter's name in the module (its index where no module was given), for messages."""
-    names = {}
-    if isinstance(module_or_params, torch.nn.Module):
-        names = {id(p): name for name, p in module_or_params.named_parameters()}
-    return [names.get(id(p), f"parameter {i}") for i, p in enumerate(params)]
 
 
 def _assign_buckets(
@@ -313,6 +305,12 @@ class GradientAverager(Joinable):
       and ``throw_on_early_termination=True`` raises RuntimeError on every rank as soon as one ran
       out. Each backward is one iteration.
 
+    Construction is collective: every rank of `group` must construct its averager, and one small
+    all-reduce checks that all hold the same parameters (count, order, shapes, dtypes); if not, every
+    rank raises the same ValueError naming the first differing parameter on each rank (Note [Same
+    parameters on every rank], _param_check.py). A module wrapped in DDP gets a warning: DDP already
+    averages, so gradients would be averaged twice.
+
     Raises RuntimeError when a parameter receives a gradient while its bucket from a previous
     backward is still being averaged (a second backward before the first was synchronized, e.g.
     after a backward that raised part way: call ``synchronize()`` first).
@@ -377,7 +375,7 @@ class GradientAverager(Joinable):
         self._locals = [local_tensor(p) for p in self._params]
         info = resolve(group)
         if info is not None and info.size > 1:  # Note [Same parameters on every rank] (_param_check.py)
-            check_same_parameters(self._locals, _param_names(module_or_params, self._params), group, "GradientAverager")
+            check_same_parameters(self._locals, param_names(module_or_params, self._params), group, "GradientAverager")
         self._averaged_ranks: frozenset[int] | None = None  # global ranks of `group`, when needed
         self._partial_dims: dict[tuple[int, int], bool] = {}
         cap = max(1, int(bucket_cap_mb * _MB))
