@@ -14,7 +14,7 @@
 #
 # --dry-run (or GPU_CHECK_DRY_RUN=1) prints the plan, each step with its time limit, and runs nothing.
 # With fewer GPUs than ranks the ranks share them over NCCL's socket transport on lo, and the output
-# says so (Note [Ranks sharing a GPU], ringreduce/bench/launch.py). The build (only when the checkout
+# says so (Note [Ranks sharing a GPU], ringreduce/bench/gpu_map.py). The build (only when the checkout
 # has no usable one) refuses an extension linked with its own static libstdc++ (docs/design.md section
 # 3): a probe library shows such a compiler in seconds, and then it builds with /usr/bin/g++.
 #

@@ -1,4 +1,4 @@
-"""The GPU tests' harness (tests/gpu/gpu_ranks.py) and rank placement (ringreduce/bench/launch.py),
+"""The GPU tests' harness (tests/gpu/gpu_ranks.py) and rank placement (ringreduce/bench/gpu_map.py),
 without a GPU: the pure functions that map ranks onto GPUs and set NCCL's environment, and the
 harness itself run over gloo (device="cpu"): a rank that dies of a signal fails the test at once
 with its signal and what it printed, an expected exit is allowed, a rank's exception is reported."""
@@ -14,7 +14,7 @@ import torch.distributed as dist
 from gpu import gpu_ranks
 from gpu.gpu_ranks import close_pools, describe_exit, run_gpu_ranks
 
-from ringreduce.bench.launch import gpu_world_size, nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
+from ringreduce.bench.gpu_map import gpu_world_size, nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
 
 # ---- rank placement (Note [Ranks sharing a GPU]) -----------------------------------------------------
 

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_rank(cfg)
     import torch
 
-    # More ranks than GPUs share them over NCCL's socket transport (Note [Ranks sharing a GPU], launch.py).
+    # More ranks than GPUs share them over NCCL's socket transport (Note [Ranks sharing a GPU], gpu_map.py).
     nproc = args.nproc if args.nproc is not None else (max(2, torch.cuda.device_count()) if backend == "nccl" else 2)
     if nproc < 2:
         raise SystemExit("ringreduce.bench: --nproc must be >= 2")

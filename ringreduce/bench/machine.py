@@ -44,7 +44,7 @@ def _memory_bytes() -> int | None:
 
 def describe(backend: str, world_size: int, hosts: list[str], transport: str | None = None) -> dict[str, Any]:
     """CPU model, cores, memory, GPUs, torch/CUDA/NCCL versions, world size, nodes, relevant env, on
-    NCCL how it connects the ranks (`transport`: launch.nccl_transport_label), and the UTC time and
+    NCCL how it connects the ranks (`transport`: gpu_map.nccl_transport_label), and the UTC time and
     load average when the run started."""
     gpus = []
     if torch.cuda.is_available():

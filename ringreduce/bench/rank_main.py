@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ringreduce.bench.config import BenchConfig
-from ringreduce.bench.launch import nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
+from ringreduce.bench.gpu_map import nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
 from ringreduce.bench.machine import describe
 from ringreduce.bench.sweep import RankContext, run_sweep
 
@@ -28,7 +28,7 @@ def _init(cfg: BenchConfig) -> RankContext:
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if cfg.backend == "nccl":
-        # Note [Ranks sharing a GPU] (launch.py): rank r on GPU r % GPUs; more ranks than GPUs run
+        # Note [Ranks sharing a GPU] (gpu_map.py): rank r on GPU r % GPUs; more ranks than GPUs run
         # over NCCL's socket transport, on one host only.
         gpus = torch.cuda.device_count()
         local_ranks = _local_ranks(world_size)

@@ -4,7 +4,7 @@
 exits=None)`` runs ``fn(rank, world_size, *args)`` on every rank and returns the per-rank results.
 ``fn`` must be a module-level function.
 
-* **World size and devices** (Note [Ranks sharing a GPU], ringreduce/bench/launch.py): the world
+* **World size and devices** (Note [Ranks sharing a GPU], ringreduce/bench/gpu_map.py): the world
   size is ``RINGREDUCE_GPU_WORLD``, else one rank per visible GPU, or 2 ranks on a single GPU. Rank
   r runs on GPU r % GPUs (``torch.cuda.set_device`` unless ``set_device=False``); tests take their
   device from ``device(rank)``, never ``cuda:rank``. Where ranks outnumber GPUs each rank gets its
@@ -50,7 +50,7 @@ import pytest
 import torch
 from ranks import job_environ
 
-from ringreduce.bench.launch import gpu_world_size, nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
+from ringreduce.bench.gpu_map import gpu_world_size, nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
 
 _CTX = mp.get_context("spawn")
 GRACE_S = 5.0  # after a rank died: how long the others may still report before they are killed
