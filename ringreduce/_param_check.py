@@ -86,7 +86,7 @@ def check_same_parameters(tensors: list[torch.Tensor], names: list[str], group: 
     )
 
 
-def warn_if_ddp(module_or_params: Any) -> None:
+def warn_if_ddp(module_or_params: Any, stacklevel: int = 3) -> None:
     """A UserWarning when a GradientAverager is put on a DistributedDataParallel module: DDP already
     averages the gradients in its own backward, so they would be averaged twice (the second average
     of equal gradients changes nothing but costs a second all-reduce of every gradient)."""
@@ -101,5 +101,18 @@ def warn_if_ddp(module_or_params: Any) -> None:
             "instead of DDP, or keep DDP and use ringreduce inside it: "
             "ddp.register_comm_hook(state=None, hook=ringreduce.ddp_comm_hook)",
             UserWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
+
+
+def check_model(module_or_params: Any, params: list[torch.Tensor], tensors: list[torch.Tensor], group: Any,
+                who: str = "GradientAverager") -> None:
+    """GradientAverager's construction checks: the DDP warning, then, where `group` has more than one
+    rank and this rank is one of them, check_same_parameters of the bucketed `tensors` (of `params`,
+    named from `module_or_params`)."""
+    from ringreduce._groups import resolve
+
+    warn_if_ddp(module_or_params, stacklevel=4)
+    info = resolve(group)
+    if info is not None and info.size > 1:
+        check_same_parameters(tensors, param_names(module_or_params, params), group, who)

@@ -62,7 +62,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook, _JoinCon
 from ringreduce._dispatch import local_tensor, refuse_call, run_all_reduce
 from ringreduce._groups import _is_device_mesh, resolve
 from ringreduce._options import avg_or_sum, buffer_options, check_scaling
-from ringreduce._param_check import check_same_parameters, param_names, warn_if_ddp
+from ringreduce._param_check import check_model
 from ringreduce._types import CallKind
 from ringreduce.hooks.buckets import (
     _as_grad,
@@ -139,11 +139,9 @@ class GradientAverager(Joinable):
       and ``throw_on_early_termination=True`` raises RuntimeError on every rank as soon as one ran
       out. Each backward is one iteration.
 
-    Construction is collective: every rank of `group` must construct its averager, and one small
-    all-reduce checks that all hold the same parameters (count, order, shapes, dtypes); if not, every
-    rank raises the same ValueError naming the first differing parameter on each rank (Note [Same
-    parameters on every rank], _param_check.py). A module wrapped in DDP gets a warning: DDP already
-    averages, so gradients would be averaged twice.
+    Construction is collective: one all-reduce checks that every rank has the same parameters, else
+    each raises ValueError naming the first difference (Note [Same parameters on every rank]); a DDP
+    module warns (its gradients would be averaged twice).
 
     Raises RuntimeError when a parameter receives a gradient while its bucket from a previous
     backward is still being averaged (a second backward before the first was synchronized, e.g.
@@ -203,13 +201,10 @@ class GradientAverager(Joinable):
         self.wire_dtype = wire_dtype
         self.accumulation_steps = accumulation_steps
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
-        warn_if_ddp(module_or_params)
         self._params = _collect_params(module_or_params)
         # What is bucketed: the tensors themselves, or a DTensor's local shard (Note [DTensor gradients]).
         self._locals = [local_tensor(p) for p in self._params]
-        info = resolve(group)
-        if info is not None and info.size > 1:  # Note [Same parameters on every rank] (_param_check.py)
-            check_same_parameters(self._locals, param_names(module_or_params, self._params), group, "GradientAverager")
+        check_model(module_or_params, self._params, self._locals, group)  # Note [Same parameters on every rank]
         self._averaged_ranks: frozenset[int] | None = None  # global ranks of `group`, when needed
         self._partial_dims: dict[tuple[int, int], bool] = {}
         cap = max(1, int(bucket_cap_mb * _MB))
