@@ -48,11 +48,13 @@ def _init(cfg: BenchConfig) -> RankContext:
 def _finish(cfg: BenchConfig, rows: list[dict[str, Any]], stock: str, machine: dict[str, Any], elapsed: float) -> int:
     from ringreduce.bench.report import build_report, write_json
     from ringreduce.bench.table import Layout, footer, memory_lines
+    from ringreduce.bench.targets import target_lines
 
     impls = tuple(dict.fromkeys(row["impl"] for row in rows))
     layout = Layout(impls, stock, wire=cfg.wire_dtype)
     print("\n".join(footer(rows, layout) + memory_lines(rows, layout, MEMORY_BOUND_BYTES)), flush=True)
     doc = build_report(cfg, machine, rows, stock, elapsed)
+    print(target_lines(doc), flush=True)
     if cfg.json_path:
         write_json(doc, cfg.json_path)
         print(f"# JSON written to {cfg.json_path}", flush=True)

@@ -62,6 +62,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook, _JoinCon
 from ringreduce._dispatch import local_tensor, refuse_call, run_all_reduce
 from ringreduce._groups import _is_device_mesh, resolve
 from ringreduce._options import avg_or_sum, buffer_options, check_scaling
+from ringreduce._param_check import check_model
 from ringreduce._types import CallKind
 from ringreduce.hooks.buckets import (
     _as_grad,
@@ -138,6 +139,10 @@ class GradientAverager(Joinable):
       and ``throw_on_early_termination=True`` raises RuntimeError on every rank as soon as one ran
       out. Each backward is one iteration.
 
+    Construction is collective: one all-reduce checks that every rank has the same parameters, else
+    each raises ValueError naming the first difference (Note [Same parameters on every rank]); a DDP
+    module warns (its gradients would be averaged twice).
+
     Raises RuntimeError when a parameter receives a gradient while its bucket from a previous
     backward is still being averaged (a second backward before the first was synchronized, e.g.
     after a backward that raised part way: call ``synchronize()`` first).
@@ -199,6 +204,7 @@ class GradientAverager(Joinable):
         self._params = _collect_params(module_or_params)
         # What is bucketed: the tensors themselves, or a DTensor's local shard (Note [DTensor gradients]).
         self._locals = [local_tensor(p) for p in self._params]
+        check_model(module_or_params, self._params, self._locals, group)  # Note [Same parameters on every rank]
         self._averaged_ranks: frozenset[int] | None = None  # global ranks of `group`, when needed
         self._partial_dims: dict[tuple[int, int], bool] = {}
         cap = max(1, int(bucket_cap_mb * _MB))
