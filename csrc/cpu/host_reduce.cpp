@@ -61,30 +61,52 @@ struct HostConvert {
 // partial), the last ReduceStep<T, P, T>(input n - 1, partial, scaling); the first partial is input 0
 // loaded exactly (P is T, or float32 for a half type: Note [Half types in shared memory] in
 // shm_ring.h). It reads n x count elements and writes count, instead of about 3 (n - 1) x count
-// moved through scratch, and needs no scratch. The rule (onePassFits): SUM and AVG of float32,
-// float64, float16 and bfloat16 with partials of the tensor's type or, for half types, float32,
-// and no predivide factor (whose first hop converts); anything else takes the steps.
+// moved through scratch, and needs no scratch; its bfloat16 store has no branch, so it vectorizes.
+// The rule (onePassFits): SUM and AVG of float32 and float64 on three or more ranks, of float16
+// and bfloat16 on two or more, with partials of the tensor's type or, for half types, float32, and
+// no predivide factor (whose first hop converts); anything else takes the steps (two float32 or
+// float64 inputs make one loop there anyway).
 constexpr int64_t kOnePassLanes = 64;
 
-template <typename T, typename P, RedOp op>
+// Convert<float, BFloat16>::store without a branch (the same bits: round to nearest even, NaN to the
+// canonical quiet NaN), so that the store loop vectorizes.
+template <typename T, typename Acc>
+inline T storeLane(Acc v) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    const uint32_t bits = bitCast<uint32_t>(v);
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    return BFloat16{static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded)};
+  } else {
+    return Convert<Acc, T>::store(v);
+  }
+}
+
+// kRound: partials of the tensor's own (half) type, rounded after every step; otherwise they stay in
+// the accumulation type (float32 for half types). SUM and AVG combine alike (the AVG division is
+// the last step's scaling).
+template <typename T, bool kRound>
 void onePass(const std::vector<const char*>& in, void* dst, int64_t count, const Scaling& last) {
+  using Acc = typename AccOf<T>::type;
   const size_t n = in.size();
   T* out = static_cast<T*>(dst);  // may be in[0] (each lane is read before it is written)
-  const Scaling none;
-  P acc[kOnePassLanes];
+  const bool scales = last.divisor > 0 || last.postscale > 0;
+  Acc acc[kOnePassLanes];
   for (int64_t at = 0; at < count; at += kOnePassLanes) {
     const int64_t m = count - at < kOnePassLanes ? count - at : kOnePassLanes;
     const T* first = reinterpret_cast<const T*>(in[0]) + at;
-    for (int64_t j = 0; j < m; ++j) acc[j] = Convert<P, T>::load(first[j]);
+    for (int64_t j = 0; j < m; ++j) acc[j] = Convert<Acc, T>::load(first[j]);
     for (size_t k = 1; k + 1 < n; ++k) {
       const T* x = reinterpret_cast<const T*>(in[k]) + at;
-      for (int64_t j = 0; j < m; ++j) acc[j] = ReduceStep<T, P, P, op>::apply(x[j], acc[j], none);
+      for (int64_t j = 0; j < m; ++j) {
+        const Acc sum = Convert<Acc, T>::load(x[j]) + acc[j];  // ReduceStep: input (op) partial
+        acc[j] = kRound ? roundTo<Acc, T>(sum) : sum;
+      }
     }
     const T* x = reinterpret_cast<const T*>(in[n - 1]) + at;
-    if (last.divisor > 0 || last.postscale > 0) {
-      for (int64_t j = 0; j < m; ++j) out[at + j] = ReduceStep<T, P, T, op>::apply(x[j], acc[j], last);
+    if (scales) {
+      for (int64_t j = 0; j < m; ++j) out[at + j] = storeLane<T>(scaleFinal<T>(Convert<Acc, T>::load(x[j]) + acc[j], last));
     } else {
-      for (int64_t j = 0; j < m; ++j) out[at + j] = ReduceStep<T, P, T, op>::apply(x[j], acc[j], none);
+      for (int64_t j = 0; j < m; ++j) out[at + j] = storeLane<T>(Convert<Acc, T>::load(x[j]) + acc[j]);
     }
   }
 }
@@ -92,26 +114,21 @@ void onePass(const std::vector<const char*>& in, void* dst, int64_t count, const
 bool onePassFits(DType dtype, DType partial, RedOp op, const Scaling& scaling, size_t n) {
   const bool half = isHalfType(dtype);
   const bool type_ok = dtype == DType::kFloat32 || dtype == DType::kFloat64 || half;
-  return n >= 2 && (op == RedOp::kSum || op == RedOp::kAvg) && type_ok && scaling.predivide <= 0 &&
+  // Two float32/float64 inputs: the steps are one loop already (measured no slower).
+  return (n >= 3 || (n == 2 && half)) && (op == RedOp::kSum || op == RedOp::kAvg) && type_ok && scaling.predivide <= 0 &&
          (partial == dtype || (half && partial == DType::kFloat32));
 }
 
-template <typename T, RedOp op>
-void onePassOf(DType partial, const std::vector<const char*>& in, void* dst, int64_t count, const Scaling& last) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    if (partial == DType::kFloat32) return onePass<T, float, op>(in, dst, count, last);
-  }
-  onePass<T, T, op>(in, dst, count, last);
-}
-
-template <RedOp op>
 void onePassDispatch(DType dtype, DType partial, const std::vector<const char*>& in, void* dst, int64_t count,
                      const Scaling& last) {
+  const bool round = partial == dtype;  // half types: partials of their own type (accum_dtype named it)
   switch (dtype) {
-    case DType::kFloat32: return onePass<float, float, op>(in, dst, count, last);
-    case DType::kFloat64: return onePass<double, double, op>(in, dst, count, last);
-    case DType::kFloat16: return onePassOf<Half, op>(partial, in, dst, count, last);
-    case DType::kBFloat16: return onePassOf<BFloat16, op>(partial, in, dst, count, last);
+    case DType::kFloat32: return onePass<float, false>(in, dst, count, last);
+    case DType::kFloat64: return onePass<double, false>(in, dst, count, last);
+    case DType::kFloat16:
+      return round ? onePass<Half, true>(in, dst, count, last) : onePass<Half, false>(in, dst, count, last);
+    case DType::kBFloat16:
+      return round ? onePass<BFloat16, true>(in, dst, count, last) : onePass<BFloat16, false>(in, dst, count, last);
     default: break;
   }
   RR_THROW(kRuntime, "ringreduce internal error: a one-pass reduce of ", dtypeName(dtype));
@@ -141,8 +158,7 @@ void hostReduceInOrder(DType dtype, DType partial, RedOp op, const std::vector<c
   if (onePassFits(dtype, partial, op, scaling, n)) {  // Note [One-pass reduce]
     std::vector<const char*> in(n);
     for (size_t k = 0; k < n; ++k) in[k] = static_cast<const char*>(inputs[k]);
-    if (op == RedOp::kSum) onePassDispatch<RedOp::kSum>(dtype, partial, in, dst, count, scaling);
-    else onePassDispatch<RedOp::kAvg>(dtype, partial, in, dst, count, scaling);
+    onePassDispatch(dtype, partial, in, dst, count, scaling);
     return;
   }
   const size_t elem = dtypeSize(dtype);
