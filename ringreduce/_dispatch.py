@@ -111,7 +111,6 @@ def local_tensor(tensor: Any) -> Any:
 def local_refusal(
     tensor: Any, op: Any, accum_dtype: torch.dtype | None, algorithm: str
 ) -> tuple[Any, BaseException | None, ReduceOp | None, bool]:
-    """(frame error code, exception to raise, op, accum_float32) from purely local checks."""
     if not isinstance(tensor, torch.Tensor):
         return FrameError.NOT_A_TENSOR, TypeError(
             f"ringreduce: expected a torch.Tensor, got {type(tensor).__name__}"
@@ -191,6 +190,8 @@ def scaling_refusal(
     16-bit wire and the predivide factor of an all-reduce (Note [Reduction contract] in
     csrc/core/functors.h), from purely local checks on `tensor` (already accepted by local_refusal),
     the op `rop`, `algorithm`, `wire_dtype` and `predivide_factor`. A factor of 1 is no factor."""
+    if wire_dtype is None and predivide_factor is None:
+        return _NONE, None, None, 0.0
     error = scaling_error(wire_dtype, predivide_factor)
     if error is not None:
         return FrameError.OTHER, error, None, 0.0
