@@ -111,6 +111,7 @@ def local_tensor(tensor: Any) -> Any:
 def local_refusal(
     tensor: Any, op: Any, accum_dtype: torch.dtype | None, algorithm: str
 ) -> tuple[Any, BaseException | None, ReduceOp | None, bool]:
+    """(frame error code, exception to raise, op, accum_float32) from purely local checks."""
     if not isinstance(tensor, torch.Tensor):
         return FrameError.NOT_A_TENSOR, TypeError(
             f"ringreduce: expected a torch.Tensor, got {type(tensor).__name__}"
