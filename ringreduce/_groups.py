@@ -9,7 +9,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from ringreduce import _config
@@ -92,12 +91,7 @@ def _resolve_mesh(mesh: Any) -> GroupInfo | None:
 def _backend_ring(pg: Any) -> GroupInfo | None:
     """The ring of a process group created with backend "ringreduce" (its inner group, whose transport
     carries the ring, ringreduce/backend/), or None for any other group."""
-    ring = getattr(pg, "_ringreduce_ring", None)  # the ProcessGroup form (torch without Python Backends)
-    if ring is None:
-        try:
-            ring = getattr(pg._get_backend(_CPU), "_ringreduce_ring", None)
-        except Exception:  # noqa: BLE001 - a group without a CPU backend (NCCL only) is not one
-            ring = None
+    ring = getattr(pg, "_ringreduce_ring", None)
     return ring if isinstance(ring, GroupInfo) else None
 
 
@@ -164,7 +158,6 @@ def resolve(group: Any) -> GroupInfo | None:
     return info
 
 
-_CPU = torch.device("cpu")
 _resolved_lock = threading.Lock()
 _resolved: dict[int, tuple[Any, GroupInfo]] = {}
 _stores: dict[int, tuple[Any, Any]] = {}

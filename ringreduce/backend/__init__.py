@@ -7,15 +7,23 @@ all_reduce (SUM, AVG, MAX, MIN, PRODUCT), all_reduce_coalesced, reduce_scatter_t
 all_gather_into_tensor and the list forms run ringreduce's ring (ringreduce/backend/process_group.py);
 every other collective runs on an inner gloo (CPU) or NCCL (CUDA) group (ringreduce/backend/inner.py).
 
-Note [Which torch can host the backend]
-    torch calls a Python Backend's methods only where its pybind trampoline for ``c10d::Backend``
-    exists (PyBackend, torch/csrc/distributed/c10d/py/PyBackend.hpp); without it a Python subclass's
-    collectives are never called. ``python_backends_supported()`` checks the feature itself, not a
-    version string: a throwaway subclass overrides ``getBackendName`` and ``name()``, which C++
-    answers through that virtual, must return the override's value. Where it is missing, the name is
-    still registered, and creating a group raises a RuntimeError that says so (instead of a group
-    whose collectives fail later); ringreduce's own API (GradientAverager, ddp_comm_hook,
-    rr.all_reduce) works on any torch setup.py accepts.
+Note [A ProcessGroup, not a Backend]
+    The creator returns a Python subclass of ``dist.ProcessGroup`` (RingreduceProcessGroup), which
+    torch then uses as the group itself (distributed_c10d.py: "If the type is a subclass of
+    ProcessGroup then return this process group immediately"), rather than a subclass of c10d's
+    ``Backend`` registered inside a ProcessGroup. Checked on torch 2.14.1:
+    - torch.distributed's functions call a Python process group's methods from Python
+      (``group.allreduce([t], opts)``) and return its Work object unchanged, so ``is_completed``,
+      ``is_success``, ``exception``, ``wait(timeout)`` and ``get_future`` are ringreduce's. A Python
+      Backend's Work reaches the caller wrapped in torch's PyWorkHolder, which forwards only
+      ``wait`` and ``get_future``: its ``is_completed()`` stays False forever.
+    - C++ callers (DDP's reducer, _verify_params_across_processes) reach the same methods through
+      torch's trampoline for Python process groups (PyProcessGroup, in torch for years); the
+      trampoline for Python Backends (PyBackend) is recent (pytorch pull request 189817), so a
+      Backend subclass may not be called at all on the oldest torch setup.py accepts.
+    ``python_process_groups_supported()`` checks the feature itself, not a version string: a
+    throwaway subclass's ``getBackendName`` must answer ``name()``, which C++ routes through the
+    trampoline. Without it creating a group raises a RuntimeError that says what to use instead.
 """
 
 from __future__ import annotations
@@ -32,35 +40,34 @@ NAME = "ringreduce"
 
 
 @functools.lru_cache(maxsize=1)
-def python_backends_supported() -> bool:
-    """Whether this torch calls a Python subclass's overrides of torch.distributed's Backend
-    (Note [Which torch can host the backend])."""
-    base = getattr(getattr(torch._C, "_distributed_c10d", None), "Backend", None)
-    if base is None:
+def python_process_groups_supported() -> bool:
+    """Whether this torch calls a Python subclass's overrides of ``dist.ProcessGroup`` from C++
+    (Note [A ProcessGroup, not a Backend])."""
+    if not dist.is_available():
         return False
 
-    class _Probe(base):  # type: ignore[misc, valid-type]
+    class _Probe(dist.ProcessGroup):  # type: ignore[misc, valid-type]
         def getBackendName(self) -> str:  # noqa: N802 - torch's name
             return "ringreduce-probe"
 
     try:
         return _Probe(0, 1).name() == "ringreduce-probe"
-    except Exception:  # noqa: BLE001 - any failure means no Python backends
+    except Exception:  # noqa: BLE001 - any failure means no Python process groups
         return False
 
 
 def _create(opts: Any, pg_options: Any) -> Any:
     """torch's creator call for a new "ringreduce" group (extended API: _DistributedBackendOptions)."""
     options = BackendOptions.from_pg_options(pg_options)
-    if not python_backends_supported():
+    if not python_process_groups_supported():
         raise RuntimeError(
-            f'ringreduce: torch {torch.__version__} cannot host a backend written in Python (no Python '
-            'trampoline for c10d::Backend), so backend "ringreduce" is unavailable on it; use backend "gloo" or '
-            '"nccl" with ringreduce.GradientAverager, ringreduce.ddp_comm_hook or ringreduce.all_reduce, or a newer torch'
+            f'ringreduce: torch {torch.__version__} cannot host a process group written in Python (no Python '
+            'trampoline for c10d::ProcessGroup), so backend "ringreduce" is unavailable on it; use backend "gloo" or '
+            '"nccl" with ringreduce.GradientAverager, ringreduce.ddp_comm_hook or ringreduce.all_reduce'
         )
-    from ringreduce.backend.process_group import RingreduceBackend
+    from ringreduce.backend.process_group import RingreduceProcessGroup
 
-    return RingreduceBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, str(opts.group_id),
+    return RingreduceProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout, str(opts.group_id),
                              list(opts.global_ranks_in_group), options)
 
 
@@ -75,4 +82,4 @@ def register() -> None:
     dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
-__all__ = ["NAME", "BackendOptions", "python_backends_supported", "register"]
+__all__ = ["NAME", "BackendOptions", "python_process_groups_supported", "register"]

@@ -45,7 +45,6 @@ class InnerGroup:
                 self.for_tensors(*t)
             elif isinstance(t, torch.Tensor) and t.is_cuda:
                 self._ensure_nccl()
-                break
         return self.pg
 
     def _ensure_nccl(self) -> None:

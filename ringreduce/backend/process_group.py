@@ -1,4 +1,5 @@
-"""RingreduceBackend: the c10d Backend that runs torch.distributed's reductions on ringreduce's ring.
+"""RingreduceProcessGroup: the process group of backend "ringreduce"; it runs torch.distributed's
+reductions on ringreduce's ring.
 
 Ring collectives (ringreduce's own call path, with the group's BackendOptions): all_reduce with SUM,
 AVG, MAX, MIN or PRODUCT, all_reduce_coalesced, reduce_scatter_tensor / all_gather_into_tensor
@@ -30,7 +31,6 @@ from ringreduce.coalesced import all_reduce_coalesced
 from ringreduce.scatter_gather import gather_into, reduce_scatter
 
 NAME = "ringreduce"
-_C10dBackend = torch._C._distributed_c10d.Backend
 
 
 def ring_op(op: Any) -> ReduceOp | None:
@@ -54,12 +54,19 @@ def _plain(t: torch.Tensor) -> bool:
     return t.is_contiguous() and not t.is_conj() and not t.is_neg()
 
 
-class RingreduceBackend(_C10dBackend):  # type: ignore[misc, valid-type]
-    """One "ringreduce" process group's backend (created by torch through the registered creator)."""
+class RingreduceProcessGroup(dist.ProcessGroup):
+    """One process group of backend "ringreduce" (the registered creator makes it; torch uses it as the
+    group itself, Note [A ProcessGroup, not a Backend] in ringreduce/backend/__init__.py).
+
+    torch.distributed's functions call its methods from Python (``group.allreduce([t], opts)``) and
+    return its :class:`BackendWork` as is; C++ callers (DDP's reducer) reach the same methods through
+    torch's trampoline for Python process groups.
+    """
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any, group_id: str,
                  global_ranks: list[int], options: BackendOptions) -> None:
         super().__init__(rank, size)
+        self._group_name, self._group_desc = group_id, ""
         self._options = options
         self._inner = InnerGroup(store, rank, size, timeout, group_id)
         ring_store = dist.PrefixStore("ringreduce/ring/", store)
@@ -77,6 +84,29 @@ class RingreduceBackend(_C10dBackend):  # type: ignore[misc, valid-type]
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return NAME
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The devices this group serves (torch reads it, e.g. monitored_barrier wants cpu): a
+        ProcessGroup lists its registered backends' devices, and this one registers none."""
+        devices = [torch.device("cpu")]
+        if torch.cuda.is_available():
+            devices.append(torch.device("cuda"))
+        return devices
+
+    # A ProcessGroup keeps its name and description in its backends; this one has none (torch's
+    # trampoline routes the four calls here).
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
 
     @property
     def ring(self) -> GroupInfo:
@@ -101,14 +131,16 @@ class RingreduceBackend(_C10dBackend):  # type: ignore[misc, valid-type]
         _groups.forget_ring(ring)
         self._inner.shutdown()
 
-    abort = shutdown
+    def abort(self) -> None:
+        self.shutdown()
 
     # -- ring collectives --------------------------------------------------------------------------
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.AllreduceOptions()
         rop = ring_op(opts.reduceOp)
         if rop is None or len(tensors) != 1 or tensors[0].layout != torch.strided:
-            return self._delegate("all_reduce", "allreduce", tensors, tensors, opts)
+            return self._delegate("all_reduce", "allreduce", tensors, opts)
         tensor = tensors[0]
         o = self._options
         wire = o.wire_for(tensor.dtype, rop in (ReduceOp.SUM, ReduceOp.AVG))
@@ -117,10 +149,11 @@ class RingreduceBackend(_C10dBackend):  # type: ignore[misc, valid-type]
                                   wire_dtype=wire)
         return BackendWork([work], [tensor])
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         rop = ring_op(opts.reduceOp)
         if rop is None:
-            return self._delegate("all_reduce_coalesced", "allreduce_coalesced", tensors, tensors, opts)
+            return self._delegate("all_reduce_coalesced", "allreduce_coalesced", tensors, opts)
         o = self._options
         dtypes = {t.dtype for t in tensors if isinstance(t, torch.Tensor)}
         wire = o.wire_dtype if dtypes == {torch.float32} and rop in (ReduceOp.SUM, ReduceOp.AVG) else None
@@ -136,17 +169,19 @@ class RingreduceBackend(_C10dBackend):  # type: ignore[misc, valid-type]
 
     _allgather_base = all_gather_single
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:  # noqa: A002
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
         rop = ring_op(opts.reduceOp)
         if rop is None:
-            return self._delegate("_reduce_scatter_base", "_reduce_scatter_base", [input], output, input, opts)
+            return self._delegate("_reduce_scatter_base", "_reduce_scatter_base", output, input, opts)
         with self._ring_call("_reduce_scatter_base"):
             work = reduce_scatter(output, input, rop, self.ring, True)
         return BackendWork([work], [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> Any:
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> Any:
         with self._ring_call("allgather_into_tensor_coalesced"):
             works = [self._gather(out, inp) for out, inp in zip(outputs, inputs, strict=True)]
         return BackendWork(works, list(outputs))
@@ -154,11 +189,12 @@ class RingreduceBackend(_C10dBackend):  # type: ignore[misc, valid-type]
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                        opts: Any) -> Any:
+                                        opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
         rop = ring_op(opts.reduceOp)
         if rop is None:
-            return self._delegate("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", inputs,
-                                  outputs, inputs, opts)
+            return self._delegate("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", outputs,
+                                  inputs, opts)
         with self._ring_call("reduce_scatter_tensor_coalesced"):
             works = [BackendWork([reduce_scatter(out, inp, rop, self.ring, True)], [out])
                      for out, inp in zip(outputs, inputs, strict=True)]
@@ -168,7 +204,7 @@ class RingreduceBackend(_C10dBackend):  # type: ignore[misc, valid-type]
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         if len(inputs) != 1 or len(outputs) != 1 or not self._same_blocks(outputs[0], inputs[0]):
-            return self._delegate("all_gather", "allgather", inputs, outputs, inputs, *([opts] if opts else []))
+            return self._delegate("all_gather", "allgather", outputs, inputs, *([opts] if opts is not None else []))
         blocks, tensor = outputs[0], inputs[0]
         flat = torch.empty(self.size() * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
 
@@ -181,10 +217,11 @@ class RingreduceBackend(_C10dBackend):  # type: ignore[misc, valid-type]
             work = self._gather(flat, tensor, plain_output=True)
         return BackendWork([work], list(blocks), finish)
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
         rop = ring_op(opts.reduceOp)
         if rop is None or len(outputs) != 1 or len(inputs) != 1 or not self._same_blocks(inputs[0], outputs[0]):
-            return self._delegate("reduce_scatter", "reduce_scatter", outputs, outputs, inputs, opts)
+            return self._delegate("reduce_scatter", "reduce_scatter", outputs, inputs, opts)
         output = outputs[0]
         flat = torch.cat([b.reshape(-1) for b in inputs[0]]) if inputs[0] else output.new_empty(0)
         with self._ring_call("reduce_scatter"):
@@ -227,61 +264,68 @@ class RingreduceBackend(_C10dBackend):  # type: ignore[misc, valid-type]
         work = gather_into(ring, target, tensor, True)
         return BackendWork([work], [output], finish)
 
-    # -- delegated to the inner group --------------------------------------------------------------
-
     def _ring_call(self, name: str) -> Any:
         self.calls[f"ring:{name}"] += 1
         return _profile(name)
 
-    def _delegate(self, name: str, method: str, tensors: Any, *args: Any) -> Any:
-        pg = self._inner.for_tensors(tensors)
+    # -- delegated to the inner group --------------------------------------------------------------
+    # Same arguments as torch's ProcessGroup methods (positional or by keyword), handed on as they
+    # came; the inner group picks gloo or NCCL by the tensors' device.
+
+    def _delegate(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        pg = self._inner.for_tensors(*args, *kwargs.values())
         self.calls[f"inner:{name}"] += 1
         with _profile(name):
-            return getattr(pg, method)(*args)
+            return getattr(pg, method)(*args, **kwargs)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        return self._delegate("broadcast", "broadcast", tensors, tensors, opts)
+    def broadcast(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("broadcast", "broadcast", *args, **kwargs)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        return self._delegate("reduce", "reduce", tensors, tensors, opts)
+    def reduce(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("reduce", "reduce", *args, **kwargs)
 
-    def allreduce_sparse(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        return self._delegate("sparse_all_reduce", "allreduce", tensors, tensors, opts)
+    def allreduce_sparse(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("sparse_all_reduce", "allreduce", *args, **kwargs)
 
-    def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
-        return self._delegate("all_gather_coalesced", "allgather_coalesced", inputs, outputs, inputs, opts)
+    def allgather_coalesced(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("all_gather_coalesced", "allgather_coalesced", *args, **kwargs)
 
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
-        return self._delegate("gather", "gather", inputs, outputs, inputs, opts)
+    def gather(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("gather", "gather", *args, **kwargs)
 
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
-        return self._delegate("scatter", "scatter", outputs, outputs, inputs, opts)
+    def scatter(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("scatter", "scatter", *args, **kwargs)
 
-    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> Any:
-        return self._delegate("all_to_all", "alltoall", inputs, outputs, inputs, opts)
+    def alltoall(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("all_to_all", "alltoall", *args, **kwargs)
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],  # noqa: A002
-                          input_splits: list[int], opts: Any) -> Any:
-        return self._delegate("all_to_all", "alltoall_base", [input], output, input, output_splits, input_splits,
-                              opts)
+    def all_to_all_single(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("all_to_all", "alltoall_base", *args, **kwargs)
 
     alltoall_base = all_to_all_single
 
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
-        return self._delegate("send", "send", tensors, tensors, dst, tag)
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("send", "send", *args, **kwargs)
 
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
-        return self._delegate("recv", "recv", tensors, tensors, src, tag)
+    def recv(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("recv", "recv", *args, **kwargs)
 
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
-        return self._delegate("recv", "recv_anysource", tensors, tensors, tag)
+    def recv_anysource(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("recv", "recv_anysource", *args, **kwargs)
 
-    def barrier(self, opts: Any) -> Any:
+    def barrier(self, *args: Any, **kwargs: Any) -> Any:
+        # the inner gloo's (a host barrier) whatever the tensors' device
         self.calls["inner:barrier"] += 1
         with _profile("barrier"):
-            return self._inner.pg._get_backend(torch.device("cpu")).barrier(opts)
+            return self._inner.pg.barrier(*args, **kwargs)
 
-    def monitored_barrier(self, opts: Any, wait_all_ranks: bool = False) -> None:
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """gloo's monitored barrier. `timeout`: a timedelta (torch.distributed's Python call) or the
+        BarrierOptions that torch's C++ trampoline passes."""
+        timeout = getattr(timeout, "timeout", timeout)
         self.calls["inner:monitored_barrier"] += 1
         with _profile("monitored_barrier"):
-            self._inner.pg._get_backend(torch.device("cpu")).monitored_barrier(opts.timeout, wait_all_ranks)
+            if timeout is None:
+                self._inner.pg.monitored_barrier(wait_all_ranks=wait_all_ranks)
+            else:
+                self._inner.pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
