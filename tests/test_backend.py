@@ -398,3 +398,17 @@ def test_dead_and_silent_peers_raise_dist_backend_error(job) -> None:
     assert (status, value, code) == ("ok", "ok", 0), results[0]
     if job is _dead_peer:
         assert results[1][2] == 3, results[1]
+
+
+# ------------------------------------------------------------------- the CUDA twins, on CPU ranks
+
+
+@pytest.mark.parametrize("body", ["_ring_collectives", "_delegated", "_ddp_matches"])
+def test_gpu_backend_bodies_hold_on_cpu(body: str) -> None:
+    """tests/gpu/test_gpu_backend.py's bodies on CPU ranks (gloo): what they assert holds there, so a
+    failure on a GPU is ringreduce's on CUDA, not the test's."""
+    from gpu import test_gpu_backend
+    from gpu.gpu_ranks import run_gpu_ranks
+
+    counts = run_gpu_ranks(getattr(test_gpu_backend, body), False, device="cpu", fresh=True, timeout=240)
+    assert counts == [{"_ring_collectives": 12, "_delegated": 4, "_ddp_matches": 4}[body]] * 2, counts
