@@ -259,8 +259,11 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
             return comm
         C = _native()
         # The group's ranks, not the ring's indices (info.rank/info.size describe the ring).
-        # (info.pg itself: a "ringreduce" backend's inner group is in no torch.distributed table)
-        pg_rank, pg_size, store = info.pg.rank(), info.pg.size(), info.store
+        if info.global_ranks:  # a "ringreduce" group's inner group: in no torch.distributed table
+            pg_rank, pg_size = info.pg.rank(), info.pg.size()
+        else:
+            pg_rank, pg_size = dist.get_rank(info.pg), dist.get_world_size(info.pg)
+        store = info.store
         try:
             ids, generation = _rendezvous_uids(C, info.pg, pg_rank, pg_size,
                                                _config.lanes() or _config.DEFAULT_LANES, store)

@@ -788,6 +788,8 @@ class GradientAverager(Joinable):
                 f"ringreduce.GradientAverager: Join needs a process group; {info.name} is a flattened DeviceMesh. "
                 "Average over a ProcessGroup or a 1-D mesh to train with uneven inputs"
             )
+        if info.global_ranks:  # a "ringreduce" group's ring runs over an inner group torch does not know
+            return self.group.get_group() if _is_device_mesh(self.group) else (self.group or dist.group.WORLD)
         return info.pg
 
     def _world_size(self) -> int:

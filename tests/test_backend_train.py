@@ -296,3 +296,33 @@ def test_2d_device_mesh_with_a_ringreduce_dp_dimension() -> None:
         assert out["dp_backend"] == "ringreduce" and out["tp_backend"] == "gloo", out
         assert out["ring_calls"] == 2, out
         assert all(v for k, v in out.items() if k not in ("dp_backend", "tp_backend", "ring_calls")), (rank, out)
+
+
+def _mesh_on_ringreduce_world(rank: int, ws: int, init_dir: str) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.destroy_process_group()  # the spawn harness's gloo group
+    dist.init_process_group("ringreduce", init_method=f"file://{init_dir}/init", rank=rank, world_size=ws)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    out = {"dp_backend": dist.get_backend(mesh.get_group("dp")), "new_group": dist.get_backend(dist.new_group())}
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, group=mesh.get_group("dp"))
+    out["dp_sum"] = t.item()
+    u = torch.tensor([float(rank)])
+    rr.all_reduce(u, group=mesh)  # the flattened 2-D mesh: a ring over WORLD's inner group
+    out["flat_sum"] = u.item()
+    dist.destroy_process_group()
+    return out
+
+
+def test_device_mesh_over_a_ringreduce_world() -> None:
+    import tempfile
+
+    from ranks import spawn_ranks
+
+    with tempfile.TemporaryDirectory(prefix="rr_backend_") as d:
+        results = spawn_ranks(4, _mesh_on_ringreduce_world, d, timeout=240)
+    for rank, (status, out, code) in enumerate(results):
+        assert status == "ok" and code == 0, (rank, status, out, code)
+        assert out == {"dp_backend": "ringreduce", "new_group": "ringreduce",
+                       "dp_sum": float(sum(r for r in range(4) if r % 2 == rank % 2)), "flat_sum": 6.0}, out
