@@ -195,6 +195,22 @@ def _work_and_profiler(rank: int, ws: int) -> dict:
     w = dist.all_gather_into_tensor(gathered, exact(rank, 3), group=g, async_op=True)
     w.wait()
     out["gather_async"] = torch.equal(gathered, torch.cat([exact(r, 3) for r in range(ws)]))
+    # wait(timeout): rank 0's call cannot complete before rank 1 joins, which it does only after
+    # rank 0's short wait has raised (the pool's store orders them); then the call completes
+    store = dist.distributed_c10d._get_default_store()
+    key = f"rr_test_backend_wait/{int(store.add('rr_test_backend_wait/n', 1) + ws - 1) // ws}"
+    t4 = exact(rank)
+    if rank == 0:
+        late = dist.all_reduce(t4, group=g, async_op=True)
+        out["wait_timeout"] = expect_raises(lambda: late.wait(timeout=datetime.timedelta(milliseconds=50)),
+                                            RuntimeError, "did not complete within") == "ok"
+        out["not_completed"] = not late.is_completed()
+        store.set(key, "go")
+        out["late_wait"] = late.wait() and late.is_completed()
+    else:
+        store.wait([key])
+        dist.all_reduce(t4, group=g)
+    out["late_result"] = torch.equal(t4, sum(exact(r) for r in range(ws)))
     # ringreduce's own API takes the group
     t3 = exact(rank)
     rr.all_reduce(t3, op="max", group=g)
