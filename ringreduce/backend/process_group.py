@@ -4,9 +4,9 @@ reductions on ringreduce's ring.
 Ring collectives (ringreduce's own call path, with the group's BackendOptions): all_reduce with SUM,
 AVG, MAX, MIN or PRODUCT, all_reduce_coalesced, reduce_scatter_tensor / all_gather_into_tensor
 (and their coalesced forms) and the list forms of all_gather / reduce_scatter when every block has
-the input's size. Everything else goes to the inner group (ringreduce/backend/inner.py): the other
-collectives, the bitwise ops (BAND, BOR, BXOR) and PREMUL_SUM, which gloo refuses and NCCL runs,
-sparse tensors, and list forms with blocks of different sizes.
+the input's size. Everything else goes to the inner group (ringreduce/backend/inner.py), which does
+with it what gloo (CPU) or NCCL (CUDA) does: the other collectives, the bitwise ops (BAND, BOR, BXOR)
+and PREMUL_SUM, sparse tensors, and list forms with blocks of different sizes (gloo refuses those).
 """
 
 from __future__ import annotations
