@@ -1,6 +1,7 @@
 // ringreduce CPU: every ring's GroupRuntime, by owner (a process group, as an opaque pointer) and ring
-// key (csrc/core/collectives.h ringKey), created on first use and destroyed by
-// releaseRuntimesOf() (the group's release) or shutdownAllRuntimes() (interpreter exit). Torch-free: the bindings pass `pg.get()` as the owner.
+// key (csrc/core/collectives.h ringKey), created on first use and destroyed by releaseRuntimesOf()
+// (the group's release) or shutdownAllRuntimes() (interpreter exit). Torch-free: the bindings pass
+// `pg.get()` as the owner.
 #pragma once
 
 #include <cstdint>

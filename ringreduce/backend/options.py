@@ -55,9 +55,13 @@ class BackendOptions:
                 f"{self.wire_dtype}"
             )
         if self.algorithm not in _ALGORITHMS:
-            raise ValueError(f"ringreduce.BackendOptions: algorithm must be one of {_ALGORITHMS}, got {self.algorithm!r}")
+            raise ValueError(
+                f"ringreduce.BackendOptions: algorithm must be one of {_ALGORITHMS}, got {self.algorithm!r}"
+            )
         if self.wire_dtype is not None and self.algorithm == "hierarchical":
-            raise ValueError('ringreduce.BackendOptions: wire_dtype runs on the flat ring; use algorithm "auto" or "ring"')
+            raise ValueError(
+                'ringreduce.BackendOptions: wire_dtype runs on the flat ring; use algorithm "auto" or "ring"'
+            )
 
     def accum_for(self, tensor: torch.Tensor) -> torch.dtype | None:
         """accum_dtype where it fits `tensor` (float16/bfloat16), else None."""
