@@ -20,6 +20,7 @@ class UnsupportedOpError(ValueError, TypeError):
 
     A ValueError, as torch.distributed raises for an unsupported op on a complex tensor, and a
     TypeError, as ringreduce raised before: ``except ValueError`` and ``except TypeError`` both catch it.
+    Constructed as any exception (args: the message; kwargs: none).
     """
 
 

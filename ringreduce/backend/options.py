@@ -68,12 +68,13 @@ class BackendOptions:
         return self.accum_dtype if tensor.dtype in (torch.float16, torch.bfloat16) else None
 
     def wire_for(self, dtype: torch.dtype, op_is_sum_or_avg: bool) -> torch.dtype | None:
-        """wire_dtype where it fits (float32 tensors, SUM or AVG), else None."""
+        """wire_dtype where it fits (`dtype` is float32 and `op_is_sum_or_avg`: SUM or AVG), else None."""
         return self.wire_dtype if dtype == torch.float32 and op_is_sum_or_avg else None
 
     @classmethod
     def from_pg_options(cls, pg_options: Any) -> BackendOptions:
-        """The options a group was created with: None gives the defaults; a BackendOptions is used as is."""
+        """The options of a group created with `pg_options`: None gives the defaults; a BackendOptions is
+        used as is; anything else raises TypeError."""
         if pg_options is None:
             return cls()
         if isinstance(pg_options, cls):
