@@ -295,10 +295,10 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace, ws: int, nparam
           + (f", 16-bit wire {args.wire_dtype} (ddp+hook, averager)" if args.wire_dtype else ""))
     print(f"# median of {args.steps} steps after {args.warmup} warm-up steps, averaged over ranks; "
           "exposed = step - local step; tail = last gradient ready -> every gradient averaged")
-    head = f"{'variant':>10} {'step ms':>9} {'min ms':>8} {'vs ddp':>7} {'exposed ms':>11} {'tail ms':>8}"
+    head = f"{'variant':>11} {'step ms':>9} {'min ms':>8} {'vs ddp':>7} {'exposed ms':>11} {'tail ms':>8}"
     print(head)
     for r in rows:
-        print(f"{r['variant']:>10} {r['median_ms']:9.1f} {r['min_ms']:8.1f} {_fmt(r['vs_ddp'], '7.3f'):>7} "
+        print(f"{r['variant']:>11} {r['median_ms']:9.1f} {r['min_ms']:8.1f} {_fmt(r['vs_ddp'], '7.3f'):>7} "
               f"{_fmt(r['exposed_ms'], '11.1f'):>11} {_fmt(r.get('tail_ms'), '8.1f'):>8}")
     diffs = [r["max_param_diff"] for r in rows if r.get("max_param_diff") is not None]
     print(f"# final parameters of the averaging variants {'agree' if agree else 'DISAGREE'} "
