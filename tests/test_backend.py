@@ -284,6 +284,16 @@ def test_backend_options_are_validated_once() -> None:
     assert rr.BackendOptions() == rr.BackendOptions(None, None, "auto")
 
 
+def test_import_registers_the_backend_once() -> None:
+    import ringreduce.backend as rb
+
+    plugin = dist.Backend._plugins["RINGREDUCE"]
+    rb.register()  # a second registration keeps the first
+    assert dist.Backend._plugins["RINGREDUCE"] is plugin and plugin.extended_api
+    assert dist.Backend.backend_capability["ringreduce"] == ["cpu", "cuda"]
+    assert rb.python_process_groups_supported()  # this torch calls a Python ProcessGroup's overrides
+
+
 # ------------------------------------------------------------------------------------- errors
 
 
