@@ -416,10 +416,23 @@ def _silent_peer(rank: int, ws: int, init_dir: str) -> str:
     return expect_raises(lambda: dist.all_reduce(torch.ones(10)), dist.DistBackendError, "rank")
 
 
-@pytest.mark.parametrize("job", [_dead_peer, _silent_peer], ids=["dead_peer", "timeout"])
-def test_dead_and_silent_peers_raise_dist_backend_error(job) -> None:
+def _silent_peer_group_timeout(rank: int, ws: int, init_dir: str) -> str:
+    dist.destroy_process_group()
+    dist.init_process_group("ringreduce", init_method=f"file://{init_dir}/init", rank=rank, world_size=ws,
+                            timeout=datetime.timedelta(seconds=3))  # the group's timeout, no RINGREDUCE_TIMEOUT
+    dist.all_reduce(torch.ones(10))
+    if rank == 1:
+        time.sleep(8)
+        return "ok"
+    return expect_raises(lambda: dist.all_reduce(torch.ones(10)), dist.DistBackendError, "rank")
+
+
+@pytest.mark.parametrize("job,env", [(_dead_peer, {"RINGREDUCE_TIMEOUT": "3"}), (_silent_peer, {"RINGREDUCE_TIMEOUT": "3"}),
+                                     (_silent_peer_group_timeout, {})],
+                         ids=["dead_peer", "timeout", "group_timeout"])
+def test_dead_and_silent_peers_raise_dist_backend_error(job, env) -> None:
     with tempfile.TemporaryDirectory(prefix="rr_backend_") as d:
-        results = spawn_ranks(2, job, d, timeout=120, env={"RINGREDUCE_TIMEOUT": "3", "RINGREDUCE_SHM": "0"})
+        results = spawn_ranks(2, job, d, timeout=120, env={**env, "RINGREDUCE_SHM": "0"})
     status, value, code = results[0]
     assert (status, value, code) == ("ok", "ok", 0), results[0]
     if job is _dead_peer:
