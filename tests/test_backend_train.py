@@ -326,3 +326,32 @@ def test_device_mesh_over_a_ringreduce_world() -> None:
         assert status == "ok" and code == 0, (rank, status, out, code)
         assert out == {"dp_backend": "ringreduce", "new_group": "ringreduce",
                        "dp_sum": float(sum(r for r in range(4) if r % 2 == rank % 2)), "flat_sum": 6.0}, out
+
+
+def _join_over_ringreduce(rank: int, ws: int) -> dict:
+    from test_join import _linear, _train
+
+    g = dist.new_group(backend="ringreduce")
+    kwargs = {"divide_by_initial_world_size": True}
+    ours = _linear()
+    averager = rr.GradientAverager(ours, group=g, bucket_cap_mb=1e-5, first_bucket_mb=1e-5)
+    _train(ours, ours, averager, rank, True, 1, averager.no_sync, kwargs)  # uneven: 3, 5, 7 batches
+    averager.remove()
+    over_ring = _linear()
+    ddp_ring = DDP(over_ring, process_group=g)
+    _train(over_ring, ddp_ring, ddp_ring, rank, True, 1, ddp_ring.no_sync, kwargs)
+    ref = _linear()
+    ddp = DDP(ref)  # over the pool's gloo WORLD
+    _train(ref, ddp, ddp, rank, True, 1, ddp.no_sync, kwargs)
+    calls = g.calls["ring:all_reduce"]
+    dist.destroy_process_group(g)
+    same = lambda a, b: all(torch.equal(x.detach(), y.detach()) for x, y in zip(a.parameters(), b.parameters(),  # noqa: E731
+                                                                                 strict=True))
+    return {"averager": same(ours, ref), "ddp_over_ring": same(over_ring, ref), "ring_calls": calls > 0}
+
+
+def test_join_with_uneven_inputs_over_a_ringreduce_group() -> None:
+    """GradientAverager and DDP under Join over a "ringreduce" group, 3, 5 and 7 batches on the three
+    ranks, against DDP under Join over gloo: bitwise (tests/test_join.py's exact model)."""
+    for rank, out in enumerate(run_ranks(3, _join_over_ringreduce, timeout=300)):
+        assert all(out.values()), (rank, out)
