@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import glob
 import os
+import signal
 import tempfile
 import time
 
@@ -451,3 +452,38 @@ def test_gpu_backend_bodies_hold_on_cpu(body: str) -> None:
 
     counts = run_gpu_ranks(getattr(test_gpu_backend, body), False, device="cpu", fresh=True, timeout=240)
     assert counts == [{"_ring_collectives": 12, "_delegated": 4, "_ddp_matches": 4}[body]] * 2, counts
+
+
+def _ctrl_c(rank: int, ws: int, init_dir: str) -> dict:
+    dist.destroy_process_group()
+    dist.init_process_group("ringreduce", init_method=f"file://{init_dir}/init", rank=rank, world_size=ws,
+                            timeout=datetime.timedelta(seconds=60))
+    store = dist.distributed_c10d._get_default_store()
+    dist.all_reduce(torch.ones(4))
+    if rank == 1:  # silent, then SIGINT to rank 0 while it waits in dist.all_reduce
+        pid = int(store.get("pid0").decode())
+        time.sleep(1.5)
+        store.set("sigint_at", repr(time.time()))
+        os.kill(pid, signal.SIGINT)
+        store.wait(["rank0_done"])
+        return {}
+    store.set("pid0", str(os.getpid()))
+    caught = None
+    try:
+        dist.all_reduce(torch.arange(1 << 18, dtype=torch.float32))
+    except KeyboardInterrupt:
+        caught = time.time()
+    out = {"latency": None if caught is None else caught - float(store.get("sigint_at").decode())}
+    out["next_call"] = expect_raises(lambda: dist.all_reduce(torch.ones(4)), dist.DistBackendError,
+                                     "interrupted on this rank")
+    store.set("rank0_done", "1")
+    return out
+
+
+def test_ctrl_c_interrupts_a_call_through_the_backend() -> None:
+    with tempfile.TemporaryDirectory(prefix="rr_backend_") as d:
+        results = spawn_ranks(2, _ctrl_c, d, timeout=120, env={"RINGREDUCE_TIMEOUT": "20"})
+    (s0, out0, c0), (s1, out1, c1) = results
+    assert (s0, c0, s1, c1) == ("ok", 0, "ok", 0), results
+    assert out0["latency"] is not None and 0 <= out0["latency"] < 1.0, out0
+    assert out0["next_call"] == "ok", out0
