@@ -3,8 +3,10 @@
 Environment knobs:
   CUDA_HOME / CUDA_PATH   CUDA toolkit (else /usr/local/cuda, else the folder above the real nvcc)
   NCCL_HOME               NCCL headers/library (else the nvidia-nccl wheel that CUDA torch installs)
-  TORCH_CUDA_ARCH_LIST    GPU architectures (default "8.0;9.0;10.0;12.0+PTX", the last two where the
-                          toolkit has them; +PTX: later GPUs JIT-compile the kernels)
+  TORCH_CUDA_ARCH_LIST    GPU architectures. Default: those of the GPUs visible here (PTX of the newest
+                          too); with no GPU visible one, "9.0+PTX" (H100 and, JIT-compiled from PTX,
+                          later GPUs). A build for other GPUs (a login node building for GPU nodes, a
+                          wheel) names them, e.g. "8.0;9.0;10.0;12.0+PTX" (portable_cuda_archs)
   RINGREDUCE_FORCE_CPU=1  skip CUDA even when it is available
   RINGREDUCE_REQUIRE_CUDA=1  fail instead of falling back to a CPU-only build (CI uses this)
   MAX_JOBS                parallel compile jobs (ninja)
@@ -76,13 +78,45 @@ def find_nccl() -> tuple[str, str] | None:
     return None
 
 
-def default_cuda_archs(nvcc_arch_list: str) -> str:
-    """TORCH_CUDA_ARCH_LIST's default: sm_80 and sm_90 code, sm_100 and sm_120 code where the toolkit
-    knows them (`nvcc --list-gpu-arch` output), and PTX of the newest of those, so that later GPUs
-    (Blackwell and beyond) JIT-compile the kernels instead of failing with "no kernel image"."""
+NO_GPU_ARCHS = "9.0+PTX"
+
+
+def default_cuda_archs(nvcc_arch_list: str, visible: list[tuple[int, int]]) -> str:
+    """TORCH_CUDA_ARCH_LIST's default, sized to this machine: the compute capabilities of the `visible`
+    GPUs that the toolkit knows (`nvcc --list-gpu-arch` output; an empty list knows every one), with
+    PTX of the newest, so that newer GPUs JIT-compile the kernels instead of failing with "no kernel
+    image"; with no GPU visible (or none the toolkit knows) one architecture, NO_GPU_ARCHS: each
+    architecture is another compile of every kernel (about a minute on 2 cores). A build for other
+    GPUs than these sets TORCH_CUDA_ARCH_LIST (portable_cuda_archs lists the portable set)."""
+    known = set(nvcc_arch_list.split())
+    archs = sorted({f"{major}.{minor}" for major, minor in visible
+                    if not known or f"compute_{major}{minor}" in known}, key=lambda a: tuple(map(int, a.split("."))))
+    if not archs:
+        return NO_GPU_ARCHS
+    return ";".join(archs[:-1] + [archs[-1] + "+PTX"])
+
+
+def portable_cuda_archs(nvcc_arch_list: str) -> str:
+    """The architectures of a build meant for any recent GPU (a wheel, a login node building for GPU
+    nodes of unknown kind): sm_80 and sm_90 code, sm_100 and sm_120 code where the toolkit knows
+    them, and PTX of the newest of those. Four compiles of every kernel: opt in with
+    TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;12.0+PTX"."""
     known = set(nvcc_arch_list.split())
     archs = ["8.0", "9.0"] + [a for a in ("10.0", "12.0") if f"compute_{a.replace('.', '')}" in known]
     return ";".join(archs[:-1] + [archs[-1] + "+PTX"])
+
+
+def _visible_gpus() -> list[tuple[int, int]]:
+    """Compute capabilities of the GPUs torch sees here (none on a CPU-only torch or without a driver).
+    Importing torch itself is safe before CUDA_HOME is settled; torch.utils.cpp_extension is not."""
+    import torch
+
+    try:
+        if not torch.cuda.is_available():
+            return []
+        return [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - a broken driver is "no GPU" for the build's purposes
+        return []
 
 
 def _nvcc_arch_list(cuda_home: str | None) -> str:
@@ -97,10 +131,11 @@ def _nvcc_arch_list(cuda_home: str | None) -> str:
 CUDA_HOME = None if os.environ.get("RINGREDUCE_FORCE_CPU") == "1" else find_cuda_home()
 if CUDA_HOME:
     os.environ["CUDA_HOME"] = CUDA_HOME
-ARCHS_DEFAULTED = bool(CUDA_HOME) and "TORCH_CUDA_ARCH_LIST" not in os.environ
+ARCHS_DEFAULTED = bool(CUDA_HOME) and not os.environ.get("TORCH_CUDA_ARCH_LIST")
+VISIBLE_GPUS = _visible_gpus() if ARCHS_DEFAULTED else []
 if ARCHS_DEFAULTED:
-    os.environ["TORCH_CUDA_ARCH_LIST"] = default_cuda_archs(_nvcc_arch_list(CUDA_HOME))
-os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = default_cuda_archs(_nvcc_arch_list(CUDA_HOME), VISIBLE_GPUS)
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", NO_GPU_ARCHS)
 
 import torch  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
@@ -144,9 +179,13 @@ def build_extension():
     inc, lib = nccl
     archs = os.environ["TORCH_CUDA_ARCH_LIST"]
     _log(f"building ringreduce with CUDA ({CUDA_HOME}, archs {archs}) and NCCL ({lib})")
-    if ARCHS_DEFAULTED and torch.cuda.device_count() == 0:
-        _log(f"no GPU visible here: the CUDA kernels are compiled for each of {archs}, minutes of compiling "
-             "on a small machine; TORCH_CUDA_ARCH_LIST=9.0 builds one architecture, RINGREDUCE_FORCE_CPU=1 none")
+    if ARCHS_DEFAULTED and not VISIBLE_GPUS:
+        _log(f"no GPU visible here: the CUDA kernels are compiled for {archs} only (H100, and newer GPUs from "
+             "PTX); to build for other GPUs (e.g. on a login node for GPU nodes) set TORCH_CUDA_ARCH_LIST, "
+             "e.g. '8.0;9.0;10.0;12.0+PTX'; RINGREDUCE_FORCE_CPU=1 builds no CUDA at all")
+    elif ARCHS_DEFAULTED:
+        _log(f"TORCH_CUDA_ARCH_LIST unset: the kernels are compiled for the visible GPUs ({archs}); set it to "
+             "build for other GPUs")
     arch_list = ",".join(a.strip() for a in archs.replace(",", ";").split(";") if a.strip())
     define_macros += [("RR_WITH_CUDA", "1"), ("RR_CUDA_ARCHS", f'"{arch_list}"')]
     return CUDAExtension(

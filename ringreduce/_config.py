@@ -1,8 +1,59 @@
-"""Environment knobs, read at call time so tests can change them per call."""
+"""ringreduce's environment knobs: declared once in KNOBS (name, default, meaning), read here at call
+time so tests can change them per call. README's "Knobs" table is KNOBS as markdown
+(`ringreduce._config.knobs_markdown()`; tests/test_knobs.py holds README and the sources to it).
+"""
 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
+
+
+class Knob(NamedTuple):
+    """One RINGREDUCE_* environment variable the library reads."""
+
+    name: str
+    default: str  # as the docs state it
+    meaning: str
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("RINGREDUCE_SEGMENT_BYTES", "1048576 (CPU), the pipeline rule (GPU)",
+         "largest message of the ring; on GPU it caps the rule's segment (as large as a staging slot, at most "
+         "half a chunk)"),
+    Knob("RINGREDUCE_SLOTS", "auto (CPU), 2 per lane (GPU)",
+         "staging slots = receives posted ahead (memory: slots x segment); CPU auto: a slot per receive when "
+         "they fit in 6 MiB, else 4"),
+    Knob("RINGREDUCE_LANES", "2 (GPU)",
+         "GPU rings side by side, each on its own NCCL communicator (1-4; read when a group's communicator is "
+         "created, and per call); `1` turns lanes off; never changes a result bit"),
+    Knob("RINGREDUCE_ONESHOT_BYTES", "1 MiB (<= 4 ranks), 256 KiB (<= 8), 64 KiB (GPU)",
+         "largest GPU all-reduce sent whole to every peer in one NCCL group and reduced in the ring's order "
+         "(same bits as the ring; at most a set `RINGREDUCE_SEGMENT_BYTES`); `0` turns it off"),
+    Knob("RINGREDUCE_CHECK", "on (CPU), off (GPU)",
+         "the cross-rank agreement check; `0` turns it off, `1` turns it on"),
+    Knob("RINGREDUCE_TIMEOUT", "the group's timeout",
+         "seconds before a silent peer raises `DistBackendError`"),
+    Knob("RINGREDUCE_DEBUG", "off",
+         "`INFO` logs every call (rank, call #, op, dtype, numel, time); `DETAIL` adds the ring's parameters "
+         "and where the time went"),
+    Knob("RINGREDUCE_LOCAL_SIZE", "from torchrun",
+         "simulate nodes of this many consecutive ranks (hierarchical all-reduce on one host)"),
+    Knob("RINGREDUCE_NCCL_SIMPLE", "0, or 1 where NCCL < 2.23 or NCCL_COMM_* overrides ask for it",
+         "`1`: GPU groups take the simplest path (one lane, no one-shot, no split child; every exchange waited "
+         "on the one non-blocking communicator), with one warning naming the NCCL version; set it on every "
+         "rank (read when a communicator is created)"),
+    Knob("RINGREDUCE_SHM", "on",
+         "`0`: CPU ranks on one host use gloo point-to-point instead of shared memory"),
+)
+
+
+def knobs_markdown() -> str:
+    """KNOBS as README's markdown table."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{k.name}` | {k.default} | {k.meaning} |" for k in KNOBS]
+    return "\n".join(rows)
+
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
 DEFAULT_NUM_SLOTS = 4  # the GPU transport's default, and the CPU's for tensors too large for AUTO_SLOTS
@@ -19,10 +70,16 @@ if not isinstance(_ENV_BYTES, dict):
     _ENV_BYTES = None
 
 
+_BYTES_KEYS: dict[str, bytes] = {}  # the knobs' names, encoded once
+
+
 def _env(name: str, default: str | None = None) -> str | None:
     if _ENV_BYTES is None:
         return os.environ.get(name, default)
-    raw = _ENV_BYTES.get(name.encode())
+    key = _BYTES_KEYS.get(name)
+    if key is None:
+        key = _BYTES_KEYS[name] = name.encode()
+    raw = _ENV_BYTES.get(key)
     return default if raw is None else os.fsdecode(raw)
 
 
@@ -103,3 +160,23 @@ def shm_enabled() -> bool:
     and fall back to gloo point-to-point if any rank says 0)."""
     raw = _env("RINGREDUCE_SHM")
     return raw is None or raw == "" or raw not in ("0", "false", "False", "off")
+
+
+def debug_setting() -> str:
+    """RINGREDUCE_DEBUG, upper-cased ("" when unset)."""
+    return (_env("RINGREDUCE_DEBUG") or "").upper()
+
+
+def local_size_override() -> int | None:
+    """RINGREDUCE_LOCAL_SIZE: simulate nodes of this many consecutive global ranks (tests, one host)."""
+    raw = (_env("RINGREDUCE_LOCAL_SIZE") or "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"RINGREDUCE_LOCAL_SIZE must be a positive integer, got {raw!r}")
+    return value
+

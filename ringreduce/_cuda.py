@@ -2,93 +2,14 @@
 
 ``ringreduce.all_reduce`` calls :func:`cuda_all_reduce`, ``ringreduce.reduce_scatter`` and
 ``ringreduce.all_gather`` call :func:`cuda_ring_half` for CUDA tensors after their local checks
-(dtype/op, group membership; numel 0 and world size 1 return before). What happens here:
-
-What has run on a GPU: one H100 at commit 963a10d (docs/reliability.md section 11 says what held and
-what crashed); the rest is tested without a GPU: the kernels' body and the ring driver on simulated
-streams (tests/test_cuda_logic.py), the real CudaRing and NcclComm host logic (watchdog, abort,
-shutdown, timeouts, device guard) on a fake CUDA runtime (tests/cpp/cuda/test_cuda_ring_fake.cpp),
-this module's registry with a fake native layer (tests/test_cuda_registry.py), and the CUDA build
-and its import. ``scripts/gpu_check.sh`` runs every GPU check, on one GPU too.
-
-* **One NCCL communicator per process group, on one GPU**, created lazily by the first CUDA call
-  on the group, on the tensor's device; a later tensor of that group on another device raises
-  ValueError (Note [One GPU per group]). Rank 0 of the group draws an NCCL unique id and publishes
-  it through the group's own c10d store (``_get_process_group_store(group)``) under
-  ``ringreduce/nccl_uid/<group name>/<generation>``, the generation drawn from a ``store.add``
-  counter of the group (Note [Communicator rendezvous keys]); the key is deleted once every rank
-  read it. It holds one id per lane (``RINGREDUCE_LANES`` at creation, default 2, as rank 0 sees
-  it): each lane is a communicator of its own with its own streams, so large all-reduces run two
-  rings side by side (Note [Lanes] in csrc/core/plan.h; the bits are the one-lane ring's). Init and
-  first connections may take the store's timeout; each later call ``RINGREDUCE_TIMEOUT`` seconds
-  (else the group's timeout). Ctrl-C ends each such host wait within 1 s with KeyboardInterrupt and
-  leaves the group unusable on this rank (Note [Interrupting a host wait on CUDA] in
-  csrc/cuda/host_interrupt.h). The communicator is non-blocking
-  (``config.blocking = 0``) with a blocking child (``ncclCommSplit``) that carries every exchange of a
-  call but the first of each ring stage, so the host waits for NCCL once per stage, not per segment
-  (Note [Hand-off and queued exchanges] in csrc/cuda/nccl_comm.h); it has its own communication and
-  reduce streams (never destroyed: the caching allocator may still record events on them), 16 MiB of
-  staging, and a watchdog thread
-  that aborts it on an NCCL error or when a call exceeds the timeout, counted from the moment the
-  communication stream reaches the call (calls queued behind others are not charged for them).
-  In-flight calls are marked failed before the abort, so an aborted call never reads as success.
-  After an abort every later call on the group raises ``torch.distributed.DistBackendError``;
-  create a new group to continue. Communicators are aborted at interpreter exit (atexit), never
-  from static destructors.
-* **Rings over rank lists use the group's communicator** (Note [Sub-rings on one communicator] in
-  csrc/cuda/ring_driver.h): a flattened DeviceMesh sub-mesh (a ring over ranks of WORLD) and the
-  three rings of the hierarchical all-reduce (inside each node, across nodes) send to the ranks
-  their rank list names over the one communicator of the process group. No communicator or process
-  group is ever created for a sub-ring. The group's communicator itself is created by the first
-  CUDA call on the group, collectively over *every* rank of the group: with a DeviceMesh sub-mesh,
-  every rank must make that first call (each on its own slice, as SPMD programs do), or call
-  :func:`init_communicator` on every rank beforehand.
-* **Hierarchical all-reduce** (``local_size > 1``, chosen by ``ringreduce._groups.choose_algorithm``):
-  the stages of Note [Hierarchical all-reduce] (csrc/core/collectives.h) as one call on the
-  streams - reduce-scatter inside the node (AVG sums there), a full ring across nodes over the
-  node's owned range (AVG divides by the whole ring's size, once), all-gather inside the node.
-  With ``accum_dtype=torch.float32`` on half types the whole call reduces a float32 copy, rounded
-  once at the end, as on CPU.
-* **Stream semantics, as torch.distributed's NCCL backend**: the ring is ordered after everything
-  already enqueued on the current CUDA stream; a synchronous call makes the current stream wait
-  for the result (the host does not block); ``async_op=True`` returns a :class:`~ringreduce.Work`
-  whose ``wait()`` makes the *current* stream wait (``wait(timeout=...)`` also blocks the host up
-  to the timeout) and whose ``get_future()`` is CUDA-aware (completed with events, no host sync;
-  its value is ``[tensor]``; it completes when the call is enqueued). Tensors are protected from
-  the caching allocator (before anything is enqueued) while the internal streams use them, so
-  freeing one right after the call is safe. CUDA graph capture is refused with a RuntimeError
-  before anything runs (also with ``RINGREDUCE_CHECK=1``); a capture on *another* thread is not
-  disturbed by the watchdog. A call inside the caller's own NCCL group (``ncclGroupStart``, as
-  torch's ``_coalescing_manager`` and ``batch_isend_irecv`` open) raises RuntimeError and leaves
-  the group unusable.
-* ``RINGREDUCE_CHECK=1`` turns on the cross-rank agreement check (one fixed-size frame around the
-  ring before the payload; it synchronizes the host once per call). Without it, ranks that disagree
-  behave as NCCL does until the watchdog timeout aborts the communicator.
-* The pipeline (Note [GPU pipeline rule] in csrc/cuda/gpu_pipeline.h): segments as large as a staging
-  slot (8 MiB) and at most half a chunk, 2 slots, one-shot up to 1 MiB (up to 4 ranks), 256 KiB (up
-  to 8) or 64 KiB; ``RINGREDUCE_SEGMENT_BYTES``, ``RINGREDUCE_SLOTS``, ``RINGREDUCE_LANES`` and
-  ``RINGREDUCE_ONESHOT_BYTES`` override it (the same on every rank). None of them changes a result bit.
-
-Running beside stock NCCL communicators (DDP, FSDP, tensor parallel)
---------------------------------------------------------------------
-ringreduce's communicator is one more NCCL communicator on the GPU, with its own streams. NCCL
-kernels of different communicators wait for their peers while occupying the GPU, so two
-communicators whose operations are enqueued in a different order on different ranks can deadlock
-(NCCL's rule for "multiple communicators concurrently"). Keep these orders:
-
-1. Issue ringreduce calls and stock collectives (``dist.all_reduce``, DDP's buckets, TP's
-   all-gathers) in the **same program order on every rank** of the groups involved.
-2. A **synchronous** ringreduce call is always safe: the current stream waits for the ring, and
-   every later stock collective is ordered after the current stream.
-3. With ``async_op=True``, call ``work.wait()`` (a stream wait, cheap) **before** issuing a stock
-   collective that shares GPUs with the pending ring, unless (1) holds on every rank. This is
-   mandatory under ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (Megatron-style TP), where all streams share
-   one hardware queue and no NCCL kernels of two communicators can overlap.
-4. Do not mix ringreduce and a DDP model's own reduction of the same gradients: use
-   ``GradientAverager`` or ``ddp_comm_hook``, not both.
-5. Each rank uses one GPU per group (NCCL does not support two ranks of one communicator on one
-   device of one host; ranks that share a GPU each set their own ``NCCL_HOSTID`` and talk over NCCL's
-   socket transport, Note [Ranks sharing a GPU] in ringreduce/bench/launch.py).
+(dtype/op, group membership; numel 0 and world size 1 return before). This module keeps one native
+communicator per process group and device (created by the first CUDA call on the group, collectively
+over every rank of it; :func:`init_communicator` creates it beforehand, e.g. for a DeviceMesh
+sub-mesh), turns a call into the native request and its result into a :class:`~ringreduce.Work`, and
+releases communicators at exit. What the communicator does (rendezvous keys, lanes, hand-offs, the
+pipeline rule, the watchdog, stream semantics, Ctrl-C) and the ordering rules beside stock NCCL
+communicators (DDP, FSDP, tensor parallel) are docs/design.md section 2.4; failure behaviour is
+docs/reliability.md.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from ringreduce import _config
 from ringreduce._groups import GroupInfo, choose_algorithm, one_node, resolve
 from ringreduce._interrupt import SLICE_MS, interrupt_ring, wait_sliced
 from ringreduce._native import C
+from ringreduce._options import HALF_TYPES, scaling_error
 from ringreduce._types import KIND_NAMES, NATIVE_OPS, CallKind, FrameError, ReduceOp, UnsupportedOpError, to_reduce_op
 from ringreduce.work import Work
 
@@ -35,7 +35,7 @@ def debug_level() -> int:
 
     0 when unset.
     """
-    raw = (_config._env("RINGREDUCE_DEBUG") or "").upper()
+    raw = _config.debug_setting()
     if raw in ("", "0", "OFF", "WARN", "WARNING"):
         return 0
     if not logger.handlers and not logging.getLogger().handlers:
@@ -160,7 +160,7 @@ def local_refusal(
         ), rop, False
     accum = False
     if accum_dtype is not None and accum_dtype != tensor.dtype:
-        if accum_dtype == torch.float32 and tensor.dtype in (torch.float16, torch.bfloat16):
+        if accum_dtype == torch.float32 and tensor.dtype in HALF_TYPES:
             accum = True
         else:
             return FrameError.UNSUPPORTED, TypeError(
@@ -170,7 +170,6 @@ def local_refusal(
     return _NONE, None, rop, accum
 
 
-_WIRE_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -184,17 +183,11 @@ def scaling_refusal(
     16-bit wire and the predivide factor of an all-reduce (Note [Reduction contract] in
     csrc/core/functors.h), from purely local checks on `tensor` (already accepted by local_refusal),
     the op `rop`, `algorithm`, `wire_dtype` and `predivide_factor`. A factor of 1 is no factor."""
+    error = scaling_error(wire_dtype, predivide_factor)
+    if error is not None:
+        return FrameError.OTHER, error, None, 0.0
     wire = None
     if wire_dtype is not None:
-        if not isinstance(wire_dtype, torch.dtype):
-            return FrameError.OTHER, TypeError(
-                f"ringreduce: wire_dtype must be torch.bfloat16, torch.float16 or None, got {type(wire_dtype).__name__}"
-            ), None, 0.0
-        if wire_dtype not in _WIRE_DTYPES:
-            return FrameError.OTHER, ValueError(
-                f"ringreduce: wire_dtype must be torch.bfloat16 or torch.float16 (a 16-bit wire for float32 "
-                f"tensors), got {wire_dtype}"
-            ), None, 0.0
         if not (tensor.is_floating_point() or tensor.is_complex()):
             return FrameError.UNSUPPORTED, TypeError(
                 f"ringreduce: wire_dtype={wire_dtype} needs a float32 tensor, got {_dtype_name(tensor.dtype)} "
@@ -210,22 +203,13 @@ def scaling_refusal(
             return FrameError.UNSUPPORTED, ValueError(
                 f"ringreduce: wire_dtype applies to SUM and AVG, not {rop.name}; drop wire_dtype"
             ), None, 0.0
-        if algorithm == "hierarchical":
+        if algorithm == "hierarchical" and tensor.is_cuda:
             return FrameError.OTHER, ValueError(
-                "ringreduce: wire_dtype runs on the flat ring; use algorithm=\"auto\" or \"ring\" with it"
+                "ringreduce: on GPUs wire_dtype runs on the flat ring; use algorithm=\"auto\" or \"ring\" with it"
             ), None, 0.0
         wire = C.DType.BFLOAT16 if wire_dtype == torch.bfloat16 else C.DType.FLOAT16
     factor = 0.0
     if predivide_factor is not None:
-        if isinstance(predivide_factor, bool) or not isinstance(predivide_factor, (int, float)):
-            return FrameError.OTHER, TypeError(
-                f"ringreduce: predivide_factor must be a number > 0 or None, got {type(predivide_factor).__name__}"
-            ), None, 0.0
-        f = float(predivide_factor)
-        if not math.isfinite(f) or f <= 0:
-            return FrameError.OTHER, ValueError(
-                f"ringreduce: predivide_factor must be a finite number > 0, got {predivide_factor!r}"
-            ), None, 0.0
         if rop not in (ReduceOp.SUM, ReduceOp.AVG):
             return FrameError.UNSUPPORTED, ValueError(
                 f"ringreduce: predivide_factor applies to SUM and AVG, not {rop.name} (it only moves where a sum "
@@ -236,7 +220,7 @@ def scaling_refusal(
                 f"ringreduce: predivide_factor needs a floating-point or complex tensor, got "
                 f"{_dtype_name(tensor.dtype)}; drop predivide_factor"
             ), None, 0.0
-        factor = 0.0 if f == 1.0 else f
+        factor = 0.0 if float(predivide_factor) == 1.0 else float(predivide_factor)
     return _NONE, None, wire, factor
 
 
@@ -370,7 +354,8 @@ def run_all_reduce(
     if exc is not None:
         if info is None:
             raise exc
-        # the others run a call with a 16-bit wire on the flat ring (scaling_refusal)
+        # on GPUs the others run a call with a 16-bit wire on the flat ring (scaling_refusal); on
+        # CPUs every call runs on the ring's own runtime, whatever the algorithm
         refuse(info, kind, code, exc, device_of(tensor), "ring" if wire_dtype is not None else algorithm)
     assert rop is not None
     if extra_divisor != 1 and (rop not in (ReduceOp.SUM, ReduceOp.AVG) or extra_divisor < 1):
@@ -379,8 +364,10 @@ def run_all_reduce(
         if info is not None and extra_divisor != 1 and tensor.numel() > 0:  # one rank still divides by it
             tensor.div_(extra_divisor)
         return Work.completed([tensor]) if async_op else None
-    # A 16-bit wire runs on the flat ring (scaling_refusal refused "hierarchical").
-    local_size, members = choose_algorithm(info, "ring" if wire is not None else algorithm)
+    # On GPUs a 16-bit wire runs on the flat ring (scaling_refusal refused "hierarchical"); on CPUs
+    # also on the hierarchical all-reduce's cross-node ring (Note [Hierarchical 16-bit wire] in
+    # csrc/core/collectives.cpp).
+    local_size, members = choose_algorithm(info, "ring" if wire is not None and tensor.is_cuda else algorithm)
     level = debug_level()
     if tensor.is_cuda:
         from ringreduce import _cuda

@@ -209,20 +209,6 @@ _layouts: dict[tuple[Any, ...], NodeLayout] = {}
 _NODE_KEY = "ringreduce/node_of_rank/{rank}"
 
 
-def local_size_override() -> int | None:
-    """RINGREDUCE_LOCAL_SIZE: simulate nodes of this many consecutive global ranks (tests, one host)."""
-    raw = os.environ.get("RINGREDUCE_LOCAL_SIZE", "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"RINGREDUCE_LOCAL_SIZE must be a positive integer, got {raw!r}")
-    return value
-
-
 def _node_of_global_ranks(global_ranks: list[int]) -> list[int]:
     """Node id of each global rank, from the launcher (GROUP_RANK, LOCAL_WORLD_SIZE) or the override.
 
@@ -231,7 +217,7 @@ def _node_of_global_ranks(global_ranks: list[int]) -> list[int]:
     rule computed locally from numbering (torchrun numbers ranks node by node) could not notice a
     launcher that numbers otherwise on some ranks only, and ranks must agree on the layout.
     """
-    override = local_size_override()
+    override = _config.local_size_override()
     if override is not None:
         return [g // override for g in global_ranks]
     group_rank = os.environ.get("GROUP_RANK")

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from ringreduce._dispatch import local_refusal, local_tensor, refuse, run_all_reduce, scaling_refusal
 from ringreduce._groups import resolve
+from ringreduce._options import buffer_options
 from ringreduce._types import CallKind, FrameError, ReduceOp
 from ringreduce.work import Work
 
@@ -141,15 +142,13 @@ def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, Any, BaseExcepti
     return tensors, FrameError.NONE, None
 
 
-_HALF_TYPES = (torch.float16, torch.bfloat16)
-
 # Note [Options of a coalesced list]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # all_reduce_coalesced reduces each dtype's packed buffer with one all-reduce, so each option means
 # what it means to ringreduce.all_reduce, applied per buffer. Two options name the dtype they are for
 # and apply to the buffers of that dtype only, the others being reduced as they are (GradientAverager
-# treats its buckets the same way): wire_dtype to the float32 buffer, accum_dtype=torch.float32 to
-# the float16/bfloat16 buffers. A wire_dtype that applies to no tensor of a non-empty list is refused
+# treats its buckets the same way, Note [Options of a buffer] in _options.py): wire_dtype to the
+# float32 buffer, accum_dtype=torch.float32 to the float16/bfloat16 buffers. A wire_dtype that applies to no tensor of a non-empty list is refused
 # as all_reduce refuses the list's first tensor (a model without float32 gradients asked for a
 # 16-bit wire: GradientAverager refuses it too); any other accum_dtype is checked per tensor as
 # all_reduce checks it. predivide_factor and algorithm apply to every buffer, so a factor with an
@@ -158,14 +157,6 @@ _HALF_TYPES = (torch.float16, torch.bfloat16)
 # raise at the frame of the first buffer they differ on, and no tensor changes (_FlatGroup packs
 # every buffer of a call with several). A rank that refuses the call locally sends one refusal frame
 # per ring the others run (_rings), so that a call of several buffers keeps the ranks in step.
-
-
-def _buffer_options(dtype: torch.dtype, accum_dtype: Any, wire_dtype: Any) -> tuple[Any, Any]:
-    """(accum_dtype, wire_dtype) that the buffer of `dtype` is reduced with (Note [Options of a
-    coalesced list])."""
-    accum = None if accum_dtype == torch.float32 and dtype not in _HALF_TYPES else accum_dtype
-    wire = wire_dtype if dtype == torch.float32 else None
-    return accum, wire
 
 
 def _refusal(
@@ -182,7 +173,7 @@ def _refusal(
         return code, exc
     rop = None
     for k, t in enumerate(listed):
-        accum, wire = _buffer_options(t.dtype, accum_dtype, wire_dtype)
+        accum, wire = buffer_options(t.dtype, accum_dtype, wire_dtype)
         code, exc, rop, _ = local_refusal(t, op, accum, algorithm)
         if exc is None:
             code, exc, _, _ = scaling_refusal(t, rop, algorithm, wire, predivide_factor)
@@ -248,7 +239,7 @@ def all_reduce_coalesced(
         algorithm: "auto" (default), "ring" or "hierarchical", for every dtype's ring, as in
             :func:`all_reduce`.
         wire_dtype: None, or ``torch.bfloat16`` / ``torch.float16``: the float32 tensors travel on
-            a 16-bit wire with float32 sums per hop (the flat ring), as in :func:`all_reduce`;
+            a 16-bit wire with float32 sums per hop, as in :func:`all_reduce`;
             tensors of other dtypes are reduced as they are, as ``GradientAverager(wire_dtype=...)``
             treats buckets of other dtypes. A non-empty list without a float32 tensor is refused as
             :func:`all_reduce` refuses its first tensor.
@@ -297,7 +288,7 @@ def all_reduce_coalesced(
     groups = [_FlatGroup(ts, alone=len(by_dtype) == 1) for ts in by_dtype.values()]
     works: list[Work] = []
     for g in groups:
-        accum, wire = _buffer_options(g.flat.dtype, accum_dtype, wire_dtype)
+        accum, wire = buffer_options(g.flat.dtype, accum_dtype, wire_dtype)
         w = run_all_reduce(g.flat, op, group, True, accum, algorithm, CallKind.ALL_REDUCE_COALESCED,
                            ntensors=len(listed), wire_dtype=wire, predivide_factor=predivide_factor)
         assert w is not None

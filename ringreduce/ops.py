@@ -62,8 +62,9 @@ def all_reduce(
             float32 value in float32 and rounds once, to 16 bits, as it sends; the owner's final
             sum (and AVG's division) is float32 and the all-gather carries float32, so the result
             is the float32 the ring computed, bitwise identical on every rank (more accurate than
-            DDP's bf16/fp16 compress hooks, which sum in 16 bits). Flat ring only ("auto" picks
-            it; "hierarchical" raises ValueError).
+            DDP's bf16/fp16 compress hooks, which sum in 16 bits). On CPUs the hierarchical
+            all-reduce carries it on its cross-node ring only (the node stages move float32); on
+            GPUs the flat ring only ("auto" picks it; "hierarchical" raises ValueError).
         predivide_factor: None, or f > 0 (SUM and AVG on floating or complex tensors): never
             changes what is computed, only where it is scaled: every contribution is divided by f
             as it enters the ring (rounded to the tensor's dtype), then the finished sum is divided
@@ -81,7 +82,7 @@ def all_reduce(
             before any data moves, `tensor` unchanged; the other ranks raise RuntimeError naming
             this rank.
         ValueError: an unknown `op` or `algorithm`, a sparse tensor, an unsupported device,
-            "hierarchical" for a group with unequal nodes or with a `wire_dtype`, a `wire_dtype`
+            "hierarchical" for a group with unequal nodes or (GPU) with a `wire_dtype`, a `wire_dtype`
             other than bfloat16/float16 or not narrower than the tensor, a `predivide_factor` <= 0,
             or either of them with MAX, MIN or PRODUCT; every rank raises alike.
         RuntimeError: the ranks disagree (shape, dtype, op, call order...): every rank raises,
@@ -141,7 +142,7 @@ def all_reduce_avg(
         algorithm: "auto" (default; hierarchical when the group spans several equal nodes, else
             the flat ring), "ring" or "hierarchical", as in :func:`all_reduce`.
         wire_dtype: None, or ``torch.bfloat16`` / ``torch.float16`` for a float32 tensor: a 16-bit
-            wire with float32 sums per hop, as in :func:`all_reduce` (flat ring only).
+            wire with float32 sums per hop, as in :func:`all_reduce` (on GPUs the flat ring only).
         predivide_factor: None, or f > 0: divide every contribution by f before the ring and the
             finished sum by n/f after it, as in :func:`all_reduce`.
 
@@ -154,7 +155,7 @@ def all_reduce_avg(
             moves, `tensor` unchanged; the other ranks raise RuntimeError naming this rank.
         ValueError: an unknown `algorithm`, a sparse tensor, an unsupported device, a `wire_dtype`
             other than bfloat16/float16 or not narrower than the tensor, a `predivide_factor`
-            <= 0, or a 16-bit wire with "hierarchical"; every rank raises alike.
+            <= 0, or a 16-bit wire with "hierarchical" on GPUs; every rank raises alike.
         RuntimeError: the ranks disagree on shape, dtype or call: every rank raises.
         torch.distributed.DistBackendError: a peer died or the group's timeout passed.
 

@@ -1,5 +1,5 @@
 """The benchmark lines of scripts/gpu_check.sh's summary, from the JSON ``python -m ringreduce.bench
---json`` writes (schema ringreduce.bench.allreduce/2: rows with size, impl, time_us, busbw_gbs, wrong;
+--json`` writes (schema ringreduce.bench.allreduce/3: rows with size, impl, time_us, busbw_gbs, wrong;
 summary.time_ratio_vs_stock; machine.transport on NCCL).
 
     python scripts/gpu_bench_summary.py bench.json    # prints the lines; exit code 1 if unreadable

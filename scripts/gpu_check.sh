@@ -1,40 +1,101 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh: every check of ringreduce that needs a GPU, on whatever GPUs this machine has.
+# scripts/gpu_check.sh: the checks of ringreduce that need a GPU, in parts that each fit one device
+# command of at most 10 minutes (issue 30), the most valuable first:
 #
-# One command for a GPU machine, from a fresh clone or the set-up venv:
-#   scripts/gpu_check.sh
-# It builds ringreduce in place when the checkout has no usable build (the build refuses an extension
-# linked with its own static libstdc++, docs/design.md section 3: a probe library linked first
-# shows such a compiler in seconds, and then it builds with the system's /usr/bin/g++; it says which
-# compiler it used), prints the GPUs, then
-#   * 1+ GPU:  the loopback suite (the GPU ring driver with ranks as threads on one GPU, n = 2..8,
-#              flat, halves, mapped sub-rings, hierarchical); the reduce kernel against torch for
-#              every dtype/op and its bandwidth next to a device-to-device copy's; the multi-rank GPU
-#              suite (pytest -m gpu tests/gpu) at 2 and at 3 ranks (and at one rank per GPU beyond
-#              3 GPUs); python -m ringreduce.bench against NCCL (1 MiB - 256 MiB; JSON, and a PNG
-#              where matplotlib is installed). With fewer GPUs than ranks the ranks share them over
-#              NCCL's socket transport on lo, and the output says so (Note [Ranks sharing a GPU],
-#              ringreduce/bench/launch.py);
-#   * no GPU:  the simulated-device checks (ring driver on simulated streams, CudaRing/NcclComm on a
-#              fake CUDA runtime, the communicator registry); the last line says no GPU was found.
-# Time: every step has a limit and the whole run a budget (GPU_CHECK_BUDGET, default 900 s = 15
-# minutes on one H100, build included); a step the budget cannot hold any more fails as "not run".
-# The multi-rank suite's jobs end 30 s before their step's limit (RINGREDUCE_GPU_DEADLINE,
-# tests/gpu/gpu_ranks.py), printing where every rank waits; the tests left then skip.
-# Everything goes to one results folder (RESULTS, default benchmarks/results/gpu_check-<UTC time>;
-# without a GPU a temporary folder), with a one-screen summary last (also summary.txt). Exit code:
-# 0 when every check passed (and on a machine without a GPU when the simulated checks passed), 1
-# otherwise.
+#   scripts/gpu_check.sh speed   build for the visible GPU(s) with every core; the reduce kernels
+#                                against torch and a device-to-device copy; python -m ringreduce.bench
+#                                --backend nccl at 2 ranks from 8 B to 256 MiB with the NCCL default,
+#                                NCCL_ALGO=RING and loopback columns                   budget 300 s
+#   scripts/gpu_check.sh suite   the multi-rank GPU suite (pytest -m gpu tests/gpu, every error-path
+#                                twin) at 2 ranks, using the build speed left          budget 300 s
+#   scripts/gpu_check.sh more    the loopback suite (ranks as threads on one GPU, n = 2..8), the suite
+#                                and the benchmark at 3 ranks                          budget 540 s
+#   scripts/gpu_check.sh         speed, then suite                                     budget 540 s
+#
+# --dry-run (or GPU_CHECK_DRY_RUN=1) prints the plan, each step with its time limit, and runs nothing.
+# With fewer GPUs than ranks the ranks share them over NCCL's socket transport on lo, and the output
+# says so (Note [Ranks sharing a GPU], ringreduce/bench/gpu_map.py). The build (only when the checkout
+# has no usable one) refuses an extension linked with its own static libstdc++ (docs/design.md section
+# 3): a probe library shows such a compiler in seconds, and then it builds with /usr/bin/g++.
+#
+# Without a GPU each part runs its simulated-device rehearsal instead: speed the kernel body and ring
+# driver on simulated streams (pytest) and the benchmark's JSON-to-summary path on 2 CPU ranks; suite
+# the communicator registry and the GPU tests' harness on CPU ranks; more the C++ checks (ring driver
+# on simulated streams, CudaRing/NcclComm on a fake CUDA runtime). The last line then says that no CUDA
+# GPU was found, and the exit code is 0 when the rehearsal passed.
+#
+# Time: every step has a limit and the part a budget (GPU_CHECK_BUDGET overrides it); a step the budget
+# cannot hold any more is "not run". The GPU suite's jobs end 30 s before their step's limit
+# (RINGREDUCE_GPU_DEADLINE, tests/gpu/gpu_ranks.py), printing where every rank waits.
+# Output: one results folder (RESULTS, default benchmarks/results/gpu_check-<part>-<UTC time>; without
+# a GPU a temporary folder): the log, summary.txt written line by line as each step ends (a command
+# cut short still says what it found), then the whole summary again at the end. Where OUT is set (the
+# device tool's folder whose files come back), gpu_check.log and summary.txt are also written line by
+# line into $OUT/gpu_check-<part>/, with the results folder packed there as results.tar.gz after every
+# step (the tool returns at most 8 files). Exit code: 0 when every check passed, 1 otherwise.
 # Environment: PYTHON (default: the first of .venv/bin/python, python, python3 that has torch),
-# RESULTS, MAX_JOBS, CXX (the build's compiler), TORCH_CUDA_ARCH_LIST (default with a GPU: the visible
-# GPUs' architectures), GPU_CHECK_BUDGET, BENCH_ARGS (extra arguments for
-# ringreduce.bench); without a GPU also SIM_TESTS (the pytest files to run) and GPU_CHECK_CPP=0
-# (skip the C++ checks).
+# RESULTS, OUT, MAX_JOBS, CXX (the build's compiler), TORCH_CUDA_ARCH_LIST (default: the visible GPUs'),
+# GPU_CHECK_BUDGET, BENCH_ARGS (extra arguments for ringreduce.bench); SIM_TESTS (the pytest files of a
+# part's rehearsal) and GPU_CHECK_CPP=0 (skip the C++ checks).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-BUDGET="${GPU_CHECK_BUDGET:-900}"
+PART=all
+DRY_RUN="${GPU_CHECK_DRY_RUN:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    speed|suite|more) PART="$arg" ;;
+    --dry-run) DRY_RUN=1 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_check: unknown argument '$arg' (speed, suite, more, --dry-run; none: speed then suite)" >&2
+       exit 2 ;;
+  esac
+done
+
+# Step limits (s). speed: the build is ~60-75 s with 16 cores (the 963a10d H100 run), the kernels ~10 s,
+# the 2-rank sweep of 26 sizes x 3 implementations ~100 s at --seconds 0.5; suite: the 2-rank suite
+# with its error-path twins; more: the loopback suite took 138 s on one H100.
+LIMIT_BUILD=110 LIMIT_KERNELS=40 LIMIT_BENCH=150 LIMIT_SUITE=280
+LIMIT_LOOPBACK=150 LIMIT_SUITE3=220 LIMIT_BENCH3=60
+case "$PART" in
+  speed) DEFAULT_BUDGET=300 ;;
+  suite) DEFAULT_BUDGET=300 ;;
+  more) DEFAULT_BUDGET=540 ;;
+  all) DEFAULT_BUDGET=540 LIMIT_SUITE=240 ;;  # speed's 300 s, then the suite in the 240 s left
+esac
+BUDGET="${GPU_CHECK_BUDGET:-$DEFAULT_BUDGET}"
+BENCH_SWEEP=(-b 8 -e 256M -f 2 --rounds 3 --warmup 2 --seconds 0.5 --min-iters 2)
+
+plan() {  # the steps of PART on a GPU, with their limits (what --dry-run prints)
+  local total=0 line name limit
+  local steps=("build ringreduce for the visible GPU(s) with every core (where none is usable)|$LIMIT_BUILD")
+  if [[ "$PART" == speed || "$PART" == all ]]; then
+    steps+=("speed: reduce kernels vs torch, kernel vs device-to-device copy|$LIMIT_KERNELS"
+            "speed: bench --backend nccl, 2 ranks, 8 B-256 MiB: nccl, nccl-ring, loopback|$LIMIT_BENCH")
+  fi
+  if [[ "$PART" == suite || "$PART" == all ]]; then
+    steps+=("suite: pytest -m gpu tests/gpu at 2 ranks (with the error-path twins)|$LIMIT_SUITE")
+  fi
+  if [[ "$PART" == more ]]; then
+    steps+=("more: loopback suite on one GPU (n = 2..8, halves, sub-rings, hierarchical)|$LIMIT_LOOPBACK"
+            "more: pytest -m gpu tests/gpu at 3 ranks|$LIMIT_SUITE3"
+            "more: bench --backend nccl, 3 ranks, 1 MiB-256 MiB|$LIMIT_BENCH3")
+  fi
+  echo "[gpu_check] plan of '$PART' on a GPU machine: budget $BUDGET s (device tool: run with timeout_s $((BUDGET + 30)))"
+  for line in "${steps[@]}"; do
+    name="${line%|*}" limit="${line##*|}"
+    total=$((total + limit))
+    printf '  %-78s limit %3d s, by %3d s\n' "$name" "$limit" "$(( total < BUDGET ? total : BUDGET ))"
+  done
+  echo "  each limit is cut to what is left of the $BUDGET s budget; a step it cannot hold is 'not run'"
+  echo "  without a GPU: the part's simulated-device rehearsal; the last line says no CUDA GPU was found"
+}
+if [[ "$DRY_RUN" == 1 ]]; then
+  plan
+  exit 0
+fi
+
 SYSTEM_CXX=/usr/bin/g++
 if [[ -z "${PYTHON:-}" ]]; then  # the first interpreter that has torch
   for cand in "$ROOT/.venv/bin/python" python python3; do
@@ -48,24 +109,43 @@ fi
 NGPU="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)"
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 if [[ "$NGPU" == "0" ]]; then  # nothing worth keeping in the repository
-  RESULTS="${RESULTS:-${TMPDIR:-/tmp}/ringreduce-gpu_check-$STAMP}"
+  RESULTS="${RESULTS:-${TMPDIR:-/tmp}/ringreduce-gpu_check-$PART-$STAMP}"
 else
-  RESULTS="${RESULTS:-$ROOT/benchmarks/results/gpu_check-$STAMP}"
+  RESULTS="${RESULTS:-$ROOT/benchmarks/results/gpu_check-$PART-$STAMP}"
 fi
 mkdir -p "$RESULTS"
 LOG="$RESULTS/gpu_check.log"
+LOGS=("$LOG")
+PUB=""  # $OUT/gpu_check-<part>: what the device tool brings back
+if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
+  PUB="$OUT/gpu_check-$PART"
+  mkdir -p "$PUB"
+  LOGS+=("$PUB/gpu_check.log")
+fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 SUMMARY=()
 FAILED=0
 
-say() { echo "[gpu_check] $*" | tee -a "$LOG"; }
+say() { echo "[gpu_check] $*" | tee -a "${LOGS[@]}"; }
+note() {  # note LINE: a summary line, written at once (a command cut short still says what it found)
+  SUMMARY+=("$1")
+  echo "$1" >> "$RESULTS/summary.txt"
+  [[ -n "$PUB" ]] && echo "$1" >> "$PUB/summary.txt"
+  return 0
+}
+publish() {  # the results folder, packed into $OUT (at most 8 files come back from there)
+  [[ -n "$PUB" ]] || return 0
+  tar czf "$PUB/results.tar.gz.part" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")" 2>/dev/null &&
+    mv "$PUB/results.tar.gz.part" "$PUB/results.tar.gz"
+  return 0
+}
 step() {  # step NAME LIMIT_S CMD...: runs CMD (at most LIMIT_S s, within the budget), output in the log
   local name="$1" limit="$2"
   shift 2
   local left=$((BUDGET - SECONDS))
   (( left < limit )) && limit=$left
   if (( limit < 20 )); then
-    SUMMARY+=("FAIL  $name (not run: the $BUDGET s budget of GPU_CHECK_BUDGET is spent)")
+    note "FAIL  $name (not run: the $BUDGET s budget is spent)"
     FAILED=1
     return 1
   fi
@@ -73,32 +153,39 @@ step() {  # step NAME LIMIT_S CMD...: runs CMD (at most LIMIT_S s, within the bu
   local t0=$SECONDS rc
   # The GPU tests' harness ends its jobs 30 s before the limit (tests/gpu/gpu_ranks.py): a hang is
   # reported with every rank's stacks, and pytest's summary still prints, before timeout kills it.
-  RINGREDUCE_GPU_DEADLINE="$(($(date +%s) + (limit > 60 ? limit - 30 : limit / 2)))" timeout --kill-after=20 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  RINGREDUCE_GPU_DEADLINE="$(($(date +%s) + (limit > 60 ? limit - 30 : limit / 2)))" timeout --kill-after=20 "$limit" "$@" 2>&1 | tee -a "${LOGS[@]}"
   rc=${PIPESTATUS[0]}
   if (( rc == 0 )); then
-    SUMMARY+=("PASS  $name ($((SECONDS - t0)) s)")
+    note "PASS  $name ($((SECONDS - t0)) s)"
   elif (( rc == 124 || rc == 137 )); then
-    SUMMARY+=("FAIL  $name (stopped at its $limit s limit)")
+    note "FAIL  $name (stopped at its $limit s limit)"
     FAILED=1
   else
-    SUMMARY+=("FAIL  $name ($((SECONDS - t0)) s, exit code $rc)")
+    note "FAIL  $name ($((SECONDS - t0)) s, exit code $rc)"
     FAILED=1
   fi
+  publish
   return "$rc"
 }
 finish() {  # finish LAST_LINE
   {
     echo
-    echo "================ ringreduce gpu_check summary ================"
-    echo "machine: $(hostname) | $(date -u +%Y-%m-%dT%H:%M:%SZ) | commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') | $SECONDS s"
-    echo "results: $RESULTS"
+    echo "================ ringreduce gpu_check $PART: summary ================"
+    echo "machine: $(hostname) | $(date -u +%Y-%m-%dT%H:%M:%SZ) | commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') | $SECONDS s of $BUDGET"
+    echo "results: $RESULTS${PUB:+ (packed into $PUB/results.tar.gz)}"
     for line in "${SUMMARY[@]}"; do echo "$line"; done
-    [[ -f "$RESULTS/kernels.txt" ]] && cat "$RESULTS/kernels.txt"
-    [[ -f "$RESULTS/bench_summary.txt" ]] && cat "$RESULTS/bench_summary.txt"
     echo "$1"
-  } | tee "$RESULTS/summary.txt" | tee -a "$LOG"
+  } > "$RESULTS/summary.txt.new"
+  mv "$RESULTS/summary.txt.new" "$RESULTS/summary.txt"
+  tee -a "${LOGS[@]}" < "$RESULTS/summary.txt"
+  [[ -n "$PUB" ]] && cp "$RESULTS/summary.txt" "$PUB/summary.txt"
+  publish
   exit "$FAILED"
 }
+{
+  echo "# gpu_check $PART: $(hostname) | started $(date -u +%Y-%m-%dT%H:%M:%SZ) | commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') | budget $BUDGET s"
+} > "$RESULTS/summary.txt"
+[[ -n "$PUB" ]] && cp "$RESULTS/summary.txt" "$PUB/summary.txt"
 
 # ---- the build -------------------------------------------------------------------------------
 # A usable build: this checkout's ringreduce._C (not one an editable install of another checkout
@@ -157,7 +244,7 @@ probe_libstdcxx() {  # probe_libstdcxx CXX (empty: Python's link command): does 
   return "$rc"
 }
 build_with() {  # build_with CXX NEED_CUDA: one in-place build (CXX empty: the default compilers)
-  local cxx="$1" need="$2" env_=(MAX_JOBS="${MAX_JOBS:-$(nproc)}") limit=600 left=$((BUDGET - SECONDS)) cc
+  local cxx="$1" need="$2" env_=(MAX_JOBS="${MAX_JOBS:-$(nproc)}") limit=$LIMIT_BUILD left=$((BUDGET - SECONDS)) cc
   [[ "$need" == 1 ]] && env_+=(RINGREDUCE_REQUIRE_CUDA=1)
   if [[ -n "$cxx" ]]; then  # torch's build hands CC to nvcc as -ccbin (the .cu files' host compiler)
     env_+=(CXX="$cxx")
@@ -167,7 +254,7 @@ build_with() {  # build_with CXX NEED_CUDA: one in-place build (CXX empty: the d
   (( limit >= 20 )) || return 1
   say "---- build ringreduce in place with $(compiler "$cxx") (limit $limit s): setup.py build_ext --inplace"
   timeout --kill-after=20 "$limit" env "${env_[@]}" "$PYTHON" setup.py build_ext --inplace 2>&1 |
-    tee "$RESULTS/build.log" >>"$LOG"
+    tee "$RESULTS/build.log" | tee -a "${LOGS[@]}" >/dev/null
   tail -n 5 "$RESULTS/build.log"
   build_ok "$need"
 }
@@ -175,74 +262,96 @@ build() {  # build NEED_CUDA: in place unless a usable build exists; with the sy
   local need="$1" t0=$SECONDS
   if build_ok "$need"; then
     say "using the existing build ($(ext_file)); it loads the shared libstdc++"
-    SUMMARY+=("INFO  build: the checkout's existing one, checked: it loads the shared libstdc++")
+    note "INFO  build: the checkout's existing one, checked: it loads the shared libstdc++"
     return 0
   fi
   local probe=0
   probe_libstdcxx "${CXX:-}" || probe=$?
   if (( probe == 1 )) && [[ -x "$SYSTEM_CXX" ]] && [[ "${CXX:-}" != "$SYSTEM_CXX" ]]; then
     # the build would be refused after its whole compile: straight to the system compiler
-    SUMMARY+=("INFO  $(compiler "${CXX:-}") links libstdc++ statically (a probe library), which the build refuses")
+    note "INFO  $(compiler "${CXX:-}") links libstdc++ statically (a probe library), which the build refuses"
     say "the default compiler links libstdc++ statically (probe); building with $SYSTEM_CXX instead"
   elif build_with "${CXX:-}" "$need"; then
-    SUMMARY+=("PASS  build ($((SECONDS - t0)) s) with $(compiler "${CXX:-}")")
+    note "PASS  build ($((SECONDS - t0)) s) with $(compiler "${CXX:-}")"
     return 0
   elif grep -q "refusing the extension just linked" "$RESULTS/build.log" && [[ -x "$SYSTEM_CXX" ]] &&
        [[ "${CXX:-}" != "$SYSTEM_CXX" ]]; then
-    SUMMARY+=("INFO  build with $(compiler "${CXX:-}") refused: the extension carried its own static libstdc++")
+    note "INFO  build with $(compiler "${CXX:-}") refused: the extension carried its own static libstdc++"
     say "the build with the default compiler was refused (static libstdc++); building with $SYSTEM_CXX instead"
   else
-    SUMMARY+=("FAIL  build ($((SECONDS - t0)) s; see $RESULTS/build.log)")
+    note "FAIL  build ($((SECONDS - t0)) s; see $RESULTS/build.log)"
     FAILED=1
     return 1
   fi
   t0=$SECONDS
   if build_with "$SYSTEM_CXX" "$need"; then
-    SUMMARY+=("PASS  build ($((SECONDS - t0)) s) with $(compiler "$SYSTEM_CXX")")
+    note "PASS  build ($((SECONDS - t0)) s) with $(compiler "$SYSTEM_CXX")"
     return 0
   fi
-  SUMMARY+=("FAIL  build ($((SECONDS - t0)) s; see $RESULTS/build.log)")
+  note "FAIL  build ($((SECONDS - t0)) s; see $RESULTS/build.log)"
   FAILED=1
   return 1
 }
 
 say "python: $PYTHON ($("$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1))"
-say "CUDA GPUs visible to torch: $NGPU"
+say "CUDA GPUs visible to torch: $NGPU; part: $PART (budget $BUDGET s)"
 
-# ---- no GPU: the simulated-device checks -----------------------------------------------------
-if [[ "$NGPU" == "0" ]]; then
-  build 0 || finish "gpu_check: no CUDA GPU was found; could not build ringreduce (see $LOG); nothing ran on a GPU"
+# ---- no GPU: each part's simulated-device rehearsal -------------------------------------------
+sim_pytest() {  # sim_pytest NAME FILES...: the part's pytest files (SIM_TESTS replaces them)
+  local name="$1"
+  shift
   # shellcheck disable=SC2086
-  step "simulated device: kernel body + ring driver + registry (pytest)" 900 \
-    "$PYTHON" -m pytest -q -p no:cacheprovider ${SIM_TESTS:-tests/test_cuda_logic.py tests/test_cuda_registry.py \
-    tests/test_setup_archs.py}
+  step "$name (pytest)" 600 "$PYTHON" -m pytest -q -p no:cacheprovider ${SIM_TESTS:-"$@"}
+}
+sim_bench() {  # the benchmark's JSON -> summary path, as speed runs it, on 2 CPU ranks at tiny sizes
+  step "benchmark plumbing on 2 CPU ranks (JSON, summary lines)" 180 \
+    "$PYTHON" -m ringreduce.bench --backend gloo --nproc 2 -b 8 -e 1K -f 8 --rounds 1 -w 1 -n 2 -q \
+    --json "$RESULTS/bench.json" &&
+    "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/bench.json" > "$RESULTS/bench_summary.txt" 2>&1 ||
+    { note "FAIL  benchmark summary (scripts/gpu_bench_summary.py)"; FAILED=1; }
+  [[ -f "$RESULTS/bench_summary.txt" ]] && while IFS= read -r line; do note "      $line"; done < "$RESULTS/bench_summary.txt"
+  return 0
+}
+sim_cpp() {  # the C++ simulated-device checks
   if [[ "${GPU_CHECK_CPP:-1}" == "0" ]]; then
-    SUMMARY+=("SKIP  C++ simulated-device checks (GPU_CHECK_CPP=0)")
-  elif command -v cmake >/dev/null 2>&1; then
-    BUILD="$ROOT/build-gpucheck"
-    GEN=()
-    command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
-    step "configure the C++ checks (cmake, RR_CUDA=OFF)" 300 \
-      cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DRR_CUDA=OFF \
-      -DPython3_EXECUTABLE="$("$PYTHON" -c 'import sys; print(sys.executable)')"
-    TARGETS=(test_cuda_driver_sim)
-    if grep -q test_cuda_ring_fake "$BUILD/CTestTestfile.cmake" 2>/dev/null; then
-      TARGETS+=(test_cuda_ring_fake)
-    else
-      SUMMARY+=("SKIP  test_cuda_ring_fake (cuda_runtime_api.h or nccl.h not found by cmake)")
-    fi
-    step "build ${TARGETS[*]}" 900 cmake --build "$BUILD" -j "${MAX_JOBS:-2}" --target "${TARGETS[@]}"
-    step "simulated streams + fake CUDA runtime (ctest)" 300 \
-      ctest --test-dir "$BUILD" --output-on-failure -R "$(IFS='|'; echo "${TARGETS[*]}")"
-  else
-    SUMMARY+=("SKIP  C++ simulated-device checks (cmake not found)")
+    note "SKIP  C++ simulated-device checks (GPU_CHECK_CPP=0)"
+    return 0
+  elif ! command -v cmake >/dev/null 2>&1; then
+    note "SKIP  C++ simulated-device checks (cmake not found)"
+    return 0
   fi
-  finish "gpu_check: no CUDA GPU was found; ran the simulated-device checks only ($([[ $FAILED == 0 ]] && echo passed || echo FAILED)); nothing ran on a GPU"
+  local build="$ROOT/build-gpucheck" gen=() targets=(test_cuda_driver_sim)
+  command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+  step "configure the C++ checks (cmake, RR_CUDA=OFF)" 300 \
+    cmake -S "$ROOT" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DRR_CUDA=OFF \
+    -DPython3_EXECUTABLE="$("$PYTHON" -c 'import sys; print(sys.executable)')"
+  if grep -q test_cuda_ring_fake "$build/CTestTestfile.cmake" 2>/dev/null; then
+    targets+=(test_cuda_ring_fake)
+  else
+    note "SKIP  test_cuda_ring_fake (cuda_runtime_api.h or nccl.h not found by cmake)"
+  fi
+  step "build ${targets[*]}" 900 cmake --build "$build" -j "${MAX_JOBS:-2}" --target "${targets[@]}"
+  step "simulated streams + fake CUDA runtime (ctest)" 300 \
+    ctest --test-dir "$build" --output-on-failure -R "$(IFS='|'; echo "${targets[*]}")"
+}
+if [[ "$NGPU" == "0" ]]; then
+  # The rehearsal runs on small CPU machines (CI): a CPU build there takes minutes, not the GPU's limits.
+  BUDGET=$(( BUDGET > 1800 ? BUDGET : 1800 )) LIMIT_BUILD=900
+  build 0 || finish "gpu_check: no CUDA GPU was found; could not build ringreduce (see $LOG); nothing ran on a GPU"
+  if [[ "$PART" == speed || "$PART" == all ]]; then
+    sim_pytest "simulated device: kernel body + ring driver" tests/test_cuda_logic.py tests/test_setup_archs.py
+    sim_bench
+  fi
+  if [[ "$PART" == suite || "$PART" == all ]]; then
+    sim_pytest "simulated device: communicator registry + GPU harness on CPU ranks" tests/test_cuda_registry.py \
+      tests/test_gpu_harness.py
+  fi
+  [[ "$PART" == more ]] && sim_cpp
+  finish "gpu_check: no CUDA GPU was found; ran the simulated-device rehearsal of '$PART' only ($([[ $FAILED == 0 ]] && echo passed || echo FAILED)); nothing ran on a GPU"
 fi
 
 # ---- a GPU: build, machine -------------------------------------------------------------------
-# Kernels for the GPUs at hand only (setup.py's default is four architectures: minutes more on any
-# machine), as torch's own extension builds do when TORCH_CUDA_ARCH_LIST is unset.
+# Kernels for the GPUs at hand only (setup.py's default too, said here for the log).
 if [[ -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
   TORCH_CUDA_ARCH_LIST="$("$PYTHON" -c 'import torch; n = torch.cuda.device_count()
 print(";".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(n)})))' 2>/dev/null)"
@@ -250,47 +359,60 @@ print(";".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in ra
     say "TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST (the visible GPUs; set it to build others)"
 fi
 build 1 || finish "gpu_check: could not build ringreduce with CUDA (see $LOG)"
-"$PYTHON" -c 'import json, ringreduce; print(json.dumps(ringreduce.build_info()))' > "$RESULTS/build_info.json" 2>&1
-say "build_info: $(cat "$RESULTS/build_info.json")"
 {
   nvidia-smi -L 2>&1 || true
   nvidia-smi topo -m 2>&1 || true
   nvidia-smi --query-gpu=index,name,memory.total,driver_version,pcie.link.gen.current,clocks.max.sm \
     --format=csv 2>&1 || true
+  echo "build_info: $("$PYTHON" -c 'import json, ringreduce; print(json.dumps(ringreduce.build_info()))' 2>&1)"
+  echo "torch: $("$PYTHON" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' 2>&1)"
 } > "$RESULTS/machine.txt"
-tee -a "$LOG" < "$RESULTS/machine.txt"
+tee -a "${LOGS[@]}" < "$RESULTS/machine.txt"
+publish
 
-# ---- the checks (limits: the first run on one H100 took 138 s for the loopback suite, 10 s for
-# the kernels; docs/performance.md has the plan). pytest -v names each test as it ends and
-# --durations lists the slowest, so a run stopped at its limit still says where the time went. ------
-step "loopback suite on one GPU (n = 2..8, halves, sub-rings, hierarchical)" 200 \
-  "$PYTHON" -m pytest -v -p no:cacheprovider -m gpu tests/gpu/test_gpu_loopback.py --durations=5 \
-  --junitxml="$RESULTS/loopback.xml"
-step "reduce kernel vs torch, kernel vs D2D copy bandwidth" 60 \
-  bash -c "set -o pipefail; '$PYTHON' scripts/gpu_kernels.py --json '$RESULTS/kernels.json' | tee '$RESULTS/kernels.txt'"
-
-WORLDS=(2 3)
-(( NGPU > 3 )) && WORLDS+=("$NGPU")
-for n in "${WORLDS[@]}"; do
+bench() {  # bench NPROC LIMIT SWEEP...: ringreduce vs NCCL (default, NCCL_ALGO=RING) and the loopback
+  local nproc="$1" limit="$2" plot=(--plot "$RESULTS/bench_${1}r.png")
+  shift 2
+  if ! "$PYTHON" -c "import matplotlib" >/dev/null 2>&1; then  # the bench refuses --plot without it
+    plot=()
+    note "INFO  bench without its PNG: $PYTHON has no matplotlib (the JSON has every figure)"
+  fi
+  # shellcheck disable=SC2086
+  step "ringreduce.bench vs NCCL, $nproc ranks, $*" "$limit" \
+    "$PYTHON" -m ringreduce.bench --backend nccl --nproc "$nproc" "$@" --json "$RESULTS/bench_${nproc}r.json" \
+    "${plot[@]}" ${BENCH_ARGS:-}
+  if [[ -f "$RESULTS/bench_${nproc}r.json" ]]; then
+    "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/bench_${nproc}r.json" > "$RESULTS/bench_summary_${nproc}r.txt" 2>&1 ||
+      FAILED=1
+    while IFS= read -r line; do note "      $line"; done < "$RESULTS/bench_summary_${nproc}r.txt"
+  fi
+}
+suite() {  # suite N LIMIT: the multi-rank GPU suite at N ranks
+  local n="$1" how
   if (( n <= NGPU )); then how="one GPU per rank"; else how="sharing $NGPU GPU(s) over NCCL's socket transport on lo"; fi
-  step "multi-rank GPU suite, $n ranks ($how)" $(( n == 2 ? 240 : 300 )) \
+  step "multi-rank GPU suite, $n ranks ($how)" "$2" \
     env RINGREDUCE_GPU_WORLD="$n" "$PYTHON" -m pytest -v -p no:cacheprovider -m gpu tests/gpu \
     --ignore=tests/gpu/test_gpu_loopback.py --durations=15 --junitxml="$RESULTS/gpu_suite_$n.xml"
-done
+}
 
-# ringreduce vs NCCL (default) and NCCL_ALGO=RING, 1 MiB - 256 MiB; 2 ranks on one GPU, else one per GPU.
+# ---- the parts (pytest -v names each test as it ends and --durations lists the slowest, so a step
+# stopped at its limit still says where the time went) ---------------------------------------------
 NPROC=$(( NGPU >= 2 ? NGPU : 2 ))
-PLOT=(--plot "$RESULTS/bench.png")
-if ! "$PYTHON" -c "import matplotlib" >/dev/null 2>&1; then  # the bench refuses --plot without it
-  PLOT=()
-  SUMMARY+=("INFO  bench without its PNG: $PYTHON has no matplotlib (the JSON has every figure)")
+if [[ "$PART" == speed || "$PART" == all ]]; then
+  step "reduce kernel vs torch, kernel vs D2D copy bandwidth" "$LIMIT_KERNELS" \
+    bash -c "set -o pipefail; '$PYTHON' scripts/gpu_kernels.py --json '$RESULTS/kernels.json' | tee '$RESULTS/kernels.txt'"
+  [[ -f "$RESULTS/kernels.txt" ]] && while IFS= read -r line; do note "      $line"; done < "$RESULTS/kernels.txt"
+  bench "$NPROC" "$LIMIT_BENCH" "${BENCH_SWEEP[@]}"
 fi
-# shellcheck disable=SC2086
-step "ringreduce.bench vs NCCL, $NPROC ranks, 1 MiB - 256 MiB" 180 \
-  "$PYTHON" -m ringreduce.bench --backend nccl --nproc "$NPROC" -b 1M -e 256M -f 2 --rounds 3 --warmup 2 \
-  --seconds 2 --min-iters 2 --json "$RESULTS/bench.json" "${PLOT[@]}" ${BENCH_ARGS:-}
-if [[ -f "$RESULTS/bench.json" ]]; then
-  "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/bench.json" > "$RESULTS/bench_summary.txt" 2>&1 || FAILED=1
+if [[ "$PART" == suite || "$PART" == all ]]; then
+  suite 2 "$LIMIT_SUITE"
+fi
+if [[ "$PART" == more ]]; then
+  step "loopback suite on one GPU (n = 2..8, halves, sub-rings, hierarchical)" "$LIMIT_LOOPBACK" \
+    "$PYTHON" -m pytest -v -p no:cacheprovider -m gpu tests/gpu/test_gpu_loopback.py --durations=5 \
+    --junitxml="$RESULTS/loopback.xml"
+  suite 3 "$LIMIT_SUITE3"
+  bench 3 "$LIMIT_BENCH3" -b 1M -e 256M -f 4 --rounds 3 --warmup 2 --seconds 0.5 --min-iters 2
 fi
 
-finish "gpu_check: $NGPU CUDA GPU(s); $([[ $FAILED == 0 ]] && echo 'every check passed' || echo 'SOME CHECKS FAILED') (results in $RESULTS)"
+finish "gpu_check $PART: $NGPU CUDA GPU(s); $([[ $FAILED == 0 ]] && echo 'every check passed' || echo 'SOME CHECKS FAILED') (results in $RESULTS)"

@@ -211,6 +211,14 @@ def test_cli_short_sweep(tmp_path, timing: str) -> None:
     assert all(row["iters"] == 5 and row["rounds"] == (3 if timing == "rounds" else 1) for row in doc["rows"])
     assert all(row["floor_us"] > 0 for row in doc["rows"])
     assert png.stat().st_size > 10_000
+    # What ran and against what (tests/test_bench_truth.py): shared memory, its 2-rank targets.
+    assert doc["ringreduce_transport"] == "shm" and doc["provenance"]["commit"]
+    assert [(t["max_time_ratio"], t["met"] + t["missed"]) for t in doc["targets"]] == [(0.10, [1024, 16 * 1024])]
+    assert "# ringreduce ran over shared memory; targets (docs/design.md section 5" in proc.stdout
+    from ringreduce.bench.plot import read_plot_metadata
+
+    drawn = read_plot_metadata(str(png))
+    assert drawn["transport"] == "shm" and drawn["targets"][0]["label"].startswith("target <= 0.1 at 1K-64K (")
 
 
 def test_cli_refuses_shm_without_the_transport(monkeypatch) -> None:

@@ -268,7 +268,6 @@ BAD_OPTIONS = [
     ((i32, i64), {"wire_dtype": bf16}, "sum", TypeError, "needs a float32 tensor", "no float32 tensor"),
     ((f16, bf16), {"wire_dtype": bf16}, "sum", ValueError, "float32 tensors only", "no float32 tensor"),
     ((i64, f32), {"wire_dtype": bf16}, "max", ValueError, "SUM and AVG", "element 1"),
-    ((f32,), {"wire_dtype": bf16, "algorithm": "hierarchical"}, "avg", ValueError, "flat ring"),
     ((f32, f64), {"algorithm": "tree"}, "sum", ValueError, "algorithm must be"),
     ((f32, f64), {"predivide_factor": 0}, "avg", ValueError, "> 0"),
     ((f32,), {"predivide_factor": float("nan")}, "avg", ValueError, "finite"),

@@ -1211,3 +1211,64 @@ def test_cuda_glue_passes_the_pipeline_knobs(fake_cuda, monkeypatch):
             _cuda.cuda_all_reduce(t, 0, info, False, False, 0)
         monkeypatch.delenv(var)
     assert len(fake.calls) == calls
+
+
+# ---- scripts/gpu_review_checks.py: the GPU review's checks that need a GPU -------------------------
+
+REVIEW_CHECKS = ROOT / "scripts" / "gpu_review_checks.py"
+
+
+def _review_checks_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_review_checks", REVIEW_CHECKS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the checks would run")
+def test_gpu_review_checks_without_a_gpu_say_so_and_exit_0():
+    import sys
+
+    listed = subprocess.run([sys.executable, str(REVIEW_CHECKS), "--list"], capture_output=True, text=True,
+                            timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()]
+    names = [row[0] for row in rows]
+    assert {"nccl-version", "lanes-stop", "env-blocking", "env-split-share", "launch-order", "fallback"} <= set(names)
+    assert all(row[1] == "<=" and 0 < int(row[2]) <= 60 for row in rows), listed.stdout
+    run = subprocess.run([sys.executable, str(REVIEW_CHECKS), "all"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [f"{n} SKIP: needs a CUDA GPU (none here)" for n in names]
+    bad = subprocess.run([sys.executable, str(REVIEW_CHECKS), "no-such-check"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "no-such-check" in bad.stderr
+
+
+def test_gpu_review_checks_verdicts():
+    """The one-line verdicts from what the ranks reported (no GPU needed)."""
+    mod = _review_checks_module()
+    hang = mod.verdict("lanes-stop", [None, None], ["", ""], 60.0, 60)
+    assert hang[0] == "FAIL" and "hang" in hang[1]
+    raised = mod.verdict("lanes-stop", [{"rank": 0, "error": "DistBackendError: timed out", "seconds": 11.0}, None],
+                         ["", ""], 12.0, 60)
+    assert raised == ("PASS", "rank 0 after 11.0 s: DistBackendError: timed out")
+    assert mod.verdict("lanes-stop", [{"rank": 0, "error": "no error", "seconds": 1.0}, None], ["", ""], 1.0,
+                       60)[0] == "FAIL"
+    refused = [{"rank": r, "error": "ValueError: ringreduce: NCCL_COMM_BLOCKING=1 is set", "nccl": "2.27.5"}
+               for r in range(2)]
+    assert mod.verdict("env-blocking", refused, ["", ""], 9.0, 45)[0] == "PASS"
+    accepted = [{"rank": r, "mismatch": "", "nccl": "2.27.5"} for r in range(2)]
+    assert mod.verdict("env-blocking", accepted, ["", ""], 9.0, 45)[0] == "FAIL"
+    wrong = [{"rank": 0, "mismatch": "3 of 1024 elements differ", "nccl": "2.27.5"}, accepted[1]]
+    status, seen = mod.verdict("launch-order", wrong, ["", ""], 9.0, 45)
+    assert status == "FAIL" and "rank 0: 3 of 1024" in seen
+    assert mod.verdict("launch-order", accepted, ["", ""], 9.0, 45)[0] == "PASS"
+    one_lane = [{"rank": r, "mismatch": "", "lanes": 1, "nccl": "2.21.5"} for r in range(2)]
+    assert mod.verdict("fallback", one_lane, ["", ""], 9.0, 45)[0] == "PASS"
+    two_lanes = [{"rank": r, "mismatch": "", "lanes": 2, "nccl": "2.27.5"} for r in range(2)]
+    assert mod.verdict("fallback", two_lanes, ["", ""], 9.0, 45)[0] == "FAIL"
+    assert mod.verdict("nccl-version", [None, accepted[1]], ["boom", ""], 45.0, 45)[0] == "FAIL"
+    simple = mod.verdict("nccl-version", one_lane, ["... take the simplest path ...", ""], 9.0, 45)
+    assert simple[0] == "PASS" and "NCCL 2.21.5" in simple[1] and "simplest path" in simple[1]

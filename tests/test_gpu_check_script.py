@@ -5,6 +5,7 @@ C++ build; the full no-GPU run is `scripts/gpu_check.sh` itself)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,70 @@ def test_gpu_check_without_gpu_says_so_and_exits_zero(tmp_path):
     assert "no CUDA GPU was found" in lines[-1]
     assert "PASS  simulated device" in proc.stdout
     assert (tmp_path / "results" / "summary.txt").read_text().strip().splitlines()[-1] == lines[-1]
+
+
+def _run(args: list[str], env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU mode")
+@pytest.mark.parametrize("part", ["speed", "suite", "more"])
+def test_each_part_rehearses_without_gpu_and_writes_into_out(tmp_path, part):
+    """Each part's no-GPU mode (reduced: one quick pytest file, no C++ build): it says so in its last
+    line, exits 0, and with OUT set (the device tool's folder) writes the summary and the log there
+    line by line and the results folder packed, 3 files (the tool brings back at most 8)."""
+    import tarfile
+
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, PYTHON=sys.executable, RESULTS=str(tmp_path / "results"), GPU_CHECK_CPP="0",
+               SIM_TESTS="tests/test_gpu_check_script.py::test_dry_run_prints_each_part_within_its_budget",
+               OUT=str(out))
+    proc = _run([part], env)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert lines[-1].startswith(f"gpu_check: no CUDA GPU was found; ran the simulated-device rehearsal of '{part}'")
+    pub = out / f"gpu_check-{part}"
+    assert sorted(p.name for p in pub.iterdir()) == ["gpu_check.log", "results.tar.gz", "summary.txt"]
+    summary = (pub / "summary.txt").read_text().strip().splitlines()
+    assert summary[-1] == lines[-1] and summary == (tmp_path / "results" / "summary.txt").read_text().strip().splitlines()
+    assert lines[-1] in (pub / "gpu_check.log").read_text()
+    with tarfile.open(pub / "results.tar.gz") as tar:
+        assert "results/summary.txt" in tar.getnames()
+    if part == "speed":  # the benchmark's JSON -> summary lines, as on a GPU
+        assert "PASS  benchmark plumbing on 2 CPU ranks" in proc.stdout
+        assert "      bench: wrong elements 0 (OK)" in summary
+    if part == "suite":
+        assert "PASS  simulated device: communicator registry + GPU harness on CPU ranks" in proc.stdout
+    if part == "more":
+        assert "SKIP  C++ simulated-device checks (GPU_CHECK_CPP=0)" in summary
+
+
+def test_dry_run_prints_each_part_within_its_budget():
+    """--dry-run prints each part's steps with their limits and runs nothing; speed (build included) and
+    suite (on speed's build) fit 300 s each, no argument (speed then suite) 540 s, and each device
+    command (budget + 30 s) one 600 s run."""
+    budgets = {}
+    for args in (["speed"], ["suite"], ["more"], []):
+        proc = _run([*args, "--dry-run"], dict(os.environ), timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        head, *steps = proc.stdout.strip().splitlines()
+        match = re.match(r"\[gpu_check\] plan of '(\w+)' on a GPU machine: budget (\d+) s \(device tool: run with "
+                         r"timeout_s (\d+)\)", head)
+        assert match, head
+        part, budget, timeout_s = match.group(1), int(match.group(2)), int(match.group(3))
+        assert timeout_s == budget + 30 <= 600
+        limits = [int(m.group(1)) for line in steps if (m := re.search(r"limit +(\d+) s", line))]
+        assert limits and limits[0] == 110, steps  # the build, where none is usable
+        budgets[part] = (budget, limits)
+    assert budgets["speed"][0] == 300 and sum(budgets["speed"][1]) <= 300
+    assert budgets["suite"][0] == 300 and sum(budgets["suite"][1][1:]) <= 300  # with speed's build
+    assert budgets["all"][0] == 540 and budgets["all"][1][:3] == budgets["speed"][1] and len(budgets["all"][1]) == 4
+    assert sum(budgets["all"][1]) <= 540 and sum(budgets["more"][1]) <= 540
+    env = dict(os.environ, GPU_CHECK_DRY_RUN="1")
+    assert _run(["speed"], env, timeout=30).stdout == _run(["speed", "--dry-run"], dict(os.environ), timeout=30).stdout
+    assert _run(["bogus"], dict(os.environ), timeout=30).returncode == 2
 
 
 def test_bench_summary_reads_what_the_benchmark_writes(tmp_path):

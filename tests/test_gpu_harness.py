@@ -1,4 +1,4 @@
-"""The GPU tests' harness (tests/gpu/gpu_ranks.py) and rank placement (ringreduce/bench/launch.py),
+"""The GPU tests' harness (tests/gpu/gpu_ranks.py) and rank placement (ringreduce/bench/gpu_map.py),
 without a GPU: the pure functions that map ranks onto GPUs and set NCCL's environment, and the
 harness itself run over gloo (device="cpu"): a rank that dies of a signal fails the test at once
 with its signal and what it printed, an expected exit is allowed, a rank's exception is reported."""
@@ -14,7 +14,7 @@ import torch.distributed as dist
 from gpu import gpu_ranks
 from gpu.gpu_ranks import close_pools, describe_exit, run_gpu_ranks
 
-from ringreduce.bench.launch import gpu_world_size, nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
+from ringreduce.bench.gpu_map import gpu_world_size, nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
 
 # ---- rank placement (Note [Ranks sharing a GPU]) -----------------------------------------------------
 
@@ -202,3 +202,34 @@ def test_gpu_hook_bodies_hold_on_cpu(body):
 
     counts = run_gpu_ranks(getattr(test_gpu_hooks, body), False, device="cpu", fresh=True, timeout=240)
     assert all(c == (16 if body == "_hooks_match_ddp" else 3) for c in counts), counts
+
+
+def test_no_rank_folder_is_left_behind(monkeypatch, tmp_path):
+    """The harness's rr_gpu_ranks_* folders (init file, rank logs) go once their logs are read: after
+    a fresh job, after a failure's report (which quotes the logs), and when a pool closes (issue 30:
+    140 of them had piled up in /tmp on a developer machine)."""
+    import tempfile
+
+    close_pools()  # pools of earlier tests live in the real temporary folder
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def left() -> list[str]:
+        return sorted(p.name for p in tmp_path.glob("rr_gpu_ranks_*"))
+
+    assert run_gpu_ranks(_sum_ranks, device="cpu", fresh=True) == [3, 3]
+    assert left() == []
+    with pytest.raises(pytest.fail.Exception) as info:
+        run_gpu_ranks(_raise_on_rank0, device="cpu", fresh=True, timeout=60)
+    assert "rank 0 was here" in str(info.value)  # the report read the log before it went
+    assert left() == []
+    try:
+        assert run_gpu_ranks(_sum_ranks, device="cpu") == [3, 3]
+        assert len(left()) == 1  # a pool keeps its folder while it lives
+        with pytest.raises(pytest.fail.Exception) as info:
+            run_gpu_ranks(_raise_on_rank0, device="cpu", timeout=60)
+        assert "rank 0 was here" in str(info.value) and left() == []
+        assert run_gpu_ranks(_sum_ranks, device="cpu") == [3, 3]  # a fresh pool, a new folder
+        assert len(left()) == 1
+    finally:
+        close_pools()
+    assert left() == []

@@ -533,7 +533,7 @@ def test_gradient_as_bucket_view(ws: int) -> None:
 
 
 def test_bucket_assignment_reverse_order_and_caps() -> None:
-    from ringreduce.hooks import _assign_buckets
+    from ringreduce.hooks.buckets import _assign_buckets
 
     params = [torch.zeros(256, requires_grad=True) for _ in range(6)]  # 1 KiB each
     params.insert(3, torch.zeros(10, dtype=torch.float64, requires_grad=True))

@@ -1,7 +1,9 @@
-"""A real `torchrun --nnodes 2 --nproc-per-node 2` job on localhost: two simulated nodes.
+"""A real `torchrun --nnodes 2 --nproc-per-node 2` job: two nodes.
 
-Two torchrun agents (node ranks 0 and 1) rendezvous on 127.0.0.1; ringreduce must take the node
-layout from the launcher's environment and run the hierarchical all-reduce across the "nodes".
+Two torchrun agents (node ranks 0 and 1) rendezvous; ringreduce must take the node layout from the
+launcher's environment and run the hierarchical all-reduce across the nodes. Where the machine allows
+it (root, network namespaces, tbf) each agent runs on a simulated host of its own (its network stack,
+hostname and 1 Gbit/s link: ringreduce/bench/netns.py), else both on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -11,20 +13,38 @@ import os
 import subprocess
 import sys
 
+import pytest
 from ranks import free_port
+
+from ringreduce.bench.netns import MASTER_PORT, Cluster, ClusterRefused, preflight
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def test_torchrun_two_nodes_two_ranks_each(tmp_path):
-    port = free_port()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+def _simulated_hosts() -> bool:
+    try:
+        preflight()
+        with Cluster(1, "1gbit", prefix=f"rrc-{os.getpid()}-probe"):
+            return True
+    except ClusterRefused:
+        return False
+
+
+@pytest.mark.parametrize("where", ["simulated-hosts" if _simulated_hosts() else "loopback"])
+def test_torchrun_two_nodes_two_ranks_each(tmp_path, where):
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
     env.pop("RINGREDUCE_LOCAL_SIZE", None)
+    cluster = Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-torchrun") if where == "simulated-hosts" else None
+    addr, port = (cluster.addr(0), MASTER_PORT) if cluster else ("127.0.0.1", free_port())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(port)]
+           "--master-addr", addr, "--master-port", str(port)]
+    if cluster:
+        cluster.__enter__()  # removes what it built if building fails
     procs = [
-        subprocess.Popen(cmd + ["--node-rank", str(node), os.path.join(HERE, "torchrun_job.py"), str(tmp_path)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        (cluster.popen if cluster else (lambda _node, argv, **kw: subprocess.Popen(argv, **kw)))(
+            node, cmd + ["--node-rank", str(node), os.path.join(HERE, "torchrun_job.py"), str(tmp_path)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for node in (0, 1)
     ]
     outputs = []
@@ -35,6 +55,8 @@ def test_torchrun_two_nodes_two_ranks_each(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
+        if cluster:
+            cluster.down()
     for node, (p, text) in enumerate(zip(procs, outputs, strict=True)):
         assert p.returncode == 0, f"torchrun node {node} exited {p.returncode}:\n{text[-4000:]}"
     reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(4)]
@@ -43,6 +65,8 @@ def test_torchrun_two_nodes_two_ranks_each(tmp_path):
         assert not r["failures"], r
         assert r["group_rank"] == r["rank"] // 2 and r["local_rank"] == r["rank"] % 2
         assert r["layout"] == {"local_size": 2, "nodes": 2, "node_of": [0, 0, 1, 1]}
+        if cluster:  # each node's ranks on their own host
+            assert r["host"] == cluster.hostname(r["rank"] // 2)
     node = [0, 0, 1, 1]
 
     def cross(algo: str) -> list[int]:

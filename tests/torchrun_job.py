@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import socket
 import sys
 
 import torch
@@ -29,7 +30,7 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank, ws = dist.get_rank(), dist.get_world_size()
     report: dict = {"rank": rank, "group_rank": int(os.environ["GROUP_RANK"]),
-                    "local_rank": int(os.environ["LOCAL_RANK"])}
+                    "local_rank": int(os.environ["LOCAL_RANK"]), "host": socket.gethostname()}
     layout = node_layout(resolve(None))
     report["layout"] = {"local_size": layout.local_size, "nodes": layout.nodes, "node_of": list(layout.node_of_member)}
     failures = []

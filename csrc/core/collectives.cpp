@@ -82,12 +82,16 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   PlanOptions one_lane = base;  // the three stages run one after another on one lane
   one_lane.lanes = 1;
   one_lane.lane = 0;
+  one_lane.wire_dtype.reset();  // the node stages: no wire (Note [Hierarchical 16-bit wire])
   RR_CHECK(n % L == 0, kValue, "ringreduce: hierarchical all-reduce over ", n, " ranks needs equal nodes, got ", L,
            " ranks per node");
   RR_CHECK(!base.accum_float32, kValue,
            "ringreduce internal error: the hierarchical stages never carry float32 partials (reduce a float32 copy)");
-  RR_CHECK(!base.wire_dtype, kValue,
-           "ringreduce: a 16-bit wire (wire_dtype) runs on the flat ring only; use algorithm=\"ring\" (or \"auto\")");
+  // Note [Hierarchical 16-bit wire]: a 16-bit wire applies to the cross-node ring (stage 2) only,
+  // where bytes cost; the node stages move the tensor's own type (float32), so the node sums are
+  // exact in float32 and rounded to 16 bits once, as the flat ring's first hop rounds its inputs.
+  // Stage 2's all-gather carries the owners' finished float32 values, so every rank ends with the
+  // same bits.
   const int M = n / L;
   const int node = ring.index / L;
   const int local = ring.index % L;
@@ -119,6 +123,7 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   p2.average = op == RedOp::kAvg;
   p2.avg_divisor = n;
   p2.pre_factor = 0;  // its inputs are node sums, divided in stage 1 already
+  p2.wire_dtype = base.wire_dtype;
   stages[1].plan = buildPlan(M, node, mine.size(), dtype, p2);
   stages[1].op = op;
   stages[1].offset = mine.begin;

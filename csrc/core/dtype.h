@@ -1,6 +1,6 @@
 // ringreduce core: the element types and reduction operators of the contract, as plain enums.
 //
-// The torch layer converts at::ScalarType / ReduceOp to these once, at the boundary (STYLE rule 4);
+// The torch layer converts at::ScalarType / ReduceOp to these once, at the boundary;
 // everything below works with DType and RedOp only. The numeric values are part of the agreement
 // frame that crosses the wire: append, never renumber.
 #pragma once

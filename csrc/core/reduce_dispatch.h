@@ -4,7 +4,7 @@
 //
 // dispatchReduce(op, a_type, b_type, dst_type, launcher) calls launcher.template run<TA, TB, TD,
 // op>() for the storage types of the operands; dispatchConvert(from, to, launcher) calls
-// launcher.template convert<TS, TD>(). Explicit lists with a loud default (STYLE rule 4). The
+// launcher.template convert<TS, TD>(). Explicit lists with a loud default: dtypes are dispatched once, here. The
 // operand type triples are those a plan produces (plan.h, Note [Reduction contract]):
 //   * every operand of the tensor's type (every dtype, with the dtype/op rules of dtype.h);
 //   * float16/bfloat16 with float32 partials (accum_dtype=float32): b and/or dst float32;

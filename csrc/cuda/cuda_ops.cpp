@@ -75,7 +75,9 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
            "ringreduce: a 16-bit wire (wire_dtype) runs on the flat all-reduce ring only");
   const std::vector<int> key = ringKey(req.members, ring.size());
   const int64_t bytes = req.numel * static_cast<int64_t>(dtypeSize(req.dtype));
-  const bool one_shot = !scatter && !gather && !hier && req.one_shot && n <= kOneShotMaxRanks &&
+  // No one-shot on the simplest path (Note [NCCL versions, environment and the simplest path]).
+  const bool one_shot = !scatter && !gather && !hier && req.one_shot && !ring.comm().simplePath() &&
+                        n <= kOneShotMaxRanks &&
                         bytes <= gpuOneShotBytes(n, ring.stagingBytes(), req.knobs);
   if (req.check) {
     agree(ring, makeFrame(&req, req.kind, op, 0, ring.rank(), ring.nextSeq(key), one_shot), rm, req.group_name);  // 3
@@ -124,13 +126,6 @@ void sendCudaRefusal(CudaRing& ring, CallKind kind, int error, RedOp op, const s
 }
 
 namespace {
-std::string ncclVersionString(int v) {
-  // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9 (X*1000 + Y*100 + Z before).
-  const int major = v >= 10000 ? v / 10000 : v / 1000;
-  const int minor = v >= 10000 ? (v / 100) % 100 : (v / 100) % 10;
-  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(v % 100);
-}
-
 std::vector<std::string> splitArchs(const std::string& s) {
   std::vector<std::string> out;
   size_t start = 0;

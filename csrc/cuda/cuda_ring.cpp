@@ -276,6 +276,13 @@ CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int64_t staging_bytes, int64_
   RR_CHECK(staging_bytes_ >= 512, kValue, "ringreduce: staging of ", staging_bytes_, " bytes is too small");
   RR_CHECK(more_lanes.size() < static_cast<size_t>(kGpuMaxLanes), kValue, "ringreduce: at most ", kGpuMaxLanes,
            " lanes");
+  if (comm_->simplePath() && !more_lanes.empty()) {
+    // The simplest path runs one lane (Note [NCCL versions, environment and the simplest path]).
+    std::vector<NcclComm*> idle;
+    for (const auto& c : more_lanes) idle.push_back(c.get());
+    NcclComm::abortTogether(idle, "the simplest GPU path runs one lane");
+    more_lanes.clear();
+  }
   lanes_.resize(1 + more_lanes.size());
   lanes_[0].comm = comm_;
   for (size_t k = 0; k < more_lanes.size(); ++k) {
@@ -284,6 +291,8 @@ CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int64_t staging_bytes, int64_
              kValue, "ringreduce: lane ", k + 1, "'s communicator differs from lane 0's in size, rank or device");
     lanes_[k + 1].comm = std::move(more_lanes[k]);
   }
+  if (lanes_.size() > 1)
+    for (Lane& l : lanes_) l.comm->deferAbortToRing();  // Note [Stopping every lane at once]
   DeviceGuard guard(comm_->device());
   try {
     for (Lane& l : lanes_) {
@@ -336,10 +345,12 @@ bool CudaRing::aborted() const {
 }
 
 void CudaRing::abortLanes(const std::string& reason) {
-  // Lane 0 first: a work settles as done only while lane 0's communicator is not aborted (Note
-  // [Ordering, lifetime, failure]), and its done event, on lane 0, cannot fire before lane 0's
-  // kernels exit.
-  for (Lane& l : lanes_) l.comm->abort(reason);
+  // All lanes at once (Note [Stopping every lane at once], nccl_comm.h), every one marked aborted
+  // before any is stopped: a work settles as done only while lane 0's communicator is not aborted
+  // (Note [Ordering, lifetime, failure]).
+  std::vector<NcclComm*> comms;
+  for (Lane& l : lanes_) comms.push_back(l.comm.get());
+  NcclComm::abortTogether(comms, reason);
 }
 
 CudaRing::~CudaRing() { shutdown("the ring was destroyed"); }

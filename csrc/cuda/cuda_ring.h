@@ -261,7 +261,7 @@ class CudaRing {
     cudaEvent_t stage_event = nullptr;  // kStageDoneEvent, re-recorded between the lane's stages
     cudaEvent_t done_event = nullptr;   // laneDoneEvent(k), the lane's end (lanes >= 1)
   };
-  void abortLanes(const std::string& reason);  // every lane's communicator, lane 0 first
+  void abortLanes(const std::string& reason);  // every lane at once (Note [Stopping every lane at once])
 
   std::shared_ptr<NcclComm> comm_;
   std::shared_ptr<EventPool> pool_;

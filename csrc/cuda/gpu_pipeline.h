@@ -3,7 +3,7 @@
 //
 // Note [GPU pipeline rule]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// What a GPU ring costs (docs/performance.md, "A model of the GPU ring"): every exchange is one
+// What a GPU ring costs (docs/performance.md, "What bounds the GPU ring now"): every exchange is one
 // NCCL launch, and NCCL runs the kernels of one communicator one after another (src/enqueue.cc:
 // each launch waits for the communicator's device stream, which then waits for the kernel), so a
 // lane's exchanges never overlap each other: a call costs about

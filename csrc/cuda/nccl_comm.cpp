@@ -1,9 +1,13 @@
 #include "nccl_comm.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <utility>
+#include <set>
 #include <thread>
+#include <utility>
 
 #include "cuda_check.h"
 #include "host_interrupt.h"
@@ -26,7 +30,112 @@ std::string describeNccl(ncclResult_t r, ncclComm_t comm) {
   }
   return s;
 }
+// NCCL's reading of an integer variable (src/misc/param.cc ncclLoadParam): strtoll, base 0; unset,
+// empty or out of range: not set.
+bool ncclIntVar(const char* value, long long* out) {
+  if (value == nullptr || value[0] == '\0') return false;
+  errno = 0;
+  const long long v = std::strtoll(value, nullptr, 0);
+  if (errno != 0) return false;
+  *out = v;
+  return true;
+}
+
+// Once per process and message, on stderr (Note [NCCL versions, environment and the simplest path]).
+void announce(const std::string& message) {
+  static std::mutex* mu = new std::mutex;
+  static std::set<std::string>* said = new std::set<std::string>;
+  std::lock_guard<std::mutex> lock(*mu);
+  if (!said->insert(message).second) return;
+  std::fprintf(stderr, "[ringreduce] warning: %s\n", message.c_str());
+}
+
+// Stops NCCL communicators, one list per lane (Note [Stopping every lane at once]): in one group
+// when `grouped`, else one thread per lane; within a lane in order (parent, then child).
+void stopHandles(int device, const std::vector<std::vector<ncclComm_t>>& lanes, bool grouped) {
+  size_t count = 0;
+  for (const auto& l : lanes) count += l.size();
+  if (count == 0) return;
+  // The device must be current for NCCL's teardown. Errors cannot be reported to anyone useful
+  // here (this also runs on the watchdog thread and in destructors): the communicators are gone
+  // either way and every later use reports the abort reason.
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  if (previous != device) (void)cudaSetDevice(device);
+  if (grouped) {
+    (void)ncclGroupStart();
+    for (const auto& l : lanes)
+      for (ncclComm_t h : l) (void)ncclCommAbort(h);
+    (void)ncclGroupEnd();
+  } else {
+    std::vector<std::thread> others;
+    for (size_t k = 1; k < lanes.size(); ++k) {
+      if (lanes[k].empty()) continue;
+      others.emplace_back([device, &l = lanes[k]] {
+        (void)cudaSetDevice(device);
+        for (ncclComm_t h : l) (void)ncclCommAbort(h);
+      });
+    }
+    for (ncclComm_t h : lanes[0]) (void)ncclCommAbort(h);
+    for (std::thread& t : others) t.join();
+  }
+  restoreDevice(previous);
+}
 }  // namespace
+
+std::string ncclVersionString(int code) {
+  // NCCL_VERSION(X, Y, Z): X*10000 + Y*100 + Z since 2.9, X*1000 + Y*100 + Z before.
+  const int major = code >= 10000 ? code / 10000 : code / 1000;
+  const int minor = code >= 10000 ? (code % 10000) / 100 : (code % 1000) / 100;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
+}
+
+NcclSetup ncclSetupFor(int version, const std::function<const char*(const char*)>& env) {
+  NcclSetup s;
+  s.version = version;
+  s.launcher = version < 22300;
+  s.group_abort = version >= 22400;
+  const std::string nccl = "NCCL " + ncclVersionString(version);
+  const auto simple = [&s](const std::string& why) {
+    s.why_simple += (s.simple ? "; " : "") + why;
+    s.simple = true;
+  };
+  if (s.launcher) {
+    simple(nccl + " is older than 2.23 (its non-blocking groups launch inline); upgrade torch or the "
+           "nvidia-nccl wheel to NCCL >= 2.23 for the full path");
+  }
+  long long v = 0;
+  const char* blocking = env("NCCL_COMM_BLOCKING");
+  if (ncclIntVar(blocking, &v)) {
+    RR_CHECK(v != 1, kValue, "ringreduce: NCCL_COMM_BLOCKING=", blocking, " is set, and ", nccl,
+             " applies it over every communicator's config: ringreduce's communicator would block in init, "
+             "connections and launches without a deadline, so a dead peer would hang the process. Unset "
+             "NCCL_COMM_BLOCKING in the processes that run ringreduce on GPUs (torch's NCCL backend has its own "
+             "switch, TORCH_NCCL_USE_COMM_NONBLOCKING).");
+    if (v == 0) simple("NCCL_COMM_BLOCKING=" + std::string(blocking) + " makes the queued child communicator "
+                       "non-blocking; unset it for the full path");
+  }
+  const char* share = env("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  if (ncclIntVar(share, &v) && v != 1) {
+    simple("NCCL_COMM_SPLIT_SHARE_RESOURCES=" + std::string(share) + " keeps the queued child communicator "
+           "from sharing its parent's connections and abort flag; unset it for the full path");
+  }
+  for (const char* name : {"NCCL_WORK_ARGS_BYTES", "NCCL_WORK_FIFO_BYTES"}) {
+    const char* value = env(name);
+    if (value == nullptr || value[0] == '\0') continue;
+    s.warnings.push_back(std::string(name) + "=" + value + " is set: with " + nccl + " a launch whose work does "
+                         "not fit the kernel arguments waits for NCCL's work FIFO without looking at the abort "
+                         "flag, so a dead peer may hang ringreduce instead of raising DistBackendError; unset it");
+  }
+  const char* knob = env("RINGREDUCE_NCCL_SIMPLE");
+  if (knob != nullptr && knob[0] != '\0') {
+    const std::string k = knob;
+    RR_CHECK(k == "0" || k == "1", kValue, "ringreduce: RINGREDUCE_NCCL_SIMPLE=", k,
+             " must be 0 (the full GPU path where NCCL allows it) or 1 (the simplest path)");
+    if (k == "1") simple("RINGREDUCE_NCCL_SIMPLE=1 asks for it");
+  }
+  return s;
+}
 
 bool primaryContextActive(int device) {
   // The driver API through the runtime's entry-point lookup: no link against libcuda, so the
@@ -98,6 +207,17 @@ NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int devic
            sizeof(ncclUniqueId::internal), " bytes, got ", unique_id.size());
   RR_CHECK(nranks >= 1 && rank >= 0 && rank < nranks, kValue, "ringreduce: rank ", rank, " of ", nranks);
   RR_CHECK(timeout.count() > 0, kValue, "ringreduce: the NCCL timeout must be positive");
+  // Note [NCCL versions, environment and the simplest path]: before anything is created.
+  setup_ = ncclSetupFor(runtimeVersion(), [](const char* name) { return std::getenv(name); });
+  for (const std::string& w : setup_.warnings) announce("ringreduce: " + w);
+  if (setup_.simple) {
+    const std::string nccl = "NCCL " + ncclVersionString(setup_.version);
+    const bool named = setup_.why_simple.find(nccl) != std::string::npos;
+    announce("ringreduce: " + setup_.why_simple + (named ? "" : " (" + nccl + ")") +
+             ". ringreduce's GPU communicators take the simplest path: one lane, no one-shot, every exchange "
+             "handed off and waited on one non-blocking communicator (correct, slower; RINGREDUCE_NCCL_SIMPLE=1 "
+             "forces it)");
+  }
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -116,28 +236,96 @@ NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int devic
   }
   const auto deadline = std::chrono::steady_clock::now() + connect_timeout_;
   waitReady(lock, r, "ncclCommInitRankConfig", deadline);
+  if (setup_.simple) return;  // no child: every exchange is a hand-off
   // The blocking child of Note [Hand-off and queued exchanges]. Splitting a non-blocking parent is
   // itself non-blocking: the child handle is written once the parent's state leaves ncclInProgress.
   ncclConfig_t queued = NCCL_CONFIG_INITIALIZER;
   queued.blocking = 1;
   queued.commName = queue_name_.c_str();
+  // A failed split names the way around it (issue 30's fallback, decided on every rank alike).
+  const std::string simpler = ". The simplest GPU path runs without this child: set RINGREDUCE_NCCL_SIMPLE=1 on "
+                              "every rank (NCCL " + ncclVersionString(setup_.version) + ")";
   const ncclResult_t s = ncclCommSplit(comm_, /*color=*/0, /*key=*/rank_, &queue_, &queued);
   if (s != ncclSuccess && s != ncclInProgress) {
     const std::string msg = std::string("ncclCommSplit (the queued communicator) failed: ") + describeNccl(s, comm_);
     abortLocked(msg);
-    RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg);
+    RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg, simpler);
   }
   waitReady(lock, s, "ncclCommSplit", deadline);
   if (queue_ == nullptr) {
     abortLocked("ncclCommSplit returned no communicator");
     RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_,
-             "): ncclCommSplit returned no communicator");
+             "): ncclCommSplit returned no communicator", simpler);
   }
 }
 
 NcclComm::~NcclComm() {
-  std::unique_lock<std::mutex> lock(mu_);
-  abortLocked("the communicator was destroyed");
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    std::vector<std::vector<ncclComm_t>> handles(1);
+    releaseHandlesLocked("the communicator was destroyed", &handles[0]);
+    stopHandles(device_, handles, setup_.group_abort);
+  }
+  {
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    launch_stop_ = true;
+  }
+  launch_cv_.notify_all();
+  if (launcher_.joinable()) launcher_.join();
+}
+
+ncclResult_t NcclComm::onLauncher(const std::function<ncclResult_t()>& fn) {
+  std::unique_lock<std::mutex> lock(launch_mu_);
+  if (!launcher_.joinable()) {
+    launcher_ = std::thread([this] {
+      (void)cudaSetDevice(device_);
+      std::unique_lock<std::mutex> l(launch_mu_);
+      while (true) {
+        launch_cv_.wait(l, [this] { return launch_stop_ || static_cast<bool>(launch_job_); });
+        if (!launch_job_) return;  // stopped, nothing pending
+        std::function<ncclResult_t()> job = std::move(launch_job_);
+        launch_job_ = nullptr;
+        l.unlock();
+        const ncclResult_t r = job();
+        l.lock();
+        launch_result_ = r;
+        launch_done_ = true;
+        launch_cv_.notify_all();
+      }
+    });
+  }
+  launch_job_ = fn;
+  launch_done_ = false;
+  launch_cv_.notify_all();
+  launch_cv_.wait(lock, [this] { return launch_done_; });
+  return launch_result_;
+}
+
+std::pair<ncclResult_t, ncclResult_t> NcclComm::issueGroup(ncclComm_t comm, const P2p* ops, size_t count,
+                                                            cudaStream_t stream) {
+  ncclResult_t r = ncclSuccess;
+  ncclResult_t end = ncclSuccess;
+  const auto issue = [&]() {
+    // Bytes as ncclUint8: the element type does not matter to a copy, and both sides of each
+    // pair agree on the byte count (Note [One ring, two transports, one plan]).
+    r = ncclGroupStart();
+    for (size_t i = 0; i < count && r == ncclSuccess; ++i) {
+      const P2p& o = ops[i];
+      if (o.bytes == 0) continue;
+      r = o.send ? ncclSend(o.buf, o.bytes, ncclUint8, o.peer, comm, stream)
+                 : ncclRecv(o.buf, o.bytes, ncclUint8, o.peer, comm, stream);
+    }
+    // Always close the group, even after a failure inside it, so that the thread's group depth is
+    // balanced for the next call.
+    end = ncclGroupEnd();
+    return end;
+  };
+  if (setup_.launcher) {
+    (void)onLauncher(issue);
+  } else {
+    (void)issue();
+  }
+  return {r, end};
 }
 
 void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first, const char* what,
@@ -207,6 +395,7 @@ void NcclComm::group(const std::vector<P2p>& ops, cudaStream_t stream, bool hand
 void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, size_t count, cudaStream_t stream,
                             bool hand_off) {
   checkUsableLocked();
+  if (setup_.simple) hand_off = true;  // no child (Note [NCCL versions, environment and the simplest path])
   bool any = false;
   bool first_contact = false;
   for (size_t i = 0; i < count; ++i) {
@@ -223,18 +412,7 @@ void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, 
   }
   if (!any) return;
   ncclComm_t comm = hand_off ? comm_ : queue_;
-  // Bytes as ncclUint8: the element type does not matter to a copy, and both sides of each
-  // pair agree on the byte count (Note [One ring, two transports, one plan]).
-  ncclResult_t r = ncclGroupStart();
-  for (size_t i = 0; i < count && r == ncclSuccess; ++i) {
-    const P2p& o = ops[i];
-    if (o.bytes == 0) continue;
-    r = o.send ? ncclSend(o.buf, o.bytes, ncclUint8, o.peer, comm, stream)
-               : ncclRecv(o.buf, o.bytes, ncclUint8, o.peer, comm, stream);
-  }
-  // Always close the group, even after a failure inside it, so that this thread's group depth is
-  // balanced for the next call.
-  const ncclResult_t end = ncclGroupEnd();
+  auto [r, end] = issueGroup(comm, ops, count, stream);
   if (r == ncclSuccess || r == ncclInProgress) r = end;
   if (!hand_off) {
     // A blocking communicator's ncclGroupEnd returns once the kernel is enqueued (or failed).
@@ -256,8 +434,9 @@ void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, 
   // be recorded after them as if they ran, and the communicator must not be aborted (the user's
   // ncclGroupEnd will still use it): refuse, and let CudaRing poison the ring. Every call's first
   // exchange is a hand-off (Note [Hand-off and queued exchanges]), so this is seen before any
-  // queued exchange could join the user's group.
-  if (end == ncclSuccess && r == ncclSuccess) {
+  // queued exchange could join the user's group. From the launcher thread (NCCL < 2.23, Note [NCCL
+  // versions, environment and the simplest path]) no group can be open: ncclSuccess is a launch.
+  if (!setup_.launcher && end == ncclSuccess && r == ncclSuccess) {
     inside_user_group_ = true;
     RR_THROW(kRuntime, "ringreduce: a CUDA collective was called inside an NCCL group of this thread "
              "(ncclGroupStart; torch.distributed's _coalescing_manager or batch_isend_irecv); ringreduce "
@@ -274,7 +453,9 @@ void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, 
 
 std::string NcclComm::pollError() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (aborted_ || comm_ == nullptr) return "";
+  // Aborted but not yet stopped (Note [Stopping every lane at once]): the ring must stop its lanes.
+  if (aborted_) return comm_ != nullptr || queue_ != nullptr ? abort_reason_ : "";
+  if (comm_ == nullptr) return "";
   for (ncclComm_t c : {comm_, queue_}) {
     if (c == nullptr) continue;
     ncclResult_t state = ncclSuccess;
@@ -292,21 +473,44 @@ void NcclComm::abort(const std::string& reason) {
 }
 
 void NcclComm::abortLocked(const std::string& reason) {
-  if (aborted_.exchange(true)) return;
-  abort_reason_ = reason;
-  if (comm_ == nullptr && queue_ == nullptr) return;
-  // The device must be current for NCCL's teardown. Errors cannot be reported to anyone useful
-  // here (this also runs on the watchdog thread and in the destructor): the communicators are gone
-  // either way and every later use reports abort_reason_. Parent first, then the child (Note
-  // [Hand-off and queued exchanges]).
-  int previous = -1;
-  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
-  if (previous != device_) (void)cudaSetDevice(device_);
-  if (comm_ != nullptr) (void)ncclCommAbort(comm_);
-  if (queue_ != nullptr) (void)ncclCommAbort(queue_);
+  if (defer_abort_) {  // Note [Stopping every lane at once]: the ring stops every lane together
+    if (!aborted_.exchange(true)) abort_reason_ = reason;
+    return;
+  }
+  std::vector<std::vector<ncclComm_t>> handles(1);
+  releaseHandlesLocked(reason, &handles[0]);
+  stopHandles(device_, handles, setup_.group_abort);
+}
+
+void NcclComm::releaseHandlesLocked(const std::string& reason, std::vector<ncclComm_t>* out) {
+  if (!aborted_.exchange(true)) abort_reason_ = reason;
+  // Parent first, then the child (Note [Hand-off and queued exchanges]).
+  if (comm_ != nullptr) out->push_back(comm_);
+  if (queue_ != nullptr) out->push_back(queue_);
   comm_ = nullptr;
   queue_ = nullptr;
-  restoreDevice(previous);
+}
+
+void NcclComm::deferAbortToRing() {
+  std::unique_lock<std::mutex> lock(mu_);
+  defer_abort_ = true;
+}
+
+void NcclComm::abortTogether(const std::vector<NcclComm*>& comms, const std::string& reason) {
+  // Every lock in lane order (no other code holds two), then every flag before any cleanup.
+  std::vector<std::unique_lock<std::mutex>> locks;
+  std::vector<std::vector<ncclComm_t>> handles;
+  bool grouped = true;
+  int device = -1;
+  for (NcclComm* c : comms) {
+    if (c == nullptr) continue;
+    locks.emplace_back(c->mu_);
+    handles.emplace_back();
+    c->releaseHandlesLocked(reason, &handles.back());
+    grouped = grouped && c->setup_.group_abort;
+    device = c->device_;
+  }
+  if (device >= 0) stopHandles(device, handles, grouped);
 }
 
 std::string NcclComm::abortReason() const {

@@ -71,8 +71,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace rr {
@@ -99,6 +102,70 @@ class DeviceGuard {
  private:
   int previous_ = -1;
 };
+
+// Note [NCCL versions, environment and the simplest path]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// What Note [Hand-off and queued exchanges] relies on holds for the NCCL that runs, not the one
+// compiled against, and NCCL's environment can override a communicator's config. So each
+// communicator decides at creation, from ncclGetVersion and the environment (ncclSetupFor):
+//   * NCCL < 2.23 (older torch wheels ship it): a non-blocking ncclGroupEnd that needs no new
+//     connection launches inline and returns ncclSuccess (src/group.cc of 2.21.5/2.22.3), which
+//     reads as "inside the caller's NCCL group": every call after the first would be refused.
+//     There, every group is issued from a launcher thread of the communicator, whose NCCL group
+//     depth is always 0, so ncclSuccess means "launched" and a caller's own group can never absorb
+//     our sends (a call inside one runs instead of being refused); and the simplest path below.
+//   * NCCL_COMM_BLOCKING (src/init.cc envConfigOverride applies 0 or 1 over every config, the split
+//     child's included): 1 makes init, connections and hand-offs blocking, without a deadline a
+//     dead peer could be timed out by: refused (kValue) with what to do. 0 makes the child
+//     non-blocking, so its queued exchanges would return ncclInProgress: the simplest path.
+//   * NCCL_COMM_SPLIT_SHARE_RESOURCES other than 1 (NCCL sets splitShare to 0 for any other number):
+//     the child would connect on its own, in the caller's thread without a deadline, and not share
+//     the parent's abort flag: the simplest path.
+//   * NCCL_WORK_ARGS_BYTES / NCCL_WORK_FIFO_BYTES: smaller values move a launch's work from the
+//     kernel arguments into NCCL's work FIFO, whose wait for room (src/enqueue.cc
+//     waitWorkFifoAvailable) spins without looking at the abort flag: a warning.
+//   * NCCL_LAUNCH_ORDER_IMPLICIT=1 orders the kernels of every communicator of the device in host
+//     launch order; ringreduce launches in the same order on every rank, so this costs the lanes'
+//     overlap, never correctness: nothing to do.
+//   * RINGREDUCE_NCCL_SIMPLE=1 asks for the simplest path (0 or unset: only the triggers above).
+// The simplest path: no split child (every exchange is a hand-off on the one non-blocking
+// communicator, waited with its deadline), one lane (CudaRing drops the others) and no one-shot
+// (runCudaCall). It is not a blocking communicator: one of those would connect and launch without
+// any deadline, and a dead peer would hang the caller instead of raising DistBackendError. It is
+// announced on stderr once per process and reason, naming the NCCL version. Every rank must take
+// the same path (a rank on the simplest path and one on the queued child send on different
+// communicators); the triggers are the NCCL library and the environment, the same on every rank of
+// a job started from one environment, and RINGREDUCE_CHECK=1 catches a one-shot disagreement.
+// Note [Stopping every lane at once]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ncclCommAbort sets its own communicator's abort flag, then waits for that communicator's device
+// stream (src/init.cc commReclaim -> commDestroySync: cudaStreamSynchronize), which NCCL moved
+// past its last kernel, so it waits for whatever that kernel waits for. A ring's lanes depend on
+// each other through events (each lane's comm stream waits for the previous call, whose done event
+// follows lane 0's compute stream, which waits for every lane: ring_driver.cpp), so with two calls
+// queued and a dead peer, stopping lane 0 alone waits for lane 1's kernel, which exits only once
+// lane 1 is stopped: the process hangs (NCCL issue 1013, pytorch issue 150690). So a ring stops
+// its communicators together (abortTogether): all are marked aborted first; then, with NCCL >=
+// 2.24, ncclCommAbort of every parent and child inside one ncclGroupStart/End (inside a group each
+// sets its flag at once and the cleanup, stream waits included, runs at the outer ncclGroupEnd;
+// an abort makes the group blocking, so the non-blocking parent and blocking child may share it:
+// src/init.cc, src/group.cc ncclAsyncLaunch), else one thread per lane, each stopping its parent
+// then its child, so that no lane's flag waits for another lane's cleanup. An abort that one lane's
+// own wait decides (deadline, Ctrl-C, failed launch) only marks that lane aborted once its ring
+// deferred it (deferAbortToRing); the CudaRing that catches the error stops every lane together.
+struct NcclSetup {
+  int version = 0;             // ncclGetVersion, e.g. 22107 for 2.21.7
+  bool launcher = false;       // issue every group from the launcher thread (NCCL < 2.23)
+  bool group_abort = false;    // ncclCommAbort inside a group stops at once (NCCL >= 2.24)
+  bool simple = false;         // the simplest path
+  std::string why_simple;      // what chose it ("" when not simple)
+  std::vector<std::string> warnings;
+};
+// The setup for NCCL `version` under the environment `env` (name -> value or nullptr). Throws
+// kValue for NCCL_COMM_BLOCKING=1 and for a RINGREDUCE_NCCL_SIMPLE other than 0 or 1.
+NcclSetup ncclSetupFor(int version, const std::function<const char*(const char*)>& env);
+// "2.21.5" for 22105 (and 2.18.3 for the old code 2183).
+std::string ncclVersionString(int code);
 
 class NcclComm {
  public:
@@ -168,6 +235,19 @@ class NcclComm {
   // True once sendRecv() found itself inside a group the caller's thread opened.
   bool insideUserGroup() const { return inside_user_group_.load(); }
 
+  // Note [NCCL versions, environment and the simplest path]: what this communicator runs on.
+  const NcclSetup& setup() const { return setup_; }
+  bool simplePath() const { return setup_.simple; }
+
+  // Note [Stopping every lane at once]: from now on an abort of this communicator alone (a
+  // deadline, Ctrl-C, a failed launch) only marks it aborted; its NCCL communicators are stopped
+  // by the next abortTogether() of its ring (or its destructor).
+  void deferAbortToRing();
+  // Aborts every communicator of `comms` (a ring's lanes, lane 0 first) together: marks them all
+  // aborted, then stops all their NCCL communicators, parents and children, in one group (NCCL >=
+  // 2.24) or one thread per communicator. Idempotent; never throws.
+  static void abortTogether(const std::vector<NcclComm*>& comms, const std::string& reason);
+
  private:
   // Polls ncclCommGetAsyncError of the parent until the state leaves ncclInProgress, releasing the
   // lock between polls; aborts and throws on an error, when `deadline` passes, or when the calling
@@ -179,7 +259,16 @@ class NcclComm {
                     bool hand_off);
   void abortLocked(const std::string& reason);
   void checkUsableLocked() const;
+  // ncclGroupStart, the sends and receives of `ops` on `comm`, ncclGroupEnd: in this thread, or in
+  // the launcher thread when setup_.launcher. Returns (first failure or ncclSuccess, ncclGroupEnd's).
+  std::pair<ncclResult_t, ncclResult_t> issueGroup(ncclComm_t comm, const P2p* ops, size_t count,
+                                                   cudaStream_t stream);
+  // Runs `fn` on the launcher thread (started on first use) and returns its result.
+  ncclResult_t onLauncher(const std::function<ncclResult_t()>& fn);
+  // Hands over the NCCL handles not yet stopped (mu_ held) and marks the communicator aborted.
+  void releaseHandlesLocked(const std::string& reason, std::vector<ncclComm_t>* out);
 
+  NcclSetup setup_;
   int nranks_;
   int rank_;
   int device_;
@@ -197,6 +286,15 @@ class NcclComm {
   // Per peer: a hand-off sent to it / received from it reached the GPU (guarded by mu_).
   std::vector<bool> sent_to_;
   std::vector<bool> received_from_;
+  bool defer_abort_ = false;  // Note [Stopping every lane at once] (mu_)
+  // The launcher thread (setup_.launcher): one job at a time, under mu_.
+  std::thread launcher_;
+  std::mutex launch_mu_;
+  std::condition_variable launch_cv_;
+  std::function<ncclResult_t()> launch_job_;
+  ncclResult_t launch_result_ = ncclSuccess;
+  bool launch_done_ = false;
+  bool launch_stop_ = false;
 };
 
 }  // namespace rr

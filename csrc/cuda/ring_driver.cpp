@@ -121,6 +121,11 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
     RR_CHECK(static_cast<int>(st.members.size()) == plan.sched.nranks, kRuntime,
              "ringreduce internal error: a ring of ", plan.sched.nranks, " ranks with ", st.members.size(),
              " members");
+    // Note [Hierarchical 16-bit wire] (csrc/core/collectives.cpp): on GPUs the stages hold no
+    // partials buffer, so a wire on the cross-node ring is refused here (cuda_ops.cpp refuses it first).
+    RR_CHECK(stages.size() == static_cast<size_t>(lanes) || !plan.wire16, kValue,
+             "ringreduce: on GPUs a 16-bit wire (wire_dtype) runs on the flat ring only; use algorithm=\"ring\" "
+             "(or \"auto\")");
     RR_CHECK(st.offset >= 0 && (stages.size() == static_cast<size_t>(lanes) || plan.accum_elems == 0), kRuntime,
              "ringreduce internal error: malformed stage ", k);
     RR_CHECK(per_lane >= static_cast<size_t>(plan.num_slots) &&

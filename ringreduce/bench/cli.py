@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also time ringreduce with this 16-bit wire (rr-bf16) and DDP's bf16/fp16_compress_hook "
                      "(ddp-bf16) in the same run, with their time over ringreduce's float32 time (wire/f32) and "
                      "relative errors against float64 on random data (err-f32, err-wire, err-ddp); float only")
+    run.add_argument("--algorithms", default="", metavar="LIST",
+                     help="also time ringreduce with each algorithm= of LIST (ring,hierarchical): columns rr-ring, "
+                     "rr-hier and their time over the stock one's (ring/gloo, hier/gloo)")
     run.add_argument("--no-nccl-ring", dest="nccl_ring", action="store_false",
                      help="on GPUs, skip stock NCCL with NCCL_ALGO=RING")
     run.add_argument("--no-loopback", dest="loopback", action="store_false",
@@ -145,6 +148,9 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
     if args.transport == "shm" and not _has_shm():
         raise SystemExit("ringreduce.bench: --transport shm, but this ringreduce build has no shared-memory "
                          "transport (ringreduce.build_info()['shm'] is missing or False)")
+    algorithms = tuple(dict.fromkeys(a.strip() for a in args.algorithms.split(",") if a.strip()))
+    if any(a not in ("ring", "hierarchical") for a in algorithms):
+        raise SystemExit(f"ringreduce.bench: --algorithms takes ring and/or hierarchical, got {args.algorithms!r}")
     increment = parse_size(args.stepbytes) if args.stepbytes is not None else None
     factor = None if increment is not None else (args.stepfactor or DEFAULT_FACTOR)
     sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), factor, increment, dtype.itemsize)
@@ -157,7 +163,7 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
         check=True if args.check_cost and backend == "nccl" and args.check is None else args.check,
         check_cost=args.check_cost, nccl_ring=args.nccl_ring, loopback=args.loopback, json_path=args.json_path,
         plot_path=args.plot_path, command=[sys.executable, "-m", "ringreduce.bench", *argv], launcher=launcher,
-        quiet=args.quiet, wire_dtype=args.wire_dtype,
+        quiet=args.quiet, wire_dtype=args.wire_dtype, algorithms=algorithms,
     )
 
 
@@ -204,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_rank(cfg)
     import torch
 
-    # More ranks than GPUs share them over NCCL's socket transport (Note [Ranks sharing a GPU], launch.py).
+    # More ranks than GPUs share them over NCCL's socket transport (Note [Ranks sharing a GPU], gpu_map.py).
     nproc = args.nproc if args.nproc is not None else (max(2, torch.cuda.device_count()) if backend == "nccl" else 2)
     if nproc < 2:
         raise SystemExit("ringreduce.bench: --nproc must be >= 2")

@@ -23,6 +23,12 @@ GLOO = "gloo"
 NCCL = "nccl"
 NCCL_RING = "nccl-ring"
 WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+ALGORITHM_NAMES = {"ring": "rr-ring", "hierarchical": "rr-hier"}  # --algorithms: ringreduce with algorithm=
+
+
+def algorithm_ratio_name(impl: str, stock: str) -> str:
+    """The table's time-ratio column of an --algorithms implementation: "ring/gloo", "hier/nccl"."""
+    return f"{impl.removeprefix('rr-')}/{stock}"
 
 
 def wire_names(wire: str) -> tuple[str, str]:
@@ -53,6 +59,12 @@ def _ringreduce_call(op: str) -> Callable[[torch.Tensor], None]:
     if op == "avg":
         return lambda t: ringreduce.all_reduce_avg(t)
     return lambda t: ringreduce.all_reduce(t, op=ringreduce.ReduceOp.SUM)
+
+
+def _ringreduce_algorithm_call(op: str, algorithm: str) -> Callable[[torch.Tensor], None]:
+    if op == "avg":
+        return lambda t: ringreduce.all_reduce_avg(t, algorithm=algorithm)
+    return lambda t: ringreduce.all_reduce(t, op=ringreduce.ReduceOp.SUM, algorithm=algorithm)
 
 
 def _ringreduce_wire_call(op: str, wire: torch.dtype) -> Callable[[torch.Tensor], None]:
@@ -126,12 +138,13 @@ def loopback_call(op: str, tensors: list[torch.Tensor]) -> Callable[[], None]:
 
 def build_impls(
     op: str, backend: str, device: torch.device, dtype: torch.dtype, check: bool | None, check_cost: bool,
-    nccl_ring: bool, wire: str | None = None,
+    nccl_ring: bool, wire: str | None = None, algorithms: tuple[str, ...] = (),
 ) -> list[Impl]:
     """The implementations to compare, in table order: ringreduce first, then the stock ones, and with
     a 16-bit `wire` ("bf16"/"fp16") ringreduce with it and DDP's compress hook last. `op`, `backend`,
     `device`, `dtype`: the sweep's; `check`: RINGREDUCE_CHECK (None: the library default);
-    `check_cost`: also ringreduce without the check; `nccl_ring`: also NCCL with NCCL_ALGO=RING.
+    `check_cost`: also ringreduce without the check; `nccl_ring`: also NCCL with NCCL_ALGO=RING;
+    `algorithms`: also ringreduce with each of these algorithm= ("ring", "hierarchical"), after the rest.
 
     Communicators are created here (collective: every rank must call it with the same arguments),
     before any is timed; ringreduce's and the default NCCL communicator exist before NCCL_ALGO is set.
@@ -151,6 +164,9 @@ def build_impls(
         # must give them exactly; the compress hook divides in 16 bits first, so it gets a tolerance.
         impls.append(Impl(rr_name, _ringreduce_wire_call(op, wdt), {"RINGREDUCE_CHECK": check_env}, is_ringreduce=True))
         impls.append(Impl(ddp_name, _compress_hook_call(op, wdt), rtol=2.0 * n * torch.finfo(wdt).eps))
+    for algo in algorithms:
+        impls.append(Impl(ALGORITHM_NAMES[algo], _ringreduce_algorithm_call(op, algo), {"RINGREDUCE_CHECK": check_env},
+                          is_ringreduce=True))
     warm = torch.zeros(16, device=device)
     for impl in impls:
         impl.enter()

@@ -1,17 +1,5 @@
-"""Starting the ranks: local processes spawned here, or the current process under torchrun; which
-GPU each rank uses and, where ranks outnumber the GPUs, how NCCL is told to run anyway.
-
-Note [Ranks sharing a GPU]
-~~~~~~~~~~~~~~~~~~~~~~~~~~
-Local rank r uses GPU r % G (G visible GPUs), so any number of ranks runs on any number of GPUs,
-one GPU included. NCCL refuses two ranks of one communicator on one GPU of one host ("Duplicate GPU
-detected"); where ranks outnumber the GPUs, each rank therefore gets its own ``NCCL_HOSTID``, so that
-NCCL takes every rank for a host of its own and connects them with its socket transport over the
-loopback interface (``NCCL_SOCKET_IFNAME=lo``, ``NCCL_IB_DISABLE=1``): no NVLink, no P2P, no shared
-memory. That is how a one-GPU machine runs the multi-rank GPU tests and the NCCL benchmark; its
-figures measure NCCL's socket transport and GPU time-slicing between processes, never a GPU
-interconnect, and are labelled so (``nccl_transport_label``). The same functions serve the
-benchmark (``rank_main``) and the GPU tests (tests/gpu/gpu_ranks.py).
+"""Starting the ranks: local processes spawned here, or the current process under torchrun. Which GPU
+each rank uses is ringreduce.bench.gpu_map's job (Note [Ranks sharing a GPU]).
 """
 
 from __future__ import annotations
@@ -22,62 +10,10 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping
 
 from ringreduce.bench.config import BenchConfig
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-GPU_WORLD_VAR = "RINGREDUCE_GPU_WORLD"  # the GPU tests' world size
-
-
-def gpu_world_size(environ: Mapping[str, str], gpus: int) -> int:
-    """The GPU tests' world size: $RINGREDUCE_GPU_WORLD, else one rank per visible GPU, or 2 ranks
-    on a single GPU (Note [Ranks sharing a GPU]); 0 without a GPU."""
-    raw = environ.get(GPU_WORLD_VAR, "")
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ValueError(f"{GPU_WORLD_VAR}={raw!r} is not an integer") from None
-        if value < 1:
-            raise ValueError(f"{GPU_WORLD_VAR}={value} must be >= 1")
-        return value if gpus > 0 else 0
-    if gpus <= 0:
-        return 0
-    return gpus if gpus >= 2 else 2
-
-
-def rank_device(local_rank: int, gpus: int) -> int:
-    """The GPU of local rank `local_rank`: round-robin over the `gpus` visible GPUs."""
-    if gpus <= 0:
-        raise ValueError("no CUDA GPU is visible")
-    return local_rank % gpus
-
-
-def ranks_share_gpus(local_ranks: int, gpus: int) -> bool:
-    """Whether some GPU serves more than one of the `local_ranks` ranks of this host."""
-    return local_ranks > gpus
-
-
-def nccl_rank_env(rank: int, local_ranks: int, gpus: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The NCCL environment of global rank `rank` (Note [Ranks sharing a GPU]): nothing when every
-    local rank has a GPU of its own; else its own NCCL_HOSTID and the socket transport over `lo`
-    (a NCCL_SOCKET_IFNAME already set is kept)."""
-    if not ranks_share_gpus(local_ranks, gpus):
-        return {}
-    environ = os.environ if environ is None else environ
-    return {
-        "NCCL_HOSTID": f"ringreduce-rank{rank}",
-        "NCCL_SOCKET_IFNAME": environ.get("NCCL_SOCKET_IFNAME") or "lo",
-        "NCCL_IB_DISABLE": "1",
-    }
-
-
-def nccl_transport_label(local_ranks: int, gpus: int) -> str:
-    """How NCCL connects the ranks, for tables, JSON and plot titles."""
-    if ranks_share_gpus(local_ranks, gpus):
-        return f"nccl-socket-lo ({local_ranks} ranks share {gpus} GPU{'s' if gpus != 1 else ''})"
-    return "nvlink/p2p (one GPU per rank)"
 
 
 def under_launcher() -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 import ringreduce
+from ringreduce.bench.targets import load_average, utc_now
 
 _ENV_PREFIXES = ("RINGREDUCE_", "NCCL_", "GLOO_", "OMP_", "CUDA_VISIBLE_DEVICES", "TORCH_NCCL_")
 
@@ -42,8 +43,9 @@ def _memory_bytes() -> int | None:
 
 
 def describe(backend: str, world_size: int, hosts: list[str], transport: str | None = None) -> dict[str, Any]:
-    """CPU model, cores, memory, GPUs, torch/CUDA/NCCL versions, world size, nodes, relevant env, and
-    on NCCL how it connects the ranks (`transport`: launch.nccl_transport_label)."""
+    """CPU model, cores, memory, GPUs, torch/CUDA/NCCL versions, world size, nodes, relevant env, on
+    NCCL how it connects the ranks (`transport`: gpu_map.nccl_transport_label), and the UTC time and
+    load average when the run started."""
     gpus = []
     if torch.cuda.is_available():
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -71,6 +73,8 @@ def describe(backend: str, world_size: int, hosts: list[str], transport: str | N
         "world_size": world_size,
         "ringreduce": ringreduce.build_info(),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
+        "started_utc": utc_now(),
+        "load_average_start": load_average(),
     }
 
 

@@ -1,14 +1,25 @@
-"""The PNG: bus bandwidth against message size per implementation, and ringreduce/stock time ratio."""
+"""The PNG: bus bandwidth against message size per implementation, and ringreduce/stock time ratio.
+
+The figure says what ran and how to read it: the transport ringreduce used in the title, which way is
+better on each axis, the targets of docs/design.md section 5 for that transport and world size (none
+drawn where the design names none), the whole command wrapped, and commit, UTC time and load average.
+What it drew is also written into the PNG's metadata (key "ringreduce", JSON: title, axis labels,
+target lines, footer) so that tests and tools read it back (read_plot_metadata).
+"""
 
 from __future__ import annotations
 
+import json
 import math
+import textwrap
 from typing import Any
 
 from ringreduce.bench.impls import RINGREDUCE
-from ringreduce.bench.machine import short_title
 from ringreduce.bench.metrics import time_ratio
 from ringreduce.bench.sizes import format_size
+from ringreduce.bench.targets import SOURCE, provenance_line
+
+METADATA_KEY = "ringreduce"
 
 _STYLE = {
     "ringreduce": ("tab:red", "o", "-"),
@@ -37,8 +48,38 @@ def ratio_ticks(low: float, high: float) -> list[float]:
     return ticks if len(ticks) >= 3 else steps((1, 1.5, 2, 3, 5, 7))
 
 
+def _subtitle(doc: dict[str, Any]) -> str:
+    """Devices, world size, ringreduce's transport and the stock backend, named apart."""
+    machine = doc["machine"]
+    if machine.get("gpus"):
+        device = f"{len(machine['gpus'])}x {machine['gpus'][0]}"
+    else:
+        device = f"{machine['cpu_model']}, {machine['cpu_cores']} cores"
+    nodes = f", {machine['nodes']} nodes" if machine.get("nodes", 1) > 1 else ""
+    how = machine.get("transport") if doc["ringreduce_transport"].startswith("nccl") else None
+    return f"{device}{nodes}; {doc['world_size']} ranks" + (f" ({how})" if how else "")
+
+
+def _target_label(target: dict[str, Any]) -> str:
+    first, last = format_size(target["first_size"]), format_size(target["last_size"])
+    where = first if first == last else f"{first}-{last}"
+    missed = ", ".join(format_size(s) for s in target["missed"])
+    verdict = f"missed at {missed}" if missed else "met"
+    return f"target <= {target['max_time_ratio']:g} at {where} ({verdict})"
+
+
+def read_plot_metadata(path: str) -> dict[str, Any]:
+    """What write_plot drew into the PNG at `path`, from its metadata (needs Pillow, which matplotlib
+    depends on)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return json.loads(image.text[METADATA_KEY])
+
+
 def write_plot(doc: dict[str, Any], path: str) -> None:
-    """Draws busbw (GB/s) against size (log x) and the time ratio, titled with machine and world size."""
+    """Draws busbw (GB/s) against size (log x) and the time ratio, titled with the transports, machine
+    and world size, with the design's targets for that transport, the command and where it came from."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,14 +105,13 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
         ax_bw.set_yscale("log")  # small messages would sit on the axis of a linear scale
     else:
         ax_bw.set_ylim(bottom=0)
-    ax_bw.set_ylabel("bus bandwidth (GB/s)  [algbw x 2(n-1)/n]")
+    ax_bw.set_ylabel("bus bandwidth (GB/s), higher is better\n[algbw x 2(n-1)/n]")
     ax_bw.grid(True, which="major", alpha=0.35)
     ax_bw.legend(loc="upper left")
     first = rows[0]
-    ax_bw.set_title(
-        f"all_reduce {first['type']} {first['redop']}: ringreduce vs {stock}\n{short_title(doc['machine'])}",
-        fontsize=11,
-    )
+    title = (f"all_reduce {first['type']} {first['redop']}: ringreduce over {doc['ringreduce_transport_name']} "
+             f"vs torch.distributed {stock}\n{_subtitle(doc)}")
+    ax_bw.set_title("\n".join(textwrap.fill(line, 100) for line in title.split("\n")), fontsize=10)
     ratio_sizes, ratios = [], []
     for size in sizes:
         value = time_ratio([row for row in rows if row["size"] == size], RINGREDUCE, stock)
@@ -80,13 +120,25 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
             ratios.append(value)
     ax_ratio.plot(ratio_sizes, ratios, color="tab:red", marker="o", linewidth=1.5)
     ax_ratio.axhline(1.0, color="black", linewidth=0.8)
-    ax_ratio.axhline(1.10, color="tab:gray", linestyle="--", linewidth=0.8, label="target 1.10")
-    ax_ratio.set_ylabel(f"time ratio\nringreduce / {stock}")
+    targets = []
+    for target in doc["targets"]:
+        label = _target_label(target)
+        span = (target["first_size"] / 1.3, target["last_size"] * 1.3)  # visible even for a single size
+        ax_ratio.plot(span, (target["max_time_ratio"],) * 2, color="tab:gray", linestyle="--", linewidth=1.2,
+                      label=label)
+        targets.append({"label": label, "max_time_ratio": target["max_time_ratio"], "sizes": list(span)})
+    if not targets:
+        ax_ratio.text(0.01, 0.04, f"no target in {SOURCE} for ringreduce over {doc['ringreduce_transport_name']} "
+                      f"at {doc['world_size']} ranks", transform=ax_ratio.transAxes, fontsize=7, color="dimgray")
+    ratio_label = f"time ratio\nringreduce / {stock}\nlower is better"
+    ax_ratio.set_ylabel(ratio_label)
     ax_ratio.set_xlabel("message size (bytes, log scale)")
     ax_ratio.grid(True, alpha=0.35)
-    ax_ratio.legend(loc="upper right", fontsize=8)
+    if targets:
+        ax_ratio.legend(loc="best", fontsize=7, title=SOURCE, title_fontsize=7)
     if ratios:
-        low, high = min(min(ratios), 0.9) * 0.9, max(max(ratios), 1.15) * 1.25
+        bounds = [t["max_time_ratio"] for t in targets]
+        low, high = min(*ratios, *bounds, 0.9) * 0.9, max(*ratios, *bounds, 1.15) * 1.25
         if high / low > 2:  # large small-message ratios would flatten the region around 1
             ax_ratio.set_yscale("log")
             ax_ratio.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(ratio_ticks(low, high)))
@@ -99,7 +151,34 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
     ax_ratio.set_xticks(sizes)
     ax_ratio.set_xticklabels([format_size(size) for size in sizes], rotation=45 if len(sizes) > 12 else 0)
     ax_ratio.minorticks_off()
-    fig.text(0.01, 0.005, "cmd: " + " ".join(doc["command"])[:150], fontsize=7, color="dimgray")
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    fig.savefig(path, dpi=120)
+    footer = textwrap.wrap("cmd: " + " ".join(doc["command"]), 150, break_long_words=True, break_on_hyphens=False)
+    footer.append(provenance_line(doc["provenance"]))
+    fig.text(0.01, 0.005, "\n".join(footer), fontsize=7, color="dimgray", va="bottom")
+    fig.tight_layout(rect=(0, 0.017 * (len(footer) + 1), 1, 1))
+    drawn = {"title": ax_bw.get_title(), "bandwidth_axis": ax_bw.get_ylabel(), "ratio_axis": ax_ratio.get_ylabel(),
+             "targets": targets, "footer": footer, "transport": doc["ringreduce_transport"],
+             "provenance": doc["provenance"]}
+    fig.savefig(path, dpi=120, metadata={METADATA_KEY: json.dumps(drawn)})
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m ringreduce.bench.plot IN.json OUT.png: draws a benchmark JSON again (an older schema's
+    too: its transport and targets are derived from what it recorded)."""
+    import sys
+
+    from ringreduce.bench.report import upgrade_report
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        sys.stderr.write("usage: python -m ringreduce.bench.plot IN.json OUT.png\n")
+        return 2
+    with open(args[0]) as f:
+        doc = upgrade_report(json.load(f))
+    write_plot(doc, args[1])
+    print(f"# plot written to {args[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

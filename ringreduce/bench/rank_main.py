@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ringreduce.bench.config import BenchConfig
-from ringreduce.bench.launch import nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
+from ringreduce.bench.gpu_map import nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
 from ringreduce.bench.machine import describe
 from ringreduce.bench.sweep import RankContext, run_sweep
 
@@ -28,7 +28,7 @@ def _init(cfg: BenchConfig) -> RankContext:
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if cfg.backend == "nccl":
-        # Note [Ranks sharing a GPU] (launch.py): rank r on GPU r % GPUs; more ranks than GPUs run
+        # Note [Ranks sharing a GPU] (gpu_map.py): rank r on GPU r % GPUs; more ranks than GPUs run
         # over NCCL's socket transport, on one host only.
         gpus = torch.cuda.device_count()
         local_ranks = _local_ranks(world_size)
@@ -48,11 +48,13 @@ def _init(cfg: BenchConfig) -> RankContext:
 def _finish(cfg: BenchConfig, rows: list[dict[str, Any]], stock: str, machine: dict[str, Any], elapsed: float) -> int:
     from ringreduce.bench.report import build_report, write_json
     from ringreduce.bench.table import Layout, footer, memory_lines
+    from ringreduce.bench.targets import target_lines
 
     impls = tuple(dict.fromkeys(row["impl"] for row in rows))
     layout = Layout(impls, stock, wire=cfg.wire_dtype)
     print("\n".join(footer(rows, layout) + memory_lines(rows, layout, MEMORY_BOUND_BYTES)), flush=True)
     doc = build_report(cfg, machine, rows, stock, elapsed)
+    print(target_lines(doc), flush=True)
     if cfg.json_path:
         write_json(doc, cfg.json_path)
         print(f"# JSON written to {cfg.json_path}", flush=True)

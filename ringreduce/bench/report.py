@@ -9,8 +9,9 @@ from typing import Any
 from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.impls import RINGREDUCE
 from ringreduce.bench.metrics import average_busbw, time_ratio
+from ringreduce.bench.targets import TRANSPORT_NAMES, provenance, ringreduce_transport, targets_for
 
-SCHEMA = "ringreduce.bench.allreduce/2"
+SCHEMA = "ringreduce.bench.allreduce/3"
 
 ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
     "size": int,
@@ -46,6 +47,10 @@ TOP_FIELDS: dict[str, type | tuple[type, ...]] = {
     "rows": list,
     "summary": dict,
     "elapsed_s": float,
+    "ringreduce_transport": str,
+    "ringreduce_transport_name": str,
+    "targets": list,
+    "provenance": dict,
 }
 MACHINE_FIELDS = ("cpu_model", "cpu_cores", "gpus", "torch", "nccl", "world_size", "ringreduce")
 
@@ -53,13 +58,15 @@ MACHINE_FIELDS = ("cpu_model", "cpu_cores", "gpus", "torch", "nccl", "world_size
 def build_report(
     cfg: BenchConfig, machine: dict[str, Any], rows: list[dict[str, Any]], stock: str, elapsed_s: float
 ) -> dict[str, Any]:
-    """The JSON document: every row plus per-size ratios and the average busbw per implementation."""
+    """The JSON document: every row plus per-size ratios and the average busbw per implementation; the
+    transport ringreduce ran over, the design's targets for it with the sizes that met and missed
+    each (ringreduce.bench.targets), and the commit, UTC times and load averages of the run."""
     ratios = {}
     for size in sorted({row["size"] for row in rows}):
         value = time_ratio([row for row in rows if row["size"] == size], RINGREDUCE, stock)
         if value is not None:
             ratios[str(size)] = value
-    return {
+    doc = {
         "schema": SCHEMA,
         "command": list(cfg.command),
         "config": asdict(cfg),
@@ -71,6 +78,31 @@ def build_report(
                     "wrong_total": sum(row["wrong"] for row in rows)},
         "elapsed_s": float(elapsed_s),
     }
+    transport = ringreduce_transport(doc)
+    doc["ringreduce_transport"] = transport
+    doc["ringreduce_transport_name"] = TRANSPORT_NAMES[transport]
+    doc["targets"] = targets_for(transport, doc["world_size"], ratios) if stock in ("gloo", "nccl") else []
+    doc["provenance"] = provenance(machine.get("started_utc"), machine.get("load_average_start"))
+    return doc
+
+
+def upgrade_report(doc: dict[str, Any]) -> dict[str, Any]:
+    """A document of an older schema (/2: no transport, targets or provenance) with those fields added
+    from what it has: the transport from its config and machine, the targets from its ratios, and a
+    provenance that says the commit, time and load average were not recorded. A /3 document as it is."""
+    if doc.get("schema") == SCHEMA:
+        return doc
+    doc = dict(doc)
+    transport = ringreduce_transport(doc)
+    doc["ringreduce_transport"] = transport
+    doc["ringreduce_transport_name"] = TRANSPORT_NAMES[transport]
+    ratios = doc["summary"]["time_ratio_vs_stock"]
+    doc["targets"] = targets_for(transport, doc["world_size"], ratios) if doc["stock"] in ("gloo", "nccl") else []
+    doc["provenance"] = {"commit": None, "started_utc": None, "finished_utc": None, "load_average_start": None,
+                         "load_average_end": None, "cpu_cores": doc["machine"].get("cpu_cores"),
+                         "note": f"not recorded: written by the benchmark's schema {doc.get('schema')}"}
+    doc["schema"] = SCHEMA
+    return doc
 
 
 def _type_ok(value: Any, expected: type | tuple[type, ...]) -> bool:

@@ -188,7 +188,7 @@ def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.
 def _on_rank0_alone(ctx: RankContext, work: Callable[[], None]) -> None:
     """Runs `work` on rank 0 while the other ranks wait on the host, in the store, not in a
     collective: a waiting NCCL barrier keeps a kernel spinning on each other rank's GPU, and where
-    ranks share a GPU (Note [Ranks sharing a GPU], launch.py) the GPU time-slices rank 0's work
+    ranks share a GPU (Note [Ranks sharing a GPU], gpu_map.py) the GPU time-slices rank 0's work
     against those kernels. Collective over the ranks (each call's key comes from a counter every
     rank increments once, as Note [Communicator rendezvous keys] in ringreduce/_cuda.py)."""
     store = dist.distributed_c10d._get_default_store()
@@ -219,7 +219,7 @@ def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]],
     from ringreduce.bench.table import Layout, format_row, header
 
     impls = build_impls(cfg.op, cfg.backend, ctx.device, DTYPES[cfg.dtype].torch_dtype, cfg.check,
-                        cfg.check_cost, cfg.nccl_ring, cfg.wire_dtype)
+                        cfg.check_cost, cfg.nccl_ring, cfg.wire_dtype, cfg.algorithms)
     stock = NCCL if cfg.backend == "nccl" else GLOO
     layout = Layout(tuple(impl.name for impl in impls), stock, loopback=cfg.loopback and ctx.device.type == "cuda",
                     wire=cfg.wire_dtype)

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringreduce.bench.impls import NCCL_RING, RINGREDUCE, RINGREDUCE_NOCHECK, wire_names
+from ringreduce.bench.impls import (
+    ALGORITHM_NAMES,
+    NCCL_RING,
+    RINGREDUCE,
+    RINGREDUCE_NOCHECK,
+    algorithm_ratio_name,
+    wire_names,
+)
 from ringreduce.bench.metrics import average_busbw, loopback_efficiency, time_ratio
 from ringreduce.bench.sizes import format_size
 
@@ -45,7 +52,13 @@ class Layout:
             cols += ["loop(us)", "loop-eff"]
         if self.wire is not None:
             cols += ["wire/f32", "err-f32", "err-wire", "err-ddp"]
+        cols += [algorithm_ratio_name(name, self.stock) for name in self.algorithm_impls]
         return tuple(cols)
+
+    @property
+    def algorithm_impls(self) -> tuple[str, ...]:
+        """The --algorithms columns present (rr-ring, rr-hier), with a time ratio vs stock each."""
+        return tuple(name for name in self.impls if name in ALGORITHM_NAMES.values())
 
 
 def header(layout: Layout) -> list[str]:
@@ -75,8 +88,9 @@ def _extra_value(extra: str, rows: list[dict[str, Any]], layout: Layout) -> str:
             value = time_ratio(rows, rr_wire, RINGREDUCE)
             return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"
         return _error(by_impl.get({"err-f32": RINGREDUCE, "err-wire": rr_wire, "err-ddp": ddp_wire}[extra]))
-    if extra == "ratio":
-        value = time_ratio(rows, RINGREDUCE, layout.stock)
+    algo = {algorithm_ratio_name(name, layout.stock): name for name in layout.algorithm_impls}.get(extra)
+    if extra == "ratio" or algo is not None:
+        value = time_ratio(rows, algo or RINGREDUCE, layout.stock)
         return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"
     if extra == "floor(us)":
         return f"{rows[0]['floor_us']:9.1f}"
@@ -129,6 +143,12 @@ def footer(rows: list[dict[str, Any]], layout: Layout, highlight: tuple[int, ...
     if ratios:
         lines.append(f"# Time ratio {RINGREDUCE}/{layout.stock}: " + "  ".join(ratios)
                      + "  (docs/design.md section 5 targets)")
+    for name in (*layout.algorithm_impls, *(wire_names(layout.wire) if layout.wire else ())):
+        per_size = [(size, time_ratio([r for r in rows if r["size"] == size], name, layout.stock))
+                    for size in dict.fromkeys(r["size"] for r in rows)]
+        if any(v is not None for _, v in per_size):
+            lines.append(f"# Time ratio {name}/{layout.stock}: "
+                         + "  ".join(f"{format_size(s)} {v:.3f}" for s, v in per_size if v is not None))
     loops = [row for row in rows if row["impl"] == RINGREDUCE and row.get("loopback_us") is not None]
     if loops:
         lines.append("# Loopback driver on one GPU, ideal/time (HBM traffic at a copy's rate, Note [Loopback ideal]): "

@@ -8,6 +8,13 @@ simulated on one host with ``--local-size`` (RINGREDUCE_LOCAL_SIZE): consecutive
 
     python -m ringreduce.bench.traffic --nproc 4 --local-size 2 --size 16M
     torchrun --nnodes 2 --nproc-per-node 2 ... -m ringreduce.bench.traffic --size 16M
+    python -m ringreduce.bench.cluster --hosts 2 --ranks-per-host 2 --module ringreduce.bench.traffic \
+        -- --size 16M --link-dev rr0
+
+With ``--link-dev DEV`` (simulated hosts: ringreduce/bench/netns.py) local rank 0 of every node also
+reads the bytes its link carried out of the node (DEV's tbf counters: frames with their headers, ACKs
+of the incoming data included) over each algorithm's calls, next to the model's cross-node payload for
+those calls; tests/test_cluster.py holds them to within MODEL_TOLERANCE.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--iters", type=int, default=5, help="timed iterations per algorithm")
     p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--link-dev", default=None,
+                   help="network device whose tc qdisc counters are this node's link (rr0 on simulated hosts)")
     return p
 
 
@@ -54,6 +63,20 @@ def expected_cross_node_bytes(algorithm: str, n: int, local: int, size: int) -> 
     return {"max": per_rank, "mean": per_rank}
 
 
+# What a link carries beyond the model's payload: Ethernet/IP/TCP headers (~4.5% at MTU 1500), ACKs of
+# the data coming in (~2%), barriers and the store: the counters must lie in [1, 1 + this] x the model.
+MODEL_TOLERANCE = 0.15
+
+
+def link_bytes(dev: str) -> int:
+    """Bytes sent through `dev`'s tbf/htb qdiscs so far (tc -s -j qdisc show dev DEV)."""
+    import subprocess
+
+    out = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", dev], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    return sum(int(q.get("bytes", 0)) for q in json.loads(out) if q.get("kind") in ("tbf", "htb"))
+
+
 def run_rank(args: argparse.Namespace) -> dict[str, Any] | None:
     import ringreduce as rr
     from ringreduce._groups import node_layout, resolve
@@ -68,8 +91,11 @@ def run_rank(args: argparse.Namespace) -> dict[str, Any] | None:
     numel = max(1, args.size // torch.empty((), dtype=dtype).element_size())
     out: dict[str, Any] = {"rank": rank, "node": nodes[rank], "algorithms": {}}
     pg = dist.group.WORLD
+    reads_link = args.link_dev is not None and os.environ.get("LOCAL_RANK", "0") == "0"
     for algo in ("ring", "hierarchical"):
         t = torch.ones(numel, dtype=dtype) * (rank + 1)
+        dist.barrier()
+        link_before = link_bytes(args.link_dev) if reads_link else 0
         C.bytes_sent(pg, True)
         rr.all_reduce(t, algorithm=algo)
         sent = C.bytes_sent(pg, True)
@@ -80,6 +106,8 @@ def run_rank(args: argparse.Namespace) -> dict[str, Any] | None:
             start = time.perf_counter()
             rr.all_reduce(t, algorithm=algo)
             times.append(time.perf_counter() - start)
+        dist.barrier()
+        link_after = link_bytes(args.link_dev) if reads_link else 0
         C.bytes_sent(pg, True)
         cross = sum(b for peer, b in enumerate(sent) if nodes[peer] != nodes[rank])
         out["algorithms"][algo] = {
@@ -87,6 +115,8 @@ def run_rank(args: argparse.Namespace) -> dict[str, Any] | None:
             "cross_node_bytes": int(cross),
             "median_us": statistics.median(times) * 1e6,
             "correct": ok,
+            "calls": 1 + args.iters,
+            "link_sent_bytes": link_after - link_before if reads_link else None,
         }
     gathered: list[Any] = [None] * n
     dist.all_gather_object(gathered, out)
@@ -115,7 +145,15 @@ def report(res: dict[str, Any], args: argparse.Namespace, size: int) -> tuple[st
         per_node = {nd: sum(r["algorithms"][algo]["cross_node_bytes"] for r in ranks if r["node"] == nd) for nd in nodes}
         cross = [r["algorithms"][algo]["cross_node_bytes"] for r in ranks]
         expect = expected_cross_node_bytes(algo, n, local, size) if res["local_size"] else {"max": 0.0, "mean": 0.0}
+        per_rank_mean = expect["mean"]
+        link = {r["node"]: r["algorithms"][algo]["link_sent_bytes"] for r in ranks
+                if r["algorithms"][algo].get("link_sent_bytes") is not None}
+        calls = ranks[0]["algorithms"][algo]["calls"]
+        model_node = per_rank_mean * local * calls  # every node sends the same cross-node payload
         summary[algo] = {
+            "model_node_bytes": model_node,
+            "link_sent_bytes_per_node": link,
+            "link_over_model": {nd: b / model_node for nd, b in link.items()} if model_node > 0 else {},
             "cross_node_bytes_max_rank": max(cross),
             "cross_node_bytes_per_node": per_node,
             "expected_max_rank": expect["max"],
@@ -126,6 +164,10 @@ def report(res: dict[str, Any], args: argparse.Namespace, size: int) -> tuple[st
             f"# {algo}: max per rank {max(cross)} B = {max(cross) / size:.3f} S (expected {expect['max'] / size:.3f} S); "
             "per node " + ", ".join(f"node {nd} {b} B" for nd, b in per_node.items())
         )
+        if link and model_node > 0:
+            lines.append(f"# {algo}: link bytes out of each node over {calls} calls vs the model's payload "
+                         f"{model_node:.0f} B: " + ", ".join(f"node {nd} {b} B ({b / model_node:.3f}x)"
+                                                            for nd, b in sorted(link.items())))
     return "\n".join(lines), summary
 
 

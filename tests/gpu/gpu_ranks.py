@@ -4,7 +4,7 @@
 exits=None)`` runs ``fn(rank, world_size, *args)`` on every rank and returns the per-rank results.
 ``fn`` must be a module-level function.
 
-* **World size and devices** (Note [Ranks sharing a GPU], ringreduce/bench/launch.py): the world
+* **World size and devices** (Note [Ranks sharing a GPU], ringreduce/bench/gpu_map.py): the world
   size is ``RINGREDUCE_GPU_WORLD``, else one rank per visible GPU, or 2 ranks on a single GPU. Rank
   r runs on GPU r % GPUs (``torch.cuda.set_device`` unless ``set_device=False``); tests take their
   device from ``device(rank)``, never ``cuda:rank``. Where ranks outnumber GPUs each rank gets its
@@ -37,6 +37,7 @@ import datetime
 import faulthandler
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -49,7 +50,7 @@ import pytest
 import torch
 from ranks import job_environ
 
-from ringreduce.bench.launch import gpu_world_size, nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
+from ringreduce.bench.gpu_map import gpu_world_size, nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
 
 _CTX = mp.get_context("spawn")
 GRACE_S = 5.0  # after a rank died: how long the others may still report before they are killed
@@ -305,7 +306,7 @@ class RankGroup:
                     os.kill(self.procs[r].pid, signal.SIGUSR1)
             time.sleep(1.0)
         if pending or dead or errors:
-            self.kill()
+            self._stop()  # the logs stay until the report below has read them
         report = []
         for r, code in sorted(dead.items()):
             report.append(f"--- rank {r} died: {describe_exit(code)} while running {fn.__name__}; its output:\n"
@@ -322,6 +323,7 @@ class RankGroup:
             parts += [f"ranks {sorted(errors)} raised"] if errors else []
             parts += [f"ranks {sorted(pending)} did not finish"] if pending else []
             head = f"{fn.__name__} failed on {self.world_size} ranks: " + "; ".join(parts)
+            self._remove_files()
             pytest.fail(head + "\n" + "\n".join(report), pytrace=False)
         return results
 
@@ -347,15 +349,26 @@ class RankGroup:
                                 f"its output:\n{self.output(r)}")
             elif p.exitcode != exits.get(r, 0):
                 problems.append(f"rank {r} exited with {describe_exit(p.exitcode)}; its output:\n{self.output(r)}")
+        self._remove_files()
         return problems
 
     def kill(self) -> None:
+        """Kills every rank and removes the group's folder (logs, init file)."""
+        self._stop()
+        self._remove_files()
+
+    def _stop(self) -> None:
         self.broken = True
         for p in self.procs:
             if p.is_alive():
                 p.kill()
         for p in self.procs:
             p.join(timeout=10)
+
+    def _remove_files(self) -> None:
+        """The group's rr_gpu_ranks_* folder goes once nothing reads its logs any more: after a
+        failure's report is built, or when the group is closed or killed."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 _POOLS: dict[tuple, RankGroup] = {}

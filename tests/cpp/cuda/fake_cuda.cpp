@@ -11,7 +11,9 @@
 #include <memory>
 #include <tuple>
 #include <mutex>
+#include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 struct CUevent_st {
@@ -33,6 +35,8 @@ struct ncclComm {
   int rank = 0;
   std::chrono::steady_clock::time_point ready_at;
   bool never_ready = false;
+  // (send?, peer) connected so far; shared with split-shared children as NCCL's connectors are.
+  std::shared_ptr<std::set<std::pair<bool, int>>> connected = std::make_shared<std::set<std::pair<bool, int>>>();
 };
 
 namespace {
@@ -94,6 +98,12 @@ struct State {
   int host_waits = 0;     // ncclInProgress handed to the caller, stream/event synchronizations
   int queued_groups = 0;  // blocking ncclGroupEnd calls that enqueued an exchange
   int fail_queued_at = -1;  // the queued group end (0-based) that fails, -1: none
+  int version = NCCL_VERSION_CODE;  // what ncclGetVersion reports, and the behaviour modelled
+  bool abort_waits = false;         // ncclCommAbort waits for its communicator's kernels
+  int abort_hangs = 0;
+  int grouped_aborts = 0;
+  int splits = 0;
+  bool fail_split = false;
   // Kept reachable (leak checkers): device memory a test leaves allocated on purpose (undrained
   // streams) and aborted communicators, which queued exchange ops may still point at.
   std::vector<void*> allocations;
@@ -117,6 +127,7 @@ struct ThreadTask {
   FakeTask task;
 };
 thread_local std::vector<ThreadTask> t_tasks;
+thread_local std::vector<ncclComm*> t_aborts;  // ncclCommAbort inside a group (NCCL >= 2.24)
 
 FakeStream* fs(cudaStream_t s) { return reinterpret_cast<FakeStream*>(s); }
 
@@ -194,6 +205,33 @@ void pump(State& g) {
   }
 }
 
+// NCCL's abort (src/init.cc commReclaim -> commDestroySync) synchronizes the communicator's device
+// stream, which NCCL moved past its last kernel: it waits for every kernel the communicator (or a
+// split-shared sharer) launched, and for whatever those wait for. Modelled when abort_waits: until
+// no exchange of the communicator's family is left on any stream; after 2 s (a GPU would wait for
+// ever) it gives up and counts a hang.
+void waitForKernels(const ncclComm* comm) {
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(st().mu);
+      State& g = st();
+      if (!g.abort_waits) return;
+      pump(g);
+      bool pending = false;
+      for (const auto& sp : g.streams)
+        for (const FakeOp& op : sp->q)
+          pending = pending || (op.kind == FakeOp::kExchange && op.comm->shared_abort == comm->shared_abort);
+      if (!pending) return;
+      if (Clock::now() > deadline) {
+        ++g.abort_hangs;
+        return;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
 void touchContext() { st().ctx[t_device] = true; }
 
 using CUresultFake = int;
@@ -227,6 +265,10 @@ void reset() {
   g.streams_destroyed = g.sync_timeouts = g.abort_calls = g.exchanges_run = g.task_calls = 0;
   g.host_waits = g.queued_groups = 0;
   g.fail_queued_at = -1;
+  g.version = NCCL_VERSION_CODE;
+  g.abort_waits = false;
+  g.abort_hangs = g.grouped_aborts = g.splits = 0;
+  g.fail_split = false;
   g.link = false;
   ++g.world;
   g.size_mismatches = 0;
@@ -326,6 +368,30 @@ int queuedGroups() {
 void failQueuedGroupAt(int k) {
   std::lock_guard<std::mutex> lock(st().mu);
   st().fail_queued_at = k;
+}
+void setNcclVersion(int code) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().version = code;
+}
+void setAbortWaitsForKernels(bool on) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().abort_waits = on;
+}
+int abortHangs() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().abort_hangs;
+}
+int groupedAborts() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().grouped_aborts;
+}
+void failSplits(bool on) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().fail_split = on;
+}
+int splits() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().splits;
 }
 bool streamValid(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(st().mu);
@@ -512,7 +578,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 ncclResult_t ncclGetVersion(int* v) {
-  *v = NCCL_VERSION_CODE;
+  std::lock_guard<std::mutex> lock(st().mu);
+  *v = st().version;
   return ncclSuccess;
 }
 const char* ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "fake NCCL error"; }
@@ -534,9 +601,12 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int, ncclUniqueId id, int 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
   std::lock_guard<std::mutex> lock(st().mu);
   if (comm == nullptr || newcomm == nullptr || color != 0) return ncclInvalidArgument;
+  if (st().fail_split) return ncclInternalError;
   st().comms.push_back(std::make_unique<ncclComm>());
   ncclComm* child = st().comms.back().get();
   child->shared_abort = comm->shared_abort;  // the parent's config.splitShare = 1
+  child->connected = comm->connected;
+  ++st().splits;
   child->blocking = config != nullptr && config->blocking == 1;
   child->level = comm->level + 1;
   child->linked = comm->linked;
@@ -564,7 +634,14 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     *comm->shared_abort = true;  // the kernels of the communicator (and its sharers) exit: held exchanges pass
     pump(st());
     sleep_ms = st().abort_sleep_ms;
+    if (t_group_depth > 0 && st().version >= 22400) {
+      // NCCL >= 2.24: inside a group the flag is set now, the cleanup runs at the outer ncclGroupEnd.
+      ++st().grouped_aborts;
+      t_aborts.push_back(comm);
+      return ncclSuccess;
+    }
   }
+  waitForKernels(comm);
   if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
   // Kept in State::comms: exchange ops still queued may point at it.
   return ncclSuccess;
@@ -597,6 +674,9 @@ ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t, int peer, ncclCom
 ncclResult_t ncclGroupEnd() {
   if (t_group_depth == 0) return ncclInvalidUsage;
   if (--t_group_depth > 0) return ncclSuccess;  // nested: nothing is launched
+  std::vector<ncclComm*> aborts;
+  aborts.swap(t_aborts);
+  for (ncclComm* c : aborts) waitForKernels(c);  // every flag was set before the first wait
   if (t_tasks.empty()) return ncclSuccess;
   std::lock_guard<std::mutex> lock(st().mu);
   State& g = st();
@@ -617,6 +697,18 @@ ncclResult_t ncclGroupEnd() {
     if (g.queued_groups++ == g.fail_queued_at) return ncclSystemError;
     fs(s)->q.push_back(op);
     return ncclSuccess;
+  }
+  if (g.version < 22300) {
+    // NCCL < 2.23 (src/group.cc of 2.21.5): without a connection to make, a non-blocking group
+    // launches inline and returns ncclSuccess; only a first contact goes to a helper thread.
+    bool known = true;
+    for (const FakeTask& t : op.tasks) known = comm->connected->insert({t.is_send, t.peer}).second == false && known;
+    if (known) {
+      fs(s)->q.push_back(op);
+      comm->never_ready = false;
+      comm->ready_at = Clock::now();
+      return ncclSuccess;
+    }
   }
   fs(s)->q.push_back(op);
   ++g.host_waits;

@@ -33,6 +33,18 @@
 //     cudaErrorStreamCaptureUnsupported and invalidates the capture (CUDA's rule);
 //   * a not-ready result is recorded as the thread's last error (cudaGetLastError);
 //   * cudaSetDevice (and allocations) create the device's primary context; cudaGetDevice does not.
+//
+// Note [Fake NCCL versions and aborts]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+//   * setNcclVersion(c) makes ncclGetVersion report c and models what differs: below 22300 (2.23)
+//     a non-blocking outermost ncclGroupEnd whose peers are all connected already (per
+//     communicator family, as NCCL's shared connectors) launches inline and returns ncclSuccess
+//     (src/group.cc of 2.21.5); from 22400 (2.24) an ncclCommAbort inside a group sets the abort
+//     flag at once and leaves its wait to the outermost ncclGroupEnd;
+//   * with setAbortWaitsForKernels(true), ncclCommAbort (or that ncclGroupEnd) waits, as NCCL's
+//     commDestroySync does, until no exchange of the communicator's family is left on any stream;
+//     an exchange behind a wait for another communicator's stuck exchange never leaves, so after
+//     2 s the wait gives up and counts a hang (abortHangs()).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -64,5 +76,12 @@ int pairsUsed();                    // (level, src, dst) of linked ranks that ex
 int hostWaits();                    // see the Note
 int queuedGroups();                 // blocking ncclGroupEnd calls
 void failQueuedGroupAt(int k);      // the k-th (0-based) blocking ncclGroupEnd fails (ncclSystemError)
+// Note [Fake NCCL versions and aborts]
+void setNcclVersion(int code);      // ncclGetVersion's answer and the behaviour modelled (default: nccl.h's)
+void setAbortWaitsForKernels(bool on);  // default false: ncclCommAbort returns without waiting
+int abortHangs();                   // aborts that would have waited for ever
+int groupedAborts();                // ncclCommAbort calls inside a group (NCCL >= 2.24: deferred)
+int splits();                       // ncclCommSplit calls
+void failSplits(bool on);           // ncclCommSplit fails (ncclInternalError)
 
 }  // namespace rrfake

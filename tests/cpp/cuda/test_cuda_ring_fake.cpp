@@ -756,7 +756,13 @@ TEST_CASE(enqueue_waits_when_the_launch_queue_is_full) {
     rrfake::setExchangeBudget(-1);
   });
   const auto t0 = Clock::now();
-  auto b = enqueueAllReduce(*ring, d2, caller);  // does not fit beside a: waits for it
+  std::shared_ptr<CudaWork> b;
+  try {
+    b = enqueueAllReduce(*ring, d2, caller);  // does not fit beside a: waits for it
+  } catch (...) {
+    release.join();  // a joinable thread must not be destroyed (std::terminate)
+    throw;
+  }
   const auto waited = std::chrono::duration_cast<ms>(Clock::now() - t0).count();
   release.join();
   CHECK_MSG(waited >= 100, "the second call was enqueued after " << waited << " ms, beside an unfinished first");

@@ -1,15 +1,5 @@
-"""Gradient averaging overlapped with backward: GradientAverager and a DDP communication hook.
-
-Note [Buckets and launch order]
-    Parameters that require grad are packed, in reverse registration order (roughly the order in
-    which backward produces their gradients), into flat buckets, one dtype and device per bucket.
-    The first bucket of each (dtype, device) is capped at ``first_bucket_mb`` so that communication
-    starts early; the others at ``bucket_cap_mb``. The assignment depends only on the parameter
-    list, so it is identical on every rank. A bucket is *ready* when every one of its parameters
-    has had its gradient accumulated in this backward (a post-accumulate-grad hook); ready buckets
-    are launched as asynchronous ringreduce AVG all-reduces **strictly in bucket-index order**:
-    post-accumulate-grad hooks fire in different orders on different ranks, and an out-of-order
-    launch would pair rank A's bucket 2 with rank B's bucket 1.
+"""GradientAverager: gradients bucketed (buckets.py) and averaged with ringreduce's ring while backward
+still runs, its no_sync/accumulation, Join and DTensor support.
 
 Note [End of backward]
     The first hook of a synced backward queues a callback on the autograd engine. It launches
@@ -61,11 +51,8 @@ Note [DTensor gradients]
 from __future__ import annotations
 
 import contextlib
-import math
-import sys
 import threading
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -74,175 +61,23 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook, _JoinCon
 
 from ringreduce._dispatch import local_tensor, refuse_call, run_all_reduce
 from ringreduce._groups import _is_device_mesh, resolve
+from ringreduce._options import avg_or_sum, buffer_options, check_scaling
+from ringreduce._param_check import check_model
 from ringreduce._types import CallKind
-from ringreduce.ops import ReduceOp, all_reduce
+from ringreduce.hooks.buckets import (
+    _as_grad,
+    _assign_buckets,
+    _Bucket,
+    _collect_params,
+    _compiled_autograd_active,
+    _global_ranks,
+    _is_view_of,
+    _slot_view,
+)
+from ringreduce.ops import ReduceOp
 from ringreduce.work import Work
 
 _MB = 1024 * 1024
-_HALF_TYPES = (torch.float16, torch.bfloat16)
-_WIRE_TYPES = (torch.bfloat16, torch.float16)
-_NO_GROUP = object()
-_OPS = {"avg": ReduceOp.AVG, "sum": ReduceOp.SUM}
-
-
-def _check_op(op: Any, who: str) -> ReduceOp:
-    """"avg"/"sum" (or ReduceOp.AVG/SUM) as a ReduceOp; anything else is a ValueError naming `who`."""
-    if isinstance(op, str) and op.strip().lower() in _OPS:
-        return _OPS[op.strip().lower()]
-    if isinstance(op, ReduceOp) and op in (ReduceOp.AVG, ReduceOp.SUM):
-        return op
-    raise ValueError(f"ringreduce.{who}: op must be \"avg\" or \"sum\", got {op!r}")
-
-
-def _check_scaling(wire_dtype: Any, predivide_factor: Any, who: str) -> None:
-    """The checks of wire_dtype and predivide_factor that need no tensor (ringreduce.all_reduce
-    makes the rest, on every rank alike)."""
-    if wire_dtype is not None and wire_dtype not in _WIRE_TYPES:
-        raise (ValueError if isinstance(wire_dtype, torch.dtype) else TypeError)(
-            f"ringreduce.{who}: wire_dtype must be torch.bfloat16, torch.float16 or None, got {wire_dtype!r}"
-        )
-    if predivide_factor is not None:
-        if isinstance(predivide_factor, bool) or not isinstance(predivide_factor, (int, float)):
-            raise TypeError(f"ringreduce.{who}: predivide_factor must be a number > 0 or None, got "
-                            f"{type(predivide_factor).__name__}")
-        if not math.isfinite(predivide_factor) or predivide_factor <= 0:
-            raise ValueError(f"ringreduce.{who}: predivide_factor must be a finite number > 0, got {predivide_factor!r}")
-
-
-@dataclass
-class _Bucket:
-    index: int
-    dtype: torch.dtype
-    device: torch.device
-    params: list[int]  # indices into GradientAverager._params
-    offsets: list[int]
-    numel: int  # gradient elements (the flags, if any, follow them)
-    buffer: torch.Tensor | None = None
-    pending: int = 0
-    launched: bool = False
-    work: Work | None = None
-    flags: int = 0  # number of used-flag elements after the gradients (last bucket only)
-
-
-def _collect_params(module_or_params: Any) -> list[torch.nn.Parameter]:
-    if isinstance(module_or_params, torch.nn.Module):
-        candidates: Iterable[Any] = module_or_params.parameters()
-    elif isinstance(module_or_params, torch.Tensor):
-        candidates = [module_or_params]
-    else:
-        try:
-            candidates = list(module_or_params)
-        except TypeError:
-            raise TypeError(
-                "ringreduce.GradientAverager: expected an nn.Module or an iterable of parameters, got "
-                f"{type(module_or_params).__name__}"
-            ) from None
-    seen: set[int] = set()
-    params = []
-    for p in candidates:
-        if isinstance(p, dict) and "params" in p:  # optimizer-style parameter groups
-            raise TypeError(
-                "ringreduce.GradientAverager: pass the module or a flat iterable of parameters, not "
-                "optimizer parameter groups"
-            )
-        if not isinstance(p, torch.Tensor):
-            raise TypeError(f"ringreduce.GradientAverager: expected parameters (tensors), got {type(p).__name__}")
-        if not p.requires_grad or id(p) in seen:  # tied parameters are averaged once
-            continue
-        if not p.is_leaf:
-            raise ValueError(
-                "ringreduce.GradientAverager: every parameter must be a leaf tensor (an nn.Parameter or "
-                "a tensor created with requires_grad=True); got a non-leaf tensor"
-            )
-        if p.layout != torch.strided:
-            raise ValueError(f"ringreduce.GradientAverager: only dense parameters are supported, got {p.layout}")
-        seen.add(id(p))
-        params.append(p)
-    return params
-
-
-def _assign_buckets(
-    params: list[torch.Tensor], cap_bytes: int, first_cap_bytes: int
-) -> list[tuple[torch.dtype, torch.device, list[int]]]:
-    """Groups parameter indices into buckets: reverse order, per (dtype, device), capped in bytes.
-
-    Returns the buckets in launch order (by the reverse position of their first parameter).
-    """
-    open_: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-    size: dict[tuple[torch.dtype, torch.device], int] = {}
-    closed_count: dict[tuple[torch.dtype, torch.device], int] = {}
-    done: list[tuple[int, torch.dtype, torch.device, list[int]]] = []
-    order = list(range(len(params) - 1, -1, -1))
-    position = {i: pos for pos, i in enumerate(order)}
-
-    def close(key: tuple[torch.dtype, torch.device]) -> None:
-        members = open_.pop(key)
-        size.pop(key)
-        closed_count[key] = closed_count.get(key, 0) + 1
-        done.append((position[members[0]], key[0], key[1], members))
-
-    for i in order:
-        p = params[i]
-        key = (p.dtype, p.device)
-        open_.setdefault(key, []).append(i)
-        size[key] = size.get(key, 0) + p.numel() * p.element_size()
-        limit = first_cap_bytes if closed_count.get(key, 0) == 0 else cap_bytes
-        if size[key] >= limit:
-            close(key)
-    for key in list(open_):
-        close(key)
-    done.sort(key=lambda b: b[0])
-    return [(dtype, device, members) for _, dtype, device, members in done]
-
-
-def _slot_view(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
-    """The bucket slot of a parameter, shaped like it and with its memory layout when it is dense."""
-    strides = torch.empty_like(like, device="meta").stride()  # dense strides in like's dim order
-    return buffer.as_strided(like.shape, strides, buffer.storage_offset() + offset)
-
-
-def _is_view_of(grad: torch.Tensor, slot: torch.Tensor) -> bool:
-    return (
-        grad.data_ptr() == slot.data_ptr()
-        and grad.shape == slot.shape
-        and grad.stride() == slot.stride()
-        and grad.dtype == slot.dtype
-        and grad.device == slot.device
-    )
-
-
-def _is_dtensor(t: Any) -> bool:
-    return t is not None and local_tensor(t) is not t
-
-
-def _as_grad(local: torch.Tensor, param: torch.Tensor, like: torch.Tensor | None) -> torch.Tensor:
-    """`local` as the gradient of `param`: itself for a plain parameter; for a DTensor parameter a
-    DTensor whose local shard is `local` (same memory), with the placements of `like` (the gradient
-    it replaces) or else of `param`. See Note [DTensor gradients]."""
-    if not _is_dtensor(param):
-        return local
-    from torch.distributed.tensor import DTensor
-
-    src = like if _is_dtensor(like) else param
-    with torch.no_grad():
-        return DTensor.from_local(
-            local, src.device_mesh, src.placements, run_check=False, shape=src.shape, stride=src.stride()
-        )
-
-
-def _compiled_autograd_active() -> bool:
-    """Whether a backward runs under compiled autograd (no module lookup costs more than a dict probe)."""
-    ca = sys.modules.get("torch._dynamo.compiled_autograd")
-    return ca is not None and bool(ca.compiled_autograd_enabled or ca.in_compiled_autograd_region)
-
-
-def _global_ranks(group: Any) -> frozenset[int]:
-    """The global ranks `group` (None, a ProcessGroup or a DeviceMesh) averages over."""
-    if group is None:
-        return frozenset(range(dist.get_world_size()))
-    if _is_device_mesh(group):
-        return frozenset(int(r) for r in group.mesh.flatten().tolist())
-    return frozenset(dist.get_process_group_ranks(group))
 
 
 class GradientAverager(Joinable):
@@ -304,6 +139,10 @@ class GradientAverager(Joinable):
       and ``throw_on_early_termination=True`` raises RuntimeError on every rank as soon as one ran
       out. Each backward is one iteration.
 
+    Construction is collective: one all-reduce checks that every rank has the same parameters, else
+    each raises ValueError naming the first difference (Note [Same parameters on every rank]); a DDP
+    module warns (its gradients would be averaged twice).
+
     Raises RuntimeError when a parameter receives a gradient while its bucket from a previous
     backward is still being averaged (a second backward before the first was synchronized, e.g.
     after a backward that raised part way: call ``synchronize()`` first).
@@ -349,8 +188,8 @@ class GradientAverager(Joinable):
             raise TypeError(
                 f"ringreduce.GradientAverager: accum_dtype must be None or torch.float32, got {accum_dtype}"
             )
-        self.op = _check_op(op, "GradientAverager")
-        _check_scaling(wire_dtype, predivide_factor, "GradientAverager")
+        self.op = avg_or_sum(op, "ringreduce.GradientAverager")
+        check_scaling(wire_dtype, predivide_factor, "ringreduce.GradientAverager")
         if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
             raise ValueError(
                 f"ringreduce.GradientAverager: accumulation_steps must be an int >= 1, got {accumulation_steps!r}"
@@ -365,6 +204,7 @@ class GradientAverager(Joinable):
         self._params = _collect_params(module_or_params)
         # What is bucketed: the tensors themselves, or a DTensor's local shard (Note [DTensor gradients]).
         self._locals = [local_tensor(p) for p in self._params]
+        check_model(module_or_params, self._params, self._locals, group)  # Note [Same parameters on every rank]
         self._averaged_ranks: frozenset[int] | None = None  # global ranks of `group`, when needed
         self._partial_dims: dict[tuple[int, int], bool] = {}
         cap = max(1, int(bucket_cap_mb * _MB))
@@ -677,8 +517,7 @@ class GradientAverager(Joinable):
     def _reduce(self, buffer: torch.Tensor, op: ReduceOp) -> Work | None:
         """The asynchronous all-reduce of one bucket `buffer` with `op` and the averager's options (a
         shadowing rank's zeros take the same call: Note [Uneven inputs])."""
-        accum = self.accum_dtype if buffer.dtype in _HALF_TYPES else None
-        wire = self.wire_dtype if buffer.dtype == torch.float32 else None
+        accum, wire = buffer_options(buffer.dtype, self.accum_dtype, self.wire_dtype)
         return run_all_reduce(buffer, op, self.group, True, accum, "auto", CallKind.ALL_REDUCE, wire_dtype=wire,
                               predivide_factor=self.predivide_factor, extra_divisor=self.accumulation_steps)
 
@@ -788,9 +627,8 @@ class GradientAverager(Joinable):
                 f"ringreduce.GradientAverager: Join needs a process group; {info.name} is a flattened DeviceMesh. "
                 "Average over a ProcessGroup or a 1-D mesh to train with uneven inputs"
             )
-        if info.global_ranks:  # a "ringreduce" group's ring runs over an inner group torch does not know
-            return self.group.get_group() if _is_device_mesh(self.group) else (self.group or dist.group.WORLD)
-        return info.pg
+        outer = self.group.get_group() if _is_device_mesh(self.group) else (self.group or dist.group.WORLD)
+        return outer if info.global_ranks else info.pg  # a "ringreduce" group's ring: an inner group torch lacks
 
     def _world_size(self) -> int:
         info = resolve(self.group)
@@ -860,76 +698,3 @@ class _AveragerJoinHook(JoinHook):
         dist.all_reduce(candidate, op=dist.ReduceOp.MAX, group=pg)
         avg._broadcast_parameters(int(candidate.item()))
         avg._join_config = _JoinConfig.construct_disabled_join_config()  # the Join context is over
-
-
-class CommHookState:
-    """What ringreduce.ddp_comm_hook does with each bucket:
-    ``ddp.register_comm_hook(rr.CommHookState(...), rr.ddp_comm_hook)``.
-
-    `op`: "avg" (DDP's average, the default) or "sum" (DataParallel's sum); `wire_dtype`:
-    torch.bfloat16 or torch.float16 carries float32 buckets as 16-bit partials with float32 sums per
-    hop (ringreduce.all_reduce's ``wire_dtype``; buckets of other dtypes are reduced as they are);
-    `predivide_factor`: ringreduce.all_reduce's (divide by f before the ring, scale once after; the
-    result is the same); `process_group`: the group DDP was built with (None: the default group).
-    Invalid values raise ValueError/TypeError here.
-    """
-
-    def __init__(self, wire_dtype: torch.dtype | None = None, op: str = "avg", predivide_factor: float | None = None,
-                 process_group: dist.ProcessGroup | None = None) -> None:
-        """Validates and keeps `wire_dtype`, `op`, `predivide_factor` and `process_group` (see the class)."""
-        self.op = _check_op(op, "CommHookState")
-        _check_scaling(wire_dtype, predivide_factor, "CommHookState")
-        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
-            raise TypeError(
-                f"ringreduce.CommHookState: process_group must be a ProcessGroup or None, got {type(process_group).__name__}"
-            )
-        self.wire_dtype = wire_dtype
-        self.predivide_factor = predivide_factor
-        self.process_group = process_group
-
-    def __repr__(self) -> str:
-        return (f"CommHookState(wire_dtype={self.wire_dtype}, op={self.op.name.lower()!r}, "
-                f"predivide_factor={self.predivide_factor}, process_group={self.process_group})")
-
-
-def ddp_comm_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
-    """DDP communication hook that averages (or sums) each gradient bucket with ringreduce's ring.
-
-    Register it with ``ddp.register_comm_hook(state, ringreduce.ddp_comm_hook)`` where `state` is
-    None (the default group), a ``ProcessGroup``, a ringreduce.CommHookState (op, wire_dtype,
-    predivide_factor, process_group), or another object with a ``process_group`` attribute (use the
-    group DDP was built with). `bucket` is DDP's GradBucket: its buffer is reduced in place
-    asynchronously (AVG: sum, then one division by the world size: no fp16 pre-division unless a
-    predivide_factor asks for it) and the returned Future's value is the bucket tensor itself, as
-    DDP requires. On CPU the Future is completed by ringreduce's worker thread; on GPUs the
-    reduction runs on ringreduce's streams.
-    """
-    options = state if isinstance(state, CommHookState) else None
-    group = state
-    if options is not None:
-        group = options.process_group
-    elif state is not None and not isinstance(state, dist.ProcessGroup):
-        group = getattr(state, "process_group", _NO_GROUP)
-    if group is not None and not isinstance(group, dist.ProcessGroup):
-        raise TypeError(
-            "ringreduce.ddp_comm_hook: state must be None, a torch.distributed.ProcessGroup, a "
-            f"ringreduce.CommHookState or an object with a process_group attribute, got {type(state).__name__}"
-        )
-    buffer = bucket.buffer()
-    if options is None:
-        work = all_reduce(buffer, op=ReduceOp.AVG, group=group, async_op=True)
-    else:
-        wire = options.wire_dtype if buffer.dtype == torch.float32 else None
-        work = all_reduce(buffer, op=options.op, group=group, async_op=True, wire_dtype=wire,
-                          predivide_factor=options.predivide_factor)
-    assert work is not None
-    return work.get_future().then(lambda fut: fut.value()[0])
-
-
-# DDP's register_comm_hook compares the annotations as objects; this module's postponed (string)
-# annotations would be rejected ("bucket annotation should be dist.GradBucket").
-ddp_comm_hook.__annotations__ = {
-    "state": Any,
-    "bucket": dist.GradBucket,
-    "return": torch.futures.Future[torch.Tensor],
-}

@@ -1,0 +1,68 @@
+"""The rules of an all-reduce's options that do not need a tensor, written once.
+
+ringreduce.all_reduce checks the tensor-dependent rest (_dispatch.local_refusal, scaling_refusal);
+the hooks and all_reduce_coalesced check these at construction or per buffer, with the same words.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ringreduce._types import ReduceOp
+
+HALF_TYPES = (torch.float16, torch.bfloat16)
+WIRE_TYPES = (torch.bfloat16, torch.float16)
+_AVG_OR_SUM = {"avg": ReduceOp.AVG, "sum": ReduceOp.SUM}
+
+
+def scaling_error(wire_dtype: Any, predivide_factor: Any, who: str = "ringreduce") -> BaseException | None:
+    """The exception (TypeError/ValueError, its message starting with `who`) for a `wire_dtype` that is
+    not torch.bfloat16/torch.float16/None or a `predivide_factor` that is not a finite number > 0 or
+    None; None when both are acceptable before any tensor is seen."""
+    if wire_dtype is not None and wire_dtype not in WIRE_TYPES:
+        if not isinstance(wire_dtype, torch.dtype):
+            return TypeError(f"{who}: wire_dtype must be torch.bfloat16, torch.float16 or None, got "
+                             f"{type(wire_dtype).__name__}")
+        return ValueError(f"{who}: wire_dtype must be torch.bfloat16 or torch.float16 (a 16-bit wire for float32 "
+                          f"tensors), got {wire_dtype}")
+    if predivide_factor is not None:
+        if isinstance(predivide_factor, bool) or not isinstance(predivide_factor, (int, float)):
+            return TypeError(f"{who}: predivide_factor must be a number > 0 or None, got "
+                             f"{type(predivide_factor).__name__}")
+        if not math.isfinite(predivide_factor) or predivide_factor <= 0:
+            return ValueError(f"{who}: predivide_factor must be a finite number > 0, got {predivide_factor!r}")
+    return None
+
+
+def check_scaling(wire_dtype: Any, predivide_factor: Any, who: str) -> None:
+    """Raises scaling_error's exception, if any (the hooks' constructors)."""
+    error = scaling_error(wire_dtype, predivide_factor, who)
+    if error is not None:
+        raise error
+
+
+def avg_or_sum(op: Any, who: str) -> ReduceOp:
+    """"avg"/"sum" (or ReduceOp.AVG/SUM) as a ReduceOp, for the hooks; anything else is a ValueError
+    naming `who`."""
+    if isinstance(op, str) and op.strip().lower() in _AVG_OR_SUM:
+        return _AVG_OR_SUM[op.strip().lower()]
+    if isinstance(op, ReduceOp) and op in (ReduceOp.AVG, ReduceOp.SUM):
+        return op
+    raise ValueError(f"{who}: op must be \"avg\" or \"sum\", got {op!r}")
+
+
+# Note [Options of a buffer]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A bucket (GradientAverager, the DDP hook) or a packed dtype buffer (all_reduce_coalesced) holds one
+# dtype of many tensors. Two options name the dtype they are for and apply to the buffers of that dtype
+# only, the others being reduced as they are: wire_dtype to float32 buffers, accum_dtype=torch.float32
+# to float16/bfloat16 buffers. Any other accum_dtype is passed on, for all_reduce to check as it checks
+# one tensor's.
+def buffer_options(dtype: torch.dtype, accum_dtype: Any, wire_dtype: Any) -> tuple[Any, Any]:
+    """(accum_dtype, wire_dtype) that a buffer of `dtype` is reduced with (Note [Options of a buffer])."""
+    accum = None if accum_dtype == torch.float32 and dtype not in HALF_TYPES else accum_dtype
+    wire = wire_dtype if dtype == torch.float32 else None
+    return accum, wire

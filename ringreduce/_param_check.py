@@ -1,0 +1,118 @@
+"""GradientAverager's construction-time check that every rank averages the same parameters.
+
+Note [Same parameters on every rank]
+    Buckets pair rank A's k-th gradient element with rank B's k-th, so every rank must hold the same
+    parameters in the same order, with the same shapes and dtypes. A mismatch would otherwise show
+    only at the first backward, as an agreement error about bucket sizes that names no parameter (or,
+    with equal bucket sizes, as silently mixed gradients). At construction each rank digests its
+    list (count, then a 56-bit hash of every parameter's shape and dtype) into four int64 values
+    [count, hash, -count, -hash] and all-reduces them with MAX: one small ringreduce call on the
+    parameters' device. Equal digests everywhere leave [c, h, -c, -h]; anything else is seen on every
+    rank alike, and only then two more calls find the detail: a MAX all-reduce of per-parameter hashes
+    (and their negations) gives the first position where ranks differ, and an all-gather of a
+    fixed-size text names what each rank has there (its name when a module was given). Every rank
+    raises the same ValueError. DDP does the same at construction (``_verify_param_shape_across_processes``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+
+_TEXT_BYTES = 192  # one rank's description of one parameter in the detail's all-gather
+_HASH_MASK = (1 << 56) - 1
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & _HASH_MASK
+
+
+def describe(shape: tuple[int, ...], dtype: torch.dtype) -> str:
+    """A parameter as the check compares it: shape and dtype."""
+    return f"shape {tuple(shape)}, {str(dtype).removeprefix('torch.')}"
+
+
+def param_names(module_or_params: Any, params: list[torch.Tensor]) -> list[str]:
+    """Each parameter's name in the module (its index where no module was given), for messages."""
+    names = {}
+    if isinstance(module_or_params, torch.nn.Module):
+        names = {id(p): name for name, p in module_or_params.named_parameters()}
+    return [names.get(id(p), f"parameter {i}") for i, p in enumerate(params)]
+
+
+def check_same_parameters(tensors: list[torch.Tensor], names: list[str], group: Any, who: str) -> None:
+    """Raises ValueError on every rank of `group` when the ranks' `tensors` (the bucketed tensors, in
+    order; `names` for messages) differ in count, shape or dtype (Note [Same parameters on every
+    rank]). Every rank of the group must call it; one collective when they agree."""
+    from ringreduce.ops import ReduceOp, all_reduce
+    from ringreduce.scatter_gather import all_gather
+
+    device = tensors[0].device if tensors else torch.device("cpu")
+    texts = [describe(tuple(t.shape), t.dtype) for t in tensors]
+    hashes = [_hash(text) for text in texts]
+    whole = _hash("|".join(texts))
+    digest = torch.tensor([len(tensors), whole, -len(tensors), -whole], dtype=torch.int64, device=device)
+    all_reduce(digest, op=ReduceOp.MAX, group=group)
+    most, least = digest[:2].tolist(), [-v for v in digest[2:].tolist()]
+    if most == least:
+        return
+    counts = (least[0], most[0])
+    per = torch.full((2 * counts[1],), -1, dtype=torch.int64, device=device)
+    per[: len(hashes)] = torch.tensor(hashes, dtype=torch.int64)
+    per[counts[1]: counts[1] + len(hashes)] = -torch.tensor(hashes, dtype=torch.int64)
+    per[counts[1] + len(hashes):] = 1  # absent: -1 as a hash, +1 as its negation (hashes are >= 0)
+    all_reduce(per, op=ReduceOp.MAX, group=group)
+    high, low = per[: counts[1]].tolist(), [-v for v in per[counts[1]:].tolist()]
+    first = next((i for i in range(counts[1]) if high[i] != low[i]), counts[0])
+    if first < len(tensors):
+        mine = f"{names[first]}: {texts[first]}"
+    else:
+        mine = f"none (this rank has {len(tensors)} parameters)"
+    raw = mine.encode()[:_TEXT_BYTES]
+    text = torch.zeros(_TEXT_BYTES, dtype=torch.uint8)
+    text[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    gathered = all_gather(text.to(device), group=group).cpu().view(-1, _TEXT_BYTES)
+    ranks = []
+    for rank, row in enumerate(gathered):
+        said = bytes(row.tolist()).rstrip(b"\0").decode(errors="replace")
+        ranks.append(f"rank {rank}: {said}")
+    count_note = (f"the ranks have {counts[0]} to {counts[1]} parameters; " if counts[0] != counts[1] else "")
+    raise ValueError(
+        f"ringreduce.{who}: the ranks' models differ: {count_note}parameter #{first} (in registration order, "
+        f"counting those that require grad) differs: {'; '.join(ranks)}. Every rank must build the same model "
+        "(same parameters, order, shapes and dtypes) before constructing the averager"
+    )
+
+
+def warn_if_ddp(module_or_params: Any, stacklevel: int = 3) -> None:
+    """A UserWarning when a GradientAverager is put on a DistributedDataParallel module: DDP already
+    averages the gradients in its own backward, so they would be averaged twice (the second average
+    of equal gradients changes nothing but costs a second all-reduce of every gradient)."""
+    import warnings
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(module_or_params, DistributedDataParallel):
+        warnings.warn(
+            "ringreduce.GradientAverager: this module is wrapped in DistributedDataParallel, which already "
+            "averages its gradients: they would be averaged twice. Give the averager the unwrapped model "
+            "instead of DDP, or keep DDP and use ringreduce inside it: "
+            "ddp.register_comm_hook(state=None, hook=ringreduce.ddp_comm_hook)",
+            UserWarning,
+            stacklevel=stacklevel,
+        )
+
+
+def check_model(module_or_params: Any, params: list[torch.Tensor], tensors: list[torch.Tensor], group: Any,
+                who: str = "GradientAverager") -> None:
+    """GradientAverager's construction checks: the DDP warning, then, where `group` has more than one
+    rank and this rank is one of them, check_same_parameters of the bucketed `tensors` (of `params`,
+    named from `module_or_params`)."""
+    from ringreduce._groups import resolve
+
+    warn_if_ddp(module_or_params, stacklevel=4)
+    info = resolve(group)
+    if info is not None and info.size > 1:
+        check_same_parameters(tensors, param_names(module_or_params, params), group, who)

@@ -1,0 +1,163 @@
+"""GradientAverager's buckets: which parameters share a flat buffer, and the gradient views into it.
+
+Note [Buckets and launch order]
+    Parameters that require grad are packed, in reverse registration order (roughly the order in
+    which backward produces their gradients), into flat buckets, one dtype and device per bucket.
+    The first bucket of each (dtype, device) is capped at ``first_bucket_mb`` so that communication
+    starts early; the others at ``bucket_cap_mb``. The assignment depends only on the parameter
+    list, so it is identical on every rank. A bucket is *ready* when every one of its parameters
+    has had its gradient accumulated in this backward (a post-accumulate-grad hook); ready buckets
+    are launched as asynchronous ringreduce AVG all-reduces **strictly in bucket-index order**:
+    post-accumulate-grad hooks fire in different orders on different ranks, and an out-of-order
+    launch would pair rank A's bucket 2 with rank B's bucket 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringreduce._dispatch import local_tensor
+from ringreduce._groups import _is_device_mesh
+from ringreduce.work import Work
+
+
+@dataclass
+class _Bucket:
+    index: int
+    dtype: torch.dtype
+    device: torch.device
+    params: list[int]  # indices into GradientAverager._params
+    offsets: list[int]
+    numel: int  # gradient elements (the flags, if any, follow them)
+    buffer: torch.Tensor | None = None
+    pending: int = 0
+    launched: bool = False
+    work: Work | None = None
+    flags: int = 0  # number of used-flag elements after the gradients (last bucket only)
+
+
+def _collect_params(module_or_params: Any) -> list[torch.nn.Parameter]:
+    if isinstance(module_or_params, torch.nn.Module):
+        candidates: Iterable[Any] = module_or_params.parameters()
+    elif isinstance(module_or_params, torch.Tensor):
+        candidates = [module_or_params]
+    else:
+        try:
+            candidates = list(module_or_params)
+        except TypeError:
+            raise TypeError(
+                "ringreduce.GradientAverager: expected an nn.Module or an iterable of parameters, got "
+                f"{type(module_or_params).__name__}"
+            ) from None
+    seen: set[int] = set()
+    params = []
+    for p in candidates:
+        if isinstance(p, dict) and "params" in p:  # optimizer-style parameter groups
+            raise TypeError(
+                "ringreduce.GradientAverager: pass the module or a flat iterable of parameters, not "
+                "optimizer parameter groups"
+            )
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"ringreduce.GradientAverager: expected parameters (tensors), got {type(p).__name__}")
+        if not p.requires_grad or id(p) in seen:  # tied parameters are averaged once
+            continue
+        if not p.is_leaf:
+            raise ValueError(
+                "ringreduce.GradientAverager: every parameter must be a leaf tensor (an nn.Parameter or "
+                "a tensor created with requires_grad=True); got a non-leaf tensor"
+            )
+        if p.layout != torch.strided:
+            raise ValueError(f"ringreduce.GradientAverager: only dense parameters are supported, got {p.layout}")
+        seen.add(id(p))
+        params.append(p)
+    return params
+
+
+def _assign_buckets(
+    params: list[torch.Tensor], cap_bytes: int, first_cap_bytes: int
+) -> list[tuple[torch.dtype, torch.device, list[int]]]:
+    """Groups parameter indices into buckets: reverse order, per (dtype, device), capped in bytes.
+
+    Returns the buckets in launch order (by the reverse position of their first parameter).
+    """
+    open_: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    size: dict[tuple[torch.dtype, torch.device], int] = {}
+    closed_count: dict[tuple[torch.dtype, torch.device], int] = {}
+    done: list[tuple[int, torch.dtype, torch.device, list[int]]] = []
+    order = list(range(len(params) - 1, -1, -1))
+    position = {i: pos for pos, i in enumerate(order)}
+
+    def close(key: tuple[torch.dtype, torch.device]) -> None:
+        members = open_.pop(key)
+        size.pop(key)
+        closed_count[key] = closed_count.get(key, 0) + 1
+        done.append((position[members[0]], key[0], key[1], members))
+
+    for i in order:
+        p = params[i]
+        key = (p.dtype, p.device)
+        open_.setdefault(key, []).append(i)
+        size[key] = size.get(key, 0) + p.numel() * p.element_size()
+        limit = first_cap_bytes if closed_count.get(key, 0) == 0 else cap_bytes
+        if size[key] >= limit:
+            close(key)
+    for key in list(open_):
+        close(key)
+    done.sort(key=lambda b: b[0])
+    return [(dtype, device, members) for _, dtype, device, members in done]
+
+
+def _slot_view(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """The bucket slot of a parameter, shaped like it and with its memory layout when it is dense."""
+    strides = torch.empty_like(like, device="meta").stride()  # dense strides in like's dim order
+    return buffer.as_strided(like.shape, strides, buffer.storage_offset() + offset)
+
+
+def _is_view_of(grad: torch.Tensor, slot: torch.Tensor) -> bool:
+    return (
+        grad.data_ptr() == slot.data_ptr()
+        and grad.shape == slot.shape
+        and grad.stride() == slot.stride()
+        and grad.dtype == slot.dtype
+        and grad.device == slot.device
+    )
+
+
+def _is_dtensor(t: Any) -> bool:
+    return t is not None and local_tensor(t) is not t
+
+
+def _as_grad(local: torch.Tensor, param: torch.Tensor, like: torch.Tensor | None) -> torch.Tensor:
+    """`local` as the gradient of `param`: itself for a plain parameter; for a DTensor parameter a
+    DTensor whose local shard is `local` (same memory), with the placements of `like` (the gradient
+    it replaces) or else of `param`. See Note [DTensor gradients]."""
+    if not _is_dtensor(param):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    src = like if _is_dtensor(like) else param
+    with torch.no_grad():
+        return DTensor.from_local(
+            local, src.device_mesh, src.placements, run_check=False, shape=src.shape, stride=src.stride()
+        )
+
+
+def _compiled_autograd_active() -> bool:
+    """Whether a backward runs under compiled autograd (no module lookup costs more than a dict probe)."""
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    return ca is not None and bool(ca.compiled_autograd_enabled or ca.in_compiled_autograd_region)
+
+
+def _global_ranks(group: Any) -> frozenset[int]:
+    """The global ranks `group` (None, a ProcessGroup or a DeviceMesh) averages over."""
+    if group is None:
+        return frozenset(range(dist.get_world_size()))
+    if _is_device_mesh(group):
+        return frozenset(int(r) for r in group.mesh.flatten().tolist())
+    return frozenset(dist.get_process_group_ranks(group))

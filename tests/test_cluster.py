@@ -1,0 +1,259 @@
+"""Simulated hosts (ringreduce/bench/netns.py, python -m ringreduce.bench.cluster): the tool, and faults
+across hosts - a link cut mid-call, a short flap, a host killed, a host that never joins.
+
+Every test builds its own namespaces (prefix rrc-<pid>-<test>) and removes exactly those; ranks run
+tests/cluster_job.py on 1 Gbit/s links with a 6 s group timeout; every wait is bounded. They need root,
+network namespaces and tbf, and skip with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ringreduce.bench import cluster as cluster_cli
+from ringreduce.bench.netns import MASTER_PORT, Cluster, ClusterRefused, preflight
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PG_TIMEOUT = 6.0
+NUMEL = 1 << 20  # 4 MiB: a call takes ~70 ms at 1 Gbit/s, so faults land mid-call
+
+
+def _probe() -> str:
+    """'' when this machine can build a simulated cluster, else why not."""
+    try:
+        preflight()
+        with Cluster(1, "1gbit", prefix=f"rrc-{os.getpid()}-probe"):
+            pass
+    except ClusterRefused as e:
+        return str(e)
+    return ""
+
+
+_REASON = _probe()
+needs_cluster = pytest.mark.skipif(bool(_REASON), reason=f"simulated cluster unavailable: {_REASON}")
+
+
+def _env(cluster: Cluster, rank: int, host: int, per_host: int, hosts: int) -> dict[str, str]:
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(hosts * per_host), LOCAL_RANK=str(rank % per_host),
+               LOCAL_WORLD_SIZE=str(per_host), GROUP_RANK=str(host), MASTER_ADDR=cluster.addr(0),
+               MASTER_PORT=str(MASTER_PORT), CLUSTER_PG_TIMEOUT=str(PG_TIMEOUT), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.pop("RINGREDUCE_LOCAL_SIZE", None)
+    return env
+
+
+def _start(cluster: Cluster, out: str, per_host: int, calls: int, hosts: tuple[int, ...] | None = None):
+    """Starts tests/cluster_job.py for every rank of `hosts` (default all), its stderr in
+    OUT/rank<r>.err (a file: a pipe nobody reads could fill and block the rank); returns {rank: Popen}."""
+    procs = {}
+    for host in range(cluster.hosts) if hosts is None else hosts:
+        for local in range(per_host):
+            rank = host * per_host + local
+            with open(os.path.join(out, f"rank{rank}.err"), "w") as err:
+                procs[rank] = cluster.popen(
+                    host, [sys.executable, os.path.join(HERE, "cluster_job.py"), out, str(calls), str(NUMEL)],
+                    env=_env(cluster, rank, host, per_host, cluster.hosts), stdout=subprocess.DEVNULL, stderr=err)
+            procs[rank].err_path = err.name
+    return procs
+
+
+def _wait_ready(out: str, procs: dict, limit: float = 120.0) -> None:
+    deadline = time.monotonic() + limit
+    while len(glob.glob(os.path.join(out, "ready*"))) < len(procs):
+        dead = {r: p.returncode for r, p in procs.items() if p.poll() is not None}
+        assert not dead, f"ranks exited before their first call: {dead}: {_stderr(procs)}"
+        assert time.monotonic() < deadline, "the ranks did not finish a first call in time"
+        time.sleep(0.05)
+
+
+def _stderr(procs: dict) -> str:
+    return " | ".join(f"rank {r}: {open(p.err_path).read()[-1500:]}" for r, p in procs.items())
+
+
+def _finish(procs: dict, limit: float) -> dict[int, int]:
+    """Exit codes of every rank, each within `limit` s from now (else the test fails)."""
+    deadline = time.monotonic() + limit
+    codes = {}
+    for rank, p in procs.items():
+        try:
+            codes[rank] = p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"rank {rank} still runs {limit:.0f} s after the fault")
+    return codes
+
+
+def _reports(out: str, ranks) -> dict[int, dict]:
+    return {r: json.load(open(os.path.join(out, f"rank{r}.json"))) for r in ranks}
+
+
+def _no_segments_of(procs: dict) -> list[str]:
+    return [f for p in procs.values() for f in glob.glob(f"/dev/shm/ringreduce-{p.pid}-*")]
+
+
+@needs_cluster
+def test_link_cut_mid_call_every_rank_raises_within_the_timeout(tmp_path):
+    out = str(tmp_path)
+    with Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-cut") as c:
+        procs = _start(c, out, per_host=2, calls=100000)
+        _wait_ready(out, procs)
+        c.set_link(1, False)
+        cut = time.monotonic()
+        codes = _finish(procs, limit=PG_TIMEOUT + 20)
+        elapsed = time.monotonic() - cut
+    assert codes == {r: 3 for r in range(4)}, _stderr(procs)
+    for rank, rep in _reports(out, range(4)).items():
+        assert rep["host"] == f"rrc-{os.getpid()}-cut-host{rank // 2}"
+        assert rep["calls"] >= 1
+        assert rep["error"]["dist_backend_error"], rep  # a DistBackendError on every rank, both hosts
+        assert rep["error"]["seconds"] < PG_TIMEOUT + 5, rep
+    assert elapsed < PG_TIMEOUT + 20
+    assert _no_segments_of(procs) == []
+
+
+@needs_cluster
+def test_link_flap_shorter_than_the_timeout_is_survived(tmp_path):
+    out = str(tmp_path)
+    with Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-flap") as c:
+        procs = _start(c, out, per_host=1, calls=60)
+        _wait_ready(out, procs)
+        c.set_link(1, False)
+        time.sleep(2.0)
+        c.set_link(1, True)
+        codes = _finish(procs, limit=120)
+    assert codes == {0: 0, 1: 0}, _stderr(procs)
+    assert [rep["calls"] for rep in _reports(out, range(2)).values()] == [60, 60]  # every result checked exact
+
+
+@needs_cluster
+def test_host_killed_the_other_host_raises(tmp_path):
+    out = str(tmp_path)
+    with Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-kill") as c:
+        procs = _start(c, out, per_host=2, calls=100000)
+        _wait_ready(out, procs)
+        assert c.kill_host(1) == 2  # both of host 1's ranks, SIGKILLed
+        codes = _finish(procs, limit=PG_TIMEOUT + 20)
+    assert codes[2] == codes[3] == -signal.SIGKILL
+    assert codes[0] == codes[1] == 3, _stderr(procs)
+    for rep in _reports(out, (0, 1)).values():
+        assert rep["error"]["dist_backend_error"], rep
+    assert _no_segments_of(procs) == []
+
+
+@needs_cluster
+def test_host_that_never_joins_is_named_at_init(tmp_path):
+    out = str(tmp_path)
+    with Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-absent") as c:
+        procs = _start(c, out, per_host=2, calls=1, hosts=(0,))
+        codes = _finish(procs, limit=PG_TIMEOUT + 60)
+    assert codes == {0: 3, 1: 3}, _stderr(procs)
+    for rep in _reports(out, (0, 1)).values():
+        assert rep["calls"] == 0
+        assert rep["error"]["type"] == "DistStoreError", rep
+        msg = rep["error"]["message"]
+        assert "ranks [2, 3] of 4 (node 1 " in msg, msg
+        assert f"rrc-{os.getpid()}-absent-host0 (node 0): ranks [0, 1]" in msg, msg
+
+
+def _namespaces(prefix: str) -> list[str]:
+    res = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    return [line.split()[0] for line in res.stdout.splitlines() if line.startswith(prefix + "-")]
+
+
+def _tool(prefix: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "ringreduce.bench.cluster", "--hosts", "2", "--ranks-per-host", "1",
+            "--link", "1gbit", "--prefix", prefix, *args]
+
+
+@needs_cluster
+def test_tool_runs_the_bench_across_hosts_and_removes_everything(tmp_path):
+    prefix = f"rrc-{os.getpid()}-tool"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+    res = subprocess.run(_tool(prefix, "--", "-b", "256K", "-e", "256K", "--seconds", "0.2", "--rounds", "2",
+                               "--json", str(tmp_path / "r.json"), "-q"),
+                         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "[host0] # ringreduce.bench all_reduce: 2 ranks" in res.stdout
+    rows = json.load(open(tmp_path / "r.json"))["rows"]
+    assert rows and all(r["wrong"] == 0 for r in rows)
+    sent = [int(line.split("sent ")[1].split(" B")[0]) for line in res.stdout.splitlines() if "): sent " in line]
+    assert len(sent) == 2 and min(sent) > 256 * 1024  # every host's link carried the ring's bytes
+    assert f"# cleanup: ip netns del {prefix}-sw" in res.stdout
+    assert _namespaces(prefix) == []
+
+
+@needs_cluster
+def test_traffic_model_matches_what_the_links_carried(tmp_path):
+    """python -m ringreduce.bench.traffic on 2 hosts x 2 ranks: the bytes each host's link carried out
+    (tc's tbf counters) over each algorithm's calls lie within [1, 1 + MODEL_TOLERANCE] x the model's
+    cross-node payload (docs/algorithm.md: flat ring 2(n-1)/n S per node, hierarchical 2(M-1)/M S)."""
+    from ringreduce.bench.traffic import MODEL_TOLERANCE
+
+    prefix = f"rrc-{os.getpid()}-traffic"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    argv = _tool(prefix, "--module", "ringreduce.bench.traffic", "--", "--size", "4M", "--iters", "3",
+                 "--link-dev", "rr0", "--json", str(tmp_path / "t.json"))
+    argv[argv.index("--ranks-per-host") + 1] = "2"
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    summary = json.load(open(tmp_path / "t.json"))["summary"]
+    S, calls = 4 << 20, 4
+    assert summary["ring"]["model_node_bytes"] == 1.5 * S * calls
+    assert summary["hierarchical"]["model_node_bytes"] == 1.0 * S * calls
+    for algo in ("ring", "hierarchical"):
+        ratios = summary[algo]["link_over_model"]
+        assert sorted(ratios) == ["0", "1"], summary[algo]
+        assert all(1.0 <= r <= 1.0 + MODEL_TOLERANCE for r in ratios.values()), (algo, ratios)
+    assert _namespaces(prefix) == []
+
+
+@needs_cluster
+def test_tool_cleans_up_on_sigint(tmp_path):
+    prefix = f"rrc-{os.getpid()}-int"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.Popen(_tool(prefix, "--", "-b", "16M", "-e", "64M", "--seconds", "30"), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_namespaces(prefix)) < 3:
+            assert time.monotonic() < deadline and p.poll() is None, "the tool did not build its hosts"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        text = p.communicate(timeout=60)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, text[-3000:]
+    assert "SIGINT received" in text and f"# cleanup: ip netns del {prefix}-sw" in text
+    assert _namespaces(prefix) == []
+
+
+def test_refusal_is_one_line_without_root(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert cluster_cli.main(["--hosts", "2", "--link", "1gbit"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs root" in err and "uid 1000" in err
+
+
+def test_dry_run_prints_the_plan_and_the_cleanup(capsys):
+    assert cluster_cli.main(["--hosts", "3", "--ranks-per-host", "2", "--link", "10gbit", "--prefix", "rrc-x",
+                             "--dry-run", "--", "-b", "1M"]) == 0
+    text = capsys.readouterr().out
+    assert "ip netns add rrc-x-host2" in text and "tbf rate 10gbit" in text
+    assert "--nnodes 3 --nproc-per-node 2 --node-rank 2 --master-addr 10.213.0.1" in text
+    assert "-m ringreduce.bench -b 1M" in text
+    assert "cleanup: ip netns del rrc-x-host0 rrc-x-host1 rrc-x-host2 rrc-x-sw" in text
+
+
+def test_bad_link_rate_is_refused():
+    with pytest.raises(SystemExit, match="not a tc rate"):
+        cluster_cli.main(["--hosts", "2", "--link", "1 gigabit", "--dry-run"])
