@@ -84,7 +84,8 @@ def _resolve_mesh(mesh: Any) -> GroupInfo | None:
     ring = _backend_ring(world)  # WORLD of backend "ringreduce": the ring runs over its inner group
     return GroupInfo(
         pg=world if ring is None else ring.pg, rank=ranks.index(me), size=len(ranks),
-        name=f"{label} ranks {ranks} (flattened)", members=members, global_ranks=() if ring is None else ring.global_ranks,
+        name=f"{label} ranks {ranks} (flattened)", members=members,
+        global_ranks=() if ring is None else ring.global_ranks,
     )
 
 

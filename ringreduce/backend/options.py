@@ -26,13 +26,14 @@ class BackendOptions:
         wire_dtype: None, ``torch.bfloat16`` or ``torch.float16``: float32 SUM/AVG all-reduces send
             their reduce-scatter partials as 16-bit values, each hop adding in float32 (see
             ``ringreduce.all_reduce``); other dtypes, ops and the reduce-scatter/all-gather
-            collectives ignore it. Needs algorithm "auto" or "ring".
+            collectives ignore it. With "hierarchical", CUDA calls refuse it as ``ringreduce.all_reduce``
+            does (GPUs carry the wire on the flat ring only).
         algorithm: "auto" (default), "ring" or "hierarchical", as ``ringreduce.all_reduce``'s.
 
     Raises:
         TypeError: a field of the wrong type (a dtype that is not a ``torch.dtype``).
-        ValueError: an accum_dtype other than float32, a wire_dtype other than bfloat16/float16, an
-            unknown algorithm, or a wire_dtype with "hierarchical".
+        ValueError: an accum_dtype other than float32, a wire_dtype other than bfloat16/float16, or an
+            unknown algorithm.
     """
 
     accum_dtype: torch.dtype | None = None
@@ -57,10 +58,6 @@ class BackendOptions:
         if self.algorithm not in _ALGORITHMS:
             raise ValueError(
                 f"ringreduce.BackendOptions: algorithm must be one of {_ALGORITHMS}, got {self.algorithm!r}"
-            )
-        if self.wire_dtype is not None and self.algorithm == "hierarchical":
-            raise ValueError(
-                'ringreduce.BackendOptions: wire_dtype runs on the flat ring; use algorithm "auto" or "ring"'
             )
 
     def accum_for(self, tensor: torch.Tensor) -> torch.dtype | None:
