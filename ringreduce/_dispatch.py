@@ -172,6 +172,14 @@ def local_refusal(
 
 
 
+def narrow_accumulation(tensor: torch.Tensor, accum_dtype: torch.dtype | None) -> bool:
+    """Whether `accum_dtype` names the float16/bfloat16 tensor's own dtype: its partial sums are then
+    rounded at every hop on every transport. Without accum_dtype, half-type SUM and AVG accumulate in
+    float32 and round once in shared memory and round per hop over gloo point-to-point and NCCL,
+    where float32 partials cost bytes (docs/design.md section 1.5)."""
+    return accum_dtype is not None and accum_dtype == tensor.dtype and tensor.dtype in HALF_TYPES
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -231,10 +239,14 @@ _options_cache: dict[tuple[Any, ...], Any] = {}
 
 def call_options(info: GroupInfo, kind: Any, op: ReduceOp, *, accum: bool = False, local_error: Any = _NONE,
                  ntensors: int = 1, local_size: int = 0, node_order: tuple[int, ...] = (),
-                 one_shot: bool = True, wire: Any = None, predivide: float = 0.0, extra_divisor: int = 1) -> Any:
+                 one_shot: bool = True, wire: Any = None, predivide: float = 0.0, extra_divisor: int = 1,
+                 narrow: bool = False) -> Any:
     """The native CallOptions of one CPU call on `info`'s ring, with the knobs (RINGREDUCE_*) read now:
     the call `kind`, `op`, `accum` (float32 partials), `local_error` (a local refusal), `ntensors`
-    (coalesced), `local_size` and `node_order` (hierarchical).
+    (coalesced), `local_size` and `node_order` (hierarchical). Half-type SUM and AVG in shared memory
+    accumulate in float32 without `accum`; `narrow` (accum_dtype named the tensor's own half dtype)
+    rounds partials at every hop there too (narrow_accumulation, Note [Half types in shared memory]
+    in csrc/cpu/shm_ring.h).
     `one_shot`: a small flat all-reduce may run as a one-shot (Note [One-shot all-reduce]);
     algorithm="ring" asks for the ring itself. `wire`: the native DType of a 16-bit wire (None: none),
     `predivide`: the predivide factor (0: none), `extra_divisor`: what the final reduce also divides
@@ -243,11 +255,11 @@ def call_options(info: GroupInfo, kind: Any, op: ReduceOp, *, accum: bool = Fals
     segment, slots, timeout = _config.segment_bytes(), _config.num_slots(), _config.timeout_ms()
     node, shm = one_node(info), _config.shm_enabled()
     key = (kind, op, accum, local_error, ntensors, local_size, node_order, one_shot, check, segment, slots, timeout,
-           node, shm, wire, predivide, extra_divisor)
+           node, shm, wire, predivide, extra_divisor, narrow)
     opts = _options_cache.get(key)
     if opts is None:
         opts = C.CallOptions()
-        opts.kind, opts.op, opts.accum_float32 = kind, NATIVE_OPS[op], accum
+        opts.kind, opts.op, opts.accum_float32, opts.accum_narrow = kind, NATIVE_OPS[op], accum, narrow
         opts.local_error, opts.ntensors, opts.check = local_error, ntensors, check
         opts.segment_bytes, opts.num_slots, opts.timeout_ms = segment, slots, timeout
         opts.local_size, opts.node_order, opts.one_shot = local_size, list(node_order), one_shot
@@ -391,7 +403,8 @@ def run_all_reduce(
     with scope:
         options = call_options(info, kind, rop, accum=accum, ntensors=ntensors, local_size=local_size,
                                node_order=members if local_size else (), one_shot=algorithm == "auto", wire=wire,
-                               predivide=factor, extra_divisor=extra_divisor)
+                               predivide=factor, extra_divisor=extra_divisor,
+                               narrow=narrow_accumulation(tensor, accum_dtype))
         handle = submit_cpu(info, tensor, options, synchronous=not async_op)
         if async_op:
             work = Work(handle, [tensor], describe=f"{KIND_NAMES[kind]} {rop.name} on {info.name}",

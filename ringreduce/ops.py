@@ -46,10 +46,13 @@ def all_reduce(
         async_op: False: return when this rank's result is in `tensor` (CPU) or ordered on the
             current stream (CUDA). True: return a :class:`Work` at once; ``work.wait()`` before
             reading `tensor`.
-        accum_dtype: None, or ``torch.float32`` for float16/bfloat16 tensors: partial sums travel
-            and are added in float32 (1.5x the bytes) and are rounded once at the end. Half-type
-            sums are otherwise rounded at every hop, and an fp16 *sum* can overflow (65504) where
-            a pre-divided average would not.
+        accum_dtype: None, ``torch.float32`` or the tensor's own dtype, for float16/bfloat16
+            tensors with SUM or AVG. None: in shared memory (ranks of one host) partial sums are
+            added in float32 and rounded once; over gloo point-to-point and NCCL they travel in the
+            tensor's dtype and are rounded at every hop. ``torch.float32``: float32 partials
+            everywhere (1.5x the bytes on a wire), rounded once. The tensor's dtype: rounded at
+            every hop everywhere. An fp16 *sum* can overflow (65504) where a pre-divided average
+            would not.
         algorithm: "auto" (default): the hierarchical all-reduce when the group spans several
             nodes with equally many of its ranks on each (torchrun's GROUP_RANK and
             LOCAL_WORLD_SIZE, or RINGREDUCE_LOCAL_SIZE), else the flat ring, which sends small
@@ -138,7 +141,9 @@ def all_reduce_avg(
         async_op: True returns a :class:`Work` at once; call ``work.wait()`` before reading
             `tensor`.
         accum_dtype: ``torch.float32`` to carry float16/bfloat16 partial sums in float32 and round
-            once (use it for fp16 data whose sum can overflow 65504); None keeps the tensor's type.
+            once on every transport (use it for fp16 data whose sum can overflow 65504); None: in
+            float32 in shared memory, in the tensor's type over gloo point-to-point and NCCL; the
+            tensor's own dtype: rounded at every hop everywhere (as in :func:`all_reduce`).
         algorithm: "auto" (default; hierarchical when the group spans several equal nodes, else
             the flat ring), "ring" or "hierarchical", as in :func:`all_reduce`.
         wire_dtype: None, or ``torch.bfloat16`` / ``torch.float16`` for a float32 tensor: a 16-bit

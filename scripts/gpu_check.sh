@@ -326,9 +326,9 @@ sim_cpp() {  # the C++ simulated-device checks
     cmake -S "$ROOT" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DRR_CUDA=OFF \
     -DPython3_EXECUTABLE="$("$PYTHON" -c 'import sys; print(sys.executable)')"
   if grep -q test_cuda_ring_fake "$build/CTestTestfile.cmake" 2>/dev/null; then
-    targets+=(test_cuda_ring_fake)
+    targets+=(test_cuda_ring_fake test_nccl_compat_fake)
   else
-    note "SKIP  test_cuda_ring_fake (cuda_runtime_api.h or nccl.h not found by cmake)"
+    note "SKIP  test_cuda_ring_fake, test_nccl_compat_fake (cuda_runtime_api.h or nccl.h not found by cmake)"
   fi
   step "build ${targets[*]}" 900 cmake --build "$build" -j "${MAX_JOBS:-2}" --target "${targets[@]}"
   step "simulated streams + fake CUDA runtime (ctest)" 300 \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -412,6 +413,65 @@ def test_traffic_mode_reports_cross_node_bytes(tmp_path) -> None:
     doc = json.loads(out.read_text())
     assert doc["summary"]["hierarchical"]["cross_node_bytes_per_node"] == {"0": 65536, "1": 65536}
     assert all(s["correct"] for s in doc["summary"].values())
+
+
+# (c) --vs deepspeed -------------------------------------------------------------------------------
+
+_HIDE_DEEPSPEED = "import sys; sys.modules['deepspeed'] = None; from ringreduce.bench.cli import main; main({argv!r})"
+
+
+def test_cli_vs_deepspeed_without_deepspeed_is_a_one_line_refusal() -> None:
+    """DeepSpeed is an optional benchmark dependency: where it cannot be imported (hidden here), --vs
+    deepspeed exits at once with one line that says how to install it, before any rank starts."""
+    argv = ["--vs", "deepspeed", "-b", "1K", "-e", "1K"]
+    proc = subprocess.run([sys.executable, "-c", _HIDE_DEEPSPEED.format(argv=argv)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install deepspeed" in lines[0] and "--vs deepspeed" in lines[0], proc.stderr
+
+
+def test_vs_columns_line_up_and_report_fallbacks() -> None:
+    per_rank = [{"iters": 5, "rounds": 2, "warmup": 1, "impls": {
+        "ringreduce": {**_rank_stats(10.0), "rel_error": 1e-3, "off": 0},
+        "gloo": {**_rank_stats(400.0), "rel_error": 2e-3, "off": 7},
+        "deepspeed": {**_rank_stats(5.0), "rel_error": 1e-3, "off": 0, "calls": 40, "fallback_calls": 40 * r,
+                      "profiled_ops": ["deepspeed::inference_all_reduce_"]}}} for r in range(2)]
+    rows = aggregate_size(1024, 256, "bfloat16", "sum", 2, per_rank)
+    by = {row["impl"]: row for row in rows}
+    assert by["deepspeed"]["fallback_calls"] == 40 and by["deepspeed"]["calls"] == 80 and by["gloo"]["off"] == 7
+    layout = Layout(("ringreduce", "gloo", "deepspeed"), "gloo")
+    lines = header(layout) + [format_row(rows, layout)]
+    assert "rr/ds" in lines[1] and "ds-fb" in lines[1] and len(lines[1]) == len(lines[-1]), "\n".join(lines)
+    assert "    2.000" in lines[-1]  # ringreduce 10 us / deepspeed 5 us
+    assert any("80 calls, 40 fell back" in line for line in footer(rows, layout))
+
+
+def _deepspeed_segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"deepspeed_allreduce_buffer_{os.getuid()}_")}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (pip install deepspeed)")
+def test_cli_vs_deepspeed_runs_its_shm_op(tmp_path) -> None:
+    """A short --vs deepspeed sweep: DeepSpeed's column in the same run, exact on the pattern data, every
+    float32 call through its shm op (no fallback; the profiled call ran deepspeed::inference_all_reduce_
+    and no gloo all_reduce), accuracy columns, and nothing left behind in /dev/shm."""
+    out = tmp_path / "ds.json"
+    before = _deepspeed_segments()
+    cmd = [sys.executable, "-m", "ringreduce.bench", "--nproc", "2", "-b", "1K", "-e", "1M", "-f", "32", "-n", "5",
+           "--rounds", "2", "-w", "1", "-o", "sum", "--vs", "deepspeed", "--pin", "--json", str(out), "-q"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rr/ds" in proc.stdout and "0 fell back" in proc.stdout, proc.stdout
+    doc = json.loads(out.read_text())
+    assert validate_report(doc) == [] and doc["machine"]["deepspeed"]
+    ds = [row for row in doc["rows"] if row["impl"] == "deepspeed"]
+    assert len(ds) == 3 and all(row["wrong"] == 0 and row["fallback_calls"] == 0 and row["calls"] > 0 for row in ds)
+    assert all("deepspeed::inference_all_reduce_" in row["profiled_ops"] for row in ds), ds
+    assert all(not any(op.startswith("gloo") for op in row["profiled_ops"]) for row in ds), ds
+    assert all(row["off"] is not None and row["rel_error"] is not None for row in doc["rows"])
+    assert _deepspeed_segments() <= before
 
 
 def test_train_step_ddp_backend_variant_runs_ddp_over_ringreduce(tmp_path) -> None:

@@ -152,14 +152,10 @@ def _ring_rounding(rank: int, ws: int) -> list[str]:
         for k in range(1, ws):
             partial = (stack[(c + k) % ws, b:e].float() + partial.float()).to(torch.bfloat16)
         expected[b:e] = partial
-    t = x.clone()
-    rr.all_reduce(t, op="sum")
-    if not bits_equal(t, expected):
-        failures.append("bf16 SUM is not the hop-by-hop rounded ring sum")
-    # With float32 partials the sum is rounded once: the correctly rounded float32 sum.
-    t2 = x.clone()
-    rr.all_reduce(t2, op="sum", accum_dtype=torch.float32)
+    # Over gloo point-to-point the default rounds at every hop; in shared memory it accumulates in
+    # float32 (Note [Half types in shared memory]), and accum_dtype=bfloat16 asks for every hop there.
     once = torch.empty(numel, dtype=torch.bfloat16)
+    once32 = torch.empty(numel, dtype=torch.float32)
     for c, (b, e) in enumerate(chunks):
         if b == e:
             continue
@@ -167,13 +163,31 @@ def _ring_rounding(rank: int, ws: int) -> list[str]:
         for k in range(1, ws):
             acc = stack[(c + k) % ws, b:e].float() + acc
         once[b:e] = acc.to(torch.bfloat16)
+        once32[b:e] = acc
+    t = x.clone()
+    rr.all_reduce(t, op="sum")
+    shm = rr._C.transport_info(dist.group.WORLD, []) == "shm"  # known after the ring's first call
+    if not bits_equal(t, once if shm else expected):
+        failures.append(f"bf16 SUM is not the {'rounded-once' if shm else 'hop-by-hop rounded'} ring sum")
+    t1 = x.clone()
+    rr.all_reduce(t1, op="sum", accum_dtype=torch.bfloat16)
+    if not bits_equal(t1, expected):
+        failures.append("bf16 SUM with accum_dtype=bfloat16 is not the hop-by-hop rounded ring sum")
+    # With float32 partials the sum is rounded once: the correctly rounded float32 sum.
+    t2 = x.clone()
+    rr.all_reduce(t2, op="sum", accum_dtype=torch.float32)
     if not bits_equal(t2, once):
         failures.append("bf16 SUM with accum_dtype=float32 is not rounded once")
-    # AVG == SUM then div_ (no pre-multiplication bias)
+    # AVG == SUM then div_ (no pre-multiplication bias) where the sum is rounded to bf16; the float32
+    # sum divided once where it is not.
     t3 = x.clone()
     rr.all_reduce_avg(t3)
-    if not bits_equal(t3, expected.clone().div_(ws)):
+    if not bits_equal(t3, (once32 / ws).to(torch.bfloat16) if shm else expected.clone().div_(ws)):
         failures.append("bf16 AVG != all_reduce(SUM).div_(n)")
+    t5 = x.clone()
+    rr.all_reduce_avg(t5, accum_dtype=torch.bfloat16)
+    if not bits_equal(t5, expected.clone().div_(ws)):
+        failures.append("bf16 AVG with accum_dtype=bfloat16 != all_reduce(SUM).div_(n)")
     t4 = x.to(torch.float32)
     s4 = t4.clone()
     rr.all_reduce_avg(t4)

@@ -72,7 +72,8 @@ std::string describeFrame(const Frame& f) {
   os << "(op=" << opString(f) << ", dtype=" << dtypeName(static_cast<DType>(f.dtype))
      << ", numel=" << f.numel << ", shape=" << shapeString(f)
      << ", device=" << (f.device_type == 1 ? "cuda" : "cpu");
-  if (f.accum_float32) os << ", accum_dtype=float32";
+  if (f.accum_float32 == 1) os << ", accum_dtype=float32";
+  if (f.accum_float32 == 2) os << ", accum_dtype=" << dtypeName(static_cast<DType>(f.dtype));
   if (f.wire_dtype >= 0) os << ", wire_dtype=" << dtypeName(static_cast<DType>(f.wire_dtype));
   if (f.predivide != 0) os << ", predivide_factor=" << f.predivide;
   if (f.extra_divisor != 1) os << ", accumulation_steps=" << f.extra_divisor;

@@ -57,7 +57,7 @@ struct Frame {
   uint64_t seq = 0;
   int32_t op = 0;     // RedOp
   int32_t dtype = 0;  // DType
-  int32_t accum_float32 = 0;
+  int32_t accum_float32 = 0;  // 1: accum_dtype=float32; 2: accum_dtype named the tensor's own (half) dtype
   int32_t device_type = 0;  // 0 cpu, 1 cuda
   int64_t numel = 0;
   int32_t ndim = 0;

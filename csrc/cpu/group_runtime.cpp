@@ -419,7 +419,8 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
   mine.seq = call.seq;
   const bool flat = !refused && opt.allReduce() && !opt.hierarchical(size_);
   // Note [Shared-memory 16-bit wire]: larger float32 all-reduces with a 16-bit wire run the ring.
-  const DType partial = flat ? opt.partial(buf.dtype, size_) : buf.dtype;
+  // Note [Half types in shared memory]: half-type sums accumulate in float32 by default.
+  const DType partial = flat ? opt.shmPartial(buf.dtype, size_) : buf.dtype;
   const bool wire_ring = flat && buf.dtype == DType::kFloat32 && isHalfType(partial) && ShmRing::wireRingPays(buf.numel);
   const std::vector<Frame> frames =
       shm_->begin(mine, flat && !wire_ring ? buf.data : nullptr, buf.numel, buf.dtype);
@@ -447,11 +448,11 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
     return;
   }
   const Clock::time_point reduced = Clock::now();
+  const Scaling final = opt.flatFinalScaling(buf.dtype, size_, partial);
   if (wire_ring) {
-    shm_->allReduceWire(static_cast<float*>(buf.data), buf.numel, opt.op, partial,
-                        opt.flatFinalScaling(buf.dtype, size_));
+    shm_->allReduceWire(static_cast<float*>(buf.data), buf.numel, opt.op, partial, final);
   } else {
-    shm_->allReduce(buf.data, buf.numel, buf.dtype, opt.op, partial, opt.flatFinalScaling(buf.dtype, size_));
+    shm_->allReduce(buf.data, buf.numel, buf.dtype, opt.op, partial, final);
   }
   call.body->finish(rank_, size_);
   timing.ring_us = usSince(reduced);

@@ -92,6 +92,9 @@ struct CallOptions {
   CallKind kind = CallKind::kAllReduce;
   RedOp op = RedOp::kSum;
   bool accum_float32 = false;          // half types: partials travel as float32
+  // Half types: accum_dtype named the tensor's own dtype, so partials are rounded at every hop even
+  // in shared memory (Note [Half types in shared memory] in shm_ring.h).
+  bool accum_narrow = false;
   std::optional<DType> wire_dtype;     // float32 tensors: partials travel as this 16-bit type
   double predivide = 0;                // predivide_factor (0: none; Note [Reduction contract])
   int32_t extra_divisor = 1;           // the final reduce also divides by it (accumulation steps)
@@ -121,11 +124,20 @@ struct CallOptions {
   DType partial(DType dtype, int ring_size) const {
     return partialDType(dtype, ring_size, accum_float32, wire_dtype);
   }
-  // The Scaling of a flat ring's final reduce (finalScaling, functors.h), for the paths that
-  // reduce in the ring's order without a plan (one-shot, shared memory).
-  Scaling flatFinalScaling(DType dtype, int ring_size) const {
-    const bool wide = partial(dtype, ring_size) == DType::kFloat32 && isHalfType(dtype);
+  // The partial type of a flat all-reduce in shared memory (Note [Half types in shared memory] in
+  // shm_ring.h): half-type SUM and AVG accumulate in float32 unless accum_narrow; otherwise partial().
+  DType shmPartial(DType dtype, int ring_size) const {
+    if (isHalfType(dtype) && (op == RedOp::kSum || op == RedOp::kAvg) && !accum_narrow) return DType::kFloat32;
+    return partial(dtype, ring_size);
+  }
+  // The Scaling of a flat ring's final reduce (finalScaling, functors.h) with partials of `partial`,
+  // for the paths that reduce in the ring's order without a plan (one-shot, shared memory).
+  Scaling flatFinalScaling(DType dtype, int ring_size, DType partial_type) const {
+    const bool wide = partial_type == DType::kFloat32 && isHalfType(dtype);
     return finalScaling(op, ring_size, extra_divisor, predivide, predivide, !wide);
+  }
+  Scaling flatFinalScaling(DType dtype, int ring_size) const {
+    return flatFinalScaling(dtype, ring_size, partial(dtype, ring_size));
   }
   // Whether an all-reduce on a ring of `ring_size` ranks runs the hierarchical stages.
   bool hierarchical(int ring_size) const { return allReduce() && local_size > 1 && local_size < ring_size; }

@@ -46,6 +46,20 @@ std::chrono::microseconds spinFor(int ranks) {
   return std::chrono::microseconds(ranks <= cpus ? 200 : 10);
 }
 
+// Note [Barrier wait rule]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A waiter at a barrier asks where each missing peer last arrived (RankState::cpu, published at
+// every arrival). While they all last ran on other cores it spins (pause instructions, up to
+// spinFor: a peer with a core of its own arrives within microseconds, and a sleeping waiter would
+// pay a futex wake-up on every call). When a missing peer last ran on this waiter's own core, the
+// peer cannot arrive while the waiter holds that core: the waiter yields it (sched_yield), which
+// hands it to the peer at once and needs no wake-up call from it, for at most kYieldFor, and then
+// sleeps on the bell. After spinFor every waiter sleeps: a peer busy elsewhere (its backward pass,
+// or a machine with more busy threads than cores) gets the core back.
+// How long a waiter yields its core to a missing peer that last ran there before it sleeps: a few
+// scheduler hand-offs.
+constexpr std::chrono::microseconds kYieldFor{50};
+
 size_t ranksOffset() { return sizeof(Header); }
 size_t framesOffset(int n) { return ranksOffset() + sizeof(RankState) * static_cast<size_t>(n); }
 size_t buffersOffset(int n) { return (framesOffset(n) + 2 * static_cast<size_t>(n) * kFrameSlot + 4095) / 4096 * 4096; }
@@ -118,8 +132,19 @@ void ShmRing::barrier() {
     }
     return false;
   };
+  // Note [Barrier wait rule]: spin while the missing peers last ran on other cores; yield the core
+  // to a missing peer that last ran on this one (no futex round trip: it needs no wake-up), for at
+  // most kYieldFor; then sleep on the bell.
   const std::chrono::microseconds spin = std::min(spinFor(size_), spin_cap_);
-  while (Clock::now() - start < spin && !missingPeerHere()) {
+  while (Clock::now() - start < spin) {
+    if (missingPeerHere()) {
+      const Clock::time_point yielded = Clock::now();
+      while (Clock::now() - yielded < kYieldFor) {
+        if (everyone()) return;
+        sched_yield();
+      }
+      break;
+    }
     for (int i = 0; i < 64; ++i) {
       if (everyone()) return;
       cpuRelax();

@@ -18,6 +18,16 @@
 //   3. elements are combined in the ring's order (chunk c of the ring's schedule starts with rank
 //      c's elements, then c + 1's, ...: hostReduceInOrder), so results are bitwise the TCP ring's,
 //      on every rank, for every segment and piece size.
+// Note [Half types in shared memory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Nothing travels over a wire here, so a float16/bfloat16 SUM or AVG costs no bytes for float32
+// partials: by default every reduce keeps the sum of all ranks' elements in float32 (registers and
+// the kReduceInOrderBlock scratch) and rounds once, when it stores the result (AVG: the float32 sum
+// divided by n, then rounded). The result is correctly rounded wherever the float32 sum is exact,
+// and identical on every rank (one owner per element in split pieces, the same order everywhere in
+// full ones). accum_dtype set to the tensor's own dtype (CallOptions::accum_narrow) keeps the
+// ring's per-hop rounding; gloo point-to-point and NCCL keep it by default, since there float32
+// partials double the bytes (docs/design.md section 1.5).
 // Note [Shared-memory 16-bit wire]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A float32 all-reduce with 16-bit partials (wire_dtype; Note [Reduction contract] in

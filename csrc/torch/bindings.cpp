@@ -124,6 +124,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("kind", &rr::CallOptions::kind)
       .def_readwrite("op", &rr::CallOptions::op)
       .def_readwrite("accum_float32", &rr::CallOptions::accum_float32)
+      .def_readwrite("accum_narrow", &rr::CallOptions::accum_narrow)
       .def_readwrite("wire_dtype", &rr::CallOptions::wire_dtype)
       .def_readwrite("predivide", &rr::CallOptions::predivide)
       .def_readwrite("extra_divisor", &rr::CallOptions::extra_divisor)

@@ -90,7 +90,7 @@ Frame CpuCall::frame() const {
   f.op = static_cast<int32_t>(opt_.op);
   f.error = static_cast<int32_t>(opt_.local_error);
   f.ntensors = opt_.ntensors;
-  f.accum_float32 = opt_.accum_float32 ? 1 : 0;
+  f.accum_float32 = opt_.accum_float32 ? 1 : opt_.accum_narrow ? 2 : 0;  // 2: accum_dtype = the tensor's
   f.wire_dtype = opt_.wire_dtype ? static_cast<int32_t>(*opt_.wire_dtype) : -1;
   f.predivide = opt_.predivide;
   f.extra_divisor = opt_.extra_divisor;

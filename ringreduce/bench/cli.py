@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
+import tempfile
 
 from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.sizes import DTYPES, parse_dtype, parse_size, size_sweep
@@ -37,6 +39,7 @@ examples:
   python -m ringreduce.bench --backend nccl --nproc 2 -b 1M -e 256M -f 2   # one GPU: 2 ranks share it
   python -m ringreduce.bench -b 8 -e 1M -f 4 --check-cost      # cost of the agreement check
   python -m ringreduce.bench -b 16M -e 64M --wire-dtype bf16    # 16-bit wire vs float32 and DDP's hook
+  python -m ringreduce.bench -o sum --vs deepspeed --pin        # against DeepSpeed's shm all-reduce
   torchrun --nnodes 2 --nproc-per-node 8 ... -m ringreduce.bench -b 8 -e 256M -f 2
   python -m ringreduce.bench --mode train [train-step options]  # training-step benchmark
 """
@@ -92,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--algorithms", default="", metavar="LIST",
                      help="also time ringreduce with each algorithm= of LIST (ring,hierarchical): columns rr-ring, "
                      "rr-hier and their time over the stock one's (ring/gloo, hier/gloo)")
+    run.add_argument("--vs", choices=("deepspeed",), default=None,
+                     help="also time DeepSpeed's CPU shared-memory all-reduce (inference_all_reduce) in the same run, "
+                     "with rr/ds, its fallback calls (ds-fb) and accuracy on random data (err-*, off-*: elements "
+                     "off the float64 sum rounded once); needs pip install deepspeed")
     run.add_argument("--no-nccl-ring", dest="nccl_ring", action="store_false",
                      help="on GPUs, skip stock NCCL with NCCL_ALGO=RING")
     run.add_argument("--no-loopback", dest="loopback", action="store_false",
@@ -103,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "NCCL's socket transport on lo (labelled so); ignored under torchrun")
     ranks.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
                        help="auto: nccl with >= 2 GPUs and a CUDA build of ringreduce, else gloo")
+    ranks.add_argument("--pin", action="store_true", help="pin local rank r to core r %% cores (sched_setaffinity)")
     out = p.add_argument_group("output")
     out.add_argument("--json", dest="json_path", default=None, help="write every row and the machine to FILE")
     out.add_argument("--plot", dest="plot_path", default=None, help="write busbw vs size to FILE.png")
@@ -151,6 +159,13 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
     algorithms = tuple(dict.fromkeys(a.strip() for a in args.algorithms.split(",") if a.strip()))
     if any(a not in ("ring", "hierarchical") for a in algorithms):
         raise SystemExit(f"ringreduce.bench: --algorithms takes ring and/or hierarchical, got {args.algorithms!r}")
+    if args.vs == "deepspeed":
+        from ringreduce.bench import deepspeed_shm
+
+        if not deepspeed_shm.available():
+            raise SystemExit(deepspeed_shm.refusal())
+        if backend != "gloo":
+            raise SystemExit("ringreduce.bench: --vs deepspeed compares CPU shared memory; use --backend gloo")
     increment = parse_size(args.stepbytes) if args.stepbytes is not None else None
     factor = None if increment is not None else (args.stepfactor or DEFAULT_FACTOR)
     sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), factor, increment, dtype.itemsize)
@@ -163,7 +178,7 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
         check=True if args.check_cost and backend == "nccl" and args.check is None else args.check,
         check_cost=args.check_cost, nccl_ring=args.nccl_ring, loopback=args.loopback, json_path=args.json_path,
         plot_path=args.plot_path, command=[sys.executable, "-m", "ringreduce.bench", *argv], launcher=launcher,
-        quiet=args.quiet, wire_dtype=args.wire_dtype, algorithms=algorithms,
+        quiet=args.quiet, wire_dtype=args.wire_dtype, algorithms=algorithms, vs=args.vs, pin=args.pin,
     )
 
 
@@ -214,4 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     nproc = args.nproc if args.nproc is not None else (max(2, torch.cuda.device_count()) if backend == "nccl" else 2)
     if nproc < 2:
         raise SystemExit("ringreduce.bench: --nproc must be >= 2")
-    return spawn_local(cfg, nproc)
+    if cfg.vs is None or "TORCH_EXTENSIONS_DIR" in os.environ:
+        return spawn_local(cfg, nproc)
+    # DeepSpeed JIT-builds its shm op: into a folder of this run, removed afterwards.
+    with tempfile.TemporaryDirectory(prefix="rr_bench_ds_") as ext:
+        os.environ["TORCH_EXTENSIONS_DIR"] = ext
+        try:
+            return spawn_local(cfg, nproc)
+        finally:
+            del os.environ["TORCH_EXTENSIONS_DIR"]

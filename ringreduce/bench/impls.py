@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,7 @@ class Impl:
     env: dict[str, str | None] = field(default_factory=dict)  # None removes the variable
     rtol: float = 0.0  # 0: results must be exact
     is_ringreduce: bool = False
+    column: Any = None  # --vs deepspeed: its DeepSpeedColumn (calls and fallbacks per size)
 
     def enter(self) -> None:
         """Applies this implementation's environment (outside the timed region)."""
@@ -138,13 +140,14 @@ def loopback_call(op: str, tensors: list[torch.Tensor]) -> Callable[[], None]:
 
 def build_impls(
     op: str, backend: str, device: torch.device, dtype: torch.dtype, check: bool | None, check_cost: bool,
-    nccl_ring: bool, wire: str | None = None, algorithms: tuple[str, ...] = (),
+    nccl_ring: bool, wire: str | None = None, algorithms: tuple[str, ...] = (), vs: str | None = None,
 ) -> list[Impl]:
     """The implementations to compare, in table order: ringreduce first, then the stock ones, and with
     a 16-bit `wire` ("bf16"/"fp16") ringreduce with it and DDP's compress hook last. `op`, `backend`,
     `device`, `dtype`: the sweep's; `check`: RINGREDUCE_CHECK (None: the library default);
     `check_cost`: also ringreduce without the check; `nccl_ring`: also NCCL with NCCL_ALGO=RING;
     `algorithms`: also ringreduce with each of these algorithm= ("ring", "hierarchical"), after the rest.
+    `vs` "deepspeed": DeepSpeed's shm all-reduce last (bench/deepspeed_shm.py).
 
     Communicators are created here (collective: every rank must call it with the same arguments),
     before any is timed; ringreduce's and the default NCCL communicator exist before NCCL_ALGO is set.
@@ -167,6 +170,11 @@ def build_impls(
     for algo in algorithms:
         impls.append(Impl(ALGORITHM_NAMES[algo], _ringreduce_algorithm_call(op, algo), {"RINGREDUCE_CHECK": check_env},
                           is_ringreduce=True))
+    if vs == "deepspeed":
+        from ringreduce.bench.deepspeed_shm import NAME, DeepSpeedColumn
+
+        column = DeepSpeedColumn(op, int(os.environ.get("LOCAL_WORLD_SIZE", n)))
+        impls.append(Impl(NAME, column.run, column=column))
     warm = torch.zeros(16, device=device)
     for impl in impls:
         impl.enter()

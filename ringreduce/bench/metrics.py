@@ -95,6 +95,12 @@ def aggregate_size(
             # --wire-dtype: relative L2 error on random data (bench/accuracy.py), the same on every rank
             "rel_error": stats[0].get("rel_error"),
         })
+        if "off" in stats[0]:  # --vs: elements off the correctly rounded result (bench/deepspeed_shm.py)
+            rows[-1]["off"] = int(stats[0]["off"])
+        if "fallback_calls" in stats[0]:  # summed over ranks
+            rows[-1].update(calls=sum(int(s["calls"]) for s in stats),
+                            fallback_calls=sum(int(s["fallback_calls"]) for s in stats),
+                            profiled_ops=stats[0]["profiled_ops"])
         lb = stats[0].get("loopback_us")
         if lb is not None:
             copy_us = float(stats[0]["loopback_copy_us"])

@@ -53,6 +53,10 @@ def _finish(cfg: BenchConfig, rows: list[dict[str, Any]], stock: str, machine: d
     impls = tuple(dict.fromkeys(row["impl"] for row in rows))
     layout = Layout(impls, stock, wire=cfg.wire_dtype)
     print("\n".join(footer(rows, layout) + memory_lines(rows, layout, MEMORY_BOUND_BYTES)), flush=True)
+    if cfg.vs == "deepspeed":
+        import deepspeed
+
+        machine = {**machine, "deepspeed": deepspeed.__version__}
     doc = build_report(cfg, machine, rows, stock, elapsed)
     print(target_lines(doc), flush=True)
     if cfg.json_path:
@@ -89,6 +93,9 @@ def run_rank(cfg: BenchConfig) -> int:
     """Runs this process's rank (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the environment)."""
     if cfg.transport != "default":
         os.environ["RINGREDUCE_SHM"] = "1" if cfg.transport == "shm" else "0"
+    if cfg.pin:  # --pin: local rank r on core r % cores (of the cores this process may use)
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ.get("LOCAL_RANK", os.environ["RANK"])) % len(cores)]})
     ctx = _init(cfg)
     try:
         started = time.monotonic()
@@ -108,4 +115,8 @@ def run_rank(cfg: BenchConfig) -> int:
         dist.all_reduce(codes, op=dist.ReduceOp.MAX)  # ranks leave together; a late rank must not see dead peers
         return int(codes.item())
     finally:
+        if cfg.vs == "deepspeed":
+            from ringreduce.bench.deepspeed_shm import remove_segment
+
+            remove_segment(ctx.rank)
         dist.destroy_process_group()

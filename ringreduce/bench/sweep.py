@@ -147,7 +147,23 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
                                  ctx.world_size, ctx.device)
         for name, value in errors.items():
             results[name]["rel_error"] = value
+    if cfg.vs is not None:
+        _vs_columns(cfg, ctx, impls, count, dtype, bufs, results)
     return {"size": size, "count": count, "iters": iters, "rounds": rounds, "warmup": cfg.warmup, "impls": results}
+
+
+def _vs_columns(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], count: int, dtype: torch.dtype,
+                bufs: dict[str, torch.Tensor], results: dict[str, dict[str, Any]]) -> None:
+    """--vs deepspeed, outside the timed loop: every implementation's accuracy on random data, then
+    one profiled DeepSpeed call (the ops it ran) and its calls and fallbacks at this size."""
+    from ringreduce.bench.deepspeed_shm import exactness
+
+    for name, value in exactness(impls, cfg.op, count, ctx.rank, ctx.world_size, dtype).items():
+        results[name].update(value)
+    for impl in impls:
+        if impl.column is not None:
+            results[impl.name]["profiled_ops"] = impl.column.profiled_ops(bufs[impl.name])
+            results[impl.name]["calls"], results[impl.name]["fallback_calls"] = impl.column.counts()
 
 
 def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.dtype, k: int, iters: int,
@@ -219,7 +235,7 @@ def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]],
     from ringreduce.bench.table import Layout, format_row, header
 
     impls = build_impls(cfg.op, cfg.backend, ctx.device, DTYPES[cfg.dtype].torch_dtype, cfg.check,
-                        cfg.check_cost, cfg.nccl_ring, cfg.wire_dtype, cfg.algorithms)
+                        cfg.check_cost, cfg.nccl_ring, cfg.wire_dtype, cfg.algorithms, cfg.vs)
     stock = NCCL if cfg.backend == "nccl" else GLOO
     layout = Layout(tuple(impl.name for impl in impls), stock, loopback=cfg.loopback and ctx.device.type == "cuda",
                     wire=cfg.wire_dtype)

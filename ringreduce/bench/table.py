@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ringreduce.bench.deepspeed_shm import NAME as DEEPSPEED
 from ringreduce.bench.impls import (
     ALGORITHM_NAMES,
     NCCL_RING,
@@ -53,12 +54,19 @@ class Layout:
         if self.wire is not None:
             cols += ["wire/f32", "err-f32", "err-wire", "err-ddp"]
         cols += [algorithm_ratio_name(name, self.stock) for name in self.algorithm_impls]
+        if DEEPSPEED in self.impls:
+            cols += list(_VS_COLUMNS)
         return tuple(cols)
 
     @property
     def algorithm_impls(self) -> tuple[str, ...]:
         """The --algorithms columns present (rr-ring, rr-hier), with a time ratio vs stock each."""
         return tuple(name for name in self.impls if name in ALGORITHM_NAMES.values())
+
+
+# --vs deepspeed (bench/deepspeed_shm.py): ringreduce time / DeepSpeed's, the relative errors and the
+# elements off the correctly rounded result on random data, DeepSpeed's calls that fell back to gloo.
+_VS_COLUMNS = ("rr/ds", "err-rr", "err-ds", "off-rr", "off-ds", "ds-fb")
 
 
 def header(layout: Layout) -> list[str]:
@@ -88,6 +96,8 @@ def _extra_value(extra: str, rows: list[dict[str, Any]], layout: Layout) -> str:
             value = time_ratio(rows, rr_wire, RINGREDUCE)
             return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"
         return _error(by_impl.get({"err-f32": RINGREDUCE, "err-wire": rr_wire, "err-ddp": ddp_wire}[extra]))
+    if extra in _VS_COLUMNS:
+        return _vs_value(extra, rows)
     algo = {algorithm_ratio_name(name, layout.stock): name for name in layout.algorithm_impls}.get(extra)
     if extra == "ratio" or algo is not None:
         value = time_ratio(rows, algo or RINGREDUCE, layout.stock)
@@ -108,6 +118,18 @@ def _extra_value(extra: str, rows: list[dict[str, Any]], layout: Layout) -> str:
         return f"{loopback_efficiency(row['loopback_us'], row['loopback_ideal_us']):9.2f}"
     ring = by_impl[NCCL_RING]["busbw_gbs"]
     return f"{100.0 * by_impl[RINGREDUCE]['busbw_gbs'] / ring:8.1f}%" if ring > 0 else f"{'n/a':>9}"
+
+
+def _vs_value(extra: str, rows: list[dict[str, Any]]) -> str:
+    by_impl = {row["impl"]: row for row in rows}
+    if extra == "rr/ds":
+        value = time_ratio(rows, RINGREDUCE, DEEPSPEED)
+        return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"
+    if extra in ("err-rr", "err-ds"):
+        return _error(by_impl.get(RINGREDUCE if extra == "err-rr" else DEEPSPEED))
+    key = "fallback_calls" if extra == "ds-fb" else "off"
+    value = by_impl.get(DEEPSPEED if extra != "off-rr" else RINGREDUCE, {}).get(key)
+    return f"{value:>9}" if value is not None else f"{'n/a':>9}"
 
 
 def format_row(rows: list[dict[str, Any]], layout: Layout) -> str:
@@ -149,6 +171,13 @@ def footer(rows: list[dict[str, Any]], layout: Layout, highlight: tuple[int, ...
         if any(v is not None for _, v in per_size):
             lines.append(f"# Time ratio {name}/{layout.stock}: "
                          + "  ".join(f"{format_size(s)} {v:.3f}" for s, v in per_size if v is not None))
+    ds = [row for row in rows if row["impl"] == DEEPSPEED and "fallback_calls" in row]
+    if ds:
+        fell = sum(row["fallback_calls"] for row in ds)
+        ops = sorted({op for row in ds for op in row["profiled_ops"]})
+        lines.append(f"# {DEEPSPEED}: {sum(row['calls'] for row in ds)} calls, {fell} fell back to "
+                     f"torch.distributed.all_reduce{' (its shm op did not run for them)' if fell else ''}; "
+                     f"profiled calls ran: {', '.join(ops) or 'nothing'}")
     loops = [row for row in rows if row["impl"] == RINGREDUCE and row.get("loopback_us") is not None]
     if loops:
         lines.append("# Loopback driver on one GPU, ideal/time (HBM traffic at a copy's rate, Note [Loopback ideal]): "

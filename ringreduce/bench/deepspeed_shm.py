@@ -1,0 +1,135 @@
+"""DeepSpeed's CPU shared-memory all-reduce as a column of the sweep (``--vs deepspeed``).
+
+DeepSpeed is an optional benchmark dependency, never the library's: without it ``--vs deepspeed`` is
+refused in one line that says how to install it. Its shared-memory path,
+``deepspeed.comm.inference_all_reduce`` -> ``torch.ops.deepspeed.inference_all_reduce_`` (SUM only;
+float32, bfloat16 and float16 summed in float32), is reached with ``DS_ACCELERATOR=cpu``,
+``LOCAL_SIZE`` = the ranks of this host (its op sets its buffers up only when every rank is local)
+and a JIT build of its ``deepspeed_shm_comm`` op (ninja and a C++ compiler; the CLI points
+``TORCH_EXTENSIONS_DIR`` at a temporary folder it removes afterwards). Where the op is unusable (not
+built, a dtype it lacks, a CPU without the instructions of its kernel: its bfloat16/float16 kernels
+need AVX-512BW), DeepSpeed silently falls back to ``torch.distributed.all_reduce`` over gloo. So the
+column counts those calls (``fallback_calls`` of its rows in the JSON; 0 means every call ran the shm
+op) and one profiled call records which ops ran (``profiled_ops``). Its segments
+(``/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>``) outlive the processes: every rank
+removes its own when the run ends (``remove_segment``).
+
+The accuracy columns of the run (``exactness``) reduce random data of the sweep's dtype with every
+implementation and compare with the float64 result rounded once to that dtype: ``off`` counts the
+elements that differ from it (0: correctly rounded), ``err`` is the relative L2 error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+NAME = "deepspeed"
+INSTALL = "pip install deepspeed"
+_SEGMENT_PREFIX = "/dev/shm/deepspeed_allreduce_buffer"
+
+
+def available() -> bool:
+    """Whether deepspeed can be imported here."""
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def refusal() -> str:
+    """The one-line refusal of ``--vs deepspeed`` without DeepSpeed."""
+    return (f"ringreduce.bench: --vs deepspeed needs DeepSpeed, which this Python lacks: {INSTALL} "
+            "(an optional benchmark dependency; DS_ACCELERATOR=cpu is set by the bench)")
+
+
+class DeepSpeedColumn:
+    """DeepSpeed's shm all-reduce in this rank, with the count of its fallback calls.
+
+    Collective: every rank constructs it with the same arguments (DeepSpeed joins the existing
+    process group and builds its op). `op`: "sum" or "avg" (DeepSpeed sums; avg then divides by n, as
+    the gloo column does); `local_size`: ranks on this host.
+    """
+
+    def __init__(self, op: str, local_size: int) -> None:
+        os.environ["DS_ACCELERATOR"] = "cpu"
+        os.environ["LOCAL_SIZE"] = str(local_size)
+        import deepspeed.comm as dscomm
+
+        dscomm.init_distributed(dist_backend="gloo", verbose=False)
+        self._reduce = dscomm.inference_all_reduce
+        self.world_size = dist.get_world_size()
+        self.divide = op == "avg"
+        self.calls = 0
+        self.fallback_calls = 0
+        self._inside = False
+        original = dist.all_reduce
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if self._inside:  # DeepSpeed's fallback: its shm op did not run for this call
+                self.fallback_calls += 1
+            return original(*args, **kwargs)
+
+        dist.all_reduce = counted  # DeepSpeed looks it up at every call
+
+    def run(self, t: torch.Tensor) -> None:
+        """One all-reduce of `t` in place."""
+        self._inside = True
+        self._reduce(t)
+        self._inside = False
+        self.calls += 1
+        if self.divide:
+            t.div_(self.world_size)
+
+    def counts(self) -> tuple[int, int]:
+        """(calls, fallback calls) since the last counts(), then both restart at 0."""
+        out = (self.calls, self.fallback_calls)
+        self.calls = self.fallback_calls = 0
+        return out
+
+    def profiled_ops(self, t: torch.Tensor) -> list[str]:
+        """The names of the deepspeed and all_reduce ops one call on `t` ran (collective)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            self.run(t)
+        names = {e.name for e in prof.events() if "deepspeed" in e.name or "all_reduce" in e.name}
+        return sorted(names)
+
+
+def remove_segment(rank: int) -> None:
+    """Removes this rank's DeepSpeed segment of this run (its name has the store's address and port)."""
+    name = (f"{_SEGMENT_PREFIX}_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{rank}")
+    try:
+        os.unlink(name)
+    except FileNotFoundError:
+        pass
+
+
+def _inputs(rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(4242 + rank)
+    return (torch.randn(count, generator=g, dtype=torch.float64) * (1 + rank)).to(dtype)
+
+
+def exactness(impls: list[Any], op: str, count: int, rank: int, world_size: int,
+              dtype: torch.dtype) -> dict[str, dict[str, float | int]]:
+    """{name: {"rel_error", "off"}} of each of `impls` (bench.impls.Impl) reducing this rank's `count`
+    random elements of `dtype` (`op` "sum" or "avg"), against the float64 result rounded once to
+    `dtype`; the same on every rank."""
+    everyone = [_inputs(r, count, dtype).double() for r in range(world_size)]
+    ref = sum(everyone)
+    if op == "avg":
+        ref = ref / world_size
+    rounded = ref.to(dtype)
+    ref2 = float((ref * ref).sum())
+    out: dict[str, dict[str, float | int]] = {}
+    for impl in impls:
+        t = _inputs(rank, count, dtype)
+        impl.enter()
+        impl.run(t)
+        d = t.double() - ref
+        err = (float((d * d).sum()) / ref2) ** 0.5 if ref2 > 0 else 0.0
+        out[impl.name] = {"rel_error": err, "off": int((t != rounded).sum())}
+    return out
