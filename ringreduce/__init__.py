@@ -17,6 +17,9 @@ from ringreduce import (
     nn,  # noqa: E402 - the autograd-aware collectives (ringreduce.nn.all_gather, ...)
 )
 from ringreduce._native import C as _C
+from ringreduce._types import UnsupportedOpError
+from ringreduce.backend import BackendOptions
+from ringreduce.backend import register as _register_backend
 from ringreduce.coalesced import all_reduce_coalesced
 from ringreduce.hooks import CommHookState, GradientAverager, ddp_comm_hook
 from ringreduce.ops import ReduceOp, all_reduce, all_reduce_avg
@@ -49,6 +52,8 @@ def build_info() -> dict:
     return info
 
 
+_register_backend()  # the torch.distributed backend "ringreduce" (ringreduce/backend/)
+
 atexit.register(_C.shutdown)
 # atexit runs handlers last-in first-out: the cached GroupInfos (which hold their process groups)
 # are dropped first, so that the runtimes' references, released by _C.shutdown without the GIL, are
@@ -57,9 +62,11 @@ atexit.register(_C.shutdown)
 atexit.register(_groups.forget_groups)
 
 __all__ = [
+    "BackendOptions",
     "CommHookState",
     "GradientAverager",
     "ReduceOp",
+    "UnsupportedOpError",
     "Work",
     "all_reduce",
     "all_reduce_avg",

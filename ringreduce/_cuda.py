@@ -83,7 +83,8 @@ def _unpack_ids(blob: bytes) -> list[bytes]:
     return ids
 
 
-def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, lanes: int) -> tuple[list[bytes], int]:
+def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, lanes: int,
+                     store: Any = None) -> tuple[list[bytes], int]:
     """Rank 0's fresh NCCL unique ids (one per lane, Note [Lanes] in csrc/core/plan.h), through the
     group's store, and their generation. Rank 0's lane count decides for every rank.
 
@@ -94,7 +95,8 @@ def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, 
     make ranks read an old id: the counter lives in the same store and only grows, and the last
     rank to read an id deletes its key.
     """
-    store = dist.distributed_c10d._get_process_group_store(pg)
+    if store is None:
+        store = dist.distributed_c10d._get_process_group_store(pg)
     group = _group_key(pg)
     generation = (int(store.add(_COUNTER_KEY.format(group=group), 1)) - 1) // pg_size
     uid_key = _UID_KEY.format(group=group, generation=generation)
@@ -132,11 +134,12 @@ def _wait_for_key(store: Any, key: str, what: str) -> None:
         pause = min(2 * pause, SLICE_MS / 2000.0)
 
 
-def _connect_timeout_ms(pg: dist.ProcessGroup, op_timeout_ms: int) -> int:
+def _connect_timeout_ms(pg: dist.ProcessGroup, op_timeout_ms: int, store: Any = None) -> int:
     """Communicator init and first connections: at least the store's timeout (NCCL init of many GPUs
     can take longer than a short RINGREDUCE_TIMEOUT)."""
     try:
-        store = dist.distributed_c10d._get_process_group_store(pg)
+        if store is None:
+            store = dist.distributed_c10d._get_process_group_store(pg)
         store_ms = int(store.timeout.total_seconds() * 1000)
     except Exception:  # noqa: BLE001 - a store without a timeout
         store_ms = 0
@@ -177,11 +180,14 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
             return comm
         C = _native()
         # The group's ranks, not the ring's indices (info.rank/info.size describe the ring).
-        pg_rank = dist.get_rank(info.pg)
-        pg_size = dist.get_world_size(info.pg)
+        if info.global_ranks:  # a "ringreduce" group's inner group: in no torch.distributed table
+            pg_rank, pg_size = info.pg.rank(), info.pg.size()
+        else:
+            pg_rank, pg_size = dist.get_rank(info.pg), dist.get_world_size(info.pg)
+        store = info.store
         try:
             ids, generation = _rendezvous_uids(C, info.pg, pg_rank, pg_size,
-                                               _config.lanes() or _config.DEFAULT_LANES)
+                                               _config.lanes() or _config.DEFAULT_LANES, store)
             label = info.name if not info.members else f"process group of {info.name}"
             timeout_ms = _timeout_ms(info.pg)
             comm = C.CudaRing(
@@ -192,7 +198,7 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
                 timeout_ms,
                 f"ringreduce {label} on cuda:{device.index} (generation {generation})",
                 0,  # staging: the default (kGpuStagingBytes)
-                _connect_timeout_ms(info.pg, timeout_ms),
+                _connect_timeout_ms(info.pg, timeout_ms, store),
                 lane_ids=ids[1:],
             )
         except KeyboardInterrupt:

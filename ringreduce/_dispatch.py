@@ -21,7 +21,7 @@ from ringreduce._groups import GroupInfo, choose_algorithm, one_node, resolve
 from ringreduce._interrupt import SLICE_MS, interrupt_ring, wait_sliced
 from ringreduce._native import C
 from ringreduce._options import HALF_TYPES, scaling_error
-from ringreduce._types import KIND_NAMES, NATIVE_OPS, CallKind, FrameError, ReduceOp, to_reduce_op
+from ringreduce._types import KIND_NAMES, NATIVE_OPS, CallKind, FrameError, ReduceOp, UnsupportedOpError, to_reduce_op
 from ringreduce.work import Work
 
 ALGORITHMS = ("auto", "ring", "hierarchical")
@@ -155,7 +155,7 @@ def local_refusal(
         ), rop, False
     why = C.unsupported_reason(code, int(rop))
     if why is not None:
-        return FrameError.UNSUPPORTED, TypeError(
+        return FrameError.UNSUPPORTED, UnsupportedOpError(
             f"ringreduce: op {rop.name} is not supported for dtype {str(tensor.dtype).replace('torch.', '')}: {why}"
         ), rop, False
     accum = False

@@ -24,6 +24,9 @@ class GroupInfo:
     # DeviceMesh sub-mesh is a ring over a rank list of WORLD (Note [Sub-rings by rank list] in
     # csrc/core/transport.h): no process group is created for it.
     members: tuple[int, ...] = ()
+    # The global rank of each rank of `pg`; () = ask torch.distributed. Set for the inner group of a
+    # "ringreduce" backend group (ringreduce/backend/), which torch's tables do not know.
+    global_ranks: tuple[int, ...] = ()
 
     @property
     def store(self) -> Any:
@@ -78,9 +81,19 @@ def _resolve_mesh(mesh: Any) -> GroupInfo | None:
         _warn_non_member(hash(tuple(ranks)))
         return None
     members = tuple(dist.get_group_rank(world, r) for r in ranks)
+    ring = _backend_ring(world)  # WORLD of backend "ringreduce": the ring runs over its inner group
     return GroupInfo(
-        pg=world, rank=ranks.index(me), size=len(ranks), name=f"{label} ranks {ranks} (flattened)", members=members
+        pg=world if ring is None else ring.pg, rank=ranks.index(me), size=len(ranks),
+        name=f"{label} ranks {ranks} (flattened)", members=members,
+        global_ranks=() if ring is None else ring.global_ranks,
     )
+
+
+def _backend_ring(pg: Any) -> GroupInfo | None:
+    """The ring of a process group created with backend "ringreduce" (its inner group, whose transport
+    carries the ring, ringreduce/backend/), or None for any other group."""
+    ring = getattr(pg, "_ringreduce_ring", None)
+    return ring if isinstance(ring, GroupInfo) else None
 
 
 def _resolve_pg(pg: dist.ProcessGroup) -> GroupInfo | None:
@@ -88,6 +101,9 @@ def _resolve_pg(pg: dist.ProcessGroup) -> GroupInfo | None:
     if rank < 0:
         _warn_non_member(id(pg))
         return None
+    ring = _backend_ring(pg)
+    if ring is not None:
+        return ring
     size = dist.get_world_size(pg)
     if pg is dist.group.WORLD:
         name = f"WORLD (size {size})"
@@ -105,9 +121,13 @@ def resolve(group: Any) -> GroupInfo | None:
     """Returns the ring's info, or None when this process is not a member of `group`.
 
     `group`: None (WORLD), a ProcessGroup, or a DeviceMesh (1-D, or a multi-dimensional sub-mesh such
-    as ``mesh["dp", "cp"]``, flattened). Raises RuntimeError (with what to do) when
+    as ``mesh["dp", "cp"]``, flattened); a GroupInfo is returned as is (the "ringreduce" backend's
+    own calls). A group created with backend "ringreduce" resolves to the ring over its inner
+    group. Raises RuntimeError (with what to do) when
     torch.distributed is not initialized, TypeError for anything else.
     """
+    if isinstance(group, GroupInfo):
+        return group
     if not dist.is_available():
         raise RuntimeError("ringreduce needs torch.distributed, which this torch build lacks")
     if not dist.is_initialized():
@@ -149,6 +169,27 @@ def forget_groups() -> None:
     with _resolved_lock:
         _resolved.clear()
         _stores.clear()
+
+
+def set_store(pg: Any, store: Any) -> None:
+    """Records the store of a process group that torch's tables do not know (a backend's inner group)."""
+    with _resolved_lock:
+        _stores[id(pg)] = (pg, store)
+
+
+def forget_ring(ring: GroupInfo) -> None:
+    """Drops every cached entry that refers to `ring`'s process group (its group is being destroyed):
+    the outer groups resolved to it, its store and its node layouts."""
+    with _resolved_lock:
+        for key, (_, info) in list(_resolved.items()):
+            if info.pg is ring.pg:
+                del _resolved[key]
+        hit = _stores.get(id(ring.pg))
+        if hit is not None and hit[0] is ring.pg:
+            del _stores[id(ring.pg)]
+    with _layout_lock:
+        for key in [k for k in _layouts if k[0] == id(ring.pg)]:
+            del _layouts[key]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +250,9 @@ def node_layout(info: GroupInfo) -> NodeLayout:
     if cached is not None:
         return cached
     ring = info.member_ranks()
-    if info.pg is dist.group.WORLD:
+    if info.global_ranks:
+        global_ranks = [info.global_ranks[r] for r in ring]
+    elif info.pg is dist.group.WORLD:
         global_ranks = list(ring)
     else:
         global_ranks = [dist.get_global_rank(info.pg, r) for r in ring]

@@ -15,6 +15,15 @@ FrameError = C.FrameError  # why a rank refuses a call locally (csrc/core/frame.
 KIND_NAMES: dict[Any, str] = {kind: name.lower() for name, kind in CallKind.__members__.items()}
 
 
+class UnsupportedOpError(ValueError, TypeError):
+    """An op the tensor's dtype does not support (complex MAX/MIN/PRODUCT, integer or bool AVG).
+
+    A ValueError, as torch.distributed raises for an unsupported op on a complex tensor, and a
+    TypeError, as ringreduce raised before: ``except ValueError`` and ``except TypeError`` both catch it.
+    Constructed as any exception (args: the message; kwargs: none).
+    """
+
+
 class ReduceOp(enum.IntEnum):
     """Reduction operators. Functions also accept "sum"/"avg"/... and torch.distributed.ReduceOp."""
 

@@ -152,14 +152,21 @@ def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) 
     if info is None:
         return None
     out = torch.empty(_gathered_shape(tensor, info.size), dtype=tensor.dtype, device=tensor.device)
+    work = gather_into(info, out, tensor, async_op)
+    return work if async_op else out
+
+
+def gather_into(info: Any, out: torch.Tensor, tensor: torch.Tensor, async_op: bool) -> Work | None:
+    """The ring's all-gather of `tensor` (already accepted by local_refusal) into `out`, a dense
+    row-major tensor of ``info.size * tensor.numel()`` elements of its dtype and device, on the ring of
+    `info` (a GroupInfo this rank is a member of)."""
+    kind = CallKind.ALL_GATHER
     if tensor.numel() == 0 or info.size == 1:
         if tensor.numel():
             out.copy_(tensor.reshape(out.shape))
-        return Work.completed([out]) if async_op else out
+        return Work.completed([out]) if async_op else None
     if tensor.is_cuda:
         from ringreduce import _cuda
 
-        work = _cuda.cuda_ring_half(tensor, out, ReduceOp.SUM, info, async_op, int(kind))
-        return work if async_op else out
-    work = run_ring_half(info, tensor.detach(), out, ReduceOp.SUM, kind, async_op, out)  # see reduce_scatter
-    return work if async_op else out
+        return _cuda.cuda_ring_half(tensor, out, ReduceOp.SUM, info, async_op, int(kind))
+    return run_ring_half(info, tensor.detach(), out, ReduceOp.SUM, kind, async_op, out)  # see reduce_scatter

@@ -472,3 +472,20 @@ def test_cli_vs_deepspeed_runs_its_shm_op(tmp_path) -> None:
     assert all(not any(op.startswith("gloo") for op in row["profiled_ops"]) for row in ds), ds
     assert all(row["off"] is not None and row["rel_error"] is not None for row in doc["rows"])
     assert _deepspeed_segments() <= before
+
+
+def test_train_step_ddp_backend_variant_runs_ddp_over_ringreduce(tmp_path) -> None:
+    """ddp-backend: stock DDP over a "ringreduce" group, beside DDP over gloo; at 2 ranks the two end
+    with the same parameters bit for bit (Note [What bitwise-equal DDP needs] in
+    tests/test_backend_train.py)."""
+    out = tmp_path / "train.json"
+    cmd = [sys.executable, "-m", "ringreduce.bench.train_step", "--variants", "ddp,ddp-backend", "--layers", "2",
+           "--width", "64", "--steps", "2", "--warmup", "1", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": REPO}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    rows = {r["variant"]: r for r in doc["rows"]}
+    assert set(rows) == {"ddp", "ddp-backend"} and doc["results_agree"], doc
+    assert rows["ddp-backend"]["max_param_diff"] == 0.0, rows
+    assert rows["ddp-backend"]["median_ms"] > 0 and "ddp-backend" in proc.stdout

@@ -53,6 +53,24 @@ void shutdownAllRuntimes() {
   for (auto& rt : all) rt->shutdown();
 }
 
+int releaseRuntimesOf(const void* owner) {
+  std::vector<std::shared_ptr<GroupRuntime>> released;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    auto& reg = registry();
+    for (auto it = reg.begin(); it != reg.end();) {
+      if (it->first.first == owner) {
+        released.push_back(it->second);
+        it = reg.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& rt : released) rt->shutdown();  // outside the lock: a worker may be finishing a call
+  return static_cast<int>(released.size());
+}
+
 int64_t stagingBytesOf(const void* owner) {
   int64_t total = 0;
   for (auto& rt : runtimesOf(owner)) total += rt->stagingBytes();

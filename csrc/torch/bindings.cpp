@@ -213,6 +213,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("group"), py::arg("members"), py::arg("reason"), py::call_guard<py::gil_scoped_release>(),
       "Ctrl-C: makes the CPU ring `members` of `group` unusable with `reason`, waking a blocked call.");
+  m.def(
+      "release_cpu",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::releaseRuntimesOf(pg.get()); },
+      py::arg("group"), py::call_guard<py::gil_scoped_release>(),
+      "Joins and forgets every CPU ring of `group` (its destruction); returns how many there were.");
   m.def("shutdown", &rr::shutdownAllRuntimes, py::call_guard<py::gil_scoped_release>(),
         "Finish queued calls and join every group worker (called at interpreter exit).");
 

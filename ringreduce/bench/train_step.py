@@ -8,6 +8,8 @@ per step over many steps in one run, averaged over ranks:
 - ``local``: no communication at all (the compute-only baseline),
 - ``ddp``: stock DistributedDataParallel,
 - ``ddp+hook``: DDP with ``ringreduce.ddp_comm_hook``,
+- ``ddp-backend``: stock DDP, no hook, over a process group of backend "ringreduce" (created once with
+  ``dist.new_group(backend="ringreduce")``): torch's DDP, ringreduce's ring,
 - ``averager``: ``ringreduce.GradientAverager``,
 - ``loop-gloo``: the hand-written loop: backward, then ``dist.all_reduce`` + ``div_`` of every grad,
 - ``loop-rr``: the same loop with ``ringreduce.all_reduce_avg``,
@@ -47,7 +49,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-VARIANTS = ("local", "ddp", "ddp+hook", "averager", "loop-gloo", "loop-rr", "coalesced")
+VARIANTS = ("local", "ddp", "ddp+hook", "ddp-backend", "averager", "loop-gloo", "loop-rr", "coalesced")
 WIRE_VARIANTS = ("ddp-compress",)  # with --wire-dtype only
 WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PARAM_TOL = 1e-5  # max abs difference of the final parameters between averaging variants
@@ -120,7 +122,8 @@ class _GradClock:
 # ------------------------------------------------------------------------------------- variants
 
 
-def _run_variant(name: str, args: argparse.Namespace, device: torch.device, rank: int, ws: int) -> dict[str, Any]:
+def _run_variant(name: str, args: argparse.Namespace, device: torch.device, rank: int, ws: int,
+                 ring_group: Any = None) -> dict[str, Any]:
     import ringreduce as rr
 
     model = make_model(args.layers, args.width, device)
@@ -130,6 +133,8 @@ def _run_variant(name: str, args: argparse.Namespace, device: torch.device, rank
     averager = None
     if name == "ddp":
         trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    elif name == "ddp-backend":
+        trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb, process_group=ring_group)
     wire = WIRE_DTYPES[args.wire_dtype] if args.wire_dtype else None
     if name == "ddp+hook":
         trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
@@ -199,6 +204,12 @@ def _mean_over_ranks(value: float, device: torch.device) -> float:
     return float(t.item()) / dist.get_world_size()
 
 
+def _ringreduce_group() -> Any:
+    import ringreduce  # noqa: F401 - registers the backend "ringreduce"
+
+    return dist.new_group(backend="ringreduce")
+
+
 def run_rank(args: argparse.Namespace) -> int:
     """Runs every variant that `args` names on this rank (process group already initialized); rank 0
     prints."""
@@ -219,9 +230,11 @@ def run_rank(args: argparse.Namespace) -> int:
         raise SystemExit("the ddp-compress variant needs --wire-dtype bf16 or fp16")
     tolerance = WIRE_PARAM_TOL if args.wire_dtype else PARAM_TOL
     nparams = sum(p.numel() for p in make_model(args.layers, args.width, torch.device("meta")).parameters())
+    # ddp-backend's group: backend "ringreduce" (registered by `import ringreduce`), created once
+    ring_group = _ringreduce_group() if "ddp-backend" in names else None
     rows = []
     for name in names:
-        r = _run_variant(name, args, device, rank, ws)
+        r = _run_variant(name, args, device, rank, ws, ring_group)
         for key in ("median_ms", "min_ms", "tail_ms"):
             if key in r:
                 r[key] = _mean_over_ranks(r[key], device)
@@ -282,10 +295,10 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace, ws: int, nparam
           + (f", 16-bit wire {args.wire_dtype} (ddp+hook, averager)" if args.wire_dtype else ""))
     print(f"# median of {args.steps} steps after {args.warmup} warm-up steps, averaged over ranks; "
           "exposed = step - local step; tail = last gradient ready -> every gradient averaged")
-    head = f"{'variant':>10} {'step ms':>9} {'min ms':>8} {'vs ddp':>7} {'exposed ms':>11} {'tail ms':>8}"
+    head = f"{'variant':>11} {'step ms':>9} {'min ms':>8} {'vs ddp':>7} {'exposed ms':>11} {'tail ms':>8}"
     print(head)
     for r in rows:
-        print(f"{r['variant']:>10} {r['median_ms']:9.1f} {r['min_ms']:8.1f} {_fmt(r['vs_ddp'], '7.3f'):>7} "
+        print(f"{r['variant']:>11} {r['median_ms']:9.1f} {r['min_ms']:8.1f} {_fmt(r['vs_ddp'], '7.3f'):>7} "
               f"{_fmt(r['exposed_ms'], '11.1f'):>11} {_fmt(r.get('tail_ms'), '8.1f'):>8}")
     diffs = [r["max_param_diff"] for r in rows if r.get("max_param_diff") is not None]
     print(f"# final parameters of the averaging variants {'agree' if agree else 'DISAGREE'} "

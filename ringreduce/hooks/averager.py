@@ -627,7 +627,8 @@ class GradientAverager(Joinable):
                 f"ringreduce.GradientAverager: Join needs a process group; {info.name} is a flattened DeviceMesh. "
                 "Average over a ProcessGroup or a 1-D mesh to train with uneven inputs"
             )
-        return info.pg
+        outer = self.group.get_group() if _is_device_mesh(self.group) else (self.group or dist.group.WORLD)
+        return outer if info.global_ranks else info.pg  # a "ringreduce" group's ring: an inner group torch lacks
 
     def _world_size(self) -> int:
         info = resolve(self.group)

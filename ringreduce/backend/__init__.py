@@ -1,0 +1,85 @@
+"""The torch.distributed backend "ringreduce": ``import ringreduce`` registers it (cpu and cuda).
+
+    dist.init_process_group("ringreduce")       # or "cpu:ringreduce,cuda:ringreduce"
+    g = dist.new_group(ranks, backend="ringreduce", pg_options=ringreduce.BackendOptions(...))
+
+all_reduce (SUM, AVG, MAX, MIN, PRODUCT), all_reduce_coalesced, reduce_scatter_tensor,
+all_gather_into_tensor and the list forms run ringreduce's ring (ringreduce/backend/process_group.py);
+every other collective runs on an inner gloo (CPU) or NCCL (CUDA) group (ringreduce/backend/inner.py).
+
+Note [A ProcessGroup, not a Backend]
+    The creator returns a Python subclass of ``dist.ProcessGroup`` (RingreduceProcessGroup), which
+    torch then uses as the group itself (distributed_c10d.py: "If the type is a subclass of
+    ProcessGroup then return this process group immediately"), rather than a subclass of c10d's
+    ``Backend`` registered inside a ProcessGroup. Checked on torch 2.14.1:
+    - torch.distributed's functions call a Python process group's methods from Python
+      (``group.allreduce([t], opts)``) and return its Work object unchanged, so ``is_completed``,
+      ``is_success``, ``exception``, ``wait(timeout)`` and ``get_future`` are ringreduce's. A Python
+      Backend's Work reaches the caller wrapped in torch's PyWorkHolder, which forwards only
+      ``wait`` and ``get_future``: its ``is_completed()`` stays False forever.
+    - C++ callers (DDP's reducer, _verify_params_across_processes) reach the same methods through
+      torch's trampoline for Python process groups (PyProcessGroup, in torch for years); the
+      trampoline for Python Backends (PyBackend) is recent (pytorch pull request 189817), so a
+      Backend subclass may not be called at all on the oldest torch setup.py accepts.
+    ``python_process_groups_supported()`` checks the feature itself, not a version string: a
+    throwaway subclass's ``getBackendName`` must answer ``name()``, which C++ routes through the
+    trampoline. Without it creating a group raises a RuntimeError that says what to use instead.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringreduce.backend.options import BackendOptions
+
+NAME = "ringreduce"
+
+
+@functools.lru_cache(maxsize=1)
+def python_process_groups_supported() -> bool:
+    """Whether this torch calls a Python subclass's overrides of ``dist.ProcessGroup`` from C++
+    (Note [A ProcessGroup, not a Backend])."""
+    if not dist.is_available():
+        return False
+
+    class _Probe(dist.ProcessGroup):  # type: ignore[misc, valid-type]
+        def getBackendName(self) -> str:  # noqa: N802 - torch's name
+            return "ringreduce-probe"
+
+    try:
+        return _Probe(0, 1).name() == "ringreduce-probe"
+    except Exception:  # noqa: BLE001 - any failure means no Python process groups
+        return False
+
+
+def _create(opts: Any, pg_options: Any) -> Any:
+    """torch's creator call for a new "ringreduce" group (extended API: _DistributedBackendOptions)."""
+    options = BackendOptions.from_pg_options(pg_options)
+    if not python_process_groups_supported():
+        raise RuntimeError(
+            f'ringreduce: torch {torch.__version__} cannot host a process group written in Python (no Python '
+            'trampoline for c10d::ProcessGroup), so backend "ringreduce" is unavailable on it; use backend "gloo" or '
+            '"nccl" with ringreduce.GradientAverager, ringreduce.ddp_comm_hook or ringreduce.all_reduce'
+        )
+    from ringreduce.backend.process_group import RingreduceProcessGroup
+
+    return RingreduceProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout, str(opts.group_id),
+                             list(opts.global_ranks_in_group), options)
+
+
+def register() -> None:
+    """Registers the backend "ringreduce" for cpu and cuda with torch.distributed (idempotent: torch
+    keeps backend names process-wide, and a second registration would replace the first)."""
+    if not dist.is_available():
+        return
+    plugins = getattr(dist.Backend, "_plugins", {})
+    if NAME.upper() in plugins:
+        return
+    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+__all__ = ["NAME", "BackendOptions", "python_process_groups_supported", "register"]

@@ -1,0 +1,82 @@
+"""The inner process group of a "ringreduce" group: gloo for CPU tensors, NCCL (lazily) for CUDA ones.
+
+Its gloo point-to-point carries the CPU ring (shared memory instead when every rank is on one host,
+chosen by ringreduce's runtime); every collective that ringreduce's ring does not run (broadcast,
+barrier, send/recv, all_to_all, gather, scatter, reduce, ...) is delegated to it. It lives in the
+same store as the outer group under its own prefix, so the two never read each other's keys, and
+torch.distributed's tables never see it: the outer group is the one users name.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_PREFIX = "ringreduce/inner/"
+_CPU = torch.device("cpu")
+
+
+class InnerGroup:
+    """A ProcessGroup over `store` (under its own prefix) with the outer group's rank, size and timeout."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta, name: str) -> None:
+        self.store = dist.PrefixStore(_PREFIX, store)
+        self.rank, self.size, self.timeout = rank, size, timeout
+        self.pg = dist.ProcessGroup(self.store, rank, size)
+        btype = dist.ProcessGroup.BackendType
+        # gloo's creation connects every pair of ranks: every rank's creator runs it, as torch's own
+        gloo = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", self.store), rank, size, timeout=timeout)
+        self.pg._set_default_backend(btype.GLOO)
+        self.pg._register_backend(_CPU, btype.GLOO, gloo)
+        if hasattr(self.pg, "_set_group_name"):
+            self.pg._set_group_name(f"ringreduce-inner/{name}")
+        self._nccl: Any = None
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def for_tensors(self, *tensors: Any) -> Any:
+        """The inner ProcessGroup, with its NCCL backend registered first when a tensor is on CUDA."""
+        for t in tensors:
+            if isinstance(t, (list, tuple)):
+                self.for_tensors(*t)
+            elif isinstance(t, torch.Tensor) and t.is_cuda:
+                self._ensure_nccl()
+        return self.pg
+
+    def _ensure_nccl(self) -> None:
+        """NCCL for the collectives delegated on CUDA tensors, created on the first of them: its
+        constructor does not communicate (the communicator is made by its first collective, on every
+        rank alike), so ranks that never delegate a CUDA call never create one."""
+        with self._lock:
+            if self._nccl is not None:
+                return
+            if not (dist.is_nccl_available() and torch.cuda.is_available()):
+                raise RuntimeError(
+                    "ringreduce: a collective on CUDA tensors was delegated to NCCL, but this torch has no NCCL "
+                    "or no GPU is visible; use CPU tensors or a torch build with NCCL"
+                )
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = self.timeout
+            self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", self.store), self.rank, self.size, options)
+            self.pg._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, self._nccl)
+
+    def backends(self) -> list[Any]:
+        out = [self.pg._get_backend(_CPU)]
+        if self._nccl is not None:
+            out.append(self._nccl)
+        return out
+
+    def shutdown(self) -> None:
+        """Shuts the inner backends down (idempotent); the ring's runtime must be released before."""
+        if self.closed:
+            return
+        self.closed = True
+        for backend in self.backends():
+            try:
+                backend.shutdown()
+            except Exception:  # noqa: BLE001 - a backend without shutdown (older torch): dropped with the group
+                pass

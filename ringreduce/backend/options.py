@@ -1,0 +1,82 @@
+"""BackendOptions: the ring options of every call on one "ringreduce" process group (its pg_options)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_ALGORITHMS = ("auto", "ring", "hierarchical")
+_WIRE = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Options of a process group created with backend "ringreduce", passed as its ``pg_options``.
+
+    ``dist.new_group(ranks, backend="ringreduce", pg_options=ringreduce.BackendOptions(...))`` (or
+    ``init_process_group("ringreduce", pg_options=...)``) applies them to every ring call of that
+    group, as if each ``ringreduce.all_reduce`` had been given them. They are checked once, here;
+    each applies to the calls it fits and the others run without it:
+
+    Args:
+        accum_dtype: None, or ``torch.float32``: float16/bfloat16 tensors' partial sums travel and
+            add in float32 and round once (all_reduce, all_reduce_coalesced); other dtypes ignore it.
+        wire_dtype: None, ``torch.bfloat16`` or ``torch.float16``: float32 SUM/AVG all-reduces send
+            their reduce-scatter partials as 16-bit values, each hop adding in float32 (see
+            ``ringreduce.all_reduce``); other dtypes, ops and the reduce-scatter/all-gather
+            collectives ignore it. With "hierarchical", CUDA calls refuse it as ``ringreduce.all_reduce``
+            does (GPUs carry the wire on the flat ring only).
+        algorithm: "auto" (default), "ring" or "hierarchical", as ``ringreduce.all_reduce``'s.
+
+    Raises:
+        TypeError: a field of the wrong type (a dtype that is not a ``torch.dtype``).
+        ValueError: an accum_dtype other than float32, a wire_dtype other than bfloat16/float16, or an
+            unknown algorithm.
+    """
+
+    accum_dtype: torch.dtype | None = None
+    wire_dtype: torch.dtype | None = None
+    algorithm: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("accum_dtype", "wire_dtype"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, torch.dtype):
+                raise TypeError(f"ringreduce.BackendOptions: {name} must be a torch.dtype or None, got {value!r}")
+        if self.accum_dtype is not None and self.accum_dtype != torch.float32:
+            raise ValueError(
+                f"ringreduce.BackendOptions: accum_dtype must be torch.float32 or None, got {self.accum_dtype} "
+                "(float16/bfloat16 partial sums then travel in float32)"
+            )
+        if self.wire_dtype is not None and self.wire_dtype not in _WIRE:
+            raise ValueError(
+                f"ringreduce.BackendOptions: wire_dtype must be torch.bfloat16, torch.float16 or None, got "
+                f"{self.wire_dtype}"
+            )
+        if self.algorithm not in _ALGORITHMS:
+            raise ValueError(
+                f"ringreduce.BackendOptions: algorithm must be one of {_ALGORITHMS}, got {self.algorithm!r}"
+            )
+
+    def accum_for(self, tensor: torch.Tensor) -> torch.dtype | None:
+        """accum_dtype where it fits `tensor` (float16/bfloat16), else None."""
+        return self.accum_dtype if tensor.dtype in (torch.float16, torch.bfloat16) else None
+
+    def wire_for(self, dtype: torch.dtype, op_is_sum_or_avg: bool) -> torch.dtype | None:
+        """wire_dtype where it fits (`dtype` is float32 and `op_is_sum_or_avg`: SUM or AVG), else None."""
+        return self.wire_dtype if dtype == torch.float32 and op_is_sum_or_avg else None
+
+    @classmethod
+    def from_pg_options(cls, pg_options: Any) -> BackendOptions:
+        """The options of a group created with `pg_options`: None gives the defaults; a BackendOptions is
+        used as is; anything else raises TypeError."""
+        if pg_options is None:
+            return cls()
+        if isinstance(pg_options, cls):
+            return pg_options
+        raise TypeError(
+            'ringreduce: pg_options of a "ringreduce" group must be a ringreduce.BackendOptions or None, got '
+            f"{type(pg_options).__name__}"
+        )

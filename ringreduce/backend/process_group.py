@@ -1,0 +1,331 @@
+"""RingreduceProcessGroup: the process group of backend "ringreduce"; it runs torch.distributed's
+reductions on ringreduce's ring.
+
+Ring collectives (ringreduce's own call path, with the group's BackendOptions): all_reduce with SUM,
+AVG, MAX, MIN or PRODUCT, all_reduce_coalesced, reduce_scatter_tensor / all_gather_into_tensor
+(and their coalesced forms) and the list forms of all_gather / reduce_scatter when every block has
+the input's size. Everything else goes to the inner group (ringreduce/backend/inner.py), which does
+with it what gloo (CPU) or NCCL (CUDA) does: the other collectives, the bitwise ops (BAND, BOR, BXOR)
+and PREMUL_SUM, sparse tensors, and list forms with blocks of different sizes (gloo refuses those).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringreduce import _groups
+from ringreduce._dispatch import device_of, local_refusal, refuse, run_all_reduce
+from ringreduce._groups import GroupInfo
+from ringreduce._native import C
+from ringreduce._types import CallKind, FrameError, ReduceOp, to_reduce_op
+from ringreduce.backend.inner import InnerGroup
+from ringreduce.backend.options import BackendOptions
+from ringreduce.backend.work import BackendWork
+from ringreduce.coalesced import all_reduce_coalesced
+from ringreduce.scatter_gather import gather_into, reduce_scatter
+
+NAME = "ringreduce"
+
+
+def ring_op(op: Any) -> ReduceOp | None:
+    """The ring's op for a torch.distributed ReduceOp, or None for one it does not run (BAND, BOR,
+    BXOR, PREMUL_SUM: delegated to the inner backend)."""
+    try:
+        return to_reduce_op(op)
+    except ValueError:
+        return None
+
+
+def _profile(name: str) -> Any:
+    """A profiler range "ringreduce:<collective>" (as gloo's "gloo:all_reduce"), only while a profiler
+    listens: entering one costs microseconds per call otherwise."""
+    if torch.autograd._profiler_enabled():
+        return torch.profiler.record_function(f"{NAME}:{name}")
+    return contextlib.nullcontext()
+
+
+def _plain(t: torch.Tensor) -> bool:
+    return t.is_contiguous() and not t.is_conj() and not t.is_neg()
+
+
+class RingreduceProcessGroup(dist.ProcessGroup):
+    """One process group of backend "ringreduce" (the registered creator makes it; torch uses it as the
+    group itself, Note [A ProcessGroup, not a Backend] in ringreduce/backend/__init__.py).
+
+    torch.distributed's functions call its methods from Python (``group.allreduce([t], opts)``) and
+    return its :class:`BackendWork` as is; C++ callers (DDP's reducer) reach the same methods through
+    torch's trampoline for Python process groups.
+    """
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: Any, group_id: str,
+                 global_ranks: list[int], options: BackendOptions) -> None:
+        super().__init__(rank, size)
+        self._group_name, self._group_desc = group_id, ""
+        self._options = options
+        self._inner = InnerGroup(store, rank, size, timeout, group_id)
+        ring_store = dist.PrefixStore("ringreduce/ring/", store)
+        _groups.set_store(self._inner.pg, ring_store)
+        ranks = tuple(global_ranks) if global_ranks else tuple(range(size))
+        label = "WORLD" if not global_ranks else f"group {group_id!r} ranks {list(ranks)}"
+        # what ringreduce's resolve() maps this group to (ringreduce/_groups.py _backend_ring)
+        self._ringreduce_ring = GroupInfo(pg=self._inner.pg, rank=rank, size=size,
+                                          name=f"{label} (backend ringreduce)", global_ranks=ranks)
+        # collectives by name ("all_reduce", "_reduce_scatter_base", ...) and where they ran: "ring:<name>"
+        # or "inner:<name>" (tests and diagnostics: what went through the ring)
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    # -- identity ---------------------------------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return NAME
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The devices this group serves (torch reads it, e.g. monitored_barrier wants cpu): a
+        ProcessGroup lists its registered backends' devices, and this one registers none."""
+        devices = [torch.device("cpu")]
+        if torch.cuda.is_available():
+            devices.append(torch.device("cuda"))
+        return devices
+
+    # A ProcessGroup keeps its name and description in its backends; this one has none (torch's
+    # trampoline routes the four calls here).
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    @property
+    def ring(self) -> GroupInfo:
+        """The ring this group's collectives run on (over the inner group)."""
+        return self._ringreduce_ring
+
+    @property
+    def backend_options(self) -> BackendOptions:
+        return self._options
+
+    def shutdown(self) -> None:
+        """Releases the ring (its worker, shared memory, NCCL communicator) and the inner backends;
+        torch calls it from destroy_process_group. Idempotent."""
+        if self._inner.closed:
+            return
+        ring = self._ringreduce_ring
+        C.release_cpu(ring.pg)
+        if C.native_info["cuda"]:
+            from ringreduce import _cuda
+
+            _cuda.release_group(ring.pg)
+        _groups.forget_ring(ring)
+        self._inner.shutdown()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+    # -- ring collectives --------------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        rop = ring_op(opts.reduceOp)
+        if rop is None or len(tensors) != 1 or tensors[0].layout != torch.strided:
+            return self._delegate("all_reduce", "allreduce", tensors, opts)
+        tensor = tensors[0]
+        o = self._options
+        wire = o.wire_for(tensor.dtype, rop in (ReduceOp.SUM, ReduceOp.AVG))
+        with self._ring_call("all_reduce"):
+            work = run_all_reduce(tensor, rop, self.ring, True, o.accum_for(tensor), o.algorithm, CallKind.ALL_REDUCE,
+                                  wire_dtype=wire)
+        return BackendWork([work], [tensor])
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        rop = ring_op(opts.reduceOp)
+        if rop is None:
+            return self._delegate("all_reduce_coalesced", "allreduce_coalesced", tensors, opts)
+        o = self._options
+        dtypes = {t.dtype for t in tensors if isinstance(t, torch.Tensor)}
+        wire = o.wire_dtype if dtypes == {torch.float32} and rop in (ReduceOp.SUM, ReduceOp.AVG) else None
+        accum = o.accum_dtype if dtypes and dtypes <= {torch.float16, torch.bfloat16} else None
+        with self._ring_call("all_reduce_coalesced"):
+            work = all_reduce_coalesced(tensors, rop, self.ring, True, accum, o.algorithm, wire)
+        return BackendWork([work], list(tensors))
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
+        with self._ring_call("_all_gather_base"):
+            work = self._gather(output, input)
+        return work
+
+    _allgather_base = all_gather_single
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        rop = ring_op(opts.reduceOp)
+        if rop is None:
+            return self._delegate("_reduce_scatter_base", "_reduce_scatter_base", output, input, opts)
+        with self._ring_call("_reduce_scatter_base"):
+            work = reduce_scatter(output, input, rop, self.ring, True)
+        return BackendWork([work], [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> Any:
+        with self._ring_call("allgather_into_tensor_coalesced"):
+            works = [self._gather(out, inp) for out, inp in zip(outputs, inputs, strict=True)]
+        return BackendWork(works, list(outputs))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        rop = ring_op(opts.reduceOp)
+        if rop is None:
+            return self._delegate("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", outputs,
+                                  inputs, opts)
+        with self._ring_call("reduce_scatter_tensor_coalesced"):
+            works = [BackendWork([reduce_scatter(out, inp, rop, self.ring, True)], [out])
+                     for out, inp in zip(outputs, inputs, strict=True)]
+        return BackendWork(works, list(outputs))  # type: ignore[arg-type] - BackendWorks wait alike
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        if len(inputs) != 1 or len(outputs) != 1 or not self._same_blocks(outputs[0], inputs[0]):
+            return self._delegate("all_gather", "allgather", outputs, inputs, *([opts] if opts is not None else []))
+        blocks, tensor = outputs[0], inputs[0]
+        flat = torch.empty(self.size() * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+
+        def finish() -> None:
+            for i, block in enumerate(blocks):
+                n = tensor.numel()
+                block.copy_(flat[i * n:(i + 1) * n].view(block.shape))
+
+        with self._ring_call("all_gather"):
+            work = self._gather(flat, tensor, plain_output=True)
+        return BackendWork([work], list(blocks), finish)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        rop = ring_op(opts.reduceOp)
+        if rop is None or len(outputs) != 1 or len(inputs) != 1 or not self._same_blocks(inputs[0], outputs[0]):
+            return self._delegate("reduce_scatter", "reduce_scatter", outputs, inputs, opts)
+        output = outputs[0]
+        flat = torch.cat([b.reshape(-1) for b in inputs[0]]) if inputs[0] else output.new_empty(0)
+        with self._ring_call("reduce_scatter"):
+            work = reduce_scatter(output, flat, rop, self.ring, True)
+        return BackendWork([work], [output])
+
+    def _same_blocks(self, blocks: list[torch.Tensor], tensor: torch.Tensor) -> bool:
+        """A list form the ring runs: one block per rank, each of `tensor`'s numel, dtype and device."""
+        return len(blocks) == self.size() and all(
+            isinstance(b, torch.Tensor) and b.numel() == tensor.numel() and b.dtype == tensor.dtype
+            and b.device == tensor.device and b.layout == torch.strided for b in blocks
+        )
+
+    def _gather(self, output: torch.Tensor, tensor: torch.Tensor, plain_output: bool = False) -> BackendWork:
+        """The ring's all-gather of `tensor` into `output` (n blocks of its numel, any shape)."""
+        ring, kind = self.ring, CallKind.ALL_GATHER
+        code, exc, _, _ = local_refusal(tensor, ReduceOp.SUM, None, "ring")
+        if exc is None:
+            if not isinstance(output, torch.Tensor) or output.layout != torch.strided:
+                code, exc = FrameError.OTHER, TypeError(
+                    "ringreduce: all_gather_into_tensor's output must be a dense tensor")
+            elif output.dtype != tensor.dtype or output.device != tensor.device:
+                code, exc = FrameError.OTHER, TypeError(
+                    f"ringreduce: all_gather_into_tensor's output ({output.dtype}, {output.device}) must have the "
+                    f"input's dtype and device ({tensor.dtype}, {tensor.device})")
+            elif output.numel() != tensor.numel() * ring.size:
+                code, exc = FrameError.OTHER, ValueError(
+                    f"ringreduce: all_gather_into_tensor's output has {output.numel()} elements, but {ring.size} "
+                    f"ranks x the input's {tensor.numel()} = {tensor.numel() * ring.size}")
+        if exc is not None:
+            refuse(ring, kind, code, exc, device_of(tensor))
+        finish: Callable[[], None] | None = None
+        target = output
+        if not plain_output and not _plain(output):
+            target = torch.empty(output.shape, dtype=output.dtype, device=output.device)
+
+            def finish() -> None:
+                output.copy_(target)
+
+        work = gather_into(ring, target, tensor, True)
+        return BackendWork([work], [output], finish)
+
+    def _ring_call(self, name: str) -> Any:
+        self.calls[f"ring:{name}"] += 1
+        return _profile(name)
+
+    # -- delegated to the inner group --------------------------------------------------------------
+    # Same arguments as torch's ProcessGroup methods (positional or by keyword), handed on as they
+    # came; the inner group picks gloo or NCCL by the tensors' device.
+
+    def _delegate(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        pg = self._inner.for_tensors(*args, *kwargs.values())
+        self.calls[f"inner:{name}"] += 1
+        with _profile(name):
+            return getattr(pg, method)(*args, **kwargs)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("broadcast", "broadcast", *args, **kwargs)
+
+    def reduce(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("reduce", "reduce", *args, **kwargs)
+
+    def allreduce_sparse(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("sparse_all_reduce", "allreduce", *args, **kwargs)
+
+    def allgather_coalesced(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("all_gather_coalesced", "allgather_coalesced", *args, **kwargs)
+
+    def gather(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("gather", "gather", *args, **kwargs)
+
+    def scatter(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("scatter", "scatter", *args, **kwargs)
+
+    def alltoall(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("all_to_all", "alltoall", *args, **kwargs)
+
+    def all_to_all_single(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("all_to_all", "alltoall_base", *args, **kwargs)
+
+    alltoall_base = all_to_all_single
+
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("send", "send", *args, **kwargs)
+
+    def recv(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("recv", "recv", *args, **kwargs)
+
+    def recv_anysource(self, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate("recv", "recv_anysource", *args, **kwargs)
+
+    def barrier(self, *args: Any, **kwargs: Any) -> Any:
+        # the inner gloo's (a host barrier) whatever the tensors' device
+        self.calls["inner:barrier"] += 1
+        with _profile("barrier"):
+            return self._inner.pg.barrier(*args, **kwargs)
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """gloo's monitored barrier. `timeout`: a timedelta (torch.distributed's Python call) or the
+        BarrierOptions that torch's C++ trampoline passes."""
+        timeout = getattr(timeout, "timeout", timeout)
+        self.calls["inner:monitored_barrier"] += 1
+        with _profile("monitored_barrier"):
+            if timeout is None:
+                self._inner.pg.monitored_barrier(wait_all_ranks=wait_all_ranks)
+            else:
+                self._inner.pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)

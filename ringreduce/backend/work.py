@@ -1,0 +1,91 @@
+"""BackendWork: torch.distributed's Work for a ring call of the "ringreduce" backend."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringreduce.work import Work
+
+_TorchWork = dist._Work if hasattr(dist, "_Work") else torch._C._distributed_c10d.Work
+
+
+class BackendWork(_TorchWork):  # type: ignore[misc, valid-type]
+    """What ``dist.all_reduce(t, group=g, async_op=True)`` returns on a "ringreduce" group.
+
+    Wraps ringreduce's own :class:`ringreduce.Work` calls (several for a coalesced list of
+    reduce-scatters or all-gathers) and `finish`, what is left to do once they completed (copying a
+    list form's blocks into the caller's tensors). ``wait(timeout)`` as torch's: a zero or absent
+    timeout waits as long as the call runs; errors raise as ringreduce's (DistBackendError for a
+    dead or silent peer, RuntimeError for ranks that disagree or a timeout that passed).
+    ``get_future()`` completes with `result`, the list of output tensors (DDP reads it).
+    """
+
+    def __init__(self, works: Sequence[Work | None], result: list[torch.Tensor],
+                 finish: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self._works = [w for w in works if w is not None]
+        self._result = result
+        self._finish = finish
+        self._finished = finish is None
+        self._lock = threading.Lock()
+        self._future: Any = None
+
+    def _run_finish(self) -> None:
+        with self._lock:
+            if not self._finished:
+                self._finished = True
+                assert self._finish is not None
+                self._finish()
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if timeout is not None and timeout <= datetime.timedelta(0):
+            timeout = None  # torch's kNoTimeout (0 ms): the C++ side passes it when none was given
+        for work in self._works:
+            work.wait(timeout)
+        self._run_finish()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._works)
+
+    def exception(self) -> Any:
+        for work in self._works:
+            exc = work.exception()
+            if exc is not None:
+                return exc
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        if self._future is not None:
+            return self._future
+        result = self._result
+        if not self._works:
+            self._run_finish()
+            fut: torch.futures.Future = torch.futures.Future()
+            fut.set_result(result)
+        elif len(self._works) == 1 and self._finish is None:
+            fut = self._works[0].get_future()  # its value is already [tensor] (CUDA: CUDA-aware)
+        else:
+            futures = [w.get_future() for w in self._works]
+
+            def done(all_done: Any) -> list[torch.Tensor]:
+                for f in all_done.value():
+                    f.value()  # raises the call's error
+                self._run_finish()
+                return result
+
+            fut = torch.futures.collect_all(futures).then(done)
+        self._future = fut
+        return fut
