@@ -434,7 +434,7 @@ def test_dead_and_silent_peers_raise_dist_backend_error(job, env) -> None:
     with tempfile.TemporaryDirectory(prefix="rr_backend_") as d:
         results = spawn_ranks(2, job, d, timeout=120, env={**env, "RINGREDUCE_SHM": "0"})
     status, value, code = results[0]
-    assert (status, value, code) == ("ok", "ok", 0), results[0]
+    assert (status, value, code) == ("ok", "ok", 0), results
     if job is _dead_peer:
         assert results[1][2] == 3, results[1]
 
