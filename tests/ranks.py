@@ -17,6 +17,7 @@ import datetime
 import multiprocessing as mp
 import os
 import re
+import shutil
 import socket
 import sys
 import tempfile
@@ -163,6 +164,7 @@ class RankPool:
                 p.kill()
         for p in self.procs:
             p.join(timeout=10)
+        shutil.rmtree(self.tmp, ignore_errors=True)  # the rendezvous file: nothing left in /tmp
 
     def close(self) -> None:
         if self.broken:
@@ -178,6 +180,7 @@ class RankPool:
                 p.kill()
                 p.join(timeout=5)
         self.broken = True
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _fmt_errors(errors: dict[int, str]) -> str:
