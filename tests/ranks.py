@@ -276,6 +276,11 @@ def spawn_ranks(
             p.kill()
             p.join(timeout=5)
         out[r] = (got[0], got[1], p.exitcode) if got else ("died", None, p.exitcode)
+    for p in procs:  # a rank that the loop above let go may still be exiting
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+    shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
