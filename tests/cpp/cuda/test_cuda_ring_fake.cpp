@@ -13,6 +13,7 @@
 
 #include "../../../csrc/core/collectives.h"
 #include "../../../csrc/core/error.h"
+#include "throws_kind.h"
 #include "../../../csrc/cuda/cuda_ops.h"
 #include "../../../csrc/cuda/cuda_ring.h"
 #include "../../../csrc/cuda/host_interrupt.h"
@@ -52,16 +53,6 @@ cudaStream_t newStream() {
   cudaStream_t s = nullptr;
   cudaStreamCreateWithFlags(&s, 0);
   return s;
-}
-
-bool throwsKind(const std::function<void()>& fn, ErrorKind kind, std::string* msg = nullptr) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    if (msg) *msg = e.what();
-    return e.kind() == kind;
-  }
-  return false;
 }
 
 int exchangesPerCall() {

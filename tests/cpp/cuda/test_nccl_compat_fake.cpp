@@ -14,6 +14,7 @@
 
 #include "../../../csrc/core/collectives.h"
 #include "../../../csrc/core/error.h"
+#include "throws_kind.h"
 #include "../../../csrc/cuda/cuda_ops.h"
 #include "../../../csrc/cuda/cuda_ring.h"
 #include "../../../csrc/cuda/nccl_comm.h"
@@ -27,16 +28,6 @@ using ms = std::chrono::milliseconds;
 
 const std::string kUid(sizeof(ncclUniqueId::internal), '\x07');
 const std::string kLaneUid(sizeof(ncclUniqueId::internal), '\x0d');
-
-bool throwsKind(const std::function<void()>& fn, ErrorKind kind, std::string* msg = nullptr) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    if (msg) *msg = e.what();
-    return e.kind() == kind;
-  }
-  return false;
-}
 
 cudaStream_t newStream() {
   cudaStream_t s = nullptr;
