@@ -261,15 +261,19 @@ def _members(info: GroupInfo, members: Any) -> list[int]:
     return [int(m) for m in (info.members if members is None else members)]
 
 
-def _knobs(C: Any) -> Any:
-    """This call's pipeline overrides (RINGREDUCE_SEGMENT_BYTES, _SLOTS, _LANES, _ONESHOT_BYTES; unset:
-    the rule of csrc/cuda/gpu_pipeline.h), read at call time like every knob."""
-    knobs = C.GpuKnobs()
-    knobs.segment_bytes = _config.segment_bytes_override()
-    knobs.slots = _config.num_slots()
-    knobs.lanes = _config.lanes()
-    knobs.one_shot_bytes = _config.one_shot_bytes()
-    return knobs
+def _options(C: Any, kind: int, op: Any, *, accum_float32: bool = False, local_size: int = 0, one_shot: bool = True,
+             wire: Any = None, predivide: float = 0.0, extra_divisor: int = 1) -> Any:
+    """The native CallOptions of one CUDA call (csrc/core/call_options.h, the struct the CPU path
+    takes too), with the check and the pipeline overrides (RINGREDUCE_CHECK, _SEGMENT_BYTES, _SLOTS,
+    _LANES, _ONESHOT_BYTES; unset: the rule of csrc/cuda/gpu_pipeline.h) read now, like every knob."""
+    opts = C.CallOptions()
+    opts.kind, opts.op, opts.accum_float32, opts.check = C.CallKind(int(kind)), C.RedOp(int(op)), accum_float32, \
+        _config.check_enabled(True)
+    opts.local_size, opts.one_shot = int(local_size), bool(one_shot)
+    opts.wire_dtype, opts.predivide, opts.extra_divisor = wire, float(predivide), int(extra_divisor)
+    opts.segment_bytes, opts.num_slots = _config.segment_bytes_override(), _config.num_slots()
+    opts.lanes, opts.one_shot_bytes = _config.lanes(), _config.one_shot_bytes()
+    return opts
 
 
 def cuda_all_reduce(
@@ -309,25 +313,9 @@ def cuda_all_reduce(
     comm = communicator(info, tensor.device)
     _check_on_comm(tensor, comm, "tensor")
     C = _native()
-    scaling: dict[str, Any] = {}
-    if wire is not None or predivide or extra_divisor != 1:
-        scaling = {"wire_dtype": -1 if wire is None else int(wire), "predivide": float(predivide),
-                   "extra_divisor": int(extra_divisor)}
-    handle = C.cuda_all_reduce(
-        comm,
-        tensor,
-        int(op),
-        bool(accum_float32),
-        _knobs(C),
-        bool(async_op),
-        _config.check_enabled(True),
-        int(kind),
-        info.name,
-        _members(info, members),
-        int(local_size),
-        bool(one_shot),
-        **scaling,
-    )
+    options = _options(C, kind, op, accum_float32=bool(accum_float32), local_size=local_size, one_shot=one_shot,
+                       wire=wire, predivide=predivide, extra_divisor=extra_divisor)
+    handle = C.cuda_all_reduce(comm, tensor, options, bool(async_op), info.name, _members(info, members))
     if not async_op:
         return None
     name = getattr(op, "name", str(op))
@@ -379,18 +367,8 @@ def cuda_ring_half(
     if kind == 4 and not (output.is_contiguous() and not output.is_conj() and not output.is_neg()):
         raise ValueError("ringreduce.all_gather: the output must be a plain contiguous tensor")
     C = _native()
-    handle = C.cuda_ring_half(
-        comm,
-        tensor,
-        output,
-        int(op),
-        _knobs(C),
-        bool(async_op),
-        _config.check_enabled(True),
-        int(kind),
-        info.name,
-        _members(info, None),
-    )
+    handle = C.cuda_ring_half(comm, tensor, output, _options(C, kind, op), bool(async_op), info.name,
+                              _members(info, None))
     if not async_op:
         return None
     if handle is None:

@@ -1053,23 +1053,19 @@ def test_sim_catches_broken_stage_driver(lib, fault):
 # The Python glue of the GPU path (ringreduce/_cuda.py) against a recording stand-in for _C
 
 
-class _FakeKnobs:
-    segment_bytes = 0
-    slots = 0
-    lanes = 0
-    one_shot_bytes = -1
-
-
 class _FakeNative:
-    """Records what ringreduce._cuda hands to the CUDA bindings (no GPU, no NCCL needed)."""
+    """Records what ringreduce._cuda hands to the CUDA bindings (no GPU, no NCCL needed); the options
+    are the real native CallOptions (csrc/core/call_options.h), the struct the CPU path takes too."""
 
     native_info = {"cuda": True}
-    GpuKnobs = _FakeKnobs
 
     def __init__(self):
+        from ringreduce._native import C
+
+        self.CallOptions, self.CallKind, self.RedOp = C.CallOptions, C.CallKind, C.RedOp  # noqa: N815
         self.calls = []
         self.comms = []
-        self.knobs = []
+        self.options = []
 
     def nccl_unique_id(self):
         return b"u" * 128
@@ -1083,16 +1079,14 @@ class _FakeNative:
         self.comms.append(comm)
         return comm
 
-    def cuda_all_reduce(self, comm, tensor, op, accum, knobs, async_op, check, kind, name, members, local_size,
-                        one_shot=True, **scaling):
-        self.calls.append(("all_reduce", comm, kind, list(members), local_size, async_op))
-        self.knobs.append(knobs)
-        self.scaling = scaling
+    def cuda_all_reduce(self, comm, tensor, options, async_op, name, members):
+        self.calls.append(("all_reduce", comm, int(options.kind), list(members), options.local_size, async_op))
+        self.options.append(options)
         return self if async_op else None
 
-    def cuda_ring_half(self, comm, tensor, output, op, knobs, async_op, check, kind, name, members):
-        self.calls.append(("ring_half", comm, kind, list(members), async_op))
-        self.knobs.append(knobs)
+    def cuda_ring_half(self, comm, tensor, output, options, async_op, name, members):
+        self.calls.append(("ring_half", comm, int(options.kind), list(members), async_op))
+        self.options.append(options)
         return self if async_op else None
 
     def cuda_refuse(self, comm, kind, error, op, name, members):
@@ -1195,15 +1189,16 @@ def test_cuda_glue_passes_the_pipeline_knobs(fake_cuda, monkeypatch):
     for var in ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_LANES", "RINGREDUCE_ONESHOT_BYTES"):
         monkeypatch.delenv(var, raising=False)
     _cuda.cuda_all_reduce(t, 0, info, False, False, 0)
-    k = fake.knobs[-1]
-    assert (k.segment_bytes, k.slots, k.lanes, k.one_shot_bytes) == (0, 0, 0, -1)
+    k = fake.options[-1]
+    assert (k.segment_bytes, k.num_slots, k.lanes, k.one_shot_bytes) == (0, 0, 0, -1)
     monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", "4096")
     monkeypatch.setenv("RINGREDUCE_SLOTS", "3")
     monkeypatch.setenv("RINGREDUCE_LANES", "2")
     monkeypatch.setenv("RINGREDUCE_ONESHOT_BYTES", "0")
     _cuda.cuda_ring_half(t, _FakeCudaTensor(), 0, info, False, 3)
-    k = fake.knobs[-1]
-    assert (k.segment_bytes, k.slots, k.lanes, k.one_shot_bytes) == (4096, 3, 2, 0)
+    k = fake.options[-1]
+    assert (k.segment_bytes, k.num_slots, k.lanes, k.one_shot_bytes) == (4096, 3, 2, 0)
+    assert int(k.kind) == 3 and k.check, "a reduce-scatter, checked by default on CUDA"
     calls = len(fake.calls)
     for var, bad in (("RINGREDUCE_LANES", "5"), ("RINGREDUCE_SEGMENT_BYTES", "8"), ("RINGREDUCE_ONESHOT_BYTES", "-2")):
         monkeypatch.setenv(var, bad)

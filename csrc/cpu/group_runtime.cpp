@@ -155,7 +155,7 @@ void GroupRuntime::execute(Call& call) {
 
 std::vector<RingStage> GroupRuntime::stagesFor(const CallOptions& opt, const CallBuffer& buf) const {
   PlanOptions base;
-  base.max_segment_bytes = opt.segment_bytes;
+  base.max_segment_bytes = opt.cpuSegmentBytes();
   base.num_slots = opt.num_slots;
   base.accum_float32 = opt.accum_float32;
   base.wire_dtype = opt.wire_dtype;
@@ -299,7 +299,7 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
   // depend on (n, numel, element sizes) only).
   const RingSchedule sched = makeRingSchedule(size_, buf.numel, static_cast<int64_t>(elem),
                                               static_cast<int64_t>(dtypeSize(wireDType(buf.dtype, opt.accum_float32))),
-                                              opt.segment_bytes);
+                                              opt.cpuSegmentBytes());
   if (scratch_.size() * sizeof(float) < kReduceInOrderScratchBytes) {
     std::lock_guard<std::mutex> g(mu_);
     scratch_.resize(kReduceInOrderScratchBytes / sizeof(float));
@@ -526,7 +526,7 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
       const int64_t bytes = buf.numel * static_cast<int64_t>(dtypeSize(buf.dtype));
       if (opt.check && opt.one_shot && opt.allReduce() && !opt.hierarchical(size_) && frames_.payloadRoom() > 0 &&
           buf.numel > 0 &&
-          bytes <= std::min<int64_t>(static_cast<int64_t>(frames_.payloadRoom()), opt.segment_bytes)) {
+          bytes <= std::min<int64_t>(static_cast<int64_t>(frames_.payloadRoom()), opt.cpuSegmentBytes())) {
         runOneShot(call, buf, tag_group, timing);
         return;
       }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "../core/agreement.h"
+#include "../core/call_options.h"
 #include "../core/call_tags.h"
 #include "../core/collectives.h"
 #include "../core/error.h"
@@ -85,63 +86,6 @@ constexpr std::chrono::microseconds kWorkerSpin{10};
 // 2 ranks, under 1.3 MiB beyond), on top of the staging slots.
 constexpr int64_t oneShotBytes(int ranks) { return ranks <= 2 ? 1 << 20 : ranks <= 8 ? 64 << 10 : 32 << 10; }
 constexpr int64_t kOneShotMemoryBytes = 4 << 20;
-
-// What one call asks for, as the bindings pass it (one struct across the boundary). Every rank
-// must pass the same values, except local_error.
-struct CallOptions {
-  CallKind kind = CallKind::kAllReduce;
-  RedOp op = RedOp::kSum;
-  bool accum_float32 = false;          // half types: partials travel as float32
-  // Half types: accum_dtype named the tensor's own dtype, so partials are rounded at every hop even
-  // in shared memory (Note [Half types in shared memory] in shm_ring.h).
-  bool accum_narrow = false;
-  std::optional<DType> wire_dtype;     // float32 tensors: partials travel as this 16-bit type
-  double predivide = 0;                // predivide_factor (0: none; Note [Reduction contract])
-  int32_t extra_divisor = 1;           // the final reduce also divides by it (accumulation steps)
-  FrameError local_error = FrameError::kNone;  // this rank refuses the call: frames only
-  int32_t ntensors = 1;                // all_reduce_coalesced: tensors in the call
-  bool check = true;                   // exchange agreement frames first
-  int64_t segment_bytes = 1 << 20;     // RINGREDUCE_SEGMENT_BYTES
-  int32_t num_slots = kAutoSlots;      // RINGREDUCE_SLOTS (kAutoSlots: Note [Staging slots])
-  int64_t timeout_ms = -1;             // RINGREDUCE_TIMEOUT; < 0: the group's own timeout
-  // Hierarchical all-reduce (Note [Hierarchical all-reduce] in csrc/core/collectives.h): the
-  // ring's ranks (of the group) node by node, local_size per node; local_size 0: the flat ring.
-  int32_t local_size = 0;
-  std::vector<int> node_order;
-  // Small flat all-reduces may run as one-shots (Note [One-shot all-reduce]); algorithm="ring"
-  // asks for the ring itself.
-  bool one_shot = true;
-  // Shared memory (Note [Shared-memory all-reduce] in shm_ring.h): `one_node` says that every rank
-  // of the ring is on one node as the launcher (or RINGREDUCE_LOCAL_SIZE) sees it, the same on
-  // every rank; `shm` is this rank's RINGREDUCE_SHM. The ring sets shared memory up at its first
-  // one_node call (every rank must agree: `shm` only counts there) and then runs its one_node calls
-  // through it.
-  bool one_node = true;
-  bool shm = true;
-
-  bool allReduce() const { return kind != CallKind::kReduceScatter && kind != CallKind::kAllGather; }
-  // The type partials travel in on a flat ring of `ring_size` ranks (partialDType, plan.h).
-  DType partial(DType dtype, int ring_size) const {
-    return partialDType(dtype, ring_size, accum_float32, wire_dtype);
-  }
-  // The partial type of a flat all-reduce in shared memory (Note [Half types in shared memory] in
-  // shm_ring.h): half-type SUM and AVG accumulate in float32 unless accum_narrow; otherwise partial().
-  DType shmPartial(DType dtype, int ring_size) const {
-    if (isHalfType(dtype) && (op == RedOp::kSum || op == RedOp::kAvg) && !accum_narrow) return DType::kFloat32;
-    return partial(dtype, ring_size);
-  }
-  // The Scaling of a flat ring's final reduce (finalScaling, functors.h) with partials of `partial`,
-  // for the paths that reduce in the ring's order without a plan (one-shot, shared memory).
-  Scaling flatFinalScaling(DType dtype, int ring_size, DType partial_type) const {
-    const bool wide = partial_type == DType::kFloat32 && isHalfType(dtype);
-    return finalScaling(op, ring_size, extra_divisor, predivide, predivide, !wide);
-  }
-  Scaling flatFinalScaling(DType dtype, int ring_size) const {
-    return flatFinalScaling(dtype, ring_size, partial(dtype, ring_size));
-  }
-  // Whether an all-reduce on a ring of `ring_size` ranks runs the hierarchical stages.
-  bool hierarchical(int ring_size) const { return allReduce() && local_size > 1 && local_size < ring_size; }
-};
 
 // The memory a call's rings run over: `numel` contiguous elements of `dtype`.
 struct CallBuffer {

@@ -20,17 +20,17 @@ Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, 
   f.error = error;
   f.device_type = 1;
   if (req != nullptr && error == 0) {
-    f.accum_float32 = req->accum_float32 ? 1 : 0;
-    f.wire_dtype = req->wire_dtype ? static_cast<int32_t>(*req->wire_dtype) : -1;
-    f.predivide = req->predivide;
-    f.extra_divisor = req->extra_divisor;
+    f.accum_float32 = req->options.accum_float32 ? 1 : 0;
+    f.wire_dtype = req->options.wire_dtype ? static_cast<int32_t>(*req->options.wire_dtype) : -1;
+    f.predivide = req->options.predivide;
+    f.extra_divisor = req->options.extra_divisor;
     // 0: the flat ring; L: hierarchical with L ranks per node; -1: the one-shot (ranks whose
     // thresholds differ would otherwise pair a one-shot group with ring exchanges).
-    f.algorithm = one_shot ? -1 : req->local_size;
+    f.algorithm = one_shot ? -1 : req->options.local_size;
     f.dtype = static_cast<int32_t>(req->dtype);
     f.numel = req->numel;
     // The pipeline's overrides decide the exchanges' sizes: ranks must agree on them.
-    f.segment_bytes = static_cast<int32_t>(std::min<int64_t>(req->knobs.segment_bytes, INT32_MAX));
+    f.segment_bytes = static_cast<int32_t>(std::min<int64_t>(req->options.segment_bytes, INT32_MAX));
     setShape(f, req->shape.data(), static_cast<int>(req->shape.size()));
   }
   return f;
@@ -43,7 +43,7 @@ void agree(CudaRing& ring, const Frame& mine, const RingMembers& members, const 
 }
 
 const char* nameOf(const CudaCallRequest& req, bool hier) {
-  switch (req.kind) {
+  switch (req.options.kind) {
     case CallKind::kReduceScatter: return "reduce-scatter";
     case CallKind::kAllGather: return "all-gather";
     default: return hier ? "hierarchical all-reduce" : "all-reduce";
@@ -53,14 +53,16 @@ const char* nameOf(const CudaCallRequest& req, bool hier) {
 }  // namespace
 
 std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req, CudaCallBuffers& buf) {
-  const bool scatter = req.kind == CallKind::kReduceScatter;
-  const bool gather = req.kind == CallKind::kAllGather;
+  const CallOptions& opt = req.options;
+  const GpuKnobs knobs = gpuKnobs(opt);
+  const bool scatter = opt.kind == CallKind::kReduceScatter;
+  const bool gather = opt.kind == CallKind::kAllGather;
   const RingMembers rm = resolveRing(req.members, ring.size(), ring.rank());
   const int n = rm.size();
-  const bool hier = !scatter && !gather && req.local_size > 1 && req.local_size < n;
+  const bool hier = !scatter && !gather && opt.local_size > 1 && opt.local_size < n;
   const std::string what = nameOf(req, hier);
   ring.checkNotCapturing(req.caller, what);  // 1
-  const RedOp op = gather ? RedOp::kSum : req.op;
+  const RedOp op = gather ? RedOp::kSum : opt.op;
   checkSupported(req.dtype, op);  // 2
   if (scatter) {
     RR_CHECK(req.numel == req.out_numel * n, kValue, "ringreduce.reduce_scatter: input has ", req.numel,
@@ -69,32 +71,32 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
     RR_CHECK(req.out_numel == req.numel * n, kValue, "ringreduce.all_gather: output has ", req.out_numel,
              " elements, but ", n, " ranks x input's ", req.numel, " = ", req.numel * n);
   }
-  RR_CHECK(!hier || n % req.local_size == 0, kValue, "ringreduce: hierarchical all-reduce over ", n,
-           " ranks needs equal nodes, got ", req.local_size, " ranks per node");
-  RR_CHECK(!req.wire_dtype || (!hier && !scatter && !gather), kValue,
+  RR_CHECK(!hier || n % opt.local_size == 0, kValue, "ringreduce: hierarchical all-reduce over ", n,
+           " ranks needs equal nodes, got ", opt.local_size, " ranks per node");
+  RR_CHECK(!opt.wire_dtype || (!hier && !scatter && !gather), kValue,
            "ringreduce: a 16-bit wire (wire_dtype) runs on the flat all-reduce ring only");
   const std::vector<int> key = ringKey(req.members, ring.size());
   const int64_t bytes = req.numel * static_cast<int64_t>(dtypeSize(req.dtype));
   // No one-shot on the simplest path (Note [NCCL versions, environment and the simplest path]).
-  const bool one_shot = !scatter && !gather && !hier && req.one_shot && !ring.comm().simplePath() &&
+  const bool one_shot = !scatter && !gather && !hier && opt.one_shot && !ring.comm().simplePath() &&
                         n <= kOneShotMaxRanks &&
-                        bytes <= gpuOneShotBytes(n, ring.stagingBytes(), req.knobs);
-  if (req.check) {
-    agree(ring, makeFrame(&req, req.kind, op, 0, ring.rank(), ring.nextSeq(key), one_shot), rm, req.group_name);  // 3
+                        bytes <= gpuOneShotBytes(n, ring.stagingBytes(), knobs);
+  if (opt.check) {
+    agree(ring, makeFrame(&req, opt.kind, op, 0, ring.rank(), ring.nextSeq(key), one_shot), rm, req.group_name);  // 3
   }
   if (req.numel == 0 || n == 1) {  // 4
     if (req.numel > 0 && buf.trivial) buf.trivial();
     return nullptr;
   }
   // 5. The working buffer, in the stages' dtype (stagesDType: a float32 copy for hierarchical + accum).
-  const DType wdtype = stagesDType(req.dtype, hier, req.accum_float32);
+  const DType wdtype = stagesDType(req.dtype, hier, opt.accum_float32);
   void* data = buf.data(wdtype, rm.index);
-  const bool partials32 = req.accum_float32 && !hier && !scatter && !gather;
-  PlanOptions base = ring.planOptions(op, partials32, n, gather ? req.out_numel : req.numel, wdtype, req.knobs);
+  const bool partials32 = opt.accum_float32 && !hier && !scatter && !gather;
+  PlanOptions base = ring.planOptions(op, partials32, n, gather ? req.out_numel : req.numel, wdtype, knobs);
   // Note [Reduction contract] (csrc/core/functors.h): the wire, the predivide factor, the divisor.
-  base.wire_dtype = req.wire_dtype;
-  base.pre_factor = base.post_factor = req.predivide;
-  base.extra_divisor = req.extra_divisor;
+  base.wire_dtype = opt.wire_dtype;
+  base.pre_factor = base.post_factor = opt.predivide;
+  base.extra_divisor = opt.extra_divisor;
   if (one_shot) {
     // The flat ring's arithmetic, wire and scaling included (Note [GPU one-shot all-reduce]).
     if (buf.protect) buf.protect();  // 6
@@ -107,7 +109,7 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   } else if (gather) {
     stages = ringHalfStages(rm, req.out_numel, req.dtype, RedOp::kSum, base, kPhaseAllGather);
   } else {
-    stages = hier ? hierarchicalStages(rm, req.local_size, req.numel, wdtype, op, base)
+    stages = hier ? hierarchicalStages(rm, opt.local_size, req.numel, wdtype, op, base)
                   : flatRingStages(rm, req.numel, wdtype, op, base);
   }
   // The flat ring's partials (one chunk of float32, or of 16-bit values with a wire), shared by its

@@ -25,33 +25,37 @@
 #include <string>
 #include <vector>
 
+#include "../core/call_options.h"
 #include "../core/dtype.h"
 #include "../core/frame.h"
 #include "cuda_ring.h"
 
 namespace rr {
 
+// One call: its options (the one struct both runtimes take, csrc/core/call_options.h) and what the
+// torch layer says about its tensor, its ring and its stream.
 struct CudaCallRequest {
-  CallKind kind = CallKind::kAllReduce;  // kReduceScatter / kAllGather: a ring half
-  RedOp op = RedOp::kSum;
+  CallOptions options;            // kind (kReduceScatter / kAllGather: a ring half), op, ...
   DType dtype = DType::kFloat32;
   int64_t numel = 0;              // of the input
   int64_t out_numel = 0;          // ring halves: of the output
   std::vector<int64_t> shape;     // of the input (agreement frame)
-  bool accum_float32 = false;
-  std::optional<DType> wire_dtype;  // float32 all-reduce: a 16-bit wire (flat ring only)
-  double predivide = 0;             // predivide_factor (0: none)
-  int32_t extra_divisor = 1;        // the final reduce also divides by it
   bool direct = true;             // all-reduce: the tensor is row-major contiguous (no working copy)
-  GpuKnobs knobs;                 // Note [GPU pipeline rule] (gpu_pipeline.h)
-  bool one_shot = true;           // all-reduce: a small flat one may take the one-shot (algorithm="auto")
   bool async_op = false;
-  bool check = false;             // the agreement check
   std::string group_name;
   std::vector<int> members;       // ranks of the group in ring order; empty: all
-  int local_size = 0;             // all-reduce: > 1 hierarchical
   cudaStream_t caller = nullptr;
 };
+
+// The GPU pipeline's overrides in `options` (Note [GPU pipeline rule], gpu_pipeline.h).
+inline GpuKnobs gpuKnobs(const CallOptions& options) {
+  GpuKnobs k;
+  k.segment_bytes = options.segment_bytes;
+  k.slots = options.num_slots;
+  k.lanes = options.lanes;
+  k.one_shot_bytes = options.one_shot_bytes;
+  return k;
+}
 
 // What only the torch layer can do. Every callback runs on the calling thread, without the GIL.
 struct CudaCallBuffers {

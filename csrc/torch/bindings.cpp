@@ -119,7 +119,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("PHASE_ALL_GATHER") = static_cast<int>(rr::kPhaseAllGather);
   m.attr("PHASE_BOTH") = static_cast<int>(rr::kPhaseBoth);
 
-  py::class_<rr::CallOptions>(m, "CallOptions", "What one call asks for (csrc/cpu/group_runtime.h).")
+  py::class_<rr::CallOptions>(m, "CallOptions", "What one call asks for, on either device (csrc/core/call_options.h).")
       .def(py::init<>())
       .def_readwrite("kind", &rr::CallOptions::kind)
       .def_readwrite("op", &rr::CallOptions::op)
@@ -133,6 +133,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("check", &rr::CallOptions::check)
       .def_readwrite("segment_bytes", &rr::CallOptions::segment_bytes)
       .def_readwrite("num_slots", &rr::CallOptions::num_slots)
+      .def_readwrite("lanes", &rr::CallOptions::lanes)
+      .def_readwrite("one_shot_bytes", &rr::CallOptions::one_shot_bytes)
       .def_readwrite("timeout_ms", &rr::CallOptions::timeout_ms)
       .def_readwrite("local_size", &rr::CallOptions::local_size)
       .def_readwrite("node_order", &rr::CallOptions::node_order)

@@ -95,7 +95,7 @@ Frame CpuCall::frame() const {
   f.predivide = opt_.predivide;
   f.extra_divisor = opt_.extra_divisor;
   f.algorithm = opt_.local_size;  // 0: the flat ring; L: hierarchical with L ranks per node
-  f.segment_bytes = static_cast<int32_t>(std::min<int64_t>(opt_.segment_bytes, std::numeric_limits<int32_t>::max()));
+  f.segment_bytes = static_cast<int32_t>(std::min<int64_t>(opt_.cpuSegmentBytes(), std::numeric_limits<int32_t>::max()));
   if (tensor_.defined() && opt_.local_error == FrameError::kNone) {
     f.dtype = static_cast<int32_t>(toDType(tensor_.scalar_type()));
     f.numel = tensor_.numel();

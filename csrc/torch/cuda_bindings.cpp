@@ -125,7 +125,7 @@ std::function<void()> writeBack(const at::Tensor& user, const at::Tensor& from, 
 
 // One call: the torch side of runCudaCall() (csrc/cuda/cuda_ops.h). `user_out`: the tensors the
 // epilogue writes; `result`: the future's value.
-py::object launch(CudaRing& ring, CudaCallRequest& req, CudaCallBuffers& buf, std::vector<at::Tensor>& bufs,
+py::object launch(CudaRing& ring, const CudaCallRequest& req, CudaCallBuffers& buf, std::vector<at::Tensor>& bufs,
                   const std::vector<at::Tensor>& user_out, const at::Tensor& result) {
   const int device = ring.device();
   const c10::cuda::CUDAStream compute_s = wrap(ring.computeStream(), device);
@@ -152,17 +152,14 @@ py::object launch(CudaRing& ring, CudaCallRequest& req, CudaCallBuffers& buf, st
   return py::cast(std::make_shared<CudaWorkHandle>(work, result, bufs, future));
 }
 
-CudaCallRequest request(const CudaRing& ring, const at::Tensor& t, int kind, int op, const GpuKnobs& knobs,
-                        bool async_op, bool check, const std::string& group_name, const std::vector<int>& members) {
+CudaCallRequest request(const CudaRing& ring, const at::Tensor& t, const CallOptions& options, bool async_op,
+                        const std::string& group_name, const std::vector<int>& members) {
   CudaCallRequest req;
-  req.kind = static_cast<CallKind>(kind);
-  req.op = static_cast<RedOp>(op);
+  req.options = options;
   req.dtype = toDType(t.scalar_type());
   req.numel = t.numel();
   req.shape.assign(t.sizes().begin(), t.sizes().end());
-  req.knobs = knobs;
   req.async_op = async_op;
-  req.check = check;
   req.group_name = group_name;
   req.members = members;
   req.caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(ring.device())).stream();
@@ -172,19 +169,12 @@ CudaCallRequest request(const CudaRing& ring, const at::Tensor& t, int kind, int
 // all_reduce of a CUDA tensor in place (the sequencing: runCudaCall). A tensor that is not
 // row-major contiguous (views, transposes, channels_last, conj/neg views) is reduced in a
 // row-major working copy made on the caller's stream and written back on the reduce stream.
-// wire_dtype: a DType code (-1: none); predivide, extra_divisor: Note [Reduction contract].
-py::object cudaAllReduce(const std::shared_ptr<CudaRing>& ring, const at::Tensor& tensor, int op, bool accum_float32,
-                         const GpuKnobs& knobs, bool async_op, bool check, int kind, const std::string& group_name,
-                         const std::vector<int>& members, int local_size, bool one_shot, int wire_dtype,
-                         double predivide, int extra_divisor) {
+py::object cudaAllReduce(const std::shared_ptr<CudaRing>& ring, const at::Tensor& tensor, const CallOptions& options,
+                         bool async_op, const std::string& group_name, const std::vector<int>& members) {
+  RR_CHECK(options.allReduce(), kValue, "ringreduce: cuda_all_reduce runs all-reduces, got call kind ",
+           static_cast<int>(options.kind));
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ring->device()));
-  CudaCallRequest req = request(*ring, tensor, kind, op, knobs, async_op, check, group_name, members);
-  req.accum_float32 = accum_float32;
-  if (wire_dtype >= 0) req.wire_dtype = static_cast<DType>(wire_dtype);
-  req.predivide = predivide;
-  req.extra_divisor = extra_divisor;
-  req.local_size = local_size;
-  req.one_shot = one_shot;
+  const CudaCallRequest req = request(*ring, tensor, options, async_op, group_name, members);
   const bool plain = tensor.is_contiguous() && !tensor.is_conj() && !tensor.is_neg();
   if (!plain) checkWritable(tensor, "tensor");
   std::vector<at::Tensor> bufs, user_out;
@@ -212,14 +202,15 @@ py::object cudaAllReduce(const std::shared_ptr<CudaRing>& ring, const at::Tensor
 // reduce_scatter (kind 3: a private copy of `input` is reduced, block r copied into `output`) and
 // all_gather (kind 4: `input` placed as block r of the contiguous `output`, the others received).
 py::object cudaRingHalf(const std::shared_ptr<CudaRing>& ring, const at::Tensor& input, const at::Tensor& output,
-                        int op, const GpuKnobs& knobs, bool async_op, bool check, int kind,
-                        const std::string& group_name, const std::vector<int>& members) {
-  const bool scatter = kind == static_cast<int>(CallKind::kReduceScatter);
-  RR_CHECK(scatter || kind == static_cast<int>(CallKind::kAllGather), kValue,
-           "ringreduce: cuda_ring_half runs reduce_scatter (kind 3) or all_gather (kind 4), got kind ", kind);
+                        const CallOptions& options, bool async_op, const std::string& group_name,
+                        const std::vector<int>& members) {
+  const bool scatter = options.kind == CallKind::kReduceScatter;
+  RR_CHECK(scatter || options.kind == CallKind::kAllGather, kValue,
+           "ringreduce: cuda_ring_half runs reduce_scatter (kind 3) or all_gather (kind 4), got kind ",
+           static_cast<int>(options.kind));
   if (scatter) checkWritable(output, "output");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ring->device()));
-  CudaCallRequest req = request(*ring, input, kind, op, knobs, async_op, check, group_name, members);
+  CudaCallRequest req = request(*ring, input, options, async_op, group_name, members);
   req.out_numel = output.numel();
   std::vector<at::Tensor> bufs, user_out;
   CudaCallBuffers buf;
@@ -279,14 +270,6 @@ void registerCudaBindings(pybind11::module& m) {
   m.def("cuda_build_info", &cudaBuildInfo);
   m.def("cuda_group_timeout_ms", &groupTimeoutMs, py::arg("group"),
         "The timeout of the group's CUDA backend (else its CPU backend, else 10 minutes), in ms.");
-
-  // The pipeline's overrides of one call (Note [GPU pipeline rule], csrc/cuda/gpu_pipeline.h).
-  py::class_<GpuKnobs>(m, "GpuKnobs")
-      .def(py::init<>())
-      .def_readwrite("segment_bytes", &GpuKnobs::segment_bytes)
-      .def_readwrite("slots", &GpuKnobs::slots)
-      .def_readwrite("lanes", &GpuKnobs::lanes)
-      .def_readwrite("one_shot_bytes", &GpuKnobs::one_shot_bytes);
 
   py::class_<CudaRing, std::shared_ptr<CudaRing>>(m, "CudaRing")
       .def(py::init([](const py::bytes& unique_id, int nranks, int rank, int device, int64_t timeout_ms,
@@ -349,15 +332,12 @@ void registerCudaBindings(pybind11::module& m) {
       .def("get_future",
            [](const CudaWorkHandle& h) { return std::make_shared<torch::jit::PythonFutureWrapper>(h.future()); });
 
-  m.def("cuda_all_reduce", &cudaAllReduce, py::arg("comm"), py::arg("tensor"), py::arg("op"),
-        py::arg("accum_float32"), py::arg("knobs"), py::arg("async_op"), py::arg("check"), py::arg("kind"),
-        py::arg("group_name"), py::arg("members") = std::vector<int>{}, py::arg("local_size") = 0,
-        py::arg("one_shot") = true, py::arg("wire_dtype") = -1, py::arg("predivide") = 0.0,
-        py::arg("extra_divisor") = 1, "ringreduce._cuda.cuda_all_reduce's native half.");
-  m.def("cuda_ring_half", &cudaRingHalf, py::arg("comm"), py::arg("input"), py::arg("output"), py::arg("op"),
-        py::arg("knobs"), py::arg("async_op"), py::arg("check"), py::arg("kind"), py::arg("group_name"),
-        py::arg("members") = std::vector<int>{},
-        "ringreduce._cuda.cuda_ring_half's native half.");
+  m.def("cuda_all_reduce", &cudaAllReduce, py::arg("comm"), py::arg("tensor"), py::arg("options"),
+        py::arg("async_op"), py::arg("group_name"), py::arg("members") = std::vector<int>{},
+        "ringreduce._cuda.cuda_all_reduce's native half: `options` is the call's CallOptions.");
+  m.def("cuda_ring_half", &cudaRingHalf, py::arg("comm"), py::arg("input"), py::arg("output"), py::arg("options"),
+        py::arg("async_op"), py::arg("group_name"), py::arg("members") = std::vector<int>{},
+        "ringreduce._cuda.cuda_ring_half's native half (options.kind: reduce_scatter or all_gather).");
   m.def(
       "_cuda_loopback_all_reduce",
       [](const std::vector<at::Tensor>& tensors, int op, bool accum_float32, int64_t segment_bytes, int num_slots,

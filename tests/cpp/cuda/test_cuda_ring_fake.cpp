@@ -344,9 +344,10 @@ TEST_CASE(captured_call_with_agreement_check_is_refused_first) {
   rrfake::setStreamCapturing(caller, true);
   std::vector<float> data(64, 1.0f);
   CudaCallRequest req;
+  req.options.check = false;  // CallOptions checks by default; these calls opt in
   req.numel = 64;
   req.shape = {64};
-  req.check = true;
+  req.options.check = true;
   req.caller = caller;
   CudaCallBuffers buf;
   buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
@@ -366,10 +367,11 @@ TEST_CASE(buffers_are_protected_before_anything_is_enqueued) {
   cudaStream_t caller = newStream();
   std::vector<float> data(64, 1.0f);
   CudaCallRequest req;
+  req.options.check = false;  // CallOptions checks by default; these calls opt in
   req.numel = 64;
   req.shape = {64};
   req.caller = caller;
-  req.one_shot = false;  // the ring: a hand-off, then queued exchanges
+  req.options.one_shot = false;  // the ring: a hand-off, then queued exchanges
   int tasks_at_protect = -1;
   CudaCallBuffers buf;
   buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
@@ -483,9 +485,10 @@ TEST_CASE(gpu_agreement_check_verdicts_over_nccl) {
     CudaCallBuffers buf;
     buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
     CudaCallRequest req;
+    req.options.check = false;  // CallOptions checks by default; these calls opt in
     req.numel = 64;
     req.shape = {64};
-    req.check = true;
+    req.options.check = true;
     req.group_name = "fake";
     req.caller = caller;
     auto work = runCudaCall(ring, req, buf);  // agreed: runs
@@ -601,6 +604,7 @@ TEST_CASE(small_all_reduce_is_one_group_with_every_peer) {
     CudaCallBuffers buf;
     buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
     CudaCallRequest req;
+    req.options.check = false;  // CallOptions checks by default; these calls opt in
     req.numel = 1000;
     req.shape = {1000};
     req.group_name = "fake";
@@ -608,8 +612,8 @@ TEST_CASE(small_all_reduce_is_one_group_with_every_peer) {
     auto work = runCudaCall(ring, req, buf);
     work->synchronize(ms(5000));
     hand_offs[static_cast<size_t>(r)] = ring.comm().handOffs();
-    req.check = true;
-    req.one_shot = r != 1;  // rank 1 asks for the ring
+    req.options.check = true;
+    req.options.one_shot = r != 1;  // rank 1 asks for the ring
     (void)throwsKind([&] { runCudaCall(ring, req, buf); }, ErrorKind::kRuntime, &verdict[static_cast<size_t>(r)]);
   });
   CHECK_EQ(rrfake::queuedGroups(), 0);
@@ -708,10 +712,11 @@ TEST_CASE(lanes_share_the_float32_partials) {
         return static_cast<void*>(partials.data());
       };
       CudaCallRequest req;
+      req.options.check = false;  // CallOptions checks by default; these calls opt in
       req.dtype = DType::kBFloat16;
       req.numel = numel;
       req.shape = {numel};
-      req.accum_float32 = true;
+      req.options.accum_float32 = true;
       req.caller = newStream();
       try {
         runCudaCall(*rings[static_cast<size_t>(r)], req, buf)->synchronize(ms(10000));
@@ -834,9 +839,10 @@ TEST_CASE(ctrl_c_interrupts_the_agreement_check) {
   cudaStream_t caller = newStream();
   std::vector<float> data(64, 1.0f);
   CudaCallRequest req;
+  req.options.check = false;  // CallOptions checks by default; these calls opt in
   req.numel = 64;
   req.shape = {64};
-  req.check = true;
+  req.options.check = true;
   req.group_name = "fake";
   req.caller = caller;
   CudaCallBuffers buf;

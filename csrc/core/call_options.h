@@ -1,0 +1,99 @@
+// ringreduce core: CallOptions, what one collective call asks for, the one options struct that both
+// runtimes take (the CPU GroupRuntime, csrc/cpu/group_runtime.h; the CUDA runCudaCall,
+// csrc/cuda/cuda_ops.h) and that the bindings translate from Python (ringreduce._C.CallOptions).
+// Torch-free.
+//
+// Note [Call options]
+// ~~~~~~~~~~~~~~~~~~~
+// Every rank must pass the same values, except local_error (this rank's local refusal, sent in its
+// agreement frame). The fields group by what they decide: what is computed (kind, op, the
+// accumulation and wire types, the scaling), the agreement check, the algorithm (one-shot,
+// hierarchical), the pipeline (segment, slots, lanes, one-shot threshold, timeout) and where the CPU
+// ring moves data (shared memory). A runtime reads the fields that apply to it: the CUDA runtime
+// ignores the shared-memory fields and node_order (its members come with the call), the CPU runtime
+// ignores lanes and one_shot_bytes. The pipeline fields are the knobs' values (RINGREDUCE_*, read
+// in Python at call time): 0 (-1 for one_shot_bytes) leaves the choice to the runtime: on CUDA to the
+// GPU pipeline rule (Note [GPU pipeline rule], csrc/cuda/gpu_pipeline.h), on CPU a 1 MiB segment and
+// the slots of Note [Staging slots].
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "dtype.h"
+#include "frame.h"
+#include "functors.h"
+#include "plan.h"
+
+namespace rr {
+
+struct CallOptions {
+  // What is computed.
+  CallKind kind = CallKind::kAllReduce;
+  RedOp op = RedOp::kSum;
+  bool accum_float32 = false;          // half types: partials travel as float32
+  // Half types: accum_dtype named the tensor's own dtype, so partials are rounded at every hop even
+  // in shared memory (Note [Half types in shared memory] in csrc/cpu/shm_ring.h).
+  bool accum_narrow = false;
+  std::optional<DType> wire_dtype;     // float32 tensors: partials travel as this 16-bit type
+  double predivide = 0;                // predivide_factor (0: none; Note [Reduction contract])
+  int32_t extra_divisor = 1;           // the final reduce also divides by it (accumulation steps)
+
+  // The agreement check (agreement.h).
+  bool check = true;                   // exchange agreement frames first
+  FrameError local_error = FrameError::kNone;  // this rank refuses the call: frames only
+  int32_t ntensors = 1;                // all_reduce_coalesced: tensors in the call
+
+  // The algorithm. Small flat all-reduces may run as one-shots (Note [One-shot all-reduce]);
+  // algorithm="ring" asks for the ring itself. Hierarchical all-reduce (Note [Hierarchical
+  // all-reduce] in collectives.h): local_size ranks per node (0: the flat ring); on CPU node_order
+  // lists the ring's ranks (of the group) node by node.
+  bool one_shot = true;
+  int32_t local_size = 0;
+  std::vector<int> node_order;
+
+  // The pipeline (Note [Staging slots] in plan.h; on CUDA Note [GPU pipeline rule]).
+  int64_t segment_bytes = 0;           // RINGREDUCE_SEGMENT_BYTES (0: 1 MiB on CPU, the rule's on CUDA)
+  int32_t num_slots = kAutoSlots;      // RINGREDUCE_SLOTS
+  int32_t lanes = 0;                   // CUDA: RINGREDUCE_LANES (0: the rule's)
+  int64_t one_shot_bytes = -1;         // CUDA: RINGREDUCE_ONESHOT_BYTES (-1: the rule's)
+  int64_t timeout_ms = -1;             // CPU: RINGREDUCE_TIMEOUT; < 0: the group's own timeout
+
+  // CPU shared memory (Note [Shared-memory all-reduce] in csrc/cpu/shm_ring.h): `one_node` says
+  // that every rank of the ring is on one node as the launcher (or RINGREDUCE_LOCAL_SIZE) sees it,
+  // the same on every rank; `shm` is this rank's RINGREDUCE_SHM. The ring sets shared memory up at
+  // its first one_node call (every rank must agree: `shm` only counts there) and then runs its
+  // one_node calls through it.
+  bool one_node = true;
+  bool shm = true;
+
+  // The CPU ring's largest segment (its agreement frame carries it).
+  int64_t cpuSegmentBytes() const { return segment_bytes > 0 ? segment_bytes : kCpuSegmentBytes; }
+  static constexpr int64_t kCpuSegmentBytes = 1 << 20;
+
+  bool allReduce() const { return kind != CallKind::kReduceScatter && kind != CallKind::kAllGather; }
+  // The type partials travel in on a flat ring of `ring_size` ranks (partialDType, plan.h).
+  DType partial(DType dtype, int ring_size) const {
+    return partialDType(dtype, ring_size, accum_float32, wire_dtype);
+  }
+  // The partial type of a flat all-reduce in shared memory (Note [Half types in shared memory]):
+  // half-type SUM and AVG accumulate in float32 unless accum_narrow; otherwise partial().
+  DType shmPartial(DType dtype, int ring_size) const {
+    if (isHalfType(dtype) && (op == RedOp::kSum || op == RedOp::kAvg) && !accum_narrow) return DType::kFloat32;
+    return partial(dtype, ring_size);
+  }
+  // The Scaling of a flat ring's final reduce (finalScaling, functors.h) with partials of `partial`,
+  // for the paths that reduce in the ring's order without a plan (one-shot, shared memory).
+  Scaling flatFinalScaling(DType dtype, int ring_size, DType partial_type) const {
+    const bool wide = partial_type == DType::kFloat32 && isHalfType(dtype);
+    return finalScaling(op, ring_size, extra_divisor, predivide, predivide, !wide);
+  }
+  Scaling flatFinalScaling(DType dtype, int ring_size) const {
+    return flatFinalScaling(dtype, ring_size, partial(dtype, ring_size));
+  }
+  // Whether an all-reduce on a ring of `ring_size` ranks runs the hierarchical stages.
+  bool hierarchical(int ring_size) const { return allReduce() && local_size > 1 && local_size < ring_size; }
+};
+
+}  // namespace rr
