@@ -17,7 +17,9 @@
 // the slots of Note [Staging slots].
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -95,5 +97,32 @@ struct CallOptions {
   // Whether an all-reduce on a ring of `ring_size` ranks runs the hierarchical stages.
   bool hierarchical(int ring_size) const { return allReduce() && local_size > 1 && local_size < ring_size; }
 };
+
+// The agreement frame of one call with `o` (frame.h), without its tensor (describeTensor adds it):
+// what every rank must agree on. `segment_bytes`: the segment size the ranks' runtime runs with
+// (saturated at 2^31-1); `algorithm`: 0 the flat ring, L hierarchical with L ranks per node, -1 the
+// GPU one-shot. The caller sets rank and seq.
+inline Frame callFrame(const CallOptions& o, int64_t segment_bytes, int32_t algorithm) {
+  Frame f;
+  f.kind = static_cast<int32_t>(o.kind);
+  f.op = static_cast<int32_t>(o.op);
+  f.error = static_cast<int32_t>(o.local_error);
+  f.ntensors = o.ntensors;
+  f.accum_float32 = o.accum_float32 ? 1 : o.accum_narrow ? 2 : 0;  // 2: accum_dtype = the tensor's
+  f.wire_dtype = o.wire_dtype ? static_cast<int32_t>(*o.wire_dtype) : -1;
+  f.predivide = o.predivide;
+  f.extra_divisor = o.extra_divisor;
+  f.algorithm = algorithm;
+  f.segment_bytes = static_cast<int32_t>(std::min<int64_t>(segment_bytes, std::numeric_limits<int32_t>::max()));
+  return f;
+}
+
+// The call's tensor in its frame (a refusal frame leaves it out).
+inline void describeTensor(Frame& f, DType dtype, int64_t numel, const std::vector<int64_t>& shape, int32_t device_type) {
+  f.dtype = static_cast<int32_t>(dtype);
+  f.numel = numel;
+  f.device_type = device_type;
+  setShape(f, shape.data(), static_cast<int>(shape.size()));
+}
 
 }  // namespace rr

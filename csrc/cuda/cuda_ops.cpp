@@ -1,7 +1,6 @@
 #include "cuda_ops.h"
 
 #include <algorithm>
-#include <climits>
 
 #include "../core/collectives.h"
 #include "../core/error.h"
@@ -10,29 +9,22 @@ namespace rr {
 
 namespace {
 
+// The call's frame (callFrame); a refusal's (`req` null) carries only the kind, op and error.
 Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, int rank, uint64_t seq,
                 bool one_shot = false) {
   Frame f;
+  if (req != nullptr && error == 0) {
+    // One-shot: -1 (ranks whose thresholds differ would otherwise pair a one-shot group with ring
+    // exchanges). The segment is the pipeline's override: ranks must agree on it.
+    f = callFrame(req->options, req->options.segment_bytes, one_shot ? -1 : req->options.local_size);
+    describeTensor(f, req->dtype, req->numel, req->shape, 1);
+  }
   f.rank = rank;
   f.seq = seq;
   f.kind = static_cast<int32_t>(kind);
   f.op = static_cast<int32_t>(op);
   f.error = error;
   f.device_type = 1;
-  if (req != nullptr && error == 0) {
-    f.accum_float32 = req->options.accum_float32 ? 1 : 0;
-    f.wire_dtype = req->options.wire_dtype ? static_cast<int32_t>(*req->options.wire_dtype) : -1;
-    f.predivide = req->options.predivide;
-    f.extra_divisor = req->options.extra_divisor;
-    // 0: the flat ring; L: hierarchical with L ranks per node; -1: the one-shot (ranks whose
-    // thresholds differ would otherwise pair a one-shot group with ring exchanges).
-    f.algorithm = one_shot ? -1 : req->options.local_size;
-    f.dtype = static_cast<int32_t>(req->dtype);
-    f.numel = req->numel;
-    // The pipeline's overrides decide the exchanges' sizes: ranks must agree on them.
-    f.segment_bytes = static_cast<int32_t>(std::min<int64_t>(req->options.segment_bytes, INT32_MAX));
-    setShape(f, req->shape.data(), static_cast<int>(req->shape.size()));
-  }
   return f;
 }
 

@@ -85,23 +85,10 @@ CpuCall::CpuCall(at::Tensor tensor, at::Tensor output, CallOptions opt)
 }
 
 Frame CpuCall::frame() const {
-  Frame f;
-  f.kind = static_cast<int32_t>(opt_.kind);
-  f.op = static_cast<int32_t>(opt_.op);
-  f.error = static_cast<int32_t>(opt_.local_error);
-  f.ntensors = opt_.ntensors;
-  f.accum_float32 = opt_.accum_float32 ? 1 : opt_.accum_narrow ? 2 : 0;  // 2: accum_dtype = the tensor's
-  f.wire_dtype = opt_.wire_dtype ? static_cast<int32_t>(*opt_.wire_dtype) : -1;
-  f.predivide = opt_.predivide;
-  f.extra_divisor = opt_.extra_divisor;
-  f.algorithm = opt_.local_size;  // 0: the flat ring; L: hierarchical with L ranks per node
-  f.segment_bytes = static_cast<int32_t>(std::min<int64_t>(opt_.cpuSegmentBytes(), std::numeric_limits<int32_t>::max()));
+  Frame f = callFrame(opt_, opt_.cpuSegmentBytes(), opt_.local_size);  // 0: the flat ring; L: hierarchical
   if (tensor_.defined() && opt_.local_error == FrameError::kNone) {
-    f.dtype = static_cast<int32_t>(toDType(tensor_.scalar_type()));
-    f.numel = tensor_.numel();
-    f.device_type = tensor_.is_cuda() ? 1 : 0;
-    std::vector<int64_t> dims(tensor_.sizes().begin(), tensor_.sizes().end());
-    setShape(f, dims.data(), static_cast<int>(dims.size()));
+    describeTensor(f, toDType(tensor_.scalar_type()), tensor_.numel(),
+                   std::vector<int64_t>(tensor_.sizes().begin(), tensor_.sizes().end()), tensor_.is_cuda() ? 1 : 0);
   }
   return f;
 }
