@@ -265,13 +265,25 @@ void GroupRuntime::poison(const std::string& reason) {
   cv_.notify_all();  // wakes the worker, which exits (see loop())
 }
 
+Frame GroupRuntime::frameOf(const Call& call) const {
+  Frame f = call.body->frame();
+  f.rank = transport_->rank();
+  f.seq = call.seq;
+  return f;
+}
+
+void GroupRuntime::failLaterCalls(const Call& call, const std::string& post_error) {
+  std::lock_guard<std::mutex> g(mu_);
+  poisoned_ = true;
+  poison_reason_ = "during call #" + std::to_string(call.seq) +
+                   ", the next call's agreement-frame receives could not be posted (did a peer leave?): " + post_error;
+}
+
 void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing) {
   const CallOptions& opt = call.opt;
   const size_t bytes = static_cast<size_t>(buf.numel) * dtypeSize(buf.dtype);
   const Clock::time_point started = Clock::now();
-  Frame mine = call.body->frame();
-  mine.rank = transport_->rank();
-  mine.seq = call.seq;
+  Frame mine = frameOf(call);
   mine.flags |= kFrameOneShot;
   frames_.send(ring_transport_, mine, buf.data, bytes);
   std::string post_error;
@@ -285,12 +297,7 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
     transport_->callDone();
     RR_THROW(kRuntime, verdict);
   }
-  if (!post_error.empty()) {
-    std::lock_guard<std::mutex> g(mu_);
-    poisoned_ = true;
-    poison_reason_ = "during call #" + std::to_string(call.seq) +
-                     ", the next call's agreement-frame receives could not be posted (did a peer leave?): " + post_error;
-  }
+  if (!post_error.empty()) failLaterCalls(call, post_error);
   const Clock::time_point reduced = Clock::now();
   for (int p = 0; p < size_; ++p)  // Note [Traffic counters]: the payload went to every peer
     if (p != rank_) sent_[ring_.ranks[static_cast<size_t>(p)]].fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
@@ -414,9 +421,7 @@ ShmRing* GroupRuntime::nodeShm(const CallOptions& opt, const RingStage& node_sta
 void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused, int tag_group, CallTiming& timing) {
   const CallOptions& opt = call.opt;
   const Clock::time_point started = Clock::now();
-  Frame mine = call.body->frame();
-  mine.rank = transport_->rank();
-  mine.seq = call.seq;
+  Frame mine = frameOf(call);
   const bool flat = !refused && opt.allReduce() && !opt.hierarchical(size_);
   // Note [Shared-memory 16-bit wire]: larger float32 all-reduces with a 16-bit wire run the ring.
   // Note [Half types in shared memory]: half-type sums accumulate in float32 by default.
@@ -546,9 +551,7 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
       const Clock::time_point started = Clock::now();
       // The frame leaves first, so that it never queues behind the first segment on the socket;
       // its flag promises the leading receive, posted right after it and before any wait.
-      Frame mine = call.body->frame();
-      mine.rank = transport_->rank();
-      mine.seq = call.seq;
+      Frame mine = frameOf(call);
       if (lead && lead->postsLeadingReceive()) mine.flags |= kFrameLeadReceive;
       if (frames_.direct()) frames_.send(ring_transport_, mine);
       if (lead) lead_slots = lead->postLeading(kLeadBytes, kLeadBytes);
@@ -568,14 +571,7 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
         transport_->callDone();
         RR_THROW(kRuntime, verdict);
       }
-      if (!post_error.empty()) {
-        // This call has its frames and goes on; later calls fail at once (a peer left).
-        std::lock_guard<std::mutex> g(mu_);
-        poisoned_ = true;
-        poison_reason_ = "during call #" + std::to_string(call.seq) +
-                         ", the next call's agreement-frame receives could not be posted (did a peer leave?): " +
-                         post_error;
-      }
+      if (!post_error.empty()) failLaterCalls(call, post_error);  // this call has its frames and goes on
     }
     RR_CHECK(!refused, kRuntime, "ringreduce: call #", call.seq, " refused on this rank");
     runStages(call, buf, stages, tag_group, lead.get(), timing);

@@ -179,6 +179,11 @@ class GroupRuntime {
   void retireLeading(const std::vector<int>& slots, int tag_group);
   // After a transport failure: Note [Failed calls keep their buffers].
   void poison(const std::string& reason);
+  // This rank's agreement frame of `call`.
+  Frame frameOf(const Call& call) const;
+  // After a call whose frames arrived but whose next frame receives could not be posted (a peer
+  // left): the call goes on, later calls fail at once with the reason.
+  void failLaterCalls(const Call& call, const std::string& post_error);
   // Sets shared memory up at the ring's first one_node call (Note [Shared-memory segments]);
   // returns whether the ring has it.
   bool ensureShm(const CallOptions& opt, std::chrono::milliseconds timeout);
