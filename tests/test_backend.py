@@ -128,6 +128,16 @@ def _delegated(rank: int, ws: int) -> dict:
     outs = [torch.empty(2) for _ in range(ws)]
     dist.all_to_all(outs, [torch.full((2,), float(rank * 10 + j)) for j in range(ws)], group=g)
     out["all_to_all"] = all(torch.equal(outs[j], torch.full((2,), float(j * 10 + rank))) for j in range(ws))
+    # blocks of different sizes (rank r sends j + r + 1 values to rank j), 2-D outputs, asynchronous
+    outs = [torch.empty(j + rank + 1, 1) for j in range(ws)]
+    work = dist.all_to_all(outs, [torch.full((rank + j + 1,), float(rank * 10 + j)) for j in range(ws)], group=g,
+                           async_op=True)
+    out["all_to_all_uneven"] = work.wait() is not False and work.is_completed() and all(
+        torch.equal(outs[j], torch.full((j + rank + 1, 1), float(j * 10 + rank))) for j in range(ws))
+    if not rb.torch_at_least(rb.GLOO_ALLTOALL_TORCH):  # ringreduce's all_to_all over all_to_all_single
+        mixed = [torch.empty(2, dtype=torch.float64 if j == 0 else torch.float32) for j in range(ws)]
+        out["all_to_all_mixed_dtypes"] = expect_raises(  # the group's own check (torch.distributed's comes first)
+            lambda: g.alltoall(mixed, [torch.zeros(2) for _ in range(ws)]), TypeError, "share one dtype") == "ok"
     single = torch.empty(ws)
     dist.all_to_all_single(single, torch.arange(ws, dtype=torch.float32) + 10 * rank, group=g)
     out["all_to_all_single"] = torch.equal(single, torch.tensor([10.0 * j + rank for j in range(ws)]))

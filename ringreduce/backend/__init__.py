@@ -39,6 +39,9 @@ from ringreduce.backend.options import BackendOptions
 NAME = "ringreduce"
 # the oldest torch whose dist.monitored_barrier takes a group by its devices rather than its backend's name
 MONITORED_BARRIER_TORCH = "2.14"
+# the oldest torch seen with gloo's list all_to_all (absent from 2.11.0, present in 2.13.0; 2.12 not tried):
+# older ones run it as one all_to_all_single (RingreduceProcessGroup.alltoall)
+GLOO_ALLTOALL_TORCH = "2.13"
 
 
 @functools.lru_cache(maxsize=1)
@@ -97,5 +100,5 @@ def register() -> None:
     dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
-__all__ = ["MONITORED_BARRIER_TORCH", "NAME", "BackendOptions", "dist_monitored_barrier_supported",
+__all__ = ["GLOO_ALLTOALL_TORCH", "MONITORED_BARRIER_TORCH", "NAME", "BackendOptions", "dist_monitored_barrier_supported",
            "python_process_groups_supported", "register", "torch_at_least"]
