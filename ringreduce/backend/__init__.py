@@ -11,7 +11,7 @@ Note [A ProcessGroup, not a Backend]
     The creator returns a Python subclass of ``dist.ProcessGroup`` (RingreduceProcessGroup), which
     torch then uses as the group itself (distributed_c10d.py: "If the type is a subclass of
     ProcessGroup then return this process group immediately"), rather than a subclass of c10d's
-    ``Backend`` registered inside a ProcessGroup. Checked on torch 2.14.1:
+    ``Backend`` registered inside a ProcessGroup. Checked on torch 2.14.1 and 2.11.0:
     - torch.distributed's functions call a Python process group's methods from Python
       (``group.allreduce([t], opts)``) and return its Work object unchanged, so ``is_completed``,
       ``is_success``, ``exception``, ``wait(timeout)`` and ``get_future`` are ringreduce's. A Python
