@@ -298,11 +298,14 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         return self._delegate("scatter", "scatter", *args, **kwargs)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        """all_to_all's list form: the inner backend's, except CPU tensors on a torch whose gloo lacks it
-        (GLOO_ALLTOALL_TORCH), which go as one all_to_all_single of the flattened blocks."""
+        """all_to_all's list form: the inner backend's, except CPU tensors that gloo cannot take (a torch
+        older than GLOO_ALLTOALL_TORCH, whose gloo lacks it, or blocks of different sizes, which gloo
+        refuses), which go as one all_to_all_single of the flattened blocks."""
         args = (outputs, inputs, *([opts] if opts is not None else []))
-        cpu = all(isinstance(t, torch.Tensor) and not t.is_cuda for t in [*outputs, *inputs])
-        if not cpu or torch_at_least(GLOO_ALLTOALL_TORCH):
+        tensors = [*outputs, *inputs]
+        cpu = all(isinstance(t, torch.Tensor) and not t.is_cuda for t in tensors)
+        gloo_takes_it = torch_at_least(GLOO_ALLTOALL_TORCH) and len({t.numel() for t in tensors}) == 1
+        if not cpu or gloo_takes_it:
             return self._delegate("all_to_all", "alltoall", *args)
         if len(outputs) != self.size() or len(inputs) != self.size():
             raise ValueError(f"ringreduce: all_to_all needs one output and one input tensor per rank ({self.size()}), "
