@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ranks import expect_raises, run_ranks, spawn_ranks
 
 import ringreduce as rr
+import ringreduce.backend as rb
 from ringreduce.backend.process_group import RingreduceProcessGroup
 
 WORLD_SIZES = [2, 3]
@@ -117,10 +118,26 @@ def _delegated(rank: int, ws: int) -> dict:
     dist.broadcast(t, src=1, group=g)
     out["broadcast"] = torch.equal(t, exact(1))
     dist.barrier(group=g)
-    dist.monitored_barrier(group=g, timeout=datetime.timedelta(seconds=30))
+    if rb.dist_monitored_barrier_supported():
+        dist.monitored_barrier(group=g, timeout=datetime.timedelta(seconds=30))
+    else:  # torch < 2.14's dist.monitored_barrier takes gloo groups only (by name); the group's own method runs
+        out["monitored_barrier_refused"] = expect_raises(
+            lambda: dist.monitored_barrier(group=g, timeout=datetime.timedelta(seconds=30)), ValueError,
+            "only implemented for GLOO") == "ok"
+        g.monitored_barrier(datetime.timedelta(seconds=30))
     outs = [torch.empty(2) for _ in range(ws)]
     dist.all_to_all(outs, [torch.full((2,), float(rank * 10 + j)) for j in range(ws)], group=g)
     out["all_to_all"] = all(torch.equal(outs[j], torch.full((2,), float(j * 10 + rank))) for j in range(ws))
+    # blocks of different sizes (rank r sends j + r + 1 values to rank j), 2-D outputs, asynchronous
+    outs = [torch.empty(j + rank + 1, 1) for j in range(ws)]
+    work = dist.all_to_all(outs, [torch.full((rank + j + 1,), float(rank * 10 + j)) for j in range(ws)], group=g,
+                           async_op=True)
+    out["all_to_all_uneven"] = work.wait() is not False and work.is_completed() and all(
+        torch.equal(outs[j], torch.full((j + rank + 1, 1), float(j * 10 + rank))) for j in range(ws))
+    if not rb.torch_at_least(rb.GLOO_ALLTOALL_TORCH):  # ringreduce's all_to_all over all_to_all_single
+        mixed = [torch.empty(2, dtype=torch.float64 if j == 0 else torch.float32) for j in range(ws)]
+        out["all_to_all_mixed_dtypes"] = expect_raises(  # the group's own check (torch.distributed's comes first)
+            lambda: g.alltoall(mixed, [torch.zeros(2) for _ in range(ws)]), TypeError, "share one dtype") == "ok"
     single = torch.empty(ws)
     dist.all_to_all_single(single, torch.arange(ws, dtype=torch.float32) + 10 * rank, group=g)
     out["all_to_all_single"] = torch.equal(single, torch.tensor([10.0 * j + rank for j in range(ws)]))
@@ -285,8 +302,6 @@ def test_backend_options_are_validated_once() -> None:
 
 
 def test_import_registers_the_backend_once() -> None:
-    import ringreduce.backend as rb
-
     plugin = dist.Backend._plugins["RINGREDUCE"]
     rb.register()  # a second registration keeps the first
     assert dist.Backend._plugins["RINGREDUCE"] is plugin and plugin.extended_api

@@ -11,7 +11,7 @@ Note [A ProcessGroup, not a Backend]
     The creator returns a Python subclass of ``dist.ProcessGroup`` (RingreduceProcessGroup), which
     torch then uses as the group itself (distributed_c10d.py: "If the type is a subclass of
     ProcessGroup then return this process group immediately"), rather than a subclass of c10d's
-    ``Backend`` registered inside a ProcessGroup. Checked on torch 2.14.1:
+    ``Backend`` registered inside a ProcessGroup. Checked on torch 2.14.1 and 2.11.0:
     - torch.distributed's functions call a Python process group's methods from Python
       (``group.allreduce([t], opts)``) and return its Work object unchanged, so ``is_completed``,
       ``is_success``, ``exception``, ``wait(timeout)`` and ``get_future`` are ringreduce's. A Python
@@ -37,6 +37,11 @@ import torch.distributed as dist
 from ringreduce.backend.options import BackendOptions
 
 NAME = "ringreduce"
+# the oldest torch whose dist.monitored_barrier takes a group by its devices rather than its backend's name
+MONITORED_BARRIER_TORCH = "2.14"
+# the oldest torch seen with gloo's list all_to_all (absent from 2.11.0, present in 2.13.0; 2.12 not tried):
+# older ones run it as one all_to_all_single (RingreduceProcessGroup.alltoall)
+GLOO_ALLTOALL_TORCH = "2.13"
 
 
 @functools.lru_cache(maxsize=1)
@@ -54,6 +59,19 @@ def python_process_groups_supported() -> bool:
         return _Probe(0, 1).name() == "ringreduce-probe"
     except Exception:  # noqa: BLE001 - any failure means no Python process groups
         return False
+
+
+def torch_at_least(version: str) -> bool:
+    """Whether the running torch is `version` ("2.14") or newer (local tags such as "+cpu" ignored)."""
+    return torch.torch_version.TorchVersion(torch.__version__.split("+")[0]) >= version
+
+
+def dist_monitored_barrier_supported() -> bool:
+    """Whether ``dist.monitored_barrier(group=g)`` accepts a "ringreduce" group: torch 2.14 asks for a
+    group with a CPU device, older torch for a group whose backend is named "gloo" (and raises its
+    ValueError "monitored_barrier is only implemented for GLOO backend"); there ``g.monitored_barrier
+    (timeout)``, the group's own method, runs the inner gloo's."""
+    return torch_at_least(MONITORED_BARRIER_TORCH)
 
 
 def _create(opts: Any, pg_options: Any) -> Any:
@@ -82,4 +100,5 @@ def register() -> None:
     dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
-__all__ = ["NAME", "BackendOptions", "python_process_groups_supported", "register"]
+__all__ = ["GLOO_ALLTOALL_TORCH", "MONITORED_BARRIER_TORCH", "NAME", "BackendOptions", "dist_monitored_barrier_supported",
+           "python_process_groups_supported", "register", "torch_at_least"]

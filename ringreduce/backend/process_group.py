@@ -24,9 +24,10 @@ from ringreduce._dispatch import device_of, local_refusal, refuse, run_all_reduc
 from ringreduce._groups import GroupInfo
 from ringreduce._native import C
 from ringreduce._types import CallKind, FrameError, ReduceOp, to_reduce_op
+from ringreduce.backend import GLOO_ALLTOALL_TORCH, torch_at_least
 from ringreduce.backend.inner import InnerGroup
 from ringreduce.backend.options import BackendOptions
-from ringreduce.backend.work import BackendWork
+from ringreduce.backend.work import BackendWork, TorchWorkCall
 from ringreduce.coalesced import all_reduce_coalesced
 from ringreduce.scatter_gather import gather_into, reduce_scatter
 
@@ -296,8 +297,35 @@ class RingreduceProcessGroup(dist.ProcessGroup):
     def scatter(self, *args: Any, **kwargs: Any) -> Any:
         return self._delegate("scatter", "scatter", *args, **kwargs)
 
-    def alltoall(self, *args: Any, **kwargs: Any) -> Any:
-        return self._delegate("all_to_all", "alltoall", *args, **kwargs)
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        """all_to_all's list form: the inner backend's, except CPU tensors that gloo cannot take (a torch
+        older than GLOO_ALLTOALL_TORCH, whose gloo lacks it, or blocks of different sizes, which gloo
+        refuses), which go as one all_to_all_single of the flattened blocks."""
+        args = (outputs, inputs, *([opts] if opts is not None else []))
+        tensors = [*outputs, *inputs]
+        cpu = all(isinstance(t, torch.Tensor) and not t.is_cuda for t in tensors)
+        gloo_takes_it = torch_at_least(GLOO_ALLTOALL_TORCH) and len({t.numel() for t in tensors}) == 1
+        if not cpu or gloo_takes_it:
+            return self._delegate("all_to_all", "alltoall", *args)
+        if len(outputs) != self.size() or len(inputs) != self.size():
+            raise ValueError(f"ringreduce: all_to_all needs one output and one input tensor per rank ({self.size()}), "
+                             f"got {len(outputs)} outputs and {len(inputs)} inputs")
+        dtypes = {t.dtype for t in [*outputs, *inputs]}
+        if len(dtypes) != 1:
+            raise TypeError(f"ringreduce: all_to_all's tensors must share one dtype, got {sorted(map(str, dtypes))}")
+        send = torch.cat([t.reshape(-1) for t in inputs])
+        recv = send.new_empty(sum(t.numel() for t in outputs))
+        out_splits, in_splits = [t.numel() for t in outputs], [t.numel() for t in inputs]
+
+        def finish() -> None:
+            for block, piece in zip(outputs, recv.split(out_splits), strict=True):
+                block.copy_(piece.view(block.shape))
+
+        self.calls["inner:all_to_all"] += 1
+        with _profile("all_to_all"):
+            work = self._inner.pg.alltoall_base(recv, send, out_splits, in_splits,
+                                                opts if opts is not None else dist.AllToAllOptions())
+        return BackendWork([TorchWorkCall(work)], list(outputs), finish)
 
     def all_to_all_single(self, *args: Any, **kwargs: Any) -> Any:
         return self._delegate("all_to_all", "alltoall_base", *args, **kwargs)

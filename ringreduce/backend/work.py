@@ -26,7 +26,7 @@ class BackendWork(_TorchWork):  # type: ignore[misc, valid-type]
     ``get_future()`` completes with `result`, the list of output tensors (DDP reads it).
     """
 
-    def __init__(self, works: Sequence[Work | None], result: list[torch.Tensor],
+    def __init__(self, works: Sequence[Work | TorchWorkCall | None], result: list[torch.Tensor],
                  finish: Callable[[], None] | None = None) -> None:
         super().__init__()
         self._works = [w for w in works if w is not None]
@@ -89,3 +89,37 @@ class BackendWork(_TorchWork):  # type: ignore[misc, valid-type]
             fut = torch.futures.collect_all(futures).then(done)
         self._future = fut
         return fut
+
+
+class TorchWorkCall:
+    """A torch c10d Work (an inner backend's) as BackendWork waits on it, like one of ringreduce's Works."""
+
+    def __init__(self, work: Any) -> None:
+        self._work = work
+        self._error: BaseException | None = None
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        try:
+            # torch's Work.wait takes a timedelta; zero (kNoTimeout) waits as long as the call runs
+            return self._work.wait(timeout if timeout is not None else datetime.timedelta(0))
+        except Exception as exc:
+            self._error = exc
+            raise
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_completed() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        """The call's error once it completed (its future's), else None."""
+        if self._error is None and self._work.is_completed():
+            try:
+                self._work.get_future().value()
+            except Exception as exc:  # noqa: BLE001 - the call's own error, handed back as torch's Work does
+                self._error = exc
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        return self._work.get_future()
