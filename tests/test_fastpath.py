@@ -325,3 +325,26 @@ def _repeated_real_calls(rank: int, ws: int) -> dict:
 def test_repeated_real_calls():
     for r in run_ranks(2, _repeated_real_calls):
         assert all(v is True or v == "ok" for v in r.values()), r
+
+
+def test_python_cost_tool_times_a_tree(tmp_path):
+    """benchmarks/python_cost.py runs (a child per tree) and names the ringreduce it timed."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tool = os.path.join(root, "benchmarks", "python_cost.py")
+    env = dict(os.environ, PYTHONPATH=root)
+    one = subprocess.run([sys.executable, tool, "--json", "--calls", "300", "--repeats", "2"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0, one.stderr
+    result = json.loads(one.stdout.strip().splitlines()[-1])
+    assert os.path.realpath(result["ringreduce"]) == os.path.realpath(os.path.join(root, "ringreduce"))
+    assert len(result["repeats_us"]) == 2 and 0 < result["min_us"] <= result["median_us"]
+    side = subprocess.run([sys.executable, tool, "--tree", root, "--rounds", "1", "--calls", "300", "--repeats", "1"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert side.returncode == 0, side.stderr
+    assert any(line.startswith(root) for line in side.stdout.splitlines()), side.stdout
+    assert "load average" in side.stdout
