@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed.distributed_c10d as _c10d
 
-from ringreduce import _config
+from ringreduce import _config, _fastpath
 from ringreduce._groups import GroupInfo, choose_algorithm, one_node, resolve
 from ringreduce._interrupt import SLICE_MS, interrupt_ring, wait_sliced
 from ringreduce._native import C
@@ -25,6 +26,8 @@ from ringreduce._types import KIND_NAMES, NATIVE_OPS, CallKind, FrameError, Redu
 from ringreduce.work import Work
 
 ALGORITHMS = ("auto", "ring", "hierarchical")
+PLAIN_TYPES, ENV_GET, ENV_KEYS = _fastpath.PLAIN_TYPES, _fastpath.ENV_GET, _fastpath.ENV_KEYS
+_profiler_enabled = torch.autograd._profiler_enabled
 _NONE = FrameError.NONE
 
 logger = logging.getLogger("ringreduce")
@@ -281,6 +284,9 @@ def submit_cpu(info: GroupInfo, tensor: torch.Tensor | None, options: Any, outpu
     return C.submit_cpu(info.pg, info.name, list(info.members), tensor, output, options, info.store, synchronous)
 
 
+_SUBMIT_CPU = submit_cpu
+
+
 def interrupter(info: GroupInfo, handle: Any) -> Any:
     """What a Ctrl-C during a wait for `handle` does (Note [Ctrl-C] in ringreduce/_interrupt.py)."""
     return lambda: interrupt_ring(info.pg, info.members, info.name, handle)
@@ -358,6 +364,20 @@ def run_all_reduce(
     coalesced call; `extra_divisor` (GradientAverager's accumulation steps, SUM and AVG only): the
     final reduce also divides by it.
     """
+    # Note [Fast path of a repeated call] (ringreduce/_fastpath.py)
+    key = env = world = None
+    if type(tensor) in PLAIN_TYPES and tensor.is_cpu and not _profiler_enabled() and ENV_GET is not None:
+        env = tuple(map(ENV_GET, ENV_KEYS))  # _fastpath.environment(), inlined
+        world = _c10d._world.default_pg
+        try:
+            key = (id(group), id(kind), tensor.dtype, tensor.layout, type(op), op, accum_dtype, algorithm, ntensors,
+                   wire_dtype, type(predivide_factor), predivide_factor, extra_divisor)
+            plan = _fastpath.plans.get(key)
+        except TypeError:  # an unhashable argument: the full path says what is wrong with it
+            key = plan = None
+        if (plan is not None and plan.env == env and plan.world is world and plan.group is group
+                and plan.kind is kind and tensor.numel()):
+            return run_plan(plan, tensor, async_op)
     tensor = local_tensor(tensor)
     info = resolve(group)
     code, exc, rop, accum = local_refusal(tensor, op, accum_dtype, algorithm)
@@ -407,23 +427,53 @@ def run_all_reduce(
                                node_order=members if local_size else (), one_shot=algorithm == "auto", wire=wire,
                                predivide=factor, extra_divisor=extra_divisor,
                                narrow=narrow_accumulation(tensor, accum_dtype))
-        handle = submit_cpu(info, tensor, options, synchronous=not async_op)
-        if async_op:
-            work = Work(handle, [tensor], describe=f"{KIND_NAMES[kind]} {rop.name} on {info.name}",
-                        on_interrupt=interrupter(info, handle))
-        else:
-            try:  # Note [Ctrl-C] (ringreduce/_interrupt.py); a finished call costs one native wait
-                if not handle.wait(SLICE_MS):
-                    wait_sliced(handle, -1)
-            except KeyboardInterrupt:
-                interrupt_ring(info.pg, info.members, info.name, handle)
-                raise
-            if not handle.ok():
-                handle.raise_error()
+        describe = f"{KIND_NAMES[kind]} {rop.name} on {info.name}"
+        if key is not None and not level and world is not None:
+            _fastpath.remember(key, _fastpath.Plan(group, kind, world, env, info, options, describe))
+        handle, work = submit_and_wait(info, tensor, options, async_op, describe)
     if level:
         log_call(info, handle, tensor, rop, kind, level, async_op, accum,
                  None if async_op else time.perf_counter() - start, local_size, wire=wire, predivide=factor)
     return work
+
+
+def run_plan(plan: _fastpath.Plan, tensor: torch.Tensor, async_op: bool) -> Work | None:
+    """A repeated all-reduce of `tensor` with the outcome of its checks, `plan` (Note [Fast path of a
+    repeated call] in ringreduce/_fastpath.py): submit_and_wait without a Python frame in between."""
+    if submit_cpu is _SUBMIT_CPU:
+        handle = C.submit_cpu(*plan.head, tensor, None, plan.options, plan.store, not async_op)
+    else:  # submit_cpu was replaced (a test's or a measurement's stub): call it as the full path does
+        handle = submit_cpu(plan.info, tensor, plan.options, synchronous=not async_op)
+    if async_op:
+        return Work(handle, [tensor], describe=plan.describe, on_interrupt=interrupter(plan.info, handle))
+    try:  # Note [Ctrl-C] (ringreduce/_interrupt.py)
+        if not handle.wait(SLICE_MS):
+            wait_sliced(handle, -1)
+    except KeyboardInterrupt:
+        interrupt_ring(plan.info.pg, plan.info.members, plan.info.name, handle)
+        raise
+    if not handle.ok():
+        handle.raise_error()
+    return None
+
+
+def submit_and_wait(info: GroupInfo, tensor: torch.Tensor, options: Any, async_op: bool,
+                    describe: str) -> tuple[Any, Work | None]:
+    """Submits one CPU all-reduce of `tensor` on `info`'s ring with `options`; returns its native handle
+    and, with `async_op`, its Work (named `describe`), else None after waiting for it (raising its
+    error)."""
+    handle = submit_cpu(info, tensor, options, synchronous=not async_op)
+    if async_op:
+        return handle, Work(handle, [tensor], describe=describe, on_interrupt=interrupter(info, handle))
+    try:  # Note [Ctrl-C] (ringreduce/_interrupt.py); a finished call costs one native wait
+        if not handle.wait(SLICE_MS):
+            wait_sliced(handle, -1)
+    except KeyboardInterrupt:
+        interrupt_ring(info.pg, info.members, info.name, handle)
+        raise
+    if not handle.ok():
+        handle.raise_error()
+    return handle, None
 
 
 def run_ring_half(info: GroupInfo, tensor: torch.Tensor, output: torch.Tensor, rop: ReduceOp, kind: Any,

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ringreduce import _config
+from ringreduce import _config, _fastpath
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,9 @@ _stores: dict[int, tuple[Any, Any]] = {}
 
 
 def forget_groups() -> None:
-    """Drops the cached GroupInfos and their process groups (at interpreter exit, see __init__)."""
+    """Drops the cached GroupInfos and their process groups (at interpreter exit, see __init__), and the
+    plans of repeated calls that hold them (Note [Fast path of a repeated call] in _fastpath.py)."""
+    _fastpath.forget()
     with _resolved_lock:
         _resolved.clear()
         _stores.clear()
@@ -179,7 +181,9 @@ def set_store(pg: Any, store: Any) -> None:
 
 def forget_ring(ring: GroupInfo) -> None:
     """Drops every cached entry that refers to `ring`'s process group (its group is being destroyed):
-    the outer groups resolved to it, its store and its node layouts."""
+    the outer groups resolved to it, its store and its node layouts, and every plan of a repeated
+    call (Note [Fast path of a repeated call] in _fastpath.py)."""
+    _fastpath.forget()
     with _resolved_lock:
         for key, (_, info) in list(_resolved.items()):
             if info.pg is ring.pg:

@@ -1,0 +1,92 @@
+"""The plans of repeated CPU all-reduce calls: what a call's checks decided, kept for the next identical call.
+
+Note [Fast path of a repeated call]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A training loop calls all_reduce once per parameter with the same few argument sets, step after step.
+The first call of a set runs every check (_groups.resolve, _dispatch.local_refusal, scaling_refusal,
+choose_algorithm, call_options and the knobs they read); when it reaches the native submit, its
+outcome (the ring's GroupInfo and the native CallOptions) is kept as a Plan under a key of everything
+those checks read:
+
+- the `group` argument and the call kind by identity (the Plan holds both objects, so that their ids
+  cannot be reused by other objects while the Plan lives) and the default group (WORLD) at the time, by identity: a
+  WORLD destroyed and initialized again is a new object, and every Plan made under the old one misses;
+- the tensor's dtype and layout; only a CPU tensor of type torch.Tensor or nn.Parameter (no subclass,
+  no DTensor) with elements takes the fast path;
+- the arguments: op (with its type, so that True never stands for 1), accum_dtype, algorithm, the call
+  kind, ntensors, wire_dtype, predivide_factor (with its type), extra_divisor;
+- the raw value of every knob of the CPU call path (environment(): the RINGREDUCE_* knobs it reads and
+  the launcher's GROUP_RANK, LOCAL_WORLD_SIZE and WORLD_SIZE, as os.environ holds them), kept in the
+  Plan and compared at every call: a knob set, changed or unset between two calls makes the next one
+  take the full path (and replace the Plan), so it takes effect at once.
+
+Only calls that passed every check get a Plan: a refused call runs the checks (and raises) each time.
+A call with RINGREDUCE_DEBUG set or under the profiler takes the full path (it logs, or opens a
+profiler range). forget() drops every Plan; _groups calls it when a ring's group is destroyed
+(forget_ring) and at exit (forget_groups). Tests: tests/test_fastpath.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from ringreduce import _config
+
+# The environment variables whose values a check of the CPU all-reduce path reads (the GPU-only knobs
+# RINGREDUCE_LANES, RINGREDUCE_ONESHOT_BYTES and RINGREDUCE_NCCL_SIMPLE are not among them).
+CPU_KNOBS = ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_CHECK", "RINGREDUCE_TIMEOUT",
+             "RINGREDUCE_DEBUG", "RINGREDUCE_LOCAL_SIZE", "RINGREDUCE_SHM", "GROUP_RANK", "LOCAL_WORLD_SIZE",
+             "WORLD_SIZE")
+GPU_ONLY_KNOBS = ("RINGREDUCE_LANES", "RINGREDUCE_ONESHOT_BYTES", "RINGREDUCE_NCCL_SIMPLE")
+ENV_KEYS = tuple(name.encode() for name in CPU_KNOBS)
+ENV_GET = _config._ENV_BYTES.get if _config._ENV_BYTES is not None else None
+PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+MAX_PLANS = 1024  # argument sets kept; a program making more distinct calls than that rebuilds its plans
+
+
+class Plan:
+    """What the checks of one argument set decided: the ring and the native options of its calls."""
+
+    __slots__ = ("group", "kind", "world", "env", "info", "options", "describe", "head", "store")
+
+    def __init__(self, group: Any, kind: Any, world: Any, env: tuple[bytes | None, ...], info: Any, options: Any,
+                 describe: str) -> None:
+        self.group = group  # the `group` argument itself (None: WORLD)
+        self.kind = kind  # the call kind (its id is in the key)
+        self.world = world  # the default process group when the plan was made
+        self.env = env  # environment() when the plan was made
+        self.info = info  # the ring's GroupInfo
+        self.options = options  # the native CallOptions of the call
+        self.describe = describe  # what an async call's Work names itself
+        # the first arguments of the native submit (_dispatch.submit_cpu) and its store
+        self.head = (info.pg, info.name, list(info.members))
+        self.store = info.store
+
+
+_lock = threading.Lock()
+plans: dict[tuple[Any, ...], Plan] = {}
+
+
+def environment() -> tuple[bytes | None, ...] | None:
+    """The raw bytes of every knob the checks read (None for an unset one), or None where os.environ
+    keeps no bytes mapping (no plan is kept then)."""
+    if ENV_GET is None:
+        return None
+    return tuple(map(ENV_GET, ENV_KEYS))
+
+
+def remember(key: tuple[Any, ...], plan: Plan) -> None:
+    """Keeps `plan` for `key`."""
+    with _lock:
+        if len(plans) >= MAX_PLANS:
+            plans.clear()
+        plans[key] = plan
+
+
+def forget() -> None:
+    """Drops every plan (a group is being destroyed, or the interpreter exits)."""
+    with _lock:
+        plans.clear()

@@ -1,0 +1,350 @@
+"""The fast path of repeated identical CPU all-reduce calls (Note [Fast path of a repeated call] in
+ringreduce/_fastpath.py) never serves a stale plan: a knob changed between two calls, a group destroyed
+and created again, another dtype or op, and every refusal, on the first call and on the next ones.
+
+Most tests run in this process on a "fake" process group of world size 2 (torch's FakeStore), with the
+native submit replaced by a recorder: what a call hands to the native side is then visible per call.
+The last ones run real ranks (tests/ranks.py)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+from ranks import expect_raises, run_ranks
+
+import ringreduce as rr
+from ringreduce import _config, _dispatch, _fastpath, _native
+
+
+class _Done:
+    """The native handle of a call that finished at once."""
+
+    seq = 7
+
+    def wait(self, ms: int) -> bool:
+        return True
+
+    def ok(self) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class _Recorder:
+    """Stands for ringreduce._C.submit_cpu: records (pg, tensor, options, synchronous) of every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, pg, name, members, tensor, output, options, store, synchronous):  # noqa: ANN001, ANN204
+        self.calls.append((pg, tensor, options, synchronous))
+        return _Done()
+
+    def last(self) -> tuple:
+        return self.calls[-1]
+
+
+def _init_fake() -> None:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A fake WORLD of 2 ranks (this process is rank 0) and the recording native submit; no knob set."""
+    if dist.is_initialized():
+        pytest.skip("this process already has a default process group")
+    for name in _fastpath.CPU_KNOBS:
+        monkeypatch.delenv(name, raising=False)
+    recorder = _Recorder()
+    monkeypatch.setattr(_native.C, "submit_cpu", recorder)
+    _fastpath.forget()
+    _init_fake()
+    yield recorder
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _fastpath.forget()
+
+
+def test_every_knob_is_a_cpu_knob_or_gpu_only():
+    """A new knob must be sorted: read by the CPU call path (its value is then part of every plan) or
+    by the GPU path only."""
+    declared = {k.name for k in _config.KNOBS}
+    cpu = {n for n in _fastpath.CPU_KNOBS if n.startswith("RINGREDUCE_")}
+    assert cpu | set(_fastpath.GPU_ONLY_KNOBS) == declared
+    assert not cpu & set(_fastpath.GPU_ONLY_KNOBS)
+
+
+def test_a_repeated_call_takes_the_plan(fake, monkeypatch):
+    t = torch.ones(256)
+    rr.all_reduce_avg(t)
+    assert len(_fastpath.plans) == 1
+    plan = next(iter(_fastpath.plans.values()))
+
+    def checked(*args):  # noqa: ANN002, ANN202
+        raise AssertionError("a repeated call ran the checks")
+
+    monkeypatch.setattr(_dispatch, "resolve", checked)
+    monkeypatch.setattr(_dispatch, "local_refusal", checked)
+    rr.all_reduce_avg(t)
+    rr.all_reduce_avg(torch.ones(3, 5).t())  # another shape and strides: the same plan
+    assert len(fake.calls) == 3 and all(c[2] is plan.options for c in fake.calls)
+    assert fake.last()[0] is dist.group.WORLD and fake.last()[3] is True
+    assert len(_fastpath.plans) == 1
+
+
+@pytest.mark.parametrize(("knob", "values", "field", "expected"), [
+    ("RINGREDUCE_SEGMENT_BYTES", ("4096", "8192"), "segment_bytes", (4096, 8192)),
+    ("RINGREDUCE_CHECK", ("0", "1"), "check", (False, True)),
+    ("RINGREDUCE_TIMEOUT", ("2", "3"), "timeout_ms", (2000, 3000)),
+    ("RINGREDUCE_SLOTS", ("3", "5"), "num_slots", (3, 5)),
+    ("RINGREDUCE_SHM", ("0", "1"), "shm", (False, True)),
+])
+def test_a_knob_changed_between_two_identical_calls_takes_effect(fake, monkeypatch, knob, values, field, expected):
+    t = torch.ones(256)
+    seen = []
+    for value in (None, values[0], values[0], values[1], None):
+        if value is None:
+            monkeypatch.delenv(knob, raising=False)
+        else:
+            monkeypatch.setenv(knob, value)
+        rr.all_reduce_avg(t)
+        seen.append(getattr(fake.last()[2], field))
+    default = seen[0]
+    assert seen == [default, expected[0], expected[0], expected[1], default], seen
+
+
+def test_a_bad_knob_set_between_two_identical_calls_raises(fake, monkeypatch):
+    t = torch.ones(256)
+    rr.all_reduce_avg(t)
+    rr.all_reduce_avg(t)
+    monkeypatch.setenv("RINGREDUCE_TIMEOUT", "soon")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="RINGREDUCE_TIMEOUT='soon' is not a number"):
+            rr.all_reduce_avg(t)
+    monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", "8")
+    monkeypatch.delenv("RINGREDUCE_TIMEOUT")
+    with pytest.raises(ValueError, match="RINGREDUCE_SEGMENT_BYTES=8 must be >= 16"):
+        rr.all_reduce_avg(t)
+    assert len(fake.calls) == 2
+
+
+def test_debug_set_between_two_identical_calls_logs(fake, monkeypatch, caplog):
+    t = torch.ones(256)
+    rr.all_reduce_avg(t)
+    rr.all_reduce_avg(t)
+    monkeypatch.setenv("RINGREDUCE_DEBUG", "INFO")
+    logger = logging.getLogger("ringreduce")
+    with caplog.at_level(logging.INFO, logger="ringreduce"):
+        rr.all_reduce_avg(t)
+        rr.all_reduce_avg(t)
+    lines = [r.getMessage() for r in caplog.records if r.name == "ringreduce"]
+    assert len(lines) == 2 and all("call #7 all_reduce_avg op=AVG dtype=float32 numel=256" in x for x in lines), lines
+    logger.handlers.clear()
+
+
+def test_a_profiler_sees_a_repeated_call(fake):
+    t = torch.ones(256)
+    rr.all_reduce_avg(t)
+    rr.all_reduce_avg(t)
+    with torch.autograd.profiler.profile() as prof:
+        rr.all_reduce_avg(t)
+    assert [e.name for e in prof.function_events].count("ringreduce.all_reduce_avg") == 1
+
+
+def test_a_destroyed_world_and_a_new_one(fake):
+    t = torch.ones(256)
+    rr.all_reduce_avg(t)
+    rr.all_reduce_avg(t)
+    first = dist.group.WORLD
+    assert fake.last()[0] is first
+    dist.destroy_process_group()
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="default process group is not initialized"):
+            rr.all_reduce_avg(t)
+    _init_fake()
+    second = dist.group.WORLD
+    assert second is not first
+    rr.all_reduce_avg(t)
+    rr.all_reduce_avg(t)
+    assert [c[0] for c in fake.calls] == [first, first, second, second]
+
+
+def test_a_destroyed_group_and_a_new_one(fake):
+    t = torch.ones(256)
+    one = dist.new_group([0, 1])
+    rr.all_reduce(t, group=one)
+    rr.all_reduce(t, group=one)
+    dist.destroy_process_group(one)
+    two = dist.new_group([0, 1])
+    rr.all_reduce(t, group=two)
+    rr.all_reduce(t, group=two)
+    assert [c[0] for c in fake.calls] == [one, one, two, two]
+    # a group this rank is not a member of: the call returns at once, every time
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rr.all_reduce(t, group=dist.GroupMember.NON_GROUP_MEMBER)
+        rr.all_reduce(t, group=dist.GroupMember.NON_GROUP_MEMBER)
+    assert len(fake.calls) == 4
+
+
+def test_forget_ring_drops_the_plans(fake):
+    from ringreduce import _groups
+    from ringreduce._groups import resolve
+
+    rr.all_reduce_avg(torch.ones(4))
+    assert _fastpath.plans
+    _groups.forget_ring(resolve(None))
+    assert not _fastpath.plans
+
+
+def test_another_dtype_or_option_is_checked_again(fake):
+    half, single = torch.ones(8, dtype=torch.float16), torch.ones(8)
+    for _ in range(2):
+        rr.all_reduce_avg(half, accum_dtype=torch.float32)
+        assert fake.last()[2].accum_float32 is True
+        rr.all_reduce_avg(single, accum_dtype=torch.float32)  # float32 accumulates as itself
+        assert fake.last()[2].accum_float32 is False
+        rr.all_reduce_avg(half, accum_dtype=torch.float16)
+        assert fake.last()[2].accum_narrow is True
+        rr.all_reduce_avg(single, wire_dtype=torch.bfloat16)
+        assert fake.last()[2].wire_dtype == _native.C.DType.BFLOAT16
+        rr.all_reduce(single, op="max")
+        assert fake.last()[2].op == _native.C.RedOp.MAX
+        rr.all_reduce(single, op=rr.ReduceOp.AVG, predivide_factor=2.0)
+        assert fake.last()[2].predivide == 2.0
+    assert len(fake.calls) == 12
+    for _ in range(2):  # after those plans, the same arguments with a tensor they do not fit
+        with pytest.raises(TypeError, match="int32"):
+            rr.all_reduce_avg(torch.ones(8, dtype=torch.int32), accum_dtype=torch.float32)
+        with pytest.raises(TypeError, match="accum_dtype"):
+            rr.all_reduce_avg(torch.ones(8, dtype=torch.float64), accum_dtype=torch.float32)
+        with pytest.raises(ValueError, match="wire_dtype=torch.bfloat16 applies to float32 tensors only"):
+            rr.all_reduce_avg(torch.ones(8, dtype=torch.float64), wire_dtype=torch.bfloat16)
+        with pytest.raises(TypeError, match="MAX is not supported for dtype complex64"):
+            rr.all_reduce(torch.ones(8, dtype=torch.complex64), op="max")
+        with pytest.raises(ValueError, match="predivide_factor applies to SUM and AVG, not MAX"):
+            rr.all_reduce(single, op=rr.ReduceOp.MAX, predivide_factor=2.0)
+    # every refusal sent its refusal frame (the native submit without a tensor) and raised
+    refusals = fake.calls[12:]
+    assert len(refusals) == 10 and all(c[1] is None for c in refusals)
+
+
+def test_an_equal_argument_of_another_type_is_checked_again(fake):
+    """True == 1 and hash(True) == hash(1), but predivide_factor=True is refused where 1 is not."""
+    t = torch.ones(8)
+    for _ in range(2):
+        rr.all_reduce(t, op=rr.ReduceOp.AVG, predivide_factor=1)
+        assert fake.last()[2].predivide == 0.0  # a factor of 1 is no factor
+        with pytest.raises(TypeError, match="predivide_factor must be a number > 0 or None, got bool"):
+            rr.all_reduce(t, op=rr.ReduceOp.AVG, predivide_factor=True)
+
+
+def test_tensors_the_plan_does_not_cover_take_the_full_path(fake):
+    t = torch.ones(8)
+    rr.all_reduce_avg(t)
+    rr.all_reduce_avg(t)
+    count = len(fake.calls)
+    rr.all_reduce_avg(torch.ones(0))  # nothing to move: no native call
+    assert len(fake.calls) == count
+    for _ in range(2):
+        with pytest.raises(ValueError, match="dense"):
+            rr.all_reduce_avg(torch.eye(3).to_sparse())
+        with pytest.raises(ValueError, match="tensors on meta are not supported"):
+            rr.all_reduce_avg(torch.ones(8, device="meta"))
+        with pytest.raises(TypeError, match="expected a torch.Tensor, got list"):
+            rr.all_reduce_avg([1.0])
+        with pytest.raises(ValueError, match="unsupported reduce op"):
+            rr.all_reduce(t, op=["sum"])  # unhashable
+    param = torch.nn.Parameter(torch.ones(8))
+    rr.all_reduce_avg(param)
+    rr.all_reduce_avg(param)
+    assert fake.last()[1] is param
+
+
+def test_async_repeated_calls(fake):
+    t = torch.ones(8)
+    works = [rr.all_reduce_avg(t, async_op=True) for _ in range(3)]
+    assert all(w.wait() is True for w in works)
+    assert [c[3] for c in fake.calls] == [False, False, False]
+    assert "all_reduce_avg AVG on WORLD (size 2)" in repr(works[-1])
+
+
+def test_a_replaced_submit_is_called_on_the_fast_path(fake, monkeypatch):
+    """A stub of _dispatch.submit_cpu (as measurements and tests install) sees repeated calls too."""
+    seen = []
+    monkeypatch.setattr(_dispatch, "submit_cpu", lambda info, tensor, options, output=None, synchronous=False:
+                        seen.append(tensor) or _Done())
+    t = torch.ones(8)
+    for _ in range(3):
+        rr.all_reduce_avg(t)
+    assert seen == [t, t, t] and not fake.calls
+
+
+# ---------------------------------------------------------------------------------------------
+# Real ranks
+
+
+def _repeated_real_calls(rank: int, ws: int) -> dict:
+    out = {}
+    for _ in range(3):  # dtype changes between identical calls
+        a = torch.full((300,), float(rank + 1))
+        rr.all_reduce_avg(a)
+        b = torch.full((300,), float(rank + 1), dtype=torch.float64)
+        rr.all_reduce_avg(b)
+        out["float32"] = bool(torch.equal(a, torch.full((300,), 1.5)))
+        out["float64"] = bool(torch.equal(b, torch.full((300,), 1.5, dtype=torch.float64)))
+    # a group destroyed and a new one over the same ranks
+    for k in range(2):
+        g = dist.new_group([0, 1])
+        for _ in range(2):
+            c = torch.full((10,), float(rank + k))
+            rr.all_reduce(c, group=g)
+            out[f"group{k}"] = bool(torch.equal(c, torch.full((10,), float(1 + 2 * k))))
+        dist.destroy_process_group(g)
+    # rank 1 refuses (an int AVG) twice where rank 0's call has a plan: both raise, both times
+    for i in range(2):
+        if rank == 1:
+            out[f"refused{i}"] = expect_raises(lambda: rr.all_reduce_avg(torch.ones(300, dtype=torch.int32)),
+                                               TypeError, "AVG", "int32")
+        else:
+            out[f"refused{i}"] = expect_raises(lambda: rr.all_reduce_avg(torch.ones(300)), RuntimeError,
+                                               "rank 1: all_reduce_avg refused locally")
+    d = torch.full((300,), float(rank + 1))
+    rr.all_reduce_avg(d)  # the group goes on
+    out["after"] = bool(torch.equal(d, torch.full((300,), 1.5)))
+    return out
+
+
+def test_repeated_real_calls():
+    for r in run_ranks(2, _repeated_real_calls):
+        assert all(v is True or v == "ok" for v in r.values()), r
+
+
+def test_python_cost_tool_times_a_tree(tmp_path):
+    """benchmarks/python_cost.py runs (a child per tree) and names the ringreduce it timed."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tool = os.path.join(root, "benchmarks", "python_cost.py")
+    env = dict(os.environ, PYTHONPATH=root)
+    one = subprocess.run([sys.executable, tool, "--json", "--calls", "300", "--repeats", "2"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0, one.stderr
+    result = json.loads(one.stdout.strip().splitlines()[-1])
+    assert os.path.realpath(result["ringreduce"]) == os.path.realpath(os.path.join(root, "ringreduce"))
+    assert len(result["repeats_us"]) == 2 and 0 < result["min_us"] <= result["median_us"]
+    side = subprocess.run([sys.executable, tool, "--tree", root, "--rounds", "1", "--calls", "300", "--repeats", "1"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert side.returncode == 0, side.stderr
+    assert any(line.startswith(root) for line in side.stdout.splitlines()), side.stdout
+    assert "load average" in side.stdout
