@@ -177,12 +177,16 @@ def sources(pattern: str) -> list[str]:
 # the kernel .cu files. Hence:
 #   * host code without debug information (-g0 after Python's own "-g"): it halves the torch TUs'
 #     compile time and their objects shrink from ~27 MB to ~1 MB; nvcc keeps -lineinfo (profilers).
+#   * csrc/cpu/c10d_transport.cpp compiled inside csrc/torch/cpu_ops.cpp (UNITY_INCLUDED): one
+#     parse of c10d's headers instead of two.
 #   * the longest TUs first (HEAVY_FIRST, BuildExt): ninja starts steps in the order the build file
 #     lists them, and setuptools sorts by name, which started the torch TUs last while a core idled.
 # Per-object times of the last build: ninja's log, build-ext/.ninja_log (start, end in ms, object).
 HEAVY_FIRST = ("csrc/torch/bindings.cpp", "csrc/torch/cuda_bindings.cpp", "csrc/cuda/reduce_kernels_half.cu",
                "csrc/torch/cpu_ops.cpp", "csrc/cuda/reduce_kernels.cu", "csrc/cuda/one_shot_kernels.cu",
-               "csrc/cpu/c10d_transport.cpp", "csrc/cpu/host_reduce.cpp")
+               "csrc/cpu/host_reduce.cpp")
+# Compiled inside csrc/torch/cpu_ops.cpp, which #includes it: the two are the TUs that parse c10d's headers.
+UNITY_INCLUDED = "csrc/cpu/c10d_transport.cpp"
 
 
 def heavy_first(srcs: list[str]) -> list[str]:
@@ -197,7 +201,7 @@ def build_extension():
     srcs = sources("csrc/core/*.cpp") + sources("csrc/cpu/*.cpp") + sources("csrc/torch/*.cpp")
     cuda_srcs = sources("csrc/cuda/*.cu") + sources("csrc/cuda/*.cpp")
     torch_cuda_glue = sources("csrc/torch/cuda_*.cpp")
-    srcs = [s for s in srcs if s not in torch_cuda_glue]
+    srcs = [s for s in srcs if s not in torch_cuda_glue + [UNITY_INCLUDED]]
 
     nccl = find_nccl()
     reasons = []
