@@ -9,6 +9,8 @@ Environment knobs:
                           wheel) names them, e.g. "8.0;9.0;10.0;12.0+PTX" (portable_cuda_archs)
   RINGREDUCE_FORCE_CPU=1  skip CUDA even when it is available
   RINGREDUCE_REQUIRE_CUDA=1  fail instead of falling back to a CPU-only build (CI uses this)
+  RINGREDUCE_CPU_WITHOUT_GPU=1  (scripts/bench.sh) CPU-only when no GPU is visible and
+                          TORCH_CUDA_ARCH_LIST is unset, unless a CUDA build is here already
   MAX_JOBS                parallel compile jobs (ninja)
 """
 
@@ -19,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from setuptools import find_packages, setup
 
@@ -127,12 +130,34 @@ def _nvcc_arch_list(cuda_home: str | None) -> str:
         return ""
 
 
+def quickstart_cpu_only(env: Mapping[str, str], visible: list[tuple[int, int]], cuda_built_here: bool) -> bool:
+    """Whether the Quickstart's benchmark build skips CUDA (Note [First-build time]): scripts/bench.sh
+    asks for it (RINGREDUCE_CPU_WITHOUT_GPU=1) and the benchmark it runs here is CPU-only: no GPU
+    visible, no TORCH_CUDA_ARCH_LIST (a build for GPUs elsewhere), no RINGREDUCE_REQUIRE_CUDA, and
+    no CUDA build in the object folder already (that one rebuilds incrementally, in seconds).
+    pip install, scripts/test.sh and CI never set it: they build the CUDA part wherever they can."""
+    return (env.get("RINGREDUCE_CPU_WITHOUT_GPU") == "1" and not visible and not env.get("TORCH_CUDA_ARCH_LIST")
+            and env.get("RINGREDUCE_REQUIRE_CUDA") != "1" and not cuda_built_here)
+
+
+def _cuda_built_here() -> bool:
+    """Whether the object folder (BuildExt's build-ext) holds a CUDA build."""
+    try:
+        with open(os.path.join(ROOT, "build-ext", "build.ninja"), encoding="utf-8") as f:
+            return "RR_WITH_CUDA" in f.read()
+    except OSError:
+        return False
+
+
 # CUDA_HOME must be right before torch.utils.cpp_extension is imported: it guesses at import time.
 CUDA_HOME = None if os.environ.get("RINGREDUCE_FORCE_CPU") == "1" else find_cuda_home()
-if CUDA_HOME:
-    os.environ["CUDA_HOME"] = CUDA_HOME
 ARCHS_DEFAULTED = bool(CUDA_HOME) and not os.environ.get("TORCH_CUDA_ARCH_LIST")
 VISIBLE_GPUS = _visible_gpus() if ARCHS_DEFAULTED else []
+QUICKSTART_CPU = bool(CUDA_HOME) and quickstart_cpu_only(os.environ, VISIBLE_GPUS, _cuda_built_here())
+if QUICKSTART_CPU:
+    CUDA_HOME, ARCHS_DEFAULTED = None, False
+if CUDA_HOME:
+    os.environ["CUDA_HOME"] = CUDA_HOME
 if ARCHS_DEFAULTED:
     os.environ["TORCH_CUDA_ARCH_LIST"] = default_cuda_archs(_nvcc_arch_list(CUDA_HOME), VISIBLE_GPUS)
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", NO_GPU_ARCHS)
@@ -145,17 +170,46 @@ def sources(pattern: str) -> list[str]:
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
 
 
+# Note [First-build time]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# A first build compiles every translation unit; on 2 cores most of its time goes to the few that
+# include torch's headers (csrc/torch/*.cpp, csrc/cpu/c10d_transport.cpp: ~400k lines each) and to
+# the kernel .cu files. Hence:
+#   * host code without debug information (-g0 after Python's own "-g"): it halves the torch TUs'
+#     compile time and their objects shrink from ~27 MB to ~1 MB; nvcc keeps -lineinfo (profilers).
+#   * csrc/cpu/c10d_transport.cpp compiled inside csrc/torch/cpu_ops.cpp (UNITY_INCLUDED): one
+#     parse of c10d's headers instead of two.
+#   * the longest TUs first (HEAVY_FIRST, BuildExt): ninja starts steps in the order the build file
+#     lists them, and setuptools sorts by name, which started the torch TUs last while a core idled.
+# Per-object times of the last build: ninja's log, build-ext/.ninja_log (start, end in ms, object).
+HEAVY_FIRST = ("csrc/torch/bindings.cpp", "csrc/torch/cuda_bindings.cpp", "csrc/cuda/reduce_kernels_half.cu",
+               "csrc/torch/cpu_ops.cpp", "csrc/cuda/reduce_kernels.cu", "csrc/cuda/one_shot_kernels.cu",
+               "csrc/cpu/host_reduce.cpp")
+# Compiled inside csrc/torch/cpu_ops.cpp, which #includes it: the two are the TUs that parse c10d's headers.
+UNITY_INCLUDED = "csrc/cpu/c10d_transport.cpp"
+
+
+def heavy_first(srcs: list[str]) -> list[str]:
+    """`srcs` with the HEAVY_FIRST ones first, in that order (Note [First-build time])."""
+    rank = {s: i for i, s in enumerate(HEAVY_FIRST)}
+    return sorted(srcs, key=lambda s: rank.get(os.path.relpath(os.path.join(ROOT, s), ROOT), len(rank)))
+
+
 def build_extension():
-    cxx_flags = ["-O3", "-std=c++20", "-Wall", "-Wno-unused-function"]
+    cxx_flags = ["-O3", "-g0", "-std=c++20", "-Wall", "-Wno-unused-function"]
     define_macros = [("RR_VERSION", f'"{VERSION}"'), ("RR_TORCH_VERSION", f'"{torch.__version__}"')]
     srcs = sources("csrc/core/*.cpp") + sources("csrc/cpu/*.cpp") + sources("csrc/torch/*.cpp")
     cuda_srcs = sources("csrc/cuda/*.cu") + sources("csrc/cuda/*.cpp")
     torch_cuda_glue = sources("csrc/torch/cuda_*.cpp")
-    srcs = [s for s in srcs if s not in torch_cuda_glue]
+    srcs = [s for s in srcs if s not in torch_cuda_glue + [UNITY_INCLUDED]]
 
     nccl = find_nccl()
     reasons = []
-    if not CUDA_HOME:
+    if QUICKSTART_CPU:
+        reasons.append("no GPU visible and TORCH_CUDA_ARCH_LIST unset, so scripts/bench.sh builds the CPU part "
+                       "only, the part its benchmark runs here (scripts/test.sh, pip install -e . or "
+                       "TORCH_CUDA_ARCH_LIST=9.0 bash scripts/bench.sh build CUDA too)")
+    elif not CUDA_HOME:
         reasons.append("no CUDA toolkit found (set CUDA_HOME)")
     if torch.version.cuda is None:
         reasons.append("torch is a CPU-only build")
@@ -225,7 +279,14 @@ class BuildExt(BuildExtension):
         self.build_temp = os.path.join(ROOT, "build-ext")
 
     def build_extension(self, ext) -> None:
-        super().build_extension(ext)
+        # setuptools sorts the sources by name before it compiles them; torch's ninja compile (set up
+        # by BuildExtension.build_extensions) gets them back heavy first (Note [First-build time]).
+        ninja_compile = self.compiler.compile
+        self.compiler.compile = lambda sources, *args, **kwargs: ninja_compile(heavy_first(sources), *args, **kwargs)
+        try:
+            super().build_extension(ext)
+        finally:
+            self.compiler.compile = ninja_compile
         # The command that linked: setuptools puts the C++ driver (compiler_cxx, i.e. $CXX) in front
         # of the shared-library link flags (linker_so_cxx, else linker_so, which carry $LDFLAGS).
         flags = list(getattr(self.compiler, "linker_so_cxx", None) or self.compiler.linker_so)[1:]

@@ -9,6 +9,10 @@
 # your own replaces the folder's file; --mode train runs the training-step benchmark (train.json).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# With no GPU visible the benchmark is CPU-only, so a first build here skips the CUDA part (one line
+# says so; setup.py, Note [First-build time]); TORCH_CUDA_ARCH_LIST set, or a CUDA build already in
+# build-ext (scripts/test.sh makes one), keeps CUDA.
+export RINGREDUCE_CPU_WITHOUT_GPU=1
 # shellcheck disable=SC1091
 . "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"

@@ -76,8 +76,8 @@ SECONDS=0
 if compgen -G "ringreduce/_C*.so" >/dev/null; then
   echo "[setup] building ringreduce in place (incremental: only what changed; MAX_JOBS=$MAX_JOBS)"
 else
-  echo "[setup] building ringreduce in place, MAX_JOBS=$MAX_JOBS: the C++ sources take 2-4 minutes on 2 cores," \
-       "each CUDA architecture about a minute more; compile steps are listed as they finish"
+  echo "[setup] building ringreduce in place, MAX_JOBS=$MAX_JOBS: on 2 idle cores about 1 minute without CUDA," \
+       "2 with CUDA for one architecture, each further one about 30 s more; compile steps are listed as they finish"
 fi
 # setup.py says what it builds ("[ringreduce setup] ..." lines: CUDA or not, which architectures, why);
 # ninja's "[k/n] command" lines are shortened to the file each step compiled.

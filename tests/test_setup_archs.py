@@ -3,6 +3,7 @@ architecture always in, so GPUs newer than the compiled ones (Blackwell: B200 sm
 JIT-compile the kernels instead of failing with "no kernel image is available" (issue 15)."""
 
 from __future__ import annotations
+import __future__
 
 import ast
 from pathlib import Path
@@ -16,7 +17,9 @@ def _setup_function(name: str):
     nodes = [n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "NO_GPU_ARCHS"]  # type: ignore[attr-defined]
     nodes += [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
     namespace: dict = {}
-    exec(compile(ast.Module(body=nodes, type_ignores=[]), "setup.py", "exec"), namespace)  # noqa: S102
+    # setup.py's annotations are strings (from __future__ import annotations): compiled the same way.
+    code = compile(ast.Module(body=nodes, type_ignores=[]), "setup.py", "exec", flags=__future__.annotations.compiler_flag)
+    exec(code, namespace)  # noqa: S102
     return namespace[name]
 
 
@@ -41,6 +44,25 @@ def test_the_portable_set_has_blackwell_code_and_ptx_where_the_toolkit_knows_it(
     assert portable(CUDA13) == "8.0;9.0;10.0;12.0+PTX"
     assert portable("compute_70 compute_80 compute_90") == "8.0;9.0+PTX"
     assert portable("").endswith("+PTX")
+
+
+def test_the_quickstart_benchmark_builds_cpu_only_without_a_gpu_unless_cuda_is_asked_for():
+    """scripts/bench.sh's rule (Note [First-build time]): with no GPU visible its benchmark is CPU-only,
+    so its first build skips the CUDA part; anything that asks for CUDA keeps it."""
+    cpu_only = _setup_function("quickstart_cpu_only")
+    bench = {"RINGREDUCE_CPU_WITHOUT_GPU": "1"}
+    assert cpu_only(bench, [], cuda_built_here=False)
+    assert not cpu_only({}, [], cuda_built_here=False)  # pip install, scripts/test.sh, CI
+    assert not cpu_only(bench, [(9, 0)], cuda_built_here=False)  # a GPU here: the benchmark uses it
+    assert not cpu_only({**bench, "TORCH_CUDA_ARCH_LIST": "9.0"}, [], cuda_built_here=False)  # a login node
+    assert not cpu_only({**bench, "RINGREDUCE_REQUIRE_CUDA": "1"}, [], cuda_built_here=False)
+    assert not cpu_only(bench, [], cuda_built_here=True)  # an existing CUDA build only rebuilds what changed
+
+
+def test_bench_sh_asks_for_the_rule_and_test_sh_does_not():
+    bench = (ROOT / "scripts" / "bench.sh").read_text()
+    test = (ROOT / "scripts" / "test.sh").read_text()
+    assert "RINGREDUCE_CPU_WITHOUT_GPU=1" in bench and "RINGREDUCE_CPU_WITHOUT_GPU" not in test
 
 
 def test_readme_states_the_rule_in_the_quickstart_block():

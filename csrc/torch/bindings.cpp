@@ -4,8 +4,11 @@
 // core's enums as Python enums (so Python copies no C++ constant), rr::Error kinds to the Python
 // exceptions users expect, and the GIL released around everything that can block. The CPU glue is
 // cpu_ops.cpp; in CUDA builds cuda_bindings.cpp adds the GPU functions.
-#include <torch/extension.h>
+// torch's pybind11 casters and c10d, not <torch/extension.h> (all of torch's C++ API: a quarter of
+// this file's compile time; Note [First-build time] in setup.py).
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "../core/error.h"
 #include "../core/frame.h"

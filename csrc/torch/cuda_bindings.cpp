@@ -4,8 +4,9 @@
 // every call), the caller's current stream, recordStream, CUDA-aware futures, pybind11 signatures.
 // Python's side is ringreduce/_cuda.py; _cuda_loopback_all_reduce is a test hook (loopback_ring.h).
 // Every failure is an rr::Error, which bindings.cpp translates (kBackend -> DistBackendError).
-#include <torch/extension.h>
+// torch's pybind11 casters, not <torch/extension.h> (Note [First-build time] in setup.py).
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/ivalue.h>
