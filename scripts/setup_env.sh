@@ -54,6 +54,8 @@ then
        "libraries, about 3 GB of wheels and 5.7 GB installed (about a minute from a nearby mirror, more over" \
        "a slow network); the large wheels are listed as they come"
   # Large wheels (torch, triton, the nvidia-* CUDA libraries), then how many packages are unpacked.
+  # --no-compile: pip would byte-compile all ~7,500 modules (42 s on one core of the 2-vCPU VM); Python
+  # compiles the few hundred a run imports when it first imports them (about 2 s).
   _rr_logged .venv/install.log '
     /^[[:space:]]*(Downloading|Processing) .*\.whl/ {
       big = $0 ~ /\(([0-9.]+ GB|[0-9][0-9][0-9.]* MB)\)/ || $0 ~ /(torch|triton|nvidia|cuda)[-_]/
@@ -64,7 +66,7 @@ then
     /^Installing collected packages:/ {
       print "[setup]   unpacking " split($0, names, ",") " packages"; fflush()
     }' \
-    python -m pip install --progress-bar off --upgrade pip "$TORCH_SPEC" "${TOOLS[@]}"
+    python -m pip install --progress-bar off --no-compile --upgrade pip "$TORCH_SPEC" "${TOOLS[@]}"
   echo "[setup] installed in ${SECONDS} s"
 fi
 
