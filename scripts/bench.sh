@@ -27,10 +27,12 @@ done
 
 OUT="${BENCH_OUT:-benchmarks/results/local/$(date +%Y%m%d-%H%M%S)-$(hostname -s 2>/dev/null || echo host)}"
 mkdir -p "$OUT"
+# The sweep times 2 s per size and implementation (the bench's own default is 6), as README's results
+# table; a --seconds of your own comes later on the command line and wins.
 if [ "$mode" = train ]; then
   files=(--json "$OUT/train.json")
 else
-  files=(--json "$OUT/allreduce.json" --plot "$OUT/allreduce.png")
+  files=(--seconds 2 --json "$OUT/allreduce.json" --plot "$OUT/allreduce.png")
 fi
 
 # Other processes on the cores make small-size figures move between runs (README, Results).
