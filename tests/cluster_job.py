@@ -1,4 +1,4 @@
-"""One rank of tests/test_cluster.py, run on a simulated host (ringreduce/bench/netns.py).
+"""One rank of tests/tools/test_cluster.py, run on a simulated host (ringreduce/bench/netns.py).
 
     python cluster_job.py OUT_DIR CALLS NUMEL
 

@@ -28,7 +28,7 @@ exits=None)`` runs ``fn(rank, world_size, *args)`` on every rank and returns the
   pytest and with it every rank; once it has passed, the remaining tests skip.
 
 ``device="cpu"`` runs the same machinery over gloo alone without touching CUDA (the harness's own
-tests, tests/test_gpu_harness.py, run it on machines without a GPU).
+tests, tests/tools/test_gpu_harness.py, run it on machines without a GPU).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Training-loop integrations on CUDA: GradientAverager and DDP + ddp_comm_hook against DDP itself,
 with and without a 16-bit wire, and all_reduce_coalesced with all_reduce's options. Needs a CUDA
 GPU (ranks may share it, Note [Ranks sharing a GPU]). The bodies take `on_cuda` so that
-tests/test_gpu_harness.py runs them on CPU ranks too: what they assert holds there, and a GPU run
+tests/tools/test_gpu_harness.py runs them on CPU ranks too: what they assert holds there, and a GPU run
 finds a ringreduce bug, not a test bug.
 
 What ran on a GPU so far is listed in docs/design.md (Status).

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU mode")
 def test_gpu_check_without_gpu_says_so_and_exits_zero(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, RESULTS=str(tmp_path / "results"), GPU_CHECK_CPP="0",
-               SIM_TESTS="tests/test_setup_archs.py")
+               SIM_TESTS="tests/tools/test_setup_archs.py")
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     lines = proc.stdout.strip().splitlines()
@@ -45,7 +45,7 @@ def test_each_part_rehearses_without_gpu_and_writes_into_out(tmp_path, part):
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, PYTHON=sys.executable, RESULTS=str(tmp_path / "results"), GPU_CHECK_CPP="0",
-               SIM_TESTS="tests/test_gpu_check_script.py::test_dry_run_prints_each_part_within_its_budget",
+               SIM_TESTS="tests/tools/test_gpu_check_script.py::test_dry_run_prints_each_part_within_its_budget",
                OUT=str(out))
     proc = _run([part], env)
     lines = proc.stdout.strip().splitlines()

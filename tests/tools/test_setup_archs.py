@@ -8,7 +8,7 @@ import __future__
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CUDA13 = "compute_75 compute_80 compute_86 compute_89 compute_90 compute_100 compute_110 compute_120"
 
 

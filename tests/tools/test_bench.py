@@ -32,7 +32,7 @@ from ringreduce.bench.table import Layout, footer, format_row, header, memory_li
 from ringreduce.bench.timing import auto_iters
 
 MIB = 1 << 20
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _rank_stats(median: float, wrong: int = 0, growth: int = MIB, floor: float = 40.0) -> dict:
@@ -212,7 +212,7 @@ def test_cli_short_sweep(tmp_path, timing: str) -> None:
     assert all(row["iters"] == 5 and row["rounds"] == (3 if timing == "rounds" else 1) for row in doc["rows"])
     assert all(row["floor_us"] > 0 for row in doc["rows"])
     assert png.stat().st_size > 10_000
-    # What ran and against what (tests/test_bench_truth.py): shared memory, its 2-rank targets.
+    # What ran and against what (tests/tools/test_bench_truth.py): shared memory, its 2-rank targets.
     assert doc["ringreduce_transport"] == "shm" and doc["provenance"]["commit"]
     assert [(t["max_time_ratio"], sorted(t["met"] + t["missed"])) for t in doc["targets"]] == [(0.10, [1024, 16 * 1024])]
     assert "# ringreduce ran over shared memory; targets (docs/design.md section 5" in proc.stdout

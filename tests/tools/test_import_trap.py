@@ -16,7 +16,7 @@ import torch
 
 import ringreduce
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = Path(ringreduce.__file__).resolve().parent
 TORCH_SITE = str(Path(torch.__file__).resolve().parent.parent)
 

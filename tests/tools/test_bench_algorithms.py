@@ -14,7 +14,7 @@ import pytest
 from ringreduce.bench import cli
 from ringreduce.bench.table import Layout, footer, format_row, header
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _row(impl: str, time_us: float, size: int = 1 << 24) -> dict:

@@ -17,7 +17,7 @@ import pytest
 import ringreduce
 from ringreduce._native import C
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE = r"""
 #include <sstream>
 #include <string>

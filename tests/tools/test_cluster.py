@@ -21,7 +21,7 @@ import pytest
 from ringreduce.bench import cluster as cluster_cli
 from ringreduce.bench.netns import MASTER_PORT, Cluster, ClusterRefused, preflight
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 ROOT = os.path.dirname(HERE)
 PG_TIMEOUT = 6.0
 NUMEL = 1 << 20  # 4 MiB: a call takes ~70 ms at 1 Gbit/s, so faults land mid-call

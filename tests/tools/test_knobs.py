@@ -10,7 +10,7 @@ import pytest
 
 from ringreduce import _config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Read by setup.py (build) and by the GPU test harness / gpu_check (tests), not by the library at run time.
 NOT_RUNTIME = {"RINGREDUCE_FORCE_CPU", "RINGREDUCE_REQUIRE_CUDA", "RINGREDUCE_GPU_WORLD", "RINGREDUCE_GPU_DEADLINE"}
 

@@ -14,7 +14,7 @@ from ringreduce.bench.metrics import aggregate_size
 from ringreduce.bench.report import build_report, validate_report
 from ringreduce.bench.targets import _TARGETS, target_lines
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KIB, MIB = 1 << 10, 1 << 20
 
 
