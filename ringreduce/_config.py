@@ -1,6 +1,6 @@
 """ringreduce's environment knobs: declared once in KNOBS (name, default, meaning), read here at call
 time so tests can change them per call. README's "Knobs" table is KNOBS as markdown
-(`ringreduce._config.knobs_markdown()`; tests/test_knobs.py holds README and the sources to it).
+(`ringreduce._config.knobs_markdown()`; tests/tools/test_knobs.py holds README and the sources to it).
 """
 
 from __future__ import annotations

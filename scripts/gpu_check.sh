@@ -339,12 +339,12 @@ if [[ "$NGPU" == "0" ]]; then
   BUDGET=$(( BUDGET > 1800 ? BUDGET : 1800 )) LIMIT_BUILD=900
   build 0 || finish "gpu_check: no CUDA GPU was found; could not build ringreduce (see $LOG); nothing ran on a GPU"
   if [[ "$PART" == speed || "$PART" == all ]]; then
-    sim_pytest "simulated device: kernel body + ring driver" tests/test_cuda_logic.py tests/test_setup_archs.py
+    sim_pytest "simulated device: kernel body + ring driver" tests/test_cuda_logic.py tests/tools/test_setup_archs.py
     sim_bench
   fi
   if [[ "$PART" == suite || "$PART" == all ]]; then
     sim_pytest "simulated device: communicator registry + GPU harness on CPU ranks" tests/test_cuda_registry.py \
-      tests/test_gpu_harness.py
+      tests/tools/test_gpu_harness.py
   fi
   [[ "$PART" == more ]] && sim_cpp
   finish "gpu_check: no CUDA GPU was found; ran the simulated-device rehearsal of '$PART' only ($([[ $FAILED == 0 ]] && echo passed || echo FAILED)); nothing ran on a GPU"

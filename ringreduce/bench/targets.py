@@ -2,7 +2,7 @@
 section 5 for that transport and world size (time ratio ringreduce / stock, lower is better), and
 where the run came from (commit, UTC time, load average).
 
-The targets below are docs/design.md section 5 written as data (tests/test_bench_truth.py holds the two
+The targets below are docs/design.md section 5 written as data (tests/tools/test_bench_truth.py holds the two
 against each other). A transport or world size that section 5 names no target for gets none: the
 plot then says so instead of drawing a line that belongs to another transport.
 """

@@ -14,7 +14,7 @@ simulated on one host with ``--local-size`` (RINGREDUCE_LOCAL_SIZE): consecutive
 With ``--link-dev DEV`` (simulated hosts: ringreduce/bench/netns.py) local rank 0 of every node also
 reads the bytes its link carried out of the node (DEV's tbf counters: frames with their headers, ACKs
 of the incoming data included) over each algorithm's calls, next to the model's cross-node payload for
-those calls; tests/test_cluster.py holds them to within MODEL_TOLERANCE.
+those calls; tests/tools/test_cluster.py holds them to within MODEL_TOLERANCE.
 """
 
 from __future__ import annotations
