@@ -520,6 +520,41 @@ def test_sixteen_bit_all_gather_error_no_larger_than_bf16_hook(n, numel):
     assert ours <= theirs, f"relative error {ours:.3e} vs bf16_compress_hook {theirs:.3e}"
 
 
+def _gather16_bytes(rank, n, local):
+    import os
+
+    from ringreduce._native import C
+
+    pg = dist.group.WORLD
+    numel = 1 << 20  # S = 4 MiB, n equal chunks
+    if local:
+        os.environ["RINGREDUCE_LOCAL_SIZE"] = str(local)
+    sent = {}
+    try:
+        for width in ("32", "16"):
+            os.environ["RINGREDUCE_WIRE_GATHER"] = width
+            t = torch.full((numel,), float(rank))
+            C.bytes_sent(pg, True)
+            rr.all_reduce_avg(t, wire_dtype=torch.bfloat16)
+            sent[width] = sum(C.bytes_sent(pg, True))
+            assert torch.equal(t, torch.full((numel,), (n - 1) / 2)), width
+    finally:
+        os.environ.pop("RINGREDUCE_WIRE_GATHER", None)
+        os.environ.pop("RINGREDUCE_LOCAL_SIZE", None)
+    return sent
+
+
+@pytest.mark.parametrize("n,local,transport", [(2, 0, "tcp"), (4, 0, "tcp"), (4, 2, "shm")])
+def test_sixteen_bit_all_gather_halves_the_bytes(n, local, transport):
+    # Payload bytes each rank sends: the flat ring's (n - 1) / n x S per half, 16-bit partials in the
+    # reduce-scatter and float32 (32) or 16 bits (16) in the all-gather; on 2 simulated nodes x 2 in
+    # shared memory only the cross-node ring uses gloo: (M - 1) / M x S / L per half.
+    S = 4 << 20
+    per_half = S * (n - 1) // n if not local else S // 2 // local
+    for rank, sent in enumerate(run_ranks(n, _gather16_bytes, local, transport=transport)):
+        assert sent == {"32": per_half // 2 + per_half, "16": per_half}, (rank, sent)
+
+
 def _gather16_refusals(rank, n):
     import os
 
