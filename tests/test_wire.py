@@ -581,6 +581,35 @@ def test_sixteen_bit_all_gather_refusals():
     run_ranks(3, _gather16_refusals)
 
 
+def _backend_wire_gather(rank, n):
+    import os
+
+    g16 = dist.new_group(backend="ringreduce",
+                         pg_options=rr.BackendOptions(wire_dtype=torch.bfloat16, wire_gather=16))
+    g32 = dist.new_group(backend="ringreduce",
+                         pg_options=rr.BackendOptions(wire_dtype=torch.bfloat16, wire_gather=32))
+    inputs = random_inputs(n, 5000, 3)
+    want32 = ring_reference(inputs, "avg", torch.bfloat16)
+    os.environ["RINGREDUCE_WIRE_GATHER"] = "32"  # the group's option wins over the knob
+    try:
+        x = inputs[rank].clone()
+        dist.all_reduce(x, op=dist.ReduceOp.AVG, group=g16)
+        assert same_bits(x, round_to(want32, torch.bfloat16)), "BackendOptions(wire_gather=16)"
+        os.environ["RINGREDUCE_WIRE_GATHER"] = "16"
+        x = inputs[rank].clone()
+        dist.all_reduce(x, op=dist.ReduceOp.AVG, group=g32)
+        assert same_bits(x, want32), "BackendOptions(wire_gather=32)"
+    finally:
+        del os.environ["RINGREDUCE_WIRE_GATHER"]
+    dist.destroy_process_group(g16)
+    dist.destroy_process_group(g32)
+    return True
+
+
+def test_backend_options_wire_gather():
+    run_ranks(3, _backend_wire_gather)
+
+
 def test_sixteen_bit_all_gather_refused_on_gpus_and_bad_backend_options():
     from types import SimpleNamespace
 
