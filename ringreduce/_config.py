@@ -43,6 +43,11 @@ KNOBS: tuple[Knob, ...] = (
          "`1`: GPU groups take the simplest path (one lane, no one-shot, no split child; every exchange waited "
          "on the one non-blocking communicator), with one warning naming the NCCL version; set it on every "
          "rank (read when a communicator is created)"),
+    Knob("RINGREDUCE_WIRE_GATHER", "auto",
+         "the all-gather's width with `wire_dtype`: `16`: the owner rounds its finished shard once to the wire "
+         "type and the all-gather moves those 16 bits (0.5 of float32's bytes; CPU rings only, a GPU call "
+         "refuses it); `32`: it moves float32 (0.75); `auto`: 16 where the CPU ring spans several nodes, 32 on "
+         "one node and on GPUs (docs/algorithm.md, \"A 16-bit all-gather\")"),
     Knob("RINGREDUCE_SHM", "on",
          "`0`: CPU ranks on one host use gloo point-to-point instead of shared memory"),
 )
@@ -151,6 +156,18 @@ def timeout_ms() -> int:
     if seconds <= 0:
         raise ValueError(f"ringreduce: RINGREDUCE_TIMEOUT={raw!r} must be > 0")
     return max(1, int(seconds * 1000))
+
+
+WIRE_GATHER_VALUES = ("auto", "16", "32")
+
+
+def wire_gather() -> str:
+    """RINGREDUCE_WIRE_GATHER: the all-gather's width of a 16-bit wire, "auto" (default), "16" or "32"."""
+    raw = (_env("RINGREDUCE_WIRE_GATHER") or "auto").strip().lower()
+    if raw not in WIRE_GATHER_VALUES:
+        raise ValueError(f"ringreduce: RINGREDUCE_WIRE_GATHER={raw!r} must be one of {WIRE_GATHER_VALUES} "
+                         "(the all-gather's width with wire_dtype)")
+    return raw
 
 
 def shm_enabled() -> bool:

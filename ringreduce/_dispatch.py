@@ -188,12 +188,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def scaling_refusal(
-    tensor: torch.Tensor, rop: ReduceOp, algorithm: str, wire_dtype: Any, predivide_factor: Any
+    tensor: torch.Tensor, rop: ReduceOp, algorithm: str, wire_dtype: Any, predivide_factor: Any,
+    wire_gather: str = "auto",
 ) -> tuple[Any, BaseException | None, Any, float]:
     """(frame error code, exception, native wire DType or None, predivide factor (0.0: none)) for the
     16-bit wire and the predivide factor of an all-reduce (Note [Reduction contract] in
     csrc/core/functors.h), from purely local checks on `tensor` (already accepted by local_refusal),
-    the op `rop`, `algorithm`, `wire_dtype` and `predivide_factor`. A factor of 1 is no factor."""
+    the op `rop`, `algorithm`, `wire_dtype`, `predivide_factor` and the all-gather's width
+    `wire_gather` ("auto", "16", "32": wire_gather_setting). A factor of 1 is no factor."""
     if wire_dtype is None and predivide_factor is None:
         return _NONE, None, None, 0.0
     error = scaling_error(wire_dtype, predivide_factor)
@@ -220,6 +222,11 @@ def scaling_refusal(
             return FrameError.OTHER, ValueError(
                 "ringreduce: on GPUs wire_dtype runs on the flat ring; use algorithm=\"auto\" or \"ring\" with it"
             ), None, 0.0
+        if wire_gather == "16" and tensor.is_cuda:
+            return FrameError.OTHER, ValueError(
+                "ringreduce: a 16-bit all-gather (RINGREDUCE_WIRE_GATHER=16, or BackendOptions(wire_gather=16)) "
+                "runs on CPU rings only; on GPUs the all-gather of a 16-bit wire moves float32: unset it or set 32"
+            ), None, 0.0
         wire = C.DType.BFLOAT16 if wire_dtype == torch.bfloat16 else C.DType.FLOAT16
     factor = 0.0
     if predivide_factor is not None:
@@ -237,6 +244,23 @@ def scaling_refusal(
     return _NONE, None, wire, factor
 
 
+def wire_gather_setting(override: int | None = None) -> str:
+    """The all-gather's width of a 16-bit wire: "16", "32" or "auto" (RINGREDUCE_WIRE_GATHER, or
+    `override`, BackendOptions.wire_gather: 16 or 32)."""
+    if override is None:
+        return _config.wire_gather()
+    if override not in (16, 32) or isinstance(override, bool):
+        raise ValueError(f"ringreduce: wire_gather must be 16, 32 or None, got {override!r}")
+    return str(override)
+
+
+def gather16_on_cpu(info: GroupInfo, setting: str) -> bool:
+    """Whether a CPU all-reduce with a 16-bit wire on `info`'s ring moves 16 bits in its all-gather
+    too (Note [16-bit all-gather] in csrc/core/plan.h): "16" always, "auto" where the ring spans
+    several nodes (where bytes cost: docs/algorithm.md), "32" never. The same on every rank."""
+    return setting == "16" or (setting == "auto" and not one_node(info))
+
+
 # Options objects by everything they hold: most programs make the same few calls over and over, so
 # a call costs one dictionary lookup instead of building the native struct.
 _options_cache: dict[tuple[Any, ...], Any] = {}
@@ -245,7 +269,7 @@ _options_cache: dict[tuple[Any, ...], Any] = {}
 def call_options(info: GroupInfo, kind: Any, op: ReduceOp, *, accum: bool = False, local_error: Any = _NONE,
                  ntensors: int = 1, local_size: int = 0, node_order: tuple[int, ...] = (),
                  one_shot: bool = True, wire: Any = None, predivide: float = 0.0, extra_divisor: int = 1,
-                 narrow: bool = False) -> Any:
+                 narrow: bool = False, gather16: bool = False) -> Any:
     """The native CallOptions of one CPU call on `info`'s ring, with the knobs (RINGREDUCE_*) read now:
     the call `kind`, `op`, `accum` (float32 partials), `local_error` (a local refusal), `ntensors`
     (coalesced), `local_size` and `node_order` (hierarchical). Half-type SUM and AVG in shared memory
@@ -255,12 +279,13 @@ def call_options(info: GroupInfo, kind: Any, op: ReduceOp, *, accum: bool = Fals
     `one_shot`: a small flat all-reduce may run as a one-shot (Note [One-shot all-reduce]);
     algorithm="ring" asks for the ring itself. `wire`: the native DType of a 16-bit wire (None: none),
     `predivide`: the predivide factor (0: none), `extra_divisor`: what the final reduce also divides
-    by (Note [Reduction contract] in csrc/core/functors.h)."""
+    by (Note [Reduction contract] in csrc/core/functors.h). `gather16`: with `wire`, the all-gather
+    moves the wire type too (Note [16-bit all-gather] in csrc/core/plan.h; wire_gather16)."""
     check = _config.check_enabled(False)
     segment, slots, timeout = _config.segment_bytes(), _config.num_slots(), _config.timeout_ms()
     node, shm = one_node(info), _config.shm_enabled()
     key = (kind, op, accum, local_error, ntensors, local_size, node_order, one_shot, check, segment, slots, timeout,
-           node, shm, wire, predivide, extra_divisor, narrow)
+           node, shm, wire, predivide, extra_divisor, narrow, gather16)
     opts = _options_cache.get(key)
     if opts is None:
         opts = C.CallOptions()
@@ -270,6 +295,7 @@ def call_options(info: GroupInfo, kind: Any, op: ReduceOp, *, accum: bool = Fals
         opts.local_size, opts.node_order, opts.one_shot = local_size, list(node_order), one_shot
         opts.one_node, opts.shm = node, shm
         opts.wire_dtype, opts.predivide, opts.extra_divisor = wire, predivide, extra_divisor
+        opts.wire_gather16 = gather16
         if len(_options_cache) > 256:
             _options_cache.clear()
         _options_cache[key] = opts
@@ -356,13 +382,15 @@ def run_all_reduce(
     wire_dtype: Any = None,
     predivide_factor: Any = None,
     extra_divisor: int = 1,
+    wire_gather: int | None = None,
 ) -> Work | None:
     """An all-reduce of `tensor` in place, for all_reduce, all_reduce_avg and all_reduce_coalesced.
 
     `op`, `group`, `async_op`, `accum_dtype`, `algorithm`, `wire_dtype`, `predivide_factor`: as
     ringreduce.all_reduce's; `kind`: the collective of the agreement frame; `ntensors`: tensors of a
     coalesced call; `extra_divisor` (GradientAverager's accumulation steps, SUM and AVG only): the
-    final reduce also divides by it.
+    final reduce also divides by it. `wire_gather` (BackendOptions): 16 or 32 overrides
+    RINGREDUCE_WIRE_GATHER for this call (wire_gather_setting).
     """
     # Note [Fast path of a repeated call] (ringreduce/_fastpath.py)
     key = env = world = None
@@ -371,7 +399,7 @@ def run_all_reduce(
         world = _c10d._world.default_pg
         try:
             key = (id(group), id(kind), tensor.dtype, tensor.layout, type(op), op, accum_dtype, algorithm, ntensors,
-                   wire_dtype, type(predivide_factor), predivide_factor, extra_divisor)
+                   wire_dtype, type(predivide_factor), predivide_factor, extra_divisor, wire_gather)
             plan = _fastpath.plans.get(key)
         except TypeError:  # an unhashable argument: the full path says what is wrong with it
             key = plan = None
@@ -381,10 +409,15 @@ def run_all_reduce(
     tensor = local_tensor(tensor)
     info = resolve(group)
     code, exc, rop, accum = local_refusal(tensor, op, accum_dtype, algorithm)
-    wire, factor = None, 0.0
+    wire, factor, gather = None, 0.0, "auto"
     if exc is None:
         assert rop is not None
-        code, exc, wire, factor = scaling_refusal(tensor, rop, algorithm, wire_dtype, predivide_factor)
+        try:
+            gather = wire_gather_setting(wire_gather) if wire_dtype is not None else "auto"
+        except ValueError as error:
+            code, exc = FrameError.OTHER, error
+        if exc is None:
+            code, exc, wire, factor = scaling_refusal(tensor, rop, algorithm, wire_dtype, predivide_factor, gather)
     if exc is not None:
         if info is None:
             raise exc
@@ -426,7 +459,8 @@ def run_all_reduce(
         options = call_options(info, kind, rop, accum=accum, ntensors=ntensors, local_size=local_size,
                                node_order=members if local_size else (), one_shot=algorithm == "auto", wire=wire,
                                predivide=factor, extra_divisor=extra_divisor,
-                               narrow=narrow_accumulation(tensor, accum_dtype))
+                               narrow=narrow_accumulation(tensor, accum_dtype),
+                               gather16=wire is not None and gather16_on_cpu(info, gather))
         describe = f"{KIND_NAMES[kind]} {rop.name} on {info.name}"
         if key is not None and not level and world is not None:
             _fastpath.remember(key, _fastpath.Plan(group, kind, world, env, info, options, describe))

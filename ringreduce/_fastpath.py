@@ -38,8 +38,8 @@ from ringreduce import _config
 # The environment variables whose values a check of the CPU all-reduce path reads (the GPU-only knobs
 # RINGREDUCE_LANES, RINGREDUCE_ONESHOT_BYTES and RINGREDUCE_NCCL_SIMPLE are not among them).
 CPU_KNOBS = ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_CHECK", "RINGREDUCE_TIMEOUT",
-             "RINGREDUCE_DEBUG", "RINGREDUCE_LOCAL_SIZE", "RINGREDUCE_SHM", "GROUP_RANK", "LOCAL_WORLD_SIZE",
-             "WORLD_SIZE")
+             "RINGREDUCE_DEBUG", "RINGREDUCE_LOCAL_SIZE", "RINGREDUCE_SHM", "RINGREDUCE_WIRE_GATHER", "GROUP_RANK",
+             "LOCAL_WORLD_SIZE", "WORLD_SIZE")
 GPU_ONLY_KNOBS = ("RINGREDUCE_LANES", "RINGREDUCE_ONESHOT_BYTES", "RINGREDUCE_NCCL_SIMPLE")
 ENV_KEYS = tuple(name.encode() for name in CPU_KNOBS)
 ENV_GET = _config._ENV_BYTES.get if _config._ENV_BYTES is not None else None

@@ -19,6 +19,7 @@ from ranks import run_ranks
 from refdata import ring_reference
 
 import ringreduce as rr
+from ringreduce._dispatch import scaling_refusal
 
 BOTH_TRANSPORTS = True
 
@@ -365,4 +366,265 @@ def _hierarchical(rank, n):
 
 
 def test_hierarchical_predivide_and_auto_wire():
-    run_ranks(4, _hierarchical)
+    # the float32 all-gather (RINGREDUCE_WIRE_GATHER=auto would pick 16 bits across simulated nodes)
+    run_ranks(4, _hierarchical, env={"RINGREDUCE_WIRE_GATHER": "32"})
+
+
+# ------------------------------------------------------------------------------------------------
+# A 16-bit all-gather (RINGREDUCE_WIRE_GATHER=16; Note [16-bit all-gather] in csrc/core/plan.h): the
+# owner rounds its finished shard (after AVG's division) once to the wire type and the all-gather
+# moves those 16 bits. The result is the float32 all-gather's result rounded once to the wire type,
+# the same bits on every rank.
+
+
+def round_to(x: torch.Tensor, wire: torch.dtype) -> torch.Tensor:
+    return x.to(wire).float()
+
+
+def _gather16_exact(rank, n):
+    # Small integers (every partial sum exact in 16 bits), plus on each chunk's owner, whose value
+    # enters last and in float32, a fraction of 2^-12 that 16 bits cannot hold next to the integer:
+    # the float64 reference rounded to float32 (AVG's division) and once more to the wire type (the
+    # owner's rounding).
+    from refdata import chunk_bounds
+
+    numel = 4099
+    i = torch.arange(numel, dtype=torch.float64)
+    vals = [(i * 7 + r * 5) % 17 - 6 for r in range(n)]
+    for c, (b, e) in enumerate(chunk_bounds(n, numel)):
+        vals[(c - 1) % n][b:e] += (i[b:e] % 7 + 1) * 2.0**-12  # rank c - 1 owns chunk c
+    s = torch.stack(vals).sum(0)
+    for wire in WIRES.values():
+        for algo in ("ring", "auto"):
+            t = vals[rank].float()
+            rr.all_reduce_avg(t, wire_dtype=wire, algorithm=algo)
+            want = round_to((s / n).float(), wire)
+            assert torch.equal(t, want), (wire, algo, int((t != want).sum()))
+            assert not torch.equal(want, (s / n).float()), "the data must tell the two widths apart"
+            assert all(same_bits(x, t) for x in gather(t)), "ranks differ"
+            t = vals[rank].float()
+            rr.all_reduce(t, op="sum", wire_dtype=wire, algorithm=algo, predivide_factor=2.0)
+            assert torch.equal(t, round_to(s.float(), wire)), (wire, algo, "SUM")
+    # without wire_dtype the knob changes nothing
+    t = vals[rank].float()
+    rr.all_reduce_avg(t)
+    assert torch.equal(t, (s / n).float())
+    return True
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_sixteen_bit_all_gather_exact_data(n):
+    run_ranks(n, _gather16_exact, env={"RINGREDUCE_WIRE_GATHER": "16", "RINGREDUCE_SEGMENT_BYTES": "256"})
+
+
+def _gather16_random(rank, n, numel, seed, op, wire, factor):
+    inputs = random_inputs(n, numel, seed)
+    wire_dtype = WIRES[wire]
+    t = inputs[rank].clone()
+    if op == "avg":
+        rr.all_reduce_avg(t, wire_dtype=wire_dtype, predivide_factor=factor)
+    else:
+        rr.all_reduce(t, op="sum", wire_dtype=wire_dtype, predivide_factor=factor)
+    want = round_to(ring_reference(inputs, op, wire_dtype, factor), wire_dtype)
+    assert same_bits(t, want), (
+        f"n={n} numel={numel} op={op} wire={wire}: {int((t != want).sum())} elements differ, "
+        f"first {t[t != want][:4]} vs {want[t != want][:4]}"
+    )
+    assert all(same_bits(x, t) for x in gather(t)), "ranks differ"
+    return True
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("segment", ["64", "default"])
+def test_sixteen_bit_all_gather_random_data(n, segment):
+    # one-shot (small), the ring (plan), and in shared memory the direct reduction and the ring in the
+    # segment (1.3 M elements): the same arithmetic and rounding everywhere
+    env = {"RINGREDUCE_WIRE_GATHER": "16"}
+    if segment != "default":
+        env["RINGREDUCE_SEGMENT_BYTES"] = segment
+    cases = [(5, "sum", "fp16", 4.0), (1009, "avg", "bf16", None), (40_000, "avg", "fp16", 2.0),
+             (1_300_001, "sum", "bf16", None)]
+    for i, (numel, op, wire, factor) in enumerate(cases):
+        if segment == "64" and numel > 50_000:
+            continue
+        run_ranks(n, _gather16_random, numel, 31 * i + n, op, wire, factor, env=env)
+
+
+def _gather16_hierarchical(rank, n):
+    import os
+
+    os.environ["RINGREDUCE_LOCAL_SIZE"] = "2"
+    try:
+        i = torch.arange(999, dtype=torch.float64)
+        vals = [(i * 7 + r * 5) % 17 - 6 for r in range(n)]
+        s = torch.stack(vals).sum(0)
+        for algo in ("hierarchical", "auto"):
+            # exact data: node sums and totals exact in 16 bits; the owner's rounding of the average
+            t = vals[rank].float()
+            rr.all_reduce_avg(t, algorithm=algo, wire_dtype=torch.bfloat16)
+            assert torch.equal(t, round_to((s / n).float(), torch.bfloat16)), algo
+            for numel, wire, op, factor in ((5000, torch.bfloat16, "avg", None), (300_007, torch.float16, "sum", 2.0),
+                                            (3, torch.bfloat16, "avg", None)):
+                inputs = random_inputs(n, numel, 9)
+                t = inputs[rank].clone()
+                if op == "avg":
+                    rr.all_reduce_avg(t, algorithm=algo, wire_dtype=wire, predivide_factor=factor)
+                else:
+                    rr.all_reduce(t, op="sum", algorithm=algo, wire_dtype=wire, predivide_factor=factor)
+                want = round_to(hierarchical_reference(inputs, 2, op, wire, factor), wire)
+                assert same_bits(t, want), (numel, algo, int((t != want).sum()))
+                assert all(same_bits(x, t) for x in gather(t)), "ranks differ"
+        # RINGREDUCE_WIRE_GATHER=32 on the same data: the float32 all-gather's result, unrounded
+        os.environ["RINGREDUCE_WIRE_GATHER"] = "32"
+        t = vals[rank].float()
+        rr.all_reduce_avg(t, algorithm="hierarchical", wire_dtype=torch.bfloat16)
+        assert torch.equal(t, (s / n).float())
+    finally:
+        del os.environ["RINGREDUCE_LOCAL_SIZE"]
+        os.environ.pop("RINGREDUCE_WIRE_GATHER", None)
+    return True
+
+
+@pytest.mark.parametrize("knob", ["16", "auto"])
+def test_sixteen_bit_all_gather_hierarchical(knob):
+    # "auto" picks 16 bits where the ring spans nodes (here: simulated ones)
+    run_ranks(4, _gather16_hierarchical, env={"RINGREDUCE_WIRE_GATHER": knob})
+
+
+def _gather16_error(rank, n, numel):
+    import os
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    inputs = random_inputs(n, numel, 4321 + n)
+    ref = torch.stack([t.double() for t in inputs]).mean(0)
+    ours = inputs[rank].clone()
+    os.environ["RINGREDUCE_WIRE_GATHER"] = "16"
+    try:
+        rr.all_reduce_avg(ours, wire_dtype=torch.bfloat16)
+    finally:
+        del os.environ["RINGREDUCE_WIRE_GATHER"]
+    theirs = inputs[rank].clone()
+    default_hooks.bf16_compress_hook(None, (theirs,)).wait()
+    assert all(same_bits(x, ours) for x in gather(ours)), "ranks differ"
+
+    def rel(x):
+        return float((x.double() - ref).norm() / ref.norm())
+
+    return rel(ours), rel(theirs)
+
+
+@pytest.mark.parametrize("n,numel", [(2, 1 << 20), (3, 65537), (4, 1 << 20)])
+def test_sixteen_bit_all_gather_error_no_larger_than_bf16_hook(n, numel):
+    ours, theirs = run_ranks(n, _gather16_error, numel, timeout=600)[0]
+    assert ours <= theirs, f"relative error {ours:.3e} vs bf16_compress_hook {theirs:.3e}"
+
+
+def _gather16_bytes(rank, n, local):
+    import os
+
+    from ringreduce._native import C
+
+    pg = dist.group.WORLD
+    numel = 1 << 20  # S = 4 MiB, n equal chunks
+    if local:
+        os.environ["RINGREDUCE_LOCAL_SIZE"] = str(local)
+    sent = {}
+    try:
+        for width in ("32", "16"):
+            os.environ["RINGREDUCE_WIRE_GATHER"] = width
+            t = torch.full((numel,), float(rank))
+            C.bytes_sent(pg, True)
+            rr.all_reduce_avg(t, wire_dtype=torch.bfloat16)
+            sent[width] = sum(C.bytes_sent(pg, True))
+            assert torch.equal(t, torch.full((numel,), (n - 1) / 2)), width
+    finally:
+        os.environ.pop("RINGREDUCE_WIRE_GATHER", None)
+        os.environ.pop("RINGREDUCE_LOCAL_SIZE", None)
+    return sent
+
+
+@pytest.mark.parametrize("n,local,transport", [(2, 0, "tcp"), (4, 0, "tcp"), (4, 2, "shm")])
+def test_sixteen_bit_all_gather_halves_the_bytes(n, local, transport):
+    # Payload bytes each rank sends: the flat ring's (n - 1) / n x S per half, 16-bit partials in the
+    # reduce-scatter and float32 (32) or 16 bits (16) in the all-gather; on 2 simulated nodes x 2 in
+    # shared memory only the cross-node ring uses gloo: (M - 1) / M x S / L per half.
+    S = 4 << 20
+    per_half = S * (n - 1) // n if not local else S // 2 // local
+    for rank, sent in enumerate(run_ranks(n, _gather16_bytes, local, transport=transport)):
+        assert sent == {"32": per_half // 2 + per_half, "16": per_half}, (rank, sent)
+
+
+def _gather16_refusals(rank, n):
+    import os
+
+    t = torch.ones(100)
+    os.environ["RINGREDUCE_WIRE_GATHER"] = "8"
+    try:
+        _expect(lambda: rr.all_reduce_avg(t, wire_dtype=torch.bfloat16), ValueError, "RINGREDUCE_WIRE_GATHER")
+    finally:
+        del os.environ["RINGREDUCE_WIRE_GATHER"]
+    # ranks that disagree on the width: every rank raises, naming it, and no tensor changes
+    os.environ["RINGREDUCE_WIRE_GATHER"] = "16" if rank == 0 else "32"
+    try:
+        _expect(lambda: rr.all_reduce_avg(t, wire_dtype=torch.bfloat16), RuntimeError, "RINGREDUCE_WIRE_GATHER",
+                "wire_gather=16")
+    finally:
+        del os.environ["RINGREDUCE_WIRE_GATHER"]
+    assert torch.equal(t, torch.ones(100))
+    rr.all_reduce_avg(t, wire_dtype=torch.bfloat16)  # the group is fine afterwards
+    assert torch.equal(t, torch.ones(100))
+    return True
+
+
+def test_sixteen_bit_all_gather_refusals():
+    run_ranks(3, _gather16_refusals)
+
+
+def _backend_wire_gather(rank, n):
+    import os
+
+    g16 = dist.new_group(backend="ringreduce",
+                         pg_options=rr.BackendOptions(wire_dtype=torch.bfloat16, wire_gather=16))
+    g32 = dist.new_group(backend="ringreduce",
+                         pg_options=rr.BackendOptions(wire_dtype=torch.bfloat16, wire_gather=32))
+    inputs = random_inputs(n, 5000, 3)
+    want32 = ring_reference(inputs, "avg", torch.bfloat16)
+    os.environ["RINGREDUCE_WIRE_GATHER"] = "32"  # the group's option wins over the knob
+    try:
+        x = inputs[rank].clone()
+        dist.all_reduce(x, op=dist.ReduceOp.AVG, group=g16)
+        assert same_bits(x, round_to(want32, torch.bfloat16)), "BackendOptions(wire_gather=16)"
+        os.environ["RINGREDUCE_WIRE_GATHER"] = "16"
+        x = inputs[rank].clone()
+        dist.all_reduce(x, op=dist.ReduceOp.AVG, group=g32)
+        assert same_bits(x, want32), "BackendOptions(wire_gather=32)"
+    finally:
+        del os.environ["RINGREDUCE_WIRE_GATHER"]
+    dist.destroy_process_group(g16)
+    dist.destroy_process_group(g32)
+    return True
+
+
+def test_backend_options_wire_gather():
+    run_ranks(3, _backend_wire_gather)
+
+
+def test_sixteen_bit_all_gather_refused_on_gpus_and_bad_backend_options():
+    from types import SimpleNamespace
+
+    from ringreduce._dispatch import wire_gather_setting
+    from ringreduce._types import ReduceOp
+
+    fake_cuda = SimpleNamespace(is_floating_point=lambda: True, is_complex=lambda: False, dtype=torch.float32,
+                                is_cuda=True)
+    _, exc, _, _ = scaling_refusal(fake_cuda, ReduceOp.AVG, "auto", torch.bfloat16, None, "16")
+    assert isinstance(exc, ValueError) and "CPU rings only" in str(exc)
+    _, exc, _, _ = scaling_refusal(fake_cuda, ReduceOp.AVG, "auto", torch.bfloat16, None, "auto")
+    assert exc is None  # "auto" means 32 bits on GPUs
+    for bad in (8, True, "16"):
+        with pytest.raises(ValueError, match="wire_gather"):
+            rr.BackendOptions(wire_gather=bad)
+        with pytest.raises(ValueError, match="wire_gather"):
+            wire_gather_setting(bad)
+    assert rr.BackendOptions(wire_gather=16).wire_gather == 16

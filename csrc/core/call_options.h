@@ -39,6 +39,9 @@ struct CallOptions {
   // in shared memory (Note [Half types in shared memory] in csrc/cpu/shm_ring.h).
   bool accum_narrow = false;
   std::optional<DType> wire_dtype;     // float32 tensors: partials travel as this 16-bit type
+  // With wire_dtype: the all-gather moves the wire type too, the owner rounding its finished value
+  // once (RINGREDUCE_WIRE_GATHER=16; Note [16-bit all-gather] in plan.h). CPU only.
+  bool wire_gather16 = false;
   double predivide = 0;                // predivide_factor (0: none; Note [Reduction contract])
   int32_t extra_divisor = 1;           // the final reduce also divides by it (accumulation steps)
 
@@ -87,9 +90,18 @@ struct CallOptions {
   }
   // The Scaling of a flat ring's final reduce (finalScaling, functors.h) with partials of `partial`,
   // for the paths that reduce in the ring's order without a plan (one-shot, shared memory).
+  // With a 16-bit all-gather the owner rounds the result through the wire type (Note [16-bit
+  // all-gather]), so the shared-memory ring and the one-shot give the ring's bits.
   Scaling flatFinalScaling(DType dtype, int ring_size, DType partial_type) const {
     const bool wide = partial_type == DType::kFloat32 && isHalfType(dtype);
-    return finalScaling(op, ring_size, extra_divisor, predivide, predivide, !wide);
+    Scaling s = finalScaling(op, ring_size, extra_divisor, predivide, predivide, !wide);
+    if (gather16(dtype) && ring_size > 1) s.wire_round = static_cast<int32_t>(*wire_dtype);
+    return s;
+  }
+  // Whether an all-reduce of `dtype` runs a 16-bit all-gather (Note [16-bit all-gather]).
+  bool gather16(DType dtype) const {
+    return wire_gather16 && wire_dtype && dtype == DType::kFloat32 && isHalfType(*wire_dtype) && allReduce() &&
+           (op == RedOp::kSum || op == RedOp::kAvg);
   }
   Scaling flatFinalScaling(DType dtype, int ring_size) const {
     return flatFinalScaling(dtype, ring_size, partial(dtype, ring_size));
@@ -109,7 +121,7 @@ inline Frame callFrame(const CallOptions& o, int64_t segment_bytes, int32_t algo
   f.error = static_cast<int32_t>(o.local_error);
   f.ntensors = o.ntensors;
   f.accum_float32 = o.accum_float32 ? 1 : o.accum_narrow ? 2 : 0;  // 2: accum_dtype = the tensor's
-  f.wire_dtype = o.wire_dtype ? static_cast<int32_t>(*o.wire_dtype) : -1;
+  f.wire_dtype = o.wire_dtype ? static_cast<int32_t>(*o.wire_dtype) | (o.wire_gather16 ? kFrameWireGather16 : 0) : -1;
   f.predivide = o.predivide;
   f.extra_divisor = o.extra_divisor;
   f.algorithm = algorithm;

@@ -83,6 +83,7 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   one_lane.lanes = 1;
   one_lane.lane = 0;
   one_lane.wire_dtype.reset();  // the node stages: no wire (Note [Hierarchical 16-bit wire])
+  one_lane.wire_gather16 = false;
   RR_CHECK(n % L == 0, kValue, "ringreduce: hierarchical all-reduce over ", n, " ranks needs equal nodes, got ", L,
            " ranks per node");
   RR_CHECK(!base.accum_float32, kValue,
@@ -90,8 +91,8 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   // Note [Hierarchical 16-bit wire]: a 16-bit wire applies to the cross-node ring (stage 2) only,
   // where bytes cost; the node stages move the tensor's own type (float32), so the node sums are
   // exact in float32 and rounded to 16 bits once, as the flat ring's first hop rounds its inputs.
-  // Stage 2's all-gather carries the owners' finished float32 values, so every rank ends with the
-  // same bits.
+  // Stage 2's all-gather carries the owners' finished float32 values (or, with a 16-bit all-gather,
+  // their 16-bit rounding: Note [16-bit all-gather] in plan.h), so every rank ends with the same bits.
   const int M = n / L;
   const int node = ring.index / L;
   const int local = ring.index % L;
@@ -124,6 +125,7 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   p2.avg_divisor = n;
   p2.pre_factor = 0;  // its inputs are node sums, divided in stage 1 already
   p2.wire_dtype = base.wire_dtype;
+  p2.wire_gather16 = base.wire_gather16;  // Note [16-bit all-gather]: stage 2's all-gather moves 16 bits
   stages[1].plan = buildPlan(M, node, mine.size(), dtype, p2);
   stages[1].op = op;
   stages[1].offset = mine.begin;

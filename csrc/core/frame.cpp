@@ -74,7 +74,10 @@ std::string describeFrame(const Frame& f) {
      << ", device=" << (f.device_type == 1 ? "cuda" : "cpu");
   if (f.accum_float32 == 1) os << ", accum_dtype=float32";
   if (f.accum_float32 == 2) os << ", accum_dtype=" << dtypeName(static_cast<DType>(f.dtype));
-  if (f.wire_dtype >= 0) os << ", wire_dtype=" << dtypeName(static_cast<DType>(f.wire_dtype));
+  if (f.wire_dtype >= 0) {
+    os << ", wire_dtype=" << dtypeName(static_cast<DType>(f.wire_dtype & ~kFrameWireGather16));
+    if (f.wire_dtype & kFrameWireGather16) os << ", wire_gather=16";
+  }
   if (f.predivide != 0) os << ", predivide_factor=" << f.predivide;
   if (f.extra_divisor != 1) os << ", accumulation_steps=" << f.extra_divisor;
   if (f.ntensors != 1) os << ", tensors=" << f.ntensors;
@@ -158,7 +161,7 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
   note(seq, "call sequence (a rank skipped or added a call)");
   note(nt, "number of tensors");
   note(alg, "algorithm");
-  note(wire, "wire_dtype");
+  note(wire, "wire_dtype or its all-gather width (RINGREDUCE_WIRE_GATHER)");
   note(pre, "predivide_factor");
   note(steps, "accumulation_steps");
   note(segb && !err, "segment size (RINGREDUCE_SEGMENT_BYTES)");

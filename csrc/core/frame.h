@@ -49,6 +49,9 @@ enum FrameFlags : int32_t {
   kFrameOneShot = 2,
 };
 
+// Frame::wire_dtype's flag: the all-gather moves the wire type too (RINGREDUCE_WIRE_GATHER=16).
+constexpr int32_t kFrameWireGather16 = 0x100;
+
 struct Frame {
   uint32_t magic = kFrameMagic;
   uint32_t version = kFrameVersion;
@@ -73,6 +76,7 @@ struct Frame {
   // Note [Reduction contract] (functors.h): the 16-bit wire's DType (-1: none), the extra divisor
   // (GradientAverager's accumulation steps; 1: none) and the predivide factor (0: none). Ranks that
   // differ here would compute different results: they must agree.
+  // wire_dtype: also | kFrameWireGather16 when the all-gather moves it (Note [16-bit all-gather]).
   int32_t wire_dtype = -1;
   int32_t extra_divisor = 1;
   double predivide = 0;

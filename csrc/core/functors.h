@@ -19,7 +19,9 @@
 //   widened 16-bit partial and the local float32 value in float32 and rounds once, to 16 bits, as
 //   it stores the partial it sends; the final reduce stores float32. A convert (ConvertStep) makes
 //   the first hop's partial from the local value: its only rounding is the store into the partial
-//   type.
+//   type. With a 16-bit all-gather (Note [16-bit all-gather] in plan.h) the final reduce also
+//   rounds the finished float32 value (after the scaling below) once to the wire's type and stores
+//   it widened (Scaling::wire_round): the owner keeps exactly the 16 bits it sends.
 // * Scaling (struct Scaling): with a predivide factor f, the local operand enters every step as
 //   a / f computed in the accumulation type and rounded to a's own type (what t.div_(f) before the
 //   call would give), and the convert of the first hop divides the same way. The final reduce of an
@@ -34,6 +36,8 @@
 // * MAX/MIN propagate NaN (like torch.maximum/minimum). Predivide factors, extra divisors and
 //   16-bit partials apply to SUM and AVG only (the bindings refuse the rest before any data moves).
 #pragma once
+
+#include <type_traits>
 
 #include "common.h"
 #include "dtype.h"
@@ -262,6 +266,9 @@ struct Scaling {
   int32_t divisor = 0;     // > 0 (final reduce): the sum is divided by divisor, or divisor / postscale
   double postscale = 0;    // > 0 (final reduce): see divisor; without a divisor the sum is multiplied by it
   bool round_sum = false;  // final reduce: round the sum to dst's type before scaling it
+  // final reduce of a float32 element: -1, or the DType code (float16/bfloat16) that the scaled
+  // result is rounded through (Note [16-bit all-gather] in plan.h); other types ignore it.
+  int32_t wire_round = -1;
 };
 
 // The Scaling of the final reduce of an element: `op` AVG divides by `ring_divisor` (the ring's
@@ -302,6 +309,17 @@ RR_HD_INLINE Acc scaleFinal(Acc s, const Scaling& sc) {
   return multiplyBy(s, static_cast<Real>(sc.postscale));
 }
 
+// A finished float32 value rounded once to the 16-bit wire type `wire` (a DType code; -1: none) and
+// widened back (Note [16-bit all-gather] in plan.h); values of other types pass unchanged.
+template <typename Acc>
+RR_HD_INLINE Acc roundThroughWire(Acc v, int32_t wire) {
+  if constexpr (std::is_same<Acc, float>::value) {
+    if (wire == static_cast<int32_t>(DType::kBFloat16)) return roundTo<float, BFloat16>(v);
+    if (wire == static_cast<int32_t>(DType::kFloat16)) return roundTo<float, Half>(v);
+  }
+  return v;
+}
+
 // ---------------------------------------------------------------------------------------------
 // One reduction step on one element. TA: local operand (the tensor's type), TB: received partial,
 // TD: destination. Mixed types occur only with a partial type other than the tensor's (TB/TD the
@@ -316,6 +334,7 @@ struct ReduceStep {
     if (sc.predivide > 0) x = roundTo<Acc, TA>(divideBy(x, static_cast<Real>(sc.predivide)));
     const Acc y = Convert<Acc, TB>::load(b);
     const Acc s = Combine<op>::apply(x, y);
+    if (sc.wire_round >= 0) return Convert<Acc, TD>::store(roundThroughWire(scaleFinal<TD>(s, sc), sc.wire_round));
     return Convert<Acc, TD>::store(scaleFinal<TD>(s, sc));
   }
 };

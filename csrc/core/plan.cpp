@@ -64,6 +64,8 @@ struct Builder {
   int32_t E = 0;
   std::vector<char> has_compute;      // per exchange: a reduce/copy consumes its receive
   std::vector<char> has_convert;      // per exchange: a convert makes its send
+  // per exchange: the exchange whose send's convert reads its receive (Note [16-bit all-gather]), -1
+  std::vector<int32_t> forward_after;
   std::vector<int32_t> compute_pos;   // per compute id: position in compute order, -1 if not emitted
   std::vector<Op> computes;           // per compute id
   std::vector<std::vector<Access>> ex_access, co_access;  // per exchange, per compute id
@@ -167,6 +169,8 @@ struct Builder {
     for (const Access& a : co_access[c]) record(a, OpRef{true, c});
     compute_pos[c] = computes_emitted++;
     compute_order.push_back(c);
+    // Note [16-bit all-gather]: the slot's other reader goes with it, before the slot can be reused.
+    if (c < E && forward_after[c] >= 0 && compute_pos[E + forward_after[c]] < 0) emitCompute(E + forward_after[c]);
   }
 
   void popCompute() {
@@ -198,7 +202,7 @@ struct Builder {
     // deferred in `pending` still come before exchange e logically, so a pending compute that
     // touches one of e's regions (or its convert's) is emitted now (with everything before it), and
     // the hazard checks below then order e after it.
-    if (has_convert[e]) {
+    if (has_convert[e] && compute_pos[E + e] < 0) {
       flushClashing(co_access[E + e]);
       emitCompute(E + e);
     }
@@ -256,13 +260,22 @@ int64_t Plan::stagingBytes() const { return static_cast<int64_t>(num_slots) * sl
 int64_t Plan::accumBytes() const { return accum_elems * static_cast<int64_t>(dtypeSize(partial)); }
 
 Scaling Plan::finalScaling(RedOp op) const {
-  return rr::finalScaling(op, avg_divisor, extra_divisor, post_factor, pre_factor, !accum_float32);
+  Scaling s = rr::finalScaling(op, avg_divisor, extra_divisor, post_factor, pre_factor, !accum_float32);
+  if (gather16) s.wire_round = static_cast<int32_t>(partial);  // Note [16-bit all-gather]
+  return s;
+}
+
+double Plan::convertPredivide(const Op& o) const {
+  const bool gather = o.exchange >= 0 && o.exchange < static_cast<int32_t>(exchanges.size()) &&
+                      exchanges[static_cast<size_t>(o.exchange)].phase == Phase::kAllGather;
+  return gather ? 0 : pre_factor;
 }
 
 Scaling Plan::scaling(RedOp op, const Op& o) const {
   if (o.kind == OpKind::kReduce && o.final) return finalScaling(op);
   Scaling s;
-  if (o.kind == OpKind::kReduce || o.kind == OpKind::kConvert) s.predivide = pre_factor;
+  if (o.kind == OpKind::kReduce) s.predivide = pre_factor;
+  if (o.kind == OpKind::kConvert) s.predivide = convertPredivide(o);
   return s;
 }
 
@@ -293,6 +306,8 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   RR_CHECK(!options.wire_dtype || (dtype == DType::kFloat32 && isHalfType(*options.wire_dtype)), kValue,
            "ringreduce: a 16-bit wire (float16/bfloat16) applies to float32 tensors, got ",
            options.wire_dtype ? dtypeName(*options.wire_dtype) : "", " for ", dtypeName(dtype));
+  RR_CHECK(!options.wire_gather16 || !options.gather_into_data, kValue,
+           "ringreduce: a 16-bit all-gather forwards from staging; it cannot receive straight into the tensor");
   RR_CHECK(options.pre_factor >= 0 && options.post_factor >= 0 && options.extra_divisor >= 1, kValue,
            "ringreduce: bad scaling (pre ", options.pre_factor, ", post ", options.post_factor, ", divisor ",
            options.extra_divisor, ")");
@@ -306,6 +321,7 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   plan.accum_float32 = options.accum_float32 && isHalfType(dtype) && nranks > 2;
   plan.partial = partialDType(dtype, nranks, options.accum_float32, options.wire_dtype);
   plan.wire16 = plan.partial != dtype && !plan.accum_float32;
+  plan.gather16 = options.wire_gather16 && plan.wire16 && options.phases == kPhaseBoth;
   plan.pre_factor = options.pre_factor;
   plan.post_factor = options.post_factor;
   plan.extra_divisor = options.extra_divisor;
@@ -352,13 +368,14 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   const bool convert_first = run_rs && (plan.wire16 || plan.pre_factor > 0);
   plan.accum_elems = plan.accum_float32 || (plan.wire16 && run_rs) ? sc.chunk : 0;
   plan.num_exchanges = ((run_rs ? 1 : 0) + (run_ag ? 1 : 0)) * (n - 1) * S;
-  plan.num_events = (convert_first ? 3 : 2) * plan.num_exchanges;
+  plan.num_events = (convert_first || plan.gather16 ? 3 : 2) * plan.num_exchanges;
   const int32_t E = plan.num_exchanges;
 
   Builder b{plan, S, run_rs ? (n - 1) * S : 0, options.recv_only_waits};
   b.E = E;
   b.has_compute.assign(E, 0);
   b.has_convert.assign(E, 0);
+  b.forward_after.assign(E, -1);
   b.compute_pos.assign(2 * static_cast<size_t>(E), -1);
   b.computes.resize(2 * static_cast<size_t>(E));
   b.ex_access.resize(E);
@@ -425,7 +442,26 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
             b.computes[E + e] = c;
             b.has_convert[e] = 1;
           }
-          if (rs && partials && (s > 0 || plan.wire16)) {
+          if (!rs && plan.gather16 && s == 0) {
+            // Note [16-bit all-gather]: the owner's finished segment (already a 16-bit value), as 16 bits.
+            Op c{OpKind::kConvert, Queue::kCompute};
+            c.exchange = e;
+            c.a = Span{BufKind::kData, -1, T, send_r.begin, send_r.size()};
+            c.dst = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), send_r.size()};
+            b.co_access[E + e].push_back({dataRegion(info.send_chunk, j), false});
+            b.co_access[E + e].push_back({regionKey(kRegionAccum, j), true});
+            b.computes[E + e] = c;
+            b.has_convert[e] = 1;
+            b.ex_send[e] = c.dst;
+            b.ex_access[e].push_back({regionKey(kRegionAccum, j), false});
+          } else if (!rs && plan.gather16) {
+            // ... and at later steps the 16 bits received at the previous step, which the convert
+            // set up with that receive (below) copied from their slot into kAccum.
+            RR_CHECK(b.has_convert[e], kRuntime, "ringreduce internal error: an all-gather forwards a segment it "
+                     "never received");
+            b.ex_send[e] = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), send_r.size()};
+            b.ex_access[e].push_back({regionKey(kRegionAccum, j), false});
+          } else if (rs && partials && (s > 0 || plan.wire16)) {
             b.ex_send[e] = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), send_r.size()};
             b.ex_access[e].push_back({regionKey(kRegionAccum, j), false});
           } else {
@@ -440,9 +476,12 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
           } else {
             const int32_t slot = staged % plan.num_slots;
             ++staged;
+            const bool gather16 = phase == Phase::kAllGather && plan.gather16;
             // Reduce-scatter receives carry partials (after the first hop, or every hop on a
-            // 16-bit wire); all-gather receives the tensor's finished elements.
-            const bool carries_partial = phase == Phase::kReduceScatter && partials && (s > 0 || plan.wire16);
+            // 16-bit wire); all-gather receives the tensor's finished elements (16-bit ones with a
+            // 16-bit all-gather, widened by the copy).
+            const bool carries_partial =
+                gather16 || (phase == Phase::kReduceScatter && partials && (s > 0 || plan.wire16));
             b.ex_recv[e] = Span{BufKind::kStaging, slot, carries_partial ? P : T, 0, recv_r.size()};
             b.ex_access[e].push_back({regionKey(kRegionSlot, slot), true});
             b.has_compute[e] = 1;
@@ -465,6 +504,20 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
             } else {
               c.dst = data_span;
               b.co_access[e].push_back({dataRegion(info.recv_chunk, j), true});
+              if (gather16 && s < n - 2) {
+                // Note [16-bit all-gather]: the 16 bits go on at step s + 1, from kAccum; the
+                // convert that copies them there is emitted with this copy at the latest.
+                const int32_t fwd = b.index(phase, s + 1, j);
+                Op f{OpKind::kConvert, Queue::kCompute};
+                f.exchange = fwd;
+                f.a = b.ex_recv[e];
+                f.dst = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), recv_r.size()};
+                b.co_access[E + fwd].push_back({regionKey(kRegionSlot, slot), false});
+                b.co_access[E + fwd].push_back({regionKey(kRegionAccum, j), true});
+                b.computes[E + fwd] = f;
+                b.has_convert[fwd] = 1;
+                b.forward_after[e] = fwd;
+              }
             }
             b.computes[e] = c;
           }
@@ -512,7 +565,7 @@ std::string Plan::describe() const {
   std::ostringstream os;
   os << "plan rank " << rank << "/" << sched.nranks << " numel " << sched.numel << " chunk "
      << sched.chunk << " segment " << sched.segment << " nsegs " << sched.nsegs << " slots "
-     << num_slots << (accum_float32 ? " accum_f32" : "") << (wire16 ? std::string(" wire ") + dtypeName(partial) : "")
+     << num_slots << (accum_float32 ? " accum_f32" : "") << (wire16 ? std::string(" wire ") + dtypeName(partial) : "") << (gather16 ? " gather16" : "")
      << (pre_factor > 0 ? " pre " + std::to_string(pre_factor) : std::string())
      << (post_factor > 0 ? " post " + std::to_string(post_factor) : std::string())
      << (extra_divisor > 1 ? " divisor x" + std::to_string(extra_divisor) : std::string())

@@ -62,6 +62,22 @@
 // each element of each rank is divided exactly once, and the plan checker verifies it. The convert
 // reads the segment once and writes it once (half the bytes on a 16-bit wire): no pass over the
 // whole tensor.
+//
+// Note [16-bit all-gather]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// With a 16-bit wire, PlanOptions::wire_gather16 makes the all-gather move the wire's 16 bits too
+// (a full ring only): the owner's final reduce rounds its finished float32 value (after AVG's
+// division) once to the wire type and stores it widened (Scaling::wire_round, functors.h), so the
+// owner keeps exactly what it sends. Every all-gather send then reads 16 bits from kAccum (free
+// after the reduce-scatter): at step 0 a kConvert makes them from the owner's segment (exact: the
+// values are 16-bit values); a 16-bit segment received at step s lands in a staging slot, where two
+// computes read it: the kCopy that widens it into the tensor and the kConvert (16 bits to 16 bits)
+// that copies it into kAccum for the send of step s + 1 (the convert of that exchange, emitted with
+// the copy at the latest, so the slot is free again once both ran; it waits for step s's send from
+// the same kAccum segment). Every rank widens the same 16 bits: results stay bitwise identical across
+// ranks. Bytes per rank: (n - 1) / n x S / 2 in each half (0.5 of float32). The GPU transport, which
+// may receive the all-gather straight into the tensor, does not run it (buildPlan refuses
+// gather_into_data with it).
 #pragma once
 
 #include <optional>
@@ -131,7 +147,7 @@ enum PhaseMask : uint8_t { kPhaseReduceScatter = 1, kPhaseAllGather = 2, kPhaseB
 // Note [Staging slots]
 // ~~~~~~~~~~~~~~~~~~~~
 // Staging slot k receives exchanges k, k + num_slots, ...: a slot is reused once the reduce or copy
-// of its previous receive has run, so num_slots also bounds the receives a rank can have posted
+// (and, with a 16-bit all-gather, the convert) of its previous receive has run, so num_slots also bounds the receives a rank can have posted
 // (and the segments in flight). kAutoSlots gives every staged receive of the call a slot of its own
 // when all of them fit in kAutoStagingBytes, and kDefaultSlots otherwise (large tensors, where the
 // slots are max_segment_bytes each). With a slot per receive, a transport can post every receive
@@ -165,6 +181,8 @@ struct PlanOptions {
   bool accum_float32 = false;    // half types: partials travel as float32
   // float32 tensors: reduce-scatter partials travel as this 16-bit type (Note [First hop]).
   std::optional<DType> wire_dtype;
+  // With wire_dtype on a full ring: the all-gather moves the wire type too (Note [16-bit all-gather]).
+  bool wire_gather16 = false;
   // Note [Reduction contract] (functors.h): the local operands of the reduce-scatter enter divided
   // by pre_factor (0: not); the final reduce divides by avg_divisor * extra_divisor (AVG) or by
   // extra_divisor (SUM, when above 1), over post_factor, or, with neither, multiplies by
@@ -199,6 +217,7 @@ struct Plan {
   int64_t accum_elems = 0;  // elements (of `partial`) of kAccum (one chunk), 0 when unused
   bool accum_float32 = false;
   bool wire16 = false;      // 16-bit partials of a float32 tensor (PlanOptions::wire_dtype)
+  bool gather16 = false;    // the all-gather moves them too (Note [16-bit all-gather])
   double pre_factor = 0;    // PlanOptions
   double post_factor = 0;
   int32_t extra_divisor = 1;
@@ -222,6 +241,9 @@ struct Plan {
   Scaling scaling(RedOp op, const Op& o) const;
   // The Scaling of a final reduce (of this plan's reduce-scatter with `op`).
   Scaling finalScaling(RedOp op) const;
+  // What the convert `o` divides by: the predivide factor for a first hop (Note [First hop]), 0 for
+  // an all-gather's (Note [16-bit all-gather]).
+  double convertPredivide(const Op& o) const;
 
   int64_t slotBytes() const;     // bytes of one staging slot (slot_elems of the widest wire type)
   int64_t stagingBytes() const;  // bytes of all staging slots

@@ -150,6 +150,10 @@ void dispatchConvert(DType from, DType to, L& l) {
     return l.template convert<float, Half>();
   } else if (from == DType::kFloat32 && to == DType::kBFloat16) {
     return l.template convert<float, BFloat16>();
+  } else if (from == DType::kFloat16 && to == DType::kFloat32) {  // Note [16-bit all-gather]: widening
+    return l.template convert<Half, float>();
+  } else if (from == DType::kBFloat16 && to == DType::kFloat32) {
+    return l.template convert<BFloat16, float>();
   }
   RR_THROW(kRuntime, "ringreduce internal error: no convert from ", dtypeName(from), " to ", dtypeName(to));
 }

@@ -159,6 +159,7 @@ std::vector<RingStage> GroupRuntime::stagesFor(const CallOptions& opt, const Cal
   base.num_slots = opt.num_slots;
   base.accum_float32 = opt.accum_float32;
   base.wire_dtype = opt.wire_dtype;
+  base.wire_gather16 = opt.gather16(buf.dtype);
   base.pre_factor = opt.predivide;
   base.post_factor = opt.predivide;
   base.extra_divisor = opt.extra_divisor;

@@ -24,7 +24,7 @@ struct HostLoop {
     const TA* __restrict__ pa = static_cast<const TA*>(a);
     const TB* __restrict__ pb = static_cast<const TB*>(b);
     TD* pd = static_cast<TD*>(dst);  // may alias pa (in-place reduce)
-    if (sc.predivide > 0 || sc.divisor > 0 || sc.postscale > 0) {
+    if (sc.predivide > 0 || sc.divisor > 0 || sc.postscale > 0 || sc.wire_round >= 0) {
       for (int64_t i = 0; i < count; ++i) pd[i] = ReduceStep<TA, TB, TD, op>::apply(pa[i], pb[i], sc);
     } else {
       const Scaling none;  // a constant the compiler folds: the plain loop vectorizes

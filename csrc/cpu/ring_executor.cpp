@@ -39,8 +39,9 @@ PlanRun::PlanRun(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
   // receive it reads). So each receive is posted right after that op (right after the first
   // exchange for a slot not read before), in exchange order, and the exchange op then posts only
   // its send. The plan is unchanged: only the moment a receive is posted moves, never before its
-  // slot is free. The executor tests also run with eager delivery (each message lands the moment
-  // both sides have posted it, the earliest any transport could), where they check exact results.
+  // slot is free (a 16-bit all-gather's convert that forwards a slot reads it too). The executor
+  // tests also run with eager delivery (each message lands the moment both sides have posted it,
+  // the earliest any transport could), where they check exact results.
   const int64_t nops = static_cast<int64_t>(plan.ops.size());
   post_after_.resize(static_cast<size_t>(nops + 1));  // index i+1: after op i; index 0: before op 0
   bool sends_from_staging = false;  // never in today's plans; a send would read the slot until it completes
@@ -54,6 +55,8 @@ PlanRun::PlanRun(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
       const Op& o = plan.ops[static_cast<size_t>(i)];
       if ((o.kind == OpKind::kReduce || o.kind == OpKind::kCopy) && o.recv.buf == BufKind::kStaging)
         last_reader[static_cast<size_t>(o.recv.slot)] = i;
+      // Note [16-bit all-gather] (plan.h): a convert also reads a slot, to forward it.
+      if (o.kind == OpKind::kConvert && o.a.buf == BufKind::kStaging) last_reader[static_cast<size_t>(o.a.slot)] = i;
       if (o.kind != OpKind::kExchange || o.recv.empty() || o.recv.buf != BufKind::kStaging) continue;
       const size_t k = static_cast<size_t>(o.recv.slot);
       // A slot received into and not yet read (never in a valid plan): post with the exchange.
@@ -171,9 +174,14 @@ void PlanRun::run() {
         break;
       case OpKind::kConvert:
         hostConvert(spanPtr(plan_, buffers_, o.a), o.a.type, spanPtr(plan_, buffers_, o.dst), o.dst.type, o.dst.count,
-                    plan_.pre_factor);
+                    plan_.convertPredivide(o));
         break;
       case OpKind::kCopy:
+        if (o.recv.type != o.dst.type) {  // Note [16-bit all-gather] (plan.h): 16 bits received, widened
+          hostConvert(spanPtr(plan_, buffers_, o.recv), o.recv.type, spanPtr(plan_, buffers_, o.dst), o.dst.type,
+                      o.dst.count, 0);
+          break;
+        }
         std::memcpy(spanPtr(plan_, buffers_, o.dst), spanPtr(plan_, buffers_, o.recv), spanBytes(plan_, o.dst));
         break;
     }

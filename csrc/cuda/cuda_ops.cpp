@@ -67,6 +67,9 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
            " ranks needs equal nodes, got ", opt.local_size, " ranks per node");
   RR_CHECK(!opt.wire_dtype || (!hier && !scatter && !gather), kValue,
            "ringreduce: a 16-bit wire (wire_dtype) runs on the flat all-reduce ring only");
+  RR_CHECK(!opt.wire_gather16, kValue,
+           "ringreduce: a 16-bit all-gather (RINGREDUCE_WIRE_GATHER=16) runs on CPU rings only; on GPUs the "
+           "all-gather of a 16-bit wire moves float32 (unset RINGREDUCE_WIRE_GATHER or set it to 32)");
   const std::vector<int> key = ringKey(req.members, ring.size());
   const int64_t bytes = req.numel * static_cast<int64_t>(dtypeSize(req.dtype));
   // No one-shot on the simplest path (Note [NCCL versions, environment and the simplest path]).

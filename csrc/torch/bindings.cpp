@@ -40,9 +40,10 @@ namespace {
 
 py::dict planSummary(int nranks, int rank, int64_t numel, int dtype, int64_t segment_bytes, int num_slots,
                      bool accum, bool gather, int phases, int owner_shift, bool exact_chunks, int wire_dtype,
-                     double predivide) {
+                     double predivide, bool wire_gather16) {
   rr::PlanOptions o;
   if (wire_dtype >= 0) o.wire_dtype = static_cast<rr::DType>(wire_dtype);
+  o.wire_gather16 = wire_gather16;
   o.pre_factor = o.post_factor = predivide;
   o.phases = static_cast<uint8_t>(phases);
   o.owner_shift = owner_shift;
@@ -129,6 +130,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("accum_float32", &rr::CallOptions::accum_float32)
       .def_readwrite("accum_narrow", &rr::CallOptions::accum_narrow)
       .def_readwrite("wire_dtype", &rr::CallOptions::wire_dtype)
+      .def_readwrite("wire_gather16", &rr::CallOptions::wire_gather16)
       .def_readwrite("predivide", &rr::CallOptions::predivide)
       .def_readwrite("extra_divisor", &rr::CallOptions::extra_divisor)
       .def_readwrite("local_error", &rr::CallOptions::local_error)
@@ -236,6 +238,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("segment_bytes") = 1 << 20, py::arg("num_slots") = 4, py::arg("accum_float32") = false,
         py::arg("gather_into_data") = false, py::arg("phases") = 3, py::arg("owner_shift") = 0,
         py::arg("exact_chunks") = false, py::arg("wire_dtype") = -1, py::arg("predivide") = 0.0,
+        py::arg("wire_gather16") = false,
         "The ring schedule and plan one rank would run (for tests and docs).");
 
   py::dict info;

@@ -28,17 +28,22 @@ class BackendOptions:
             ``ringreduce.all_reduce``); other dtypes, ops and the reduce-scatter/all-gather
             collectives ignore it. With "hierarchical", CUDA calls refuse it as ``ringreduce.all_reduce``
             does (GPUs carry the wire on the flat ring only).
+        wire_gather: None (default: the ``RINGREDUCE_WIRE_GATHER`` knob), 16 or 32: the width of the
+            all-gather of a 16-bit wire in this group's all_reduce calls (16: the owner rounds its
+            finished shard once to the wire type and the all-gather moves those 16 bits; CPU only,
+            CUDA calls refuse it; all_reduce_coalesced follows the knob).
         algorithm: "auto" (default), "ring" or "hierarchical", as ``ringreduce.all_reduce``'s.
 
     Raises:
         TypeError: a field of the wrong type (a dtype that is not a ``torch.dtype``).
-        ValueError: an accum_dtype other than float32, a wire_dtype other than bfloat16/float16, or an
-            unknown algorithm.
+        ValueError: an accum_dtype other than float32, a wire_dtype other than bfloat16/float16, a
+            wire_gather other than 16/32/None, or an unknown algorithm.
     """
 
     accum_dtype: torch.dtype | None = None
     wire_dtype: torch.dtype | None = None
     algorithm: str = "auto"
+    wire_gather: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("accum_dtype", "wire_dtype"):
@@ -54,6 +59,10 @@ class BackendOptions:
             raise ValueError(
                 f"ringreduce.BackendOptions: wire_dtype must be torch.bfloat16, torch.float16 or None, got "
                 f"{self.wire_dtype}"
+            )
+        if self.wire_gather is not None and (isinstance(self.wire_gather, bool) or self.wire_gather not in (16, 32)):
+            raise ValueError(
+                f"ringreduce.BackendOptions: wire_gather must be 16, 32 or None, got {self.wire_gather!r}"
             )
         if self.algorithm not in _ALGORITHMS:
             raise ValueError(

@@ -147,7 +147,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         wire = o.wire_for(tensor.dtype, rop in (ReduceOp.SUM, ReduceOp.AVG))
         with self._ring_call("all_reduce"):
             work = run_all_reduce(tensor, rop, self.ring, True, o.accum_for(tensor), o.algorithm, CallKind.ALL_REDUCE,
-                                  wire_dtype=wire)
+                                  wire_dtype=wire, wire_gather=o.wire_gather if wire is not None else None)
         return BackendWork([work], [tensor])
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:

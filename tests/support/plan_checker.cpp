@@ -200,7 +200,7 @@ std::string staticChecks(Shared& sh) {
       return concat("rank ", r, "'s schedule (numel ", a.numel, ", chunk ", a.chunk, ", segment ", a.segment,
                     ", nsegs ", a.nsegs, ") does not cover the tensor");
     if (p.dtype != ref.dtype || p.partial != ref.partial || p.accum_float32 != ref.accum_float32 ||
-        p.wire16 != ref.wire16 || p.num_slots != ref.num_slots || p.slot_elems != ref.slot_elems ||
+        p.wire16 != ref.wire16 || p.gather16 != ref.gather16 || p.num_slots != ref.num_slots || p.slot_elems != ref.slot_elems ||
         p.accum_elems != ref.accum_elems || p.num_exchanges != ref.num_exchanges ||
         (p.num_events != 2 * p.num_exchanges && p.num_events != 3 * p.num_exchanges))
       return concat("rank ", r, "'s plan parameters (dtype, slots, accumulator, exchanges) differ from rank 0's");
@@ -263,8 +263,11 @@ std::string staticChecks(Shared& sh) {
             return concat(sh.opText(r, i), ": has an empty operand");
           if (o.recv.count != o.dst.count || (red && o.a.count != o.dst.count))
             return concat(sh.opText(r, i), ": operand counts differ");
-          if (!red && o.recv.type != o.dst.type)
-            return concat(sh.opText(r, i), ": a copy cannot change the element type");
+          // Note [16-bit all-gather] (plan.h): a copy may widen received 16-bit values into the tensor.
+          if (!red && o.recv.type != o.dst.type &&
+              !(p.gather16 && o.recv.type == p.partial && o.dst.type == p.dtype && o.dst.buf == BufKind::kData))
+            return concat(sh.opText(r, i), ": a copy cannot change the element type",
+                          p.gather16 ? " (but widen 16-bit values into the tensor)" : "");
           if (!(err = checkSpan(sh, r, i, o.recv, "source")).empty()) return err;
           if (!(err = checkSpan(sh, r, i, o.dst, "destination")).empty()) return err;
           if (red && !(err = checkSpan(sh, r, i, o.a, "local operand")).empty()) return err;
@@ -279,10 +282,26 @@ std::string staticChecks(Shared& sh) {
           if (o.queue != Queue::kCompute) return concat(sh.opText(r, i), ": a convert must be on kCompute");
           if (!p.wire16 && p.pre_factor <= 0)
             return concat(sh.opText(r, i), ": a convert in a plan without a 16-bit wire or predivide factor");
-          if (o.exchange < 0 || o.exchange >= E || p.exchanges[o.exchange].phase != Phase::kReduceScatter ||
-              p.exchanges[o.exchange].step != 0)
-            return concat(sh.opText(r, i), ": a convert feeds a first reduce-scatter exchange, not exchange ",
-                          o.exchange);
+          // Note [16-bit all-gather]: also the owner's first all-gather send, into kAccum.
+          const bool gather = o.exchange >= 0 && o.exchange < E && p.gather16 &&
+                              p.exchanges[o.exchange].phase == Phase::kAllGather;
+          if (o.exchange < 0 || o.exchange >= E ||
+              (!gather && (p.exchanges[o.exchange].phase != Phase::kReduceScatter || p.exchanges[o.exchange].step != 0)))
+            return concat(sh.opText(r, i), ": a convert feeds a first reduce-scatter exchange",
+                          p.gather16 ? " or an all-gather one" : "", ", not exchange ", o.exchange);
+          if (gather) {
+            // Note [16-bit all-gather]: the owner's tensor segment at step 0, later a received 16-bit
+            // segment from staging; always into kAccum.
+            const bool first = p.exchanges[o.exchange].step == 0;
+            if (o.a.empty() || o.a.count != o.dst.count || o.dst.buf != BufKind::kAccum ||
+                o.dst.type != p.partial ||
+                (first ? o.a.buf != BufKind::kData : (o.a.buf != BufKind::kStaging || o.a.type != p.partial)))
+              return concat(sh.opText(r, i), ": an all-gather convert copies ", first ? "the tensor" : "16-bit staging",
+                            " into as many 16-bit elements of kAccum");
+            if (!(err = checkSpan(sh, r, i, o.a, "source")).empty()) return err;
+            if (!(err = checkSpan(sh, r, i, o.dst, "destination")).empty()) return err;
+            break;
+          }
           if (o.a.empty() || o.a.count != o.dst.count || o.a.buf != BufKind::kData)
             return concat(sh.opText(r, i), ": a convert reads a non-empty tensor segment into as many elements");
           if (p.wire16 ? (o.dst.buf != BufKind::kAccum)
@@ -640,6 +659,7 @@ struct Cell {
   uint8_t divs = 0;   // final scalings applied (AVG's division, a SUM's post-scaling)
   uint8_t type = 0;   // DType the element is stored as
   uint8_t valid = 0;
+  uint8_t rounded = 0;  // the owner rounded the finished value to 16 bits (Note [16-bit all-gather])
 };
 
 enum class Model { kStreams, kListWalk };
@@ -712,6 +732,7 @@ class Simulation {
   uint64_t full_ = 0;
   uint64_t want_pre_ = 0;  // the contributions a finished element has divided by the predivide factor
   uint8_t want_divs_ = 0;
+  uint8_t want_rounded_ = 0;  // a finished element is a 16-bit value (Note [16-bit all-gather])
   bool late_sends_ = false;
 
   double delay() {
@@ -743,6 +764,7 @@ class Simulation {
     const bool scales = sh_.opt.average || ref.post_factor > 0 || ref.extra_divisor > 1;
     want_divs_ = (scales && (n_ > 1 || ref.avg_divisor != 1)) ? 1 : 0;
     want_pre_ = (ref.pre_factor > 0 && n_ > 1) ? full_ : 0;  // one rank has no reduce to divide in
+    want_rounded_ = ref.gather16 && n_ > 1 ? 1 : 0;
     st_.assign(static_cast<size_t>(n_), RankState{});
     for (int r = 0; r < n_; ++r) {
       const Plan& p = sh_.plans[r];
@@ -950,7 +972,8 @@ class Simulation {
                     o.recv.offset + k));
         return;
       }
-      if (o.recv.buf == BufKind::kData && (v.mask != full_ || v.divs != want_divs_ || v.pre != want_pre_)) {
+      if (o.recv.buf == BufKind::kData &&
+          (v.mask != full_ || v.divs != want_divs_ || v.pre != want_pre_ || v.rounded != want_rounded_)) {
         fail(concat(sh_.opText(m.dst, m.recv_op), " receives unfinished element ", v.idx,
                     " into the tensor (contributions ", maskText(v.mask), ", divisions ", int(v.divs), ")"));
         return;
@@ -991,6 +1014,27 @@ class Simulation {
     auto where = [&] { return concat(sh_.opText(r, i), ": "); };
     if (overwritesSending(r, i, o.dst)) return;
     const bool predivide = p.pre_factor > 0;
+    if (o.kind == OpKind::kConvert && p.exchanges[o.exchange].phase == Phase::kAllGather) {
+      // Note [16-bit all-gather]: the owner's finished, rounded value, stored as 16 bits (exact).
+      std::vector<Cell> out(static_cast<size_t>(o.dst.count));
+      const Cell* src = cells(r, o.a);
+      for (int64_t k = 0; k < o.dst.count; ++k) {
+        Cell z = src[k];
+        if (!z.valid) return fail(concat(where(), "reads ", spanText(o.a), " element ", k, ", never written"));
+        if (z.type != static_cast<uint8_t>(o.a.type))
+          return fail(concat(where(), "reads element ", z.idx, " as ", dtypeName(o.a.type), " but it holds ",
+                             dtypeName(static_cast<DType>(z.type))));
+        if (z.mask != full_ || z.divs != want_divs_ || z.pre != want_pre_ || z.rounded != want_rounded_)
+          return fail(concat(where(), "converts element ", z.idx, " for the all-gather before it is finished and "
+                             "rounded (contributions ", maskText(z.mask), ", divisions ", int(z.divs), ", rounded ",
+                             int(z.rounded), ")"));
+        z.type = static_cast<uint8_t>(o.dst.type);
+        out[static_cast<size_t>(k)] = z;
+      }
+      Cell* dst = cells(r, o.dst);
+      for (int64_t k = 0; k < o.dst.count; ++k) dst[k] = out[static_cast<size_t>(k)];
+      return;
+    }
     if (o.kind == OpKind::kConvert) {
       // Note [First hop]: this rank's own raw value, divided (predivide) and stored in dst's type.
       std::vector<Cell> out(static_cast<size_t>(o.dst.count));
@@ -1033,6 +1077,8 @@ class Simulation {
                              maskText(x.mask & y.mask), " are in both operands"));
         if (x.divs || y.divs)
           return fail(concat(where(), "element ", x.idx, " is reduced after AVG already divided it"));
+        if (x.rounded || y.rounded)
+          return fail(concat(where(), "element ", x.idx, " is reduced after its owner rounded the result"));
         if (x.type != static_cast<uint8_t>(o.a.type) || x.pre)
           return fail(concat(where(), "local operand element ", x.idx, " is not this rank's raw value (",
                              dtypeName(static_cast<DType>(x.type)), ", predivided ", maskText(x.pre), ")"));
@@ -1053,11 +1099,15 @@ class Simulation {
             return fail(concat(where(), "final reduce of element ", z.idx, " has contributions ",
                                maskText(z.mask), ", missing ", maskText(full_ & ~z.mask)));
           if (want_divs_) z.divs = 1;
+          if (p.gather16) {  // Note [16-bit all-gather]: the owner rounds the finished value once
+            z.rounded = 1;
+            z.hash = mix64(z.hash ^ 0x16b17ull);
+          }
         }
       } else {
-        if (y.mask != full_ || y.divs != want_divs_ || y.pre != want_pre_)
+        if (y.mask != full_ || y.divs != want_divs_ || y.pre != want_pre_ || y.rounded != want_rounded_)
           return fail(concat(where(), "copies element ", y.idx, " before it is finished (contributions ",
-                             maskText(y.mask), ", divisions ", int(y.divs), ")"));
+                             maskText(y.mask), ", divisions ", int(y.divs), ", rounded ", int(y.rounded), ")"));
         z = y;
       }
       z.type = static_cast<uint8_t>(o.dst.type);
@@ -1147,6 +1197,9 @@ class Simulation {
                         " divided by the predivide factor (needs ", maskText(want_pre_), ")");
         if (c.type != static_cast<uint8_t>(ref.dtype))
           return concat("element ", i, " of rank ", r, " ends as ", dtypeName(static_cast<DType>(c.type)));
+        if (c.rounded != want_rounded_)
+          return concat("element ", i, " of rank ", r, c.rounded ? " ends rounded to 16 bits" : " ends unrounded",
+                        " (the plan's all-gather moves ", want_rounded_ ? "16 bits" : "float32", ")");
         if (c.hash != st_[0].data[static_cast<size_t>(i)].hash)
           return concat("element ", i, " of rank ", r, " was reduced in a different order than on rank 0 ",
                         "(the results would not be bitwise identical)");
