@@ -311,6 +311,10 @@ def submit_cpu(info: GroupInfo, tensor: torch.Tensor | None, options: Any, outpu
 
 
 _SUBMIT_CPU = submit_cpu
+# The extension's own submit and synchronous call (a stub that a test or a measurement puts over
+# C.submit_cpu is called instead of either).
+_NATIVE_SUBMIT = C.submit_cpu
+_NATIVE_RUN = getattr(C, "run_cpu", None)
 
 
 def interrupter(info: GroupInfo, handle: Any) -> Any:
@@ -475,7 +479,12 @@ def run_plan(plan: _fastpath.Plan, tensor: torch.Tensor, async_op: bool) -> Work
     """A repeated all-reduce of `tensor` with the outcome of its checks, `plan` (Note [Fast path of a
     repeated call] in ringreduce/_fastpath.py): submit_and_wait without a Python frame in between."""
     if submit_cpu is _SUBMIT_CPU:
-        handle = C.submit_cpu(*plan.head, tensor, None, plan.options, plan.store, not async_op)
+        if async_op or _NATIVE_RUN is None or C.submit_cpu is not _NATIVE_SUBMIT:
+            handle = C.submit_cpu(*plan.head, tensor, None, plan.options, plan.store, not async_op)
+        else:  # Note [Synchronous calls without a handle] in csrc/torch/bindings.cpp
+            handle = _NATIVE_RUN(*plan.head, tensor, plan.options, plan.store)
+            if handle is None:
+                return None
     else:  # submit_cpu was replaced (a test's or a measurement's stub): call it as the full path does
         handle = submit_cpu(plan.info, tensor, plan.options, synchronous=not async_op)
     if async_op:

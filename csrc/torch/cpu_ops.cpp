@@ -79,9 +79,9 @@ DType toDType(at::ScalarType t) {
            "int64, uint8, bool, complex64, complex128)");
 }
 
-CpuCall::CpuCall(at::Tensor tensor, at::Tensor output, CallOptions opt)
+CpuCall::CpuCall(at::Tensor tensor, at::Tensor output, CallOptions opt, bool with_future)
     : tensor_(std::move(tensor)), output_(std::move(output)), opt_(std::move(opt)) {
-  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  if (with_future) future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
 }
 
 Frame CpuCall::frame() const {
@@ -138,9 +138,9 @@ void CpuCall::complete(bool ok, ErrorKind kind, const std::string& message, cons
   work_ = at::Tensor();
   // The future first (its callbacks may run Python: no lock held), then the waiters, so that a
   // returned wait() always sees a completed future.
-  if (ok) {
+  if (future_ && ok) {
     future_->markCompleted(c10::IValue(std::vector<at::Tensor>{output_.defined() ? output_ : tensor_}));
-  } else {
+  } else if (future_) {
     future_->setError(std::make_exception_ptr(std::runtime_error(message)));
   }
   {
@@ -186,9 +186,9 @@ CallTiming CpuCall::timing() {
 std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
                                    const std::vector<int>& members, const at::Tensor& tensor, const at::Tensor& output,
                                    const CallOptions& opt, const c10::intrusive_ptr<c10d::Store>& store,
-                                   bool synchronous, std::function<bool()> interrupted) {
+                                   bool synchronous, std::function<bool()> interrupted, bool with_future) {
   std::shared_ptr<GroupRuntime> rt = runtimeOf(pg, name, members, store);
-  auto call = std::make_shared<CpuCall>(tensor, output, opt);
+  auto call = std::make_shared<CpuCall>(tensor, output, opt, with_future);
   call->seq_ = rt->submit(call, opt, synchronous, std::move(interrupted));
   return call;
 }

@@ -22,7 +22,8 @@ namespace rr {
 // One submitted CPU call: what Python's Work wraps ("CallHandle" in Python).
 class CpuCall final : public CallBody {
  public:
-  CpuCall(at::Tensor tensor, at::Tensor output, CallOptions opt);
+  // `with_future`: whether future() exists (a synchronous call's handle never hands one out).
+  CpuCall(at::Tensor tensor, at::Tensor output, CallOptions opt, bool with_future = true);
 
   // Blocks (the binding releases the GIL) until done or until timeout_ms passed (< 0: forever).
   bool wait(int64_t timeout_ms);
@@ -44,7 +45,7 @@ class CpuCall final : public CallBody {
   friend std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>&, const std::string&,
                                             const std::vector<int>&, const at::Tensor&, const at::Tensor&,
                                             const CallOptions&, const c10::intrusive_ptr<c10d::Store>&, bool,
-                                            std::function<bool()>);
+                                            std::function<bool()>, bool);
   at::Tensor tensor_;  // the caller's tensor (undefined for a locally refused call)
   at::Tensor output_;  // reduce_scatter / all_gather: the result (the future's value)
   at::Tensor work_;    // the contiguous buffer the rings run over, when it is not tensor_
@@ -70,7 +71,8 @@ class CpuCall final : public CallBody {
 std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
                                    const std::vector<int>& members, const at::Tensor& tensor, const at::Tensor& output,
                                    const CallOptions& opt, const c10::intrusive_ptr<c10d::Store>& store,
-                                   bool synchronous, std::function<bool()> interrupted = nullptr);
+                                   bool synchronous, std::function<bool()> interrupted = nullptr,
+                                   bool with_future = true);
 
 DType toDType(at::ScalarType t);  // throws kType for unsupported dtypes
 
