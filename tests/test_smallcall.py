@@ -15,7 +15,7 @@ import torch.distributed as dist
 import ringreduce as rr
 from ringreduce import _dispatch
 from ringreduce._native import C
-from tests.ranks import run_ranks
+from ranks import run_ranks
 
 SIZES = (1, 7, 256, 1000, 4099)
 
