@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the torch-free core and its C++ tests under AddressSanitizer with UndefinedBehaviorSanitizer
 # (one build, build-asan-ubsan) and under ThreadSanitizer (build-tsan: the multi-threaded tests only,
-# tsan_tests below) in the repo root, and runs ctest in each. ASan and UBSan alone are still available (build-asan, build-ubsan).
+# tsan_tests below) in the repo root, and runs ctest in each. ASan and UBSan alone are still available
+# (build-asan, build-ubsan).
 # Prints the time of each stage; exits non-zero if any configure, build or test failed. nvcc is not
 # used (RR_CUDA=OFF): the host-side GPU driver test still runs under each sanitizer.
 #

@@ -370,7 +370,7 @@ def _staging_after_each_size(rank: int, world_size: int) -> list[tuple[str, int,
     import ringreduce
     from ringreduce import _C
 
-    pg = dist.group.WORLD
+    pg = dist.new_group(backend="gloo")  # a group of its own: the pool's WORLD keeps slots of earlier jobs
     out = []
     for label, mib_x16, check in [("1M", 16, "0"), ("1M", 16, "1"), ("4M", 64, "1"), ("64M", 1024, "1"),
                                   ("1M again", 16, "1"), ("16K", 0, "1")]:
@@ -378,11 +378,12 @@ def _staging_after_each_size(rank: int, world_size: int) -> list[tuple[str, int,
         numel = mib_x16 * MIB // 64 if mib_x16 else 4096
         pattern = (torch.arange(numel) % 4099).to(torch.float32)  # position-dependent, sums exact
         x = pattern + rank
-        ringreduce.all_reduce(x, op="sum")
+        ringreduce.all_reduce(x, op="sum", group=pg)
         want = world_size * pattern + world_size * (world_size - 1) // 2
         out.append((f"{label} check={check}", int(_C.staging_bytes(pg)), int(_C.memory_bytes(pg)),
                     bool(torch.equal(x, want))))
     os.environ.pop("RINGREDUCE_CHECK", None)
+    dist.destroy_process_group(pg)
     return out
 
 
