@@ -30,6 +30,9 @@ def _store() -> dist.Store:
 
 
 def _interrupted(rank: int, ws: int, how: str) -> dict:
+    # SIGINT raises KeyboardInterrupt here whatever this process inherited: a suite started with a shell's
+    # `&` (no job control) has SIGINT ignored, and Python then leaves it ignored in every rank.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     store = _store()
     if how == "sync_warm":  # a first call together: the ring is set up, the next sync call runs inline
         rr.all_reduce(torch.ones(4))

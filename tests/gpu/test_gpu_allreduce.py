@@ -448,6 +448,9 @@ def _interrupted(rank: int, n: int, how: str) -> dict:
     frames; "first_contact", a synchronous call whose first exchange connects to rank 1 inside NCCL
     (the communicator exists, no exchange ran yet). The last two wait in native code (Note
     [Interrupting a host wait on CUDA], csrc/cuda/host_interrupt.h)."""
+    # SIGINT raises KeyboardInterrupt here whatever this process inherited: a suite started with a shell's
+    # `&` (no job control) has SIGINT ignored, and Python then leaves it ignored in every rank.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import ringreduce as rr
     from ringreduce import _cuda
 
