@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import run_ranks
 
 import ringreduce as rr
 from ringreduce import _dispatch
 from ringreduce._native import C
-from ranks import run_ranks
 
 SIZES = (1, 7, 256, 1000, 4099)
 
