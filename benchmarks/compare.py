@@ -1,6 +1,8 @@
 """Two builds of ringreduce side by side: medians over repeated runs of the same sweep.
 
     python benchmarks/compare.py DIR [--base old] [--head new]
+    python benchmarks/compare.py DIR --results BUILD
+
 
 DIR holds the JSON files `python -m ringreduce.bench --json` wrote, named `<build>-<N>r-<run>.json`
 (benchmarks/compare_commits.sh names them so: `old-2r-1.json`, `new-2r-1.json`, ...). For every world
@@ -10,6 +12,11 @@ stock collective ran in the same processes, so that ratio is the steadier one on
 A size a run lacks is left out of that run's medians. Files `train-<build>-<run>.json` from
 `python -m ringreduce.bench.train_step --json` give one more table: each variant's step time and its
 ratio to DDP's step in the same run, medians over runs.
+
+`--results BUILD` prints one build's runs as README's results table: per size, for each world size
+side by side, the median over runs of each implementation's time (ringreduce first, then the others
+in the order the JSON lists them: gloo, deepspeed with `--vs deepspeed`) and the median over runs of
+ringreduce's time over each other implementation's.
 """
 
 from __future__ import annotations
@@ -105,12 +112,46 @@ def table(runs: dict[tuple[str, int], list[dict[int, dict[str, float]]]], base: 
     return "\n".join(out)
 
 
+def results(runs: dict[tuple[str, int], list[dict[int, dict[str, float]]]], build: str) -> str:
+    """One build's Markdown results table: the world sizes side by side (empty when it has no run)."""
+    sizes_n = sorted(n for (b, n) in runs if b == build)
+    if not sizes_n:
+        return ""
+    impls = {n: [i for i in next(iter(runs[(build, n)][0].values())) if i != "ringreduce"] for n in sizes_n}
+    names = {"gloo": "gloo", "deepspeed": "DeepSpeed"}
+    head, rule = ["size"], ["---"]
+    for n in sizes_n:
+        head.append(f"{n} ranks: " + " / ".join(["ringreduce"] + [names.get(i, i) for i in impls[n]]) + " (us)")
+        head += [f"/ {names.get(i, i)}" for i in impls[n]]
+        rule += ["---"] * (1 + len(impls[n]))
+    out = [f"{build}: " + ", ".join(f"{len(runs[(build, n)])} runs at {n} ranks" for n in sizes_n)
+           + "; medians over runs", "", "| " + " | ".join(head) + " |", "|" + "|".join(rule) + "|"]
+    for size in sorted(set().union(*(r for n in sizes_n for r in runs[(build, n)]))):
+        cells = [_size(size)]
+        for n in sizes_n:
+            rs = [r[size] for r in runs[(build, n)] if "ringreduce" in r.get(size, {})]
+            times = [_median([r[i] for r in rs if i in r]) for i in ["ringreduce"] + impls[n]]
+            ratios = [_median([r["ringreduce"] / r[i] for r in rs if i in r]) for i in impls[n]]
+            cells.append(" / ".join("-" if t is None else f"{t:.1f}" for t in times))
+            cells += ["-" if q is None else f"{q:.3f}" for q in ratios]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out + [""])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder", type=Path)
     p.add_argument("--base", default="old", help="the build compared against (file prefix, default old)")
     p.add_argument("--head", default="new", help="the build under test (file prefix, default new)")
+    p.add_argument("--results", metavar="BUILD", help="one build's results table (README's) instead of a comparison")
     args = p.parse_args(argv)
+    if args.results:
+        text = results(load(args.folder), args.results)
+        if not text:
+            print(f"compare: no {args.results}-<N>r-<run>.json in {args.folder}", file=sys.stderr)
+            return 1
+        print(text)
+        return 0
     text = table(load(args.folder), args.base, args.head) + train_table(load_train(args.folder), args.base, args.head)
     if not text:
         print(f"compare: no pairs of <{args.base}|{args.head}>-<N>r-<run>.json in {args.folder}", file=sys.stderr)

@@ -50,6 +50,23 @@ def test_training_step_table(tmp_path):
     assert "| averager | 160.0 | 110.0 | 0.800 | 0.550 |" in text.splitlines()
 
 
+def test_results_table_of_one_build(tmp_path):
+    # README's results table: times and ratios are medians over runs, world sizes side by side
+    for i, (rr, gloo, ds) in enumerate([(10.0, 100.0, 20.0), (12.0, 300.0, 10.0), (30.0, 200.0, 15.0)], start=1):
+        rows = [{"size": 1024, "impl": impl, "time_us": t} for impl, t in
+                (("ringreduce", rr), ("gloo", gloo), ("deepspeed", ds))]
+        (tmp_path / f"main-2r-{i}.json").write_text(json.dumps({"rows": rows}))
+    _sweep(tmp_path / "main-4r-1.json", {1024: (50.0, 500.0)})
+    _sweep(tmp_path / "other-2r-1.json", {1024: (1.0, 1.0)})  # another build: not in the table
+    lines = _compare().results(_compare().load(tmp_path), "main").splitlines()
+    assert lines[0] == "main: 3 runs at 2 ranks, 1 runs at 4 ranks; medians over runs"
+    assert lines[2] == ("| size | 2 ranks: ringreduce / gloo / DeepSpeed (us) | / gloo | / DeepSpeed "
+                        "| 4 ranks: ringreduce / gloo (us) | / gloo |")
+    # rr/gloo per run 0.1, 0.04, 0.15 -> 0.100; rr/ds 0.5, 1.2, 2.0 -> 1.200
+    assert lines[4] == "| 1 KiB | 12.0 / 200.0 / 15.0 | 0.100 | 1.200 | 50.0 / 500.0 | 0.100 |"
+    assert _compare().main([str(tmp_path), "--results", "none"]) == 1
+
+
 def test_no_pairs_is_an_error(tmp_path, capsys):
     _sweep(tmp_path / "old-2r-1.json", {1024: (1.0, 2.0)})
     assert _compare().main([str(tmp_path)]) == 1
