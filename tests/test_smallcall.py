@@ -48,7 +48,9 @@ def _back_to_back(rank: int, ws: int, rounds: int) -> dict:
 def test_back_to_back_calls_are_exact_on_every_rank(ws):
     rounds = 60
     for r in run_ranks(ws, _back_to_back, rounds, transport="shm"):
-        assert r["transport"] == "shm", r
+        # the ring's transport ("; node stages: ..." follows where an earlier job of the persistent
+        # pool ran a hierarchical call on WORLD)
+        assert r["transport"].split(";")[0] == "shm", r
         assert r["wrong"] == [], r
         # every repeated call of an argument set took the handle-free call (the first one per set
         # runs the checks and the full path)
