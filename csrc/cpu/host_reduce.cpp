@@ -1,6 +1,7 @@
 #include "host_reduce.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "../core/error.h"
 #include "../core/functors.h"
@@ -25,12 +26,13 @@ struct HostLoop {
     const TB* __restrict__ pb = static_cast<const TB*>(b);
     TD* pd = static_cast<TD*>(dst);  // may alias pa (in-place reduce)
     if (sc.wire_round >= 0) {  // the owner's final reduce of a 16-bit all-gather (Note [16-bit all-gather])
-      for (int64_t i = 0; i < count; ++i) pd[i] = ReduceStep<TA, TB, TD, op>::apply(pa[i], pb[i], sc);
-    } else if (sc.predivide > 0 || sc.divisor > 0 || sc.postscale > 0) {
-      // A local copy whose wire_round the compiler knows is -1: the loop has no per-element wire
-      // branch and vectorizes (with it, a 64 MiB shared-memory AVG took 4x as long).
-      Scaling scaled = sc;
-      scaled.wire_round = -1;
+      if constexpr (std::is_same<TD, float>::value) {
+        for (int64_t i = 0; i < count; ++i) pd[i] = ReduceStep<TA, TB, TD, op>::applyWireRounded(pa[i], pb[i], sc);
+        return;
+      }
+    }
+    if (sc.predivide > 0 || sc.divisor > 0 || sc.postscale > 0) {
+      const Scaling scaled = sc;  // a local copy: no store through pd can change it
       for (int64_t i = 0; i < count; ++i) pd[i] = ReduceStep<TA, TB, TD, op>::apply(pa[i], pb[i], scaled);
     } else {
       const Scaling none;  // a constant the compiler folds: the plain loop vectorizes
