@@ -3,7 +3,6 @@
     python benchmarks/compare.py DIR [--base old] [--head new]
     python benchmarks/compare.py DIR --results BUILD
 
-
 DIR holds the JSON files `python -m ringreduce.bench --json` wrote, named `<build>-<N>r-<run>.json`
 (benchmarks/compare_commits.sh names them so: `old-2r-1.json`, `new-2r-1.json`, ...). For every world
 size N and message size it prints, as a Markdown table, the median over runs of each build's

@@ -21,8 +21,8 @@
 //   the first hop's partial from the local value: its only rounding is the store into the partial
 //   type. With a 16-bit all-gather (Note [16-bit all-gather] in plan.h) the final reduce also
 //   rounds the finished float32 value (after the scaling below) once to the wire's type and stores
-//   it widened (Scaling::wire_round, ReduceStep::applyWireRounded): the owner keeps exactly the 16
-//   bits it sends.
+//   it widened (Scaling::wire_round; the CPU's final reduce applies roundThroughWire to ReduceStep's
+//   float32 result): the owner keeps exactly the 16 bits it sends.
 // * Scaling (struct Scaling): with a predivide factor f, the local operand enters every step as
 //   a / f computed in the accumulation type and rounded to a's own type (what t.div_(f) before the
 //   call would give), and the convert of the first hop divides the same way. The final reduce of an
@@ -268,8 +268,8 @@ struct Scaling {
   double postscale = 0;    // > 0 (final reduce): see divisor; without a divisor the sum is multiplied by it
   bool round_sum = false;  // final reduce: round the sum to dst's type before scaling it
   // final reduce of a float32 element: -1, or the DType code (float16/bfloat16) that the scaled
-  // result is rounded through (Note [16-bit all-gather] in plan.h; ReduceStep::applyWireRounded, on
-  // CPUs); other types ignore it.
+  // result is rounded through (Note [16-bit all-gather] in plan.h; the CPU's host loop applies it,
+  // outside ReduceStep, so that the other loops keep no per-element branch); other types ignore it.
   int32_t wire_round = -1;
 };
 
@@ -336,16 +336,6 @@ struct ReduceStep {
     if (sc.predivide > 0) x = roundTo<Acc, TA>(divideBy(x, static_cast<Real>(sc.predivide)));
     const Acc y = Convert<Acc, TB>::load(b);
     return Convert<Acc, TD>::store(scaleFinal<TD>(Combine<op>::apply(x, y), sc));
-  }
-  // apply, with the finished value rounded through the 16-bit wire type sc.wire_round (Note [16-bit
-  // all-gather] in plan.h). A function of its own, so that apply's loops keep no per-element branch
-  // for it (with one, the CPU's AVG loop stopped vectorizing: 64 MiB took 4x as long); only the CPU's
-  // final reduce of a 16-bit all-gather calls it (GPU calls refuse that all-gather).
-  RR_HD_INLINE static TD applyWireRounded(const TA& a, const TB& b, const Scaling& sc) {
-    Acc x = Convert<Acc, TA>::load(a);
-    if (sc.predivide > 0) x = roundTo<Acc, TA>(divideBy(x, static_cast<Real>(sc.predivide)));
-    const Acc y = Convert<Acc, TB>::load(b);
-    return Convert<Acc, TD>::store(roundThroughWire(scaleFinal<TD>(Combine<op>::apply(x, y), sc), sc.wire_round));
   }
 };
 

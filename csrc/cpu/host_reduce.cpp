@@ -25,9 +25,10 @@ struct HostLoop {
     const TA* __restrict__ pa = static_cast<const TA*>(a);
     const TB* __restrict__ pb = static_cast<const TB*>(b);
     TD* pd = static_cast<TD*>(dst);  // may alias pa (in-place reduce)
-    if (sc.wire_round >= 0) {  // the owner's final reduce of a 16-bit all-gather (Note [16-bit all-gather])
-      if constexpr (std::is_same<TD, float>::value) {
-        for (int64_t i = 0; i < count; ++i) pd[i] = ReduceStep<TA, TB, TD, op>::applyWireRounded(pa[i], pb[i], sc);
+    if constexpr (std::is_same<TD, float>::value) {
+      if (sc.wire_round >= 0) {  // the owner's final reduce of a 16-bit all-gather (Note [16-bit all-gather])
+        for (int64_t i = 0; i < count; ++i)
+          pd[i] = roundThroughWire(ReduceStep<TA, TB, TD, op>::apply(pa[i], pb[i], sc), sc.wire_round);
         return;
       }
     }
