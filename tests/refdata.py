@@ -106,7 +106,7 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.numel() == 0:
         return True
     if a.dtype == torch.bool:
-        return torch.equal(a, b)
+        return torch.equal(a.cpu(), b.cpu())
     da = torch.empty(a.shape, dtype=a.dtype).copy_(a).view(-1)
     db = torch.empty(b.shape, dtype=b.dtype).copy_(b).view(-1)
     return torch.equal(da.view(torch.uint8), db.view(torch.uint8))

@@ -251,7 +251,17 @@ NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int devic
     abortLocked(msg);
     RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg, simpler);
   }
-  waitReady(lock, s, "ncclCommSplit", deadline);
+  // Whatever the split returned, the child is made in the background: NCCL (2.28.9 src/init.cc)
+  // returns the child setup's ncclSuccess while the group it started is still in progress, sets the
+  // parent's state to ncclInProgress until the child is done and writes the handle only then (seen
+  // on an H200 with NCCL 2.28.9: a split that "succeeded" with no handle). So the wait is on the
+  // parent's state, then on the handle itself.
+  waitReady(lock, ncclInProgress, "ncclCommSplit", deadline);
+  while (__atomic_load_n(&queue_, __ATOMIC_ACQUIRE) == nullptr && std::chrono::steady_clock::now() < deadline) {
+    lock.unlock();
+    std::this_thread::sleep_for(kPollInterval);
+    lock.lock();
+  }
   if (queue_ == nullptr) {
     abortLocked("ncclCommSplit returned no communicator");
     RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_,

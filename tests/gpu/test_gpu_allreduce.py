@@ -89,7 +89,7 @@ def _random_vs_nccl(rank: int, n: int) -> None:
         # accum_dtype=float32: at least as close to the float64 truth as the per-hop rounding
         if dtype in (torch.float16, torch.bfloat16):
             x = torch.randn(4097, generator=gen, device=dev).to(dtype)
-            truth = reference(gather_inputs(x), "avg").double()
+            truth = reference(gather_inputs(x), "avg").double().to(dev)
             a, b = x.clone(), x.clone()
             rr.all_reduce_avg(a, accum_dtype=torch.float32)
             rr.all_reduce_avg(b)

@@ -35,6 +35,10 @@ struct ncclComm {
   int rank = 0;
   std::chrono::steady_clock::time_point ready_at;
   bool never_ready = false;
+  // A split of this (non-blocking) communicator still in progress: the child, and where its handle
+  // goes once the parent's state leaves ncclInProgress.
+  ncclComm* split_child = nullptr;
+  ncclComm** split_out = nullptr;
   // (send?, peer) connected so far; shared with split-shared children as NCCL's connectors are.
   std::shared_ptr<std::set<std::pair<bool, int>>> connected = std::make_shared<std::set<std::pair<bool, int>>>();
 };
@@ -613,16 +617,28 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   child->world = comm->world;
   child->id = comm->id;
   child->rank = key;
-  *newcomm = child;
-  if (comm->blocking) return ncclSuccess;
-  // A non-blocking parent: the split runs in the background; its state says when it is done.
-  comm->ready_at = Clock::now();
+  if (comm->blocking) {
+    *newcomm = child;
+    return ncclSuccess;
+  }
+  // A non-blocking parent, as NCCL 2.28.9 does it (src/init.cc ncclCommSplit): the call returns
+  // ncclSuccess with the handle still NULL; the parent's state is ncclInProgress until the child is
+  // made, and the handle is written just before that state turns ncclSuccess.
+  *newcomm = nullptr;
+  comm->split_child = child;
+  comm->split_out = newcomm;
+  comm->ready_at = Clock::now() + std::chrono::milliseconds(2);
   ++st().host_waits;
-  return ncclInProgress;
+  return ncclSuccess;
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   std::lock_guard<std::mutex> lock(st().mu);
   *state = (comm->never_ready || Clock::now() < comm->ready_at) ? ncclInProgress : ncclSuccess;
+  if (*state == ncclSuccess && comm->split_out != nullptr) {
+    *comm->split_out = comm->split_child;
+    comm->split_out = nullptr;
+    comm->split_child = nullptr;
+  }
   return ncclSuccess;
 }
 ncclResult_t ncclCommAbort(ncclComm_t comm) {

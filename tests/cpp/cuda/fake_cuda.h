@@ -17,7 +17,8 @@
 //     (ncclSuccess); blocking and non-blocking communicators in one group are refused
 //     (ncclInvalidUsage), as NCCL does;
 //   * ncclCommSplit derives a child sharing its parent's abort flag (config.splitShare), blocking
-//     or not as its config says; on a non-blocking parent it returns ncclInProgress;
+//     or not as its config says; on a non-blocking parent it returns ncclSuccess with the handle
+//     still NULL, and writes the handle when the parent's state turns ncclSuccess (NCCL 2.28.9);
 //   * host waits are counted: every ncclInProgress returned to the caller (init, split,
 //     non-blocking ncclGroupEnd: each obliges the caller to poll before going on) and every
 //     cudaStreamSynchronize;
