@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import free_port, run_ranks
+from ranks import free_port, run_ranks, spawn_ranks
+from refdata import bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
 
 import ringreduce as rr
 from ringreduce._native import C
@@ -159,6 +163,93 @@ def test_hierarchical_node_stages_run_in_shared_memory():
         cross = sum(b for p, b in enumerate(r["sent"]) if node[p] != node[rank])
         local = sum(b for p, b in enumerate(r["sent"]) if node[p] == node[rank])
         assert cross == S // 2 and local == 0, (rank, r["sent"])
+
+
+# ---- Note [Pipelined hierarchical all-reduce]: node stages in shared memory, cut into pieces ----------
+# A piece is 4 segments (kNodePieceSegments), at most 8 pieces a call: with 64 KiB segments a 1 MiB
+# float32 call is 4 pieces, a 2 or 3 MiB one 8 (the cap), and a 200 KiB one is not cut.
+
+PIECES = {"RINGREDUCE_LOCAL_SIZE": "2", "RINGREDUCE_SEGMENT_BYTES": str(64 << 10)}
+
+
+def _pieces(rank: int, ws: int) -> dict:
+    pg = dist.group.WORLD
+    out: dict = {}
+    node = [0, 0, 1, 1]
+    os.environ.update(PIECES)
+    try:
+        cases = [(torch.float32, op, numel) for op in ("sum", "avg", "max")
+                 for numel in ((200 << 10) // 4, (1 << 20) // 4 + 5, (3 << 20) // 4 + 1)]
+        cases += [(dtype, op, (1 << 20) // 4 + 5) for dtype in (torch.bfloat16, torch.int32, torch.float64)
+                  for op in ("sum", "avg") if supported(dtype, op)]
+        for dtype, op, numel in cases:
+            t = exact_input(numel, rank, dtype, op)
+            want = reference(gather_inputs(t), op)
+            rr.all_reduce(t, op=op, algorithm="hierarchical")
+            out[f"{dtype} {op} {numel}"] = bits_equal(t, want) and same_on_all_ranks(t)
+        g = torch.Generator().manual_seed(7 + rank)
+        x = torch.randn((1 << 20) + 3, generator=g)
+        for kwargs in ({}, {"predivide_factor": 2.0}, {"wire_dtype": torch.bfloat16}):
+            h, f = x.clone(), x.clone()
+            rr.all_reduce_avg(h, algorithm="hierarchical", **kwargs)
+            rr.all_reduce_avg(f, algorithm="ring", **kwargs)
+            tol = 2e-2 if kwargs.get("wire_dtype") is not None else 1e-5
+            out[f"random {kwargs} vs flat"] = torch.allclose(h, f, rtol=tol, atol=tol) and same_on_all_ranks(h)
+        works = [rr.all_reduce(torch.full((1 << 19,), float(i)), algorithm="hierarchical", async_op=True)
+                 for i in range(4)]
+        out["async in order"] = all(w.wait() and torch.equal(w.result()[0], torch.full((1 << 19,), float(i * ws)))
+                                    for i, w in enumerate(works))
+        t = torch.ones(1 << 18)  # 1 MiB: 4 pieces; every rank sends 0.5 S across nodes, as unpipelined
+        C.bytes_sent(pg, True)
+        rr.all_reduce(t, algorithm="hierarchical")
+        sent = C.bytes_sent(pg, True)
+        out["cross bytes"] = sum(b for p, b in enumerate(sent) if node[p] != node[rank])
+        out["node bytes"] = sum(b for p, b in enumerate(sent) if node[p] == node[rank])
+        out["bytes call exact"] = bool(torch.all(t == ws))
+    finally:
+        for k in PIECES:
+            os.environ.pop(k, None)
+    return out
+
+
+def test_pipelined_node_stages_exact_and_same_bytes():
+    for rank, res in enumerate(run_ranks(4, _pieces, transport="shm")):
+        cross, node = res.pop("cross bytes"), res.pop("node bytes")
+        assert all(res.values()), f"rank {rank}: {[k for k, v in res.items() if not v]}"
+        assert cross == (1 << 20) // 2 and node == 0, (rank, cross, node)
+
+
+def _pieces_peer_killed(rank: int, ws: int) -> dict:
+    t = torch.ones(1 << 20)  # 4 MiB in 64 KiB segments: 8 pieces
+    rr.all_reduce(t, algorithm="hierarchical")  # warm-up: the node segment exists
+    dist.barrier()
+    if rank == 3:
+        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    res: dict = {}
+    start = time.monotonic()
+    try:
+        for _ in range(200):
+            rr.all_reduce(t, algorithm="hierarchical")
+        res["err"] = "none"
+    except dist.DistBackendError:
+        res["err"] = "DistBackendError"
+    except RuntimeError as exc:
+        res["err"] = f"RuntimeError: {exc}"
+    res["elapsed"] = time.monotonic() - start
+    return res
+
+
+def test_pipelined_node_stages_peer_killed():
+    """A rank killed while pipelined calls run: the other three raise DistBackendError (its node
+    partner through the node ring's timeout, the other node through the cross-node ring) and exit."""
+    env = {**PIECES, "RINGREDUCE_TIMEOUT": "10", "RINGREDUCE_SHM": "1"}
+    out = spawn_ranks(4, _pieces_peer_killed, env=env, timeout=180)
+    assert out[3][0] == "died" and out[3][2] == -signal.SIGKILL, out[3]
+    for r in (0, 1, 2):
+        status, res, code = out[r]
+        assert status == "ok" and code == 0, (r, status, res, code)
+        assert res["err"] == "DistBackendError", (r, res)
+        assert res["elapsed"] < 60, (r, res)
 
 
 def _memory_after_sizes(rank: int, ws: int) -> dict:

@@ -53,6 +53,10 @@ constexpr int kTagSlots = 64;
 constexpr int kFrameTagBase = 1 << 30;
 constexpr int kPayloadTagBase = (1 << 30) + kTagSlots;
 constexpr int kPayloadTagsPerSlot = ((1 << 30) - kTagSlots) / kTagSlots;
+// Note [Pipelined hierarchical all-reduce] (group_runtime.cpp): a piece is this many segments, and
+// a call has at most this many pieces.
+constexpr int64_t kNodePieceSegments = 4;
+constexpr int64_t kMaxNodePieces = 8;
 constexpr int kStagesPerCall = 3;  // the hierarchical all-reduce runs three rings per call
 // Note [Receives before the verdict]: a first segment sent before the verdict is at most this
 // large, and a receive posted before it has room for this much (part of the wire protocol).
@@ -202,6 +206,10 @@ class GroupRuntime {
                  PlanRun* lead, CallTiming& timing);
   // The tag of stage `stage` of the call in tag group `tag_group` (Note [Tags]).
   int payloadTag(int tag_group, size_t stage) const;
+  // Note [Pipelined hierarchical all-reduce]: how many pieces a hierarchical all-reduce of `buf`
+  // with its node stages in shared memory is cut into (1: not cut), and running them.
+  int64_t nodePieces(const CallOptions& opt, const CallBuffer& buf) const;
+  void runNodePieces(const Call& call, const CallBuffer& buf, int64_t pieces, ShmRing* node, int tag_group);
   // Note [One-shot all-reduce]: the frames carry the tensors; then every rank reduces them.
   void runOneShot(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing);
 
