@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from ranks import free_port, run_ranks, spawn_ranks
-from refdata import bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
+from refdata import bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks
 
 import ringreduce as rr
 from ringreduce._native import C
@@ -166,40 +166,47 @@ def test_hierarchical_node_stages_run_in_shared_memory():
 
 
 # ---- Note [Pipelined hierarchical all-reduce]: node stages in shared memory, cut into pieces ----------
-# A piece is 4 segments (kNodePieceSegments), at most 8 pieces a call: with 64 KiB segments a 1 MiB
-# float32 call is 4 pieces, a 2 or 3 MiB one 8 (the cap), and a 200 KiB one is not cut.
+# A piece is at least 4 MiB (kNodePieceBytes), at most 8 pieces a call, whatever the segment size: an
+# 8 MiB call is 2 pieces, a 12 MiB one 3, and a 4 MiB one is not cut.
 
-PIECES = {"RINGREDUCE_LOCAL_SIZE": "2", "RINGREDUCE_SEGMENT_BYTES": str(64 << 10)}
+MIB = 1 << 20
 
 
 def _pieces(rank: int, ws: int) -> dict:
     pg = dist.group.WORLD
     out: dict = {}
     node = [0, 0, 1, 1]
-    os.environ.update(PIECES)
+    os.environ["RINGREDUCE_LOCAL_SIZE"] = "2"
     try:
-        cases = [(torch.float32, op, numel) for op in ("sum", "avg", "max")
-                 for numel in ((200 << 10) // 4, (1 << 20) // 4 + 5, (3 << 20) // 4 + 1)]
-        cases += [(dtype, op, (1 << 20) // 4 + 5) for dtype in (torch.bfloat16, torch.int32, torch.float64)
-                  for op in ("sum", "avg") if supported(dtype, op)]
+        cases = [(torch.float32, op, 2 * MIB + 5) for op in ("sum", "avg", "max")]
+        cases += [(torch.float32, "sum", 3 * MIB + 1), (torch.float32, "sum", MIB), (torch.bfloat16, "sum", 4 * MIB + 3),
+                  (torch.int32, "sum", 2 * MIB + 5), (torch.float64, "avg", MIB + 5)]
         for dtype, op, numel in cases:
             t = exact_input(numel, rank, dtype, op)
             want = reference(gather_inputs(t), op)
             rr.all_reduce(t, op=op, algorithm="hierarchical")
             out[f"{dtype} {op} {numel}"] = bits_equal(t, want) and same_on_all_ranks(t)
         g = torch.Generator().manual_seed(7 + rank)
-        x = torch.randn((1 << 20) + 3, generator=g)
+        x = torch.randn(2 * MIB + 3, generator=g)
         for kwargs in ({}, {"predivide_factor": 2.0}, {"wire_dtype": torch.bfloat16}):
             h, f = x.clone(), x.clone()
             rr.all_reduce_avg(h, algorithm="hierarchical", **kwargs)
             rr.all_reduce_avg(f, algorithm="ring", **kwargs)
             tol = 2e-2 if kwargs.get("wire_dtype") is not None else 1e-5
             out[f"random {kwargs} vs flat"] = torch.allclose(h, f, rtol=tol, atol=tol) and same_on_all_ranks(h)
-        works = [rr.all_reduce(torch.full((1 << 19,), float(i)), algorithm="hierarchical", async_op=True)
-                 for i in range(4)]
-        out["async in order"] = all(w.wait() and torch.equal(w.result()[0], torch.full((1 << 19,), float(i * ws)))
+        for seg in (str(64 << 10), None):  # the segment size never changes a bit of the result
+            if seg is not None:
+                os.environ["RINGREDUCE_SEGMENT_BYTES"] = seg
+            y = x.clone()
+            rr.all_reduce_avg(y, algorithm="hierarchical")
+            os.environ.pop("RINGREDUCE_SEGMENT_BYTES", None)
+            out[f"segment {seg}"] = y
+        out["same bits whatever the segment"] = torch.equal(out.pop(f"segment {64 << 10}"), out.pop("segment None"))
+        works = [rr.all_reduce(torch.full((2 * MIB,), float(i)), algorithm="hierarchical", async_op=True)
+                 for i in range(3)]
+        out["async in order"] = all(w.wait() and torch.equal(w.result()[0], torch.full((2 * MIB,), float(i * ws)))
                                     for i, w in enumerate(works))
-        t = torch.ones(1 << 18)  # 1 MiB: 4 pieces; every rank sends 0.5 S across nodes, as unpipelined
+        t = torch.ones(2 * MIB)  # 8 MiB: 2 pieces; every rank sends 0.5 S across nodes, as unpipelined
         C.bytes_sent(pg, True)
         rr.all_reduce(t, algorithm="hierarchical")
         sent = C.bytes_sent(pg, True)
@@ -207,8 +214,7 @@ def _pieces(rank: int, ws: int) -> dict:
         out["node bytes"] = sum(b for p, b in enumerate(sent) if node[p] == node[rank])
         out["bytes call exact"] = bool(torch.all(t == ws))
     finally:
-        for k in PIECES:
-            os.environ.pop(k, None)
+        os.environ.pop("RINGREDUCE_LOCAL_SIZE", None)
     return out
 
 
@@ -216,11 +222,34 @@ def test_pipelined_node_stages_exact_and_same_bytes():
     for rank, res in enumerate(run_ranks(4, _pieces, transport="shm")):
         cross, node = res.pop("cross bytes"), res.pop("node bytes")
         assert all(res.values()), f"rank {rank}: {[k for k, v in res.items() if not v]}"
-        assert cross == (1 << 20) // 2 and node == 0, (rank, cross, node)
+        assert cross == 8 * MIB // 2 and node == 0, (rank, cross, node)
+
+
+def _pieces_whatever_the_segment(rank: int, ws: int) -> bool:
+    # 3 nodes x 2 ranks: the cross-node ring's sum of three floats depends on its order, which the
+    # pieces' chunk owners set; the pieces depend on (numel, dtype) only, so the segment size changes
+    # no bit
+    os.environ["RINGREDUCE_LOCAL_SIZE"] = "2"
+    try:
+        x = torch.randn(3 * MIB + 7, generator=torch.Generator().manual_seed(rank))
+        got = []
+        for seg in (str(64 << 10), str(1 << 20)):
+            os.environ["RINGREDUCE_SEGMENT_BYTES"] = seg
+            y = x.clone()
+            rr.all_reduce(y, algorithm="hierarchical")
+            got.append(y)
+        return torch.equal(got[0], got[1]) and same_on_all_ranks(got[0])
+    finally:
+        os.environ.pop("RINGREDUCE_LOCAL_SIZE", None)
+        os.environ.pop("RINGREDUCE_SEGMENT_BYTES", None)
+
+
+def test_pipelined_pieces_do_not_depend_on_the_segment_size():
+    assert run_ranks(6, _pieces_whatever_the_segment, transport="shm") == [True] * 6
 
 
 def _pieces_peer_killed(rank: int, ws: int) -> dict:
-    t = torch.ones(1 << 20)  # 4 MiB in 64 KiB segments: 8 pieces
+    t = torch.ones(4 * MIB)  # 16 MiB: 4 pieces
     rr.all_reduce(t, algorithm="hierarchical")  # warm-up: the node segment exists
     dist.barrier()
     if rank == 3:
@@ -228,7 +257,7 @@ def _pieces_peer_killed(rank: int, ws: int) -> dict:
     res: dict = {}
     start = time.monotonic()
     try:
-        for _ in range(200):
+        for _ in range(100):
             rr.all_reduce(t, algorithm="hierarchical")
         res["err"] = "none"
     except dist.DistBackendError:
@@ -242,7 +271,7 @@ def _pieces_peer_killed(rank: int, ws: int) -> dict:
 def test_pipelined_node_stages_peer_killed():
     """A rank killed while pipelined calls run: the other three raise DistBackendError (its node
     partner through the node ring's timeout, the other node through the cross-node ring) and exit."""
-    env = {**PIECES, "RINGREDUCE_TIMEOUT": "10", "RINGREDUCE_SHM": "1"}
+    env = {"RINGREDUCE_LOCAL_SIZE": "2", "RINGREDUCE_TIMEOUT": "10", "RINGREDUCE_SHM": "1"}
     out = spawn_ranks(4, _pieces_peer_killed, env=env, timeout=180)
     assert out[3][0] == "died" and out[3][2] == -signal.SIGKILL, out[3]
     for r in (0, 1, 2):

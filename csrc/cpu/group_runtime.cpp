@@ -521,16 +521,16 @@ void GroupRuntime::runStages(const Call& call, const CallBuffer& buf, const std:
 // stage 2 (the cross-node ring) of piece p while the calling thread runs stage 1 of piece p + 1 and
 // then stage 3 of piece p - 1. The node stages are collectives of the node's ranks, so their order
 // is fixed, never taken from what finished first: S1(0), S1(1), S3(0), S1(2), S3(1), ..., S3(P-1),
-// the same on every rank. Every rank cuts the same pieces from what the frames agreed on (numel,
-// dtype, segment size), and stage 2's pieces run one after another on the call's stage-2 tag, so
-// their messages pair in order. An element's sums are those of a hierarchical all-reduce of its
-// piece: bitwise identical on every rank. A failure of either thread interrupts the transport (the
+// the same on every rank. The pieces depend on (numel, dtype) alone, which the frames agreed on,
+// never on the segment size, so results stay the same whatever RINGREDUCE_SEGMENT_BYTES is (design.md
+// 1.5); stage 2's pieces run one after another on the call's stage-2 tag, so their messages pair in
+// order. An element's sums are those of a hierarchical all-reduce of its piece: bitwise identical
+// on every rank. A failure of either thread interrupts the transport (the
 // group is unusable after it anyway), the other stops, and the first error is raised.
 int64_t GroupRuntime::nodePieces(const CallOptions& opt, const CallBuffer& buf) const {
   if (!opt.allReduce() || !opt.hierarchical(size_)) return 1;
-  const int64_t piece_bytes = kNodePieceSegments * opt.cpuSegmentBytes();
   const int64_t bytes = buf.numel * static_cast<int64_t>(dtypeSize(buf.dtype));
-  return std::min<int64_t>(kMaxNodePieces, piece_bytes > 0 ? bytes / piece_bytes : 1);
+  return std::max<int64_t>(1, std::min<int64_t>(kMaxNodePieces, bytes / kNodePieceBytes));
 }
 
 void GroupRuntime::runNodePieces(const Call& call, const CallBuffer& buf, int64_t pieces, ShmRing* node,

@@ -53,9 +53,9 @@ constexpr int kTagSlots = 64;
 constexpr int kFrameTagBase = 1 << 30;
 constexpr int kPayloadTagBase = (1 << 30) + kTagSlots;
 constexpr int kPayloadTagsPerSlot = ((1 << 30) - kTagSlots) / kTagSlots;
-// Note [Pipelined hierarchical all-reduce] (group_runtime.cpp): a piece is this many segments, and
-// a call has at most this many pieces.
-constexpr int64_t kNodePieceSegments = 4;
+// Note [Pipelined hierarchical all-reduce] (group_runtime.cpp): a piece is at least this many bytes,
+// and a call has at most this many pieces.
+constexpr int64_t kNodePieceBytes = 4 << 20;
 constexpr int64_t kMaxNodePieces = 8;
 constexpr int kStagesPerCall = 3;  // the hierarchical all-reduce runs three rings per call
 // Note [Receives before the verdict]: a first segment sent before the verdict is at most this
