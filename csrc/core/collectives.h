@@ -8,7 +8,7 @@
 // per node, M nodes). Three rings run one after another over the same transport (rank lists,
 // Note [Sub-rings by rank list] in transport.h; on CPUs with the node stages in shared memory, a
 // large call is cut into pieces whose stages overlap: Note [Pipelined hierarchical all-reduce] in
-// csrc/cpu/group_runtime.cpp):
+// csrc/cpu/node_pipeline.cpp):
 //   1. reduce-scatter inside the node (ring of L): local rank l ends with the node's reduction of
 //      chunk (l + 1) mod L - the same element range on every node, since it depends on (L, numel)
 //      only; AVG sums here;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <exception>
 #ifdef __linux__
 #include <pthread.h>
 #endif
@@ -509,119 +508,6 @@ void GroupRuntime::runStages(const Call& call, const CallBuffer& buf, const std:
   call.body->finish(rank_, size_);
   timing.ring_us = usSince(started);
   transport_->callDone();
-}
-
-// Note [Pipelined hierarchical all-reduce]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Run one after another, the node stages of a hierarchical all-reduce (shared memory: copies and
-// reduces) add their time to the cross-node ring's, during which the cores mostly wait for the link
-// (2 hosts x 2 ranks at 1 Gbit/s: 0.69-0.75x gloo's time against the 0.67x bound of the bytes).
-// With its node stages in shared memory, a large call is therefore cut into pieces, each a
-// hierarchical all-reduce of its own element range (stagesFor on that range): a helper thread runs
-// stage 2 (the cross-node ring) of piece p while the calling thread runs stage 1 of piece p + 1 and
-// then stage 3 of piece p - 1. The node stages are collectives of the node's ranks, so their order
-// is fixed, never taken from what finished first: S1(0), S1(1), S3(0), S1(2), S3(1), ..., S3(P-1),
-// the same on every rank. The pieces depend on (numel, dtype) alone, which the frames agreed on,
-// never on the segment size, so results stay the same whatever RINGREDUCE_SEGMENT_BYTES is (design.md
-// 1.5); stage 2's pieces run one after another on the call's stage-2 tag, so their messages pair in
-// order. An element's sums are those of a hierarchical all-reduce of its piece: bitwise identical
-// on every rank. A failure of either thread interrupts the transport (the
-// group is unusable after it anyway), the other stops, and the first error is raised.
-int64_t GroupRuntime::nodePieces(const CallOptions& opt, const CallBuffer& buf) const {
-  if (!opt.allReduce() || !opt.hierarchical(size_)) return 1;
-  const int64_t bytes = buf.numel * static_cast<int64_t>(dtypeSize(buf.dtype));
-  return std::max<int64_t>(1, std::min<int64_t>(kMaxNodePieces, bytes / kNodePieceBytes));
-}
-
-void GroupRuntime::runNodePieces(const Call& call, const CallBuffer& buf, int64_t pieces, ShmRing* node,
-                                 int tag_group) {
-  const int64_t esize = static_cast<int64_t>(dtypeSize(buf.dtype));
-  const int64_t each = (buf.numel + pieces - 1) / pieces;
-  std::vector<CallBuffer> bufs;
-  std::vector<std::vector<RingStage>> stages;
-  for (int64_t b = 0; b < buf.numel; b += each) {
-    bufs.push_back(CallBuffer{static_cast<char*>(buf.data) + b * esize, std::min(each, buf.numel - b), buf.dtype});
-    stages.push_back(stagesFor(call.opt, bufs.back()));
-    RR_CHECK(stages.back().size() == 3, kRuntime, "ringreduce internal error: a hierarchical piece without 3 stages");
-  }
-  const size_t n = bufs.size();
-  std::mutex m;
-  std::condition_variable cv;
-  size_t ready = 0;    // pieces whose stage 1 is done
-  size_t crossed = 0;  // pieces whose stage 2 is done
-  bool stop = false;
-  std::exception_ptr failed;
-  std::thread cross([&] {
-    try {
-      for (size_t p = 0; p < n; ++p) {
-        {
-          std::unique_lock<std::mutex> lk(m);
-          cv.wait(lk, [&] { return stop || ready > p; });
-          if (stop) return;
-        }
-        const RingStage& st = stages[p][1];
-        if (st.plan.num_exchanges > 0) {
-          void* data = static_cast<char*>(bufs[p].data) + st.offset * esize;
-          RankMapTransport t(payload_, st.members, st.index());
-          executePlan(st.plan, st.op, t, ringBuffers(st.plan, data, 0), payloadTag(tag_group, 1));
-        }
-        {
-          std::lock_guard<std::mutex> lk(m);
-          crossed = p + 1;
-        }
-        cv.notify_all();
-      }
-    } catch (...) {
-      {
-        std::lock_guard<std::mutex> lk(m);
-        failed = std::current_exception();
-      }
-      cv.notify_all();
-    }
-  });
-  auto first = [&](size_t p) {
-    const RingStage& st = stages[p][0];
-    node->reduceScatter(bufs[p].data, st.plan.dtype, st.op, st.plan.sched, st.plan.finalScaling(st.op));
-    {
-      std::lock_guard<std::mutex> lk(m);
-      ready = p + 1;
-    }
-    cv.notify_all();
-  };
-  auto third = [&](size_t p) {
-    {
-      std::unique_lock<std::mutex> lk(m);
-      // Ctrl-C on a call that runs on the caller's thread is seen by its shared-memory waits
-      // (abortReason); asked here too, interrupt() stops the helper's transfers.
-      while (crossed <= p && !failed) {
-        if (cv.wait_for(lk, std::chrono::milliseconds(50)) == std::cv_status::timeout) {
-          lk.unlock();
-          (void)abortReason();
-          lk.lock();
-        }
-      }
-      if (failed) std::rethrow_exception(failed);
-    }
-    node->allGather(bufs[p].data, stages[p][2].plan.dtype, stages[p][2].plan.sched);
-  };
-  try {
-    first(0);
-    for (size_t p = 0; p < n; ++p) {
-      if (p + 1 < n) first(p + 1);
-      third(p);
-    }
-  } catch (const std::exception& e) {
-    {
-      std::lock_guard<std::mutex> lk(m);
-      stop = true;
-    }
-    cv.notify_all();
-    transport_->interrupt(std::string("ringreduce: ") + name_ + ": a pipelined hierarchical all-reduce failed: " +
-                          e.what());
-    cross.join();
-    throw;
-  }
-  cross.join();
 }
 
 void GroupRuntime::run(Call& call, CallTiming& timing) {

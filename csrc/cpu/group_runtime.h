@@ -53,7 +53,7 @@ constexpr int kTagSlots = 64;
 constexpr int kFrameTagBase = 1 << 30;
 constexpr int kPayloadTagBase = (1 << 30) + kTagSlots;
 constexpr int kPayloadTagsPerSlot = ((1 << 30) - kTagSlots) / kTagSlots;
-// Note [Pipelined hierarchical all-reduce] (group_runtime.cpp): a piece is at least this many bytes,
+// Note [Pipelined hierarchical all-reduce] (node_pipeline.cpp): a piece is at least this many bytes,
 // and a call has at most this many pieces.
 constexpr int64_t kNodePieceBytes = 4 << 20;
 constexpr int64_t kMaxNodePieces = 8;
