@@ -481,15 +481,9 @@ void GroupRuntime::runStages(const Call& call, const CallBuffer& buf, const std:
     node = nodeShm(call.opt, stages[0], timeout);
     if (node != nullptr) node->setTimeout(timeout);
   }
-  const int64_t pieces = node != nullptr ? nodePieces(call.opt, buf) : 1;
-  if (pieces > 1) {
-    runNodePieces(call, buf, pieces, node, tag_group);
-    call.body->finish(rank_, size_);
-    timing.ring_us = usSince(started);
-    transport_->callDone();
-    return;
-  }
-  for (size_t k = 0; k < stages.size(); ++k) {
+  const int64_t pieces = node != nullptr ? nodePieces(buf) : 1;
+  if (pieces > 1) runNodePieces(call, buf, pieces, node, tag_group);
+  for (size_t k = 0; pieces == 1 && k < stages.size(); ++k) {
     const RingStage& st = stages[k];
     if (k == 0 && lead != nullptr) {
       lead->run();
@@ -500,14 +494,18 @@ void GroupRuntime::runStages(const Call& call, const CallBuffer& buf, const std:
       else node->allGather(buf.data, st.plan.dtype, st.plan.sched);
       continue;
     }
-    if (st.plan.num_exchanges == 0) continue;
-    void* data = static_cast<char*>(buf.data) + st.offset * static_cast<int64_t>(dtypeSize(st.plan.dtype));
-    RankMapTransport t(payload_, st.members, st.index());
-    executePlan(st.plan, st.op, t, ringBuffers(st.plan, data, 0), payloadTag(tag_group, k));
+    runRing(st, buf.data, payloadTag(tag_group, k));
   }
   call.body->finish(rank_, size_);
   timing.ring_us = usSince(started);
   transport_->callDone();
+}
+
+void GroupRuntime::runRing(const RingStage& st, void* base, int tag) {
+  if (st.plan.num_exchanges == 0) return;
+  void* data = static_cast<char*>(base) + st.offset * static_cast<int64_t>(dtypeSize(st.plan.dtype));
+  RankMapTransport t(payload_, st.members, st.index());
+  executePlan(st.plan, st.op, t, ringBuffers(st.plan, data, 0), tag);
 }
 
 void GroupRuntime::run(Call& call, CallTiming& timing) {

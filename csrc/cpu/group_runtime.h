@@ -204,11 +204,13 @@ class GroupRuntime {
   // The TCP stages of a call whose frames were compared already (or that runs unchecked).
   void runStages(const Call& call, const CallBuffer& buf, const std::vector<RingStage>& stages, int tag_group,
                  PlanRun* lead, CallTiming& timing);
+  // One ring stage over gloo point-to-point on the call's buffer `base`, on payload tag `tag`.
+  void runRing(const struct RingStage& st, void* base, int tag);
   // The tag of stage `stage` of the call in tag group `tag_group` (Note [Tags]).
   int payloadTag(int tag_group, size_t stage) const;
   // Note [Pipelined hierarchical all-reduce]: how many pieces a hierarchical all-reduce of `buf`
   // with its node stages in shared memory is cut into (1: not cut), and running them.
-  int64_t nodePieces(const CallOptions& opt, const CallBuffer& buf) const;
+  static int64_t nodePieces(const CallBuffer& buf);
   void runNodePieces(const Call& call, const CallBuffer& buf, int64_t pieces, ShmRing* node, int tag_group);
   // Note [One-shot all-reduce]: the frames carry the tensors; then every rank reduces them.
   void runOneShot(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing);

@@ -31,8 +31,7 @@ namespace rr {
 // order. An element's sums are those of a hierarchical all-reduce of its piece: bitwise identical
 // on every rank. A failure of either thread interrupts the transport (the
 // group is unusable after it anyway), the other stops, and the first error is raised.
-int64_t GroupRuntime::nodePieces(const CallOptions& opt, const CallBuffer& buf) const {
-  if (!opt.allReduce() || !opt.hierarchical(size_)) return 1;
+int64_t GroupRuntime::nodePieces(const CallBuffer& buf) {
   const int64_t bytes = buf.numel * static_cast<int64_t>(dtypeSize(buf.dtype));
   return std::max<int64_t>(1, std::min<int64_t>(kMaxNodePieces, bytes / kNodePieceBytes));
 }
@@ -63,12 +62,7 @@ void GroupRuntime::runNodePieces(const Call& call, const CallBuffer& buf, int64_
           cv.wait(lk, [&] { return stop || ready > p; });
           if (stop) return;
         }
-        const RingStage& st = stages[p][1];
-        if (st.plan.num_exchanges > 0) {
-          void* data = static_cast<char*>(bufs[p].data) + st.offset * esize;
-          RankMapTransport t(payload_, st.members, st.index());
-          executePlan(st.plan, st.op, t, ringBuffers(st.plan, data, 0), payloadTag(tag_group, 1));
-        }
+        runRing(stages[p][1], bufs[p].data, payloadTag(tag_group, 1));
         {
           std::lock_guard<std::mutex> lk(m);
           crossed = p + 1;
@@ -114,14 +108,20 @@ void GroupRuntime::runNodePieces(const Call& call, const CallBuffer& buf, int64_
       if (p + 1 < n) first(p + 1);
       third(p);
     }
-  } catch (const std::exception& e) {
+  } catch (...) {  // any exception: the helper is joined before it leaves
     {
       std::lock_guard<std::mutex> lk(m);
       stop = true;
     }
     cv.notify_all();
-    transport_->interrupt(std::string("ringreduce: ") + name_ + ": a pipelined hierarchical all-reduce failed: " +
-                          e.what());
+    std::string why = "ringreduce: " + name_ + ": a pipelined hierarchical all-reduce failed";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      why += std::string(": ") + e.what();
+    } catch (...) {
+    }
+    transport_->interrupt(why);
     cross.join();
     throw;
   }
