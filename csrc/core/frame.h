@@ -30,6 +30,7 @@ enum class CallKind : int32_t {
   kReduceScatter = 3,
   kAllGather = 4,
 };
+constexpr int kNumCallKinds = 5;
 
 enum class FrameError : int32_t {
   kNone = 0,

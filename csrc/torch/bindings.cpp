@@ -10,6 +10,8 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cctype>
+
 #include "../core/error.h"
 #include "../core/frame.h"
 #include "../core/plan.h"
@@ -21,6 +23,7 @@ void registerCudaBindings(pybind11::module& m);
 #endif
 
 namespace py = pybind11;
+using PG = c10::intrusive_ptr<c10d::ProcessGroup>;
 
 namespace {
 
@@ -74,6 +77,47 @@ py::dict planSummary(int nranks, int rank, int64_t numel, int dtype, int64_t seg
   return d;
 }
 
+// The core's enum as a Python enum: member i is E(i), named as the core names it, in capitals
+// (DType.FLOAT32, RedOp.SUM, CallKind.ALL_REDUCE), so Python copies no C++ constant.
+template <typename E, typename NameOf>
+void bindEnum(py::module& m, const char* name, int count, NameOf name_of) {
+  py::enum_<E> e(m, name);
+  for (int i = 0; i < count; ++i) {
+    std::string member = name_of(static_cast<E>(i));
+    for (char& c : member) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    e.value(member.c_str(), static_cast<E>(i));
+  }
+}
+
+// submitCpu from Python, without the GIL. A synchronous call may run right here; while it waits it
+// asks for Ctrl-C (Note [Interrupting a wait]): the KeyboardInterrupt that the signal handler raised
+// is kept and raised once the call has failed.
+std::shared_ptr<rr::CpuCall> submitFromPython(const PG& pg,
+                                              const std::string& group_name, const std::vector<int>& members,
+                                              const at::Tensor& tensor, const at::Tensor& output,
+                                              const rr::CallOptions& options,
+                                              const c10::intrusive_ptr<c10d::Store>& store, bool synchronous,
+                                              bool with_future) {
+  std::shared_ptr<py::error_already_set> interrupted;
+  std::function<bool()> poll;
+  if (synchronous) {
+    poll = [&interrupted] {
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() == 0) return false;
+      interrupted = std::make_shared<py::error_already_set>();
+      return true;
+    };
+  }
+  std::shared_ptr<rr::CpuCall> call;
+  {
+    py::gil_scoped_release nogil;
+    call = rr::submitCpu(pg, group_name, members, tensor, output, options, store, synchronous, std::move(poll),
+                         with_future);
+  }
+  if (interrupted) throw *interrupted;
+  return call;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -87,18 +131,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
   });
 
-  py::enum_<rr::RedOp>(m, "RedOp")
-      .value("SUM", rr::RedOp::kSum)
-      .value("AVG", rr::RedOp::kAvg)
-      .value("MAX", rr::RedOp::kMax)
-      .value("MIN", rr::RedOp::kMin)
-      .value("PRODUCT", rr::RedOp::kProduct);
-  py::enum_<rr::CallKind>(m, "CallKind")
-      .value("ALL_REDUCE", rr::CallKind::kAllReduce)
-      .value("ALL_REDUCE_AVG", rr::CallKind::kAllReduceAvg)
-      .value("ALL_REDUCE_COALESCED", rr::CallKind::kAllReduceCoalesced)
-      .value("REDUCE_SCATTER", rr::CallKind::kReduceScatter)
-      .value("ALL_GATHER", rr::CallKind::kAllGather);
+  bindEnum<rr::RedOp>(m, "RedOp", rr::kNumRedOps, rr::redOpName);
+  bindEnum<rr::CallKind>(m, "CallKind", rr::kNumCallKinds,
+                         [](rr::CallKind k) { return rr::callKindName(static_cast<int32_t>(k)); });
   py::enum_<rr::FrameError>(m, "FrameError")
       .value("NONE", rr::FrameError::kNone)
       .value("UNSUPPORTED", rr::FrameError::kUnsupported)
@@ -106,19 +141,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .value("SPARSE", rr::FrameError::kSparse)
       .value("DEVICE", rr::FrameError::kDevice)
       .value("OTHER", rr::FrameError::kOther);
-  py::enum_<rr::DType>(m, "DType")
-      .value("FLOAT32", rr::DType::kFloat32)
-      .value("FLOAT64", rr::DType::kFloat64)
-      .value("FLOAT16", rr::DType::kFloat16)
-      .value("BFLOAT16", rr::DType::kBFloat16)
-      .value("INT8", rr::DType::kInt8)
-      .value("INT16", rr::DType::kInt16)
-      .value("INT32", rr::DType::kInt32)
-      .value("INT64", rr::DType::kInt64)
-      .value("UINT8", rr::DType::kUInt8)
-      .value("BOOL", rr::DType::kBool)
-      .value("COMPLEX64", rr::DType::kComplex64)
-      .value("COMPLEX128", rr::DType::kComplex128);
+  bindEnum<rr::DType>(m, "DType", rr::kNumDTypes, rr::dtypeName);
   m.attr("PHASE_REDUCE_SCATTER") = static_cast<int>(rr::kPhaseReduceScatter);
   m.attr("PHASE_ALL_GATHER") = static_cast<int>(rr::kPhaseAllGather);
   m.attr("PHASE_BOTH") = static_cast<int>(rr::kPhaseBoth);
@@ -166,30 +189,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   m.def(
       "submit_cpu",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& group_name, const std::vector<int>& members,
+      [](const PG& pg, const std::string& group_name, const std::vector<int>& members,
          std::optional<at::Tensor> tensor, std::optional<at::Tensor> output, const rr::CallOptions& options,
          const c10::intrusive_ptr<c10d::Store>& store, bool synchronous) {
-        // A synchronous call may run right here, with the GIL released; while it waits it asks for
-        // Ctrl-C (Note [Interrupting a wait]): the KeyboardInterrupt that the signal handler raised
-        // is kept and raised once the call has failed.
-        std::shared_ptr<py::error_already_set> interrupted;
-        std::function<bool()> poll;
-        if (synchronous) {
-          poll = [&interrupted] {
-            py::gil_scoped_acquire gil;
-            if (PyErr_CheckSignals() == 0) return false;
-            interrupted = std::make_shared<py::error_already_set>();
-            return true;
-          };
-        }
-        std::shared_ptr<rr::CpuCall> call;
-        {
-          py::gil_scoped_release nogil;
-          call = rr::submitCpu(pg, group_name, members, tensor.value_or(at::Tensor()), output.value_or(at::Tensor()),
-                               options, store, synchronous, std::move(poll));
-        }
-        if (interrupted) throw *interrupted;
-        return call;
+        return submitFromPython(pg, group_name, members, tensor.value_or(at::Tensor()), output.value_or(at::Tensor()),
+                                options, store, synchronous, /*with_future=*/true);
       },
       py::arg("group"), py::arg("group_name"), py::arg("members"), py::arg("tensor"), py::arg("output"),
       py::arg("options"), py::arg("store"), py::arg("synchronous") = false,
@@ -201,23 +205,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // call that was queued (behind an async call, or on gloo) comes back as a handle to wait for.
   m.def(
       "run_cpu",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& group_name, const std::vector<int>& members,
+      [](const PG& pg, const std::string& group_name, const std::vector<int>& members,
          const at::Tensor& tensor, const rr::CallOptions& options,
          const c10::intrusive_ptr<c10d::Store>& store) -> py::object {
-        std::shared_ptr<py::error_already_set> interrupted;
-        std::function<bool()> poll = [&interrupted] {
-          py::gil_scoped_acquire gil;
-          if (PyErr_CheckSignals() == 0) return false;
-          interrupted = std::make_shared<py::error_already_set>();
-          return true;
-        };
-        std::shared_ptr<rr::CpuCall> call;
-        {
-          py::gil_scoped_release nogil;
-          call = rr::submitCpu(pg, group_name, members, tensor, at::Tensor(), options, store, true, std::move(poll),
-                               /*with_future=*/false);
-        }
-        if (interrupted) throw *interrupted;
+        const auto call = submitFromPython(pg, group_name, members, tensor, at::Tensor(), options, store, true,
+                                           /*with_future=*/false);
         if (!call->isCompleted()) return py::cast(call);
         if (!call->ok()) raiseAs(call->errorKind(), call->errorMessage());
         return py::none();
@@ -228,18 +220,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   m.def(
       "bytes_sent",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, bool reset) { return rr::bytesSentOf(pg.get(), pg->getSize(), reset); },
+      [](const PG& pg, bool reset) { return rr::bytesSentOf(pg.get(), pg->getSize(), reset); },
       py::arg("group"), py::arg("reset") = false,
       "Payload bytes this process sent to each rank of the group on the CPU path (frames excluded).");
   m.def(
-      "staging_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::stagingBytesOf(pg.get()); },
+      "staging_bytes", [](const PG& pg) { return rr::stagingBytesOf(pg.get()); },
       py::arg("group"), "Bytes of the staging slots ringreduce holds for the group on the CPU path.");
   m.def(
-      "memory_bytes", [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::memoryBytesOf(pg.get()); },
+      "memory_bytes", [](const PG& pg) { return rr::memoryBytesOf(pg.get()); },
       py::arg("group"), "All the memory ringreduce holds for the group on the CPU path (staging, frames, scratch).");
   m.def(
       "transport_info",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::vector<int>& members) {
+      [](const PG& pg, const std::vector<int>& members) {
         auto rt = rr::findRuntime(pg.get(), rr::ringKey(members, pg->getSize()));
         return rt ? rt->transportInfo() : std::string();
       },
@@ -247,7 +239,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "How the ring `members` of the group moves data on CPU: 'shm', 'tcp' or 'tcp (<why not shm>)'.");
   m.def(
       "interrupt_cpu",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::vector<int>& members, const std::string& reason) {
+      [](const PG& pg, const std::vector<int>& members, const std::string& reason) {
         auto rt = rr::findRuntime(pg.get(), rr::ringKey(members, pg->getSize()));
         if (rt) rt->interrupt(reason);
         return rt != nullptr;
@@ -256,7 +248,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Ctrl-C: makes the CPU ring `members` of `group` unusable with `reason`, waking a blocked call.");
   m.def(
       "release_cpu",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { return rr::releaseRuntimesOf(pg.get()); },
+      [](const PG& pg) { return rr::releaseRuntimesOf(pg.get()); },
       py::arg("group"), py::call_guard<py::gil_scoped_release>(),
       "Joins and forgets every CPU ring of `group` (its destruction); returns how many there were.");
   m.def("shutdown", &rr::shutdownAllRuntimes, py::call_guard<py::gil_scoped_release>(),

@@ -143,44 +143,7 @@ void CpuCall::complete(bool ok, ErrorKind kind, const std::string& message, cons
   } else if (future_) {
     future_->setError(std::make_exception_ptr(std::runtime_error(message)));
   }
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    done_ = true;
-    ok_ = ok;
-    error_kind_ = kind;
-    error_ = message;
-    timing_ = timing;
-  }
-  cv_.notify_all();
-}
-
-bool CpuCall::wait(int64_t timeout_ms) {
-  std::unique_lock<std::mutex> lk(mu_);
-  if (timeout_ms < 0) {
-    cv_.wait(lk, [&] { return done_; });
-    return true;
-  }
-  return cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return done_; });
-}
-bool CpuCall::isCompleted() {
-  std::lock_guard<std::mutex> g(mu_);
-  return done_;
-}
-bool CpuCall::ok() {
-  std::lock_guard<std::mutex> g(mu_);
-  return ok_;
-}
-ErrorKind CpuCall::errorKind() {
-  std::lock_guard<std::mutex> g(mu_);
-  return error_kind_;
-}
-std::string CpuCall::errorMessage() {
-  std::lock_guard<std::mutex> g(mu_);
-  return error_;
-}
-CallTiming CpuCall::timing() {
-  std::lock_guard<std::mutex> g(mu_);
-  return timing_;
+  setDone(ok, kind, message, timing);
 }
 
 std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,

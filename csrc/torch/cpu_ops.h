@@ -8,30 +8,22 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "../cpu/call_status.h"
 #include "../cpu/group_runtime.h"
 
 namespace rr {
 
 // One submitted CPU call: what Python's Work wraps ("CallHandle" in Python).
-class CpuCall final : public CallBody {
+class CpuCall final : public CallBody, public CallStatus {
  public:
   // `with_future`: whether future() exists (a synchronous call's handle never hands one out).
   CpuCall(at::Tensor tensor, at::Tensor output, CallOptions opt, bool with_future = true);
 
-  // Blocks (the binding releases the GIL) until done or until timeout_ms passed (< 0: forever).
-  bool wait(int64_t timeout_ms);
-  bool isCompleted();
-  bool ok();
-  ErrorKind errorKind();  // valid when completed and !ok()
-  std::string errorMessage();
-  CallTiming timing();
   uint64_t seq() const { return seq_; }
   c10::intrusive_ptr<c10::ivalue::Future> future() const { return future_; }
 
@@ -52,14 +44,6 @@ class CpuCall final : public CallBody {
   CallOptions opt_;
   uint64_t seq_ = 0;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  bool ok_ = false;
-  ErrorKind error_kind_ = ErrorKind::kRuntime;
-  std::string error_;
-  CallTiming timing_;
 };
 
 // Submits a CPU call on the ring `members` (ranks of `pg`; empty: the whole group) of `pg`, whose

@@ -1,10 +1,8 @@
-// ringreduce torch layer: the CUDA half of ringreduce._C (compiled only with RR_WITH_CUDA).
-//
-// Translation only: tensors <-> raw device buffers and callbacks (csrc/cuda/cuda_ops.h sequences
-// every call), the caller's current stream, recordStream, CUDA-aware futures, pybind11 signatures.
-// Python's side is ringreduce/_cuda.py; _cuda_loopback_all_reduce is a test hook (loopback_ring.h).
-// Every failure is an rr::Error, which bindings.cpp translates (kBackend -> DistBackendError).
-// torch's pybind11 casters, not <torch/extension.h> (Note [First-build time] in setup.py).
+// ringreduce torch layer: the CUDA half of ringreduce._C (RR_WITH_CUDA builds), Python's side being
+// ringreduce/_cuda.py. Translation only: tensors to device buffers and callbacks (csrc/cuda/cuda_ops.h
+// sequences every call), the caller's stream, recordStream, CUDA-aware futures. Failures are rr::Errors,
+// which bindings.cpp translates; torch's pybind11 casters, not <torch/extension.h> (Note [First-build
+// time] in setup.py).
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -63,10 +61,9 @@ class CudaWorkHandle {
 };
 
 // Runs `fn` without the GIL, its host waits asking for Ctrl-C (Note [Interrupting a host wait on
-// CUDA], csrc/cuda/host_interrupt.h): the poll takes the GIL and runs Python's pending signal
-// handlers. When one raised (KeyboardInterrupt), the wait that asked aborted its communicator and
-// threw; `on_interrupt` (may be empty) then runs without the GIL with that error's message, and the
-// handler's exception is raised instead of the wait's error.
+// CUDA], csrc/cuda/host_interrupt.h). When a signal handler raised, the wait that asked aborted its
+// communicator and threw; `on_interrupt` (may be empty) runs without the GIL with that error's message
+// and the handler's exception (KeyboardInterrupt) is raised instead of the wait's error.
 template <typename Fn>
 auto interruptible(Fn&& fn, const std::function<void(const std::string&)>& on_interrupt) -> decltype(fn()) {
   std::shared_ptr<py::error_already_set> raised;
@@ -347,8 +344,8 @@ void registerCudaBindings(pybind11::module& m) {
         const at::Tensor& t0 = tensors[0];
         std::vector<void*> ptrs;
         for (const at::Tensor& t : tensors) {
-          RR_CHECK(t.is_cuda() && t.is_contiguous() && t.device() == t0.device() && t.scalar_type() == t0.scalar_type() &&
-                       t.numel() == t0.numel(),
+          RR_CHECK(t.is_cuda() && t.is_contiguous() && t.device() == t0.device() &&
+                       t.scalar_type() == t0.scalar_type() && t.numel() == t0.numel(),
                    kValue, "ringreduce loopback: tensors must be contiguous, on one device, of one dtype and size");
           ptrs.push_back(t.data_ptr());
         }
