@@ -4,45 +4,38 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The communicator is created with config.blocking = 0, so no NCCL call blocks the host on a peer:
 // init, ncclGroupEnd and abort may return ncclInProgress, and until the state (ncclCommGetAsyncError)
-// leaves ncclInProgress NCCL forbids touching the streams involved or calling NCCL on the
-// communicator (docs: usage/groups "Nonblocking Group Operation"; src/init.cc ncclCommEnsureReady).
-// So every such call is followed by waitReady(), which polls the state at once, with the lock
-// released between polls: busily for 200 us, yielding up to 2 ms, then sleeping 50 us (a hand-off
-// usually takes microseconds; a sleep before the first poll would cost host time on every exchange).
-// A rank that never arrives costs a timeout, not a hang: waitReady() aborts at the deadline or on
-// Ctrl-C (Note [Interrupting a host wait on CUDA], host_interrupt.h), and the watchdog (cuda_ring.h)
-// may abort at any time from its own thread. NCCL requires that no other thread be inside an NCCL
-// call on the communicator meanwhile (docs: usage/communicators "Error handling and communicator
-// abort"): every NCCL call here holds mu_, and abort() takes it too, then frees the handles, so no
-// thread uses a freed handle; every later call throws rr::Error(kBackend) with the reason.
-// Teardown is ncclCommAbort, never Destroy/Finalize: finalizing waits for peers that may be gone at
-// exit. The destructor aborts only as a last resort (owners are Python objects, never statics).
+// leaves it NCCL forbids touching the streams involved or the communicator (docs: usage/groups
+// "Nonblocking Group Operation"; src/init.cc ncclCommEnsureReady). So each such call is followed by
+// waitReady(), which polls at once, with the lock released between polls: busily for 200 us,
+// yielding up to 2 ms, then sleeping 50 us (a hand-off usually takes microseconds). A rank that
+// never arrives costs a timeout, not a hang: waitReady() aborts at the deadline or on Ctrl-C, and the
+// watchdog (cuda_ring.h) may abort at any time from its own thread. No other thread may be inside an
+// NCCL call on the communicator meanwhile (docs: usage/communicators "Error handling and
+// communicator abort"): every NCCL call holds mu_, and abort() takes it, then frees the handles;
+// every later call throws kBackend with the reason. Teardown is ncclCommAbort, never
+// Destroy/Finalize, which waits for peers that may be gone at exit.
 //
 // Note [Hand-off and queued exchanges]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A hand-off per exchange would put the host in lockstep with NCCL (NCCL >= 2.23 also starts a
-// helper thread per non-blocking ncclGroupEnd with tasks, src/group.cc). So right after init,
-// ncclCommSplit(color 0, key = rank) derives a *blocking* child with the same ranks. The parent has
-// config.splitShare = 1, so the child shares its peer connectors, its abort flag and the device
-// stream that orders the kernels of both (src/init.cc ncclCommInitChildComm, src/channel.cc
-// initChannel, src/enqueue.cc). A blocking ncclGroupEnd returns ncclSuccess once the kernel is on
-// the stream (src/group.cc): nothing to poll. So an exchange is either
-//   * a hand-off (sendRecv, on the non-blocking parent, waited as above): the first exchange of each
-//     ring stage and every one-shot group (Note [Which exchanges hand off], ring_driver.h). Only a
-//     hand-off may make the first contact with a peer (NCCL connects a pair lazily inside the
-//     ncclGroupEnd of their first message; a blocking communicator would do that without a
-//     deadline), and only a hand-off can tell a caller inside its own NCCL group (Note [Inside a
-//     user's NCCL group]) from a launch: a blocking ncclGroupEnd returns ncclSuccess for both;
-//   * or queued (queueSendRecv, on the blocking child): every other exchange; it returns once the
-//     kernel is enqueued. One with a peer no hand-off has reached is refused as an internal error.
-//     The child has the parent's ranks and topology, so NCCL picks the same, already connected,
-//     point-to-point channels (else it would connect them in the caller's thread, without a deadline).
-// Once connected, a blocking ncclGroupEnd of a send/recv waits for nothing a peer does (the work
-// travels in the kernel arguments, src/enqueue.cc; a socket proxy takes its ops regardless). It can
-// still block on CUDA's finite launch queue, which stops draining when a kernel waits for a dead
-// peer: Note [Bounded launch queue] (cuda_ring.h) keeps mu_ free for the watchdog's abort. Both
-// handles are aborted together (parent, then child, as NCCL's split example does); the shared abort
-// flag makes the kernels of both exit.
+// A hand-off per exchange would put the host in lockstep with NCCL (which from 2.23 also starts a
+// thread per non-blocking ncclGroupEnd). So right after init, ncclCommSplit(color 0, key = rank)
+// derives a *blocking* child. The parent has config.splitShare = 1, so the child shares its peer
+// connectors, its abort flag and the device stream that orders their kernels (src/init.cc
+// ncclCommInitChildComm, src/channel.cc). A blocking ncclGroupEnd returns ncclSuccess once the kernel
+// is on the stream: nothing to poll. An exchange is either
+//   * a hand-off (sendRecv, the non-blocking parent, waited): the first exchange of each ring stage
+//     and every one-shot group (Note [Which exchanges hand off], ring_driver.h). Only a hand-off may
+//     make the first contact with a peer (NCCL connects a pair inside their first ncclGroupEnd, which
+//     a blocking communicator does without a deadline) or tell a caller inside its own NCCL group
+//     (Note [Inside a user's NCCL group]) from a launch: a blocking ncclGroupEnd returns ncclSuccess
+//     for both;
+//   * or queued (queueSendRecv, the blocking child): every other one; returns once enqueued. One with
+//     a peer no hand-off has reached is an internal error. The child has the parent's ranks and
+//     topology, so NCCL picks the same, already connected, channels.
+// Once connected, a blocking send/recv group waits for nothing a peer does (its work travels in the
+// kernel arguments), but can block on CUDA's finite launch queue, which stops draining when a kernel
+// waits for a dead peer: Note [Bounded launch queue] (cuda_ring.h) keeps mu_ free for the abort.
+// Both handles are aborted together (parent, then child); the shared flag makes all their kernels exit.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -83,42 +76,30 @@ class DeviceGuard {
 
 // Note [NCCL versions, environment and the simplest path]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// What Note [Hand-off and queued exchanges] relies on holds for the NCCL that runs, not the one
-// compiled against, and NCCL's environment overrides a communicator's config. So each communicator
-// decides at creation, from ncclGetVersion and the environment (ncclSetupFor; the table of risks is
-// in docs/reliability.md, "What is guarded against real NCCL"):
-//   * NCCL < 2.23: a non-blocking ncclGroupEnd that connects nothing launches inline and returns
-//     ncclSuccess, which reads as "inside the caller's NCCL group". There every group is issued from
-//     a launcher thread of the communicator, whose group depth is always 0 (ncclSuccess means
-//     launched), and the simplest path is taken;
-//   * NCCL_COMM_BLOCKING=1 (src/init.cc envConfigOverride applies it to every config, the child's
-//     included) would block init, connections and hand-offs without a deadline: refused (kValue).
-//     NCCL_COMM_BLOCKING=0 makes the child non-blocking (queued exchanges would return
-//     ncclInProgress), and NCCL_COMM_SPLIT_SHARE_RESOURCES other than 1 keeps the child from sharing
-//     the parent's connections and abort flag: the simplest path;
-//   * NCCL_WORK_ARGS_BYTES / NCCL_WORK_FIFO_BYTES move work into NCCL's work FIFO, whose wait for
-//     room (src/enqueue.cc waitWorkFifoAvailable) ignores the abort flag: a warning;
-//   * NCCL_LAUNCH_ORDER_IMPLICIT=1 only costs the lanes' overlap (every rank launches in one order);
-//   * RINGREDUCE_NCCL_SIMPLE=1 asks for the simplest path.
-// The simplest path: no split child (every exchange a hand-off on the one non-blocking
-// communicator, with its deadline), one lane and no one-shot - never a blocking communicator, which
-// would turn a dead peer into a hang. It is announced on stderr once per process and reason. Every
-// rank must take the same path; the triggers (NCCL library, environment) are the same on every rank
-// of a job started from one environment, and RINGREDUCE_CHECK=1 catches a one-shot disagreement.
+// What Note [Hand-off and queued exchanges] relies on must hold for the NCCL that runs, and NCCL's
+// environment overrides a communicator's config. So each communicator decides at creation, from
+// ncclGetVersion and the environment (ncclSetupFor, whose messages say why for each variable;
+// docs/reliability.md, "What is guarded against real NCCL", has the table). NCCL < 2.23 launches a
+// non-blocking ncclGroupEnd that connects nothing inline and returns ncclSuccess, which would read
+// as "inside the caller's NCCL group": there every group is issued from a launcher thread, whose
+// group depth is always 0. The simplest path (NCCL < 2.23, NCCL_COMM_BLOCKING=0,
+// NCCL_COMM_SPLIT_SHARE_RESOURCES other than 1, RINGREDUCE_NCCL_SIMPLE=1): no split child (every
+// exchange a hand-off with its deadline), one lane, no one-shot - never a blocking communicator,
+// which would turn a dead peer into a hang. Every rank must take the same path: the triggers are the
+// same on every rank of a job started from one environment, and RINGREDUCE_CHECK=1 catches a
+// one-shot disagreement.
 //
 // Note [Stopping every lane at once]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // ncclCommAbort sets its communicator's abort flag, then synchronizes its device stream (src/init.cc
-// commReclaim -> commDestroySync), i.e. waits for whatever its last kernel waits for. A ring's lanes
-// depend on each other through events (ring_driver.cpp), so with two calls queued and a dead peer,
-// stopping lane 0 alone waits for lane 1's kernel, which exits only once lane 1 is stopped: a hang
-// (NCCL issue 1013, pytorch issue 150690). So a ring stops its communicators together
-// (abortTogether): all are marked aborted first; then, with NCCL >= 2.24, every parent's and child's
-// ncclCommAbort inside one ncclGroupStart/End (each sets its flag at once, the cleanup runs at the
-// group's end; an abort makes the group blocking, so parent and child may share it: src/group.cc),
-// else one thread per lane, each stopping its parent then its child. Once its ring deferred it
-// (deferAbortToRing), an abort decided by one lane's own wait (deadline, Ctrl-C, failed launch) only
-// marks that lane aborted; the CudaRing that catches the error stops every lane together.
+// commDestroySync), i.e. waits for whatever its last kernel waits for. A ring's lanes wait for each
+// other through events (ring_driver.cpp), so with two calls queued and a dead peer, stopping lane 0
+// alone waits for lane 1's kernel, which exits only once lane 1 is stopped: a hang (NCCL issue 1013,
+// pytorch issue 150690). So abortTogether() marks every lane aborted, then calls ncclCommAbort on
+// every parent and child inside one group with NCCL >= 2.24 (each sets its flag at once, the cleanup
+// runs at the group's end; an abort makes the group blocking, so parent and child may share it),
+// else on one thread per lane. Once deferred (deferAbortToRing), a lane's own abort (deadline,
+// Ctrl-C, failed launch) only marks it; the CudaRing that catches the error stops every lane.
 struct NcclSetup {
   int version = 0;             // ncclGetVersion, e.g. 22107 for 2.21.7
   bool launcher = false;       // issue every group from the launcher thread (NCCL < 2.23)
@@ -158,8 +139,7 @@ class NcclComm {
   std::chrono::milliseconds timeout() const { return timeout_; }
   std::chrono::milliseconds connectTimeout() const { return connect_timeout_; }
 
-  // One point-to-point operation of a group (bytes as ncclUint8).
-  struct P2p {
+  struct P2p {  // one send or receive of a group (bytes as ncclUint8)
     bool send = false;
     void* buf = nullptr;  // read for a send, written for a receive
     size_t bytes = 0;
@@ -172,12 +152,11 @@ class NcclComm {
   // group]; then not aborted, and insideUserGroup() is true).
   void sendRecv(const void* send, size_t send_bytes, int next, void* recv, size_t recv_bytes, int prev,
                 cudaStream_t stream);
-  // The same exchange queued on the blocking child: returns once the kernel is enqueued, without
-  // polling. Both peers must have been reached by a hand-off before (kRuntime otherwise).
+  // The same exchange queued on the blocking child (no polling); both peers must have been reached
+  // by a hand-off before (kRuntime otherwise).
   void queueSendRecv(const void* send, size_t send_bytes, int next, void* recv, size_t recv_bytes, int prev,
                      cudaStream_t stream);
-  // Any group of sends and receives (the one-shot all-reduce's), handed off (waited, connects new
-  // peers) or queued; an empty list does nothing.
+  // Any group of sends and receives (the one-shot's), handed off or queued; empty: nothing.
   void group(const std::vector<P2p>& ops, cudaStream_t stream, bool hand_off);
 
   // Hand-offs waited for so far (a diagnostic: the ring's host round trips).
@@ -216,9 +195,11 @@ class NcclComm {
   void launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, size_t count, cudaStream_t stream,
                     bool hand_off);
   void abortLocked(const std::string& reason);
+  // abortLocked(msg), then throws kBackend naming this communicator, `msg` and `hint`.
+  [[noreturn]] void failLocked(const std::string& msg, const std::string& hint = "");
   void checkUsableLocked() const;
-  // ncclGroupStart, the sends and receives of `ops` on `comm`, ncclGroupEnd: in this thread, or in
-  // the launcher thread when setup_.launcher. Returns (first failure or ncclSuccess, ncclGroupEnd's).
+  // The group of `ops` on `comm`, in this thread or the launcher thread (setup_.launcher). Returns
+  // (first failure or ncclSuccess, ncclGroupEnd's).
   std::pair<ncclResult_t, ncclResult_t> issueGroup(ncclComm_t comm, const P2p* ops, size_t count,
                                                    cudaStream_t stream);
   // Runs `fn` on the launcher thread (started on first use) and returns its result.
