@@ -193,10 +193,7 @@ class CudaBackend final : public DeviceBackend {
   void group(const std::vector<PeerOp>& ops) override {
     enqueued_ = true;
     startTimer(lane_->comm_stream);
-    std::vector<NcclComm::P2p> p2p;
-    p2p.reserve(ops.size());
-    for (const PeerOp& o : ops) p2p.push_back(NcclComm::P2p{o.send, o.buf, o.bytes, o.peer});
-    lane_->comm->group(p2p, lane_->comm_stream, /*hand_off=*/true);
+    lane_->comm->group(ops, lane_->comm_stream, /*hand_off=*/true);
   }
 
   void reduceInOrder(const OneShotLaunch& l) override {

@@ -50,6 +50,8 @@
 #include <thread>
 #include <vector>
 
+#include "ring_driver.h"  // PeerOp
+
 namespace rr {
 
 // Note [Do not create a context on GPU 0]
@@ -139,12 +141,7 @@ class NcclComm {
   std::chrono::milliseconds timeout() const { return timeout_; }
   std::chrono::milliseconds connectTimeout() const { return connect_timeout_; }
 
-  struct P2p {  // one send or receive of a group (bytes as ncclUint8)
-    bool send = false;
-    void* buf = nullptr;  // read for a send, written for a receive
-    size_t bytes = 0;
-    int peer = -1;
-  };
+  using P2p = PeerOp;  // one send or receive of a group (bytes as ncclUint8)
 
   // A hand-off (Note [Hand-off and queued exchanges]) on `stream`: send `send_bytes` to `next`,
   // receive `recv_bytes` from `prev` (either may be 0); returns once the group is on the stream.

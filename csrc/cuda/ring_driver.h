@@ -91,7 +91,7 @@ struct ReduceLaunch {
   RedOp op;         // the stage's reduction (a hierarchical AVG sums in its first stage)
 };
 
-// One send or receive of the one-shot all-reduce's NCCL group.
+// One send or receive of an NCCL group (the one-shot's; NcclComm::P2p).
 struct PeerOp {
   bool send = false;
   void* buf = nullptr;  // read for a send, written for a receive
