@@ -1,8 +1,5 @@
-// ringreduce GPU: the CUDA and NCCL members of the error-macro family (csrc/core/error.h).
-//
-// Every CUDA runtime and NCCL return code in ringreduce goes through one of these. A failure
-// throws rr::Error(kBackend) - DistBackendError in Python - whose message names the call, the
-// library's own error string, and file:line.
+// ringreduce GPU: the CUDA and NCCL members of the error-macro family (csrc/core/error.h): a
+// failure throws rr::Error(kBackend) (DistBackendError) naming the call and the library's error.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,16 +22,13 @@ namespace rr {
 
 // Note [Polling events from any thread]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Every event poll of ringreduce (watchdog, Work.is_completed(), host waits) goes through
-// eventFired(), which:
-//   * runs the query in cudaStreamCaptureModeRelaxed: in the default global mode, a query on one
-//     thread while another thread captures a CUDA graph in global mode invalidates that capture
-//     (torch's ProcessGroupNCCL watchdog relaxes its mode for the same reason);
-//   * counts capture refusals (cudaErrorStreamCapture*) as "not ready yet";
-//   * clears the thread's last error after cudaErrorNotReady, so that a later
-//     `cudaGetLastError()` check (the reduce kernel's launch check) does not report a stale
-//     not-ready as a launch failure (torch's CUDAEvent::query clears it the same way).
-// Returns true once the event's latest record fired; throws kBackend on any other error.
+// Every event poll (watchdog, Work.is_completed(), host waits) goes through eventFired(), which
+//   * queries in cudaStreamCaptureModeRelaxed: in the global mode, a query while another thread
+//     captures a CUDA graph invalidates that capture (torch's NCCL watchdog relaxes for the same
+//     reason), and counts capture refusals as "not ready yet";
+//   * clears the last error after cudaErrorNotReady, so that a later launch check does not report a
+//     stale not-ready (as torch's CUDAEvent::query does).
+// True once the event's latest record fired; throws kBackend on any other error.
 inline bool isCaptureRefusal(cudaError_t e) {
   return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
          e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureWrongThread;

@@ -1,19 +1,15 @@
 // ringreduce GPU: one collective call, sequenced without torch.
 //
-// The torch layer (csrc/torch/cuda_bindings.cpp) only translates: it turns tensors into the raw
-// buffers and callbacks below, calls runCudaCall() with the GIL released, and wraps the returned
-// work. Everything that decides something lives here:
-//   1. the CUDA graph capture check, before anything else (the agreement check would otherwise
-//      run, fail under capture and abort the communicator);
+// The torch layer (csrc/torch/cuda_bindings.cpp) only turns tensors into the buffers and callbacks
+// below, calls runCudaCall() with the GIL released and wraps the work. runCudaCall() decides:
+//   1. the CUDA graph capture check, first (the agreement check would fail under capture and abort);
 //   2. validation that needs no peer (dtype/op, ring membership, hierarchical shape, sizes);
 //   3. the agreement check (RINGREDUCE_CHECK=1), around the call's ring only;
 //   4. nothing to do (numel 0, a ring of one) -> no work;
-//   5. the working buffers (the torch layer makes them on the caller's stream), the stages;
-//   6. protect(): every buffer the internal streams will touch is recordStream'ed BEFORE
-//      anything is enqueued, so a half-enqueued failure cannot hand a block still written by
-//      drained kernels back to the caching allocator;
-//   7. CudaRing::enqueue(), or CudaRing::enqueueOneShot() for a flat all-reduce of at most
-//      gpuOneShotBytes() (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h).
+//   5. the working buffers (made by the torch layer on the caller's stream), the stages;
+//   6. protect(): every buffer the internal streams touch is recordStream'ed BEFORE anything is
+//      enqueued, so a half-enqueued failure cannot free a block drained kernels still write;
+//   7. CudaRing::enqueue(), or enqueueOneShot() up to gpuOneShotBytes().
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,8 +28,7 @@
 
 namespace rr {
 
-// One call: its options (the one struct both runtimes take, csrc/core/call_options.h) and what the
-// torch layer says about its tensor, its ring and its stream.
+// One call: its options (csrc/core/call_options.h) and its tensor, ring and stream.
 struct CudaCallRequest {
   CallOptions options;            // kind (kReduceScatter / kAllGather: a ring half), op, ...
   DType dtype = DType::kFloat32;
@@ -68,10 +63,9 @@ struct CudaCallBuffers {
   std::function<void()> trivial;              // numel > 0 on a ring of one: what to do instead
 };
 
-// Runs steps 1-7. Returns the enqueued work, or null when there was nothing to enqueue.
-// all-reduce: data() gives the tensor (direct) or its working copy, in float32 when the
-// hierarchical float32 mode upcasts. reduce-scatter: data() gives a private copy of the input;
-// all-gather: the output, with this rank's block already in place. Throws rr::Error.
+// Runs steps 1-7; returns the work, or null when there was nothing to enqueue. data() gives: for an
+// all-reduce the tensor (direct) or its working copy (float32 when the hierarchical mode upcasts);
+// reduce-scatter a private copy of the input; all-gather the output with this rank's block in place.
 std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req, CudaCallBuffers& buf);
 
 // The refusal frame of a rank that refused a call locally (RINGREDUCE_CHECK=1), around `members`.

@@ -154,7 +154,13 @@ class CudaBackend final : public DeviceBackend {
       : ring_(ring), work_(work), caller_(caller), epilogue_(epilogue) {}
 
   bool enqueuedAnything() const { return enqueued_; }
-  bool timerRecorded() const { return work_.timer_recorded_; }
+  // The call's timeout starts when a comm stream reaches its first exchange (Note [Ordering, lifetime,
+  // failure]).
+  void startTimer(cudaStream_t comm_stream) {
+    if (work_.timer_recorded_) return;
+    RR_CUDA_CHECK(cudaEventRecord(work_.timer_, comm_stream));
+    work_.timer_recorded_ = true;
+  }
 
   void prepare(int32_t num_events, int32_t lanes) override {
     RR_CHECK(lanes >= 1 && lanes <= ring_.numLanes(), kRuntime, "ringreduce internal error: a call on ", lanes,
@@ -172,16 +178,10 @@ class CudaBackend final : public DeviceBackend {
     lane_ = &ring_.lanes_[static_cast<size_t>(lane)];
   }
 
-  // The peers are communicator ranks, already mapped through the stage's members by the driver
-  // (Note [Sub-rings on one communicator]).
   void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
                 int recv_peer, Launch launch) override {
     enqueued_ = true;
-    if (!work_.timer_recorded_) {
-      // The call's timeout starts when a comm stream reaches its first exchange.
-      RR_CUDA_CHECK(cudaEventRecord(work_.timer_, lane_->comm_stream));
-      work_.timer_recorded_ = true;
-    }
+    startTimer(lane_->comm_stream);
     // Note [Which exchanges hand off] (ring_driver.h), on the lane's communicator.
     if (launch == Launch::kHandOff) {
       lane_->comm->sendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, lane_->comm_stream);
@@ -192,14 +192,8 @@ class CudaBackend final : public DeviceBackend {
 
   void group(const std::vector<PeerOp>& ops) override {
     enqueued_ = true;
-    if (!work_.timer_recorded_) {
-      RR_CUDA_CHECK(cudaEventRecord(work_.timer_, lane_->comm_stream));
-      work_.timer_recorded_ = true;
-    }
-    std::vector<NcclComm::P2p> p2p;
-    p2p.reserve(ops.size());
-    for (const PeerOp& o : ops) p2p.push_back(NcclComm::P2p{o.send, o.buf, o.bytes, o.peer});
-    lane_->comm->group(p2p, lane_->comm_stream, /*hand_off=*/true);
+    startTimer(lane_->comm_stream);
+    lane_->comm->group(ops, lane_->comm_stream, /*hand_off=*/true);
   }
 
   void reduceInOrder(const OneShotLaunch& l) override {
@@ -345,9 +339,8 @@ bool CudaRing::aborted() const {
 }
 
 void CudaRing::abortLanes(const std::string& reason) {
-  // All lanes at once (Note [Stopping every lane at once], nccl_comm.h), every one marked aborted
-  // before any is stopped: a work settles as done only while lane 0's communicator is not aborted
-  // (Note [Ordering, lifetime, failure]).
+  // Note [Stopping every lane at once]; every lane is marked aborted before any is stopped, so no
+  // work settles as done meanwhile (Note [Ordering, lifetime, failure]).
   std::vector<NcclComm*> comms;
   for (Lane& l : lanes_) comms.push_back(l.comm.get());
   NcclComm::abortTogether(comms, reason);
@@ -393,14 +386,12 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
   checkNotCapturing(caller, what);  // first: nothing of a captured call may run
   std::lock_guard<std::mutex> lock(call_mu_);
   checkOpen();
-  comm_->checkUsable();
   RR_CHECK(!stages.empty(), kRuntime, "ringreduce internal error: a call without a ring");
   const DType dtype = stages[0].plan.dtype;
   for (const RingStage& st : stages) {
     checkSupported(st.plan.dtype, st.op);
     RR_CHECK(st.plan.dtype == dtype, kRuntime, "ringreduce internal error: stages of one call differ in dtype");
-    // Note [Sub-rings on one communicator]: every stage is a ring over ranks of this communicator
-    // on which this process sits at the plan's ring index.
+    // Note [Sub-rings on one communicator]: a ring of communicator ranks, this one at plan.rank.
     RR_CHECK(static_cast<int>(st.members.size()) == st.plan.sched.nranks && st.plan.rank >= 0 &&
                  st.plan.rank < st.plan.sched.nranks &&
                  st.members[static_cast<size_t>(st.plan.rank)] == rank(),
@@ -412,9 +403,8 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
   }
   int64_t ops = 8;  // the call's framing
   for (const RingStage& st : stages) ops += static_cast<int64_t>(st.plan.ops.size()) + 2;
-  // The staging, laid out as the plans need it (the previous call's reduces are done with it before
-  // this call's first exchange: kPrevCallDoneEvent, Note [Driving the plan on streams]). Slots
-  // start at multiples of 256 bytes (16-byte aligned vector loads).
+  // The staging, laid out as the plans need it (free again: kPrevCallDoneEvent). Slots start at
+  // multiples of 256 bytes (16-byte aligned vector loads).
   int64_t slot_stride = 256;
   int32_t slots = 0;  // per lane (Note [Lanes])
   int32_t lanes = 1;
@@ -439,7 +429,6 @@ std::shared_ptr<CudaWork> CudaRing::enqueueOneShot(const RingMembers& ring, int6
   checkNotCapturing(caller, what);
   std::lock_guard<std::mutex> lock(call_mu_);
   checkOpen();
-  comm_->checkUsable();
   RR_CHECK(ring.index >= 0 && ring.index < ring.size() && ring.ranks[static_cast<size_t>(ring.index)] == rank(),
            kRuntime, "ringreduce internal error: a one-shot ring that does not hold this rank");
   const int64_t bytes = numel * static_cast<int64_t>(dtypeSize(dtype));
@@ -473,15 +462,11 @@ std::shared_ptr<CudaWork> CudaRing::submit(const std::vector<int>& ring_key, con
   CudaBackend backend(*this, *work, caller, epilogue);
   try {
     drive(backend);
-    if (!backend.timerRecorded()) {
-      RR_CUDA_CHECK(cudaEventRecord(work->timer_, commStream()));  // a call without exchanges
-      work->timer_recorded_ = true;
-    }
+    backend.startTimer(commStream());  // a call without exchanges
   } catch (const std::exception& e) {
     if (comm_->insideUserGroup()) {
-      // Note [Inside a user's NCCL group]: our first exchange belongs to the user's group and
-      // runs when it ends; aborting would free a communicator that group still uses. Earlier
-      // calls are unaffected and stay with the watchdog.
+      // Note [Inside a user's NCCL group]: no abort (the user's group still uses the communicator);
+      // earlier calls stay with the watchdog.
       poisoned_ = e.what();
     } else if (backend.enqueuedAnything()) {
       // Half a ring is on the streams and the peers wait for the rest: only an abort unblocks them.
@@ -512,8 +497,7 @@ void CudaRing::makeRoom(int64_t ops) {
       continue;
     }
     if (room) return;
-    // Note [Bounded launch queue]: the oldest call must finish (or fail) first. The watchdog keeps
-    // running meanwhile; an abort makes the wait end with DistBackendError.
+    // Note [Bounded launch queue]: the oldest call must finish or fail (the watchdog still runs).
     comm_->checkUsable();
     checkOpen();
     if (interrupt.requested()) {
@@ -528,7 +512,6 @@ void CudaRing::makeRoom(int64_t ops) {
 std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine, const RingMembers& ring) {
   std::lock_guard<std::mutex> lock(call_mu_);
   checkOpen();
-  comm_->checkUsable();
   const int n = ring.size();
   const int r = ring.index;
   RR_CHECK(n >= 1 && n <= size() && r >= 0 && r < n && ring.ranks[static_cast<size_t>(r)] == rank(), kRuntime,
@@ -537,8 +520,7 @@ std::vector<Frame> CudaRing::exchangeFrames(const Frame& mine, const RingMembers
   cudaEvent_t done = pool_->acquire();
   std::vector<Frame> frames;
   try {
-    // The one frame all-gather of csrc/core/agreement.h, around the ring's members only (Note
-    // [Sub-rings on one communicator]) and hop by hop (Note [Host messages over NCCL]).
+    // csrc/core/agreement.h's all-gather, around the members only, hop by hop over NCCL.
     NcclFrameTransport nccl(*comm_, commStream(), done, frames_dev_, frames_host_);
     RankMapTransport members(nccl, ring.ranks, r);
     frames = rr::exchangeFrames(members, mine, /*tag=*/0);
@@ -587,8 +569,7 @@ void CudaRing::watchdogLoop() {
           it = in_flight_.erase(it);
           continue;
         }
-        // The timeout runs from the call's timer event: the comm stream reached its first
-        // exchange, i.e. the caller's prior work and the previous call are done.
+        // The timeout runs from the timer event (the comm stream reached the first exchange).
         if (!w.started_ && w.timer_recorded_ && eventFired(w.timer_)) {
           w.started_ = true;
           w.started_at_ = now;
@@ -640,8 +621,7 @@ void CudaRing::shutdown(const std::string& reason, bool at_exit) {
   failAll("the communicator was shut down: " + reason);  // a call enqueued meanwhile
   queued_.clear();
   queued_ops_ = 0;
-  // After the abort NCCL's kernels return and the streams drain; wait for that with a deadline and
-  // free nothing the GPU may still use.
+  // After the abort the streams drain: wait with a deadline; free nothing the GPU may still use.
   int previous = -1;
   if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   if (previous != device()) (void)cudaSetDevice(device());

@@ -1,48 +1,33 @@
 // ringreduce GPU: the ring all-reduce over one NCCL communicator per lane.
 //
-// CudaRing owns everything one process group needs on one GPU (docs/design.md section 2.4, "GPU transport"):
-//   * one NCCL communicator per lane (nccl_comm.h: a non-blocking parent and its blocking child;
-//     Note [Lanes] in plan.h), lane 0's also carrying the agreement frames;
-//   * per lane, a communication stream (grouped ncclSend/ncclRecv) and a reduce stream (kernels), so
-//     that the reduction of segment k overlaps the transfer of segment k + 1, and lanes overlap;
-//   * the staging (kGpuStagingBytes), shared by all calls on the group: each call lays its slots out
-//     in it as its plans say (Note [GPU pipeline rule], gpu_pipeline.h);
-//   * the event pool (plan events, reused call after call; per-call start/done events);
-//   * a watchdog thread that polls in-flight calls and ncclCommGetAsyncError and aborts the
-//     communicator on an error or when a started call exceeds the timeout.
-// The stages of a call (ring_driver.h: flat ring, ring halves, hierarchical, each possibly in
-// lanes) are enqueued by enqueueRingStages(), a one-shot by enqueueOneShot(), through CudaBackend
-// below; nothing in this file decides which buffer or segment a step touches. Rings over rank
-// lists of the group (Note [Sub-rings on one communicator]) share the communicators, streams,
-// staging and events with the group's own ring; each ring (rank list) has its own call counter, as
-// the CPU path's per-ring runtimes do.
+// CudaRing owns what one process group needs on one GPU (docs/design.md section 2.4): per lane
+// (Note [Lanes] in plan.h) an NCCL communicator (nccl_comm.h; lane 0's also carries the agreement
+// frames), a communication stream and a reduce stream (the reduce of segment k overlaps the transfer
+// of segment k + 1); the staging, which each call lays its slots out in (Note [GPU pipeline rule]);
+// the event pool; and a watchdog thread that polls in-flight calls and ncclCommGetAsyncError and
+// aborts on an error or a timeout. ring_driver.h decides what each step touches; CudaBackend below
+// only puts it on the streams. Rings over rank lists of the group (Note [Sub-rings on one
+// communicator]) share all of this with the group's own ring, each with its own call counter.
 //
 // Note [Ordering, lifetime, failure]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// * A call is ordered after everything the caller enqueued on its stream before the call (start
-//   event), and after the previous call on this communicator, whatever its ring (its done event,
-//   Note [Driving the plan on streams]). Calls on one communicator are serialized on the GPU in
-//   call order.
-// * CudaWork::streamWait() makes another stream wait for the call; a synchronous call does that to
-//   the caller's stream before returning. Nothing here blocks the host except synchronize() and
-//   the opt-in agreement check (exchangeFrames()).
+// * A call is ordered after the caller's stream (start event) and after the previous call on this
+//   communicator, whatever its ring (Note [Driving the plan on streams]): calls on one communicator
+//   run in call order. Only synchronize() and the opt-in agreement check block the host.
 // * The caller keeps the tensor alive for the streams (the torch glue calls recordStream); the
 //   ring keeps its staging until shutdown().
-// * On an NCCL error, a failed launch, or a timeout, the communicator is aborted: NCCL's kernels
-//   return, the streams drain (the results are garbage), every in-flight CudaWork is marked
-//   failed, and every later call on the ring throws rr::Error(kBackend). The watchdog prints
-//   the reason to stderr at once, since a synchronous caller may already have returned.
-// * Failed before aborted: the in-flight works are marked failed *before* the communicator is
-//   aborted, and a work becomes done (pending -> done, compare-exchange) only when its done event
-//   fired *and* the communicator is not aborted. An abort lets NCCL's kernels exit, so the done
-//   event of an aborted call fires over garbage; it must never read as success.
-// * The timeout of a call runs from its timer event, recorded on the communication stream right
-//   before its first exchange (after the caller's start event and the previous call), so calls
-//   queued behind others (DDP's buckets) are not charged for their predecessors.
-// * Note [Streams outlive the ring]: the caching allocator keeps the streams a tensor was
-//   recordStream'ed on and records events on them when the tensor is freed, possibly long after
-//   shutdown(). So the two streams are never destroyed: shutdown() drains them and hands them to
-//   a per-device pool from which the next ring on that device takes its streams.
+// * On an NCCL error, a failed launch or a timeout, the communicator is aborted: NCCL's kernels
+//   return, the streams drain over garbage, every in-flight CudaWork fails, and every later call
+//   throws rr::Error(kBackend). The watchdog prints the reason at once (a synchronous caller may
+//   already have returned).
+// * Failed before aborted: in-flight works are marked failed *before* the abort, and a work becomes
+//   done (compare-exchange from pending) only if its done event fired *and* the communicator is not
+//   aborted: the done event of an aborted call fires over garbage and must never read as success.
+// * A call's timeout runs from its timer event, recorded on the communication stream right before
+//   its first exchange, so calls queued behind others (DDP's buckets) are not charged for them.
+// * Note [Streams outlive the ring]: the caching allocator records events on the streams a tensor
+//   was recordStream'ed on when it frees it, possibly after shutdown(). So the streams are never
+//   destroyed: shutdown() drains them into a per-device pool the next ring on that device takes from.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -70,17 +55,13 @@ namespace rr {
 
 // Note [Bounded launch queue]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Queued exchanges (Note [Hand-off and queued exchanges], nccl_comm.h) launch in the enqueueing
-// thread, under the communicator's lock. CUDA's queue of pending launches is finite; once full, a
-// launch blocks until the GPU drains it, and a GPU whose NCCL kernel waits for a dead peer never
-// does. Blocked inside NCCL, the enqueueing thread would hold the lock the watchdog needs to abort,
-// and nothing would ever end the wait. So a ring keeps at most kCudaMaxQueuedOps stream operations
-// (exchanges, kernels, copies, event records and waits) of unfinished calls: before enqueueing a
-// call that would exceed it, the caller waits on the host for the oldest calls to finish (or fail:
-// the watchdog still runs, and an abort ends the wait with DistBackendError; so does Ctrl-C, after
-// aborting: Note [Interrupting a host wait on CUDA] in host_interrupt.h). A single call larger
-// than the bound (only with a tiny RINGREDUCE_SEGMENT_BYTES) is enqueued alone. Training loops
-// rarely wait here: a 64 MiB all-reduce on 8 ranks is ~100 operations with the default pipeline.
+// Queued exchanges (Note [Hand-off and queued exchanges]) launch in the enqueueing thread under the
+// communicator's lock. CUDA's queue of pending launches is finite: once full, a launch blocks until
+// the GPU drains it, which a GPU whose NCCL kernel waits for a dead peer never does, and the thread
+// would hold the lock the watchdog needs to abort. So a ring keeps at most kCudaMaxQueuedOps stream
+// operations of unfinished calls; beyond, the caller waits on the host for the oldest calls to
+// finish or fail (an abort or Ctrl-C ends the wait with DistBackendError: Note [Interrupting a host
+// wait on CUDA]). A single call larger than the bound (a tiny RINGREDUCE_SEGMENT_BYTES) goes alone.
 constexpr int64_t kCudaMaxQueuedOps = 1024;
 
 // A pool of cudaEventDisableTiming events on one device, shared by a ring and its works.
@@ -107,18 +88,15 @@ class CudaWork {
   uint64_t seq() const { return seq_; }
   int device() const { return device_; }
   const std::string& what() const { return what_; }  // "all-reduce", "reduce-scatter", ...
-  // True once the GPU finished the call or the call failed (never blocks).
-  bool isCompleted();
-  // The call failed (communicator aborted before it finished): the reason, else "".
-  std::string error() const;
+  bool isCompleted();          // finished or failed (never blocks)
+  std::string error() const;   // why the call failed, else ""
   // Makes `stream` wait for the call (no host sync). Throws kBackend if the call already failed.
   void streamWait(cudaStream_t stream);
-  // Blocks the host until the call finished; throws kBackend on failure or after `timeout`
-  // (timeout <= 0: the ring's timeout; a timeout does not abort the communicator by itself).
+  // Blocks the host until the call finished; throws kBackend on failure or after `timeout` (<= 0:
+  // the ring's), which does not abort the communicator by itself.
   void synchronize(std::chrono::milliseconds timeout);
-  // torch.distributed's NCCL Work.wait(): `stream` waits for the call; with timeout_ms >= 0 the
-  // host also waits up to timeout_ms and gets false if the call is still running then. Throws
-  // kBackend if the call failed.
+  // torch's NCCL Work.wait(): `stream` waits for the call; with timeout_ms >= 0 the host also waits
+  // up to timeout_ms, false if still running. Throws kBackend if the call failed.
   bool wait(cudaStream_t stream, int64_t timeout_ms);
   // "" or "ringreduce: CUDA <what> #<seq> failed: <reason>".
   std::string errorMessage() const;
@@ -157,10 +135,8 @@ class CudaWork {
 
 class CudaRing {
  public:
-  // Takes ownership of an initialized communicator (lane 0) and of `more_lanes`, communicators of
-  // the same ranks on the same device for lanes 1.. (Note [Lanes] in plan.h; each lane gets its own
-  // streams, so its transfers overlap the others'). Creates the streams, the staging and the
-  // watchdog thread on the communicator's device.
+  // Owns `comm` (lane 0) and `more_lanes` (communicators of the same ranks and device, lanes 1..);
+  // creates the streams, the staging and the watchdog on that device.
   explicit CudaRing(std::shared_ptr<NcclComm> comm, int64_t staging_bytes = kGpuStagingBytes,
                     int64_t max_queued_ops = kCudaMaxQueuedOps,
                     std::vector<std::shared_ptr<NcclComm>> more_lanes = {});
@@ -172,7 +148,7 @@ class CudaRing {
   int device() const { return comm_->device(); }
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
-  // Lane 0's streams (the one-lane ring's, the agreement frames', a call's epilogue's).
+  // Lane 0's streams (the agreement frames', a call's epilogue's).
   cudaStream_t commStream() const { return lanes_.empty() ? nullptr : lanes_[0].comm_stream; }
   cudaStream_t computeStream() const { return lanes_.empty() ? nullptr : lanes_[0].compute_stream; }
   // Every internal stream (every lane's), which a call's buffers must be protected on.
@@ -184,52 +160,43 @@ class CudaRing {
   bool aborted() const;
   int64_t stagingBytes() const { return staging_bytes_; }
 
-  // The plan options of a call of `numel` elements of `dtype` over a ring of `nranks` ranks of this
-  // communicator: gpuPlanOptions (the all-gather lands in the output) with the pipeline of Note
-  // [GPU pipeline rule] (gpu_pipeline.h) in this ring's staging. Throws kValue for bad knobs.
+  // gpuPlanOptions with the pipeline of Note [GPU pipeline rule] in this ring's staging, for a call
+  // of `numel` elements over `nranks` ranks. Throws kValue for bad knobs.
   PlanOptions planOptions(RedOp op, bool accum_float32, int nranks, int64_t numel, DType dtype,
                           const GpuKnobs& knobs) const;
 
-  // Enqueues one call: `stages` (ring_driver.h; their members are ranks of this communicator and
-  // name this rank) on `data`, the call's contiguous elements on this device; `accum`: the float32
-  // partials of a single-stage plan (or null when it needs none). `ring_key` (ringKey()) names the
-  // ring whose call counter the call takes; `what` names the collective in messages. Ordered after
-  // `caller`'s prior work; if `caller_waits`, `caller` waits for the result. Throws kBackend
-  // (communicator unusable, NCCL or CUDA failure: the communicator is then aborted), kRuntime (CUDA
-  // graph capture), kValue (stages that do not fit this communicator). `epilogue` (may be empty)
-  // runs on the enqueueing thread after the last stage, to enqueue more work on computeStream()
-  // that the call's done event must cover.
+  // Enqueues `stages` (ring_driver.h; members are communicator ranks) on `data`, the call's
+  // contiguous elements; `accum`: a single-stage plan's partials, or null. `ring_key` (ringKey())
+  // picks the call counter; `what` names the collective in messages. Ordered after `caller`, which
+  // waits for the result if `caller_waits`. `epilogue` (may be empty) runs after the last stage to
+  // enqueue more work on computeStream() that the done event covers. Throws kBackend (unusable
+  // communicator, NCCL or CUDA failure: then aborted), kRuntime (graph capture), kValue (bad stages).
   std::shared_ptr<CudaWork> enqueue(const std::vector<RingStage>& stages, void* data, void* accum,
                                     const std::vector<int>& ring_key, const std::string& what,
                                     cudaStream_t caller, bool caller_waits,
                                     const std::function<void()>& epilogue = {});
 
-  // The one-shot all-reduce (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h) of `data`
-  // (numel elements of `dtype`) over `ring`, receiving the others' tensors into the staging
-  // ((ring.size() - 1) x the tensor's bytes must fit it), with the arithmetic of the flat ring that
-  // `options` plan (ring_driver.h's enqueueOneShot). Otherwise as enqueue().
+  // The one-shot all-reduce (Note [GPU one-shot all-reduce]) of `data` over `ring`, the others'
+  // tensors received into the staging, with the arithmetic `options` plan. Otherwise as enqueue().
   std::shared_ptr<CudaWork> enqueueOneShot(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
                                            const PlanOptions& options, void* data, const std::vector<int>& ring_key,
                                            const std::string& what, cudaStream_t caller, bool caller_waits,
                                            const std::function<void()>& epilogue = {});
 
-  // All-gather of one agreement frame per ring member (Note [Cross-rank agreement]) around
-  // `ring` only (Note [Sub-rings on one communicator]); frames[i] is ring index i's. Runs core's
-  // exchangeFrames over NcclFrameTransport (Note [Host messages over NCCL]). Blocks the host
-  // until done or the timeout (then aborts and throws kBackend).
+  // All-gather of one agreement frame per member of `ring` (Note [Cross-rank agreement]); frames[i]
+  // is ring index i's. Blocks the host; at the timeout aborts and throws kBackend.
   std::vector<Frame> exchangeFrames(const Frame& mine, const RingMembers& ring);
 
   // The `seq` of the next call on the ring `ring_key` (frames carry it; empty: the whole group).
   uint64_t nextSeq(const std::vector<int>& ring_key = {}) const;
 
-  // Throws kRuntime if `caller` is capturing a CUDA graph (before anything else of a call runs:
-  // the agreement check would otherwise run, fail and abort the communicator under capture).
+  // Throws kRuntime if `caller` is capturing a CUDA graph. First thing of a call: the agreement
+  // check would otherwise fail and abort the communicator under capture.
   void checkNotCapturing(cudaStream_t caller, const std::string& what) const;
 
-  // Marks the in-flight works failed, aborts the communicator (without waiting for a call in
-  // progress: it sees the abort at its next poll), stops the watchdog, then waits for the streams
-  // to drain for at most min(timeout, 10 s). Frees staging only if they drained and not
-  // `at_exit` (at interpreter exit the process frees everything). Idempotent; never throws.
+  // Fails the in-flight works, aborts (a call in progress sees it at its next poll), stops the
+  // watchdog, waits at most min(timeout, 10 s) for the streams to drain, and frees the staging only
+  // if they did and not `at_exit`. Idempotent; never throws.
   void shutdown(const std::string& reason, bool at_exit = false);
   bool isShutdown() const { return shut_down_.load(); }
 
@@ -238,12 +205,10 @@ class CudaRing {
   void watchdogLoop();
   // Note [Bounded launch queue]: waits until `ops` more stream operations fit (call_mu_ held).
   void makeRoom(int64_t ops);
-  // Buffers of a call: `data`, and `slots` staging slots of slot_stride bytes (kRuntime if they do
-  // not fit the staging).
+  // `data` and `slots` staging slots of slot_stride bytes (kRuntime if they do not fit).
   DeviceBuffers layOut(void* data, int64_t slot_stride, int32_t slots) const;
-  // The part of a call common to the ring and the one-shot (call_mu_ held): room in the launch
-  // queue, the work and its events, `drive` on the CUDA backend, the failure handling of Note
-  // [Ordering, lifetime, failure], the bookkeeping.
+  // What the ring and the one-shot share (call_mu_ held): room in the queue, the work, `drive` on
+  // the CUDA backend, the failure handling, the bookkeeping.
   std::shared_ptr<CudaWork> submit(const std::vector<int>& ring_key, const std::string& what, cudaStream_t caller,
                                    const std::function<void()>& epilogue, int64_t ops,
                                    const std::function<void(DeviceBackend&)>& drive);

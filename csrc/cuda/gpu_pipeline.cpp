@@ -16,8 +16,7 @@ GpuPipeline gpuPipeline(int nranks, int64_t numel, DType dtype, bool accum_float
   const int64_t elem = static_cast<int64_t>(dtypeSize(dtype));
   const int64_t wire = accum_float32 && isHalfType(dtype) ? 4 : elem;
   const int64_t chunk = nranks > 0 && numel > 0 ? roundUp(ceilDiv(numel, nranks), maxI64(1, 16 / elem)) : 0;
-  // Note [GPU pipeline rule]: the communicator's lanes, as long as each gets two segments of at
-  // least kGpuMinLaneSegmentBytes per chunk; the knob picks the count itself.
+  // Note [GPU pipeline rule]: lanes while each gets two segments of kGpuMinLaneSegmentBytes.
   const int32_t available = max_lanes >= 1 ? max_lanes : 1;
   if (knobs.lanes > 0) {
     p.lanes = knobs.lanes < available ? knobs.lanes : available;
@@ -26,8 +25,7 @@ GpuPipeline gpuPipeline(int nranks, int64_t numel, DType dtype, bool accum_float
     while (p.lanes > 1 && chunk * wire < 2 * kGpuMinLaneSegmentBytes * p.lanes) --p.lanes;
   }
   p.slots = knobs.slots > 0 ? knobs.slots : kGpuSlots;
-  // Note [GPU pipeline rule]. Slots are multiples of 256 bytes so that every slot starts 16-byte
-  // aligned (vector loads).
+  // Multiples of 256 bytes: every slot starts 16-byte aligned (vector loads).
   p.slot_bytes = staging_bytes / (static_cast<int64_t>(p.lanes) * p.slots) / 256 * 256;
   RR_CHECK(p.slot_bytes >= 256, kValue, "ringreduce: ", staging_bytes, " bytes of staging are too small for ",
            p.lanes, " lanes of ", p.slots, " slots (RINGREDUCE_LANES x RINGREDUCE_SLOTS)");
@@ -44,8 +42,7 @@ int64_t gpuOneShotBytes(int nranks, int64_t staging_bytes, const GpuKnobs& knobs
   if (nranks < 2) return 0;
   // The n - 1 received tensors live in the staging (Note [GPU one-shot all-reduce]).
   int64_t limit = staging_bytes / (nranks - 1) / 256 * 256;
-  // As on CPU, a set RINGREDUCE_SEGMENT_BYTES caps it too: tests that shrink the segment to cover
-  // many segments keep running the ring.
+  // As on CPU, a set RINGREDUCE_SEGMENT_BYTES caps it (tests that shrink it keep the ring).
   if (knobs.segment_bytes > 0) limit = minI64(limit, knobs.segment_bytes);
   if (knobs.one_shot_bytes >= 0) return minI64(knobs.one_shot_bytes, limit);
   const int64_t rule = nranks <= 4 ? (1 << 20) : nranks <= 8 ? (256 << 10) : (64 << 10);

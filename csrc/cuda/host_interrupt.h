@@ -2,31 +2,21 @@
 //
 // Note [Interrupting a host wait on CUDA]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A CUDA call does not block the host on its payload, but a few of its steps wait on the host for
-// something a silent peer never gives:
-//   * NcclComm::waitReady(): communicator init and ncclCommSplit (up to the connect timeout), and
-//     each hand-off (the first contact with a peer up to the connect timeout, later ones up to the
-//     timeout; Note [Hand-off and queued exchanges] in nccl_comm.h);
-//   * hostWait(): the agreement frames of RINGREDUCE_CHECK=1 (the timeout; nccl_frame_transport.h);
-//   * CudaRing::makeRoom(): the bounded launch queue, until the watchdog fails the oldest call
-//     (Note [Bounded launch queue] in cuda_ring.h).
-// The caller's thread sits in them with the GIL released, and CPython runs its SIGINT handler only
-// between bytecodes of the main thread: Ctrl-C would wait for the timeout (30 minutes by default).
-// So the torch layer (csrc/torch/cuda_bindings.cpp) opens a HostInterruptScope around such a call,
-// with a poll that takes the GIL and runs the pending signal handlers (PyErr_CheckSignals), and each
-// wait above asks an InterruptCheck at every turn of its loop. The check asks the poll at most once
-// per kInterruptPoll and never during the first kInterruptPoll of a wait, so a hand-off that
-// completes in microseconds never takes the GIL. Once the poll says yes (a handler raised:
-// KeyboardInterrupt for SIGINT), the wait aborts the communicator - CudaRing's waits every lane's,
-// with the call's in-flight works failed first - with interruptedReason(), and throws kBackend; the
-// torch layer raises the handler's exception instead and shuts the ring down, so that every later
-// call on the group raises DistBackendError with that reason. The peers fail at once where NCCL
-// sees the abort, else at their timeout. The answer is latched in the scope: a later wait of the
-// same call throws at once.
-//
-// The scope belongs to the thread that opened it: the watchdog and every other thread see none and
-// never ask (the watchdog must never wait for the GIL), nor do the C++ tests unless they open one.
-// A wait asks with no NcclComm lock held: a Python thread holding the GIL may be waiting for one.
+// A few steps of a CUDA call wait on the host for something a silent peer never gives:
+// NcclComm::waitReady() (init, split, hand-offs), hostWait() (the agreement frames) and
+// CudaRing::makeRoom() (Note [Bounded launch queue]). The caller's thread sits there with the GIL
+// released, and CPython runs its SIGINT handler only between bytecodes of the main thread, so Ctrl-C
+// would wait for the timeout (30 minutes by default). So the torch layer opens a HostInterruptScope
+// around such a call, whose poll takes the GIL and runs the pending signal handlers, and each wait
+// asks an InterruptCheck at every turn: at most once per kInterruptPoll and never in the first
+// kInterruptPoll, so a hand-off that completes in microseconds never takes the GIL. Once the poll
+// says yes, the wait aborts the communicator (CudaRing's: every lane's, the in-flight works failed
+// first) with interruptedReason() and throws kBackend; the torch layer raises the handler's
+// exception instead and shuts the ring down, so later calls raise DistBackendError with that reason.
+// The answer is latched in the scope: a later wait of the same call throws at once.
+// The scope belongs to the thread that opened it: the watchdog (which must never wait for the GIL)
+// and the C++ tests see none. A wait asks with no NcclComm lock held: a Python thread holding the
+// GIL may be waiting for one.
 #pragma once
 
 #include <chrono>
@@ -36,7 +26,7 @@
 
 namespace rr {
 
-// How often a blocked host wait asks for Ctrl-C (and how long it waits before asking first).
+// How often a blocked host wait asks for Ctrl-C, and how long before it asks first.
 constexpr std::chrono::milliseconds kInterruptPoll{50};
 
 class HostInterruptScope {
@@ -65,7 +55,7 @@ class HostInterruptScope {
   bool interrupted_ = false;
 };
 
-// The questions of one host wait: construct it when the wait starts, ask requested() at each turn.
+// One host wait's questions: construct it when the wait starts, ask requested() at each turn.
 class InterruptCheck {
  public:
   InterruptCheck()

@@ -56,9 +56,8 @@ void stopHandles(int device, const std::vector<std::vector<ncclComm_t>>& lanes, 
   size_t count = 0;
   for (const auto& l : lanes) count += l.size();
   if (count == 0) return;
-  // The device must be current for NCCL's teardown. Errors cannot be reported to anyone useful
-  // here (this also runs on the watchdog thread and in destructors): the communicators are gone
-  // either way and every later use reports the abort reason.
+  // NCCL's teardown needs the device. Errors are ignored (watchdog thread, destructors): the
+  // communicators are gone either way and every later use reports the abort reason.
   int previous = -1;
   if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   if (previous != device) (void)cudaSetDevice(device);
@@ -237,36 +236,27 @@ NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int devic
   const auto deadline = std::chrono::steady_clock::now() + connect_timeout_;
   waitReady(lock, r, "ncclCommInitRankConfig", deadline);
   if (setup_.simple) return;  // no child: every exchange is a hand-off
-  // The blocking child of Note [Hand-off and queued exchanges]. Splitting a non-blocking parent is
-  // itself non-blocking: the child handle is written once the parent's state leaves ncclInProgress.
+  // The blocking child of Note [Hand-off and queued exchanges].
   ncclConfig_t queued = NCCL_CONFIG_INITIALIZER;
   queued.blocking = 1;
   queued.commName = queue_name_.c_str();
-  // A failed split names the way around it (issue 30's fallback, decided on every rank alike).
+  // A failed split names the way around it.
   const std::string simpler = ". The simplest GPU path runs without this child: set RINGREDUCE_NCCL_SIMPLE=1 on "
                               "every rank (NCCL " + ncclVersionString(setup_.version) + ")";
   const ncclResult_t s = ncclCommSplit(comm_, /*color=*/0, /*key=*/rank_, &queue_, &queued);
   if (s != ncclSuccess && s != ncclInProgress) {
-    const std::string msg = std::string("ncclCommSplit (the queued communicator) failed: ") + describeNccl(s, comm_);
-    abortLocked(msg);
-    RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg, simpler);
+    failLocked(std::string("ncclCommSplit (the queued communicator) failed: ") + describeNccl(s, comm_), simpler);
   }
-  // Whatever the split returned, the child is made in the background: NCCL (2.28.9 src/init.cc)
-  // returns the child setup's ncclSuccess while the group it started is still in progress, sets the
-  // parent's state to ncclInProgress until the child is done and writes the handle only then (seen
-  // on an H200 with NCCL 2.28.9: a split that "succeeded" with no handle). So the wait is on the
-  // parent's state, then on the handle itself.
+  // Whatever the split returned, the child is made in the background (src/init.cc): NCCL may return
+  // ncclSuccess, keep the parent's state ncclInProgress until the child is done and only then write
+  // the handle. So the wait is on the parent's state, then on the handle itself.
   waitReady(lock, ncclInProgress, "ncclCommSplit", deadline);
   while (__atomic_load_n(&queue_, __ATOMIC_ACQUIRE) == nullptr && std::chrono::steady_clock::now() < deadline) {
     lock.unlock();
     std::this_thread::sleep_for(kPollInterval);
     lock.lock();
   }
-  if (queue_ == nullptr) {
-    abortLocked("ncclCommSplit returned no communicator");
-    RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_,
-             "): ncclCommSplit returned no communicator", simpler);
-  }
+  if (queue_ == nullptr) failLocked("ncclCommSplit returned no communicator", simpler);
 }
 
 NcclComm::~NcclComm() {
@@ -316,8 +306,8 @@ std::pair<ncclResult_t, ncclResult_t> NcclComm::issueGroup(ncclComm_t comm, cons
   ncclResult_t r = ncclSuccess;
   ncclResult_t end = ncclSuccess;
   const auto issue = [&]() {
-    // Bytes as ncclUint8: the element type does not matter to a copy, and both sides of each
-    // pair agree on the byte count (Note [One ring, two transports, one plan]).
+    // Bytes as ncclUint8: both sides of each pair agree on the byte count (Note [One ring, two
+    // transports, one plan]).
     r = ncclGroupStart();
     for (size_t i = 0; i < count && r == ncclSuccess; ++i) {
       const P2p& o = ops[i];
@@ -325,8 +315,7 @@ std::pair<ncclResult_t, ncclResult_t> NcclComm::issueGroup(ncclComm_t comm, cons
       r = o.send ? ncclSend(o.buf, o.bytes, ncclUint8, o.peer, comm, stream)
                  : ncclRecv(o.buf, o.bytes, ncclUint8, o.peer, comm, stream);
     }
-    // Always close the group, even after a failure inside it, so that the thread's group depth is
-    // balanced for the next call.
+    // Close the group even after a failure, so that the thread's group depth stays balanced.
     end = ncclGroupEnd();
     return end;
   };
@@ -350,16 +339,10 @@ void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first,
                abort_reason_);
     }
     if (state == ncclSuccess) return;
-    if (state != ncclInProgress) {
-      const std::string msg = std::string(what) + " failed: " + describeNccl(state, comm_);
-      abortLocked(msg);
-      RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg);
-    }
+    if (state != ncclInProgress) failLocked(std::string(what) + " failed: " + describeNccl(state, comm_));
     if (std::chrono::steady_clock::now() > deadline) {
-      const std::string msg = std::string(what) + " did not complete within " +
-                              std::to_string(timeout_.count()) + " ms (a peer did not join or died)";
-      abortLocked(msg);
-      RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg);
+      failLocked(std::string(what) + " did not complete within " + std::to_string(timeout_.count()) +
+                 " ms (a peer did not join or died)");
     }
     lock.unlock();
     const auto now = std::chrono::steady_clock::now();
@@ -427,25 +410,19 @@ void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, 
   if (!hand_off) {
     // A blocking communicator's ncclGroupEnd returns once the kernel is enqueued (or failed).
     if (r != ncclSuccess) {
-      const std::string msg =
-          std::string("a queued ncclGroupEnd(ncclSend, ncclRecv) failed: ") + describeNccl(r, queue_);
-      abortLocked(msg);
-      RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg);
+      failLocked(std::string("a queued ncclGroupEnd(ncclSend, ncclRecv) failed: ") + describeNccl(r, queue_));
     }
     return;
   }
   // Note [Inside a user's NCCL group]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // A non-blocking communicator's outermost ncclGroupEnd with tasks always returns ncclInProgress
-  // (NCCL src/group.cc, ncclGroupEndInternal); a nested one only decrements the thread's group
-  // depth and returns ncclSuccess without launching anything. So ncclSuccess here means the
+  // A non-blocking communicator's outermost ncclGroupEnd with tasks returns ncclInProgress
+  // (src/group.cc); a nested one returns ncclSuccess without launching. So ncclSuccess means the
   // caller's thread is inside its own ncclGroupStart (torch's _coalescing_manager,
-  // batch_isend_irecv): our send/recv now belong to that group and run when it ends. Nothing may
-  // be recorded after them as if they ran, and the communicator must not be aborted (the user's
-  // ncclGroupEnd will still use it): refuse, and let CudaRing poison the ring. Every call's first
-  // exchange is a hand-off (Note [Hand-off and queued exchanges]), so this is seen before any
-  // queued exchange could join the user's group. From the launcher thread (NCCL < 2.23, Note [NCCL
-  // versions, environment and the simplest path]) no group can be open: ncclSuccess is a launch.
+  // batch_isend_irecv) and our send/recv run when that group ends: nothing may be recorded after them
+  // as if they ran, and aborting would free a communicator the user's ncclGroupEnd still uses. So
+  // refuse, and CudaRing poisons the ring. Every call's first exchange is a hand-off, so this is
+  // seen before any queued exchange. The launcher thread (NCCL < 2.23) has no group open.
   if (!setup_.launcher && end == ncclSuccess && r == ncclSuccess) {
     inside_user_group_ = true;
     RR_THROW(kRuntime, "ringreduce: a CUDA collective was called inside an NCCL group of this thread "
@@ -490,6 +467,11 @@ void NcclComm::abortLocked(const std::string& reason) {
   std::vector<std::vector<ncclComm_t>> handles(1);
   releaseHandlesLocked(reason, &handles[0]);
   stopHandles(device_, handles, setup_.group_abort);
+}
+
+void NcclComm::failLocked(const std::string& msg, const std::string& hint) {
+  abortLocked(msg);
+  RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, "): ", msg, hint);
 }
 
 void NcclComm::releaseHandlesLocked(const std::string& reason, std::vector<ncclComm_t>* out) {

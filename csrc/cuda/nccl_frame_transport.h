@@ -1,28 +1,20 @@
 // ringreduce GPU: the Transport seam (csrc/core/transport.h) over an NCCL communicator, for the
-// agreement frames of the GPU path (csrc/core/agreement.h's exchangeFrames, called by
-// CudaRing::exchangeFrames).
+// agreement frames of the GPU path (CudaRing::exchangeFrames).
 //
 // Note [Host messages over NCCL]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The frame all-gather is written once, over Transport, for host memory. NCCL moves device memory
-// on a stream, so this transport stages each message: isend() copies the message into a pinned
-// host slot, irecv() notes where the message goes, and the first wait() hands both to the GPU - a
-// host-to-device copy, one grouped ncclSend/ncclRecv (NcclComm::sendRecv), a device-to-host copy -
-// and polls an event until they are done, then copies the received bytes to the caller. So:
-//   * at most one send and one receive are pending at a time, posted together as one NCCL group
-//     (an ncclSend and an ncclRecv in separate groups could wait for each other on two ranks);
-//     that is exactly one hop of the ring all-gather, which this transport asks for by answering
-//     neighboursOnly() (Note [Frames around the ring] in agreement.h);
-//   * a message is at most kMaxMessage bytes (a frame);
-//   * tags are not sent: NCCL matches the messages of a pair of ranks in posting order, and the
-//     calls of one communicator are serialized by CudaRing;
-//   * a wait that takes longer than the communicator's timeout, a CUDA or NCCL failure, an abort
-//     of the communicator (which lets NCCL's kernels return over garbage), or Ctrl-C (Note
-//     [Interrupting a host wait on CUDA]) throws kBackend; the caller then aborts the
-//     communicator, so abandon() has nothing to forget.
-// A frame exchange over n ranks therefore costs n - 1 host round trips (each a hand-off, Note
-// [Hand-off and queued exchanges] in nccl_comm.h, and a wait for the copies); on the GPU the check
-// is opt-in (RINGREDUCE_CHECK=1).
+// on a stream, so isend() copies the message into a pinned host slot, irecv() notes where it goes,
+// and the first wait() enqueues a host-to-device copy, one grouped ncclSend/ncclRecv (a hand-off),
+// a device-to-host copy, and polls an event until they are done. So:
+//   * at most one send and one receive are pending, posted as one NCCL group (in separate groups
+//     they could wait for each other on two ranks): one hop of the ring all-gather, which
+//     neighboursOnly() asks for (Note [Frames around the ring] in agreement.h);
+//   * tags are not sent: NCCL matches a pair's messages in posting order, and CudaRing serializes
+//     the calls of one communicator;
+//   * a timeout, a CUDA or NCCL failure, an abort or Ctrl-C throws kBackend; the caller then aborts
+//     the communicator, so abandon() has nothing to forget.
+// A frame exchange over n ranks costs n - 1 host round trips, hence opt-in (RINGREDUCE_CHECK=1).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,23 +30,19 @@
 
 namespace rr {
 
-// Polls `event` until it fired; throws kBackend on a CUDA error, when `comm` was aborted (an
-// event that fired because the abort let the kernels exit does not count), when `deadline`
-// passes (the message names `what`), or when Ctrl-C interrupts it (then `comm` is aborted first;
-// Note [Interrupting a host wait on CUDA] in host_interrupt.h).
+// Polls `event` until it fired; throws kBackend on a CUDA error, once `comm` is aborted (an event
+// fired by the abort does not count), at `deadline` (naming `what`), or on Ctrl-C (aborting `comm`).
 void hostWait(cudaEvent_t event, NcclComm& comm, std::chrono::steady_clock::time_point deadline,
               const std::string& what);
 
 class NcclFrameTransport final : public Transport {
  public:
   static constexpr size_t kMaxMessage = kFrameBytes;
-  // Bytes of the device and of the pinned host staging a transport needs (one send and one
-  // receive slot each).
+  // Bytes of device and of pinned host staging (one send and one receive slot each).
   static constexpr size_t kStagingBytes = 2 * kMaxMessage;
 
-  // Runs on `stream` of `comm`'s device (the caller makes that device current); `done` is an
-  // event of the caller's that marks the end of each hop; `device_staging` and `host_staging`
-  // (pinned) have kStagingBytes bytes each. Nothing is owned.
+  // On `stream` of `comm`'s device (current); `done` marks the end of each hop; both stagings have
+  // kStagingBytes. Nothing is owned.
   NcclFrameTransport(NcclComm& comm, cudaStream_t stream, cudaEvent_t done, void* device_staging,
                      void* host_staging);
 

@@ -1,11 +1,7 @@
-// ringreduce GPU: the one-shot all-reduce's reduce kernel. Only CUDA headers and csrc/core here.
-//
-// One kernel template, oneShotKernel<T, P, op>, runs OneShotBody (csrc/core/one_shot_body.h, Note
-// [GPU one-shot all-reduce]) over a grid-stride loop; the dispatch is the ring kernels' one table
-// (reduce_dispatch.h) with the partial type as the received and the stored operand, so the
-// one-shot exists for exactly the (tensor, partial, op) triples the ring reduces.
-// The tensors are small (the one-shot threshold is at most a few MiB), so the kernel reads element
-// by element: its time is a few microseconds next to the NCCL group before it.
+// ringreduce GPU: the one-shot all-reduce's reduce kernel (Note [GPU one-shot all-reduce]): OneShotBody
+// over a grid-stride loop, dispatched through the ring kernels' table (reduce_dispatch.h) with the
+// partial type as received and stored operand, so it exists for exactly the triples the ring reduces.
+// The tensors are small, so it reads element by element (microseconds next to the NCCL group).
 #include <cuda_runtime.h>
 
 #include <type_traits>

@@ -9,10 +9,9 @@
 
 namespace rr {
 
-// Enqueues args.dst[i] = the ring-ordered reduction of args.in[0..n-1][i] on `stream`, with
-// partials of `partial` (the ring's: partialDType, plan.h) and the ring's scaling (args.scaling).
-// Throws rr::Error(kType) for unsupported dtype/op pairs, kValue for n outside 1..kOneShotMaxRanks,
-// kBackend when the launch fails. Does nothing when args.count <= 0.
+// Enqueues args.dst[i] = the ring-ordered reduction of args.in[0..n-1][i], with partials of
+// `partial` (partialDType, plan.h) and args.scaling. Throws rr::Error (kType: dtype/op, kValue: n,
+// kBackend: launch).
 void launchOneShotReduce(DType dtype, DType partial, RedOp op, const OneShotArgs& args, cudaStream_t stream);
 
 }  // namespace rr

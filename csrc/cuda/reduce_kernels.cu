@@ -1,11 +1,7 @@
-// ringreduce GPU: the reduce kernels. Only CUDA headers and csrc/core here (compile time).
-//
-// One kernel template, reduceKernel<TA, TB, TD, op> (reduce_launch.cuh), runs ReduceBody
-// (reduce_body.h, Note [Vectorized reduce with scalar head and tail]) over a grid-stride loop.
-// Dispatch from the runtime (DType, RedOp, widths) happens once, in launchReduce(), through
-// reduce_dispatch.h (an explicit list with a loud default, shared with the host tests). The
-// launchers are instantiated explicitly: here everything but the half types, which
-// reduce_kernels_half.cu instantiates with their float32-partial variants.
+// ringreduce GPU: the reduce kernels (only CUDA headers and csrc/core here). reduceKernel
+// (reduce_launch.cuh) runs ReduceBody (Note [Vectorized reduce with scalar head and tail]);
+// launchReduce() dispatches once through reduce_dispatch.h (shared with the host tests). This TU
+// instantiates everything but the half types (reduce_kernels_half.cu).
 #include <cuda_runtime.h>
 
 #include <atomic>

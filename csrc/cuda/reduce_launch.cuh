@@ -1,9 +1,6 @@
 // ringreduce GPU: the reduce kernel template and its typed launcher, for the .cu files only.
-//
-// The instantiations are split over two translation units so that the two halves compile in
-// parallel (reduce_kernels.cu: 32/64-bit floats, integers, bool, complex, and the dispatch;
-// reduce_kernels_half.cu: float16/bfloat16 with their float32-partial variants). Each TU declares
-// the other's instantiations `extern`, so every kernel is compiled exactly once.
+// The instantiations are split over two TUs that compile in parallel (reduce_kernels_half.cu:
+// float16/bfloat16); each declares the other's `extern`, so every kernel is compiled once.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,8 +32,7 @@ __global__ void __launch_bounds__(kReduceThreads)
 // Multiprocessors of the current device (cached per device).
 int reduceSmCount();
 
-// One thread per vector (plus head/tail), at most 8 blocks per SM: the grid-stride loop covers
-// the rest. Segments are <= a few MiB, so this is a few thousand blocks at most.
+// One thread per vector, at most 8 blocks per SM: the grid-stride loop covers the rest.
 inline unsigned reduceBlocks(int64_t count, int V) {
   const int64_t work = ceilDiv(count, V);
   const int64_t wanted = ceilDiv(work, kReduceThreads);

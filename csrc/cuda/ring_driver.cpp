@@ -26,8 +26,8 @@ size_t spanBytes(const Plan& plan, const Span& s) {
   return s.empty() ? 0 : static_cast<size_t>(s.count * spanElemSize(plan, s));
 }
 
-// Every span must lie inside its buffer: checked once, before anything is enqueued, so that a
-// planning bug is an exception here rather than an out-of-bounds write on the device.
+// Every span must lie inside its buffer, checked before anything is enqueued: a planning bug is an
+// exception here, never an out-of-bounds write on the device.
 void checkSpan(const Plan& plan, const DeviceBuffers& b, const Span& s) {
   if (s.empty()) return;
   const int64_t end = (s.offset + s.count) * spanElemSize(plan, s);
@@ -48,6 +48,24 @@ void checkSpan(const Plan& plan, const DeviceBuffers& b, const Span& s) {
     case BufKind::kNone:
       RR_THROW(kRuntime, "ringreduce internal error: non-empty span without a buffer");
   }
+}
+
+// Framing, steps 1-2 of Note [Driving the plan on streams], on every lane's streams.
+void beginCall(DeviceBackend& be, int32_t lanes) {
+  be.record(Stream::kCaller, kCallStartEvent);
+  for (int32_t lane = 0; lane < lanes; ++lane) {
+    be.setLane(lane);
+    be.wait(Stream::kComm, kCallStartEvent);
+    be.wait(Stream::kCompute, kCallStartEvent);
+    be.wait(Stream::kComm, kPrevCallDoneEvent);
+  }
+}
+
+// Framing, steps 4-5, on lane 0.
+void endCall(DeviceBackend& be, bool caller_waits) {
+  be.finish();
+  be.record(Stream::kCompute, kCallDoneEvent);
+  if (caller_waits) be.wait(Stream::kCaller, kCallDoneEvent);
 }
 
 }  // namespace
@@ -101,8 +119,7 @@ EventMap mapWaitedEvents(const Plan& plan) {
 void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers& buffers, DeviceBackend& be,
                        bool caller_waits) {
   RR_CHECK(!stages.empty(), kRuntime, "ringreduce internal error: a call without a ring");
-  // Every check before anything is enqueued: a planning bug is an exception here, never an
-  // out-of-bounds access or a half-enqueued ring on the device.
+  // Every check before anything is enqueued (never a half-enqueued ring on the device).
   std::vector<DeviceBuffers> bufs(stages.size());
   std::vector<EventMap> events(stages.size());
   int32_t num_events = 0;
@@ -150,15 +167,7 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
     if (events[k].count > num_events) num_events = events[k].count;
   }
   be.prepare(num_events, lanes);
-
-  // Framing, steps 1-2 of Note [Driving the plan on streams], on every lane's streams.
-  be.record(Stream::kCaller, kCallStartEvent);
-  for (int32_t lane = 0; lane < lanes; ++lane) {
-    be.setLane(lane);
-    be.wait(Stream::kComm, kCallStartEvent);
-    be.wait(Stream::kCompute, kCallStartEvent);
-    be.wait(Stream::kComm, kPrevCallDoneEvent);
-  }
+  beginCall(be, lanes);
 
   std::vector<int> stages_on_lane(static_cast<size_t>(lanes), 0);
   for (size_t k = 0; k < stages.size(); ++k) {
@@ -180,9 +189,6 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
       const Stream s = o.queue == Queue::kComm ? Stream::kComm : Stream::kCompute;
       switch (o.kind) {
         case OpKind::kExchange: {
-          // Reduce-scatter: send our partial of chunk (r - step) onward, receive the partial of
-          // chunk (r - step - 1) into a staging slot. All-gather: forward a completed chunk,
-          // receive the next one straight into the output (plan.gather_into_data).
           const size_t sb = spanBytes(plan, o.send);
           const size_t rb = spanBytes(plan, o.recv);
           be.exchange(sb ? spanAddress(plan, b, o.send) : nullptr, sb, sb ? next_peer : -1,
@@ -221,8 +227,7 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
     }
   }
 
-  // Join (Note [Lanes]): lane 0's kCompute waits for every other lane's end, which covers its
-  // exchanges (each lane's plan ends with kCompute waiting all of them).
+  // Join (Note [Lanes]): lane 0's kCompute waits for every other lane's end (covering its exchanges).
   for (int32_t lane = 1; lane < lanes; ++lane) {
     be.setLane(lane);
     be.record(Stream::kCompute, laneDoneEvent(lane));
@@ -230,10 +235,7 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
     be.wait(Stream::kCompute, laneDoneEvent(lane));
   }
   be.setLane(0);
-  // Framing, steps 4-5.
-  be.finish();
-  be.record(Stream::kCompute, kCallDoneEvent);
-  if (caller_waits) be.wait(Stream::kCaller, kCallDoneEvent);
+  endCall(be, caller_waits);
 }
 
 void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, DType dtype, RedOp op,
@@ -281,22 +283,13 @@ void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, D
   }
   for (int j = n; j < kOneShotMaxRanks; ++j) l.args.in[j] = nullptr;
   be.prepare(1, 1);
-  be.setLane(0);
-  // Framing, steps 1-2 of Note [Driving the plan on streams].
-  be.record(Stream::kCaller, kCallStartEvent);
-  be.wait(Stream::kComm, kCallStartEvent);
-  be.wait(Stream::kCompute, kCallStartEvent);
-  be.wait(Stream::kComm, kPrevCallDoneEvent);
+  beginCall(be, 1);
   be.group(ops);
-  // The reduce reads every received tensor and overwrites the one the sends read: it waits for
-  // the whole group (one event covers it), so kCallDone again means "everything finished".
+  // The reduce reads every received tensor and overwrites the sent one: it waits for the group.
   be.record(Stream::kComm, 0);
   be.wait(Stream::kCompute, 0);
   be.reduceInOrder(l);
-  // Framing, steps 4-5.
-  be.finish();
-  be.record(Stream::kCompute, kCallDoneEvent);
-  if (caller_waits) be.wait(Stream::kCaller, kCallDoneEvent);
+  endCall(be, caller_waits);
 }
 
 void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& be, bool caller_waits,
