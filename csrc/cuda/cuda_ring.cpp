@@ -670,4 +670,21 @@ void CudaRing::shutdown(const std::string& reason, bool at_exit) {
   restoreDevice(previous);
 }
 
+std::shared_ptr<CudaRing> connectCudaRing(const std::string& unique_id, const std::vector<std::string>& lane_ids,
+                                          int nranks, int rank, int device, std::chrono::milliseconds timeout,
+                                          std::chrono::milliseconds connect_timeout, const std::string& name,
+                                          int64_t staging_bytes) {
+  auto comm = std::make_shared<NcclComm>(unique_id, nranks, rank, device, timeout, name, connect_timeout);
+  std::vector<std::shared_ptr<NcclComm>> lanes;
+  try {
+    for (size_t k = 0; k < lane_ids.size(); ++k)
+      lanes.push_back(std::make_shared<NcclComm>(lane_ids[k], nranks, rank, device, timeout,
+                                                 name + " lane " + std::to_string(k + 1), connect_timeout));
+  } catch (const std::exception& e) {
+    comm->abort(std::string("a lane's communicator could not be created: ") + e.what());
+    throw;
+  }
+  return std::make_shared<CudaRing>(comm, staging_bytes, kCudaMaxQueuedOps, std::move(lanes));
+}
+
 }  // namespace rr

@@ -253,4 +253,11 @@ class CudaRing {
   std::string poisoned_;  // Note [Inside a user's NCCL group]: why the ring refuses calls (call_mu_)
 };
 
+// A ring over a new communicator from `unique_id`, plus one more per lane from `lane_ids` (Note [Lanes]);
+// a lane that cannot be created aborts lane 0's communicator. Blocks until every rank joined.
+std::shared_ptr<CudaRing> connectCudaRing(const std::string& unique_id, const std::vector<std::string>& lane_ids,
+                                          int nranks, int rank, int device, std::chrono::milliseconds timeout,
+                                          std::chrono::milliseconds connect_timeout, const std::string& name,
+                                          int64_t staging_bytes);
+
 }  // namespace rr

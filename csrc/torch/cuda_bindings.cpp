@@ -276,25 +276,12 @@ void registerCudaBindings(pybind11::module& m) {
              const std::string id = unique_id;
              std::vector<std::string> more;
              for (const py::bytes& b : lane_ids) more.push_back(b);
-             // Init polls until every rank joined, without the GIL; Ctrl-C ends the wait (a
-             // communicator being created aborts itself).
+             // Without the GIL until every rank joined; Ctrl-C ends the wait (a communicator being
+             // created aborts itself).
              return interruptible(
                  [&] {
-                   const auto op_ms = std::chrono::milliseconds(timeout_ms);
-                   const auto connect_ms = std::chrono::milliseconds(connect_timeout_ms);
-                   auto comm = std::make_shared<NcclComm>(id, nranks, rank, device, op_ms, name, connect_ms);
-                   // Note [Lanes]: one more communicator per lane, from its own unique id.
-                   std::vector<std::shared_ptr<NcclComm>> lanes;
-                   try {
-                     for (size_t k = 0; k < more.size(); ++k)
-                       lanes.push_back(std::make_shared<NcclComm>(more[k], nranks, rank, device, op_ms,
-                                                                  name + " lane " + std::to_string(k + 1),
-                                                                  connect_ms));
-                   } catch (const std::exception& e) {
-                     comm->abort(std::string("a lane's communicator could not be created: ") + e.what());
-                     throw;
-                   }
-                   return std::make_shared<CudaRing>(comm, staging_bytes, kCudaMaxQueuedOps, std::move(lanes));
+                   return connectCudaRing(id, more, nranks, rank, device, std::chrono::milliseconds(timeout_ms),
+                                          std::chrono::milliseconds(connect_timeout_ms), name, staging_bytes);
                  },
                  {});
            }),
