@@ -2,38 +2,28 @@
 //
 // Note [Reduction contract]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// * Storage types are plain structs (Half, BFloat16, Bool8, Complex<T>) so that this header needs
-//   neither torch nor cuda_fp16.h. Each storage type has an accumulation type Acc:
-//     float32 -> float, float64 -> double, float16/bfloat16 -> float (float32 accumulation inside a
-//     hop), integers -> themselves (arithmetic done in the unsigned type of the same width, so
-//     overflow wraps exactly like torch's and is never undefined behaviour), bool -> 0/1 byte
-//     (SUM/MAX = or, MIN/PRODUCT = and, as torch's NCCL backend maps them), complex -> (re, im) pairs.
-// * One reduction step computes dst = store(combine(load(a), load(b))) in the accumulation type of
-//   dst: a is the local operand (always the tensor's own element), b the partial received from the
-//   previous rank. The ring fixes which rank's value enters at which hop from (world size, numel)
-//   alone, so every rank and every segment size gives the same bits.
-// * Partials (b, and dst before the last hop) travel in the plan's partial type (plan.h): the
-//   tensor's own type by default, so half types are rounded to their own type after every hop (what
-//   NCCL does); float32 for half types with accum_dtype=float32 (only the final store rounds); or a
-//   16-bit type for float32 tensors with wire_dtype=bfloat16/float16, where every hop adds the
-//   widened 16-bit partial and the local float32 value in float32 and rounds once, to 16 bits, as
-//   it stores the partial it sends; the final reduce stores float32. A convert (ConvertStep) makes
-//   the first hop's partial from the local value: its only rounding is the store into the partial
-//   type. With a 16-bit all-gather (Note [16-bit all-gather] in plan.h) the final reduce also
-//   rounds the finished float32 value (after the scaling below) once to the wire's type and stores
-//   it widened (Scaling::wire_round; the CPU's final reduce applies roundThroughWire to ReduceStep's
-//   float32 result): the owner keeps exactly the 16 bits it sends.
-// * Scaling (struct Scaling): with a predivide factor f, the local operand enters every step as
-//   a / f computed in the accumulation type and rounded to a's own type (what t.div_(f) before the
-//   call would give), and the convert of the first hop divides the same way. The final reduce of an
-//   element (the owner's last hop) then scales the finished sum once: AVG divides it by the ring's
-//   size n (`sum / n`, correctly rounded, what `t.div_(n)` computes), by n / f with a predivide
-//   factor (n / f computed in the accumulation type); SUM with a predivide factor multiplies it by
-//   f. An extra divisor d (GradientAverager's accumulation steps) makes AVG divide by n d (or n d / f)
-//   and SUM by d (or d / f). All of it in float32 for half types and float32, float64 for float64 and
-//   complex128 (per component). With `round_sum` the sum is first rounded to the destination type
-//   (the value an all_reduce(SUM) would have produced), so AVG == all_reduce(SUM) then div_(n) bit
-//   for bit. No pre-multiplication by 1/n (NCCL's bf16 AVG carries a +0.195% bias for n=3).
+// * Storage types are plain structs (Half, BFloat16, Bool8, Complex<T>), so this header needs
+//   neither torch nor cuda_fp16.h. Each has an accumulation type Acc: float for float32 and the half
+//   types (float32 inside a hop), double for float64, integers themselves (computed in the unsigned
+//   type of the same width, so overflow wraps like torch's, never UB), bool a 0/1 byte (SUM/MAX =
+//   or, MIN/PRODUCT = and, as torch's NCCL backend maps them), complex (re, im) pairs.
+// * One step computes dst = store(combine(load(a), load(b))) in dst's accumulation type: a is the
+//   local operand (the tensor's element), b the partial from the previous rank. Which rank's value
+//   enters at which hop depends on (world size, numel) alone: same bits for every segment size.
+// * Partials travel in the plan's partial type (plan.h): the tensor's own by default (half types
+//   round at every hop, as NCCL does); float32 with accum_dtype=float32 (only the final store
+//   rounds); or 16 bits for a float32 tensor with wire_dtype, each hop adding in float32 and
+//   rounding once as it stores. ConvertStep makes the first hop's partial. With a 16-bit all-gather
+//   (Note [16-bit all-gather] in plan.h) the final reduce rounds its scaled float32 result once
+//   through the wire type (Scaling::wire_round, roundThroughWire): the owner keeps the bits it sends.
+// * Scaling: with a predivide factor f the local operand enters every step as a / f, rounded to a's
+//   type (what t.div_(f) before the call gives), as does the first hop's convert. The final reduce
+//   scales the finished sum once: AVG divides by n (`sum / n`, correctly rounded, as `t.div_(n)`),
+//   or by n / f with a predivide factor; SUM with a predivide factor multiplies by f. An extra
+//   divisor d (accumulation steps) makes it n d (or n d / f) for AVG, d (or d / f) for SUM. In
+//   float32 for half types and float32, float64 for float64 and complex128 (per component). With
+//   `round_sum` the sum is first rounded to dst's type, so AVG == all_reduce(SUM) then div_(n) bit
+//   for bit. Never a pre-multiplication by 1/n (NCCL's bf16 AVG is biased by it).
 // * MAX/MIN propagate NaN (like torch.maximum/minimum). Predivide factors, extra divisors and
 //   16-bit partials apply to SUM and AVG only (the bindings refuse the rest before any data moves).
 #pragma once
@@ -359,58 +349,6 @@ struct ConvertStep {
     if (predivide > 0) x = roundTo<Acc, TS>(divideBy(x, static_cast<Real>(predivide)));
     return Convert<Acc, TD>::store(x);
   }
-};
-
-// Maps a DType to its storage type, for dispatch at the boundary.
-template <DType t>
-struct StorageOf;
-template <>
-struct StorageOf<DType::kFloat32> {
-  using type = float;
-};
-template <>
-struct StorageOf<DType::kFloat64> {
-  using type = double;
-};
-template <>
-struct StorageOf<DType::kFloat16> {
-  using type = Half;
-};
-template <>
-struct StorageOf<DType::kBFloat16> {
-  using type = BFloat16;
-};
-template <>
-struct StorageOf<DType::kInt8> {
-  using type = int8_t;
-};
-template <>
-struct StorageOf<DType::kInt16> {
-  using type = int16_t;
-};
-template <>
-struct StorageOf<DType::kInt32> {
-  using type = int32_t;
-};
-template <>
-struct StorageOf<DType::kInt64> {
-  using type = int64_t;
-};
-template <>
-struct StorageOf<DType::kUInt8> {
-  using type = uint8_t;
-};
-template <>
-struct StorageOf<DType::kBool> {
-  using type = Bool8;
-};
-template <>
-struct StorageOf<DType::kComplex64> {
-  using type = Complex<float>;
-};
-template <>
-struct StorageOf<DType::kComplex128> {
-  using type = Complex<double>;
 };
 
 }  // namespace rr
