@@ -50,7 +50,6 @@ struct Complex {
   T im;
 };
 
-// ---------------------------------------------------------------------------------------------
 // Half-type conversions (round to nearest even; NaN stays NaN; overflow goes to infinity).
 RR_HD_INLINE float halfBitsToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -94,7 +93,6 @@ RR_HD_INLINE uint16_t floatToBf16Bits(float value) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// ---------------------------------------------------------------------------------------------
 // Accumulation type of each storage type, and the conversions in and out of it.
 template <typename T>
 struct AccOf {
@@ -139,7 +137,6 @@ struct Convert<Complex<R>, Complex<R>> {
   RR_HD_INLINE static Complex<R> store(const Complex<R>& v) { return v; }
 };
 
-// ---------------------------------------------------------------------------------------------
 // Unsigned arithmetic for wrapping integer SUM/PRODUCT (signed overflow is undefined in C++).
 // 8/16-bit values are widened to uint32_t first: uint16_t*uint16_t would promote to signed int.
 template <typename T>
@@ -162,7 +159,6 @@ RR_HD_INLINE T wrapMul(T a, T b) {
   return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
 }
 
-// ---------------------------------------------------------------------------------------------
 // combine(a, b) for each accumulation type and op.
 template <RedOp op>
 struct Combine;
@@ -171,17 +167,16 @@ template <>
 struct Combine<RedOp::kSum> {
   RR_HD_INLINE static float apply(float a, float b) { return a + b; }
   RR_HD_INLINE static double apply(double a, double b) { return a + b; }
-  RR_HD_INLINE static int8_t apply(int8_t a, int8_t b) { return wrapAdd(a, b); }
-  RR_HD_INLINE static int16_t apply(int16_t a, int16_t b) { return wrapAdd(a, b); }
-  RR_HD_INLINE static int32_t apply(int32_t a, int32_t b) { return wrapAdd(a, b); }
-  RR_HD_INLINE static int64_t apply(int64_t a, int64_t b) { return wrapAdd(a, b); }
-  RR_HD_INLINE static uint8_t apply(uint8_t a, uint8_t b) { return wrapAdd(a, b); }
+  template <typename T>  // integers
+  RR_HD_INLINE static T apply(T a, T b) {
+    return wrapAdd(a, b);
+  }
   template <typename R>
   RR_HD_INLINE static Complex<R> apply(Complex<R> a, Complex<R> b) {
     return Complex<R>{a.re + b.re, a.im + b.im};
   }
 };
-// AVG combines like SUM; the division happens once, in finalize().
+// AVG combines like SUM; the division happens once, in the final reduce (scaleFinal).
 template <>
 struct Combine<RedOp::kAvg> : Combine<RedOp::kSum> {};
 
@@ -203,11 +198,10 @@ template <>
 struct Combine<RedOp::kProduct> {
   RR_HD_INLINE static float apply(float a, float b) { return a * b; }
   RR_HD_INLINE static double apply(double a, double b) { return a * b; }
-  RR_HD_INLINE static int8_t apply(int8_t a, int8_t b) { return wrapMul(a, b); }
-  RR_HD_INLINE static int16_t apply(int16_t a, int16_t b) { return wrapMul(a, b); }
-  RR_HD_INLINE static int32_t apply(int32_t a, int32_t b) { return wrapMul(a, b); }
-  RR_HD_INLINE static int64_t apply(int64_t a, int64_t b) { return wrapMul(a, b); }
-  RR_HD_INLINE static uint8_t apply(uint8_t a, uint8_t b) { return wrapMul(a, b); }
+  template <typename T>  // integers
+  RR_HD_INLINE static T apply(T a, T b) {
+    return wrapMul(a, b);
+  }
 };
 
 // bool: SUM/MAX/AVG-never (AVG is refused for bool) = or; MIN/PRODUCT = and.
@@ -217,7 +211,6 @@ RR_HD_INLINE uint8_t combineBool(uint8_t a, uint8_t b) {
                                                       : static_cast<uint8_t>(a | b);
 }
 
-// ---------------------------------------------------------------------------------------------
 // Scaling by a real factor in the accumulation precision (per component for complex). Integers are
 // never scaled: AVG, predivide factors and extra divisors are refused for them before any data moves.
 template <typename T>
@@ -257,15 +250,15 @@ struct Scaling {
   int32_t divisor = 0;     // > 0 (final reduce): the sum is divided by divisor, or divisor / postscale
   double postscale = 0;    // > 0 (final reduce): see divisor; without a divisor the sum is multiplied by it
   bool round_sum = false;  // final reduce: round the sum to dst's type before scaling it
-  // final reduce of a float32 element: -1, or the DType code (float16/bfloat16) that the scaled
-  // result is rounded through (Note [16-bit all-gather] in plan.h; the CPU's host loop applies it,
-  // outside ReduceStep, so that the other loops keep no per-element branch); other types ignore it.
+  // Final reduce of a float32 element: -1, or the 16-bit DType its scaled result is rounded through
+  // (Note [16-bit all-gather]); applied by the CPU host loop outside ReduceStep, so the other loops
+  // keep no per-element branch.
   int32_t wire_round = -1;
 };
 
-// The Scaling of the final reduce of an element: `op` AVG divides by `ring_divisor` (the ring's
-// size, or the whole group's for the hierarchical all-reduce) times `extra_divisor`; SUM divides by
-// `extra_divisor` when it is above 1; `postscale`: the predivide factor (0: none). Other ops: none.
+// The Scaling of an element's final reduce: AVG divides by `ring_divisor` (the ring's size, or the
+// group's for the hierarchical all-reduce) times `extra_divisor`, SUM by `extra_divisor` when above
+// 1; `postscale`: the predivide factor (0: none). Other ops: none.
 RR_HD_INLINE Scaling finalScaling(RedOp op, int32_t ring_divisor, int32_t extra_divisor, double postscale,
                                   double predivide, bool round_sum) {
   Scaling s;
@@ -312,7 +305,6 @@ RR_HD_INLINE Acc roundThroughWire(Acc v, int32_t wire) {
   return v;
 }
 
-// ---------------------------------------------------------------------------------------------
 // One reduction step on one element. TA: local operand (the tensor's type), TB: received partial,
 // TD: destination. Mixed types occur only with a partial type other than the tensor's (TB/TD the
 // partial type: float32 for half tensors, float16/bfloat16 for float32 tensors).

@@ -36,26 +36,14 @@ struct OneShotArgs {
   Scaling scaling;  // Plan::finalScaling; its predivide also divides every other contribution
 };
 
-template <typename T>
-struct IsHalfStorage {
-  static constexpr bool value = false;
-};
-template <>
-struct IsHalfStorage<Half> {
-  static constexpr bool value = true;
-};
-template <>
-struct IsHalfStorage<BFloat16> {
-  static constexpr bool value = true;
-};
-
 // T: the tensor's storage type; P: the plan's partial type (T, float for half types with float32
 // partials, Half/BFloat16 for a float32 tensor with a 16-bit wire).
 template <typename T, typename P, RedOp op>
 struct OneShotBody {
   // Float32 partials of a half type start narrow: the ring's first hop sends the tensor's elements
   // and the first reduce widens; a 16-bit wire's first hop sends the converted partial.
-  static constexpr bool kWidening = IsHalfStorage<T>::value && std::is_same<P, float>::value;
+  static constexpr bool kWidening =
+      (std::is_same<T, Half>::value || std::is_same<T, BFloat16>::value) && std::is_same<P, float>::value;
   using First = typename std::conditional<kWidening, T, P>::type;
 
   // The finished value of element i.

@@ -141,8 +141,8 @@ class GroupRuntime {
   int64_t stagingBytes();                       // the staging slots (Note [Staging slots] in plan.h)
   int64_t memoryBytes();                        // everything the ring holds: slots, frames, scratch
   std::vector<int64_t> bytesSent(bool reset);   // Note [Traffic counters], by group rank
-  // "" before the ring's first call, then "shm", "tcp" or "tcp (<why not shared memory>)", followed by
-  // "; node stages: ..." once a hierarchical call set its node ring up.
+  // "" before the first call, then "shm", "tcp" or "tcp (<why not>)", plus "; node stages: ..."
+  // once a hierarchical call set its node ring up.
   std::string transportInfo();
 
  private:
@@ -171,8 +171,8 @@ class GroupRuntime {
                    CallTiming& timing, const PlanRun* lead = nullptr, const std::vector<int>& lead_slots = {});
   // Sets shared memory up at the ring's first one_node call (Note [Shared-memory segments]).
   bool ensureShm(const CallOptions& opt, std::chrono::milliseconds timeout);
-  // The node ring of a hierarchical call (`node_stage`: its stage 1) in shared memory, set up at the
-  // first such call; null when its ranks cannot share memory (the node stages then use gloo).
+  // The node ring (`node_stage`: stage 1) in shared memory, set up at the first hierarchical call;
+  // null when its ranks cannot share memory (the node stages then use gloo).
   ShmRing* nodeShm(const CallOptions& opt, const struct RingStage& node_stage, std::chrono::milliseconds timeout);
   // Agrees on and maps one segment for ring `ring_id`; null with `why` when it cannot.
   std::unique_ptr<ShmRing> setUpShm(const std::string& ring_id, int index, int size, bool want,
