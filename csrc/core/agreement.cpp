@@ -12,8 +12,7 @@ std::vector<Frame> exchangeFrames(Transport& t, const Frame& mine, int tag) {
   std::vector<Frame> frames(static_cast<size_t>(n));
   frames[static_cast<size_t>(r)] = mine;
   if (n <= kDirectFrameRanks && !t.neighboursOnly()) {
-    // Every rank sends its frame straight to every other rank: one message latency instead of
-    // the ring's n-1 (the agreement check is on every CPU call, so its latency matters).
+    // Straight to every other rank: one message latency instead of the ring's n-1.
     std::vector<int64_t> reqs;
     reqs.reserve(static_cast<size_t>(2 * (n - 1)));
     for (int p = 0; p < n; ++p)
@@ -46,8 +45,7 @@ FrameAgreement::FrameAgreement(int size, int rank, int tag, bool keep_posted, si
       payload_room_(payload_room) {}
 
 FrameAgreement::~FrameAgreement() {
-  // Receives may still be posted inside the transport at exit: their memory must outlive it
-  // (intentionally leaked, Note [Failed calls keep their buffers] in csrc/cpu/group_runtime.h).
+  // Receives may still be posted at exit: their memory is leaked (Note [Failed calls keep their buffers]).
   if (leaked_ || !recvs_.empty()) {
     for (auto& buf : in_) (void)buf.release();
     (void)out_.release();
@@ -97,8 +95,7 @@ std::vector<Frame> FrameAgreement::collect(Transport& t, const Frame& mine, std:
     try {
       postReceives(t);
     } catch (const Error& e) {
-      // The call has its frames: a peer that left after sending its own is the next call's
-      // problem. The receives posted so far keep their memory.
+      // The call has its frames: a peer that left after sending its own is the next call's problem.
       abandon();
       if (post_error != nullptr) *post_error = e.what();
     }
@@ -112,8 +109,7 @@ const char* FrameAgreement::payload(int p) const {
 }
 
 void FrameAgreement::abandon() {
-  // The buffers are never freed from now on: a late frame may still land in them. The last
-  // collected payloads stay readable.
+  // The buffers are never freed now (a late frame may land in them); the last payloads stay readable.
   leaked_ = true;
   recvs_.clear();
   sends_.clear();

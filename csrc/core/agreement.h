@@ -16,47 +16,37 @@ namespace rr {
 // the ring (n - 1 hops).
 constexpr int kDirectFrameRanks = 16;
 
-// All-gather of one fixed-size frame: returns every rank's frame, indexed by ring rank. Posts and
-// waits for everything it needs. Used by the CPU runtime (through FrameAgreement) and by the GPU
-// path (CudaRing::exchangeFrames, over csrc/cuda/nccl_frame_transport.h).
+// All-gather of one fixed-size frame: every rank's frame, by ring rank. Posts and waits for
+// everything it needs. Used by FrameAgreement and by the GPU path (CudaRing::exchangeFrames).
 std::vector<Frame> exchangeFrames(Transport& transport, const Frame& mine, int tag);
 
 // Note [Frames around the ring]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Straight to every peer, the frames take one message latency; around the ring, n - 1. The ring
-// is used beyond kDirectFrameRanks ranks, and on a transport whose messages should reach ring
-// neighbours only (Transport::neighboursOnly). NCCL is one: it sets up a connection, with buffers
-// of its own, for each pair of ranks the first time they exchange, and the payload of a ring only
-// ever connects neighbours, so direct frames would connect every other pair just for the check.
-// Each hop sends one frame to the next rank and receives one from the previous, the pair posted
-// together, and waits for both before the next hop forwards what it received.
+// Frames go around the ring (n - 1 latencies instead of one) beyond kDirectFrameRanks ranks and on
+// a transport that should reach ring neighbours only (Transport::neighboursOnly): NCCL sets up a
+// connection with its own buffers for each pair on their first exchange, and a ring's payload only
+// connects neighbours. Each hop posts one send to the next rank and one receive from the previous
+// together and waits for both before the next hop forwards what it received.
 
 // Note [Pre-posted frame receives]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// On a transport whose send is a rendezvous (Transport::rendezvousSends: gloo's payload leaves
-// only once the receiver has announced a posted receive), frames exchanged over receives posted
-// at call time cost a round trip, and on an oversubscribed host the wake-ups of both sides, before
-// the first payload byte moves. A ring over a whole group therefore keeps the receives of its next
-// frame exchange posted, into memory this object owns; a call only posts its sends, which leave at
-// once. The next receives are posted as soon as a call has collected its frames, when every peer
-// is at the start of the same call, past its own frame sends, rather than at the end of the call,
-// when peers may still be writing their last segments (on gloo a receive notice that reaches a
-// rank while it writes a segment makes gloo's I/O thread spin on the pair's lock: Note [gloo pair
-// locks] in csrc/cpu/c10d_transport.h). One call's worth at a time: posting 16 calls' worth made
-// gloo's own all_reduce in the same processes ~15 % slower (4 ranks, 1 MiB, measured at 58875ae).
-// Receives from one peer on one tag match in order, so calls made with the check off leave them for
-// the next checked call. Only a ring over a whole group may do this: rank-list rings share tag
-// slots by hash, and a receive left posted on a shared tag could capture another ring's frame.
+// On a transport whose send is a rendezvous (Transport::rendezvousSends: gloo sends only once the
+// receiver announced its receive), receives posted at call time cost a round trip before the first
+// payload byte moves. A ring over a whole group therefore keeps its next frame receives posted,
+// into memory this object owns, and a call only posts its sends. They are posted as soon as a call
+// has collected its frames, when every peer is past its own frame sends, not at the call's end,
+// when peers may still be writing segments (Note [gloo pair locks] in csrc/cpu/c10d_transport.h).
+// One call's worth at a time: more slowed gloo's own collectives in the same processes. Receives
+// from one peer on one tag match in order, so unchecked calls leave them for the next checked call.
+// Only a whole-group ring may do this: rank-list rings share tag slots by hash, and a receive left
+// posted on a shared tag could capture another ring's frame.
 //
 // Note [Payload in the frame message]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// With pre-posted receives, every receive has room for a frame and up to `payload_room` bytes
-// after it, so a small call can send its whole tensor with its frame: one message per peer and
-// call, the check included (the one-shot all-reduce, Note [One-shot all-reduce] in
-// csrc/cpu/group_runtime.h). A frame sent alone is a shorter message, which a larger receive
-// accepts (gloo refuses only a message larger than its receive). The receives alternate between
-// two buffers, so that the next call's receives, posted as soon as this call's frames are in,
-// never land in the payloads this call still reduces.
+// Pre-posted receives have room for a frame and `payload_room` bytes, so a small call can send its
+// whole tensor with its frame (Note [One-shot all-reduce] in csrc/cpu/group_runtime.h). A frame sent
+// alone is a shorter message, which a larger receive accepts. The receives alternate between two
+// buffers, so the next call's receives never land in payloads this call still reduces.
 class FrameAgreement {
  public:
   // `keep_posted`: pre-post the next call's receives (direct frames only), each with room for

@@ -1,20 +1,13 @@
-// ringreduce core: CallOptions, what one collective call asks for, the one options struct that both
-// runtimes take (the CPU GroupRuntime, csrc/cpu/group_runtime.h; the CUDA runCudaCall,
-// csrc/cuda/cuda_ops.h) and that the bindings translate from Python (ringreduce._C.CallOptions).
-// Torch-free.
+// ringreduce core: CallOptions, what one collective call asks for: the options struct both runtimes
+// take (CPU GroupRuntime, CUDA runCudaCall) and the bindings build (ringreduce._C.CallOptions).
 //
 // Note [Call options]
 // ~~~~~~~~~~~~~~~~~~~
-// Every rank must pass the same values, except local_error (this rank's local refusal, sent in its
-// agreement frame). The fields group by what they decide: what is computed (kind, op, the
-// accumulation and wire types, the scaling), the agreement check, the algorithm (one-shot,
-// hierarchical), the pipeline (segment, slots, lanes, one-shot threshold, timeout) and where the CPU
-// ring moves data (shared memory). A runtime reads the fields that apply to it: the CUDA runtime
-// ignores the shared-memory fields and node_order (its members come with the call), the CPU runtime
-// ignores lanes and one_shot_bytes. The pipeline fields are the knobs' values (RINGREDUCE_*, read
-// in Python at call time): 0 (-1 for one_shot_bytes) leaves the choice to the runtime: on CUDA to the
-// GPU pipeline rule (Note [GPU pipeline rule], csrc/cuda/gpu_pipeline.h), on CPU a 1 MiB segment and
-// the slots of Note [Staging slots].
+// Every rank must pass the same values, except local_error (its local refusal, sent in its frame).
+// A runtime reads the fields that apply to it: CUDA ignores the shared-memory fields and node_order,
+// the CPU lanes and one_shot_bytes. The pipeline fields are the RINGREDUCE_* knobs (read in Python
+// at call time): 0 (-1 for one_shot_bytes) leaves the choice to the runtime (CUDA: Note [GPU
+// pipeline rule], csrc/cuda/gpu_pipeline.h; CPU: a 1 MiB segment and Note [Staging slots]).
 #pragma once
 
 #include <algorithm>
@@ -35,12 +28,12 @@ struct CallOptions {
   CallKind kind = CallKind::kAllReduce;
   RedOp op = RedOp::kSum;
   bool accum_float32 = false;          // half types: partials travel as float32
-  // Half types: accum_dtype named the tensor's own dtype, so partials are rounded at every hop even
-  // in shared memory (Note [Half types in shared memory] in csrc/cpu/shm_ring.h).
+  // Half types: accum_dtype named the tensor's own dtype: per-hop rounding even in shared memory
+  // (Note [Half types in shared memory] in csrc/cpu/shm_ring.h).
   bool accum_narrow = false;
   std::optional<DType> wire_dtype;     // float32 tensors: partials travel as this 16-bit type
-  // With wire_dtype: the all-gather moves the wire type too, the owner rounding its finished value
-  // once (RINGREDUCE_WIRE_GATHER=16; Note [16-bit all-gather] in plan.h). CPU only.
+  // With wire_dtype: the all-gather moves it too (RINGREDUCE_WIRE_GATHER=16; Note [16-bit
+  // all-gather] in plan.h). CPU only.
   bool wire_gather16 = false;
   double predivide = 0;                // predivide_factor (0: none; Note [Reduction contract])
   int32_t extra_divisor = 1;           // the final reduce also divides by it (accumulation steps)
@@ -50,10 +43,9 @@ struct CallOptions {
   FrameError local_error = FrameError::kNone;  // this rank refuses the call: frames only
   int32_t ntensors = 1;                // all_reduce_coalesced: tensors in the call
 
-  // The algorithm. Small flat all-reduces may run as one-shots (Note [One-shot all-reduce]);
-  // algorithm="ring" asks for the ring itself. Hierarchical all-reduce (Note [Hierarchical
-  // all-reduce] in collectives.h): local_size ranks per node (0: the flat ring); on CPU node_order
-  // lists the ring's ranks (of the group) node by node.
+  // The algorithm: one_shot (Note [One-shot all-reduce]; false for algorithm="ring"); local_size
+  // ranks per node for Note [Hierarchical all-reduce] (0: flat); on CPU node_order lists the ring's
+  // ranks node by node.
   bool one_shot = true;
   int32_t local_size = 0;
   std::vector<int> node_order;
@@ -65,11 +57,9 @@ struct CallOptions {
   int64_t one_shot_bytes = -1;         // CUDA: RINGREDUCE_ONESHOT_BYTES (-1: the rule's)
   int64_t timeout_ms = -1;             // CPU: RINGREDUCE_TIMEOUT; < 0: the group's own timeout
 
-  // CPU shared memory (Note [Shared-memory all-reduce] in csrc/cpu/shm_ring.h): `one_node` says
-  // that every rank of the ring is on one node as the launcher (or RINGREDUCE_LOCAL_SIZE) sees it,
-  // the same on every rank; `shm` is this rank's RINGREDUCE_SHM. The ring sets shared memory up at
-  // its first one_node call (every rank must agree: `shm` only counts there) and then runs its
-  // one_node calls through it.
+  // CPU shared memory (Note [Shared-memory all-reduce] in csrc/cpu/shm_ring.h): `one_node`: every
+  // rank of the ring is on one node as the launcher (or RINGREDUCE_LOCAL_SIZE) sees it; `shm`: this
+  // rank's RINGREDUCE_SHM, which counts only at the ring's first one_node call (the setup).
   bool one_node = true;
   bool shm = true;
 
@@ -88,10 +78,8 @@ struct CallOptions {
     if (isHalfType(dtype) && (op == RedOp::kSum || op == RedOp::kAvg) && !accum_narrow) return DType::kFloat32;
     return partial(dtype, ring_size);
   }
-  // The Scaling of a flat ring's final reduce (finalScaling, functors.h) with partials of `partial`,
-  // for the paths that reduce in the ring's order without a plan (one-shot, shared memory).
-  // With a 16-bit all-gather the owner rounds the result through the wire type (Note [16-bit
-  // all-gather]), so the shared-memory ring and the one-shot give the ring's bits.
+  // The Scaling of a flat ring's final reduce with partials of `partial`, for the paths without a
+  // plan (one-shot, shared memory), including a 16-bit all-gather's rounding (the ring's bits).
   Scaling flatFinalScaling(DType dtype, int ring_size, DType partial_type) const {
     const bool wide = partial_type == DType::kFloat32 && isHalfType(dtype);
     Scaling s = finalScaling(op, ring_size, extra_divisor, predivide, predivide, !wide);
@@ -110,10 +98,9 @@ struct CallOptions {
   bool hierarchical(int ring_size) const { return allReduce() && local_size > 1 && local_size < ring_size; }
 };
 
-// The agreement frame of one call with `o` (frame.h), without its tensor (describeTensor adds it):
-// what every rank must agree on. `segment_bytes`: the segment size the ranks' runtime runs with
-// (saturated at 2^31-1); `algorithm`: 0 the flat ring, L hierarchical with L ranks per node, -1 the
-// GPU one-shot. The caller sets rank and seq.
+// The agreement frame of a call with `o`, without its tensor (describeTensor) or rank and seq.
+// `segment_bytes`: the runtime's segment size (saturated at 2^31-1); `algorithm`: 0 the flat ring,
+// L hierarchical with L ranks per node, -1 the GPU one-shot.
 inline Frame callFrame(const CallOptions& o, int64_t segment_bytes, int32_t algorithm) {
   Frame f;
   f.kind = static_cast<int32_t>(o.kind);

@@ -11,13 +11,11 @@ namespace rr {
 
 // Note [Retired tag groups]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
-// A ring's calls take its tag groups in turn, wrapping around after the last. Every rank of the
-// ring makes the same calls in the same order, so all of them give call #k the same group. A call
-// that posted receives before it knew the call could go ahead (Note [Receives before the verdict]
-// in csrc/cpu/group_runtime.cpp) and then failed its agreement check leaves those receives posted:
-// gloo cannot take a receive back, and one left on a tag that a later call reuses would capture
-// that call's message. Such a call's group is retired: every rank reaches the same verdict from
-// the same frames, so every rank retires the same group, and the turn skips it from then on.
+// A ring's calls take its tag groups in turn (the same group for call #k on every rank). A call
+// that posted receives before its verdict (Note [Receives before the verdict] in
+// csrc/cpu/group_runtime.cpp) and then failed its check leaves them posted: gloo cannot take a
+// receive back, and one left on a reused tag would capture a later call's message. So that group is
+// retired, on every rank alike (same frames, same verdict), and skipped from then on.
 class CallTagGroups {
  public:
   explicit CallTagGroups(int groups) : retired_(static_cast<size_t>(groups), 0) {

@@ -88,11 +88,9 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
            " ranks per node");
   RR_CHECK(!base.accum_float32, kValue,
            "ringreduce internal error: the hierarchical stages never carry float32 partials (reduce a float32 copy)");
-  // Note [Hierarchical 16-bit wire]: a 16-bit wire applies to the cross-node ring (stage 2) only,
-  // where bytes cost; the node stages move the tensor's own type (float32), so the node sums are
-  // exact in float32 and rounded to 16 bits once, as the flat ring's first hop rounds its inputs.
-  // Stage 2's all-gather carries the owners' finished float32 values (or, with a 16-bit all-gather,
-  // their 16-bit rounding: Note [16-bit all-gather] in plan.h), so every rank ends with the same bits.
+  // Note [Hierarchical 16-bit wire]: only the cross-node ring (stage 2), where bytes cost, has the
+  // wire; node sums stay float32 and are rounded to 16 bits once, as the flat ring's first hop rounds
+  // its inputs. Stage 2's all-gather carries the owners' finished values (or their 16-bit rounding).
   const int M = n / L;
   const int node = ring.index / L;
   const int local = ring.index % L;
@@ -101,8 +99,7 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   for (int k = 0; k < M; ++k) inter.push_back(ring.ranks[static_cast<size_t>(k * L + local)]);
 
   std::vector<RingStage> stages(3);
-  // 1. Reduce-scatter inside the node: local rank l ends with the node's reduction of its owned
-  //    chunk, the same element range on every node (it depends on (L, numel, dtype) only).
+  // 1. Reduce-scatter inside the node (the owned range depends on (L, numel, dtype) only).
   PlanOptions p1 = one_lane;
   p1.phases = kPhaseReduceScatter;
   p1.owner_shift = 0;

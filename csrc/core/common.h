@@ -1,7 +1,5 @@
-// ringreduce core: the one host/device macro family and small arithmetic helpers.
-//
-// Everything under csrc/core is free of torch and of CUDA runtime headers. Headers that are shared
-// with device code use RR_HD_INLINE so that nvcc compiles the same arithmetic for both sides.
+// ringreduce core: the host/device macros and small arithmetic helpers. csrc/core is free of torch
+// and CUDA runtime headers; headers shared with device code use RR_HD_INLINE.
 #pragma once
 
 #include <cstddef>
@@ -12,8 +10,8 @@
 #define RR_HD_INLINE __host__ __device__ __forceinline__
 #define RR_HD __host__ __device__
 #elif defined(__GNUC__)
-// Forced as on the device: the host reduce loops vectorize only when every step is inlined, and
-// GCC's own limits stopped doing that once a loop body grew (64 MiB AVG took 2-4x as long).
+// Forced as on the device: the host reduce loops vectorize only when every step is inlined, which
+// GCC's own limits stop doing once a loop body grows.
 #define RR_HD_INLINE inline __attribute__((always_inline))
 #define RR_HD
 #else

@@ -1,8 +1,5 @@
-// ringreduce core: the element types and reduction operators of the contract, as plain enums.
-//
-// The torch layer converts at::ScalarType / ReduceOp to these once, at the boundary;
-// everything below works with DType and RedOp only. The numeric values are part of the agreement
-// frame that crosses the wire: append, never renumber.
+// ringreduce core: the element types and reduction operators, as plain enums (the torch layer
+// converts at the boundary). The values are part of the agreement frame: append, never renumber.
 #pragma once
 
 #include "common.h"
@@ -66,15 +63,14 @@ RR_HD_INLINE bool isIntegralType(DType t) {  // bool included
 const char* dtypeName(DType t);   // "float32", "bfloat16", ...
 const char* redOpName(RedOp op);  // "SUM", "AVG", ...
 
-// Whether `op` is defined on `t` (the contract: AVG needs a floating or complex type; MAX, MIN and
-// PRODUCT are not defined on complex types). Returns nullptr when fine, else the reason.
+// nullptr when `op` is defined on `t`, else why not (AVG needs a floating or complex type; complex
+// has no MAX, MIN or PRODUCT).
 const char* unsupportedReason(DType t, RedOp op);
 
 // Throws rr::Error(kType) naming both when the pair is unsupported.
 void checkSupported(DType t, RedOp op);
 
-// The element type that partial sums travel in when accum_dtype=float32 is requested: float32 for
-// the half types, the type itself otherwise (the option is a no-op there).
+// The type partials travel in with accum_dtype=float32: float32 for half types, else the type itself.
 RR_HD_INLINE DType wireDType(DType t, bool accum_float32) {
   return (accum_float32 && isHalfType(t)) ? DType::kFloat32 : t;
 }

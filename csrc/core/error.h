@@ -1,17 +1,13 @@
 // ringreduce core: the one family of error macros.
 //
-// Every failure is thrown as rr::Error carrying a kind, a message and where it was thrown. The torch
-// binding layer maps the kind to the Python exception users expect (TypeError for dtype/op problems,
-// ValueError for bad arguments, RuntimeError for cross-rank mismatches, DistBackendError for transport
-// failures and timeouts). Nothing in ringreduce calls abort(), exit() or assert(false).
+// Every failure is thrown as rr::Error with a kind, which the bindings map to a Python exception (see
+// ErrorKind). Nothing in ringreduce calls abort(), exit() or assert(false).
 //
 // Note [Where an error was thrown]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A message is the user's to act on: a bad argument, ranks that disagree, a dead peer. Its C++ source
-// line tells a user nothing, so what() is the message alone. An internal error (a broken invariant: a
-// message that starts with "ringreduce internal error", as every such check in the tree does) is a
-// bug to report, and what() ends in " [csrc/<file>:<line>]" for the report. where() always holds the
-// location.
+// A message is the user's to act on, and its C++ line tells a user nothing, so what() is the message
+// alone, except for an internal error (a message starting "ringreduce internal error": a bug to
+// report), whose what() ends in " [csrc/<file>:<line>]". where() always holds the location.
 #pragma once
 
 #include <sstream>

@@ -89,50 +89,10 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
   if (frames.empty()) return "";
   auto unreadable = [](const Frame& f) { return f.magic != kFrameMagic || f.version != kFrameVersion; };
   const Frame& ref = frames[0];
-  auto differs = [&](const Frame& f) {
-    return f.error != 0 || ref.error != 0 || f.kind != ref.kind || f.seq != ref.seq || f.op != ref.op ||
-           f.dtype != ref.dtype || f.numel != ref.numel || f.ndim != ref.ndim ||
-           f.shape_hash != ref.shape_hash || f.accum_float32 != ref.accum_float32 ||
-           f.device_type != ref.device_type || f.algorithm != ref.algorithm ||
-           f.ntensors != ref.ntensors || f.segment_bytes != ref.segment_bytes || f.wire_dtype != ref.wire_dtype ||
-           f.predivide != ref.predivide || f.extra_divisor != ref.extra_divisor;
-  };
-  // The agreeing case (every call) builds no message (a stream costs about a microsecond).
-  bool any = false;
-  for (const Frame& f : frames) any = any || unreadable(f) || differs(f);
-  if (!any) return "";
-  std::ostringstream os;
-  // Corrupt or foreign frames first: they mean the ranks are not even running the same protocol.
-  for (size_t r = 0; r < frames.size(); ++r) {
-    if (unreadable(frames[r])) {
-      os << "\n  rank " << r << " sent an unreadable agreement frame (another ringreduce version, "
-         << "or another library using the same tags)";
-    }
-  }
-
-  std::ostringstream head;
-  head << "ringreduce: ranks of " << group << " disagree on call #" << ref.seq << " ("
-       << callKindName(ref.kind) << "); every rank raises this error and no tensor was modified. "
-       << "What each rank passed:";
-  bool seg_differs = false;
-  for (const Frame& f : frames) seg_differs = seg_differs || f.segment_bytes != ref.segment_bytes;
-  for (size_t r = 0; r < frames.size(); ++r) {
-    os << "\n  rank " << r << ": " << describeFrame(frames[r]);
-    if (frames[r].seq != ref.seq) os << " as call #" << frames[r].seq;
-    if (seg_differs && frames[r].error == 0) os << " with segment_bytes=" << frames[r].segment_bytes;
-  }
-  // A one-line summary of which fields differ, for people who read only the first line.
-  std::ostringstream what;
-  const char* sep = "";
-  auto note = [&](bool cond, const char* name) {
-    if (cond) {
-      what << sep << name;
-      sep = ", ";
-    }
-  };
-  bool err = false, kind = false, op = false, dt = false, numel = false, shape = false, acc = false,
+  bool bad = false, err = false, kind = false, op = false, dt = false, numel = false, shape = false, acc = false,
        dev = false, seq = false, nt = false, alg = false, segb = false, wire = false, pre = false, steps = false;
   for (const Frame& f : frames) {
+    bad = bad || unreadable(f);
     err = err || f.error != 0;
     kind = kind || f.kind != ref.kind;
     op = op || f.op != ref.op;
@@ -149,6 +109,37 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
     pre = pre || f.predivide != ref.predivide;
     steps = steps || f.extra_divisor != ref.extra_divisor;
   }
+  // The agreeing case (every call) builds no message (a stream costs about a microsecond).
+  if (!(bad || err || kind || op || dt || numel || shape || acc || dev || seq || nt || alg || segb || wire || pre ||
+        steps))
+    return "";
+  std::ostringstream os;
+  // Corrupt or foreign frames first: they mean the ranks are not even running the same protocol.
+  for (size_t r = 0; r < frames.size(); ++r) {
+    if (unreadable(frames[r])) {
+      os << "\n  rank " << r << " sent an unreadable agreement frame (another ringreduce version, "
+         << "or another library using the same tags)";
+    }
+  }
+
+  std::ostringstream head;
+  head << "ringreduce: ranks of " << group << " disagree on call #" << ref.seq << " ("
+       << callKindName(ref.kind) << "); every rank raises this error and no tensor was modified. "
+       << "What each rank passed:";
+  for (size_t r = 0; r < frames.size(); ++r) {
+    os << "\n  rank " << r << ": " << describeFrame(frames[r]);
+    if (frames[r].seq != ref.seq) os << " as call #" << frames[r].seq;
+    if (segb && frames[r].error == 0) os << " with segment_bytes=" << frames[r].segment_bytes;
+  }
+  // A one-line summary of which fields differ, for people who read only the first line.
+  std::ostringstream what;
+  const char* sep = "";
+  auto note = [&](bool cond, const char* name) {
+    if (cond) {
+      what << sep << name;
+      sep = ", ";
+    }
+  };
   note(err, "a rank refused the call");
   note(kind, "collective");
   note(op, "op");

@@ -2,14 +2,11 @@
 //
 // Note [Cross-rank agreement]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Before any payload moves, every rank's Frame is all-gathered (kFrameBytes per message: straight to
-// every peer in small groups, around the ring in large ones), so every rank sees every frame. Because the frame has one
-// size for every call, a disagreement can never become a size mismatch inside the transport (stock
-// gloo aborts the process on one) nor silent garbage (same bytes, different dtype). A rank that
-// refuses the call locally (integer AVG, unsupported dtype, not a tensor) still sends its frame
-// with `error` set, then raises its own error; the others raise RuntimeError naming it. After the
-// exchange every rank runs compareFrames() on the same n frames and so reaches the same verdict:
-// either all proceed with the payload, or all raise.
+// Before any payload moves, every rank's Frame is all-gathered. The frame has one size for every
+// call, so a disagreement never becomes a size mismatch in the transport (stock gloo aborts the
+// process on one) nor silent garbage. A rank that refuses the call locally still sends its frame
+// with `error` set, then raises its own error; the others raise RuntimeError naming it. Every rank
+// runs compareFrames() on the same n frames, so all proceed or all raise.
 #pragma once
 
 #include <string>
@@ -70,14 +67,12 @@ struct Frame {
   uint64_t shape_hash = 0;  // covers all dims, also beyond kFrameMaxDims
   int32_t algorithm = 0;
   int32_t ntensors = 1;  // coalesced calls
-  // Largest segment the ring sends (CPU; on the GPU path its override, 0 when the pipeline rule
-  // picks it; saturated at 2^31-1): the exchanges' sizes follow from it, so ranks must agree on it.
+  // Largest segment the ring sends (GPU: its override, 0 for the pipeline rule's; saturated at
+  // 2^31-1): the exchanges' sizes follow from it.
   int32_t segment_bytes = 0;
   int32_t flags = 0;  // FrameFlags; not compared
-  // Note [Reduction contract] (functors.h): the 16-bit wire's DType (-1: none), the extra divisor
-  // (GradientAverager's accumulation steps; 1: none) and the predivide factor (0: none). Ranks that
-  // differ here would compute different results: they must agree.
-  // wire_dtype: also | kFrameWireGather16 when the all-gather moves it (Note [16-bit all-gather]).
+  // Note [Reduction contract]: the 16-bit wire's DType (-1: none; | kFrameWireGather16 when the
+  // all-gather moves it), the extra divisor (accumulation steps; 1: none), the predivide (0: none).
   int32_t wire_dtype = -1;
   int32_t extra_divisor = 1;
   double predivide = 0;

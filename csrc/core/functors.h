@@ -2,38 +2,28 @@
 //
 // Note [Reduction contract]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// * Storage types are plain structs (Half, BFloat16, Bool8, Complex<T>) so that this header needs
-//   neither torch nor cuda_fp16.h. Each storage type has an accumulation type Acc:
-//     float32 -> float, float64 -> double, float16/bfloat16 -> float (float32 accumulation inside a
-//     hop), integers -> themselves (arithmetic done in the unsigned type of the same width, so
-//     overflow wraps exactly like torch's and is never undefined behaviour), bool -> 0/1 byte
-//     (SUM/MAX = or, MIN/PRODUCT = and, as torch's NCCL backend maps them), complex -> (re, im) pairs.
-// * One reduction step computes dst = store(combine(load(a), load(b))) in the accumulation type of
-//   dst: a is the local operand (always the tensor's own element), b the partial received from the
-//   previous rank. The ring fixes which rank's value enters at which hop from (world size, numel)
-//   alone, so every rank and every segment size gives the same bits.
-// * Partials (b, and dst before the last hop) travel in the plan's partial type (plan.h): the
-//   tensor's own type by default, so half types are rounded to their own type after every hop (what
-//   NCCL does); float32 for half types with accum_dtype=float32 (only the final store rounds); or a
-//   16-bit type for float32 tensors with wire_dtype=bfloat16/float16, where every hop adds the
-//   widened 16-bit partial and the local float32 value in float32 and rounds once, to 16 bits, as
-//   it stores the partial it sends; the final reduce stores float32. A convert (ConvertStep) makes
-//   the first hop's partial from the local value: its only rounding is the store into the partial
-//   type. With a 16-bit all-gather (Note [16-bit all-gather] in plan.h) the final reduce also
-//   rounds the finished float32 value (after the scaling below) once to the wire's type and stores
-//   it widened (Scaling::wire_round; the CPU's final reduce applies roundThroughWire to ReduceStep's
-//   float32 result): the owner keeps exactly the 16 bits it sends.
-// * Scaling (struct Scaling): with a predivide factor f, the local operand enters every step as
-//   a / f computed in the accumulation type and rounded to a's own type (what t.div_(f) before the
-//   call would give), and the convert of the first hop divides the same way. The final reduce of an
-//   element (the owner's last hop) then scales the finished sum once: AVG divides it by the ring's
-//   size n (`sum / n`, correctly rounded, what `t.div_(n)` computes), by n / f with a predivide
-//   factor (n / f computed in the accumulation type); SUM with a predivide factor multiplies it by
-//   f. An extra divisor d (GradientAverager's accumulation steps) makes AVG divide by n d (or n d / f)
-//   and SUM by d (or d / f). All of it in float32 for half types and float32, float64 for float64 and
-//   complex128 (per component). With `round_sum` the sum is first rounded to the destination type
-//   (the value an all_reduce(SUM) would have produced), so AVG == all_reduce(SUM) then div_(n) bit
-//   for bit. No pre-multiplication by 1/n (NCCL's bf16 AVG carries a +0.195% bias for n=3).
+// * Storage types are plain structs (Half, BFloat16, Bool8, Complex<T>), so this header needs
+//   neither torch nor cuda_fp16.h. Each has an accumulation type Acc: float for float32 and the half
+//   types (float32 inside a hop), double for float64, integers themselves (computed in the unsigned
+//   type of the same width, so overflow wraps like torch's, never UB), bool a 0/1 byte (SUM/MAX =
+//   or, MIN/PRODUCT = and, as torch's NCCL backend maps them), complex (re, im) pairs.
+// * One step computes dst = store(combine(load(a), load(b))) in dst's accumulation type: a is the
+//   local operand (the tensor's element), b the partial from the previous rank. Which rank's value
+//   enters at which hop depends on (world size, numel) alone: same bits for every segment size.
+// * Partials travel in the plan's partial type (plan.h): the tensor's own by default (half types
+//   round at every hop, as NCCL does); float32 with accum_dtype=float32 (only the final store
+//   rounds); or 16 bits for a float32 tensor with wire_dtype, each hop adding in float32 and
+//   rounding once as it stores. ConvertStep makes the first hop's partial. With a 16-bit all-gather
+//   (Note [16-bit all-gather] in plan.h) the final reduce rounds its scaled float32 result once
+//   through the wire type (Scaling::wire_round, roundThroughWire): the owner keeps the bits it sends.
+// * Scaling: with a predivide factor f the local operand enters every step as a / f, rounded to a's
+//   type (what t.div_(f) before the call gives), as does the first hop's convert. The final reduce
+//   scales the finished sum once: AVG divides by n (`sum / n`, correctly rounded, as `t.div_(n)`),
+//   or by n / f with a predivide factor; SUM with a predivide factor multiplies by f. An extra
+//   divisor d (accumulation steps) makes it n d (or n d / f) for AVG, d (or d / f) for SUM. In
+//   float32 for half types and float32, float64 for float64 and complex128 (per component). With
+//   `round_sum` the sum is first rounded to dst's type, so AVG == all_reduce(SUM) then div_(n) bit
+//   for bit. Never a pre-multiplication by 1/n (NCCL's bf16 AVG is biased by it).
 // * MAX/MIN propagate NaN (like torch.maximum/minimum). Predivide factors, extra divisors and
 //   16-bit partials apply to SUM and AVG only (the bindings refuse the rest before any data moves).
 #pragma once
@@ -60,7 +50,6 @@ struct Complex {
   T im;
 };
 
-// ---------------------------------------------------------------------------------------------
 // Half-type conversions (round to nearest even; NaN stays NaN; overflow goes to infinity).
 RR_HD_INLINE float halfBitsToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -104,7 +93,6 @@ RR_HD_INLINE uint16_t floatToBf16Bits(float value) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// ---------------------------------------------------------------------------------------------
 // Accumulation type of each storage type, and the conversions in and out of it.
 template <typename T>
 struct AccOf {
@@ -149,7 +137,6 @@ struct Convert<Complex<R>, Complex<R>> {
   RR_HD_INLINE static Complex<R> store(const Complex<R>& v) { return v; }
 };
 
-// ---------------------------------------------------------------------------------------------
 // Unsigned arithmetic for wrapping integer SUM/PRODUCT (signed overflow is undefined in C++).
 // 8/16-bit values are widened to uint32_t first: uint16_t*uint16_t would promote to signed int.
 template <typename T>
@@ -172,7 +159,6 @@ RR_HD_INLINE T wrapMul(T a, T b) {
   return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
 }
 
-// ---------------------------------------------------------------------------------------------
 // combine(a, b) for each accumulation type and op.
 template <RedOp op>
 struct Combine;
@@ -181,17 +167,16 @@ template <>
 struct Combine<RedOp::kSum> {
   RR_HD_INLINE static float apply(float a, float b) { return a + b; }
   RR_HD_INLINE static double apply(double a, double b) { return a + b; }
-  RR_HD_INLINE static int8_t apply(int8_t a, int8_t b) { return wrapAdd(a, b); }
-  RR_HD_INLINE static int16_t apply(int16_t a, int16_t b) { return wrapAdd(a, b); }
-  RR_HD_INLINE static int32_t apply(int32_t a, int32_t b) { return wrapAdd(a, b); }
-  RR_HD_INLINE static int64_t apply(int64_t a, int64_t b) { return wrapAdd(a, b); }
-  RR_HD_INLINE static uint8_t apply(uint8_t a, uint8_t b) { return wrapAdd(a, b); }
+  template <typename T>  // integers
+  RR_HD_INLINE static T apply(T a, T b) {
+    return wrapAdd(a, b);
+  }
   template <typename R>
   RR_HD_INLINE static Complex<R> apply(Complex<R> a, Complex<R> b) {
     return Complex<R>{a.re + b.re, a.im + b.im};
   }
 };
-// AVG combines like SUM; the division happens once, in finalize().
+// AVG combines like SUM; the division happens once, in the final reduce (scaleFinal).
 template <>
 struct Combine<RedOp::kAvg> : Combine<RedOp::kSum> {};
 
@@ -213,11 +198,10 @@ template <>
 struct Combine<RedOp::kProduct> {
   RR_HD_INLINE static float apply(float a, float b) { return a * b; }
   RR_HD_INLINE static double apply(double a, double b) { return a * b; }
-  RR_HD_INLINE static int8_t apply(int8_t a, int8_t b) { return wrapMul(a, b); }
-  RR_HD_INLINE static int16_t apply(int16_t a, int16_t b) { return wrapMul(a, b); }
-  RR_HD_INLINE static int32_t apply(int32_t a, int32_t b) { return wrapMul(a, b); }
-  RR_HD_INLINE static int64_t apply(int64_t a, int64_t b) { return wrapMul(a, b); }
-  RR_HD_INLINE static uint8_t apply(uint8_t a, uint8_t b) { return wrapMul(a, b); }
+  template <typename T>  // integers
+  RR_HD_INLINE static T apply(T a, T b) {
+    return wrapMul(a, b);
+  }
 };
 
 // bool: SUM/MAX/AVG-never (AVG is refused for bool) = or; MIN/PRODUCT = and.
@@ -227,7 +211,6 @@ RR_HD_INLINE uint8_t combineBool(uint8_t a, uint8_t b) {
                                                       : static_cast<uint8_t>(a | b);
 }
 
-// ---------------------------------------------------------------------------------------------
 // Scaling by a real factor in the accumulation precision (per component for complex). Integers are
 // never scaled: AVG, predivide factors and extra divisors are refused for them before any data moves.
 template <typename T>
@@ -267,15 +250,15 @@ struct Scaling {
   int32_t divisor = 0;     // > 0 (final reduce): the sum is divided by divisor, or divisor / postscale
   double postscale = 0;    // > 0 (final reduce): see divisor; without a divisor the sum is multiplied by it
   bool round_sum = false;  // final reduce: round the sum to dst's type before scaling it
-  // final reduce of a float32 element: -1, or the DType code (float16/bfloat16) that the scaled
-  // result is rounded through (Note [16-bit all-gather] in plan.h; the CPU's host loop applies it,
-  // outside ReduceStep, so that the other loops keep no per-element branch); other types ignore it.
+  // Final reduce of a float32 element: -1, or the 16-bit DType its scaled result is rounded through
+  // (Note [16-bit all-gather]); applied by the CPU host loop outside ReduceStep, so the other loops
+  // keep no per-element branch.
   int32_t wire_round = -1;
 };
 
-// The Scaling of the final reduce of an element: `op` AVG divides by `ring_divisor` (the ring's
-// size, or the whole group's for the hierarchical all-reduce) times `extra_divisor`; SUM divides by
-// `extra_divisor` when it is above 1; `postscale`: the predivide factor (0: none). Other ops: none.
+// The Scaling of an element's final reduce: AVG divides by `ring_divisor` (the ring's size, or the
+// group's for the hierarchical all-reduce) times `extra_divisor`, SUM by `extra_divisor` when above
+// 1; `postscale`: the predivide factor (0: none). Other ops: none.
 RR_HD_INLINE Scaling finalScaling(RedOp op, int32_t ring_divisor, int32_t extra_divisor, double postscale,
                                   double predivide, bool round_sum) {
   Scaling s;
@@ -322,7 +305,6 @@ RR_HD_INLINE Acc roundThroughWire(Acc v, int32_t wire) {
   return v;
 }
 
-// ---------------------------------------------------------------------------------------------
 // One reduction step on one element. TA: local operand (the tensor's type), TB: received partial,
 // TD: destination. Mixed types occur only with a partial type other than the tensor's (TB/TD the
 // partial type: float32 for half tensors, float16/bfloat16 for float32 tensors).
@@ -359,58 +341,6 @@ struct ConvertStep {
     if (predivide > 0) x = roundTo<Acc, TS>(divideBy(x, static_cast<Real>(predivide)));
     return Convert<Acc, TD>::store(x);
   }
-};
-
-// Maps a DType to its storage type, for dispatch at the boundary.
-template <DType t>
-struct StorageOf;
-template <>
-struct StorageOf<DType::kFloat32> {
-  using type = float;
-};
-template <>
-struct StorageOf<DType::kFloat64> {
-  using type = double;
-};
-template <>
-struct StorageOf<DType::kFloat16> {
-  using type = Half;
-};
-template <>
-struct StorageOf<DType::kBFloat16> {
-  using type = BFloat16;
-};
-template <>
-struct StorageOf<DType::kInt8> {
-  using type = int8_t;
-};
-template <>
-struct StorageOf<DType::kInt16> {
-  using type = int16_t;
-};
-template <>
-struct StorageOf<DType::kInt32> {
-  using type = int32_t;
-};
-template <>
-struct StorageOf<DType::kInt64> {
-  using type = int64_t;
-};
-template <>
-struct StorageOf<DType::kUInt8> {
-  using type = uint8_t;
-};
-template <>
-struct StorageOf<DType::kBool> {
-  using type = Bool8;
-};
-template <>
-struct StorageOf<DType::kComplex64> {
-  using type = Complex<float>;
-};
-template <>
-struct StorageOf<DType::kComplex128> {
-  using type = Complex<double>;
 };
 
 }  // namespace rr

@@ -3,32 +3,18 @@
 //
 // Note [GPU one-shot all-reduce]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Below a threshold (gpuOneShotBytes, csrc/cuda/gpu_pipeline.h) a flat GPU all-reduce is one NCCL
-// group - every rank sends its whole tensor to every other rank and receives theirs into the
-// staging - followed by one kernel that reduces the n tensors. One exchange instead of the ring's
-// 2(n-1): what costs on NCCL's socket transport (milliseconds per dependent launch) and on NVLink
-// (microseconds per launch) alike for small tensors, at (n - 1) x the bytes per rank.
-//
-// The kernel combines the n tensors exactly as the ring would (Note [One-shot all-reduce] in
-// csrc/cpu/group_runtime.h is the CPU's twin, hostReduceInOrder its loop): element i lies in chunk
-// c of the ring's schedule (Note [Chunk ownership], schedule.h: bounds from (n, numel) only), whose
-// reduction starts at ring index c and goes on in ring order, so
+// Below gpuOneShotBytes (csrc/cuda/gpu_pipeline.h) a flat GPU all-reduce is one NCCL group (every
+// rank sends its whole tensor to every other) and one kernel that reduces the n tensors: one
+// exchange instead of the ring's 2(n-1) dependent launches, at (n - 1) x the bytes per rank.
+// The kernel combines them exactly as the ring would (the CPU's twin: Note [One-shot all-reduce] in
+// csrc/cpu/group_runtime.h): element i lies in chunk c of the ring's schedule (Note [Chunk
+// ownership]), whose reduction starts at ring index c and goes on in ring order,
 //     partial = First(in[c][i]);  for k = 1 .. n-1:  partial = ReduceStep(in[(c + k) % n][i], partial)
-// with the ring's types, rounding and scaling (Note [Reduction contract], functors.h):
-//   * partials between steps are of the plan's partial type P (partialDType, plan.h), rounded to it
-//     at every step: the tensor's type; float32 for half types with accum_dtype=float32 on more than
-//     two ranks; the 16-bit wire type of a float32 tensor with wire_dtype;
-//   * the first partial is what the ring's first hop sends (Note [First hop], plan.h): the element
-//     itself, or its ConvertStep - rounded to a 16-bit wire and/or divided by the predivide factor -
-//     when the ring converts (half types with float32 partials still send their own type first);
-//   * every later contribution enters as the local operand of a ReduceStep, divided by the predivide
-//     factor on load; the last step stores the tensor's type with the final reduce's Scaling (AVG's
-//     division by n, n / f with a predivide factor, the extra divisor; SUM's post factor), the same
-//     Scaling the ring's final reduce uses (Plan::finalScaling).
-// So the one-shot gives the ring's bits on every rank, with a 16-bit wire and with any scaling, and
-// whether a tensor takes the one-shot never changes a result (tests/test_cuda_logic.py compares both
-// on random data). With a 16-bit wire the one-shot still moves the float32 tensors: it reproduces
-// the wire's rounding, not its bytes (below the threshold latency, not bandwidth, is the cost).
+// with the ring's partial type P (partialDType) rounded at every step, the first hop's convert
+// (Note [First hop]; half types with float32 partials send their own type first), the predivide
+// on every later operand, and Plan::finalScaling at the last step. So it gives the ring's bits on
+// every rank (tests/test_cuda_logic.py compares both). With a 16-bit wire it still moves float32:
+// it reproduces the wire's rounding, not its bytes (latency, not bandwidth, is the cost here).
 #pragma once
 
 #include <type_traits>
@@ -47,22 +33,7 @@ struct OneShotArgs {
   int32_t n;
   int64_t count;
   int64_t chunk;    // elements per chunk (RingSchedule::chunk)
-  // The ring's final reduce's Scaling (Plan::finalScaling); its predivide also divides every other
-  // contribution on load (the ring's hops, Plan::scaling).
-  Scaling scaling;
-};
-
-template <typename T>
-struct IsHalfStorage {
-  static constexpr bool value = false;
-};
-template <>
-struct IsHalfStorage<Half> {
-  static constexpr bool value = true;
-};
-template <>
-struct IsHalfStorage<BFloat16> {
-  static constexpr bool value = true;
+  Scaling scaling;  // Plan::finalScaling; its predivide also divides every other contribution
 };
 
 // T: the tensor's storage type; P: the plan's partial type (T, float for half types with float32
@@ -71,7 +42,8 @@ template <typename T, typename P, RedOp op>
 struct OneShotBody {
   // Float32 partials of a half type start narrow: the ring's first hop sends the tensor's elements
   // and the first reduce widens; a 16-bit wire's first hop sends the converted partial.
-  static constexpr bool kWidening = IsHalfStorage<T>::value && std::is_same<P, float>::value;
+  static constexpr bool kWidening =
+      (std::is_same<T, Half>::value || std::is_same<T, BFloat16>::value) && std::is_same<P, float>::value;
   using First = typename std::conditional<kWidening, T, P>::type;
 
   // The finished value of element i.

@@ -13,24 +13,17 @@ namespace {
 
 // Note [Hazard tracking]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// Every span the plan touches is one whole "region": segment j of chunk c of kData, segment j of
-// kAccum, or staging slot k. Spans of one region may differ in length (short tail chunks) but
-// always start at the region's start, so two accesses conflict exactly when they name the same
-// region. For each region the builder remembers the last writer and the readers since; before it
-// emits an op, it emits the waits that order the op after every conflicting earlier op:
-//   * earlier exchange X, any op O: O's queue waits exchangeEvent(X) (exchanges complete out of
-//     order), unless O's queue already knows enough of X. The halves of X are tracked apart: its
-//     send is a read, its receive a write. A conflict with X's receive (O reads or overwrites what
-//     X received) needs only the receive half, a recv_only wait; a conflict with X's send (O
-//     overwrites what X sends: an all-gather copy or receive into a tensor segment X sent, or,
-//     with partials in kAccum, the reduce of X itself into the kAccum segment X sends) needs a
-//     full wait (PlanOptions::recv_only_waits = false: every conflict does);
-//   * earlier compute C, exchange O: kComm waits computeEvent(C) (and so, transitively, every
-//     earlier compute and every exchange half those computes waited for);
-//   * earlier compute C, compute O: nothing, kCompute is in order.
-// Each queue remembers, per exchange, whether it knows the receive completed and whether it knows
-// the whole exchange completed (a full wait teaches both). kComm also knows what kCompute knew
-// before a compute whose event kComm waited.
+// Every span is one whole "region" (segment j of chunk c of kData, segment j of kAccum, or staging
+// slot k) and starts at the region's start, so two accesses conflict exactly when they name the same
+// region. Per region the builder keeps the last writer and the readers since, and before an op it
+// emits the waits that order it after every conflicting earlier op:
+//   * earlier exchange X: the op's queue waits exchangeEvent(X) unless it knows enough of X already;
+//     a conflict with X's receive (a write) needs a recv_only wait, one with X's send (a read) a
+//     full wait (Note [One ring, two transports, one plan] in plan.h);
+//   * earlier compute C, exchange op: kComm waits computeEvent(C) (covering, transitively, every
+//     earlier compute and what it waited for); earlier compute, compute op: nothing (in order).
+// Each queue remembers per exchange whether it knows the receive, or the whole exchange, completed;
+// kComm also knows what kCompute knew before a compute whose event kComm waited.
 struct Access {
   int64_t region;
   bool write;
@@ -197,11 +190,20 @@ struct Builder {
     }
   }
 
+  // Compute E + e: the convert that makes exchange e's send, reading `a` and writing `dst`.
+  void addConvert(int32_t e, const Span& a, int64_t a_region, const Span& dst, int64_t dst_region) {
+    Op c{OpKind::kConvert, Queue::kCompute};
+    c.exchange = e;
+    c.a = a;
+    c.dst = dst;
+    co_access[E + e].insert(co_access[E + e].end(), {{a_region, false}, {dst_region, true}});
+    computes[E + e] = c;
+    has_convert[e] = 1;
+  }
+
   void emitExchange(int32_t e) {
-    // Program order is "exchange e's convert (if any), exchange e, then its compute"; computes
-    // deferred in `pending` still come before exchange e logically, so a pending compute that
-    // touches one of e's regions (or its convert's) is emitted now (with everything before it), and
-    // the hazard checks below then order e after it.
+    // Program order is "e's convert, e, e's compute"; deferred computes still come before e, so a
+    // pending one that touches e's regions (or its convert's) is emitted now, with those before it.
     if (has_convert[e] && compute_pos[E + e] < 0) {
       flushClashing(co_access[E + e]);
       emitCompute(E + e);
@@ -225,7 +227,6 @@ struct Builder {
       if (!commKnows(x)) commWaits(x);
     Op ex{OpKind::kExchange, Queue::kComm};
     ex.exchange = e;
-    // the spans buildPlan computed for exchange e (ex_send/ex_recv below)
     ex.send = ex_send[e];
     ex.recv = ex_recv[e];
     emit(ex);
@@ -347,10 +348,8 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   plan.num_slots = options.num_slots;
   plan.slot_elems = sc.segment;
   if (plan.num_slots == kAutoSlots) {
-    // Note [Staging slots]: one slot per staged receive when they all fit, else the default. Each
-    // phase receives every chunk but one, so the rank that stages the most receives, in each
-    // staged phase, every non-empty segment but those of the emptiest chunk; every rank takes that
-    // count, so that plans agree on their parameters.
+    // Note [Staging slots]. The rank staging the most receives gets, per staged phase, every
+    // non-empty segment but the emptiest chunk's; every rank takes that count, so plans agree.
     int64_t segments = 0;
     int64_t fewest = S;
     for (int c = 0; c < n; ++c) {
@@ -394,6 +393,8 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
   const int lookahead = plan.num_slots - 1;
   int32_t staged = 0;  // receives into staging so far
   auto dataRegion = [&](int chunk, int j) { return regionKey(kRegionData, int64_t(chunk) * S + j); };
+  auto accumRegion = [](int j) { return regionKey(kRegionAccum, j); };
+  auto accumSpan = [&](int j, int64_t count) { return Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), count}; };
 
   const int shift = sc.shift;  // physical chunk = logical chunk + shift
   for (int phase_i = 0; phase_i < 2; ++phase_i) {
@@ -407,9 +408,8 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
         info.step = s;
         info.segment = j;
         if (phase == Phase::kReduceScatter) {
-          // Reduce-scatter step s: pass on the partial of chunk (r - s); receive the partial of
-          // chunk (r - s - 1) and add our own contribution. After n-1 steps rank r holds the
-          // complete chunk (r + 1), the one it owns.
+          // Reduce-scatter step s: pass on the partial of chunk (r - s), receive (r - s - 1)'s and add
+          // to it; after n-1 steps rank r holds its owned chunk (r + 1) complete.
           info.send_chunk = modRing(rank - s + shift, n);
           info.recv_chunk = modRing(rank - s - 1 + shift, n);
         } else {
@@ -424,100 +424,65 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
         const Range recv_r = sc.segmentRange(info.recv_chunk, j);
         if (send_r.empty() && recv_r.empty()) continue;  // both neighbours skip it too
 
+        const bool rs = phase == Phase::kReduceScatter;
         if (!send_r.empty()) {
-          const bool rs = phase == Phase::kReduceScatter;
+          const Span data_send{BufKind::kData, -1, T, send_r.begin, send_r.size()};
+          const int64_t send_region = dataRegion(info.send_chunk, j);
           if (rs && s == 0 && convert_first) {
             // Note [First hop]: the local segment, rounded to the wire and/or predivided.
-            Op c{OpKind::kConvert, Queue::kCompute};
-            c.exchange = e;
-            c.a = Span{BufKind::kData, -1, T, send_r.begin, send_r.size()};
-            b.co_access[E + e].push_back({dataRegion(info.send_chunk, j), false});
-            if (plan.wire16) {
-              c.dst = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), send_r.size()};
-              b.co_access[E + e].push_back({regionKey(kRegionAccum, j), true});
-            } else {
-              c.dst = c.a;
-              b.co_access[E + e].push_back({dataRegion(info.send_chunk, j), true});
-            }
-            b.computes[E + e] = c;
-            b.has_convert[e] = 1;
+            if (plan.wire16) b.addConvert(e, data_send, send_region, accumSpan(j, send_r.size()), accumRegion(j));
+            else b.addConvert(e, data_send, send_region, data_send, send_region);
           }
-          if (!rs && plan.gather16 && s == 0) {
-            // Note [16-bit all-gather]: the owner's finished segment (already a 16-bit value), as 16 bits.
-            Op c{OpKind::kConvert, Queue::kCompute};
-            c.exchange = e;
-            c.a = Span{BufKind::kData, -1, T, send_r.begin, send_r.size()};
-            c.dst = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), send_r.size()};
-            b.co_access[E + e].push_back({dataRegion(info.send_chunk, j), false});
-            b.co_access[E + e].push_back({regionKey(kRegionAccum, j), true});
-            b.computes[E + e] = c;
-            b.has_convert[e] = 1;
-            b.ex_send[e] = c.dst;
-            b.ex_access[e].push_back({regionKey(kRegionAccum, j), false});
-          } else if (!rs && plan.gather16) {
-            // ... and at later steps the 16 bits received at the previous step, which the convert
-            // set up with that receive (below) copied from their slot into kAccum.
+          if (!rs && plan.gather16) {
+            // Note [16-bit all-gather]: at step 0 the owner's finished segment (already a 16-bit
+            // value) as 16 bits; later, what the convert set up with the previous receive copied.
+            if (s == 0) b.addConvert(e, data_send, send_region, accumSpan(j, send_r.size()), accumRegion(j));
             RR_CHECK(b.has_convert[e], kRuntime, "ringreduce internal error: an all-gather forwards a segment it "
                      "never received");
-            b.ex_send[e] = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), send_r.size()};
-            b.ex_access[e].push_back({regionKey(kRegionAccum, j), false});
-          } else if (rs && partials && (s > 0 || plan.wire16)) {
-            b.ex_send[e] = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), send_r.size()};
-            b.ex_access[e].push_back({regionKey(kRegionAccum, j), false});
+          }
+          if ((!rs && plan.gather16) || (rs && partials && (s > 0 || plan.wire16))) {
+            b.ex_send[e] = accumSpan(j, send_r.size());
+            b.ex_access[e].push_back({accumRegion(j), false});
           } else {
-            b.ex_send[e] = Span{BufKind::kData, -1, T, send_r.begin, send_r.size()};
-            b.ex_access[e].push_back({dataRegion(info.send_chunk, j), false});
+            b.ex_send[e] = data_send;
+            b.ex_access[e].push_back({send_region, false});
           }
         }
         if (!recv_r.empty()) {
-          if (phase == Phase::kAllGather && plan.gather_into_data) {
-            b.ex_recv[e] = Span{BufKind::kData, -1, T, recv_r.begin, recv_r.size()};
-            b.ex_access[e].push_back({dataRegion(info.recv_chunk, j), true});
+          const Span data_span{BufKind::kData, -1, T, recv_r.begin, recv_r.size()};
+          const int64_t recv_region = dataRegion(info.recv_chunk, j);
+          if (!rs && plan.gather_into_data) {
+            b.ex_recv[e] = data_span;
+            b.ex_access[e].push_back({recv_region, true});
           } else {
             const int32_t slot = staged % plan.num_slots;
             ++staged;
-            const bool gather16 = phase == Phase::kAllGather && plan.gather16;
-            // Reduce-scatter receives carry partials (after the first hop, or every hop on a
-            // 16-bit wire); all-gather receives the tensor's finished elements (16-bit ones with a
-            // 16-bit all-gather, widened by the copy).
-            const bool carries_partial =
-                gather16 || (phase == Phase::kReduceScatter && partials && (s > 0 || plan.wire16));
+            const bool gather16 = !rs && plan.gather16;
+            // Reduce-scatter receives carry partials (after the first hop, or every hop on a 16-bit
+            // wire); all-gather receives finished elements (16-bit ones with a 16-bit all-gather).
+            const bool carries_partial = gather16 || (rs && partials && (s > 0 || plan.wire16));
             b.ex_recv[e] = Span{BufKind::kStaging, slot, carries_partial ? P : T, 0, recv_r.size()};
             b.ex_access[e].push_back({regionKey(kRegionSlot, slot), true});
             b.has_compute[e] = 1;
-            Op c{phase == Phase::kReduceScatter ? OpKind::kReduce : OpKind::kCopy, Queue::kCompute};
+            Op c{rs ? OpKind::kReduce : OpKind::kCopy, Queue::kCompute};
             c.exchange = e;
             c.recv = b.ex_recv[e];
             b.co_access[e].push_back({regionKey(kRegionSlot, slot), false});
-            const Span data_span{BufKind::kData, -1, T, recv_r.begin, recv_r.size()};
-            if (phase == Phase::kReduceScatter) {
+            if (rs) {
               c.a = data_span;
               c.final = (s == n - 2);
-              b.co_access[e].push_back({dataRegion(info.recv_chunk, j), false});
-              if (partials && !c.final) {
-                c.dst = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), recv_r.size()};
-                b.co_access[e].push_back({regionKey(kRegionAccum, j), true});
-              } else {
-                c.dst = data_span;
-                b.co_access[e].push_back({dataRegion(info.recv_chunk, j), true});
-              }
-            } else {
-              c.dst = data_span;
-              b.co_access[e].push_back({dataRegion(info.recv_chunk, j), true});
-              if (gather16 && s < n - 2) {
-                // Note [16-bit all-gather]: the 16 bits go on at step s + 1, from kAccum; the
-                // convert that copies them there is emitted with this copy at the latest.
-                const int32_t fwd = b.index(phase, s + 1, j);
-                Op f{OpKind::kConvert, Queue::kCompute};
-                f.exchange = fwd;
-                f.a = b.ex_recv[e];
-                f.dst = Span{BufKind::kAccum, -1, P, sc.segmentOffset(j), recv_r.size()};
-                b.co_access[E + fwd].push_back({regionKey(kRegionSlot, slot), false});
-                b.co_access[E + fwd].push_back({regionKey(kRegionAccum, j), true});
-                b.computes[E + fwd] = f;
-                b.has_convert[fwd] = 1;
-                b.forward_after[e] = fwd;
-              }
+              b.co_access[e].push_back({recv_region, false});
+            }
+            const bool to_accum = rs && partials && !c.final;
+            c.dst = to_accum ? accumSpan(j, recv_r.size()) : data_span;
+            b.co_access[e].push_back({to_accum ? accumRegion(j) : recv_region, true});
+            if (gather16 && s < n - 2) {
+              // Note [16-bit all-gather]: the 16 bits go on at step s + 1 from kAccum; the convert
+              // that copies them there is emitted with this copy at the latest.
+              const int32_t fwd = b.index(phase, s + 1, j);
+              b.addConvert(fwd, b.ex_recv[e], regionKey(kRegionSlot, slot), accumSpan(j, recv_r.size()),
+                           accumRegion(j));
+              b.forward_after[e] = fwd;
             }
             b.computes[e] = c;
           }
@@ -530,9 +495,7 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
     }
   }
   while (!b.pending.empty()) b.popCompute();
-  // Drain: the plan ends when kCompute has seen every exchange complete (sends included: full
-  // waits, also for exchanges whose receive alone it waited before), so "kCompute done" means the
-  // whole call is done and the tensor may be handed back.
+  // Drain: kCompute waits every exchange fully, so "kCompute done" means the whole call is done.
   for (int32_t e = 0; e < E; ++e) {
     const ExchangeNeed whole{e, true};
     if (!b.ex_access[e].empty() && !b.computeKnows(whole)) b.computeWaits(whole);
@@ -585,25 +548,17 @@ std::string Plan::describe() const {
         putSpan(os, op.recv);
         break;
       case OpKind::kReduce:
-        os << "reduce " << op.exchange << " ";
+      case OpKind::kCopy:
+      case OpKind::kConvert:
+        os << (op.kind == OpKind::kReduce ? "reduce " : op.kind == OpKind::kCopy ? "copy " : "convert ") << op.exchange
+           << " ";
         putSpan(os, op.dst);
         os << " = ";
-        putSpan(os, op.a);
+        putSpan(os, op.kind == OpKind::kCopy ? op.recv : op.a);
+        if (op.kind != OpKind::kReduce) break;
         os << " + ";
         putSpan(os, op.recv);
         if (op.final) os << " final";
-        break;
-      case OpKind::kCopy:
-        os << "copy " << op.exchange << " ";
-        putSpan(os, op.dst);
-        os << " = ";
-        putSpan(os, op.recv);
-        break;
-      case OpKind::kConvert:
-        os << "convert " << op.exchange << " ";
-        putSpan(os, op.dst);
-        os << " = ";
-        putSpan(os, op.a);
         break;
       case OpKind::kRecord:
         os << "record " << op.event;

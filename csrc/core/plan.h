@@ -2,82 +2,57 @@
 //
 // Note [One ring, two transports, one plan]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// buildPlan() turns (world size, rank, numel, dtype, options) into the ordered list of operations
-// one rank performs for a ring all-reduce: 2(n-1) ring steps, each cut into `nsegs` segment
-// *exchanges* (send one segment to the next rank, receive one from the previous rank), and the
-// reductions and copies that consume what was received.
+// buildPlan() turns (world size, rank, numel, dtype, options) into the ordered ops one rank performs
+// for a ring all-reduce: 2(n-1) ring steps, each cut into `nsegs` segment exchanges (send one segment
+// to the next rank, receive one from the previous), and the reduces and copies that consume them.
+// Execution model (both transports and the checker implement it):
+//   * kCompute (reduce/copy/convert: the GPU's reduce stream, the CPU worker) runs its ops in order,
+//     each done before the next. kComm (exchanges: the NCCL stream, posted gloo send/recv) issues
+//     its ops in order, but they may complete in any order.
+//   * kExchange sends `send` to `next` and receives `recv` from `prev` as one group; it completes
+//     when both halves have. Exchange e of rank r pairs with exchange e of its neighbours.
+//   * kRecord(event) fires when every earlier op of its queue has completed; kWait(event) holds back
+//     the later ops of its queue until then. Every wait follows its record in list order, so a
+//     transport that walks the list sequentially (the CPU) never waits for an unrecorded event.
+//   * exchangeEvent(e): exchange e complete (kComm); computeEvent(e): its reduce/copy complete;
+//     convertEvent(e): the convert that makes its send complete (kCompute; Note [First hop]).
+//   * A kWait on exchangeEvent(e) with `recv_only` needs only e's RECEIVE half (its send may still be
+//     reading). Treating it as a full wait is always safe (the GPU does; the CPU waits the receive
+//     request, and the send at a later full wait on the same event).
+// Every wait derives from a buffer hazard (RAW, WAR, WAW per segment of each buffer) and nothing
+// else, so a missing wait is a race, which the plan checker finds by running plans with random
+// completion orders. An exchange's send reads and its receive writes: reading or overwriting what
+// e received needs a recv_only wait; overwriting what e sends needs a full one (an all-gather copy
+// or receive over a tensor segment sent during the reduce-scatter; with float32 partials, the
+// reduce of e itself, which overwrites the kAccum segment e sends). The plan ends with kCompute
+// knowing every exchange fully complete. recv_only_waits = false builds full waits only.
 //
-// Execution model (what both transports and the checker implement):
-//   * Two queues per rank. kCompute (reduce/copy/convert; the reduce stream on GPU, the worker thread
-//     on CPU) runs its ops in order, each completing before the next starts. kComm (exchanges; the
-//     NCCL stream on GPU, posted gloo send/recv on CPU) *issues* its ops in order, but they may
-//     complete in any order (the CPU transport keeps several exchanges in flight).
-//   * kExchange: send `send` (if non-empty) to rank `next` and receive into `recv` (if non-empty)
-//     from rank `prev`, as one group (ncclGroupStart/End on GPU). It completes when both halves
-//     have completed. The exchange with index e of rank r pairs with the exchange of the same index
-//     on its neighbours: r's send of exchange e is next's receive of exchange e (same byte count).
-//   * kRecord(event) marks a point in its queue: the event fires when every earlier op of that
-//     queue has completed. kWait(event) holds back every later op of its queue until the event has
-//     fired. Every event is recorded once and every wait comes after its record in list order, so
-//     a transport that walks the list sequentially (the CPU transport) never waits for an event
-//     it has not yet recorded.
-//   * Event ids: exchangeEvent(e) = "exchange e complete" (recorded on kComm right after it),
-//     computeEvent(e) = "the reduce/copy of exchange e complete" (recorded on kCompute),
-//     convertEvent(e) = "the convert that makes exchange e's send complete" (kCompute; Note [First
-//     hop]).
-//   * A kWait on exchangeEvent(e) with `recv_only` set asks for less: it holds back the later ops
-//     of its queue only until the RECEIVE half of exchange e has completed (its send may still be
-//     reading). A transport may treat it as a full wait, which is always safe: the GPU does (one
-//     event after the NCCL group covers both halves); the CPU executor waits only the receive
-//     request, and waits the send request at a later full wait on the same event.
-// The builder derives every wait from buffer hazards (read-after-write, write-after-read,
-// write-after-write on each segment of each buffer) and adds nothing else, so a missing wait is a
-// race; the plan checker runs plans with random completion orders and detects it. The two halves
-// of an exchange are separate accesses: its send reads, its receive writes. A later op that reads
-// or overwrites what an exchange received needs only the receive half (a recv_only wait), e.g. the
-// reduce of exchange e reading the slot e received into; a later op that overwrites what an
-// exchange sends needs the whole exchange (a full wait): an all-gather copy or receive over a
-// tensor segment sent during the reduce-scatter, and, with float32 partials, the reduce of
-// exchange e itself, which overwrites the kAccum segment that e sends (with 16-bit partials, at
-// every step; the first hop's convert writes it before e). The plan still ends with
-// kCompute knowing every exchange fully complete (full waits, sends included). For a transport
-// that waits for both halves anyway, recv_only waits only add waits (a full one follows later);
-// PlanOptions::recv_only_waits = false builds plans with full waits only.
-//
-// Buffers: kData is the tensor (contiguous, numel elements of the tensor's dtype); kAccum is one
-// chunk of partials in the plan's partial type (float32 with accum_dtype=float32 on half types,
-// 16 bits with a 16-bit wire on float32; absent otherwise); kStaging slot k is a receive buffer of
-// `slot_elems` elements of the widest type received. Every span names its element type (the
-// tensor's or the partial type). A late message must never land in user memory, so the CPU
-// transport receives every segment into staging; the GPU transport may receive the all-gather
-// straight into kData (gather_into_data), since NCCL aborts rather than delivers late.
+// Buffers: kData is the tensor (numel contiguous elements); kAccum one chunk of partials in the
+// plan's partial type (float32 with accum_dtype=float32 on half types, 16 bits with a 16-bit wire;
+// absent otherwise); kStaging slot k receives `slot_elems` elements of the widest type received.
+// A late message must never land in user memory, so the CPU receives every segment into staging;
+// the GPU may receive the all-gather into kData (gather_into_data): NCCL aborts rather than
+// delivers late.
 //
 // Note [First hop]
 // ~~~~~~~~~~~~~~~~
-// The reduce-scatter's first hop sends the local value itself. When that value must change first -
-// a 16-bit wire (float32 rounded to 16 bits), a predivide factor (divided, in place) or both - a
-// kConvert op on kCompute makes it before the exchange sends it: dst = ConvertStep(a) (functors.h),
-// from the tensor's segment into kAccum (a 16-bit wire) or back into itself (a predivide only). Every
-// other contribution of a rank enters as the local operand of a reduce, which divides it on load:
-// each element of each rank is divided exactly once, and the plan checker verifies it. The convert
-// reads the segment once and writes it once (half the bytes on a 16-bit wire): no pass over the
-// whole tensor.
+// The reduce-scatter's first hop sends the local value itself. When that must change first (a
+// 16-bit wire, a predivide factor, or both), a kConvert on kCompute makes it: dst = ConvertStep(a)
+// (functors.h), into kAccum (16-bit wire) or in place (predivide only). Every other contribution
+// enters as a reduce's local operand, divided on load: each element of each rank is divided exactly
+// once (the checker verifies it), with no extra pass over the tensor.
 //
 // Note [16-bit all-gather]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// With a 16-bit wire, PlanOptions::wire_gather16 makes the all-gather move the wire's 16 bits too
-// (a full ring only): the owner's final reduce rounds its finished float32 value (after AVG's
-// division) once to the wire type and stores it widened (Scaling::wire_round, functors.h), so the
-// owner keeps exactly what it sends. Every all-gather send then reads 16 bits from kAccum (free
-// after the reduce-scatter): at step 0 a kConvert makes them from the owner's segment (exact: the
-// values are 16-bit values); a 16-bit segment received at step s lands in a staging slot, where two
-// computes read it: the kCopy that widens it into the tensor and the kConvert (16 bits to 16 bits)
-// that copies it into kAccum for the send of step s + 1 (the convert of that exchange, emitted with
-// the copy at the latest, so the slot is free again once both ran; it waits for step s's send from
-// the same kAccum segment). Every rank widens the same 16 bits: results stay bitwise identical across
-// ranks. Bytes per rank: (n - 1) / n x S / 2 in each half (0.5 of float32). The GPU transport, which
-// may receive the all-gather straight into the tensor, does not run it (buildPlan refuses
-// gather_into_data with it).
+// With a 16-bit wire, wire_gather16 makes the all-gather move 16 bits too (full ring only): the
+// owner's final reduce rounds its finished float32 value (after AVG's division) once to the wire
+// type and stores it widened (Scaling::wire_round), so the owner keeps exactly what it sends. Every
+// all-gather send reads 16 bits from kAccum (free after the reduce-scatter): at step 0 a kConvert
+// makes them from the owner's segment (exact); a segment received at step s lands in a slot read by
+// two computes, the kCopy that widens it into the tensor and the kConvert that copies it into kAccum
+// for the send of step s + 1 (emitted with the copy at the latest, so the slot frees once both ran).
+// Every rank widens the same bits, so results stay identical across ranks. buildPlan refuses it with
+// gather_into_data (the GPU's).
 #pragma once
 
 #include <optional>
@@ -134,41 +109,28 @@ enum PhaseMask : uint8_t { kPhaseReduceScatter = 1, kPhaseAllGather = 2, kPhaseB
 
 // Note [Ring halves]
 // ~~~~~~~~~~~~~~~~~~
-// A plan may run only one half of the ring:
-//   * reduce-scatter only: afterwards rank r holds the fully reduced (AVG: divided) owned chunk
-//     sched.ownedChunk(r) in kData; every other chunk of kData holds unspecified partials.
-//   * all-gather only: beforehand rank r must hold the finished owned chunk in kData; afterwards
-//     every rank holds every chunk.
-// owner_shift rotates the owner map (rank r owns chunk r + 1 + shift): reduce_scatter and
-// all_gather use shift = -1 so that rank r owns block r. exact_chunks makes every chunk exactly
-// numel / n elements (the caller's blocks), which the 16-byte rounding would otherwise move. The
-// hierarchical all-reduce runs one half on a node's ring and a full ring on a sub-range with
-// avg_divisor = the whole group's size.
+// A plan may run one half of the ring: reduce-scatter only (rank r ends with its reduced, AVG:
+// divided, owned chunk sched.ownedChunk(r) in kData; other chunks hold unspecified partials), or
+// all-gather only (rank r must hold its finished owned chunk; every rank ends with every chunk).
+// reduce_scatter and all_gather use owner_shift = -1 (rank r owns block r) and exact_chunks (chunks
+// of exactly numel / n elements, the caller's blocks, which 16-byte rounding would move).
 // Note [Staging slots]
 // ~~~~~~~~~~~~~~~~~~~~
-// Staging slot k receives exchanges k, k + num_slots, ...: a slot is reused once the reduce or copy
-// (and, with a 16-bit all-gather, the convert) of its previous receive has run, so num_slots also bounds the receives a rank can have posted
-// (and the segments in flight). kAutoSlots gives every staged receive of the call a slot of its own
-// when all of them fit in kAutoStagingBytes, and kDefaultSlots otherwise (large tensors, where the
-// slots are max_segment_bytes each). With a slot per receive, a transport can post every receive
-// of the call at its start (Note [Receives posted early] in csrc/cpu/ring_executor.cpp); why that
-// matters on gloo: Note [gloo pair locks] in csrc/cpu/c10d_transport.h. 6 MiB keeps the CPU
-// staging, with its 1 MiB leading receive, within 8 MiB. At most kMaxAutoSlots receives are posted
-// ahead (a ring of up to 17 ranks with two segments per chunk, the default for tensors up to 2 MiB
-// per chunk, gets a slot per receive).
+// Slot k receives exchanges k, k + num_slots, ...; a slot is reused once the compute ops that read
+// its previous receive have run, so num_slots also bounds the receives posted (segments in flight).
+// kAutoSlots gives every staged receive its own slot when all fit in kAutoStagingBytes (at most
+// kMaxAutoSlots), else kDefaultSlots. A slot per receive lets a transport post every receive at the
+// call's start (Note [Receives posted early] in csrc/cpu/ring_executor.cpp; why it matters on gloo:
+// Note [gloo pair locks] in csrc/cpu/c10d_transport.h). 6 MiB keeps the CPU staging, with its
+// 1 MiB leading receive, within 8 MiB.
 // Note [Lanes]
 // ~~~~~~~~~~~~
-// A GPU call may run its ring as K lanes: independent rings over the same ranks, each on its own
-// streams and NCCL communicator, so that their transfers overlap (NCCL runs the kernels of one
-// communicator one after another; NCCL itself spreads a collective over channels the same way).
-// Lane k's plan is the ring's plan restricted to the segments j = k, k + K, k + 2K, ... of every
-// chunk: the chunks, their owners and the order in which each element's contributions are combined
-// are the one-lane ring's, so every result bit is too, whatever K (tests assert it). A lane's
-// exchanges keep their indices in the full grid (they are a subset of it; the others are absent,
-// like empty ones), its staging slots are numbered within the lane, and the partials of segment j
-// (kAccum: float32, or a 16-bit wire's, whose first hop's convert is the lane's own too) are only
-// ever touched by the lane of j, so lanes may share the partials buffer (checkLanes verifies both).
-// lanes = 1 is the plain ring.
+// A GPU call may run its ring as K lanes: rings over the same ranks on their own streams and NCCL
+// communicators, so their transfers overlap (NCCL serializes one communicator's kernels). Lane k
+// runs segments j = k, k + K, ... of every chunk: chunks, owners and combine order are the one-lane
+// ring's, so the result bits are too, whatever K. A lane keeps the full grid's exchange indices,
+// numbers its own staging slots, and alone touches the partials of its segments, so lanes may share
+// the partials buffer (checkLanes verifies both). lanes = 1 is the plain ring.
 constexpr int32_t kAutoSlots = 0;
 constexpr int32_t kDefaultSlots = 4;
 constexpr int32_t kMaxAutoSlots = 64;
@@ -183,11 +145,9 @@ struct PlanOptions {
   std::optional<DType> wire_dtype;
   // With wire_dtype on a full ring: the all-gather moves the wire type too (Note [16-bit all-gather]).
   bool wire_gather16 = false;
-  // Note [Reduction contract] (functors.h): the local operands of the reduce-scatter enter divided
-  // by pre_factor (0: not); the final reduce divides by avg_divisor * extra_divisor (AVG) or by
-  // extra_divisor (SUM, when above 1), over post_factor, or, with neither, multiplies by
-  // post_factor. A flat ring takes both factors equal (predivide_factor); the hierarchical
-  // all-reduce divides in its first ring and scales in its second.
+  // Note [Reduction contract] (functors.h): reduce-scatter operands enter divided by pre_factor (0:
+  // not); the final reduce divides by avg_divisor * extra_divisor (AVG) or extra_divisor (SUM), over
+  // post_factor, or else multiplies by post_factor. The hierarchical all-reduce splits the two.
   double pre_factor = 0;
   double post_factor = 0;
   int32_t extra_divisor = 1;
@@ -197,9 +157,8 @@ struct PlanOptions {
   uint8_t phases = kPhaseBoth;   // PhaseMask
   int32_t owner_shift = 0;
   bool exact_chunks = false;     // numel must be a multiple of the ring's size
-  // Waits that need only an exchange's receive are recv_only (Note [One ring, two transports, one
-  // plan]). false: every exchange wait is a full one (for a transport that cannot wait for a
-  // receive alone, such as the GPU's: fewer waits, same ordering for it).
+  // false: every exchange wait is a full one (a transport that cannot wait for a receive alone, as
+  // the GPU's; Note [One ring, two transports, one plan]).
   bool recv_only_waits = true;
   int32_t lanes = 1;  // Note [Lanes]: this plan is lane `lane` of `lanes`
   int32_t lane = 0;
@@ -260,9 +219,8 @@ int32_t laneOfElement(const RingSchedule& sc, int32_t lanes, int64_t index);
 // The element size of a span's elements.
 inline int64_t spanElemSize(const Plan&, const Span& s) { return static_cast<int64_t>(dtypeSize(s.type)); }
 
-// The type reduce-scatter partials travel in for a tensor of `dtype` on a ring of `nranks`: float32
-// for half types with accum_float32 (when partials travel: more than two ranks), the 16-bit
-// wire_dtype of a float32 tensor, else the tensor's own type.
+// The type reduce-scatter partials travel in: float32 for half types with accum_float32 on more than
+// two ranks, the 16-bit wire_dtype of a float32 tensor, else the tensor's own type.
 DType partialDType(DType dtype, int nranks, bool accum_float32, const std::optional<DType>& wire_dtype);
 
 }  // namespace rr

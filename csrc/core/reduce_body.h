@@ -2,26 +2,16 @@
 //
 // Note [Vectorized reduce with scalar head and tail]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// dst[i] = ReduceStep<TA, TB, TD, op>(a[i], b[i]) for i < count (functors.h, Note [Reduction
-// contract]); dst may alias a (the reduce-scatter reduces in place). ConvertBody, the first hop's
-// convert (dst[i] = ConvertStep<TA, TD>(a[i])), is the same loop without b. The three operands need not
-// share an alignment: a and dst point into the user's tensor at any storage offset, b into a
-// staging slot or the float32 partials. So:
-//   * V = 16 / (largest element size) elements form one vector; a vector of TD is loaded/stored as
-//     one aligned Pack<TD, V> (16 bytes for the widest operand; 8 for a 16-bit type next to float32).
-//   * head = elements until dst is aligned to a whole Pack; the body then runs in whole vectors;
-//     the tail is what is left. If dst's address is not even a multiple of sizeof(TD), everything
-//     is "head" (scalar).
-//   * At the body's start, a and b are checked separately: an operand whose address is not
-//     Pack-aligned there is loaded element by element (same values, fewer bytes per load).
-// Work is split over `nthreads` threads with grid-stride loops; thread t takes head/tail elements
-// t, t + nthreads, ... and vectors t, t + nthreads, ... Every element is computed by exactly one
-// thread with the same functor, so the result does not depend on the launch shape.
-//
-// This header is CUDA-free: the kernel (csrc/cuda/reduce_kernels.cu) calls reduceRange() with its global
-// thread index, and the host tests call it for every simulated thread of a small grid, so the
-// head/body/tail split and the per-element arithmetic are exercised on CPU exactly as compiled
-// for the device (modulo the compiler).
+// dst[i] = ReduceStep<TA, TB, TD, op>(a[i], b[i]) for i < count; dst may alias a (in-place
+// reduce-scatter). ConvertBody (dst[i] = ConvertStep(a[i])) is the same loop without b. The operands
+// need not share an alignment (a and dst are at the tensor's storage offset, b in staging), so:
+//   * V = 16 / (largest element size) elements form a vector, stored as one aligned Pack<TD, V>;
+//   * head = elements until dst is Pack-aligned (all of them if dst is not even TD-aligned), then
+//     whole vectors, then the tail;
+//   * a and b are checked separately at the body's start: an unaligned one loads element-wise.
+// Threads split the work grid-stride; each element is computed by one thread with the same functor,
+// so the result does not depend on the launch shape. CUDA-free: the kernel
+// (csrc/cuda/reduce_kernels.cu) and the host tests (every simulated thread of a small grid) run it.
 #pragma once
 
 #include <cstdint>
@@ -92,12 +82,9 @@ struct ReduceBody {
     const int64_t tail = head + nvec * V;
     for (int64_t i = thread; i < head; i += nthreads) dst[i] = Step::apply(a[i], b[i], sc);
     if (nvec > 0) {
-      // Separate loop versions rather than a branch per vector: with both loads in one loop body
-      // a compiler may merge them into the aligned one (GCC does), faulting on misaligned
-      // operands. Three versions cover the layouts that occur: a is dst itself or sits in the
-      // same tensor (in-place reduce-scatter), b in a 16-byte aligned staging slot, which lines up
-      // with a exactly when the tensor's storage offset does. The rare "b aligned, a not" (float32
-      // partials written next to a misaligned tensor) takes the scalar-load version.
+      // Separate loop versions, not a branch per vector: with both loads in one body a compiler may
+      // merge them into the aligned one (GCC does) and fault on misaligned operands. The rare
+      // "b aligned, a not" takes the scalar-load version.
       const bool a_vec = packAligned<TA, V>(a + head);
       const bool b_vec = packAligned<TB, V>(b + head);
       if (a_vec && b_vec) {

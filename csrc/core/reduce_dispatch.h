@@ -1,17 +1,10 @@
 // ringreduce core: the one runtime -> template dispatch of the reduce and the convert, shared by the
-// CUDA launcher (csrc/cuda/reduce_kernels.cu), the CPU loops (csrc/cpu/host_reduce.cpp) and the host
-// tests, so all instantiate exactly the same (TA, TB, TD, op) and (TS, TD).
-//
-// dispatchReduce(op, a_type, b_type, dst_type, launcher) calls launcher.template run<TA, TB, TD,
-// op>() for the storage types of the operands; dispatchConvert(from, to, launcher) calls
-// launcher.template convert<TS, TD>(). Explicit lists with a loud default: dtypes are dispatched once, here. The
-// operand type triples are those a plan produces (plan.h, Note [Reduction contract]):
-//   * every operand of the tensor's type (every dtype, with the dtype/op rules of dtype.h);
-//   * float16/bfloat16 with float32 partials (accum_dtype=float32): b and/or dst float32;
-//   * float32 with float16/bfloat16 partials (wire_dtype): b 16-bit, dst 16-bit or float32; SUM
-//     and AVG only.
-// Converts: a floating or complex type to itself (an in-place predivide) and float32 to
-// float16/bfloat16 (the first hop of a 16-bit wire).
+// CUDA launcher, the CPU loops and the host tests, so all instantiate the same types.
+// dispatchReduce calls launcher.template run<TA, TB, TD, op>() for the operand triples a plan
+// produces: all of the tensor's type; half types with float32 b and/or dst (accum_dtype=float32);
+// float32 with 16-bit b and 16-bit or float32 dst (wire_dtype; SUM and AVG). dispatchConvert calls
+// launcher.template convert<TS, TD>(): a floating or complex type to itself (in-place predivide),
+// float32 to and from float16/bfloat16 (a 16-bit wire's first hop, a 16-bit all-gather's widening).
 #pragma once
 
 #include "dtype.h"

@@ -2,16 +2,12 @@
 //
 // Note [Chunk ownership]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// The tensor (numel elements, in logical row-major order) is cut into n chunks of `chunk` elements,
-// `chunk` = ceil(numel / n) rounded up to 16 bytes, the last chunks shorter or empty (numel < n and
-// uneven splits included). Chunk c starts its reduction at rank c and is completed at rank c - 1
-// (mod n), which owns it: owner(r) = chunk (r + 1) mod n. These bounds depend on (n, numel, element
-// size) only - never on the segment size - so the order in which contributions are combined, and so
-// every result bit, is the same run to run and for any pipelining.
-//
-// Each chunk is cut into `nsegs` segments of `segment` elements (same count for every chunk; the
-// tail segments of a short chunk are shorter or empty). segment = min(max_segment, ceil(chunk / 2))
-// rounded to 16 bytes, so even a 1 MiB message has two segments in flight.
+// The tensor is cut into n chunks of ceil(numel / n) elements rounded up to 16 bytes (the last ones
+// shorter or empty). Chunk c starts its reduction at rank c and completes at rank c - 1, its owner:
+// owner(r) = chunk (r + 1) mod n. The bounds depend on (n, numel, element size) only, never on the
+// segment size, so the combine order, and every result bit, is the same for any pipelining. Each
+// chunk is cut into `nsegs` segments of min(max_segment, ceil(chunk / 2)) elements rounded to 16
+// bytes, so even a 1 MiB message has two segments in flight.
 #pragma once
 
 #include "common.h"
@@ -51,10 +47,9 @@ struct RingSchedule {
   RR_HD_INLINE int ownedChunk(int rank) const { return modRing(rank + 1 + shift, nranks); }
 };
 
-// elem_size: bytes of the tensor's element (chunk alignment); wire_elem_size: bytes of the widest
-// element that crosses the wire (float32 partials with accum_dtype); max_segment_bytes: the cap.
-// exact_chunks: chunk = numel / n exactly (numel a multiple of n; reduce_scatter and all_gather,
-// whose blocks are the caller's, not 16-byte aligned); shift: the owner rotation (see ownedChunk).
+// elem_size: the tensor's element bytes (alignment); wire_elem_size: the widest element on the wire;
+// exact_chunks: chunk = numel / n (the caller's blocks of reduce_scatter and all_gather); shift: the
+// owner rotation (see ownedChunk).
 RR_HD_INLINE RingSchedule makeRingSchedule(int nranks, int64_t numel, int64_t elem_size,
                                            int64_t wire_elem_size, int64_t max_segment_bytes,
                                            bool exact_chunks = false, int shift = 0) {

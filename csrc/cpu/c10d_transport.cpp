@@ -11,9 +11,8 @@ namespace rr {
 
 namespace {
 
-// Note [Failed calls keep their buffers] (group_runtime.h): after a transport failure a receive may
-// still be posted inside gloo. Its Work is moved here and never destroyed, so gloo keeps writing
-// into ringreduce-owned memory that nobody reads (the runtime keeps that memory, too).
+// Note [Failed calls keep their buffers] (group_runtime.h): the Works of receives that may still be
+// posted inside gloo are moved here and never destroyed.
 std::mutex g_graveyard_mu;
 std::vector<c10::intrusive_ptr<c10d::Work>>* g_graveyard = new std::vector<c10::intrusive_ptr<c10d::Work>>();  // leaked
 
@@ -36,8 +35,7 @@ C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::Backend> backend, int rank
 }
 
 C10dTransport::~C10dTransport() {
-  // Requests still pending at exit (the next call's frame receives) keep their Works alive: their
-  // memory may be written into until gloo shuts down.
+  // Requests still pending at exit (the next call's frame receives) keep their Works alive.
   abandon();
 }
 
@@ -76,12 +74,10 @@ int64_t C10dTransport::irecv(void* data, size_t bytes, int peer, int tag) {
 
 // Note [Interrupting a wait]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Ctrl-C on a rank whose call waits for a silent peer (ringreduce/_interrupt.py): the Python thread
-// that waited gives up at once, and interrupt() runs on it. It aborts every pending gloo request of
-// this transport (c10d's Work::abort wakes gloo's waitRecv/waitSend, which then returns false) and
-// remembers why, so that the worker's wait() throws instead of blocking until the group's timeout;
-// the runtime then marks the group unusable (Note [Failed calls keep their buffers]) and its worker
-// exits. A wait() that starts after interrupt() throws at once; so does every later post.
+// Ctrl-C on a rank whose call waits for a silent peer (ringreduce/_interrupt.py): the waiting Python
+// thread gives up and runs interrupt(), which aborts every pending gloo request (Work::abort wakes
+// gloo's waitRecv/waitSend) and remembers why, so the worker's wait() throws instead of blocking
+// until the timeout; the runtime then poisons the group. Later waits and posts throw at once.
 void C10dTransport::wait(int64_t request) {
   c10::intrusive_ptr<c10d::Work> work;
   {
@@ -102,11 +98,9 @@ void C10dTransport::wait(int64_t request) {
   std::lock_guard<std::mutex> g(mu_);
   RR_CHECK(completed && interrupted_.empty(), kBackend,
            interrupted_.empty() ? std::string("ringreduce: a transfer on ") + group_ + " was aborted" : interrupted_);
-  // Note [Works live until the call ends]: the Work (and gloo's buffer inside it) is kept until
-  // callDone(). Destroying gloo's buffer right after its wait returns spins (sched_yield) until
-  // gloo's I/O thread lets go of it, which it does only after it has finished the read that
-  // completed the wait: measured with `perf stat -e syscalls:sys_enter_sched_yield`, ~200 yields
-  // per call and rank at 4 ranks.
+  // Note [Works live until the call ends]: the Work (and gloo's buffer in it) is kept until
+  // callDone(): destroying it right after its wait spins (sched_yield) until gloo's I/O thread has
+  // finished the read that completed the wait.
   auto it = requests_.find(request);
   if (it != requests_.end()) it->second.waited = true;
 }

@@ -3,15 +3,12 @@
 //
 // Note [gloo pair locks]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// gloo's send is a rendezvous: a message leaves once the receiver's "receive posted" notice has
-// arrived. Every post (send or receive) takes the pair's lock and writes a notice to the socket
-// under it, and gloo's I/O thread only try-locks a pair and returns to epoll, which is
-// level-triggered: while a worker posts or writes a segment, a notice arriving on that pair makes
-// the I/O thread spin. On an oversubscribed host (ranks x threads > cores) that spin takes the CPU
-// the lock holder needs. Hence the CPU runtime posts receives as early as it can (every receive of
-// a call at its start when the staging fits: Note [Staging slots] in csrc/core/plan.h; the next
-// call's frame receives right after a call collected its frames: Note [Pre-posted frame receives]
-// in csrc/core/agreement.h). docs/performance.md has the measurements (try-locks per call).
+// gloo's send is a rendezvous: a message leaves once the receiver's "receive posted" notice arrived.
+// Every post takes the pair's lock and writes a notice under it, and gloo's I/O thread only
+// try-locks a pair and returns to level-triggered epoll: a notice arriving while a worker posts or
+// writes a segment makes the I/O thread spin, taking the CPU the lock holder needs on an
+// oversubscribed host. Hence the runtime posts receives as early as it can (Note [Staging slots] in
+// csrc/core/plan.h; Note [Pre-posted frame receives] in csrc/core/agreement.h).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>

@@ -95,8 +95,8 @@ uint64_t GroupRuntime::submit(std::shared_ptr<CallBody> body, CallOptions option
   {
     std::lock_guard<std::mutex> g(mu_);
     busy_ = false;
-    // Only the worker waits on cv_, and only for work: waking it for nothing (a futex call, and a
-    // thread that takes the caller's core for a moment) cost about 8 us per call.
+    // Only the worker waits on cv_, and only for work: waking it for nothing costs a futex call and
+    // a thread that takes the caller's core for a moment.
     wake = stop_ || poisoned_ || !queue_.empty();
   }
   if (wake) cv_.notify_all();
@@ -115,8 +115,7 @@ void GroupRuntime::loop() {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return !busy_ && (stop_ || poisoned_ || !queue_.empty()); });
       if (poisoned_) {
-        // Note [A failed group keeps no thread]: after a transport failure the group is unusable,
-        // so the worker fails what is queued and exits.
+        // Note [A failed group keeps no thread]: the worker fails what is queued and exits.
         orphans.swap(queue_);
       } else if (queue_.empty()) {
         return;  // stop_ and drained
@@ -177,8 +176,7 @@ std::vector<RingStage> GroupRuntime::stagesFor(const CallOptions& opt, const Cal
       break;
   }
   if (!opt.hierarchical(size_)) return flatRingStages(ring_, buf.numel, buf.dtype, opt.op, base);
-  // The call runs on this ring's runtime (its tags, its sequence numbers) whatever the node order:
-  // a launcher that numbers ranks across nodes gives another order, not another ring.
+  // A node order is another order of this ring (its tags, its sequence numbers), not another ring.
   RR_CHECK(opt.node_order.empty() || opt.node_order.size() == ring_.ranks.size(), kValue,
            "ringreduce: the node order names ", opt.node_order.size(), " ranks for a ring of ", ring_.ranks.size());
   const RingMembers ordered =
@@ -187,11 +185,9 @@ std::vector<RingStage> GroupRuntime::stagesFor(const CallOptions& opt, const Cal
   return hierarchicalStages(ordered, opt.local_size, buf.numel, buf.dtype, opt.op, base);
 }
 
-// Staging (Note [Staging slots] in plan.h): slot k holds the plan's segment, slot 0 also
-// `lead_room` bytes for a leading receive (Note [Receives before the verdict]). Slots grow and are
-// kept for later calls; when keeping them would take the ring's staging past kStagingCapBytes
-// (kAutoSlots plans of different sizes use different slot counts), they are reallocated to exactly
-// what this plan needs.
+// Note [Staging slots] in plan.h. Slots grow and are kept for later calls; when keeping them would
+// take the staging past kStagingCapBytes (auto slot counts differ by size), they are reallocated to
+// exactly what this plan needs.
 RingBuffers GroupRuntime::ringBuffers(const Plan& plan, void* data, int64_t lead_room) {
   RingBuffers bufs;
   bufs.data = data;
@@ -240,8 +236,7 @@ RingBuffers GroupRuntime::ringBuffers(const Plan& plan, void* data, int64_t lead
 }
 
 void GroupRuntime::retireLeading(const std::vector<int>& slots, int tag_group) {
-  // The leading receives stay posted inside the transport (never waited, never released); the
-  // slots they write into are replaced and kept.
+  // The leading receives stay posted in the transport; the slots they write into are replaced and kept.
   {
     std::lock_guard<std::mutex> g(mu_);
     std::lock_guard<std::mutex> gy(g_graveyard_mu);
@@ -277,7 +272,26 @@ Frame GroupRuntime::frameOf(const Call& call) const {
   return f;
 }
 
-void GroupRuntime::failLaterCalls(const Call& call, const std::string& post_error) {
+void GroupRuntime::checkFrames(const Call& call, const Frame& mine, int tag_group, Clock::time_point started,
+                               CallTiming& timing, const PlanRun* lead, const std::vector<int>& lead_slots) {
+  std::string post_error;
+  const std::vector<Frame> frames = frames_.collect(ring_transport_, mine, &post_error);
+  timing.check_us = usSince(started);
+  const std::string verdict = compareFrames(frames, name_);
+  if (!verdict.empty()) {
+    // Every rank has the same frames, so every rank fails here and retires this tag group (ranks that
+    // took the ring may have posted leading messages on its tags). A first segment already sent to a
+    // rank that posted its leading receive for this call is delivered first (it reads the caller's
+    // tensor, which is the caller's again once this raises).
+    if (lead != nullptr && lead->leadingSend() >= 0) {
+      const Frame& next = frames[static_cast<size_t>((rank_ + 1) % size_)];
+      if ((next.flags & kFrameLeadReceive) != 0 && next.seq == mine.seq) payload_.wait(lead->leadingSend());
+    }
+    retireLeading(lead_slots, tag_group);
+    transport_->callDone();
+    RR_THROW(kRuntime, verdict);
+  }
+  if (post_error.empty()) return;
   std::lock_guard<std::mutex> g(mu_);
   poisoned_ = true;
   poison_reason_ = "during call #" + std::to_string(call.seq) +
@@ -291,24 +305,12 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
   Frame mine = frameOf(call);
   mine.flags |= kFrameOneShot;
   frames_.send(ring_transport_, mine, buf.data, bytes);
-  std::string post_error;
-  const std::vector<Frame> frames = frames_.collect(ring_transport_, mine, &post_error);
-  timing.check_us = usSince(started);
-  const std::string verdict = compareFrames(frames, name_);
-  if (!verdict.empty()) {
-    // Ranks that took the ring for this call may have posted leading messages on its tags: every
-    // rank retires the call's tag group (Note [Retired tag groups]).
-    call_tags_.retire(tag_group);
-    transport_->callDone();
-    RR_THROW(kRuntime, verdict);
-  }
-  if (!post_error.empty()) failLaterCalls(call, post_error);
+  checkFrames(call, mine, tag_group, started, timing);
   const Clock::time_point reduced = Clock::now();
   for (int p = 0; p < size_; ++p)  // Note [Traffic counters]: the payload went to every peer
     if (p != rank_) sent_[ring_.ranks[static_cast<size_t>(p)]].fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
   const size_t elem = dtypeSize(buf.dtype);
-  // Chunk c, in the ring's order: rank c's elements first, then c + 1's, ... (the schedule's bounds
-  // depend on (n, numel, element sizes) only).
+  // Chunk c in the ring's order: rank c's elements first, then c + 1's, ...
   const RingSchedule sched = makeRingSchedule(size_, buf.numel, static_cast<int64_t>(elem),
                                               static_cast<int64_t>(dtypeSize(wireDType(buf.dtype, opt.accum_float32))),
                                               opt.cpuSegmentBytes());
@@ -369,8 +371,7 @@ std::unique_ptr<ShmRing> GroupRuntime::setUpShm(const std::string& ring_id, int 
   *why = agreeOnSegment(*store_, base + "/" + std::to_string(setup), index, size, ShmRing::segmentBytes(size), want,
                         timeout, &mapping, [this] { return abortReason(); });
   if (!why->empty()) {
-    // One warning when shared memory was wanted and should have worked (not for RINGREDUCE_SHM=0 or
-    // ranks on several hosts, which are choices, not failures).
+    // Warn only when shared memory should have worked (RINGREDUCE_SHM=0 and several hosts are choices).
     if (why->rfind("RINGREDUCE_SHM=0", 0) != 0 && why->find("more than one host") == std::string::npos)
       std::fprintf(stderr, "[ringreduce] warning: %s uses gloo point-to-point instead of shared memory: %s\n",
                    name_.c_str(), why->c_str());
@@ -441,7 +442,7 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
   if (!flat) {
     const std::vector<RingStage> stages = stagesFor(opt, buf);
     if (opt.allReduce()) {
-      // hierarchical on one host (an explicit algorithm="hierarchical"): its stages, checked already.
+      // an explicit algorithm="hierarchical" on one host: its stages, checked already.
       runStages(call, buf, stages, tag_group, nullptr, timing);
       return;
     }
@@ -471,9 +472,8 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
 void GroupRuntime::runStages(const Call& call, const CallBuffer& buf, const std::vector<RingStage>& stages,
                              int tag_group, PlanRun* lead, CallTiming& timing) {
   const Clock::time_point started = Clock::now();
-  // Note [Hierarchical all-reduce] in shared memory: the node stages (1 and 3) run in the node's
-  // segment when its ranks share a host; the cross-node ring (2) stays on gloo point-to-point.
-  // Set up only here, after the frames agreed, so that every rank of the node reaches it.
+  // Note [Hierarchical all-reduce]: the node stages (1, 3) run in the node's segment when its ranks
+  // share a host; stage 2 stays on gloo. Set up after the frames agreed, so every node rank gets here.
   ShmRing* node = nullptr;
   if (stages.size() == 3 && call.opt.hierarchical(size_) && call.opt.shm) {
     const std::chrono::milliseconds timeout =
@@ -530,8 +530,7 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
     }
     if (opt.one_node && ensureShm(opt, timeout)) {
       shm_->setTimeout(timeout);
-      // An async call runs on the worker beside the caller's own work (backward, for
-      // GradientAverager's buckets): spin briefly there (Note [Shared-memory all-reduce]).
+      // An async call on the worker runs beside the caller's own work (backward): spin briefly.
       shm_->setSpinCap(std::this_thread::get_id() == worker_.get_id() ? kWorkerSpin
                                                                        : std::chrono::microseconds::max());
       runShm(call, buf, refused, tag_group, timing);
@@ -560,29 +559,13 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
     }
     if (opt.check) {
       const Clock::time_point started = Clock::now();
-      // The frame leaves first, so that it never queues behind the first segment on the socket;
-      // its flag promises the leading receive, posted right after it and before any wait.
+      // The frame leaves first, never queued behind the first segment; its flag promises the leading
+      // receive, posted right after it and before any wait.
       Frame mine = frameOf(call);
       if (lead && lead->postsLeadingReceive()) mine.flags |= kFrameLeadReceive;
       if (frames_.direct()) frames_.send(ring_transport_, mine);
       if (lead) lead_slots = lead->postLeading(kLeadBytes, kLeadBytes);
-      std::string post_error;
-      const std::vector<Frame> frames = frames_.collect(ring_transport_, mine, &post_error);
-      timing.check_us = usSince(started);
-      const std::string verdict = compareFrames(frames, name_);
-      if (!verdict.empty()) {
-        // Every rank has the same frames, so every rank fails here and retires this tag group. A
-        // first segment already sent to a rank that posted its leading receive for this call is
-        // delivered (it reads the caller's tensor, which is the caller's again once this raises).
-        if (lead && lead->leadingSend() >= 0) {
-          const Frame& next = frames[static_cast<size_t>((rank_ + 1) % size_)];
-          if ((next.flags & kFrameLeadReceive) != 0 && next.seq == mine.seq) payload_.wait(lead->leadingSend());
-        }
-        retireLeading(lead_slots, tag_group);
-        transport_->callDone();
-        RR_THROW(kRuntime, verdict);
-      }
-      if (!post_error.empty()) failLaterCalls(call, post_error);  // this call has its frames and goes on
+      checkFrames(call, mine, tag_group, started, timing, lead.get(), lead_slots);
     }
     RR_CHECK(!refused, kRuntime, "ringreduce: call #", call.seq, " refused on this rank");
     runStages(call, buf, stages, tag_group, lead.get(), timing);

@@ -1,20 +1,17 @@
 // ringreduce CPU: one GroupRuntime per ring (a process group, or a rank list of one): a worker thread
-// with a queue that runs the ring's calls in submission order over the group's Transport, the
-// ringreduce-owned staging memory they receive into, the agreement check, and what happens when a
-// call fails. Torch-free: the caller (csrc/torch/cpu_ops.cpp) hands in the transport and, per call, a
-// CallBody that says which memory to reduce and how to report the result.
+// that runs the ring's calls in submission order over the group's Transport, the staging memory
+// they receive into, the agreement check, and failure handling. Torch-free: the caller
+// (csrc/torch/cpu_ops.cpp) hands in the transport and, per call, a CallBody.
 //
 // Note [Why one worker per group]
 // A single global worker deadlocks when ranks order async calls on two groups differently: rank 0
 // runs group A's ring and waits for rank 1, which is stuck behind group B's ring in the same queue.
-// With one queue per ring, each ring's calls run in the order every rank submitted them.
 //
 // Note [Failed calls keep their buffers]
 // After a transport failure (dead peer, timeout) a receive may still be posted inside the transport.
 // The transport keeps its request alive (C10dTransport::abandon) and the runtime never frees or
-// reuses the memory it writes into (staging slots, frame buffers): a late message then lands in
-// ringreduce-owned memory that nobody reads, never in user memory or freed memory. The group is
-// marked unusable ("poisoned"): later calls fail at once.
+// reuses the memory it writes into (staging slots, frame buffers), so a late message lands in
+// memory nobody reads, never in user or freed memory. The group is marked unusable ("poisoned").
 #pragma once
 
 #include <atomic>
@@ -43,51 +40,41 @@
 namespace rr {
 
 // Note [Tags]
-// Reserved tag range [2^30, 2^31), split between rings: a ring over a rank list of the group (a
-// DeviceMesh dimension) has its own runtime and tag space, slot 1 + hash(members) mod 63 (the
-// whole group: slot 0), so it can run concurrently with the group's other rings. Frames travel on
-// kFrameTagBase + slot (matched in order, so a rank that skipped a call is reported by sequence
-// number); stage s of a call on kPayloadTagBase + slot * kPayloadTagsPerSlot + (g * kStagesPerCall
-// + s) * kTagsPerCall, where g is the call's tag group (Note [Retired tag groups]).
+// Reserved tag range [2^30, 2^31), split into kTagSlots slots so that rings over rank lists of the
+// group (DeviceMesh dimensions, each with its own runtime) run concurrently with the group's other
+// rings: the whole group has slot 0, a rank-list ring 1 + hash(members) mod 63. Frames travel on
+// kFrameTagBase + slot (matched in order, so a rank that skipped a call shows by sequence number);
+// stage s of a call in tag group g (Note [Retired tag groups]) on kPayloadTagBase
+// + slot * kPayloadTagsPerSlot + (g * kStagesPerCall + s) * kTagsPerCall.
 constexpr int kTagSlots = 64;
 constexpr int kFrameTagBase = 1 << 30;
 constexpr int kPayloadTagBase = (1 << 30) + kTagSlots;
 constexpr int kPayloadTagsPerSlot = ((1 << 30) - kTagSlots) / kTagSlots;
-// Note [Pipelined hierarchical all-reduce] (node_pipeline.cpp): a piece is at least this many bytes,
-// and a call has at most this many pieces.
+// Note [Pipelined hierarchical all-reduce]: a piece's least bytes, a call's most pieces.
 constexpr int64_t kNodePieceBytes = 4 << 20;
 constexpr int64_t kMaxNodePieces = 8;
 constexpr int kStagesPerCall = 3;  // the hierarchical all-reduce runs three rings per call
-// Note [Receives before the verdict]: a first segment sent before the verdict is at most this
-// large, and a receive posted before it has room for this much (part of the wire protocol).
+// Note [Receives before the verdict]: the largest first segment sent before the verdict, and the
+// room of a receive posted before it (part of the wire protocol).
 constexpr int64_t kLeadBytes = 1 << 20;
-// The ring's staging memory (docs/design.md, memory: <= 8 MiB by default): with the default slots
-// (Note [Staging slots] in plan.h) at most kAutoStagingBytes plus kLeadBytes.
+// The ring's staging cap (docs/design.md: <= 8 MiB by default): kAutoStagingBytes plus kLeadBytes.
 constexpr int64_t kStagingCapBytes = 8 << 20;
 // How long a shared-memory barrier spins on the ring's worker (async calls) before it sleeps.
 constexpr std::chrono::microseconds kWorkerSpin{10};
 
 // Note [One-shot all-reduce]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A ring all-reduce costs 2 (n - 1) message latencies, each a rendezvous on gloo; for a small tensor
-// that latency is the whole cost, and on a host with fewer cores than busy threads every hand-off
-// may wait for a scheduler tick. So a checked all-reduce over the whole group (algorithm "auto")
-// whose tensor is at most oneShotBytes(n), and at most the segment size (so that tests with tiny
-// segments keep covering the ring), sends its tensor with its agreement frame, in the one message
-// per peer that the check sends anyway (Note [Payload in the frame message] in
+// A ring all-reduce costs 2 (n - 1) message latencies (each a gloo rendezvous), which is the whole
+// cost of a small tensor. So a checked all-reduce over the whole group (algorithm "auto") of at most
+// oneShotBytes(n), and at most the segment size (so tests with tiny segments still cover the ring),
+// sends its tensor inside its agreement frame message (Note [Payload in the frame message] in
 // csrc/core/agreement.h). Once the frames agree, every rank reduces the n tensors itself, chunk by
-// chunk of the ring's schedule, in the ring's order: chunk c starts with rank c's elements and
-// takes rank c + 1's, c + 2's, ... as each hop of the ring would (local elements first operand,
-// partial second, half types rounded at every hop unless accum_dtype=float32, a 16-bit wire's
-// partials rounded at every hop from the first hop's convert on, every contribution divided by the
-// predivide factor, the complete sum scaled once: hostReduceInOrder with the plan's partial type and
-// final Scaling). The result is therefore bitwise the ring's, on every rank, for every segment
-// size. Bytes: (n - 1) S per rank instead of 2 (n - 1) / n S, in one latency instead of 2 (n - 1):
-// the same bytes for two ranks, where it takes tensors up to 1 MiB (measured back-to-back on 2 vCPUs:
-// 0.52-0.77x gloo's time from 256 KiB to 1 MiB, the ring 1.14-1.27x), 64 KiB up to 8 ranks and 32 KiB
-// beyond (docs/performance.md). Its memory, 2 (n - 1) receive buffers and one send buffer of
-// kFrameBytes (160 B) + oneShotBytes(n) each and 256 KiB of scratch, is at most kOneShotMemoryBytes (3.3 MiB at
-// 2 ranks, under 1.3 MiB beyond), on top of the staging slots.
+// chunk of the ring's schedule in the ring's order (hostReduceInOrder with the plan's partial type
+// and final Scaling: same operand order, per-hop rounding, predivide and final scaling as the
+// ring's hops), so the result is bitwise the ring's on every rank, for every segment size. It moves
+// (n - 1) S bytes per rank instead of 2 (n - 1) / n S, in one latency; hence the thresholds fall
+// with n (docs/performance.md). Its memory (2 (n - 1) receive buffers and one send buffer of
+// kFrameBytes + oneShotBytes(n), and the scratch) stays under kOneShotMemoryBytes, on top of staging.
 constexpr int64_t oneShotBytes(int ranks) { return ranks <= 2 ? 1 << 20 : ranks <= 8 ? 64 << 10 : 32 << 10; }
 constexpr int64_t kOneShotMemoryBytes = 4 << 20;
 
@@ -110,11 +97,9 @@ class CallBody {
   virtual ~CallBody() = default;
   // This rank's agreement frame; the runtime fills in rank and sequence number.
   virtual Frame frame() const = 0;
-  // On the worker, before the frames are compared (never called for a locally refused call): the
-  // buffer the rings run over, given this process's index in the ring and the ring's size. It may
-  // not change anything the caller can see: all_reduce hands in the tensor or a working copy,
-  // reduce_scatter a private copy of its input, all_gather its fresh output with this rank's block
-  // filled in.
+  // On the worker, before the frames are compared (never for a locally refused call): the buffer
+  // the rings run over. It may not change anything the caller can see (a working copy, a private
+  // copy of the input, or a fresh output).
   virtual CallBuffer prepare(int ring_rank, int ring_size) = 0;
   // On the worker, after every ring succeeded: results to where the caller expects them.
   virtual void finish(int ring_rank, int ring_size) = 0;
@@ -125,28 +110,24 @@ class CallBody {
 
 class GroupRuntime {
  public:
-  // `transport`: the whole group's (ranks are group ranks); `members`: the ring's ranks in it, in
-  // ring order (empty: every rank, in rank order); `default_timeout`: the group's; `name`: for
-  // messages. Starts the ring's worker thread.
-  // `store`: where the ranks agree on a shared-memory segment (null: never shared memory).
+  // `transport`: the whole group's; `members`: the ring's group ranks in ring order (empty: every
+  // rank); `name`: for messages; `store`: where ranks agree on shared memory (null: never). Starts
+  // the ring's worker thread.
   GroupRuntime(std::unique_ptr<Transport> transport, std::chrono::milliseconds default_timeout, std::string name,
                std::vector<int> members, std::shared_ptr<KeyValueStore> store = nullptr);
   ~GroupRuntime();
   GroupRuntime(const GroupRuntime&) = delete;
   GroupRuntime& operator=(const GroupRuntime&) = delete;
 
-  // Queues a call behind the calls submitted before it and returns its sequence number (identical
-  // on every rank that submits the same calls). A call on an unusable group completes, failed,
-  // before this returns.
+  // Queues a call behind the earlier ones and returns its sequence number (the same on every rank
+  // that submits the same calls). A call on an unusable group completes, failed, before this returns.
   //
   // Note [Synchronous calls in shared memory]
-  // A synchronous call (the caller blocks until it completes) on a ring that runs in shared memory
-  // runs on the calling thread when nothing is queued or running before it: two thread hand-offs
-  // (to the worker and back) would cost more than a small all-reduce in shared memory takes
-  // (tens of microseconds on a 2-vCPU host). On gloo the worker stays: its calls interleave with
-  // gloo's own threads, and measured slower inline (docs/performance.md).
-  // `interrupted`: asked while a call that runs on the calling thread waits (at least every 50 ms);
-  // true means Ctrl-C: the call fails as interrupt() makes it, and the caller raises.
+  // A synchronous call on a ring in shared memory runs on the calling thread when nothing is queued
+  // or running: two thread hand-offs would cost more than a small shared-memory all-reduce. On gloo
+  // the worker stays (inline calls contend with gloo's own threads).
+  // `interrupted`: polled while an inline call waits (at least every 50 ms); true means Ctrl-C: the
+  // call fails as interrupt() makes it, and the caller raises.
   uint64_t submit(std::shared_ptr<CallBody> body, CallOptions options, bool synchronous = false,
                   std::function<bool()> interrupted = nullptr);
   // Finishes the queued calls and joins the worker (interpreter exit).
@@ -160,8 +141,8 @@ class GroupRuntime {
   int64_t stagingBytes();                       // the staging slots (Note [Staging slots] in plan.h)
   int64_t memoryBytes();                        // everything the ring holds: slots, frames, scratch
   std::vector<int64_t> bytesSent(bool reset);   // Note [Traffic counters], by group rank
-  // "" before the ring's first call, then "shm", "tcp" or "tcp (<why not shared memory>)", followed by
-  // "; node stages: ..." once a hierarchical call set its node ring up.
+  // "" before the first call, then "shm", "tcp" or "tcp (<why not>)", plus "; node stages: ..."
+  // once a hierarchical call set its node ring up.
   std::string transportInfo();
 
  private:
@@ -177,39 +158,34 @@ class GroupRuntime {
   std::vector<RingStage> stagesFor(const CallOptions& opt, const CallBuffer& buf) const;
   // Staging sized for `plan`; slot 0 with room for at least lead_room bytes.
   RingBuffers ringBuffers(const Plan& plan, void* data, int64_t lead_room);
-  // A call that failed its check after posting its leading receives (Note [Receives before the
-  // verdict]): they, and the staging slots they point into, are kept forever; the call's tag group
-  // is retired (Note [Retired tag groups]).
+  // A call that failed its check after posting leading receives (Note [Receives before the verdict]):
+  // those slots are kept forever and the call's tag group is retired (Note [Retired tag groups]).
   void retireLeading(const std::vector<int>& slots, int tag_group);
   // After a transport failure: Note [Failed calls keep their buffers].
   void poison(const std::string& reason);
-  // This rank's agreement frame of `call`.
-  Frame frameOf(const Call& call) const;
-  // After a call whose frames arrived but whose next frame receives could not be posted (a peer
-  // left): the call goes on, later calls fail at once with the reason.
-  void failLaterCalls(const Call& call, const std::string& post_error);
-  // Sets shared memory up at the ring's first one_node call (Note [Shared-memory segments]);
-  // returns whether the ring has it.
+  Frame frameOf(const Call& call) const;  // this rank's agreement frame of `call`
+  // Collects the frames after this rank's went out (at `started`). A verdict retires the call's tag
+  // group (and `lead`'s slots) on every rank alike and raises; when the next call's frame receives
+  // could not be posted (a peer left), this call goes on and later ones fail at once.
+  void checkFrames(const Call& call, const Frame& mine, int tag_group, std::chrono::steady_clock::time_point started,
+                   CallTiming& timing, const PlanRun* lead = nullptr, const std::vector<int>& lead_slots = {});
+  // Sets shared memory up at the ring's first one_node call (Note [Shared-memory segments]).
   bool ensureShm(const CallOptions& opt, std::chrono::milliseconds timeout);
-  // The node ring of a hierarchical call (`node_stage`: its stage 1) in shared memory, set up at the
-  // first such call; null when its ranks cannot share memory (then the node stages use gloo).
+  // The node ring (`node_stage`: stage 1) in shared memory, set up at the first hierarchical call;
+  // null when its ranks cannot share memory (the node stages then use gloo).
   ShmRing* nodeShm(const CallOptions& opt, const struct RingStage& node_stage, std::chrono::milliseconds timeout);
-  // Note [Shared-memory segments]: agrees on and maps one segment for the ring `ring_id` (store keys);
-  // null with `why` when it cannot (and warns once when shared memory should have worked).
+  // Agrees on and maps one segment for ring `ring_id`; null with `why` when it cannot.
   std::unique_ptr<ShmRing> setUpShm(const std::string& ring_id, int index, int size, bool want,
                                     std::chrono::milliseconds timeout, std::string* why);
-  // A call through shared memory: the frames, then the flat all-reduce, or the TCP stages of other
-  // collectives (already checked).
+  // A call through shared memory: the frames, then the flat all-reduce or the other collectives.
   void runShm(const Call& call, const CallBuffer& buf, bool refused, int tag_group, CallTiming& timing);
-  // The TCP stages of a call whose frames were compared already (or that runs unchecked).
+  // The stages of a call whose frames were compared already (or that runs unchecked).
   void runStages(const Call& call, const CallBuffer& buf, const std::vector<RingStage>& stages, int tag_group,
                  PlanRun* lead, CallTiming& timing);
   // One ring stage over gloo point-to-point on the call's buffer `base`, on payload tag `tag`.
   void runRing(const struct RingStage& st, void* base, int tag);
-  // The tag of stage `stage` of the call in tag group `tag_group` (Note [Tags]).
-  int payloadTag(int tag_group, size_t stage) const;
-  // Note [Pipelined hierarchical all-reduce]: how many pieces a hierarchical all-reduce of `buf`
-  // with its node stages in shared memory is cut into (1: not cut), and running them.
+  int payloadTag(int tag_group, size_t stage) const;  // Note [Tags]
+  // Note [Pipelined hierarchical all-reduce]: how many pieces a call is cut into (1: not cut).
   static int64_t nodePieces(const CallBuffer& buf);
   void runNodePieces(const Call& call, const CallBuffer& buf, int64_t pieces, ShmRing* node, int tag_group);
   // Note [One-shot all-reduce]: the frames carry the tensors; then every rank reduces them.

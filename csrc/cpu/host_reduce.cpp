@@ -101,8 +101,8 @@ void hostReduceInOrder(DType dtype, DType partial, RedOp op, const std::vector<c
       if (out_last != in[0]) std::memcpy(out_last, in[0], static_cast<size_t>(m) * elem);
       continue;
     }
-    // The partial is the second operand, which must never be what the last step writes (dst may
-    // alias only the first): a first input that is dst starts as a copy.
+    // The partial (second operand) must never be what the last step writes: a first input that is
+    // dst starts as a copy.
     const void* acc = in[0];
     DType acc_type = dtype;
     if (convert_first) {

@@ -18,13 +18,11 @@ void hostReduce(RedOp op, const void* a, DType a_type, const void* b, DType b_ty
 // dst[i] = ConvertStep(a[i], predivide) for i < count (Note [First hop] in plan.h); dst may be a.
 void hostConvert(const void* a, DType a_type, void* dst, DType dst_type, int64_t count, double predivide);
 
-// dst = the reduction of inputs[0..n-1] (all of `dtype`), combined in that order, step k computing
-// inputs[k] (op) partial (Note [One-shot all-reduce] in group_runtime.h), so every process that
-// reduces the same inputs gets the same bits as the ring. Partials between steps are of `partial`
-// (partialDType, plan.h: rounded at every step to it); the first is inputs[0] converted to it
-// (Note [First hop]). `scaling`: its predivide applies to every input, its divisor/postscale to the
-// last step (finalScaling). Works in blocks of kReduceInOrderBlock elements, so the partials stay in
-// cache; `scratch` holds kReduceInOrderScratchBytes. dst may be one of the inputs.
+// dst = the reduction of inputs[0..n-1] (all of `dtype`) in the ring's order, step k computing
+// inputs[k] (op) partial (Note [One-shot all-reduce] in group_runtime.h), with partials of `partial`
+// (the first: inputs[0] converted, Note [First hop]); `scaling`'s predivide applies to every input,
+// its divisor/postscale to the last step. Works in cache-sized blocks; `scratch` holds
+// kReduceInOrderScratchBytes. dst may be one of the inputs.
 constexpr int64_t kReduceInOrderBlock = 8192;
 constexpr size_t kReduceInOrderScratchBytes = 2 * kReduceInOrderBlock * 16;  // widest element: complex128
 void hostReduceInOrder(DType dtype, DType partial, RedOp op, const std::vector<const void*>& inputs, void* dst,

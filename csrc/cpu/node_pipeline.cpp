@@ -17,20 +17,15 @@ namespace rr {
 
 // Note [Pipelined hierarchical all-reduce]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Run one after another, the node stages of a hierarchical all-reduce (shared memory: copies and
-// reduces) add their time to the cross-node ring's, during which the cores mostly wait for the link
-// (2 hosts x 2 ranks at 1 Gbit/s: 0.69-0.75x gloo's time against the 0.67x bound of the bytes).
-// With its node stages in shared memory, a large call is therefore cut into pieces, each a
-// hierarchical all-reduce of its own element range (stagesFor on that range): a helper thread runs
-// stage 2 (the cross-node ring) of piece p while the calling thread runs stage 1 of piece p + 1 and
-// then stage 3 of piece p - 1. The node stages are collectives of the node's ranks, so their order
-// is fixed, never taken from what finished first: S1(0), S1(1), S3(0), S1(2), S3(1), ..., S3(P-1),
-// the same on every rank. The pieces depend on (numel, dtype) alone, which the frames agreed on,
-// never on the segment size, so results stay the same whatever RINGREDUCE_SEGMENT_BYTES is (design.md
-// 1.5); stage 2's pieces run one after another on the call's stage-2 tag, so their messages pair in
-// order. An element's sums are those of a hierarchical all-reduce of its piece: bitwise identical
-// on every rank. A failure of either thread interrupts the transport (the
-// group is unusable after it anyway), the other stops, and the first error is raised.
+// Run in sequence, the node stages (shared-memory copies and reduces) add their time to the
+// cross-node ring's, during which the cores mostly wait for the link. So a large call is cut into
+// pieces, each a hierarchical all-reduce of its element range: a helper thread runs stage 2 of
+// piece p while the calling thread runs stage 1 of piece p + 1, then stage 3 of piece p - 1. The node
+// stages are collectives of the node's ranks, so their order is fixed, the same on every rank:
+// S1(0), S1(1), S3(0), S1(2), S3(1), ..., S3(P-1). The pieces depend on (numel, dtype) alone (never
+// on the segment size), and stage 2's pieces run in order on the call's stage-2 tag, so messages
+// pair in order and results are bitwise identical on every rank. A failure of either thread
+// interrupts the transport (the group is unusable anyway), the other stops, the first error raises.
 int64_t GroupRuntime::nodePieces(const CallBuffer& buf) {
   const int64_t bytes = buf.numel * static_cast<int64_t>(dtypeSize(buf.dtype));
   return std::max<int64_t>(1, std::min<int64_t>(kMaxNodePieces, bytes / kNodePieceBytes));
@@ -89,8 +84,8 @@ void GroupRuntime::runNodePieces(const Call& call, const CallBuffer& buf, int64_
   auto third = [&](size_t p) {
     {
       std::unique_lock<std::mutex> lk(m);
-      // Ctrl-C on a call that runs on the caller's thread is seen by its shared-memory waits
-      // (abortReason); asked here too, interrupt() stops the helper's transfers.
+      // Ctrl-C on an inline call is polled by shared-memory waits (abortReason); here too, so that
+      // interrupt() stops the helper's transfers.
       while (crossed <= p && !failed) {
         if (cv.wait_for(lk, std::chrono::milliseconds(50)) == std::cv_status::timeout) {
           lk.unlock();

@@ -31,20 +31,15 @@ size_t spanBytes(const Plan& plan, const Span& s) {
 PlanRun::PlanRun(const Plan& plan, RedOp op, Transport& t, const RingBuffers& buffers, int tag)
     : plan_(plan), op_(op), t_(t), buffers_(buffers), tag_(tag), pending_(static_cast<size_t>(plan.num_exchanges)) {
   // Note [Receives posted early]
-  // gloo's send is a rendezvous: the payload leaves once the receiver's "receive posted" notice has
-  // arrived. Posting a receive together with its exchange's send, as the plan lists them, makes
-  // every exchange whose send waited for a reduce (all of the all-gather) pay that round trip. A
-  // CPU receive lands in a staging slot, and the slot is free once the last compute op that reads
-  // it before the exchange has run (computes run inline, in list order, and each waited for the
-  // receive it reads). So each receive is posted right after that op (right after the first
-  // exchange for a slot not read before), in exchange order, and the exchange op then posts only
-  // its send. The plan is unchanged: only the moment a receive is posted moves, never before its
-  // slot is free (a 16-bit all-gather's convert that forwards a slot reads it too). The executor
-  // tests also run with eager delivery (each message lands the moment both sides have posted it,
-  // the earliest any transport could), where they check exact results.
+  // gloo's send is a rendezvous, so a receive posted with its exchange's send (as the plan lists
+  // them) costs a round trip to every exchange whose send waited for a reduce. A receive's slot is
+  // free once the last compute that reads it has run (computes run inline, in list order), so each
+  // receive is posted right after that op (after the first exchange for a slot not read before), in
+  // exchange order, and the exchange op posts only its send. Only the moment a receive is posted
+  // moves, never before its slot is free (the executor tests also check eager delivery).
   const int64_t nops = static_cast<int64_t>(plan.ops.size());
   post_after_.resize(static_cast<size_t>(nops + 1));  // index i+1: after op i; index 0: before op 0
-  bool sends_from_staging = false;  // never in today's plans; a send would read the slot until it completes
+  bool sends_from_staging = false;  // never in plans; a send would read the slot until it completes
   for (const Op& o : plan.ops)
     if (o.kind == OpKind::kExchange && !o.send.empty() && o.send.buf == BufKind::kStaging) sends_from_staging = true;
   if (!sends_from_staging) {
@@ -63,8 +58,7 @@ PlanRun::PlanRun(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
       const bool free_early = last_receiver[k] <= last_reader[k];
       if (first_exchange < 0) first_exchange = i;
       int64_t at = free_early ? last_reader[k] + 1 : i;
-      // The first exchange goes out first (its receive, then its send); receives that could be
-      // posted at the very start follow right after it.
+      // The first exchange goes out first; receives that could go at the very start follow it.
       if (at <= first_exchange) at = i == first_exchange ? i : first_exchange + 1;
       post_after_[static_cast<size_t>(at)].push_back(o.exchange);
       last_receiver[k] = i;
@@ -73,9 +67,8 @@ PlanRun::PlanRun(const Plan& plan, RedOp op, Transport& t, const RingBuffers& bu
   exchange_op_.assign(static_cast<size_t>(plan.num_exchanges), nullptr);
   for (const Op& o : plan.ops)
     if (o.kind == OpKind::kExchange) exchange_op_[static_cast<size_t>(o.exchange)] = &o;
-  // The leading exchange: the first, when only records precede it, or converts (Note [First hop]
-  // in plan.h) and the waits for them; then its receive may go before the verdict, its send not
-  // (the convert runs in run(), after the verdict).
+  // The leading exchange: the first, when only records, or converts (Note [First hop]) and the
+  // waits for them, precede it; with converts its send waits for run(), after the verdict.
   for (int64_t i = 0; i < nops; ++i) {
     const Op& o = plan.ops[static_cast<size_t>(i)];
     if (o.kind == OpKind::kRecord) continue;
@@ -153,9 +146,8 @@ void PlanRun::run() {
     switch (o.kind) {
       case OpKind::kExchange: {
         Pending& p = pending_.at(static_cast<size_t>(o.exchange));
-        // Receive first so the peer's data has somewhere to land as soon as it is sent.
-        // One tag per exchange (mod kTagsPerCall): several exchanges in flight on one tag make
-        // gloo match them strictly one after another, each paying a full round trip.
+        // Receive first. One tag per exchange (mod kTagsPerCall): exchanges in flight on one tag
+        // make gloo match them strictly one after another, each paying a full round trip.
         const int xtag = tag_ + (o.exchange % kTagsPerCall);
         postReceive(o.exchange, 0);
         if (!o.send.empty() && !p.send_posted)
@@ -187,7 +179,7 @@ void PlanRun::run() {
     }
     postReceives(++op_index);
   }
-  // The plan ends with full waits for every exchange; this is a cheap guarantee, not a second wait.
+  // The plan ends with full waits for every exchange; this only checks it.
   for (int32_t e = 0; e < plan_.num_exchanges; ++e) {
     const Pending& p = pending_[static_cast<size_t>(e)];
     RR_CHECK((p.send < 0 || p.send_waited) && (p.recv < 0 || p.recv_waited), kRuntime,

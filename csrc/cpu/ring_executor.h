@@ -19,19 +19,16 @@ struct RingBuffers {
 // Exchange e of a call uses tag + (e mod kTagsPerCall).
 constexpr int kTagsPerCall = 4096;
 
-// One execution of a plan, in two steps: a caller may post the receives that go before every
-// other message of the call (postLeading) while it still waits for something else, such as the
-// agreement frames (Note [Receives before the verdict] in group_runtime.cpp), and run the plan
-// later. `plan`, `transport` and `buffers` must outlive the PlanRun.
+// One execution of a plan, in two steps: postLeading while the caller still waits for the frames
+// (Note [Receives before the verdict] in group_runtime.cpp), then run(). `plan`, `transport` and
+// `buffers` must outlive the PlanRun.
 class PlanRun {
  public:
   PlanRun(const Plan& plan, RedOp op, Transport& transport, const RingBuffers& buffers, int tag);
-  // Posts what run() would post before anything else, while the caller still waits for something
-  // else (the agreement frames): the receives of the first exchange (and of any exchange posted
-  // with it), each with room for at least `recv_room` bytes (a smaller message may land there;
-  // the slots must be that large: RingBuffers::slot_room), and the first exchange's send when it
-  // is at most `max_send` bytes and no op precedes it but records. Returns the staging slots the
-  // receives land in. Once, before run().
+  // Posts what run() would post first: the receives of the first exchange (and of those posted with
+  // it), each with room for at least `recv_room` bytes (RingBuffers::slot_room), and the first
+  // exchange's send when it is at most `max_send` bytes and only records precede it. Returns the
+  // staging slots the receives land in. Once, before run().
   std::vector<int> postLeading(size_t recv_room, size_t max_send);
   // Whether postLeading would post at least one receive (known before it is called).
   bool postsLeadingReceive() const;
@@ -68,10 +65,8 @@ class PlanRun {
 };
 
 // Runs every op of `plan` in list order: exchanges are posted (several in flight), waits block on
-// the requests of the exchange they name (recv_only waits on its receive request alone), reduces
-// and copies run inline. All messages use `tag`.
-// Throws whatever the transport throws; the caller then abandons the transport and keeps
-// `buffers` alive.
+// the exchange's requests (recv_only: the receive alone), computes run inline. Throws whatever the
+// transport throws; the caller then abandons the transport and keeps `buffers` alive.
 void executePlan(const Plan& plan, RedOp op, Transport& transport, const RingBuffers& buffers, int tag);
 
 }  // namespace rr

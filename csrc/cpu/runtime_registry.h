@@ -1,7 +1,5 @@
-// ringreduce CPU: every ring's GroupRuntime, by owner (a process group, as an opaque pointer) and ring
-// key (csrc/core/collectives.h ringKey), created on first use and destroyed by releaseRuntimesOf()
-// (the group's release) or shutdownAllRuntimes() (interpreter exit). Torch-free: the bindings pass
-// `pg.get()` as the owner.
+// ringreduce CPU: every ring's GroupRuntime, by owner (the process group's pointer) and ringKey,
+// created on first use and destroyed by releaseRuntimesOf() or shutdownAllRuntimes() (exit).
 #pragma once
 
 #include <cstdint>
@@ -20,9 +18,8 @@ std::shared_ptr<GroupRuntime> runtimeFor(const void* owner, const std::vector<in
 std::shared_ptr<GroupRuntime> findRuntime(const void* owner, const std::vector<int>& key);
 // Finishes queued calls and joins every worker; the registry is empty afterwards.
 void shutdownAllRuntimes();
-// Removes every ring of `owner` (a process group being destroyed) from the registry, finishes their
-// queued calls and joins their workers; returns how many there were. A later runtimeFor() with the
-// same address (a new group allocated where the old one was) creates a fresh runtime.
+// Removes every ring of `owner` (a group being destroyed), finishes their queued calls and joins their
+// workers; returns how many. A new group at the same address then gets fresh runtimes.
 int releaseRuntimesOf(const void* owner);
 
 // Sums over every ring of `owner`: staging bytes, all memory held, and payload bytes sent to each of

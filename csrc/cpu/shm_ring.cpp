@@ -38,9 +38,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t
 
 constexpr size_t kFrameSlot = (kFrameBytes + 63) / 64 * 64;
 // How long a waiter spins before it sleeps: long enough to cover a peer's Python between two calls
-// when every rank has a core of its own (2 ranks, 1 KiB back-to-back on 2 vCPUs: 15-18 us per call
-// with 200 us, 74-92 us with 20 us, which sleeps at almost every barrier), short when ranks share
-// cores, where a spinning waiter takes the core its peer needs.
+// when every rank has a core of its own, short when ranks share cores (the spin takes a peer's core).
 std::chrono::microseconds spinFor(int ranks) {
   static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   return std::chrono::microseconds(ranks <= cpus ? 200 : 10);
@@ -48,16 +46,11 @@ std::chrono::microseconds spinFor(int ranks) {
 
 // Note [Barrier wait rule]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// A waiter at a barrier asks where each missing peer last arrived (RankState::cpu, published at
-// every arrival). While they all last ran on other cores it spins (pause instructions, up to
-// spinFor: a peer with a core of its own arrives within microseconds, and a sleeping waiter would
-// pay a futex wake-up on every call). When a missing peer last ran on this waiter's own core, the
-// peer cannot arrive while the waiter holds that core: the waiter yields it (sched_yield), which
-// hands it to the peer at once and needs no wake-up call from it, for at most kYieldFor, and then
-// sleeps on the bell. After spinFor every waiter sleeps: a peer busy elsewhere (its backward pass,
-// or a machine with more busy threads than cores) gets the core back.
-// How long a waiter yields its core to a missing peer that last ran there before it sleeps: a few
-// scheduler hand-offs.
+// A waiter checks where each missing peer last arrived (RankState::cpu). While all ran on other
+// cores it spins, up to spinFor (such a peer arrives within microseconds; sleeping would cost a
+// futex wake-up per call). A missing peer that last ran on the waiter's own core cannot arrive while
+// the waiter holds it: the waiter yields the core (sched_yield, no wake-up needed) for at most
+// kYieldFor (a few scheduler hand-offs), then sleeps on the bell. After spinFor every waiter sleeps.
 constexpr std::chrono::microseconds kYieldFor{50};
 
 size_t ranksOffset() { return sizeof(Header); }
@@ -122,8 +115,6 @@ void ShmRing::barrier() {
   };
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
-  // Spin briefly: a peer running on another core arrives within microseconds. A peer that last ran
-  // on this core cannot arrive while this rank spins there (Note [Shared-memory all-reduce]): sleep.
   auto missingPeerHere = [&] {
     for (int p = 0; p < size_ && cpu >= 0; ++p) {
       const RankState* st = rankState(map_, p);
@@ -132,9 +123,7 @@ void ShmRing::barrier() {
     }
     return false;
   };
-  // Note [Barrier wait rule]: spin while the missing peers last ran on other cores; yield the core
-  // to a missing peer that last ran on this one (no futex round trip: it needs no wake-up), for at
-  // most kYieldFor; then sleep on the bell.
+  // Note [Barrier wait rule]
   const std::chrono::microseconds spin = std::min(spinFor(size_), spin_cap_);
   while (Clock::now() - start < spin) {
     if (missingPeerHere()) {
@@ -281,8 +270,7 @@ void ShmRing::allReduceWire(float* data, int64_t numel, RedOp op, DType partial,
            "ringreduce internal error: allReduceWire of ", redOpName(op), " with ", dtypeName(partial),
            " partials, or after a begin() with data");
   const int n = size_;
-  // The ring's chunks (the gloo ring's and the one-shot's: the segment size never moves them); a
-  // round's segment fits a buffer as float32 (the all-gather's finished elements).
+  // The ring's chunks (never moved by the segment size); a round's segment fits a buffer as float32.
   RingSchedule sched = makeRingSchedule(n, numel, 4, 4, static_cast<int64_t>(kShmBufferBytes));
   // As few rounds as the buffers allow (each costs n barriers), of equal segments.
   const int64_t cap = static_cast<int64_t>(kShmBufferBytes / sizeof(float));
@@ -294,8 +282,7 @@ void ShmRing::allReduceWire(float* data, int64_t numel, RedOp op, DType partial,
   Scaling hop;
   hop.predivide = final.predivide;
   auto range = [&](int chunk, int g) { return sched.segmentRange(modRing(chunk, n), g); };
-  // The all-gather of a round: every other rank's finished segment of its owned chunk, from the
-  // buffer of `parity` it wrote it into.
+  // A round's all-gather: every other rank's finished segment, from its buffer of `parity`.
   auto gather = [&](int g, int parity) {
     for (int p = 0; p < n; ++p) {
       if (p == rank_) continue;
@@ -336,10 +323,8 @@ void ShmRing::allReduceWire(float* data, int64_t numel, RedOp op, DType partial,
   if (pending >= 0) gather(pending, pending_parity);
 }
 
-// Stage 1 of the hierarchical all-reduce in shared memory: piece by piece, every rank copies the
-// piece in, the ranks meet, and each reduces the part of its owned chunk inside the piece, reading
-// every rank's copy (the barrier of the next piece, or of the next call, keeps a buffer from being
-// overwritten while a slower rank still reads it, as in allReduce).
+// Piece by piece: every rank copies the piece in, the ranks meet, and each reduces the part of its
+// owned chunk inside it from every rank's copy (the next barrier protects the buffers, as in allReduce).
 void ShmRing::reduceScatter(void* data, DType dtype, RedOp op, const RingSchedule& sched, const Scaling& final) {
   const int64_t numel = sched.numel;
   if (numel <= 0) return;
@@ -359,8 +344,8 @@ void ShmRing::reduceScatter(void* data, DType dtype, RedOp op, const RingSchedul
   }
 }
 
-// Stage 3: piece by piece, every rank copies the part of its owned chunk inside the piece into its
-// buffer, the ranks meet, and every rank copies the other ranks' parts out.
+// Piece by piece: every rank copies its owned part into its buffer, the ranks meet, and each copies
+// the others' parts out.
 void ShmRing::allGather(void* data, DType dtype, const RingSchedule& sched) {
   const int64_t numel = sched.numel;
   if (numel <= 0) return;

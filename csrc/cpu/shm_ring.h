@@ -3,62 +3,42 @@
 //
 // Note [Shared-memory all-reduce]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The segment holds, per rank, two agreement-frame slots and two data buffers of kShmBufferBytes
-// (alternating by call and by piece, so that a rank writing the next one never overwrites what a
-// slower rank still reads), and one arrival counter per rank for the barrier. A call:
-//   1. writes its frame and copies the first piece of its tensor (up to kShmBufferBytes) into its
-//      own buffer, then meets the others at a barrier; every rank compares all frames (the check
-//      costs no message: it is always on here) and either all go on or all raise;
-//   2. "full" pieces (two ranks, or pieces of at most kShmFullPieceBytes): every rank reduces the
-//      whole piece itself, reading every rank's buffer, into its own tensor; the next piece is
-//      copied in and the ranks meet again (one barrier per piece);
-//      "split" pieces (more ranks, larger pieces): rank r reduces its 1/n of the piece into its own
-//      buffer, the ranks meet, every rank copies every rank's part out, copies the next piece in and
-//      the ranks meet again (two barriers per piece);
-//   3. elements are combined in the ring's order (chunk c of the ring's schedule starts with rank
-//      c's elements, then c + 1's, ...: hostReduceInOrder), so results are bitwise the TCP ring's,
-//      on every rank, for every segment and piece size.
+// The segment holds, per rank, two frame slots and two data buffers of kShmBufferBytes (alternating
+// by call and by piece, so a rank writing the next never overwrites what a slower rank still reads)
+// and an arrival counter for the barrier. A call:
+//   1. writes its frame and its tensor's first piece into its buffer and meets the others at a
+//      barrier; every rank compares all frames (the check costs no message, so it is always on);
+//   2. "full" pieces (two ranks, or at most kShmFullPieceBytes): every rank reduces the whole piece
+//      from every rank's buffer into its own tensor (one barrier per piece); "split" pieces: rank r
+//      reduces its 1/n into its own buffer, the ranks meet, and every rank copies all parts out
+//      (two barriers per piece);
+//   3. elements combine in the ring's order (hostReduceInOrder), so results are bitwise the TCP
+//      ring's on every rank, for every segment and piece size.
 // Note [Half types in shared memory]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Nothing travels over a wire here, so a float16/bfloat16 SUM or AVG costs no bytes for float32
-// partials: by default every reduce keeps the sum of all ranks' elements in float32 (registers and
-// the kReduceInOrderBlock scratch) and rounds once, when it stores the result (AVG: the float32 sum
-// divided by n, then rounded). The result is correctly rounded wherever the float32 sum is exact,
-// and identical on every rank (one owner per element in split pieces, the same order everywhere in
-// full ones). accum_dtype set to the tensor's own dtype (CallOptions::accum_narrow) keeps the
-// ring's per-hop rounding; gloo point-to-point and NCCL keep it by default, since there float32
-// partials double the bytes (docs/design.md section 1.5).
+// Nothing crosses a wire here, so float32 partials cost no bytes: a float16/bfloat16 SUM or AVG
+// keeps the sum of all ranks in float32 by default and rounds once, when it stores (AVG: divided by
+// n first). Identical on every rank (one owner per element, one order). accum_dtype set to the
+// tensor's own dtype (CallOptions::accum_narrow) keeps the ring's per-hop rounding, which gloo and
+// NCCL keep by default since there float32 partials double the bytes (docs/design.md section 1.5).
 // Note [Shared-memory 16-bit wire]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A float32 all-reduce with 16-bit partials (wire_dtype; Note [Reduction contract] in
-// csrc/core/functors.h) cannot read every rank's float32 copy the way the direct algorithm does and
-// still save anything: the hops of the ring are what it rounds. So larger ones run the ring itself
-// in the segment (allReduceWire), round by round; round g covers segment g of every chunk of the
-// ring's schedule (so ranks work on different chunks at once, as on the wire). Step s of a round:
-// rank r makes the partial of chunk r - s: s = 0 converts its own float32 elements to 16 bits
-// (Note [First hop] in plan.h), 0 < s < n - 1 adds its float32 elements to the previous rank's
-// 16-bit partial in float32 and stores 16 bits, and s = n - 1 (its owned chunk) stores the float32
-// result, scaled once, into its tensor and its buffer; after each step the ranks meet. The next
-// round's first step then copies every other rank's finished float32 segment out (the all-gather).
-// Partials and results alternate between the two buffers of a rank by step, so no rank writes a
-// buffer that another may still read. The arithmetic is the gloo ring's, step for step, so the bits
-// are the same as over gloo and the one-shot path (and as allReduce's emulation for small tensors).
-// A rank moves 2 bytes per element of a partial where the direct algorithm reads 4 per rank; the
-// all-gather still moves float32 (docs/algorithm.md, docs/performance.md).
+// A float32 all-reduce with 16-bit partials reproduces the ring's hops, which are what it rounds, so
+// larger ones run the ring itself in the segment (allReduceWire), round by round; round g covers
+// segment g of every chunk. At step s rank r makes the partial of chunk r - s: s = 0 converts its
+// float32 elements (Note [First hop] in plan.h), 0 < s < n - 1 adds its elements to the previous
+// rank's 16-bit partial and stores 16 bits, s = n - 1 stores the scaled float32 result into its
+// tensor and buffer; the ranks meet after each step, and the next round's first step copies the
+// finished segments out (the all-gather). Buffers alternate by step. Same arithmetic as the gloo
+// ring and the one-shot, so the same bits; a partial moves 2 bytes per element.
 //
-// The barrier: a rank publishes its arrival (release), then spins briefly on the others' counters
-// and sleeps on a futex word that every arrival bumps (and wakes only when someone sleeps): with
-// more busy threads than cores, a spinning waiter would take the core its peer needs. Each rank
-// publishes the core it arrived on; a waiter does not spin at all while a missing peer last ran on
-// its own core (two ranks that the scheduler put on one core, beside other load: 2 ranks, 1 KiB on
-// 2 vCPUs pinned to one core, 290 us per call spinning out the 200 us, 62-70 us sleeping at once;
-// 16 us on two cores either way). A peer that
-// dies is noticed by its pid within kShmLivenessPoll; a silent one at the timeout: both are
-// rr::Error(kBackend), and the ring is never used again. A rank whose barrier fails (a dead or
-// silent peer, Ctrl-C) marks itself as gone in the segment, so that the others raise at their next
-// liveness poll instead of at their timeout. Nothing is ever read from the segment
-// into user memory before the barrier that publishes it, so a peer that dies mid-call cannot leave
-// garbage in a tensor of a call that then succeeds.
+// The barrier (Note [Barrier wait rule] in shm_ring.cpp): a rank publishes its arrival (release),
+// spins briefly on the others' counters, then sleeps on a futex word that every arrival bumps.
+// A dead peer is noticed by its pid within kShmLivenessPoll, a silent one at the timeout: both
+// raise rr::Error(kBackend) and the ring is never used again. A rank whose barrier fails marks
+// itself gone in the segment, so the others raise at their next liveness poll. Nothing is read
+// from the segment into user memory before the barrier that publishes it, so a peer dying
+// mid-call cannot leave garbage in the tensor of a call that succeeds.
 #pragma once
 
 #include <chrono>
@@ -80,49 +60,40 @@ constexpr auto kShmAbortPoll = std::chrono::milliseconds(50);
 
 class ShmRing {
  public:
-  // Bytes of the segment of a ring of `size` ranks (the memory bound: about 2 x size x kShmBufferBytes).
+  // Bytes of the segment of a ring of `size` ranks (about 2 x size x kShmBufferBytes).
   static size_t segmentBytes(int size);
 
   // `mapping`: the ring's segment (agreeOnSegment). Publishes this process's pid.
   ShmRing(ShmMapping mapping, int rank, int size);
 
   void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
-  // The longest a barrier spins before it sleeps (Note [Shared-memory all-reduce]; the default
-  // depends on ranks and cores): a call that overlaps with the caller's own work (an async call on
-  // the ring's worker) spins briefly, since its spin takes a core from that work.
+  // The longest a barrier spins before it sleeps: short for a call that overlaps the caller's own
+  // work (an async call on the worker), whose core the spin would take.
   void setSpinCap(std::chrono::microseconds cap) { spin_cap_ = cap; }
-  // Asked while a barrier waits (at least every kShmAbortPoll): a non-empty reason ends the wait
+  // Polled while a barrier waits (at least every kShmAbortPoll): a non-empty reason ends the wait
   // with rr::Error(kBackend, reason) (Note [Interrupting a wait]). Set before a call, never during.
   void setAbortCheck(AbortCheck check) { abort_ = std::move(check); }
 
-  // Step 1 of the call: publishes `mine` and, when `data` is not null, the first piece of the
-  // call's tensor, meets the others, and returns every rank's frame, by ring rank.
+  // Step 1 of a call: publishes `mine` and, when `data` is not null, the first piece of the tensor,
+  // meets the others, and returns every rank's frame, by ring rank.
   std::vector<Frame> begin(const Frame& mine, const void* data, int64_t numel, DType dtype);
-  // Steps 2-3, after begin() with the same tensor and a verdict that passed: `data` becomes the
-  // reduction over the ring, in place, with partials of `partial` between hops (partialDType,
-  // plan.h) and `final` the scaling of the last hop (finalScaling, functors.h: AVG divides by the
-  // ring's size once; its predivide applies to every contribution).
+  // Steps 2-3, after begin() with the same tensor and a passed verdict: `data` becomes the ring's
+  // reduction, in place, with partials of `partial` between hops (partialDType, plan.h) and `final`
+  // the last hop's scaling (finalScaling, functors.h).
   void allReduce(void* data, int64_t numel, DType dtype, RedOp op, DType partial, const Scaling& final);
-  // Note [Shared-memory 16-bit wire]: the float32 all-reduce of `data` with 16-bit partials of
-  // `partial` (SUM or AVG; `final` as in allReduce), after begin() without data and a verdict that
-  // passed. Bitwise allReduce's result.
+  // Note [Shared-memory 16-bit wire]: after begin() without data; bitwise allReduce's result.
   void allReduceWire(float* data, int64_t numel, RedOp op, DType partial, const Scaling& final);
   // Whether allReduceWire pays off for `numel` float32 elements (else allReduce emulates the hops).
   static bool wireRingPays(int64_t numel);
 
-  // The ring halves over `sched` (this ring's size; owner(r) = ownedChunk(r), chunk c starting at
-  // the rank after its owner): reduce_scatter and all_gather after begin() (Note [Ring halves] in
-  // plan.h), and the node stages of the hierarchical all-reduce (Note [Hierarchical all-reduce] in
-  // csrc/core/collectives.h), which need no frames (the whole ring compared them).
-  // reduceScatter: this rank's owned chunk of `data` becomes the ring's reduction of it, combined
-  // in the ring's order (AVG divides by the ring's size); the rest of `data` is left as it was.
-  // allGather: every rank's owned chunk is copied from its owner into `data`.
-  // `final`: the scaling of the last hop, as in allReduce (Plan::finalScaling of the stage).
+  // The ring halves over `sched` (Note [Ring halves] in plan.h): reduce_scatter and all_gather after
+  // begin(), and the node stages of the hierarchical all-reduce (no frames: the whole ring compared
+  // them). reduceScatter: this rank's owned chunk of `data` becomes its reduction in the ring's
+  // order, the rest is left as it was; allGather: every owned chunk is copied from its owner.
   void reduceScatter(void* data, DType dtype, RedOp op, const struct RingSchedule& sched, const Scaling& final);
   void allGather(void* data, DType dtype, const struct RingSchedule& sched);
 
-  // The next barrier's generation; the same on every rank that made the same calls (for tests).
-  uint64_t generation() const { return generation_; }
+  uint64_t generation() const { return generation_; }  // the next barrier's (for tests)
 
  private:
   char* buffer(int rank, int parity) const;

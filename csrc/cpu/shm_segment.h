@@ -3,14 +3,12 @@
 //
 // Note [Shared-memory segments]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// One segment per ring. Ring index 0 creates it (name "/ringreduce-<pid>-<random>", O_EXCL, mode
-// 0600), every other rank maps it and says so through the store, and the creator unlinks it as soon
-// as every rank has answered: from then on the segment exists only as mappings, and the kernel frees
-// it when the last process that maps it exits, however it exits (SIGKILL included). Whether the ring
-// uses shared memory is decided by rank 0 from what every rank reports (its host: hostname and
-// /proc/sys/kernel/random/boot_id, never an environment variable; whether it wants shared memory,
-// RINGREDUCE_SHM), and confirmed by every rank's answer after mapping; every rank reaches the same
-// decision, or the ring falls back to gloo point-to-point on every rank, with the reason.
+// One segment per ring. Ring index 0 creates it (O_EXCL, mode 0600), every other rank maps it and
+// says so through the store, and the creator unlinks it once every rank answered: the kernel then
+// frees it when the last process that maps it exits, however it exits (SIGKILL included). Rank 0
+// decides from every rank's report (its host: hostname and boot_id, never an environment variable;
+// and RINGREDUCE_SHM), confirmed by every rank's answer after mapping: every rank uses the segment,
+// or every rank falls back to gloo point-to-point, with the reason.
 #pragma once
 
 #include <chrono>
@@ -32,8 +30,8 @@ class KeyValueStore {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // The value of `key` if it is set (false: not yet), without blocking.
   virtual bool tryGet(const std::string& key, std::string* value) = 0;
-  // Waits until `key` is set, polling every millisecond; throws rr::Error(kBackend) after `timeout`,
-  // or with abort()'s reason when it says so (abort may be empty).
+  // Waits until `key` is set (polling every millisecond); throws rr::Error(kBackend) after `timeout`
+  // or with abort()'s reason (abort may be empty).
   std::string get(const std::string& key, std::chrono::milliseconds timeout, const AbortCheck& abort);
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 };
@@ -42,16 +40,14 @@ class KeyValueStore {
 // share /dev/shm too only in some setups, which is why every rank must also map the segment.
 std::string hostIdentity();
 
-// A mapped segment. Unmapped only by unmap(); a failed ring keeps its mapping for the rest of the
-// process (Note [Failed calls keep their buffers] in group_runtime.h).
+// A mapped segment; a failed ring keeps it mapped (Note [Failed calls keep their buffers]).
 struct ShmMapping {
   void* base = nullptr;
   size_t bytes = 0;
   void unmap();
 };
 
-// Creates and maps a new segment of `bytes` (zeroed) named `name` ("/ringreduce-..."); returns ""
-// on success, else why it could not (no space in /dev/shm, creation or mapping failed).
+// Creates and maps a new zeroed segment; returns "" on success, else why not.
 std::string createSegment(const std::string& name, size_t bytes, ShmMapping* out);
 // Maps an existing segment; returns "" on success, else why not.
 std::string openSegment(const std::string& name, size_t bytes, ShmMapping* out);
@@ -59,11 +55,9 @@ void unlinkSegment(const std::string& name);
 // A fresh segment name: "/ringreduce-<pid>-<random>".
 std::string newSegmentName();
 
-// Note [Shared-memory segments]: the agreement of one ring. `ring_rank`/`ring_size`: this process's
-// place in the ring; `prefix`: store keys of this ring (unique per ring and setup); `want`: this rank
-// wants shared memory (RINGREDUCE_SHM). On success returns "" and the mapping; otherwise the reason,
-// the same on every rank, and no mapping.
-// `abort`: as KeyValueStore::get (Ctrl-C during the setup).
+// Note [Shared-memory segments]: the agreement of one ring. `prefix`: its store keys (unique per
+// ring and setup); `want`: RINGREDUCE_SHM; `abort`: as KeyValueStore::get. Returns "" and the
+// mapping, or the reason (the same on every rank) and no mapping.
 std::string agreeOnSegment(KeyValueStore& store, const std::string& prefix, int ring_rank, int ring_size,
                            size_t bytes, bool want, std::chrono::milliseconds timeout, ShmMapping* out,
                            const AbortCheck& abort = nullptr);
