@@ -26,7 +26,7 @@
 #
 # Time: every step has a limit and the part a budget (GPU_CHECK_BUDGET overrides it); a step the budget
 # cannot hold any more is "not run". The GPU suite's jobs end 30 s before their step's limit
-# (RINGREDUCE_GPU_DEADLINE, tests/gpu/gpu_ranks.py), printing where every rank waits.
+# (RINGREDUCE_GPU_DEADLINE, tests/ranks.py), printing where every rank waits.
 # Output: one results folder (RESULTS, default benchmarks/results/gpu_check-<part>-<UTC time>; without
 # a GPU a temporary folder): the log, summary.txt written line by line as each step ends (a command
 # cut short still says what it found), then the whole summary again at the end. Where OUT is set (the
@@ -151,7 +151,7 @@ step() {  # step NAME LIMIT_S CMD...: runs CMD (at most LIMIT_S s, within the bu
   fi
   say "---- $name (limit $limit s): $*"
   local t0=$SECONDS rc
-  # The GPU tests' harness ends its jobs 30 s before the limit (tests/gpu/gpu_ranks.py): a hang is
+  # The GPU tests' harness ends its jobs 30 s before the limit (tests/ranks.py): a hang is
   # reported with every rank's stacks, and pytest's summary still prints, before timeout kills it.
   RINGREDUCE_GPU_DEADLINE="$(($(date +%s) + (limit > 60 ? limit - 30 : limit / 2)))" timeout --kill-after=20 "$limit" "$@" 2>&1 | tee -a "${LOGS[@]}"
   rc=${PIPESTATUS[0]}

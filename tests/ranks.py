@@ -1,23 +1,41 @@
-"""Multi-process test harness: gloo ranks on loopback, with kill timeouts and exit codes checked.
+"""The tests' multi-process harness: ranks on loopback for the CPU suites and, through the GPU layer
+tests/gpu/gpu_ranks.py (which GPU each rank uses, NCCL's environment, the skips), for the GPU tests.
 
 ``run_ranks(n, fn, *args)`` runs ``fn(rank, world_size, *args)`` on every rank of a persistent pool
 of n processes (one pool per world size and CPU transport, reused across tests so the suite stays
 fast) and returns the per-rank results. The transport (``transport="shm"`` or ``"tcp"``, default
 DEFAULT_TRANSPORT, which conftest.py sets for modules that run over both) is fixed when a pool
-starts: a ring decides on shared memory at its first call (RINGREDUCE_SHM). ``fn`` must be a module-level function of an importable module (a test file).
-If any rank raises, the test fails with every rank's traceback; if the ranks do not finish within
-``timeout`` seconds the pool is killed and the test fails. ``spawn_ranks`` runs one job on fresh
-processes (for tests that kill ranks or poison their groups) and reports exit codes.
+starts: a ring decides on shared memory at its first call (RINGREDUCE_SHM). ``spawn_ranks`` runs one
+job on fresh processes (for tests that kill ranks or poison their groups) and reports every rank's
+status and exit code. ``fn`` must be a module-level function of an importable module (a test file).
+
+Every group of ranks (RankGroup; a RankKind says how its processes start):
+
+* **Failures are reported at once**: the parent polls every rank's pipe and exit code; a rank that
+  dies (a signal, an unexpected exit) fails the test within a second or two with its exit code, the
+  signal's name and the tail of what it printed (each rank's stdout and stderr go to a log file;
+  faulthandler prints the Python stack of a crash there), after the other ranks got GRACE_S to
+  report. A rank that raises fails the test with its traceback; a job that exceeds ``timeout`` is
+  killed after every rank printed the Python stacks of its threads (faulthandler on SIGUSR1), so a
+  hang says where it hung. Either way the pool is discarded: the next test starts on fresh ranks.
+* **Startup** (process start and process group creation, at most STARTUP_S) is not charged to the
+  first job's timeout.
+* **A deadline for the whole run**: ``RINGREDUCE_GPU_DEADLINE`` (Unix time; scripts/gpu_check.sh
+  sets it a little before its step's limit) shortens every job's timeout and the ranks' startup to
+  what is left before it, so a hang is reported, stacks and all, before the step's own limit kills
+  pytest and with it every rank; once it has passed, the remaining tests skip.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -26,10 +44,16 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
+
 _CTX = mp.get_context("spawn")
 DEFAULT_TIMEOUT = 180.0
 TRANSPORTS = {"shm": "1", "tcp": "0"}  # RINGREDUCE_SHM of a pool's processes
 DEFAULT_TRANSPORT = "shm"  # the library's default for ranks of one host
+GRACE_S = 5.0  # after a rank died: how long the others may still report before they are killed
+STARTUP_S = 180.0  # process start and process group creation, before the first job
+LOG_TAIL = 4000  # characters of a failed rank's output in the report
+DEADLINE_VAR = "RINGREDUCE_GPU_DEADLINE"  # Unix time by which every job must have ended (gpu_check.sh's step limit)
 
 
 @contextlib.contextmanager
@@ -53,28 +77,89 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _init(rank: int, world_size: int, init_file: str, pg_timeout: float) -> None:
-    import torch.distributed as dist
-
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=pg_timeout),
-    )
+def time_left() -> float | None:
+    """Seconds left before $RINGREDUCE_GPU_DEADLINE (None when it is unset)."""
+    raw = os.environ.get(DEADLINE_VAR, "")
+    if not raw:
+        return None
+    try:
+        deadline = float(raw)
+    except ValueError:
+        raise ValueError(f"{DEADLINE_VAR}={raw!r} is not a Unix time in seconds") from None
+    return deadline - time.time()
 
 
-def _pool_main(rank: int, world_size: int, init_file: str, conn: Any, sys_path: list[str], pg_timeout: float,
-               shm: str) -> None:
+def within_deadline(seconds: float) -> tuple[float, str]:
+    """`seconds`, shortened to the time left before the run's deadline, and what limited it ("" when
+    not the deadline); skips the test when the deadline has passed."""
+    left = time_left()
+    if left is None or left >= seconds:
+        return seconds, ""
+    if left < 1.0:
+        pytest.skip(f"not run: the deadline of this run ({DEADLINE_VAR}, scripts/gpu_check.sh's step limit) has passed")
+    return left, f", all that was left before {DEADLINE_VAR}"
+
+
+def describe_exit(code: int | None) -> str:
+    """'exit code 3', 'SIGSEGV (exit code -11)', 'still running'."""
+    if code is None:
+        return "still running"
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"{name} (exit code {code})"
+
+
+class RankKind:
+    """How a rank's process starts: this class, the CPU suites' gloo ranks (one torch thread each);
+    tests/gpu/gpu_ranks.py's GpuRank, the GPU tests'. Pickled to every rank."""
+
+    name = "rank"  # the processes' names: "rank 0", ...
+    folder = "rr_ranks_"  # prefix of the group's temporary folder (init file, rank logs)
+    pg_timeout = 60.0  # the process group's timeout (s)
+
+    def __init__(self, pg_timeout: float | None = None) -> None:
+        if pg_timeout is not None:
+            self.pg_timeout = pg_timeout
+
+    def start(self, rank: int, world_size: int) -> str:
+        """Prepares the rank's process before its process group is created; returns the backend."""
+        import torch
+
+        torch.set_num_threads(1)
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        return "gloo"
+
+    def after_job(self, rank: int) -> None:
+        """Runs after every job of the rank, as part of the job (an exception fails it)."""
+
+
+def _rank_main(rank: int, world_size: int, kind: RankKind, init_file: str, log_path: str, conn: Any,
+               sys_path: list[str], base_env: dict, one_job: bool) -> None:
+    # Everything this rank prints goes to its log (the parent reports its tail when the rank fails);
+    # faulthandler writes the Python stack of a fatal signal there too.
+    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - open for the life of the process
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    faulthandler.enable(log)
+    faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)  # the parent asks before killing a hung rank
     sys.path[:] = sys_path
-    os.environ["RINGREDUCE_SHM"] = shm
-    import torch
+    os.environ.update(base_env)
+    try:
+        import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    _init(rank, world_size, init_file, pg_timeout)
+        backend = kind.start(rank, world_size)
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=kind.pg_timeout))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        conn.send(("err", f"process group setup failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        return
+    conn.send(("ready", None))
     while True:
         try:
             job = conn.recv()
@@ -86,108 +171,219 @@ def _pool_main(rank: int, world_size: int, init_file: str, conn: Any, sys_path: 
         try:
             with job_environ(env):
                 result = fn(rank, world_size, *args, **kwargs)
+                kind.after_job(rank)
             conn.send(("ok", result))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             conn.send(("err", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-    try:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - exiting anyway
-        pass
+        if one_job:  # spawn_ranks: the process exits with its group as the job left it
+            return
+    dist.destroy_process_group()
 
 
-class RankPool:
-    def __init__(self, world_size: int, pg_timeout: float = 60.0, transport: str = "shm") -> None:
+class RankGroup:
+    """`world_size` rank processes with a process group, running jobs until closed (`one_job`: the
+    processes exit after their first job, without destroy_process_group)."""
+
+    def __init__(self, world_size: int, kind: RankKind, base_env: dict | None = None, one_job: bool = False,
+                 daemon: bool = False) -> None:
         self.world_size = world_size
-        self.tmp = tempfile.mkdtemp(prefix="rr_pool_")
+        self.tmp = tempfile.mkdtemp(prefix=kind.folder)
         init_file = os.path.join(self.tmp, "init")
-        self.conns = []
-        self.procs = []
-        for rank in range(world_size):
+        self.logs = [os.path.join(self.tmp, f"rank{r}.log") for r in range(world_size)]
+        self.offsets = [0] * world_size  # where the current job's output starts in each log
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        self.broken = False
+        self.ready = False
+        for r in range(world_size):
             parent, child = _CTX.Pipe()
-            p = _CTX.Process(
-                target=_pool_main,
-                args=(rank, world_size, init_file, child, list(sys.path), pg_timeout, TRANSPORTS[transport]),
-                daemon=True,
-            )
+            p = _CTX.Process(target=_rank_main, name=f"{kind.name} {r}", daemon=daemon,
+                             args=(r, world_size, kind, init_file, self.logs[r], child, list(sys.path),
+                                   dict(base_env or {}), one_job))
             p.start()
             child.close()
-            self.conns.append(parent)
             self.procs.append(p)
-        self.broken = False
+            self.conns.append(parent)
 
-    def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict, env: dict, timeout: float) -> list[Any]:
-        for c in self.conns:
-            c.send((fn, args, kwargs, env))
+    def output(self, rank: int, since_job: bool = True) -> str:
+        try:
+            with open(self.logs[rank], errors="replace") as f:
+                f.seek(self.offsets[rank] if since_job else 0)
+                text = f.read()
+        except OSError:
+            return ""
+        return text[-LOG_TAIL:] if len(text) > LOG_TAIL else text
+
+    def wait_ready(self, fn: Callable, limit: float = STARTUP_S) -> None:
+        """Every rank has its process group (startup is not charged to the first job's timeout)."""
+        startup_s, _ = within_deadline(limit)
+        deadline = time.monotonic() + startup_s
+        problems = []
+        for r, (conn, proc) in enumerate(zip(self.conns, self.procs, strict=True)):
+            while not conn.poll(0.05):
+                if not proc.is_alive() or time.monotonic() > deadline:
+                    break
+            try:
+                status, payload = conn.recv() if conn.poll(0) else ("died", None)
+            except (EOFError, OSError):
+                status, payload = "died", None
+            if status == "err":
+                problems.append(f"--- rank {r}: {payload}")
+            elif status == "died":
+                proc.join(timeout=2)
+                what = describe_exit(proc.exitcode) if not proc.is_alive() else f"not ready within {startup_s:.0f} s"
+                problems.append(f"--- rank {r} did not start: {what}; its output:\n"
+                                f"{self.output(r, False) or '(nothing)'}")
+        if problems:
+            self.kill()
+            pytest.fail(f"{fn.__name__}: the ranks did not start\n" + "\n".join(problems), pytrace=False)
+        self.ready = True
+
+    def collect(self, fn: Callable, args: tuple, kwargs: dict, env: dict, timeout: float, exits: dict[int, int],
+                grace: float | None) -> tuple[list[Any], dict[int, str], dict[int, int | None], set[int]]:
+        """Sends the job to every rank and polls them until each answered or died, the timeout passed or
+        (`grace` not None) `grace` s after the first rank died or raised. Returns the results, the
+        tracebacks of ranks that raised, the exit codes of ranks that died (other than as `exits`
+        allows: those give None) and the ranks still running."""
+        for r in range(self.world_size):
+            try:
+                self.offsets[r] = os.path.getsize(self.logs[r])
+            except OSError:
+                self.offsets[r] = 0
+            self.conns[r].send((fn, args, kwargs, env))
         results: list[Any] = [None] * self.world_size
         errors: dict[int, str] = {}
-        deadline = time.monotonic() + timeout
+        dead: dict[int, int | None] = {}
         pending = set(range(self.world_size))
+        deadline = time.monotonic() + timeout
+        first_failure: float | None = None  # a rank died or raised: the others get `grace` to report
         while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.kill()
-                raise AssertionError(
-                    f"ranks {sorted(pending)} of {self.world_size} did not finish {fn.__name__} within "
-                    f"{timeout:.0f} s (pool killed)" + _fmt_errors(errors)
-                )
-            for r in list(pending):
-                if self.conns[r].poll(min(left, 0.05)):
+            now = time.monotonic()
+            if now > deadline or (grace is not None and first_failure is not None and now - first_failure > grace):
+                break
+            for r in sorted(pending):
+                conn, proc = self.conns[r], self.procs[r]
+                if conn.poll(0.02):
                     try:
-                        status, payload = self.conns[r].recv()
-                    except (EOFError, OSError):
-                        self.kill()
-                        raise AssertionError(
-                            f"rank {r} died (exit code {self.procs[r].exitcode}) while running {fn.__name__}"
-                            + _fmt_errors(errors)
-                        ) from None
+                        status, payload = conn.recv()
+                    except (EOFError, OSError):  # died while (or instead of) answering
+                        proc.join(timeout=5)
+                        pending.discard(r)
+                        if not (r in exits and proc.exitcode == exits[r]):  # else: died as the test meant it to
+                            dead[r] = proc.exitcode
+                            first_failure = first_failure or time.monotonic()
+                        continue
                     pending.discard(r)
                     if status == "ok":
                         results[r] = payload
                     else:
                         errors[r] = payload
-                elif not self.procs[r].is_alive():
-                    self.kill()
-                    raise AssertionError(
-                        f"rank {r} died (exit code {self.procs[r].exitcode}) while running {fn.__name__}"
-                        + _fmt_errors(errors)
-                    )
-        if errors:
-            raise AssertionError(f"{fn.__name__} failed on ranks {sorted(errors)}" + _fmt_errors(errors))
+                        first_failure = first_failure or time.monotonic()
+                elif not proc.is_alive():
+                    proc.join(timeout=1)
+                    if conn.poll(0):  # its answer arrived just before it exited
+                        continue
+                    pending.discard(r)
+                    if r in exits and proc.exitcode == exits[r]:
+                        continue  # died as the test meant it to
+                    dead[r] = proc.exitcode
+                    first_failure = first_failure or time.monotonic()
+        return results, errors, dead, pending
+
+    def run(self, fn: Callable, args: tuple, kwargs: dict, env: dict, timeout: float,
+            exits: dict[int, int]) -> list[Any]:
+        """Runs fn on every rank; returns the results, or fails the test with every failed rank's report
+        (and stops the group)."""
+        if not self.ready:
+            self.wait_ready(fn)
+        timeout, cut = within_deadline(timeout)
+        results, errors, dead, pending = self.collect(fn, args, kwargs, env, timeout, exits, GRACE_S)
+        if pending and not (dead or errors):  # a hang: where is every rank stuck? (Python stacks)
+            for r in pending:
+                if self.procs[r].is_alive() and self.procs[r].pid is not None:
+                    os.kill(self.procs[r].pid, signal.SIGUSR1)
+            time.sleep(1.0)
+        if pending or dead or errors:
+            self._stop()  # the logs stay until the report below has read them
+        report = []
+        for r, code in sorted(dead.items()):
+            report.append(f"--- rank {r} died: {describe_exit(code)} while running {fn.__name__}; its output:\n"
+                          f"{self.output(r) or '(nothing)'}")
+        for r in sorted(pending):
+            why = "did not finish within the timeout" if not (dead or errors) else "still running after a rank failed"
+            report.append(f"--- rank {r} {why} ({timeout:.0f} s for {fn.__name__}{cut}; killed); its output:\n"
+                          f"{self.output(r) or '(nothing)'}")
+        for r, tb in sorted(errors.items()):
+            out = self.output(r)
+            report.append(f"--- rank {r} raised:\n{tb}" + (f"\n    its output:\n{out}" if out.strip() else ""))
+        if report:
+            parts = [f"rank {r} {describe_exit(c)}" for r, c in sorted(dead.items())]
+            parts += [f"ranks {sorted(errors)} raised"] if errors else []
+            parts += [f"ranks {sorted(pending)} did not finish"] if pending else []
+            head = f"{fn.__name__} failed on {self.world_size} ranks: " + "; ".join(parts)
+            self._remove_files()
+            pytest.fail(head + "\n" + "\n".join(report), pytrace=False)
         return results
 
+    def close(self, exits: dict[int, int] | None = None, timeout: float = 60.0) -> list[str]:
+        """Ends every rank (destroy_process_group, exit); returns problems with exit codes."""
+        exits = exits or {}
+        if self.broken:
+            return []
+        self.broken = True
+        for c in self.conns:
+            try:
+                c.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        problems = []
+        deadline = time.monotonic() + timeout
+        for r, p in enumerate(self.procs):
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+                problems.append(f"rank {r} did not exit within {timeout:.0f} s after its last job (killed); "
+                                f"its output:\n{self.output(r)}")
+            elif p.exitcode != exits.get(r, 0):
+                problems.append(f"rank {r} exited with {describe_exit(p.exitcode)}; its output:\n{self.output(r)}")
+        self._remove_files()
+        return problems
+
     def kill(self) -> None:
+        """Kills every rank and removes the group's folder (logs, init file)."""
+        self._stop()
+        self._remove_files()
+
+    def _stop(self) -> None:
         self.broken = True
         for p in self.procs:
             if p.is_alive():
                 p.kill()
         for p in self.procs:
             p.join(timeout=10)
-        shutil.rmtree(self.tmp, ignore_errors=True)  # the rendezvous file: nothing left in /tmp
 
-    def close(self) -> None:
-        if self.broken:
-            return
-        for c in self.conns:
-            try:
-                c.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-        for p in self.procs:
-            p.join(timeout=20)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        self.broken = True
+    def _remove_files(self) -> None:
+        """The group's folder goes once nothing reads its logs any more: after a failure's report is
+        built, or when the group is closed or killed."""
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _fmt_errors(errors: dict[int, str]) -> str:
-    return "".join(f"\n--- rank {r} ---\n{msg}" for r, msg in sorted(errors.items()))
+_POOLS: dict[tuple, RankGroup] = {}
 
 
-_POOLS: dict[tuple[int, str], RankPool] = {}
+def pool(key: tuple, world_size: int, kind: RankKind, base_env: dict | None = None, daemon: bool = False) -> RankGroup:
+    """The persistent group of `key`, started anew when there is none or the last one broke."""
+    group = _POOLS.get(key)
+    if group is None or group.broken:
+        group = _POOLS[key] = RankGroup(world_size, kind, base_env, daemon=daemon)
+    return group
+
+
+def close_pools() -> None:
+    for group in _POOLS.values():
+        group.close()
+    _POOLS.clear()
 
 
 def run_ranks(
@@ -200,37 +396,27 @@ def run_ranks(
     **kwargs: Any,
 ) -> list[Any]:
     """Runs fn(rank, world_size, *args, **kwargs) on a persistent pool; returns per-rank results."""
-    key = (world_size, transport or DEFAULT_TRANSPORT)
-    pool = _POOLS.get(key)
-    if pool is None or pool.broken:
-        pool = RankPool(world_size, transport=key[1])
-        _POOLS[key] = pool
+    within_deadline(timeout)  # past the run's deadline: skip before any process starts
+    transport = transport or DEFAULT_TRANSPORT
+    group = pool(("cpu", world_size, transport), world_size, RankKind(),
+                 {"RINGREDUCE_SHM": TRANSPORTS[transport]}, daemon=True)
+    return group.run(fn, args, kwargs, dict(env or {}), timeout, {})
+
+
+def run_fresh(world_size: int, kind: RankKind, fn: Callable[..., Any], args: tuple, env: dict | None,
+              timeout: float, exits: dict[int, int] | None) -> list[Any]:
+    """Runs fn on fresh processes (`env` set as they start) and fails the test unless every rank then
+    exits with code 0, or exits[rank] (such a rank may also die without a result: None)."""
+    group = RankGroup(world_size, kind, env)
     try:
-        return pool.run(fn, args, kwargs, env or {}, timeout)
-    except AssertionError:
-        # A failed job may leave a rank blocked in a collective: start the next test on fresh ranks.
-        pool.kill()
+        results = group.run(fn, args, {}, {}, timeout, exits or {})
+    except BaseException:
+        group.kill()
         raise
-
-
-def close_pools() -> None:
-    for pool in _POOLS.values():
-        pool.close()
-    _POOLS.clear()
-
-
-def _spawn_main(rank: int, world_size: int, init_file: str, fn: Callable[..., Any], args: tuple, env: dict,
-                sys_path: list[str], pg_timeout: float, conn: Any) -> None:
-    sys.path[:] = sys_path
-    os.environ.update({k: str(v) for k, v in env.items()})
-    import torch
-
-    torch.set_num_threads(1)
-    _init(rank, world_size, init_file, pg_timeout)
-    try:
-        conn.send(("ok", fn(rank, world_size, *args)))
-    except BaseException as exc:  # noqa: BLE001
-        conn.send(("err", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    problems = group.close(exits)
+    if problems:
+        pytest.fail(f"{fn.__name__}: after the job\n" + "\n".join(problems), pytrace=False)
+    return results
 
 
 def spawn_ranks(
@@ -241,47 +427,30 @@ def spawn_ranks(
     env: dict | None = None,
     pg_timeout: float = 60.0,
 ) -> list[tuple[str, Any, int | None]]:
-    """Runs fn on fresh processes (RINGREDUCE_SHM from DEFAULT_TRANSPORT unless `env` sets it).
-    Returns per rank (status, result-or-traceback, exit code).
+    """Runs fn on fresh processes (RINGREDUCE_SHM from DEFAULT_TRANSPORT unless `env` sets it), which
+    exit after it. Returns per rank (status, result-or-traceback, exit code).
 
     status is "ok", "err" (fn raised) or "died" (no result: killed or crashed). Every process is
-    killed at the deadline; the caller asserts on statuses and exit codes.
+    killed at the deadline; the caller asserts on statuses and exit codes. What the ranks printed
+    goes to this process's stderr (pytest shows it when the test fails).
     """
-    tmp = tempfile.mkdtemp(prefix="rr_spawn_")
-    init_file = os.path.join(tmp, "init")
-    env = {"RINGREDUCE_SHM": TRANSPORTS[DEFAULT_TRANSPORT], **(env or {})}
-    procs, conns = [], []
-    for rank in range(world_size):
-        parent, child = _CTX.Pipe()
-        p = _CTX.Process(
-            target=_spawn_main,
-            args=(rank, world_size, init_file, fn, args, env or {}, list(sys.path), pg_timeout, child),
-        )
-        p.start()
-        child.close()
-        procs.append(p)
-        conns.append(parent)
-    out: list[tuple[str, Any, int | None]] = [("died", None, None)] * world_size
+    timeout, _ = within_deadline(timeout)
     deadline = time.monotonic() + timeout
-    for r, (p, c) in enumerate(zip(procs, conns, strict=True)):
-        left = max(0.0, deadline - time.monotonic())
-        got = None
-        if c.poll(left):
-            try:
-                got = c.recv()
-            except (EOFError, OSError):
-                got = None
-        p.join(timeout=max(0.0, deadline - time.monotonic()) + 5)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=5)
-        out[r] = (got[0], got[1], p.exitcode) if got else ("died", None, p.exitcode)
-    for p in procs:  # a rank that the loop above let go may still be exiting
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=5)
-    shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    env = {"RINGREDUCE_SHM": TRANSPORTS[DEFAULT_TRANSPORT], **(env or {})}
+    group = RankGroup(world_size, RankKind(pg_timeout), env, one_job=True)
+    try:
+        group.wait_ready(fn, timeout)
+        results, errors, dead, pending = group.collect(fn, args, {}, {}, deadline - time.monotonic(), {}, None)
+        for p in group.procs:  # its exit code once it exited (atexit handlers included)
+            p.join(timeout=max(0.0, deadline - time.monotonic()) + 5)
+        for r in range(world_size):
+            if text := group.output(r, False):
+                sys.stderr.write(f"--- rank {r} of {fn.__name__}: its output ---\n{text}\n")
+    finally:
+        group.kill()
+    return [("err", errors[r], p.exitcode) if r in errors else
+            ("died", None, p.exitcode) if r in dead or r in pending else
+            ("ok", results[r], p.exitcode) for r, p in enumerate(group.procs)]
 
 
 CXX_LOCATION = re.compile(r"\[[^\]\s]*\.(?:cpp|h|cu|cuh):\d+\]")

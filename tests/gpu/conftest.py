@@ -2,10 +2,10 @@ import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _gpu_rank_pools(request):
-    """Says once how the GPU tests' ranks run (Note [Ranks sharing a GPU]); at the end of the session
-    the persistent rank pools (gpu_ranks.py) leave their process groups and exit."""
-    from gpu.gpu_ranks import close_pools, shared, transport, visible_gpus, world
+def _gpu_run_line(request):
+    """Says once how the GPU tests' ranks run (Note [Ranks sharing a GPU]); tests/conftest.py closes
+    their pools with the CPU suites' at the end of the session."""
+    from gpu.gpu_ranks import shared, transport, visible_gpus, world
 
     if visible_gpus():
         how = ("NCCL's socket transport over lo (each rank its own NCCL_HOSTID), not NVLink or P2P"
@@ -17,5 +17,3 @@ def _gpu_rank_pools(request):
             reporter.write_line(line)
         else:
             print(line)
-    yield
-    close_pools()

@@ -1,7 +1,8 @@
-"""The GPU tests' harness (tests/gpu/gpu_ranks.py) and rank placement (ringreduce/bench/gpu_map.py),
-without a GPU: the pure functions that map ranks onto GPUs and set NCCL's environment, and the
-harness itself run over gloo (device="cpu"): a rank that dies of a signal fails the test at once
-with its signal and what it printed, an expected exit is allowed, a rank's exception is reported."""
+"""The tests' harness (tests/ranks.py, with the GPU layer tests/gpu/gpu_ranks.py) and rank placement
+(ringreduce/bench/gpu_map.py), without a GPU: the pure functions that map ranks onto GPUs and set
+NCCL's environment, and the harness itself run over gloo (device="cpu", and the CPU suites' pools):
+a rank that dies of a signal fails the test at once with its signal and what it printed, an expected
+exit is allowed, a rank's exception is reported."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import os
 import time
 
 import pytest
+import ranks
 import torch.distributed as dist
-from gpu import gpu_ranks
-from gpu.gpu_ranks import close_pools, describe_exit, run_gpu_ranks
+from gpu.gpu_ranks import GpuRank, run_gpu_ranks
+from ranks import close_pools, describe_exit, run_ranks
 
 from ringreduce.bench.gpu_map import gpu_world_size, nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
 
@@ -101,7 +103,7 @@ def _segfault_on_rank1(rank: int, n: int) -> int:
 
 
 def test_dead_rank_fails_at_once_with_signal_and_output(monkeypatch):
-    monkeypatch.setattr(gpu_ranks, "GRACE_S", 1.0)  # how long the survivor may still report
+    monkeypatch.setattr(ranks, "GRACE_S", 1.0)  # how long the survivor may still report
     start = time.monotonic()
     with pytest.raises(pytest.fail.Exception) as info:
         run_gpu_ranks(_segfault_on_rank1, device="cpu", fresh=True, timeout=300)
@@ -152,24 +154,24 @@ def test_run_deadline_cuts_a_hang_short_with_its_stack_then_skips(monkeypatch):
     300 s; once the deadline has passed, the next test skips without starting a process."""
     import time as clock
 
-    group = gpu_ranks.RankGroup(2, on_cuda=False, set_device=False)
+    group = ranks.RankGroup(2, GpuRank(on_cuda=False, set_device=False))
     try:
-        assert group.run(_sum_ranks, (), {}, 120.0, {}) == [3, 3]  # started before the deadline is set
-        monkeypatch.setenv(gpu_ranks.DEADLINE_VAR, str(clock.time() + 2))
+        assert group.run(_sum_ranks, (), {}, {}, 120.0, {}) == [3, 3]  # started before the deadline is set
+        monkeypatch.setenv(ranks.DEADLINE_VAR, str(clock.time() + 2))
         start = clock.monotonic()
         with pytest.raises(pytest.fail.Exception) as info:
-            group.run(_hang_on_rank1, (), {}, 300.0, {})
+            group.run(_hang_on_rank1, (), {}, {}, 300.0, {})
         elapsed = clock.monotonic() - start
     finally:
         group.kill()
     msg = str(info.value)
-    assert "rank 1 did not finish within the timeout" in msg and gpu_ranks.DEADLINE_VAR in msg, msg
+    assert "rank 1 did not finish within the timeout" in msg and ranks.DEADLINE_VAR in msg, msg
     assert "in _hang_on_rank1" in msg, msg  # faulthandler's stack of the hung rank
     assert elapsed < 60, f"{elapsed:.0f} s: the deadline did not cut the 300 s job timeout"
-    monkeypatch.setenv(gpu_ranks.DEADLINE_VAR, str(clock.time() - 1))
+    monkeypatch.setenv(ranks.DEADLINE_VAR, str(clock.time() - 1))
     with pytest.raises(pytest.skip.Exception, match="deadline"):
         run_gpu_ranks(_sum_ranks, device="cpu", fresh=True)
-    monkeypatch.setenv(gpu_ranks.DEADLINE_VAR, "soon")
+    monkeypatch.setenv(ranks.DEADLINE_VAR, "soon")
     with pytest.raises(ValueError, match="Unix time"):
         run_gpu_ranks(_sum_ranks, device="cpu", fresh=True)
 
@@ -192,6 +194,39 @@ def test_pool_reports_an_exception_then_starts_afresh():
         assert run_gpu_ranks(_sum_ranks, device="cpu", env={"SOME_KNOB": "1"}) == [3, 3]  # a fresh pool
     finally:
         close_pools()
+
+
+def _mixed_ends(rank: int, n: int) -> str:
+    if rank == 1:
+        raise ValueError("rank 1 refuses")
+    if rank == 2:
+        os._exit(3)
+    return "done"
+
+
+def test_cpu_pools_and_spawned_ranks_run_on_the_same_machinery(monkeypatch, tmp_path):
+    """The CPU suites' run_ranks reports a failure as the GPU tests' pools do (traceback and output) and
+    starts afresh; spawn_ranks reports every rank's status and exit code instead of failing; neither
+    leaves a folder behind."""
+    import tempfile
+
+    from ranks import spawn_ranks
+
+    close_pools()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    try:
+        assert run_ranks(2, _sum_ranks) == [3, 3]
+        with pytest.raises(pytest.fail.Exception) as info:
+            run_ranks(2, _raise_on_rank0, timeout=60)
+        msg = str(info.value)
+        assert "rank 0 raised" in msg and "ValueError: rank 0 refuses" in msg and "rank 0 was here" in msg, msg
+        assert run_ranks(2, _sum_ranks) == [3, 3]  # a fresh pool
+    finally:
+        close_pools()
+    out = spawn_ranks(3, _mixed_ends, timeout=120)
+    assert [(status, code) for status, _, code in out] == [("ok", 0), ("err", 0), ("died", 3)], out
+    assert out[0][1] == "done" and "ValueError: rank 1 refuses" in out[1][1], out
+    assert list(tmp_path.glob("rr_*")) == []
 
 
 @pytest.mark.parametrize("body", ["_hooks_match_ddp", "_coalesced_options"])
