@@ -302,7 +302,8 @@ def interrupter(info: GroupInfo, handle: Any) -> Any:
 
 def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, device: torch.device | None,
            algorithm: str | Sequence[str] = "ring") -> None:
-    """Tells the other ranks (agreement frame marked as an error) before raising `exc` locally.
+    """Tells the other ranks (agreement frame marked as an error) before raising `exc` locally (at once
+    where `info` is None: a rank outside the group).
 
     `device`: where the call's tensors live (None: the CPU path). `algorithm`: what the others run
     the call with, or one per native call they run for it (all_reduce_coalesced: one per dtype
@@ -336,10 +337,7 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
 
 def refuse_call(group: Any, tensor: torch.Tensor, kind: Any, exc: BaseException) -> None:
     """Refuses one call of `kind` on `tensor` over `group` for a reason only this rank knows (refuse())."""
-    info = resolve(group)
-    if info is None:
-        raise exc
-    refuse(info, kind, FrameError.OTHER, exc, device_of(tensor))
+    refuse(resolve(group), kind, FrameError.OTHER, exc, device_of(tensor))
 
 
 def device_of(tensor: Any) -> torch.device | None:
@@ -391,8 +389,6 @@ def run_all_reduce(
         if exc is None:
             code, exc, wire, factor = scaling_refusal(tensor, rop, algorithm, wire_dtype, predivide_factor, gather)
     if exc is not None:
-        if info is None:
-            raise exc
         # the others run a call with a 16-bit wire on the flat ring (on GPUs; below)
         refuse(info, kind, code, exc, device_of(tensor), "ring" if wire_dtype is not None else algorithm)
     assert rop is not None
@@ -485,15 +481,24 @@ def submit_and_wait(info: GroupInfo, tensor: torch.Tensor, options: Any, async_o
 
 
 def run_ring_half(info: GroupInfo, tensor: torch.Tensor, output: torch.Tensor, rop: ReduceOp, kind: Any,
-                  async_op: bool, result: torch.Tensor) -> Work | None:
+                  async_op: bool) -> Work | None:
     """reduce_scatter (`tensor` = input, `output` = this rank's block) or all_gather (`output` = the
-    concatenation) on the CPU ring of `info`; `result` is what the Work's future holds."""
+    concatenation) of checked tensors on the ring of `info`, a ring this rank is in."""
+    if output.numel() == 0 or info.size == 1:
+        if output.numel():
+            output.copy_(tensor.reshape(output.shape))
+        return Work.completed([output]) if async_op else None
+    if tensor.is_cuda:
+        from ringreduce import _cuda
+
+        return _cuda.cuda_ring_half(tensor, output, rop, info, async_op, int(kind))
+    tensor = tensor.detach()  # the worker thread copies from it and must not record autograd history
     name = KIND_NAMES[kind]
     level = debug_level()
     start = time.perf_counter()
     with torch.profiler.record_function(f"ringreduce.{name}"):
         handle = submit_cpu(info, tensor, call_options(info, kind, rop), output=output, synchronous=not async_op)
-        work = Work(handle, [result], describe=f"{name} {rop.name} on {info.name}",
+        work = Work(handle, [output], describe=f"{name} {rop.name} on {info.name}",
                     on_interrupt=interrupter(info, handle))
         if not async_op:
             work.wait()

@@ -33,10 +33,6 @@ def _block_shape(shape: torch.Size | tuple[int, ...], n: int, what: str) -> tupl
     return (shape[0] // n, *shape[1:])
 
 
-def _gathered_shape(shape: torch.Size | tuple[int, ...], n: int) -> tuple[int, ...]:
-    return (n,) if len(shape) == 0 else (n * shape[0], *shape[1:])
-
-
 # ----------------------------------------------------------------------------------------- in place
 
 
@@ -125,7 +121,7 @@ def all_gather(tensor: torch.Tensor, group_size: int, group_name: str) -> torch.
 
 @all_gather.register_fake
 def _(tensor: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
-    return tensor.new_empty(_gathered_shape(tensor.shape, group_size))
+    return tensor.new_empty(scatter_gather.gathered_shape(tensor.shape, group_size))
 
 
 @torch.library.custom_op("ringreduce::reduce_scatter", mutates_args=())

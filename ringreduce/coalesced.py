@@ -236,8 +236,6 @@ def all_reduce_coalesced(
         assert listed is not None
         code, exc = _refusal(listed, op, accum_dtype, algorithm, wire_dtype, predivide_factor)
     if exc is not None:
-        if info is None:
-            raise exc
         # The device the other ranks run this call on: the list's (CPU for a list that is not one).
         device = listed[0].device if listed else None
         refuse(info, CallKind.ALL_REDUCE_COALESCED, code, exc, device, _rings(tensors, algorithm, wire_dtype))

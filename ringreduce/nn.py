@@ -168,10 +168,7 @@ def reduce_scatter(input: torch.Tensor, op: Any = "sum", group: Any = None) -> t
             f"{info.size} blocks on dim 0; pass shape ({info.size} * d0, ...)"
         ))
     if error is not None:
-        code, exc = error
-        if info is None:
-            raise exc
-        refuse(info, kind, code, exc, device_of(input))
+        refuse(info, kind, *error, device_of(input))
     if info is None:
         return None
     return _ReduceScatter.apply(input, rop, group, info.size)
