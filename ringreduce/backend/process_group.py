@@ -64,13 +64,8 @@ def _delegated(name: str, method: str) -> Callable[..., Any]:
 
 
 class RingreduceProcessGroup(dist.ProcessGroup):
-    """One process group of backend "ringreduce" (the registered creator makes it; torch uses it as the
-    group itself, Note [A ProcessGroup, not a Backend] in ringreduce/backend/__init__.py).
-
-    torch.distributed's functions call its methods from Python (``group.allreduce([t], opts)``) and
-    return its :class:`BackendWork` as is; C++ callers (DDP's reducer) reach the same methods through
-    torch's trampoline for Python process groups.
-    """
+    """One process group of backend "ringreduce", used by torch as the group itself (Note [A
+    ProcessGroup, not a Backend] in ringreduce/backend/__init__.py)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any, group_id: str,
                  global_ranks: list[int], options: BackendOptions) -> None:

@@ -415,9 +415,8 @@ class GradientAverager(Joinable):
             b.work = None
 
     def _refuse_round(self, accumulated: int) -> None:
-        """A synced backward after the wrong number of no_sync() backwards: every bucket of the round is
-        refused (the other ranks' calls for them raise at once, Note [Cross-rank agreement]), then
-        RuntimeError."""
+        """Refuses every bucket of a synced backward after the wrong number of no_sync() backwards (the
+        others' calls raise at once, Note [Cross-rank agreement]), then raises RuntimeError."""
         message = (
             f"ringreduce.GradientAverager: accumulation_steps={self.accumulation_steps}, but this synced backward "
             f"follows {accumulated - 1} backwards inside no_sync() (expected {self.accumulation_steps - 1}), so "
