@@ -67,9 +67,8 @@ MAX_LANES = 4  # kGpuMaxLanes (csrc/cuda/gpu_pipeline.h)
 DEFAULT_LANES = 2  # kGpuDefaultLanes: the lanes (communicators) a GPU group's communicator is created with
 
 
-# Every call reads up to seven knobs. os.environ.get encodes the key and decodes the value each time
-# (~1 us apiece); on POSIX, os.environ keeps its bytes mapping in `_data`, updated by every
-# os.environ assignment, so the same lookup there costs one dictionary probe.
+# Every call reads several knobs; os.environ.get encodes the key and decodes the value each time. On
+# POSIX os.environ keeps its bytes mapping in `_data` (updated by every assignment): one dict probe.
 _ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
 if not isinstance(_ENV_BYTES, dict):
     _ENV_BYTES = None
@@ -107,16 +106,12 @@ def segment_bytes() -> int:
 
 
 def segment_bytes_override() -> int:
-    """RINGREDUCE_SEGMENT_BYTES as an override: 0 when unset (the GPU pipeline rule then picks the
-    segment, csrc/cuda/gpu_pipeline.h)."""
+    """RINGREDUCE_SEGMENT_BYTES, 0 when unset (the GPU pipeline rule then picks the segment)."""
     return _int_env("RINGREDUCE_SEGMENT_BYTES", 0, 16)
 
 
 def lanes() -> int:
-    """RINGREDUCE_LANES: lanes of a GPU ring (independent sub-rings over the segments, each on its own
-    NCCL communicator and streams); 0 when unset (the pipeline rule's choice). Read when a group's
-    communicator is created (that many lanes, default DEFAULT_LANES) and at every call (at most that
-    many)."""
+    """RINGREDUCE_LANES (KNOBS), 0 when unset (the pipeline rule's choice)."""
     value = _int_env("RINGREDUCE_LANES", 0, 1)
     if value > MAX_LANES:
         raise ValueError(f"ringreduce: RINGREDUCE_LANES={value} must be <= {MAX_LANES}")
@@ -124,15 +119,12 @@ def lanes() -> int:
 
 
 def one_shot_bytes() -> int:
-    """RINGREDUCE_ONESHOT_BYTES: the largest GPU all-reduce (bytes) taken in one shot; -1 when unset
-    (the pipeline rule's threshold), 0 turns the one-shot off."""
+    """RINGREDUCE_ONESHOT_BYTES (KNOBS), -1 when unset (the pipeline rule's threshold)."""
     return _int_env("RINGREDUCE_ONESHOT_BYTES", -1, 0)
 
 
 def num_slots() -> int:
-    """Staging slots, i.e. segments in flight (RINGREDUCE_SLOTS). Unset: AUTO_SLOTS (0), which the CPU
-    path resolves per call (every receive of the call gets a slot when they fit in 6 MiB, else 4
-    slots) and the GPU path's pipeline rule per lane (2, csrc/cuda/gpu_pipeline.h)."""
+    """RINGREDUCE_SLOTS (KNOBS), AUTO_SLOTS when unset (resolved per call by each path)."""
     return _int_env("RINGREDUCE_SLOTS", AUTO_SLOTS, 1)
 
 
@@ -171,10 +163,7 @@ def wire_gather() -> str:
 
 
 def shm_enabled() -> bool:
-    """RINGREDUCE_SHM: CPU rings whose ranks share a host use shared memory (default on; 0 turns it off).
-
-    Read when a ring makes its first call: every rank of the ring must agree (they decide together,
-    and fall back to gloo point-to-point if any rank says 0)."""
+    """RINGREDUCE_SHM (KNOBS), read at a ring's first call (its ranks use gloo if any of them says 0)."""
     raw = _env("RINGREDUCE_SHM")
     return raw is None or raw == "" or raw not in ("0", "false", "False", "off")
 

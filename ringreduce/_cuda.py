@@ -1,15 +1,9 @@
-"""ringreduce's GPU path: the ring collectives of CUDA tensors over ringreduce's own NCCL communicator.
+"""ringreduce's GPU path: the collectives of CUDA tensors over ringreduce's own NCCL communicator.
 
-``ringreduce.all_reduce`` calls :func:`cuda_all_reduce`, ``ringreduce.reduce_scatter`` and
-``ringreduce.all_gather`` call :func:`cuda_ring_half` for CUDA tensors after their local checks
-(dtype/op, group membership; numel 0 and world size 1 return before). This module keeps one native
-communicator per process group and device (created by the first CUDA call on the group, collectively
-over every rank of it; :func:`init_communicator` creates it beforehand, e.g. for a DeviceMesh
-sub-mesh), turns a call into the native request and its result into a :class:`~ringreduce.Work`, and
-releases communicators at exit. What the communicator does (rendezvous keys, lanes, hand-offs, the
-pipeline rule, the watchdog, stream semantics, Ctrl-C) and the ordering rules beside stock NCCL
-communicators (DDP, FSDP, tensor parallel) are docs/design.md section 2.4; failure behaviour is
-docs/reliability.md.
+Keeps one native communicator per process group and device (created collectively by the group's
+first CUDA call, or by :func:`init_communicator`), turns a call into the native request and its
+handle into a :class:`~ringreduce.Work`, and releases the communicators at exit. The communicator
+itself and the ordering rules beside stock NCCL communicators: docs/design.md section 2.4.
 """
 
 from __future__ import annotations
@@ -84,19 +78,15 @@ def _unpack_ids(blob: bytes) -> list[bytes]:
 
 
 def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, lanes: int,
-                     store: Any = None) -> tuple[list[bytes], int]:
-    """Rank 0's fresh NCCL unique ids (one per lane, Note [Lanes] in csrc/core/plan.h), through the
-    group's store, and their generation. Rank 0's lane count decides for every rank.
+                     store: Any) -> tuple[list[bytes], int]:
+    """Rank 0's fresh NCCL unique ids (one per lane, Note [Lanes] in csrc/core/plan.h; rank 0's lane
+    count decides), through the group's store, and their generation.
 
-    Note [Communicator rendezvous keys]: the key is ``nccl_uid/<group name>/<generation>``, where
-    the generation comes from an atomic ``store.add`` counter of the group (each rank adds 1; the
-    creations of one group are collective and in the same order on every rank, so ``(value - 1) //
-    size`` is the same everywhere). A reused ``id(pg)`` or a store reused by an earlier job cannot
-    make ranks read an old id: the counter lives in the same store and only grows, and the last
-    rank to read an id deletes its key.
+    Note [Communicator rendezvous keys]: the key is ``nccl_uid/<group name>/<generation>``; the
+    generation is ``(store.add(counter, 1) - 1) // size``, equal on every rank since a group's
+    creations are collective and in one order. The counter only grows, so a reused ``id(pg)`` or
+    store never yields an old id; the last rank to read a key deletes it.
     """
-    if store is None:
-        store = dist.distributed_c10d._get_process_group_store(pg)
     group = _group_key(pg)
     generation = (int(store.add(_COUNTER_KEY.format(group=group), 1)) - 1) // pg_size
     uid_key = _UID_KEY.format(group=group, generation=generation)
@@ -114,10 +104,8 @@ def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, 
 
 
 def _wait_for_key(store: Any, key: str, what: str) -> None:
-    """Waits until `key` is in `store`, at most the store's timeout, in slices: ``store.get`` would
-    block with the GIL released until then, out of Ctrl-C's reach (Note [Ctrl-C] in
-    ringreduce/_interrupt.py); ``time.sleep`` between the checks is where KeyboardInterrupt lands.
-    Raises DistStoreError saying `what` at the timeout."""
+    """Waits until `key` is in `store` (DistStoreError saying `what` after the store's timeout), polling:
+    ``store.get`` would block out of Ctrl-C's reach (Note [Ctrl-C] in ringreduce/_interrupt.py)."""
     try:
         limit_s = store.timeout.total_seconds()
     except Exception:  # noqa: BLE001 - a store without a timeout: torch's default
@@ -134,12 +122,10 @@ def _wait_for_key(store: Any, key: str, what: str) -> None:
         pause = min(2 * pause, SLICE_MS / 2000.0)
 
 
-def _connect_timeout_ms(pg: dist.ProcessGroup, op_timeout_ms: int, store: Any = None) -> int:
+def _connect_timeout_ms(op_timeout_ms: int, store: Any) -> int:
     """Communicator init and first connections: at least the store's timeout (NCCL init of many GPUs
     can take longer than a short RINGREDUCE_TIMEOUT)."""
     try:
-        if store is None:
-            store = dist.distributed_c10d._get_process_group_store(pg)
         store_ms = int(store.timeout.total_seconds() * 1000)
     except Exception:  # noqa: BLE001 - a store without a timeout
         store_ms = 0
@@ -147,14 +133,12 @@ def _connect_timeout_ms(pg: dist.ProcessGroup, op_timeout_ms: int, store: Any = 
 
 
 def communicator(info: GroupInfo, device: torch.device) -> Any:
-    """The NCCL communicator of `info`'s process group, on `device`, created on first use.
+    """The NCCL communicator of `info`'s process group on `device`, created on first use, collectively
+    over every rank of ``info.pg`` (a ring over a rank list of the group uses it too).
 
-    Creation is collective over every rank of ``info.pg`` (not only the ring's members: a ring over
-    a rank list of the group runs over the group's communicator). Its ranks are the group's ranks.
     Note [One GPU per group]: a process uses one GPU per group; a tensor on another device raises
     ValueError (a second communicator created on one rank only would hang the others). Ctrl-C while
-    the ranks meet raises KeyboardInterrupt and leaves the group unusable for ringreduce on this rank
-    (later calls raise DistBackendError saying so).
+    the ranks meet leaves the group unusable for ringreduce on this rank (later calls: DistBackendError).
     """
     if device.type != "cuda" or device.index is None:
         raise ValueError(f"ringreduce: expected a CUDA device with an index, got {device}")
@@ -198,7 +182,7 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
                 timeout_ms,
                 f"ringreduce {label} on cuda:{device.index} (generation {generation})",
                 0,  # staging: the default (kGpuStagingBytes)
-                _connect_timeout_ms(info.pg, timeout_ms, store),
+                _connect_timeout_ms(timeout_ms, store),
                 lane_ids=ids[1:],
             )
         except KeyboardInterrupt:
@@ -263,9 +247,7 @@ def _members(info: GroupInfo, members: Any) -> list[int]:
 
 def _options(C: Any, kind: int, op: Any, *, accum_float32: bool = False, local_size: int = 0, one_shot: bool = True,
              wire: Any = None, predivide: float = 0.0, extra_divisor: int = 1) -> Any:
-    """The native CallOptions of one CUDA call (csrc/core/call_options.h, the struct the CPU path
-    takes too), with the check and the pipeline overrides (RINGREDUCE_CHECK, _SEGMENT_BYTES, _SLOTS,
-    _LANES, _ONESHOT_BYTES; unset: the rule of csrc/cuda/gpu_pipeline.h) read now, like every knob."""
+    """The native CallOptions (csrc/core/call_options.h) of one CUDA call, with the knobs read now."""
     opts = C.CallOptions()
     opts.kind, opts.op, opts.accum_float32, opts.check = C.CallKind(int(kind)), C.RedOp(int(op)), accum_float32, \
         _config.check_enabled(True)
@@ -291,22 +273,12 @@ def cuda_all_reduce(
     predivide: float = 0.0,
     extra_divisor: int = 1,
 ) -> Work | None:
-    """Ring all-reduce of a CUDA tensor in place (see the module docstring for stream semantics).
+    """All-reduce of a CUDA tensor in place, after _dispatch's checks; a Work when `async_op`, else None.
 
-    `wire`: the native DType of a 16-bit wire (None: none), `predivide`: the predivide factor (0:
-    none), `extra_divisor`: what the final reduce also divides by (Note [Reduction contract] in
-    csrc/core/functors.h; validated by ringreduce._dispatch.scaling_refusal).
-
-    `op` is a ringreduce.ReduceOp (an int 0-4), `info` the resolved group, `accum_float32` carries
-    half-type partials in float32, `kind` the call kind of the agreement frame. `members`: the ring's
-    ranks as ranks of ``info.pg`` in ring order (default ``info.members``; () = every rank);
-    `local_size` > 1: the hierarchical all-reduce over `members` ordered node by node, that many
-    ranks per node (0: the flat ring). `one_shot`: a small flat all-reduce may run as one NCCL group
-    and one kernel (Note [GPU one-shot all-reduce]; same bits as the ring); False keeps the ring
-    (``algorithm="ring"``). Returns a Work when `async_op`, else None. Raises
-    TypeError/ValueError for bad input, RuntimeError when ranks disagree (RINGREDUCE_CHECK=1) or
-    under CUDA graph capture, DistBackendError on NCCL failures, timeouts and groups whose
-    communicator was aborted.
+    `members`: the ring's ranks in ``info.pg`` (default ``info.members``); `local_size` > 1: the
+    hierarchical all-reduce over them, ordered node by node. `one_shot`: a small flat all-reduce may
+    run in one shot (Note [GPU one-shot all-reduce]). `wire`, `predivide`, `extra_divisor`: Note
+    [Reduction contract] in csrc/core/functors.h. Raises DistBackendError on NCCL failures and timeouts.
     """
     if not tensor.is_cuda:
         raise ValueError(f"ringreduce: cuda_all_reduce needs a CUDA tensor, got one on {tensor.device}")
@@ -316,21 +288,19 @@ def cuda_all_reduce(
     options = _options(C, kind, op, accum_float32=bool(accum_float32), local_size=local_size, one_shot=one_shot,
                        wire=wire, predivide=predivide, extra_divisor=extra_divisor)
     handle = C.cuda_all_reduce(comm, tensor, options, bool(async_op), info.name, _members(info, members))
+    algo = f" hierarchical(local_size={local_size})" if local_size and local_size > 1 else ""
+    return _work(handle, tensor, f"all_reduce {getattr(op, 'name', str(op))}{algo}", comm, info, async_op)
+
+
+def _work(handle: Any, result: torch.Tensor, what: str, comm: Any, info: GroupInfo, async_op: bool) -> Work | None:
+    """The Work of an async call (None for a synchronous one). Ctrl-C in its timed wait aborts this
+    rank's communicator of the group (Note [Ctrl-C], ringreduce/_interrupt.py)."""
     if not async_op:
         return None
-    name = getattr(op, "name", str(op))
-    algo = f" hierarchical(local_size={local_size})" if local_size and local_size > 1 else ""
     if handle is None:
-        return Work.completed([tensor])
-    return Work(handle, [tensor], describe=f"all_reduce {name}{algo} on {info.name} (cuda:{tensor.device.index})",
-                on_interrupt=_interrupter(comm, info, handle), stream_wait=True)
-
-
-def _interrupter(comm: Any, info: GroupInfo, handle: Any) -> Any:
-    """What Ctrl-C during a timed Work.wait() does on CUDA (Note [Ctrl-C], ringreduce/_interrupt.py):
-    abort this rank's communicator of the group (its NCCL kernels return; later calls raise
-    DistBackendError with this reason; the peers fail at their timeout or when NCCL sees the abort)."""
-    return lambda: comm.abort(interrupt_reason(info.name, handle.seq))
+        return Work.completed([result])
+    return Work(handle, [result], describe=f"{what} on {info.name} (cuda:{result.device.index})",
+                on_interrupt=lambda: comm.abort(interrupt_reason(info.name, handle.seq)), stream_wait=True)
 
 
 _HALF_NAMES = {int(k): KIND_NAMES[k] for k in (CallKind.REDUCE_SCATTER, CallKind.ALL_GATHER)}
@@ -344,15 +314,8 @@ def cuda_ring_half(
     async_op: bool,
     kind: int,
 ) -> Work | None:
-    """reduce_scatter (kind 3) or all_gather (kind 4) of CUDA tensors over ``info``'s ring.
-
-    reduce_scatter: `tensor` is the input (n blocks of ``output.numel()`` elements, left
-    untouched), `output` receives block r (r = this rank's ring index) reduced with `op`.
-    all_gather: `output` (contiguous, n times `tensor`'s elements, allocated by the caller) receives
-    every rank's `tensor` in ring order. Stream semantics as :func:`cuda_all_reduce`: ordered after
-    the current stream; a synchronous call makes the current stream wait and returns None;
-    ``async_op=True`` returns a Work whose future (CUDA-aware) holds ``[output]``.
-    """
+    """reduce_scatter (kind 3: `output` gets block r of `tensor` reduced with `op`) or all_gather
+    (kind 4: the contiguous `output` gets every rank's `tensor` in ring order) over ``info``'s ring."""
     if int(kind) not in _HALF_NAMES:
         raise ValueError(f"ringreduce: cuda_ring_half runs reduce_scatter (3) or all_gather (4), got kind {kind}")
     if not tensor.is_cuda or not output.is_cuda:
@@ -369,26 +332,14 @@ def cuda_ring_half(
     C = _native()
     handle = C.cuda_ring_half(comm, tensor, output, _options(C, kind, op), bool(async_op), info.name,
                               _members(info, None))
-    if not async_op:
-        return None
-    if handle is None:
-        return Work.completed([output])
-    name = getattr(op, "name", str(op)) if kind == 3 else ""
-    what = f"{_HALF_NAMES[int(kind)]}{' ' + name if name else ''}"
-    return Work(handle, [output], describe=f"{what} on {info.name} (cuda:{tensor.device.index})",
-                on_interrupt=_interrupter(comm, info, handle), stream_wait=True)
+    what = f"{_HALF_NAMES[int(kind)]} {getattr(op, 'name', str(op))}" if kind == 3 else _HALF_NAMES[int(kind)]
+    return _work(handle, output, what, comm, info, async_op)
 
 
 def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, members: Any = None) -> None:
-    """With RINGREDUCE_CHECK=1: tell the other ranks that this rank refused the call locally.
-
-    Sends this rank's frame marked with `error` (csrc/core/frame.h FrameError) around the ring the
-    other ranks run the call on, so that they raise RuntimeError at once instead of at the timeout.
-    `members`: that ring's ranks in ``info.pg`` (ringreduce._groups.choose_algorithm); default: the
-    ring of `info` for reduce_scatter/all_gather, the ring ``algorithm="auto"`` picks otherwise.
-    Returns normally; the caller then raises its own, more precise exception. Does nothing when the
-    check is off.
-    """
+    """With RINGREDUCE_CHECK=1, sends this rank's frame marked with `error` around the ring the others
+    run the call on (`members`; default: `info`'s ring for kinds 3-4, "auto"'s otherwise), so that they
+    raise RuntimeError at once; the caller then raises its own exception."""
     if not _config.check_enabled(True) or info.size <= 1:
         return
     if members is None:

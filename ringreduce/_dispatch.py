@@ -21,11 +21,10 @@ from ringreduce import _config, _fastpath
 from ringreduce._groups import GroupInfo, choose_algorithm, one_node, resolve
 from ringreduce._interrupt import SLICE_MS, interrupt_ring, wait_sliced
 from ringreduce._native import C
-from ringreduce._options import HALF_TYPES, scaling_error
+from ringreduce._options import ALGORITHMS, HALF_TYPES, scaling_error
 from ringreduce._types import KIND_NAMES, NATIVE_OPS, CallKind, FrameError, ReduceOp, UnsupportedOpError, to_reduce_op
 from ringreduce.work import Work
 
-ALGORITHMS = ("auto", "ring", "hierarchical")
 PLAIN_TYPES, ENV_GET, ENV_KEYS = _fastpath.PLAIN_TYPES, _fastpath.ENV_GET, _fastpath.ENV_KEYS
 _profiler_enabled = torch.autograd._profiler_enabled
 _NONE = FrameError.NONE
@@ -50,9 +49,8 @@ def debug_level() -> int:
 
 
 def ring_parameters(is_cuda: bool) -> str:
-    """The ring's parameters in a DETAIL log line: the CPU ring's segment and slots, or, on CUDA, the
-    GPU pipeline rule (csrc/cuda/gpu_pipeline.h: it picks segment, slots, lanes and the one-shot per
-    call) with the overrides that are set."""
+    """The ring's parameters in a DETAIL log line: the CPU ring's segment and slots, or the GPU
+    pipeline rule's overrides that are set (csrc/cuda/gpu_pipeline.h)."""
     if not is_cuda:
         return f"segment_bytes={_config.segment_bytes()} slots={_config.num_slots() or 'auto'}"
     segment, slots = _config.segment_bytes_override(), _config.num_slots()
@@ -68,15 +66,13 @@ def ring_parameters(is_cuda: bool) -> str:
 def log_call(info: GroupInfo, handle: Any, tensor: torch.Tensor, op: ReduceOp, kind: Any, level: int,
              async_op: bool, accum: bool, seconds: float | None, local_size: int = 0, *, wire: Any = None,
              predivide: float = 0.0) -> None:
-    """One RINGREDUCE_DEBUG line: the call's group, sequence number, collective, op, tensor, algorithm,
-    options (`accum`, `wire`, `predivide`) and, at `level` 2, the knobs. `handle`: the call's native
-    handle (None: a CUDA call without one, i.e. synchronous); `seconds`: how long a synchronous call
-    took (CUDA: to enqueue; None: async)."""
+    """One RINGREDUCE_DEBUG line for a call (`handle`: its native handle or None; `seconds`: how long a
+    synchronous call took, CUDA: to enqueue; None: async); `level` 2 adds the knobs."""
     algo = f"hierarchical(local_size={local_size})" if local_size else "ring"
     number = "" if handle is None else f" call #{handle.seq}"
     msg = (
         f"rank {info.rank}/{info.size} {info.name}{number} {KIND_NAMES.get(kind, kind)} "
-        f"op={op.name} dtype={str(tensor.dtype).replace('torch.', '')} numel={tensor.numel()} "
+        f"op={op.name} dtype={_dtype_name(tensor.dtype)} numel={tensor.numel()} "
         f"algorithm={algo} device={tensor.device.type}{' accum=float32' if accum else ''}"
         f"{f' wire={str(wire.name).lower()}' if wire is not None else ''}"
         f"{f' predivide={predivide:g}' if predivide else ''}"
@@ -99,16 +95,17 @@ def log_call(info: GroupInfo, handle: Any, tensor: torch.Tensor, op: ReduceOp, k
 
 
 def local_tensor(tensor: Any) -> Any:
-    """A DTensor's local shard (a collective reduces it in place; placements stay as they are).
-
-    Anything else is returned as is. No DTensor can exist before torch.distributed.tensor is imported,
-    so plain tensors cost one dictionary lookup.
-    """
+    """A DTensor's local shard (reduced in place, placements kept); anything else as is. No DTensor can
+    exist before torch.distributed.tensor is imported, so plain tensors cost one dictionary lookup."""
     module = sys.modules.get("torch.distributed.tensor")
     dtensor = getattr(module, "DTensor", None) if module is not None else None
     if dtensor is not None and isinstance(tensor, dtensor):
         return tensor._local_tensor
     return tensor
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def local_refusal(
@@ -152,14 +149,14 @@ def local_refusal(
         code = C.dtype_code(tensor.dtype)
     except TypeError:
         return FrameError.UNSUPPORTED, TypeError(
-            f"ringreduce: dtype {str(tensor.dtype).replace('torch.', '')} is not supported (op {rop.name}); "
+            f"ringreduce: dtype {_dtype_name(tensor.dtype)} is not supported (op {rop.name}); "
             "supported: float32, float64, float16, bfloat16, int8, int16, int32, int64, uint8, bool, "
             "complex64, complex128 - convert the tensor first"
         ), rop, False
     why = C.unsupported_reason(code, int(rop))
     if why is not None:
         return FrameError.UNSUPPORTED, UnsupportedOpError(
-            f"ringreduce: op {rop.name} is not supported for dtype {str(tensor.dtype).replace('torch.', '')}: {why}"
+            f"ringreduce: op {rop.name} is not supported for dtype {_dtype_name(tensor.dtype)}: {why}"
         ), rop, False
     accum = False
     if accum_dtype is not None and accum_dtype != tensor.dtype:
@@ -173,29 +170,19 @@ def local_refusal(
     return _NONE, None, rop, accum
 
 
-
-
 def narrow_accumulation(tensor: torch.Tensor, accum_dtype: torch.dtype | None) -> bool:
-    """Whether `accum_dtype` names the float16/bfloat16 tensor's own dtype: its partial sums are then
-    rounded at every hop on every transport. Without accum_dtype, half-type SUM and AVG accumulate in
-    float32 and round once in shared memory and round per hop over gloo point-to-point and NCCL,
-    where float32 partials cost bytes (docs/design.md section 1.5)."""
+    """Whether `accum_dtype` names the float16/bfloat16 tensor's own dtype: partial sums are then
+    rounded at every hop in shared memory too (docs/design.md section 1.5)."""
     return accum_dtype is not None and accum_dtype == tensor.dtype and tensor.dtype in HALF_TYPES
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def scaling_refusal(
     tensor: torch.Tensor, rop: ReduceOp, algorithm: str, wire_dtype: Any, predivide_factor: Any,
     wire_gather: str = "auto",
 ) -> tuple[Any, BaseException | None, Any, float]:
-    """(frame error code, exception, native wire DType or None, predivide factor (0.0: none)) for the
-    16-bit wire and the predivide factor of an all-reduce (Note [Reduction contract] in
-    csrc/core/functors.h), from purely local checks on `tensor` (already accepted by local_refusal),
-    the op `rop`, `algorithm`, `wire_dtype`, `predivide_factor` and the all-gather's width
-    `wire_gather` ("auto", "16", "32": wire_gather_setting). A factor of 1 is no factor."""
+    """(frame error code, exception, native wire DType or None, predivide factor, 0.0 for none or 1) of an
+    all-reduce's `wire_dtype` and `predivide_factor` (Note [Reduction contract] in csrc/core/functors.h),
+    from local checks of a `tensor` local_refusal accepted; `wire_gather`: wire_gather_setting's."""
     if wire_dtype is None and predivide_factor is None:
         return _NONE, None, None, 0.0
     error = scaling_error(wire_dtype, predivide_factor)
@@ -255,9 +242,8 @@ def wire_gather_setting(override: int | None = None) -> str:
 
 
 def gather16_on_cpu(info: GroupInfo, setting: str) -> bool:
-    """Whether a CPU all-reduce with a 16-bit wire on `info`'s ring moves 16 bits in its all-gather
-    too (Note [16-bit all-gather] in csrc/core/plan.h): "16" always, "auto" where the ring spans
-    several nodes (where bytes cost: docs/algorithm.md), "32" never. The same on every rank."""
+    """Whether a CPU all-reduce's all-gather moves the 16-bit wire too (Note [16-bit all-gather] in
+    csrc/core/plan.h): "16" always, "auto" where the ring spans several nodes, "32" never."""
     return setting == "16" or (setting == "auto" and not one_node(info))
 
 
@@ -270,17 +256,10 @@ def call_options(info: GroupInfo, kind: Any, op: ReduceOp, *, accum: bool = Fals
                  ntensors: int = 1, local_size: int = 0, node_order: tuple[int, ...] = (),
                  one_shot: bool = True, wire: Any = None, predivide: float = 0.0, extra_divisor: int = 1,
                  narrow: bool = False, gather16: bool = False) -> Any:
-    """The native CallOptions of one CPU call on `info`'s ring, with the knobs (RINGREDUCE_*) read now:
-    the call `kind`, `op`, `accum` (float32 partials), `local_error` (a local refusal), `ntensors`
-    (coalesced), `local_size` and `node_order` (hierarchical). Half-type SUM and AVG in shared memory
-    accumulate in float32 without `accum`; `narrow` (accum_dtype named the tensor's own half dtype)
-    rounds partials at every hop there too (narrow_accumulation, Note [Half types in shared memory]
-    in csrc/cpu/shm_ring.h).
-    `one_shot`: a small flat all-reduce may run as a one-shot (Note [One-shot all-reduce]);
-    algorithm="ring" asks for the ring itself. `wire`: the native DType of a 16-bit wire (None: none),
-    `predivide`: the predivide factor (0: none), `extra_divisor`: what the final reduce also divides
-    by (Note [Reduction contract] in csrc/core/functors.h). `gather16`: with `wire`, the all-gather
-    moves the wire type too (Note [16-bit all-gather] in csrc/core/plan.h; wire_gather16)."""
+    """The native CallOptions (csrc/core/call_options.h) of one CPU call on `info`'s ring, with the knobs
+    read now. `local_error`: a local refusal; `node_order`: the hierarchical ring's members; `narrow`:
+    narrow_accumulation (Note [Half types in shared memory] in csrc/cpu/shm_ring.h); `gather16`:
+    gather16_on_cpu."""
     check = _config.check_enabled(False)
     segment, slots, timeout = _config.segment_bytes(), _config.num_slots(), _config.timeout_ms()
     node, shm = one_node(info), _config.shm_enabled()
@@ -304,9 +283,8 @@ def call_options(info: GroupInfo, kind: Any, op: ReduceOp, *, accum: bool = Fals
 
 def submit_cpu(info: GroupInfo, tensor: torch.Tensor | None, options: Any, output: torch.Tensor | None = None,
                synchronous: bool = False) -> Any:
-    """Queues one CPU call on info's ring; returns its native handle (ringreduce._C.CallHandle).
-    `synchronous`: the caller waits for it (it may then run on this thread, Note [Synchronous calls
-    in shared memory] in csrc/cpu/group_runtime.h)."""
+    """Queues one CPU call on info's ring and returns its native handle; a `synchronous` call may run on
+    this thread (Note [Synchronous calls in shared memory] in csrc/cpu/group_runtime.h)."""
     return C.submit_cpu(info.pg, info.name, list(info.members), tensor, output, options, info.store, synchronous)
 
 
@@ -324,13 +302,12 @@ def interrupter(info: GroupInfo, handle: Any) -> Any:
 
 def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, device: torch.device | None,
            algorithm: str | Sequence[str] = "ring") -> None:
-    """Tells the other ranks (agreement frame marked as an error) before raising `exc` locally.
+    """Tells the other ranks (agreement frame marked as an error) before raising `exc` locally (at once
+    where `info` is None: a rank outside the group).
 
-    `device`: where the refused call's tensors live (None for a non-tensor argument: the CPU path).
-    `algorithm`: the algorithm the other ranks run this call with (on GPU the refusal frame goes
-    around that ring), or one per native call they run for it (all_reduce_coalesced runs one per
-    dtype buffer, none for a list of empty tensors): one refusal frame stands in for each, so that
-    every rank has run as many calls afterwards and the next collective's frames meet.
+    `device`: where the call's tensors live (None: the CPU path). `algorithm`: what the others run
+    the call with, or one per native call they run for it (all_reduce_coalesced: one per dtype
+    buffer): a refusal frame stands in for each, so that the next collective's frames meet.
     """
     algorithms = [algorithm] if isinstance(algorithm, str) else list(algorithm)
     is_cuda = device is not None and device.type == "cuda"
@@ -338,8 +315,7 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
         if is_cuda and C.native_info["cuda"]:
             from ringreduce import _cuda
 
-            # GPU: the frame goes around the ring the other ranks run this call on (the
-            # hierarchical call's rank list is ordered node by node)
+            # GPU: the frame goes around the ring the others run the call on (ordered node by node)
             for algo in algorithms:
                 try:
                     _, members = choose_algorithm(info, algo if algo in ALGORITHMS else "auto")
@@ -360,13 +336,8 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
 
 
 def refuse_call(group: Any, tensor: torch.Tensor, kind: Any, exc: BaseException) -> None:
-    """Refuses one call of `kind` on `tensor` over `group` (None, a ProcessGroup or a DeviceMesh) for a
-    reason only this rank knows: its agreement frame, marked as an error, goes to the other ranks (so
-    that their matching call raises at once), then `exc` is raised here."""
-    info = resolve(group)
-    if info is None:
-        raise exc
-    refuse(info, kind, FrameError.OTHER, exc, device_of(tensor))
+    """Refuses one call of `kind` on `tensor` over `group` for a reason only this rank knows (refuse())."""
+    refuse(resolve(group), kind, FrameError.OTHER, exc, device_of(tensor))
 
 
 def device_of(tensor: Any) -> torch.device | None:
@@ -388,14 +359,9 @@ def run_all_reduce(
     extra_divisor: int = 1,
     wire_gather: int | None = None,
 ) -> Work | None:
-    """An all-reduce of `tensor` in place, for all_reduce, all_reduce_avg and all_reduce_coalesced.
-
-    `op`, `group`, `async_op`, `accum_dtype`, `algorithm`, `wire_dtype`, `predivide_factor`: as
-    ringreduce.all_reduce's; `kind`: the collective of the agreement frame; `ntensors`: tensors of a
-    coalesced call; `extra_divisor` (GradientAverager's accumulation steps, SUM and AVG only): the
-    final reduce also divides by it. `wire_gather` (BackendOptions): 16 or 32 overrides
-    RINGREDUCE_WIRE_GATHER for this call (wire_gather_setting).
-    """
+    """An all-reduce of `tensor` in place (arguments as ringreduce.all_reduce's); `kind`: the agreement
+    frame's collective; `ntensors`: a coalesced call's count; `extra_divisor`: GradientAverager's
+    accumulation steps; `wire_gather`: BackendOptions' (wire_gather_setting)."""
     # Note [Fast path of a repeated call] (ringreduce/_fastpath.py)
     key = env = world = None
     if type(tensor) in PLAIN_TYPES and tensor.is_cpu and not _profiler_enabled() and ENV_GET is not None:
@@ -423,10 +389,7 @@ def run_all_reduce(
         if exc is None:
             code, exc, wire, factor = scaling_refusal(tensor, rop, algorithm, wire_dtype, predivide_factor, gather)
     if exc is not None:
-        if info is None:
-            raise exc
-        # on GPUs the others run a call with a 16-bit wire on the flat ring (scaling_refusal); on
-        # CPUs every call runs on the ring's own runtime, whatever the algorithm
+        # the others run a call with a 16-bit wire on the flat ring (on GPUs; below)
         refuse(info, kind, code, exc, device_of(tensor), "ring" if wire_dtype is not None else algorithm)
     assert rop is not None
     if extra_divisor != 1 and (rop not in (ReduceOp.SUM, ReduceOp.AVG) or extra_divisor < 1):
@@ -435,9 +398,8 @@ def run_all_reduce(
         if info is not None and extra_divisor != 1 and tensor.numel() > 0:  # one rank still divides by it
             tensor.div_(extra_divisor)
         return Work.completed([tensor]) if async_op else None
-    # On GPUs a 16-bit wire runs on the flat ring (scaling_refusal refused "hierarchical"); on CPUs
-    # also on the hierarchical all-reduce's cross-node ring (Note [Hierarchical 16-bit wire] in
-    # csrc/core/collectives.cpp).
+    # On GPUs a 16-bit wire runs on the flat ring; on CPUs also on the hierarchical all-reduce's
+    # cross-node ring (Note [Hierarchical 16-bit wire] in csrc/core/collectives.cpp).
     local_size, members = choose_algorithm(info, "ring" if wire is not None and tensor.is_cuda else algorithm)
     level = debug_level()
     if tensor.is_cuda:
@@ -502,9 +464,8 @@ def run_plan(plan: _fastpath.Plan, tensor: torch.Tensor, async_op: bool) -> Work
 
 def submit_and_wait(info: GroupInfo, tensor: torch.Tensor, options: Any, async_op: bool,
                     describe: str) -> tuple[Any, Work | None]:
-    """Submits one CPU all-reduce of `tensor` on `info`'s ring with `options`; returns its native handle
-    and, with `async_op`, its Work (named `describe`), else None after waiting for it (raising its
-    error)."""
+    """Submits one CPU all-reduce; returns its native handle and, with `async_op`, its Work (named
+    `describe`), else None once it completed (raising its error)."""
     handle = submit_cpu(info, tensor, options, synchronous=not async_op)
     if async_op:
         return handle, Work(handle, [tensor], describe=describe, on_interrupt=interrupter(info, handle))
@@ -520,15 +481,24 @@ def submit_and_wait(info: GroupInfo, tensor: torch.Tensor, options: Any, async_o
 
 
 def run_ring_half(info: GroupInfo, tensor: torch.Tensor, output: torch.Tensor, rop: ReduceOp, kind: Any,
-                  async_op: bool, result: torch.Tensor) -> Work | None:
+                  async_op: bool) -> Work | None:
     """reduce_scatter (`tensor` = input, `output` = this rank's block) or all_gather (`output` = the
-    concatenation) on the CPU ring of `info`; `result` is what the Work's future holds."""
+    concatenation) of checked tensors on the ring of `info`, a ring this rank is in."""
+    if output.numel() == 0 or info.size == 1:
+        if output.numel():
+            output.copy_(tensor.reshape(output.shape))
+        return Work.completed([output]) if async_op else None
+    if tensor.is_cuda:
+        from ringreduce import _cuda
+
+        return _cuda.cuda_ring_half(tensor, output, rop, info, async_op, int(kind))
+    tensor = tensor.detach()  # the worker thread copies from it and must not record autograd history
     name = KIND_NAMES[kind]
     level = debug_level()
     start = time.perf_counter()
     with torch.profiler.record_function(f"ringreduce.{name}"):
         handle = submit_cpu(info, tensor, call_options(info, kind, rop), output=output, synchronous=not async_op)
-        work = Work(handle, [result], describe=f"{name} {rop.name} on {info.name}",
+        work = Work(handle, [output], describe=f"{name} {rop.name} on {info.name}",
                     on_interrupt=interrupter(info, handle))
         if not async_op:
             work.wait()

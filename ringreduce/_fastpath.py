@@ -2,28 +2,20 @@
 
 Note [Fast path of a repeated call]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-A training loop calls all_reduce once per parameter with the same few argument sets, step after step.
-The first call of a set runs every check (_groups.resolve, _dispatch.local_refusal, scaling_refusal,
-choose_algorithm, call_options and the knobs they read); when it reaches the native submit, its
+A training loop calls all_reduce with the same few argument sets, step after step. The first call of
+a set runs every check (resolve, local_refusal, scaling_refusal, choose_algorithm, call_options); its
 outcome (the ring's GroupInfo and the native CallOptions) is kept as a Plan under a key of everything
 those checks read:
 
-- the `group` argument and the call kind by identity (the Plan holds both objects, so that their ids
-  cannot be reused by other objects while the Plan lives) and the default group (WORLD) at the time, by identity: a
-  WORLD destroyed and initialized again is a new object, and every Plan made under the old one misses;
-- the tensor's dtype and layout; only a CPU tensor of type torch.Tensor or nn.Parameter (no subclass,
-  no DTensor) with elements takes the fast path;
-- the arguments: op (with its type, so that True never stands for 1), accum_dtype, algorithm, the call
-  kind, ntensors, wire_dtype, predivide_factor (with its type), extra_divisor;
-- the raw value of every knob of the CPU call path (environment(): the RINGREDUCE_* knobs it reads and
-  the launcher's GROUP_RANK, LOCAL_WORLD_SIZE and WORLD_SIZE, as os.environ holds them), kept in the
-  Plan and compared at every call: a knob set, changed or unset between two calls makes the next one
-  take the full path (and replace the Plan), so it takes effect at once.
+- the `group` argument, the call kind and the default group (WORLD) at the time, by identity (the
+  Plan holds them, so their ids cannot be reused; a re-initialized WORLD is a new object: a miss);
+- the tensor's dtype and layout (only a CPU torch.Tensor or nn.Parameter with elements qualifies);
+- the arguments, op and predivide_factor with their types (so that True never stands for 1);
+- the raw value of every knob the CPU path reads (environment(): CPU_KNOBS), compared at every call,
+  so that a knob set, changed or unset takes effect at the next call.
 
-Only calls that passed every check get a Plan: a refused call runs the checks (and raises) each time.
-A call with RINGREDUCE_DEBUG set or under the profiler takes the full path (it logs, or opens a
-profiler range). forget() drops every Plan; _groups calls it when a ring's group is destroyed
-(forget_ring) and at exit (forget_groups). Tests: tests/test_fastpath.py.
+A refused call, a call with RINGREDUCE_DEBUG set or under the profiler takes the full path each time.
+forget() drops every Plan (_groups: a destroyed ring's group, and at exit).
 """
 
 from __future__ import annotations
@@ -35,8 +27,7 @@ import torch
 
 from ringreduce import _config
 
-# The environment variables whose values a check of the CPU all-reduce path reads (the GPU-only knobs
-# RINGREDUCE_LANES, RINGREDUCE_ONESHOT_BYTES and RINGREDUCE_NCCL_SIMPLE are not among them).
+# The environment variables whose values a check of the CPU all-reduce path reads.
 CPU_KNOBS = ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_CHECK", "RINGREDUCE_TIMEOUT",
              "RINGREDUCE_DEBUG", "RINGREDUCE_LOCAL_SIZE", "RINGREDUCE_SHM", "RINGREDUCE_WIRE_GATHER", "GROUP_RANK",
              "LOCAL_WORLD_SIZE", "WORLD_SIZE")
@@ -71,8 +62,7 @@ plans: dict[tuple[Any, ...], Plan] = {}
 
 
 def environment() -> tuple[bytes | None, ...] | None:
-    """The raw bytes of every knob the checks read (None for an unset one), or None where os.environ
-    keeps no bytes mapping (no plan is kept then)."""
+    """The raw bytes of every CPU knob (None: unset); None where os.environ keeps no bytes mapping."""
     if ENV_GET is None:
         return None
     return tuple(map(ENV_GET, ENV_KEYS))

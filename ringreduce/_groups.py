@@ -118,13 +118,9 @@ def _resolve_pg(pg: dist.ProcessGroup) -> GroupInfo | None:
 
 
 def resolve(group: Any) -> GroupInfo | None:
-    """Returns the ring's info, or None when this process is not a member of `group`.
-
-    `group`: None (WORLD), a ProcessGroup, or a DeviceMesh (1-D, or a multi-dimensional sub-mesh such
-    as ``mesh["dp", "cp"]``, flattened); a GroupInfo is returned as is (the "ringreduce" backend's
-    own calls). A group created with backend "ringreduce" resolves to the ring over its inner
-    group. Raises RuntimeError (with what to do) when
-    torch.distributed is not initialized, TypeError for anything else.
+    """The ring's info for `group` (None: WORLD, a ProcessGroup, a DeviceMesh, flattened when n-D, or a
+    GroupInfo, returned as is), or None on a rank outside it. A "ringreduce" group resolves to the ring
+    over its inner group. RuntimeError when torch.distributed is not initialized, TypeError otherwise.
     """
     if isinstance(group, GroupInfo):
         return group
@@ -146,9 +142,8 @@ def resolve(group: Any) -> GroupInfo | None:
             f"{type(group).__name__}"
         )
     pg = group if group is not None else dist.group.WORLD
-    # A process group's rank, size and ranks never change, so its GroupInfo is kept (with the group
-    # itself, so that the id cannot be reused by another group while it is cached): resolving costs
-    # one dictionary lookup per call instead of a dozen torch.distributed queries.
+    # A group's rank, size and ranks never change: its GroupInfo is kept, with the group itself so
+    # that its id cannot be reused while cached (one dict lookup instead of a dozen dist queries).
     hit = _resolved.get(id(pg))
     if hit is not None and hit[0] is pg:
         return hit[1]
@@ -180,9 +175,8 @@ def set_store(pg: Any, store: Any) -> None:
 
 
 def forget_ring(ring: GroupInfo) -> None:
-    """Drops every cached entry that refers to `ring`'s process group (its group is being destroyed):
-    the outer groups resolved to it, its store and its node layouts, and every plan of a repeated
-    call (Note [Fast path of a repeated call] in _fastpath.py)."""
+    """Drops every cached entry that refers to `ring`'s process group (being destroyed), and every plan
+    of a repeated call (Note [Fast path of a repeated call] in _fastpath.py)."""
     _fastpath.forget()
     with _resolved_lock:
         for key, (_, info) in list(_resolved.items()):
@@ -217,10 +211,9 @@ _NODE_KEY = "ringreduce/node_of_rank/{rank}"
 def _node_of_global_ranks(global_ranks: list[int]) -> list[int]:
     """Node id of each global rank, from the launcher (GROUP_RANK, LOCAL_WORLD_SIZE) or the override.
 
-    Hostnames are never used: simulated nodes share one host. Under a launcher every rank publishes
-    its GROUP_RANK once in the default store and reads those of the ring's ranks (one multi_get): a
-    rule computed locally from numbering (torchrun numbers ranks node by node) could not notice a
-    launcher that numbers otherwise on some ranks only, and ranks must agree on the layout.
+    Not from hostnames: simulated nodes share one host. Every rank publishes its GROUP_RANK in the
+    default store and reads the ring's (one multi_get) rather than deriving it from rank numbering,
+    so that all ranks agree on the layout whatever the launcher's numbering.
     """
     override = _config.local_size_override()
     if override is not None:
@@ -280,12 +273,10 @@ def node_layout(info: GroupInfo) -> NodeLayout:
 
 
 def choose_algorithm(info: GroupInfo, algorithm: str) -> tuple[int, tuple[int, ...]]:
-    """(local_size, members) of an all-reduce: local_size 0 is the flat ring over info.members; L > 0
-    the hierarchical all-reduce over `members` ordered node by node, L ranks per node.
-
-    "auto" picks hierarchical when the ring spans several nodes with the same number of its ranks on
-    each and more than one per node; "hierarchical" on one node (or one rank per node) is the flat
-    ring, since the node ring (or the cross-node ring) would be the whole ring.
+    """(local_size, members) of an all-reduce: 0 and info.members for the flat ring; L > 0 for the
+    hierarchical all-reduce over `members` ordered node by node, L ranks per node. "auto" picks it for
+    several equal nodes of more than one rank; "hierarchical" is the flat ring on one node or one rank
+    per node, ValueError on unequal nodes.
     """
     if algorithm == "ring" or info.size <= 2:
         return 0, info.members

@@ -1,23 +1,16 @@
 """Waiting for a native call in slices, so that Ctrl-C (SIGINT) interrupts it within a slice.
 
 Note [Ctrl-C]
-    A call blocked on a silent peer would otherwise wait, with the GIL released, until the group's
-    timeout (30 minutes by default): CPython runs its SIGINT handler only between bytecodes of the
-    main thread. So every wait of the CPU path is a loop of native waits of at most SLICE_MS
-    milliseconds; the interpreter raises KeyboardInterrupt between two of them. The waiting thread
-    then makes the ring unusable on this rank (``_C.interrupt_cpu``: every pending transfer of the
-    ring is aborted, so its worker stops at once and exits, and later calls fail with a message
-    that says why), gives the worker a moment to let go of the call's tensors, and re-raises. The
-    other ranks' calls fail with DistBackendError when this process exits or at their timeout;
-    this process can exit normally. A completed call costs one native wait, as before.
-    On CUDA tensors ``Work.wait(timeout=...)`` waits in the same slices, and an interrupt aborts the
-    group's communicator on this rank (ringreduce/_cuda.py). The other host waits of the GPU path are
-    inside a native call: the NCCL communicator's creation, the hand-off of each ring stage's first
-    exchange (the first contact with a peer waits up to the connect timeout), the agreement frames of
-    RINGREDUCE_CHECK=1, a full launch queue. They run Python's signal handlers themselves every 50 ms
-    and abort the communicator when one raised (Note [Interrupting a host wait on CUDA] in
-    csrc/cuda/host_interrupt.h); the unique ids' rendezvous through the store waits in slices
-    (``_cuda._wait_for_key``).
+    CPython runs its SIGINT handler only between bytecodes of the main thread, so a native wait on a
+    silent peer would last until the group's timeout. Every wait of the CPU path is therefore a loop
+    of native waits of at most SLICE_MS; on KeyboardInterrupt between two, the thread makes the ring
+    unusable on this rank (``_C.interrupt_cpu`` aborts its pending transfers, its worker exits and
+    later calls say why), lets the worker release the call's tensors, and re-raises. The peers fail
+    with DistBackendError when this process exits or at their timeout. A completed call costs one
+    native wait. On CUDA, ``Work.wait(timeout=...)`` waits in the same slices and an interrupt aborts
+    the group's communicator on this rank; the GPU path's native host waits run Python's signal
+    handlers themselves (Note [Interrupting a host wait on CUDA] in csrc/cuda/host_interrupt.h), and
+    the unique ids' rendezvous polls the store (``_cuda._wait_for_key``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """ringreduce's collectives as torch.library custom ops, so that torch.compile keeps them in its graph.
 
 Note [Collectives under torch.compile]
-    Dynamo cannot trace what an eager call does before its ring runs (group resolution caches, a
-    lock, environment knobs, the native handle). So the public functions (``rr.all_reduce``,
-    ``rr.all_reduce_avg``, ``rr.all_gather``, ``rr.reduce_scatter``, ``ringreduce.functional``)
-    take one of two paths: eagerly, the direct one (unchanged, no dispatcher round trip); while
-    Dynamo traces (``torch.compiler.is_compiling()``), one call of a custom op below, whose
-    arguments are all graph-friendly: the tensor, the op as a string, the group as its *name*
-    (``ProcessGroup.group_name``, as torch's ``_c10d_functional`` ops take it; Dynamo reads it at
-    trace time) and the group's size where the output shape depends on it. Each op has a fake
-    (meta) implementation for tracing; its real implementation resolves the name back to the
-    process group (cached) and runs the eager path, so a compiled call and an eager call are the
-    same call on the wire and give bitwise-identical results. The out-of-place ops carry autograd
-    formulas (Note [Gradient convention] in ringreduce/nn.py).
-
-    Ops (namespace ``ringreduce``): ``all_reduce_`` and ``all_reduce_avg_`` (in place, return
-    nothing), ``all_reduce``, ``all_reduce_avg``, ``all_gather`` and ``reduce_scatter`` (out of
-    place, inputs unchanged).
+    Dynamo cannot trace what an eager call does before its ring runs (caches, a lock, knobs, the
+    native handle). So the public collectives run eagerly as they are, and while Dynamo traces
+    (``torch.compiler.is_compiling()``) as one custom op below, whose arguments are graph-friendly:
+    the tensor, the op as a string, the group by *name* (as torch's ``_c10d_functional`` ops) and
+    its size where the output shape depends on it. Each op has a fake implementation for tracing;
+    the real one resolves the name to the process group and runs the eager path, so compiled and
+    eager calls are the same call on the wire. The out-of-place ops carry autograd formulas (Note
+    [Gradient convention] in ringreduce/nn.py); ``all_reduce_`` and ``all_reduce_avg_`` work in place.
 """
 
 from __future__ import annotations
@@ -39,10 +31,6 @@ def _block_shape(shape: torch.Size | tuple[int, ...], n: int, what: str) -> tupl
             f"pass shape ({n} * d0, ...)"
         )
     return (shape[0] // n, *shape[1:])
-
-
-def _gathered_shape(shape: torch.Size | tuple[int, ...], n: int) -> tuple[int, ...]:
-    return (n,) if len(shape) == 0 else (n * shape[0], *shape[1:])
 
 
 # ----------------------------------------------------------------------------------------- in place
@@ -133,7 +121,7 @@ def all_gather(tensor: torch.Tensor, group_size: int, group_name: str) -> torch.
 
 @all_gather.register_fake
 def _(tensor: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
-    return tensor.new_empty(_gathered_shape(tensor.shape, group_size))
+    return tensor.new_empty(scatter_gather.gathered_shape(tensor.shape, group_size))
 
 
 @torch.library.custom_op("ringreduce::reduce_scatter", mutates_args=())

@@ -13,6 +13,7 @@ import torch
 
 from ringreduce._types import ReduceOp
 
+ALGORITHMS = ("auto", "ring", "hierarchical")
 HALF_TYPES = (torch.float16, torch.bfloat16)
 WIRE_TYPES = (torch.bfloat16, torch.float16)
 _AVG_OR_SUM = {"avg": ReduceOp.AVG, "sum": ReduceOp.SUM}

@@ -2,16 +2,12 @@
 
 Note [Same parameters on every rank]
     Buckets pair rank A's k-th gradient element with rank B's k-th, so every rank must hold the same
-    parameters in the same order, with the same shapes and dtypes. A mismatch would otherwise show
-    only at the first backward, as an agreement error about bucket sizes that names no parameter (or,
-    with equal bucket sizes, as silently mixed gradients). At construction each rank digests its
-    list (count, then a 56-bit hash of every parameter's shape and dtype) into four int64 values
-    [count, hash, -count, -hash] and all-reduces them with MAX: one small ringreduce call on the
-    parameters' device. Equal digests everywhere leave [c, h, -c, -h]; anything else is seen on every
-    rank alike, and only then two more calls find the detail: a MAX all-reduce of per-parameter hashes
-    (and their negations) gives the first position where ranks differ, and an all-gather of a
-    fixed-size text names what each rank has there (its name when a module was given). Every rank
-    raises the same ValueError. DDP does the same at construction (``_verify_param_shape_across_processes``).
+    parameters in the same order, shapes and dtypes; otherwise the first backward would fail with an
+    agreement error that names no parameter, or silently mix gradients. At construction each rank
+    all-reduces [count, hash, -count, -hash] (a 56-bit hash of the shapes and dtypes) with MAX: equal
+    digests everywhere leave them unchanged, anything else is seen on every rank alike. Only then a
+    MAX all-reduce of per-parameter hashes finds the first difference, and an all-gather of a text per
+    rank names it, so every rank raises the same ValueError (as DDP checks at construction).
 """
 
 from __future__ import annotations
@@ -87,9 +83,8 @@ def check_same_parameters(tensors: list[torch.Tensor], names: list[str], group: 
 
 
 def warn_if_ddp(module_or_params: Any, stacklevel: int = 3) -> None:
-    """A UserWarning when a GradientAverager is put on a DistributedDataParallel module: DDP already
-    averages the gradients in its own backward, so they would be averaged twice (the second average
-    of equal gradients changes nothing but costs a second all-reduce of every gradient)."""
+    """A UserWarning when a GradientAverager is put on a DistributedDataParallel module (its gradients
+    would be averaged twice)."""
     import warnings
 
     from torch.nn.parallel import DistributedDataParallel
@@ -107,9 +102,8 @@ def warn_if_ddp(module_or_params: Any, stacklevel: int = 3) -> None:
 
 def check_model(module_or_params: Any, params: list[torch.Tensor], tensors: list[torch.Tensor], group: Any,
                 who: str = "GradientAverager") -> None:
-    """GradientAverager's construction checks: the DDP warning, then, where `group` has more than one
-    rank and this rank is one of them, check_same_parameters of the bucketed `tensors` (of `params`,
-    named from `module_or_params`)."""
+    """GradientAverager's construction checks: warn_if_ddp, then check_same_parameters of the bucketed
+    `tensors` where this rank is in a `group` of several ranks."""
     from ringreduce._groups import resolve
 
     warn_if_ddp(module_or_params, stacklevel=4)

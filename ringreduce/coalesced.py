@@ -15,17 +15,13 @@ from ringreduce._dispatch import local_refusal, local_tensor, refuse, run_all_re
 from ringreduce._groups import resolve
 from ringreduce._options import buffer_options
 from ringreduce._types import CallKind, FrameError, ReduceOp
-from ringreduce.work import Work
+from ringreduce.work import Work, Works
 
 
 class _FlatGroup:
     """Tensors of one dtype packed into one flat buffer, or reduced directly when `alone` (the call's
-    only buffer) and one dense tensor.
-
-    A call with several buffers packs every one of them: when a later buffer's ring raises (ranks
-    that disagree on it), no result is copied back, so the call leaves every tensor unchanged as its
-    error says, instead of a lone tensor of an earlier buffer already holding its result.
-    """
+    only buffer) and one dense tensor. With several buffers every one is packed, so that a later
+    buffer's error leaves every tensor unchanged (nothing is copied back)."""
 
     def __init__(self, tensors: list[torch.Tensor], alone: bool) -> None:
         self.tensors = tensors
@@ -55,12 +51,9 @@ class _FlatGroup:
                 offset += n
 
 
-class CoalescedWork(Work):
-    """Work of ``all_reduce_coalesced``: waits for every dtype's ring, then copies results back.
-
-    ``wait()`` returns True once every input tensor holds its result; ``get_future()`` resolves to
-    the list of input tensors (after the copy back), completed by ringreduce's worker thread.
-    """
+class CoalescedWork(Works, Work):
+    """Work of ``all_reduce_coalesced``: waits for every dtype's ring, then copies the results back
+    (``get_future()``'s value: the list of input tensors, after the copy)."""
 
     def __init__(self, works: list[Work], groups: list[_FlatGroup], tensors: list[torch.Tensor], describe: str):
         super().__init__(None, list(tensors), describe=describe)
@@ -87,30 +80,9 @@ class CoalescedWork(Work):
         self._copy_back_once()
         return True
 
-    def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self._works)
-
-    def is_success(self) -> bool:
-        return all(w.is_success() for w in self._works)
-
-    def exception(self) -> BaseException | None:
-        for w in self._works:
-            exc = w.exception()
-            if exc is not None:
-                return exc
-        return None
-
     def get_future(self) -> torch.futures.Future:
         if self._all_future is None:
-            futures = [w.get_future() for w in self._works]
-
-            def finish(fut: torch.futures.Future) -> list[torch.Tensor]:
-                for f in fut.value():
-                    f.value()  # raises the ring's error, if any
-                self._copy_back_once()
-                return self._result
-
-            self._all_future = torch.futures.collect_all(futures).then(finish)
+            self._all_future = self._all_future_of(self._copy_back_once, self._result)
         return self._all_future
 
     def __repr__(self) -> str:
@@ -144,26 +116,19 @@ def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, Any, BaseExcepti
 
 # Note [Options of a coalesced list]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# all_reduce_coalesced reduces each dtype's packed buffer with one all-reduce, so each option means
-# what it means to ringreduce.all_reduce, applied per buffer. Two options name the dtype they are for
-# and apply to the buffers of that dtype only, the others being reduced as they are (GradientAverager
-# treats its buckets the same way, Note [Options of a buffer] in _options.py): wire_dtype to the
-# float32 buffer, accum_dtype=torch.float32 to the float16/bfloat16 buffers. A wire_dtype that applies to no tensor of a non-empty list is refused
-# as all_reduce refuses the list's first tensor (a model without float32 gradients asked for a
-# 16-bit wire: GradientAverager refuses it too); any other accum_dtype is checked per tensor as
-# all_reduce checks it. predivide_factor and algorithm apply to every buffer, so a factor with an
-# integer tensor in the list is refused. The checks run for every tensor before any ring, and each
-# buffer's agreement frame carries the wire and the factor it runs with: ranks that disagree on them
-# raise at the frame of the first buffer they differ on, and no tensor changes (_FlatGroup packs
-# every buffer of a call with several). A rank that refuses the call locally sends one refusal frame
-# per ring the others run (_rings), so that a call of several buffers keeps the ranks in step.
+# Each dtype's packed buffer is reduced with one all-reduce, each option applied per buffer as
+# ringreduce.all_reduce applies it (wire_dtype and accum_dtype=float32 to their dtype's buffers only,
+# Note [Options of a buffer] in _options.py). A wire_dtype that applies to no tensor of a non-empty
+# list is refused as all_reduce refuses the first tensor. Every tensor is checked before any ring, and
+# each buffer's frame carries its wire and factor, so ranks that disagree raise with no tensor changed.
+# A refusing rank sends one refusal frame per ring the others run (_rings), keeping the ranks in step.
 
 
 def _refusal(
     listed: list[torch.Tensor], op: Any, accum_dtype: Any, algorithm: Any, wire_dtype: Any, predivide_factor: Any
 ) -> tuple[Any, BaseException | None]:
-    """(frame error code, exception) from purely local checks of every tensor of `listed` with the
-    options its buffer takes, as all_reduce checks a tensor (Note [Options of a coalesced list])."""
+    """(frame error code, exception) from local checks of every tensor with its buffer's options (Note
+    [Options of a coalesced list])."""
     if not listed:
         # No tensor: the options alone, as all_reduce checks them (on an empty float32 stand-in).
         probe = torch.empty(0)
@@ -187,11 +152,9 @@ def _refusal(
 
 
 def _rings(tensors: Any, algorithm: Any, wire_dtype: Any) -> list[Any]:
-    """The algorithm of each ring a rank that passes the same list runs, in order: one per dtype of
-    its non-empty tensors in order of first appearance (none when there is none), the float32
-    buffer's on the flat ring when a 16-bit wire is asked for (as run_all_reduce runs it). A
-    refusing rank sends a refusal frame around each, so that the ranks stay in step; for a list that
-    is not one, or holds a non-tensor, at least one (a guess: the others hold a tensor there)."""
+    """The algorithm of each ring a rank passing the same list runs: one per dtype of its non-empty
+    tensors (a 16-bit wire's float32 buffer on the flat ring); at least one for a list that is not
+    one or holds a non-tensor (a guess: the others hold a tensor there)."""
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
         return [algorithm]
     elements = [local_tensor(t) for t in tensors]
@@ -273,8 +236,6 @@ def all_reduce_coalesced(
         assert listed is not None
         code, exc = _refusal(listed, op, accum_dtype, algorithm, wire_dtype, predivide_factor)
     if exc is not None:
-        if info is None:
-            raise exc
         # The device the other ranks run this call on: the list's (CPU for a list that is not one).
         device = listed[0].device if listed else None
         refuse(info, CallKind.ALL_REDUCE_COALESCED, code, exc, device, _rings(tensors, algorithm, wire_dtype))

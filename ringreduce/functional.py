@@ -47,10 +47,7 @@ def _check_tensor(tensor: Any, what: str, kind: Any, group: Any) -> None:
     exc = TypeError(f"ringreduce.functional.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
     if torch.compiler.is_compiling():
         raise exc
-    info = resolve(group)
-    if info is None:
-        raise exc
-    refuse(info, kind, FrameError.NOT_A_TENSOR, exc, None)
+    refuse(resolve(group), kind, FrameError.NOT_A_TENSOR, exc, None)
 
 
 def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None) -> torch.Tensor:

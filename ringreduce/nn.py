@@ -7,21 +7,15 @@ reduced input and sends gradients back to every rank's input. Both run ringreduc
 of the ring in backward.
 
 Note [Gradient convention]
-    The loss being differentiated is the *sum over ranks* of the losses each rank backpropagates,
-    as in torch.distributed.nn. So the backward of ``all_gather`` is a SUM reduce-scatter of the
-    incoming gradients: rank r receives, for its input (block r of the gathered tensor), the sum
-    over ranks of the gradient each rank computed for block r. The backward of
-    ``reduce_scatter(op="sum")`` is an all-gather of the gradients of the output blocks;
-    ``op="avg"`` divides that by n as well.
+    The loss being differentiated is the *sum over ranks* of the losses each rank backpropagates, as
+    in torch.distributed.nn. So the backward of ``all_gather`` is a SUM reduce-scatter: rank r's input
+    (block r) receives the sum over ranks of the gradients of block r. The backward of
+    ``reduce_scatter`` is an all-gather of the output gradients (divided by n for ``op="avg"``).
 
-    The usual case: every rank computes *the same* loss L over the gathered outputs (the full
-    batch). Rank r's gradient for its input is then n * dL/d(block r), and its parameter
-    gradients are n times its share of dL/dtheta (the part that flows through its own inputs).
-    Averaging the parameter gradients over ranks (GradientAverager, all_reduce_avg) sums the n
-    shares and divides by n: every rank ends with exactly dL/dtheta, the gradient of one process
-    computing L on the concatenated batch. No rescaling of the loss and no "replace your own slot
-    of a no-grad gather" step is needed. The same holds when rank r computes its own loss L_r
-    (say over its local queries against all gathered keys): the averaged gradient is that of
+    When every rank computes *the same* loss L over the gathered outputs, rank r's parameter
+    gradients are n times its share of dL/dtheta; averaging them over ranks (GradientAverager,
+    all_reduce_avg) leaves exactly dL/dtheta on every rank, as one process computing L on the whole
+    batch: no loss rescaling needed. With a loss L_r per rank, the averaged gradient is that of
     mean_r L_r.
 
 Contrastive (InfoNCE / CLIP-style) loss over the global batch::
@@ -174,10 +168,7 @@ def reduce_scatter(input: torch.Tensor, op: Any = "sum", group: Any = None) -> t
             f"{info.size} blocks on dim 0; pass shape ({info.size} * d0, ...)"
         ))
     if error is not None:
-        code, exc = error
-        if info is None:
-            raise exc
-        refuse(info, kind, code, exc, device_of(input))
+        refuse(info, kind, *error, device_of(input))
     if info is None:
         return None
     return _ReduceScatter.apply(input, rop, group, info.size)

@@ -18,10 +18,9 @@ from ringreduce._types import CallKind, FrameError, ReduceOp
 from ringreduce.work import Work
 
 
-def _gathered_shape(tensor: torch.Tensor, n: int) -> tuple[int, ...]:
-    if tensor.dim() == 0:
-        return (n,)
-    return (n * tensor.shape[0], *tensor.shape[1:])
+def gathered_shape(shape: torch.Size | tuple[int, ...], n: int) -> tuple[int, ...]:
+    """The shape of `n` blocks of `shape` concatenated on dim 0 (``(n,)`` for 0-d blocks)."""
+    return (n,) if len(shape) == 0 else (n * shape[0], *shape[1:])
 
 
 def reduce_scatter(
@@ -92,22 +91,11 @@ def reduce_scatter(
         elif output.layout != torch.strided:
             code, exc = FrameError.SPARSE, ValueError("ringreduce.reduce_scatter: output must be a dense tensor")
     if exc is not None:
-        if info is None:
-            raise exc
         refuse(info, kind, code, exc, device_of(input))
     assert rop is not None
     if info is None:
         return Work.completed([output]) if async_op else None
-    if output.numel() == 0 or info.size == 1:
-        if output.numel():
-            output.copy_(input.reshape(output.shape))
-        return Work.completed([output]) if async_op else None
-    if input.is_cuda:
-        from ringreduce import _cuda
-
-        return _cuda.cuda_ring_half(input, output, rop, info, async_op, int(kind))
-    # detach(): the worker thread copies from the input, and must not record autograd history there
-    return run_ring_half(info, input.detach(), output, rop, kind, async_op, output)
+    return run_ring_half(info, input, output, rop, kind, async_op)
 
 
 def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
@@ -146,12 +134,10 @@ def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) 
     info = resolve(group)
     code, exc, _, _ = local_refusal(tensor, ReduceOp.SUM, None, "ring")
     if exc is not None:
-        if info is None:
-            raise exc
         refuse(info, kind, code, exc, device_of(tensor))
     if info is None:
         return None
-    out = torch.empty(_gathered_shape(tensor, info.size), dtype=tensor.dtype, device=tensor.device)
+    out = torch.empty(gathered_shape(tensor.shape, info.size), dtype=tensor.dtype, device=tensor.device)
     work = gather_into(info, out, tensor, async_op)
     return work if async_op else out
 
@@ -160,13 +146,4 @@ def gather_into(info: Any, out: torch.Tensor, tensor: torch.Tensor, async_op: bo
     """The ring's all-gather of `tensor` (already accepted by local_refusal) into `out`, a dense
     row-major tensor of ``info.size * tensor.numel()`` elements of its dtype and device, on the ring of
     `info` (a GroupInfo this rank is a member of)."""
-    kind = CallKind.ALL_GATHER
-    if tensor.numel() == 0 or info.size == 1:
-        if tensor.numel():
-            out.copy_(tensor.reshape(out.shape))
-        return Work.completed([out]) if async_op else None
-    if tensor.is_cuda:
-        from ringreduce import _cuda
-
-        return _cuda.cuda_ring_half(tensor, out, ReduceOp.SUM, info, async_op, int(kind))
-    return run_ring_half(info, tensor.detach(), out, ReduceOp.SUM, kind, async_op, out)  # see reduce_scatter
+    return run_ring_half(info, tensor, out, ReduceOp.SUM, CallKind.ALL_GATHER, async_op)

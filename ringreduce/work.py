@@ -154,3 +154,33 @@ class Work:
     def __repr__(self) -> str:
         state = "completed" if self.is_completed() else "pending"
         return f"<ringreduce.Work {self._describe} {state}>"
+
+
+class Works:
+    """What a Work made of several calls (``self._works``) answers: done, succeeded, the first error."""
+
+    _works: list[Any]
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._works)
+
+    def exception(self) -> BaseException | None:
+        for w in self._works:
+            exc = w.exception()
+            if exc is not None:
+                return exc
+        return None
+
+    def _all_future_of(self, finish: Callable[[], None], result: list[torch.Tensor]) -> torch.futures.Future:
+        """A future of every call's future: raises the first error, else runs `finish`, then holds `result`."""
+
+        def done(all_done: torch.futures.Future) -> list[torch.Tensor]:
+            for f in all_done.value():
+                f.value()  # raises the call's error
+            finish()
+            return result
+
+        return torch.futures.collect_all([w.get_future() for w in self._works]).then(done)

@@ -9,21 +9,16 @@ every other collective runs on an inner gloo (CPU) or NCCL (CUDA) group (ringred
 
 Note [A ProcessGroup, not a Backend]
     The creator returns a Python subclass of ``dist.ProcessGroup`` (RingreduceProcessGroup), which
-    torch then uses as the group itself (distributed_c10d.py: "If the type is a subclass of
-    ProcessGroup then return this process group immediately"), rather than a subclass of c10d's
-    ``Backend`` registered inside a ProcessGroup. Checked on torch 2.14.1 and 2.11.0:
-    - torch.distributed's functions call a Python process group's methods from Python
-      (``group.allreduce([t], opts)``) and return its Work object unchanged, so ``is_completed``,
-      ``is_success``, ``exception``, ``wait(timeout)`` and ``get_future`` are ringreduce's. A Python
-      Backend's Work reaches the caller wrapped in torch's PyWorkHolder, which forwards only
-      ``wait`` and ``get_future``: its ``is_completed()`` stays False forever.
-    - C++ callers (DDP's reducer, _verify_params_across_processes) reach the same methods through
-      torch's trampoline for Python process groups (PyProcessGroup, in torch for years); the
-      trampoline for Python Backends (PyBackend) is recent (pytorch pull request 189817), so a
-      Backend subclass may not be called at all on the oldest torch setup.py accepts.
-    ``python_process_groups_supported()`` checks the feature itself, not a version string: a
-    throwaway subclass's ``getBackendName`` must answer ``name()``, which C++ routes through the
-    trampoline. Without it creating a group raises a RuntimeError that says what to use instead.
+    torch uses as the group itself ("If the type is a subclass of ProcessGroup then return this
+    process group immediately"), rather than a c10d ``Backend`` subclass inside a ProcessGroup:
+    - torch.distributed's functions return a Python process group's Work unchanged, so all of its
+      methods are ringreduce's; a Python Backend's Work reaches the caller wrapped in PyWorkHolder,
+      which forwards only ``wait`` and ``get_future`` (its ``is_completed()`` stays False).
+    - C++ callers (DDP's reducer) reach the methods through torch's long-standing PyProcessGroup
+      trampoline; the PyBackend trampoline is too recent for the oldest torch setup.py accepts.
+    ``python_process_groups_supported()`` checks the feature itself: a throwaway subclass's
+    ``getBackendName`` must answer ``name()``, which C++ routes through the trampoline. Without it,
+    creating a group raises a RuntimeError that says what to use instead.
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ from typing import Any
 
 import torch
 
-_ALGORITHMS = ("auto", "ring", "hierarchical")
-_WIRE = (torch.bfloat16, torch.float16)
+from ringreduce._options import ALGORITHMS, HALF_TYPES, WIRE_TYPES
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class BackendOptions:
                 f"ringreduce.BackendOptions: accum_dtype must be torch.float32 or None, got {self.accum_dtype} "
                 "(float16/bfloat16 partial sums then travel in float32)"
             )
-        if self.wire_dtype is not None and self.wire_dtype not in _WIRE:
+        if self.wire_dtype is not None and self.wire_dtype not in WIRE_TYPES:
             raise ValueError(
                 f"ringreduce.BackendOptions: wire_dtype must be torch.bfloat16, torch.float16 or None, got "
                 f"{self.wire_dtype}"
@@ -64,14 +63,14 @@ class BackendOptions:
             raise ValueError(
                 f"ringreduce.BackendOptions: wire_gather must be 16, 32 or None, got {self.wire_gather!r}"
             )
-        if self.algorithm not in _ALGORITHMS:
+        if self.algorithm not in ALGORITHMS:
             raise ValueError(
-                f"ringreduce.BackendOptions: algorithm must be one of {_ALGORITHMS}, got {self.algorithm!r}"
+                f"ringreduce.BackendOptions: algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}"
             )
 
     def accum_for(self, tensor: torch.Tensor) -> torch.dtype | None:
         """accum_dtype where it fits `tensor` (float16/bfloat16), else None."""
-        return self.accum_dtype if tensor.dtype in (torch.float16, torch.bfloat16) else None
+        return self.accum_dtype if tensor.dtype in HALF_TYPES else None
 
     def wire_for(self, dtype: torch.dtype, op_is_sum_or_avg: bool) -> torch.dtype | None:
         """wire_dtype where it fits (`dtype` is float32 and `op_is_sum_or_avg`: SUM or AVG), else None."""

@@ -23,15 +23,14 @@ from ringreduce import _groups
 from ringreduce._dispatch import device_of, local_refusal, refuse, run_all_reduce
 from ringreduce._groups import GroupInfo
 from ringreduce._native import C
+from ringreduce._options import HALF_TYPES
 from ringreduce._types import CallKind, FrameError, ReduceOp, to_reduce_op
-from ringreduce.backend import GLOO_ALLTOALL_TORCH, torch_at_least
+from ringreduce.backend import GLOO_ALLTOALL_TORCH, NAME, torch_at_least
 from ringreduce.backend.inner import InnerGroup
 from ringreduce.backend.options import BackendOptions
 from ringreduce.backend.work import BackendWork, TorchWorkCall
 from ringreduce.coalesced import all_reduce_coalesced
 from ringreduce.scatter_gather import gather_into, reduce_scatter
-
-NAME = "ringreduce"
 
 
 def ring_op(op: Any) -> ReduceOp | None:
@@ -55,14 +54,18 @@ def _plain(t: torch.Tensor) -> bool:
     return t.is_contiguous() and not t.is_conj() and not t.is_neg()
 
 
-class RingreduceProcessGroup(dist.ProcessGroup):
-    """One process group of backend "ringreduce" (the registered creator makes it; torch uses it as the
-    group itself, Note [A ProcessGroup, not a Backend] in ringreduce/backend/__init__.py).
+def _delegated(name: str, method: str) -> Callable[..., Any]:
+    """A method that hands its arguments, as they came, to the inner group's `method` (_delegate)."""
 
-    torch.distributed's functions call its methods from Python (``group.allreduce([t], opts)``) and
-    return its :class:`BackendWork` as is; C++ callers (DDP's reducer) reach the same methods through
-    torch's trampoline for Python process groups.
-    """
+    def call(self: RingreduceProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        return self._delegate(name, method, *args, **kwargs)
+
+    return call
+
+
+class RingreduceProcessGroup(dist.ProcessGroup):
+    """One process group of backend "ringreduce", used by torch as the group itself (Note [A
+    ProcessGroup, not a Backend] in ringreduce/backend/__init__.py)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any, group_id: str,
                  global_ranks: list[int], options: BackendOptions) -> None:
@@ -158,7 +161,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         o = self._options
         dtypes = {t.dtype for t in tensors if isinstance(t, torch.Tensor)}
         wire = o.wire_dtype if dtypes == {torch.float32} and rop in (ReduceOp.SUM, ReduceOp.AVG) else None
-        accum = o.accum_dtype if dtypes and dtypes <= {torch.float16, torch.bfloat16} else None
+        accum = o.accum_dtype if dtypes and dtypes <= set(HALF_TYPES) else None
         with self._ring_call("all_reduce_coalesced"):
             work = all_reduce_coalesced(tensors, rop, self.ring, True, accum, o.algorithm, wire)
         return BackendWork([work], list(tensors))
@@ -279,23 +282,16 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         with _profile(name):
             return getattr(pg, method)(*args, **kwargs)
 
-    def broadcast(self, *args: Any, **kwargs: Any) -> Any:
-        return self._delegate("broadcast", "broadcast", *args, **kwargs)
-
-    def reduce(self, *args: Any, **kwargs: Any) -> Any:
-        return self._delegate("reduce", "reduce", *args, **kwargs)
-
-    def allreduce_sparse(self, *args: Any, **kwargs: Any) -> Any:
-        return self._delegate("sparse_all_reduce", "allreduce", *args, **kwargs)
-
-    def allgather_coalesced(self, *args: Any, **kwargs: Any) -> Any:
-        return self._delegate("all_gather_coalesced", "allgather_coalesced", *args, **kwargs)
-
-    def gather(self, *args: Any, **kwargs: Any) -> Any:
-        return self._delegate("gather", "gather", *args, **kwargs)
-
-    def scatter(self, *args: Any, **kwargs: Any) -> Any:
-        return self._delegate("scatter", "scatter", *args, **kwargs)
+    broadcast = _delegated("broadcast", "broadcast")
+    reduce = _delegated("reduce", "reduce")
+    allreduce_sparse = _delegated("sparse_all_reduce", "allreduce")
+    allgather_coalesced = _delegated("all_gather_coalesced", "allgather_coalesced")
+    gather = _delegated("gather", "gather")
+    scatter = _delegated("scatter", "scatter")
+    all_to_all_single = alltoall_base = _delegated("all_to_all", "alltoall_base")
+    send = _delegated("send", "send")
+    recv = _delegated("recv", "recv")
+    recv_anysource = _delegated("recv", "recv_anysource")
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         """all_to_all's list form: the inner backend's, except CPU tensors that gloo cannot take (a torch
@@ -326,20 +322,6 @@ class RingreduceProcessGroup(dist.ProcessGroup):
             work = self._inner.pg.alltoall_base(recv, send, out_splits, in_splits,
                                                 opts if opts is not None else dist.AllToAllOptions())
         return BackendWork([TorchWorkCall(work)], list(outputs), finish)
-
-    def all_to_all_single(self, *args: Any, **kwargs: Any) -> Any:
-        return self._delegate("all_to_all", "alltoall_base", *args, **kwargs)
-
-    alltoall_base = all_to_all_single
-
-    def send(self, *args: Any, **kwargs: Any) -> Any:
-        return self._delegate("send", "send", *args, **kwargs)
-
-    def recv(self, *args: Any, **kwargs: Any) -> Any:
-        return self._delegate("recv", "recv", *args, **kwargs)
-
-    def recv_anysource(self, *args: Any, **kwargs: Any) -> Any:
-        return self._delegate("recv", "recv_anysource", *args, **kwargs)
 
     def barrier(self, *args: Any, **kwargs: Any) -> Any:
         # the inner gloo's (a host barrier) whatever the tensors' device

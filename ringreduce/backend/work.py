@@ -10,12 +10,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce.work import Work
+from ringreduce.work import Work, Works
 
 _TorchWork = dist._Work if hasattr(dist, "_Work") else torch._C._distributed_c10d.Work
 
 
-class BackendWork(_TorchWork):  # type: ignore[misc, valid-type]
+class BackendWork(Works, _TorchWork):  # type: ignore[misc, valid-type]
     """What ``dist.all_reduce(t, group=g, async_op=True)`` returns on a "ringreduce" group.
 
     Wraps ringreduce's own :class:`ringreduce.Work` calls (several for a coalesced list of
@@ -51,19 +51,6 @@ class BackendWork(_TorchWork):  # type: ignore[misc, valid-type]
         self._run_finish()
         return True
 
-    def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self._works)
-
-    def is_success(self) -> bool:
-        return all(w.is_success() for w in self._works)
-
-    def exception(self) -> Any:
-        for work in self._works:
-            exc = work.exception()
-            if exc is not None:
-                return exc
-        return None
-
     def result(self) -> list[torch.Tensor]:
         return self._result
 
@@ -78,15 +65,7 @@ class BackendWork(_TorchWork):  # type: ignore[misc, valid-type]
         elif len(self._works) == 1 and self._finish is None:
             fut = self._works[0].get_future()  # its value is already [tensor] (CUDA: CUDA-aware)
         else:
-            futures = [w.get_future() for w in self._works]
-
-            def done(all_done: Any) -> list[torch.Tensor]:
-                for f in all_done.value():
-                    f.value()  # raises the call's error
-                self._run_finish()
-                return result
-
-            fut = torch.futures.collect_all(futures).then(done)
+            fut = self._all_future_of(self._run_finish, result)
         self._future = fut
         return fut
 

@@ -2,50 +2,38 @@
 still runs, its no_sync/accumulation, Join and DTensor support.
 
 Note [End of backward]
-    The first hook of a synced backward queues a callback on the autograd engine. It launches
-    the buckets that never became ready (their missing gradients as zeros), waits for every bucket
-    and writes the averages back. Under reentrant activation checkpointing the inner backward is a
-    separate graph task whose callbacks run when the *inner* backward ends, while the outer one is
-    still going. Such a callback sees the outer node still executing
-    (``torch._C._current_autograd_node()`` is not None); it does not finish the round but puts a
-    post-hook on that outer node, which queues the callback again, this time on the outer graph
-    task.
+    The first hook of a synced backward queues an autograd engine callback that launches the buckets
+    that never became ready (missing gradients as zeros), waits for every bucket and writes the
+    averages back. Under reentrant checkpointing the inner backward is its own graph task, whose
+    callbacks run while the outer node still executes (``torch._C._current_autograd_node()`` is not
+    None): such a callback puts a post-hook on that node instead, which queues it again on the outer
+    graph task.
 
 Note [Unused parameters]
-    A parameter is *used* on a rank when its gradient was accumulated since the last synced
-    backward (no_sync steps included). The used flags ride as extra elements of the last bucket
-    (AVG of 0/1 flags is non-zero iff some rank used the parameter), so deciding costs no extra
-    round trip. Parameters used by some rank get the average on every rank (a rank without a
-    gradient contributes zeros); parameters no rank used keep their gradient untouched (None stays
-    None), as DDP with ``find_unused_parameters=True`` does. The last bucket is launched only after
-    all earlier ones, i.e. when all hooks have fired or at the end of backward, so its flags are
-    final when it goes out.
+    A parameter is *used* on a rank when its gradient was accumulated since the last synced backward
+    (no_sync steps included). The used flags ride as extra elements of the last bucket (the AVG of 0/1
+    flags is non-zero iff some rank used it): no extra round trip. Parameters some rank used get the
+    average everywhere (zeros from ranks without a gradient); the others keep their gradient (None
+    stays None), as DDP with ``find_unused_parameters=True``. The last bucket goes out after all
+    earlier ones, when every hook fired or at the end of backward, so its flags are final.
 
 Note [Uneven inputs]
-    The Join protocol (torch.distributed.algorithms.join), as DDP follows it, with one backward as
-    one iteration. An active rank's first gradient hook of each backward calls
-    ``Join.notify_join_context`` (an all-reduce of 1: "still training", plus the early-termination
-    all-reduce when asked for) and then all-reduces its sync flag (1 unless in ``no_sync``). A rank
-    that ran out of inputs sits in ``Join.__exit__``, which all-reduces 0 against the first and
-    calls main_hook: it all-reduces 0 against the flag, and if any rank syncs it launches one
-    all-reduce of zeros per bucket, in bucket order, like the active ranks' buckets (same sizes,
-    dtypes, op and accumulation, so the agreement frames match). The averages therefore sum the
-    active ranks' gradients; divided by the group's size by default (AVG, as DDP's
-    ``divide_by_initial_world_size=True``), or, with ``divide_by_initial_world_size=False``,
-    summed (SUM on every rank) and divided by the number of syncing ranks, the flags' sum. Once every
-    rank joined, post_hook agrees on a rank that joined last (an all-reduce MAX of candidate ranks)
-    and broadcasts its parameters to every rank, since the others stopped stepping, as DDP does.
+    The Join protocol as DDP follows it, one backward per iteration. An active rank's first hook of a
+    backward calls ``Join.notify_join_context`` (an all-reduce of 1, plus the early-termination one)
+    and all-reduces its sync flag (1 unless in ``no_sync``). A joined rank, in ``Join.__exit__``,
+    all-reduces 0 against both and, if any rank syncs, one all-reduce of zeros per bucket in bucket
+    order with the same sizes, dtypes, op and options, so the agreement frames match. The sum is
+    divided by the group's size (AVG, ``divide_by_initial_world_size=True``) or, with False, summed
+    and divided by the syncing ranks (the flags' sum). Once every rank joined, post_hook agrees on a
+    last joiner (an all-reduce MAX) and broadcasts its parameters to every rank, as DDP does.
 
 Note [DTensor gradients]
-    A DTensor parameter is bucketed by its local shard (shape, dtype and device of its local
-    tensor); its gradient's local shard is copied into the bucket and the average is written back
-    into that shard in place, so the gradient stays the same DTensor with the same placements (a
-    gradient the averager creates, for a parameter this rank did not use, gets the parameter's
-    placements). With ``gradient_as_bucket_view=True`` the gradient is a DTensor whose local
-    shard is the bucket slot. Averaging local shards is right for Shard and Replicate placements,
-    and for Partial placements on mesh dimensions that are *not* averaged (the average commutes
-    with the pending sum). A Partial placement on an averaged dimension would mix two reductions
-    of the same ranks: such a gradient raises RuntimeError.
+    A DTensor parameter is bucketed by its local shard; its gradient's local shard is copied in and
+    the average written back in place, so the gradient keeps its placements (one the averager creates
+    gets the parameter's). With ``gradient_as_bucket_view=True`` the gradient is a DTensor whose local
+    shard is the bucket slot. Averaging local shards is right for Shard and Replicate placements, and
+    for Partial ones on mesh dimensions not averaged (the average commutes with the pending sum); a
+    Partial placement on an averaged dimension would mix two reductions and raises RuntimeError.
 """
 
 from __future__ import annotations
@@ -427,9 +415,8 @@ class GradientAverager(Joinable):
             b.work = None
 
     def _refuse_round(self, accumulated: int) -> None:
-        """A synced backward after the wrong number of no_sync() backwards: every bucket of the round is
-        refused (the other ranks' calls for them raise at once, Note [Cross-rank agreement]), then
-        RuntimeError."""
+        """Refuses every bucket of a synced backward after the wrong number of no_sync() backwards (the
+        others' calls raise at once, Note [Cross-rank agreement]), then raises RuntimeError."""
         message = (
             f"ringreduce.GradientAverager: accumulation_steps={self.accumulation_steps}, but this synced backward "
             f"follows {accumulated - 1} backwards inside no_sync() (expected {self.accumulation_steps - 1}), so "

@@ -1,14 +1,12 @@
 """GradientAverager's buckets: which parameters share a flat buffer, and the gradient views into it.
 
 Note [Buckets and launch order]
-    Parameters that require grad are packed, in reverse registration order (roughly the order in
-    which backward produces their gradients), into flat buckets, one dtype and device per bucket.
-    The first bucket of each (dtype, device) is capped at ``first_bucket_mb`` so that communication
-    starts early; the others at ``bucket_cap_mb``. The assignment depends only on the parameter
-    list, so it is identical on every rank. A bucket is *ready* when every one of its parameters
-    has had its gradient accumulated in this backward (a post-accumulate-grad hook); ready buckets
-    are launched as asynchronous ringreduce AVG all-reduces **strictly in bucket-index order**:
-    post-accumulate-grad hooks fire in different orders on different ranks, and an out-of-order
+    Parameters that require grad are packed in reverse registration order (roughly the order backward
+    produces their gradients) into flat buckets of one dtype and device, the first of each capped at
+    ``first_bucket_mb`` so that communication starts early, the others at ``bucket_cap_mb``: the same
+    on every rank, since only the parameter list decides. A bucket is *ready* once each of its
+    parameters' gradients was accumulated in this backward; ready buckets are launched **strictly in
+    bucket-index order**, since hooks fire in different orders on different ranks and an out-of-order
     launch would pair rank A's bucket 2 with rank B's bucket 1.
 """
 
@@ -82,10 +80,8 @@ def _collect_params(module_or_params: Any) -> list[torch.nn.Parameter]:
 def _assign_buckets(
     params: list[torch.Tensor], cap_bytes: int, first_cap_bytes: int
 ) -> list[tuple[torch.dtype, torch.device, list[int]]]:
-    """Groups parameter indices into buckets: reverse order, per (dtype, device), capped in bytes.
-
-    Returns the buckets in launch order (by the reverse position of their first parameter).
-    """
+    """Parameter indices grouped into buckets (reverse order, per dtype and device, capped in bytes),
+    in launch order (by the reverse position of their first parameter)."""
     open_: dict[tuple[torch.dtype, torch.device], list[int]] = {}
     size: dict[tuple[torch.dtype, torch.device], int] = {}
     closed_count: dict[tuple[torch.dtype, torch.device], int] = {}
@@ -134,9 +130,8 @@ def _is_dtensor(t: Any) -> bool:
 
 
 def _as_grad(local: torch.Tensor, param: torch.Tensor, like: torch.Tensor | None) -> torch.Tensor:
-    """`local` as the gradient of `param`: itself for a plain parameter; for a DTensor parameter a
-    DTensor whose local shard is `local` (same memory), with the placements of `like` (the gradient
-    it replaces) or else of `param`. See Note [DTensor gradients]."""
+    """`local` as the gradient of `param`: itself, or for a DTensor parameter a DTensor over it with the
+    placements of `like` (the gradient it replaces) or else of `param` (Note [DTensor gradients])."""
     if not _is_dtensor(param):
         return local
     from torch.distributed.tensor import DTensor
