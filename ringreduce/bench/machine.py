@@ -78,12 +78,16 @@ def describe(backend: str, world_size: int, hosts: list[str], transport: str | N
     }
 
 
-def short_title(machine: dict[str, Any]) -> str:
-    """One line for titles: devices, nodes, world size and backend."""
+def devices(machine: dict[str, Any]) -> str:
+    """The GPUs (else the CPU and its cores) and, beyond one, the nodes."""
     if machine.get("gpus"):
         device = f"{len(machine['gpus'])}x {machine['gpus'][0]}"
     else:
         device = f"{machine['cpu_model']}, {machine['cpu_cores']} cores"
-    nodes = f", {machine['nodes']} nodes" if machine.get("nodes", 1) > 1 else ""
+    return device + (f", {machine['nodes']} nodes" if machine.get("nodes", 1) > 1 else "")
+
+
+def short_title(machine: dict[str, Any]) -> str:
+    """One line for titles: devices, nodes, world size and backend."""
     transport = f", {machine['transport']}" if machine.get("transport") else ""
-    return f"{device}{nodes}; {machine['world_size']} ranks ({machine['backend']}{transport})"
+    return f"{devices(machine)}; {machine['world_size']} ranks ({machine['backend']}{transport})"

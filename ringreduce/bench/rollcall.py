@@ -1,12 +1,9 @@
 """Joining the default group with a roll call: a rank or host that never joins is named.
 
-torch's env:// rendezvous says only "Timed out after 600 seconds waiting for clients. 2/4 clients
-joined." on rank 0 and "wait timeout ... keys: /default_pg/0//cpu//0/0" on the others. Here every
-rank first writes its hostname and node (GROUP_RANK) into the store, waits for all the others' with
-the group's timeout, and at the timeout raises DistStoreError naming the ranks that never wrote, their
-node (torchrun numbers ranks node by node: rank // LOCAL_WORLD_SIZE) and the hosts that did join;
-only then does ``init_process_group`` run, on that store. Used by the benchmarks' ranks (env://, as
-torchrun or ``python -m ringreduce.bench.cluster`` starts them).
+torch's env:// rendezvous says only "2/4 clients joined". Here every rank first writes its hostname and
+node into the store and waits for all the others' with the group's timeout; at the timeout it raises
+DistStoreError naming the missing ranks, their node (rank // LOCAL_WORLD_SIZE, torchrun's numbering)
+and the hosts that did join. Only then does ``init_process_group`` run, on that store.
 """
 
 from __future__ import annotations
