@@ -19,8 +19,7 @@ def _inputs(rank: int, count: int, device: torch.device) -> torch.Tensor:
 
 def relative_errors(impls: list[Impl], op: str, count: int, rank: int, world_size: int,
                     device: torch.device) -> dict[str, float]:
-    """{implementation name: relative L2 error} of each of `impls` reducing (`op` "avg" or "sum") this
-    rank's `count` random float32 elements on `device`, in the group of `world_size` ranks."""
+    """{name: relative L2 error} of each of `impls` reducing (`op`) `count` random float32s on `device`."""
     results = {}
     for impl in impls:
         t = _inputs(rank, count, device)

@@ -48,9 +48,8 @@ def ranks_share_gpus(local_ranks: int, gpus: int) -> bool:
 
 
 def nccl_rank_env(rank: int, local_ranks: int, gpus: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The NCCL environment of global rank `rank` (Note [Ranks sharing a GPU]): nothing when every
-    local rank has a GPU of its own; else its own NCCL_HOSTID and the socket transport over `lo`
-    (a NCCL_SOCKET_IFNAME already set is kept)."""
+    """The NCCL environment of global rank `rank` of `local_ranks` on `gpus` (Note [Ranks sharing a
+    GPU]): nothing without sharing; else a NCCL_HOSTID and the socket transport (`environ`'s ifname kept)."""
     if not ranks_share_gpus(local_ranks, gpus):
         return {}
     environ = os.environ if environ is None else environ

@@ -62,8 +62,7 @@ def _ringreduce_call(op: str, **options: Any) -> Callable[[torch.Tensor], None]:
 
 
 def _compress_hook_call(op: str, wire: torch.dtype) -> Callable[[torch.Tensor], None]:
-    """DDP's bf16/fp16_compress_hook on one bucket (cast to 16 bits, divide by n, all-reduce in 16
-    bits, copy back); for --op sum the same without the division."""
+    """DDP's bf16/fp16_compress_hook on one bucket; for --op sum the same without the division."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     hook = default_hooks.bf16_compress_hook if wire == torch.bfloat16 else default_hooks.fp16_compress_hook

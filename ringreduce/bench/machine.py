@@ -43,9 +43,8 @@ def _memory_bytes() -> int | None:
 
 
 def describe(backend: str, world_size: int, hosts: list[str], transport: str | None = None) -> dict[str, Any]:
-    """CPU model, cores, memory, GPUs, torch/CUDA/NCCL versions, world size, nodes, relevant env, on
-    NCCL how it connects the ranks (`transport`: gpu_map.nccl_transport_label), and the UTC time and
-    load average when the run started."""
+    """The machine, software, relevant env, NCCL `transport` (nccl_transport_label) and start time/load
+    of a run on `world_size` ranks of `backend` across `hosts`."""
     gpus = []
     if torch.cuda.is_available():
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

@@ -137,8 +137,7 @@ class Cluster:
         return self
 
     def down(self) -> list[str]:
-        """Kills every process started here (and any left in the namespaces), removes the namespaces
-        this object created; returns what it did, one line each."""
+        """Kills every process here, removes the namespaces it created; returns what it did, a line each."""
         done: list[str] = []
         for p in self.procs:
             _kill_group(p)

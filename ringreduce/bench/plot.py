@@ -58,8 +58,7 @@ def _target_label(target: dict[str, Any]) -> str:
 
 
 def read_plot_metadata(path: str) -> dict[str, Any]:
-    """What write_plot drew into the PNG at `path`, from its metadata (needs Pillow, which matplotlib
-    depends on)."""
+    """What write_plot drew into the PNG at `path`, from its metadata (needs Pillow)."""
     from PIL import Image
 
     with Image.open(path) as image:

@@ -91,8 +91,7 @@ def _add_targets(doc: dict[str, Any]) -> None:
 
 
 def upgrade_report(doc: dict[str, Any]) -> dict[str, Any]:
-    """A document of an older schema (/2) with the transport, targets and an unrecorded provenance added
-    from what it has; a current one as it is."""
+    """An older (/2) document `doc` with transport, targets and an unrecorded provenance added."""
     if doc.get("schema") == SCHEMA:
         return doc
     doc = dict(doc)

@@ -25,8 +25,7 @@ def _node_of(rank: int) -> int | None:
 
 
 def describe_missing(missing: list[int], joined: dict[int, str], world_size: int, seconds: float) -> str:
-    """The DistStoreError message for ranks `missing` of `world_size` after `seconds`, `joined` being
-    rank -> "host (node k)" of those that did join."""
+    """The error for ranks `missing` of `world_size` after `seconds`; `joined`: rank -> "host (node k)"."""
     nodes = sorted({n for n in (_node_of(r) for r in missing) if n is not None})
     where = f" (node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))} by the launcher's numbering, " \
             f"LOCAL_WORLD_SIZE {os.environ.get('LOCAL_WORLD_SIZE')})" if nodes else ""
@@ -40,9 +39,8 @@ def describe_missing(missing: list[int], joined: dict[int, str], world_size: int
 
 
 def init_process_group(backend: str, timeout: datetime.timedelta, **kwargs: object) -> None:
-    """dist.init_process_group(`backend`) from the env:// variables (MASTER_ADDR, MASTER_PORT, RANK,
-    WORLD_SIZE), after a roll call of every rank; raises DistStoreError naming the missing ranks,
-    nodes and the joined hosts if some rank does not arrive within `timeout`."""
+    """dist.init_process_group(`backend`, `timeout`, `kwargs`) from the env:// variables after a roll
+    call; DistStoreError names the missing ranks if some rank does not arrive within `timeout`."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True"  # torchrun's agent hosts it

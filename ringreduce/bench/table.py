@@ -183,8 +183,7 @@ def footer(rows: list[dict[str, Any]], layout: Layout, highlight: tuple[int, ...
 
 
 def memory_lines(rows: list[dict[str, Any]], layout: Layout, bound_bytes: int) -> list[str]:
-    """Peak memory per rank for each implementation (maximum over ranks and sizes); ringreduce's growth
-    is compared with `bound_bytes` (docs/design.md section 5)."""
+    """Peak memory per rank of each of `rows`' implementations in `layout`; ringreduce's vs `bound_bytes`."""
     lines = ["#", "# Peak memory per rank (max over ranks and sizes; growth = peak during the first call of a size"
              " minus RSS before it)"]
     for name in layout.impls:

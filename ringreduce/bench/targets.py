@@ -47,17 +47,12 @@ def ringreduce_transport(doc: dict[str, Any]) -> str:
     return "shm" if shm_on and built and int(machine.get("nodes", 1)) <= 1 else "tcp"
 
 
-def _covered(sizes: list[int], first: int, last: int) -> list[int]:
-    return [s for s in sizes if first <= s <= last]
-
-
 def targets_for(transport: str, world_size: int, ratios: dict[str, float]) -> list[dict[str, Any]]:
-    """The targets of `transport` at `world_size` that the sweep's sizes reach, each with the sizes
-    (of `ratios`: size as a string -> time ratio) that met and missed it."""
+    """The targets of `transport` at `world_size` that `ratios`' sizes reach, with those met and missed."""
     out = []
     sizes = sorted(int(s) for s in ratios)
     for bound, first, last in _TARGETS.get(transport, {}).get(world_size, []):
-        covered = _covered(sizes, first, last)
+        covered = [s for s in sizes if first <= s <= last]
         if not covered:
             continue
         out.append({

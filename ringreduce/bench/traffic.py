@@ -130,11 +130,10 @@ def report(res: dict[str, Any], args: argparse.Namespace, size: int) -> tuple[st
         per_node = {nd: sum(r["algorithms"][algo]["cross_node_bytes"] for r in ranks if r["node"] == nd) for nd in nodes}
         cross = [r["algorithms"][algo]["cross_node_bytes"] for r in ranks]
         expect = expected_cross_node_bytes(algo, n, local, size) if res["local_size"] else {"max": 0.0, "mean": 0.0}
-        per_rank_mean = expect["mean"]
         link = {r["node"]: r["algorithms"][algo]["link_sent_bytes"] for r in ranks
                 if r["algorithms"][algo].get("link_sent_bytes") is not None}
         calls = ranks[0]["algorithms"][algo]["calls"]
-        model_node = per_rank_mean * local * calls  # every node sends the same cross-node payload
+        model_node = expect["mean"] * local * calls  # every node sends the same cross-node payload
         summary[algo] = {
             "model_node_bytes": model_node,
             "link_sent_bytes_per_node": link,

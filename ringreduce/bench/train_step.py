@@ -177,8 +177,7 @@ def _ringreduce_group() -> Any:
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    """Runs every variant that `args` names on this rank (process group already initialized); rank 0
-    prints."""
+    """Runs every variant that `args` names on this rank (group initialized); rank 0 prints."""
     rank, ws = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
     if dist.get_backend() == "nccl":
