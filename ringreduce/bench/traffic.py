@@ -155,18 +155,18 @@ def report(res: dict[str, Any], args: argparse.Namespace, size: int) -> tuple[st
     return "\n".join(lines), summary
 
 
-def _init() -> None:
+def _in_group(args: argparse.Namespace) -> dict[str, Any] | None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    try:
+        return run_rank(args)
+    finally:
+        dist.destroy_process_group()
 
 
 def _child(args: argparse.Namespace, queue: Any, env: dict[str, str]) -> None:
     os.environ.update(env)
     torch.set_num_threads(1)
-    _init()
-    try:
-        queue.put(run_rank(args))
-    finally:
-        dist.destroy_process_group()
+    queue.put(_in_group(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,11 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if under_launcher():
-        _init()
-        try:
-            res = run_rank(args)
-        finally:
-            dist.destroy_process_group()
+        res = _in_group(args)
     else:
         if args.nproc % args.local_size != 0:
             print(f"--nproc {args.nproc} is not a multiple of --local-size {args.local_size}", file=sys.stderr)

@@ -269,19 +269,18 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace, ws: int, nparam
           f"(max abs difference {max(diffs, default=0.0):.2e})")
 
 
-def _init(backend: str) -> None:
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=600))
+def _in_group(args: argparse.Namespace) -> int:
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=600))
+    try:
+        return run_rank(args)
+    finally:
+        dist.destroy_process_group()
 
 
 def _child(args: argparse.Namespace, threads: int, env: dict[str, str]) -> None:
     os.environ.update(env)
     torch.set_num_threads(threads)
-    _init(args.backend)
-    try:
-        code = run_rank(args)
-    finally:
-        dist.destroy_process_group()
-    sys.exit(code)
+    sys.exit(_in_group(args))
 
 
 def _resolve_backend(requested: str, nproc: int) -> str:
@@ -308,11 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     if under_launcher():
         args.backend = _resolve_backend(args.backend, int(os.environ["LOCAL_WORLD_SIZE"])
                                         if "LOCAL_WORLD_SIZE" in os.environ else 1)
-        _init(args.backend)
-        try:
-            return run_rank(args)
-        finally:
-            dist.destroy_process_group()
+        return _in_group(args)
     args.backend = _resolve_backend(args.backend, args.nproc)
     procs = start_ranks(_child, (args, threads_per_rank(args.nproc)), args.nproc, "train_step")
     while any(p.exitcode is None for p in procs):
