@@ -1,9 +1,6 @@
-"""The error columns of ``--wire-dtype``: how far each implementation's average is from the exact one.
+"""The error columns of ``--wire-dtype``: ||result - ref|| / ||ref|| against the float64 average (or sum).
 
-Rank r holds gradient-like data, ``randn(count) * (1 + r)`` from a seed of its own (every rank can
-regenerate every rank's data, so the float64 reference needs no communication). Each implementation
-reduces one fresh copy, outside the timed loop; its error is the relative L2 distance of the result
-from the float64 average (or sum) of the inputs, ||result - ref|| / ||ref||, the same on every rank.
+Every rank regenerates every rank's seeded inputs, so the reference needs no communication.
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ def _inputs(rank: int, count: int, device: torch.device) -> torch.Tensor:
 
 def relative_errors(impls: list[Impl], op: str, count: int, rank: int, world_size: int,
                     device: torch.device) -> dict[str, float]:
-    """{implementation name: relative L2 error} of each of `impls` reducing (`op` "avg" or "sum") this
-    rank's `count` random float32 elements on `device`, in the group of `world_size` ranks."""
+    """{name: relative L2 error} of each of `impls` reducing (`op`) `count` random float32s on `device`."""
     results = {}
     for impl in impls:
         t = _inputs(rank, count, device)

@@ -135,8 +135,7 @@ def _resolve_backend(requested: str, launched: bool) -> str:
 
 
 def make_config(args: argparse.Namespace, argv: list[str], backend: str, launcher: str) -> BenchConfig:
-    """Validates the parsed arguments `args` (from command line `argv`) and turns them into the ranks'
-    BenchConfig for `backend` ("gloo"/"nccl") and `launcher` ("spawn"/"torchrun")."""
+    """Validates `args` (parsed from `argv`) into the ranks' BenchConfig for `backend` and `launcher`."""
     dtype = parse_dtype(args.dtype)
     if args.op == "avg" and not dtype.is_floating:
         raise SystemExit(f"ringreduce.bench: --op avg needs a floating type, not {dtype.name} (use --op sum)")

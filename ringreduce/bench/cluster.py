@@ -4,15 +4,8 @@ Builds H hosts (network namespaces with their own hostnames, joined by tbf-shape
 bridge: Note [The simulated cluster] in ringreduce/bench/netns.py), starts one torchrun agent per
 host (``--nnodes H --nproc-per-node P --node-rank i``, the master on host 0's address), runs
 ``python -m ringreduce.bench ARGS`` (or ``--module M``) across them, prints every host's output
-(prefixed ``[hostI]``; rank 0's table, JSON and PNG are host 0's), then the bytes each link carried,
-and removes every namespace, also on failure, Ctrl-C or SIGTERM. Root only: elsewhere it says why in
-one line and exits 2.
-
-    python -m ringreduce.bench.cluster --hosts 2 --ranks-per-host 2 --link 1gbit -- -b 16M -e 64M -f 2 \\
-        --algorithms ring,hierarchical --wire-dtype bf16
-    python -m ringreduce.bench.cluster --hosts 2 --ranks-per-host 2 --link 1gbit -- --mode train
-    python -m ringreduce.bench.cluster --hosts 2 --ranks-per-host 2 --link 1gbit --module \\
-        ringreduce.bench.traffic -- --size 16M
+prefixed ``[hostI]``, then the bytes each link carried, and removes every namespace, also on failure,
+Ctrl-C or SIGTERM. Root only: elsewhere it says why in one line and exits 2.
 """
 
 from __future__ import annotations

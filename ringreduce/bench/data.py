@@ -1,11 +1,9 @@
 """Exact, position-dependent test data whose all-reduce result is known in closed form.
 
-Rank r holds ``v(i, r) = (5 i + 3 r + 1) mod k`` at element i. The modulus k (at most 16, never a
-multiple of 3) is chosen so that the sum over ranks is exact in the element type (bfloat16 is exact
-to 256, half to 2048, int8 to 127). Because 3 is invertible mod k, every k consecutive ranks
-contribute each residue once, so the sum over n ranks is ``(n // k) k (k-1) / 2`` plus the first
-``n % k`` ranks' terms: the checker never needs the other ranks' data. Work is done in chunks so a
-256 MiB message does not need GiBs of int64 temporaries.
+Rank r holds ``v(i, r) = (5 i + 3 r + 1) mod k`` at element i, k <= 16 chosen so that the sum over
+ranks is exact in the element type. k is never a multiple of 3, so every k consecutive ranks contribute
+each residue once: the sum over n ranks is ``(n // k) k (k-1) / 2`` plus the first ``n % k`` ranks'
+terms, and the checker never needs the other ranks' data.
 """
 
 from __future__ import annotations
@@ -51,11 +49,8 @@ def fill_pattern(tensor: torch.Tensor, rank: int, k: int) -> None:
 def expected_chunk(
     start: int, end: int, world_size: int, k: int, op: str, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """The reduced values of elements [start, end): the sum over ranks, or sum / n for op "avg".
-
-    The average is computed as ringreduce's contract and ``div_`` do: the exact sum divided by n in
-    float64 for double, float32 otherwise, then rounded once to `dtype`.
-    """
+    """The reduced values of elements [start, end): the sum over ranks, or for op "avg" the exact sum / n
+    in float64 for double, float32 otherwise, rounded once to `dtype` (as ringreduce and ``div_`` do)."""
     full, rem = divmod(world_size, k)
     total = torch.full((end - start,), full * (k * (k - 1) // 2), dtype=torch.int64, device=device)
     for r in range(rem):
@@ -69,11 +64,8 @@ def expected_chunk(
 def count_wrong(
     tensor: torch.Tensor, world_size: int, k: int, op: str, rtol: float = 0.0
 ) -> int:
-    """Number of elements of the reduced `tensor` that differ from the known result.
-
-    With ``rtol == 0`` the comparison is exact (bitwise for the values used here); a positive
-    ``rtol`` accepts relative differences up to it (stock NCCL's AVG pre-multiplies by 1/n).
-    """
+    """Number of elements of the reduced `tensor` that differ from the known result: exactly with
+    ``rtol == 0``, else beyond relative difference `rtol` (stock NCCL's AVG pre-multiplies by 1/n)."""
     flat = tensor.view(-1)
     wrong = 0
     for start in range(0, flat.numel(), CHUNK):

@@ -1,22 +1,11 @@
 """DeepSpeed's CPU shared-memory all-reduce as a column of the sweep (``--vs deepspeed``).
 
-DeepSpeed is an optional benchmark dependency, never the library's: without it ``--vs deepspeed`` is
-refused in one line that says how to install it. Its shared-memory path,
-``deepspeed.comm.inference_all_reduce`` -> ``torch.ops.deepspeed.inference_all_reduce_`` (SUM only;
-float32, bfloat16 and float16 summed in float32), is reached with ``DS_ACCELERATOR=cpu``,
-``LOCAL_SIZE`` = the ranks of this host (its op sets its buffers up only when every rank is local)
-and a JIT build of its ``deepspeed_shm_comm`` op (ninja and a C++ compiler; the CLI points
-``TORCH_EXTENSIONS_DIR`` at a temporary folder it removes afterwards). Where the op is unusable (not
-built, a dtype it lacks, a CPU without the instructions of its kernel: its bfloat16/float16 kernels
-need AVX-512BW), DeepSpeed silently falls back to ``torch.distributed.all_reduce`` over gloo. So the
-column counts those calls (``fallback_calls`` of its rows in the JSON; 0 means every call ran the shm
-op) and one profiled call records which ops ran (``profiled_ops``). Its segments
-(``/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>``) outlive the processes: every rank
-removes its own when the run ends (``remove_segment``).
-
-The accuracy columns of the run (``exactness``) reduce random data of the sweep's dtype with every
-implementation and compare with the float64 result rounded once to that dtype: ``off`` counts the
-elements that differ from it (0: correctly rounded), ``err`` is the relative L2 error.
+DeepSpeed is an optional benchmark dependency. Its shm path (``deepspeed.comm.inference_all_reduce``)
+needs ``DS_ACCELERATOR=cpu``, ``LOCAL_SIZE`` = this host's ranks (it sets its buffers up only when every
+rank is local) and a JIT build of its op. Where the op is unusable (not built, a dtype it lacks, a CPU
+without AVX-512BW for its 16-bit kernels) DeepSpeed silently falls back to ``torch.distributed.all_reduce``,
+so the column counts those calls and profiles one call. Its /dev/shm segments outlive the processes:
+every rank removes its own (``remove_segment``).
 """
 
 from __future__ import annotations
@@ -45,12 +34,8 @@ def refusal() -> str:
 
 
 class DeepSpeedColumn:
-    """DeepSpeed's shm all-reduce in this rank, with the count of its fallback calls.
-
-    Collective: every rank constructs it with the same arguments (DeepSpeed joins the existing
-    process group and builds its op). `op`: "sum" or "avg" (DeepSpeed sums; avg then divides by n, as
-    the gloo column does); `local_size`: ranks on this host.
-    """
+    """DeepSpeed's shm all-reduce in this rank, counting its fallback calls; collective. `op`: "sum" or
+    "avg" (DeepSpeed sums; avg then divides by n, as the gloo column does); `local_size`: this host's ranks."""
 
     def __init__(self, op: str, local_size: int) -> None:
         os.environ["DS_ACCELERATOR"] = "cpu"
@@ -116,8 +101,8 @@ def _inputs(rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
 def exactness(impls: list[Any], op: str, count: int, rank: int, world_size: int,
               dtype: torch.dtype) -> dict[str, dict[str, float | int]]:
     """{name: {"rel_error", "off"}} of each of `impls` (bench.impls.Impl) reducing this rank's `count`
-    random elements of `dtype` (`op` "sum" or "avg"), against the float64 result rounded once to
-    `dtype`; the same on every rank."""
+    random elements of `dtype` (`op` "sum" or "avg"): the relative L2 error against the float64 result,
+    and the elements that differ from it rounded once to `dtype` (0: correctly rounded)."""
     everyone = [_inputs(r, count, dtype).double() for r in range(world_size)]
     ref = sum(everyone)
     if op == "avg":

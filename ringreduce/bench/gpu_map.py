@@ -2,15 +2,12 @@
 
 Note [Ranks sharing a GPU]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~
-Local rank r uses GPU r % G (G visible GPUs), so any number of ranks runs on any number of GPUs,
-one GPU included. NCCL refuses two ranks of one communicator on one GPU of one host ("Duplicate GPU
-detected"); where ranks outnumber the GPUs, each rank therefore gets its own ``NCCL_HOSTID``, so that
-NCCL takes every rank for a host of its own and connects them with its socket transport over the
-loopback interface (``NCCL_SOCKET_IFNAME=lo``, ``NCCL_IB_DISABLE=1``): no NVLink, no P2P, no shared
-memory. That is how a one-GPU machine runs the multi-rank GPU tests and the NCCL benchmark; its
-figures measure NCCL's socket transport and GPU time-slicing between processes, never a GPU
-interconnect, and are labelled so (``nccl_transport_label``). The same functions serve the
-benchmark (``rank_main``) and the GPU tests (tests/gpu/gpu_ranks.py).
+Local rank r uses GPU r % G (G visible GPUs). NCCL refuses two ranks of one communicator on one GPU
+of one host ("Duplicate GPU detected"), so where ranks outnumber the GPUs each rank gets its own
+``NCCL_HOSTID``: NCCL takes every rank for a host of its own and connects them with its socket transport
+on ``lo`` (no NVLink, P2P or shared memory). Such figures measure that transport and GPU time-slicing,
+never a GPU interconnect, and are labelled so (``nccl_transport_label``). Used by the benchmark
+(``rank_main``) and the GPU tests (tests/gpu/gpu_ranks.py).
 """
 
 from __future__ import annotations
@@ -51,9 +48,8 @@ def ranks_share_gpus(local_ranks: int, gpus: int) -> bool:
 
 
 def nccl_rank_env(rank: int, local_ranks: int, gpus: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The NCCL environment of global rank `rank` (Note [Ranks sharing a GPU]): nothing when every
-    local rank has a GPU of its own; else its own NCCL_HOSTID and the socket transport over `lo`
-    (a NCCL_SOCKET_IFNAME already set is kept)."""
+    """The NCCL environment of global rank `rank` of `local_ranks` on `gpus` (Note [Ranks sharing a
+    GPU]): nothing without sharing; else a NCCL_HOSTID and the socket transport (`environ`'s ifname kept)."""
     if not ranks_share_gpus(local_ranks, gpus):
         return {}
     environ = os.environ if environ is None else environ

@@ -1,9 +1,6 @@
-"""The implementations compared: ringreduce and the stock torch.distributed all_reduce.
-
-Each is an in-place all-reduce of one tensor plus the environment it runs under (ringreduce reads
-RINGREDUCE_CHECK at every call, so the check on/off A/B alternates in one process). Stock NCCL with
-``NCCL_ALGO=RING`` gets its own process group, created while the variable is set: NCCL reads
-NCCL_ALGO when a communicator is initialized.
+"""The implementations compared: ringreduce and the stock torch.distributed all_reduce, each an in-place
+all-reduce plus the environment it runs under (ringreduce reads RINGREDUCE_CHECK at every call, so the
+check on/off A/B alternates in one process).
 """
 
 from __future__ import annotations
@@ -57,27 +54,15 @@ class Impl:
                 os.environ[key] = value
 
 
-def _ringreduce_call(op: str) -> Callable[[torch.Tensor], None]:
+def _ringreduce_call(op: str, **options: Any) -> Callable[[torch.Tensor], None]:
+    """ringreduce's all-reduce with `options` (algorithm=, wire_dtype=)."""
     if op == "avg":
-        return lambda t: ringreduce.all_reduce_avg(t)
-    return lambda t: ringreduce.all_reduce(t, op=ringreduce.ReduceOp.SUM)
-
-
-def _ringreduce_algorithm_call(op: str, algorithm: str) -> Callable[[torch.Tensor], None]:
-    if op == "avg":
-        return lambda t: ringreduce.all_reduce_avg(t, algorithm=algorithm)
-    return lambda t: ringreduce.all_reduce(t, op=ringreduce.ReduceOp.SUM, algorithm=algorithm)
-
-
-def _ringreduce_wire_call(op: str, wire: torch.dtype) -> Callable[[torch.Tensor], None]:
-    if op == "avg":
-        return lambda t: ringreduce.all_reduce_avg(t, wire_dtype=wire)
-    return lambda t: ringreduce.all_reduce(t, op=ringreduce.ReduceOp.SUM, wire_dtype=wire)
+        return lambda t: ringreduce.all_reduce_avg(t, **options)
+    return lambda t: ringreduce.all_reduce(t, op=ringreduce.ReduceOp.SUM, **options)
 
 
 def _compress_hook_call(op: str, wire: torch.dtype) -> Callable[[torch.Tensor], None]:
-    """DDP's bf16/fp16_compress_hook on one bucket (cast to 16 bits, divide by n, all-reduce in 16
-    bits, copy back); for --op sum the same without the division."""
+    """DDP's bf16/fp16_compress_hook on one bucket; for --op sum the same without the division."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     hook = default_hooks.bf16_compress_hook if wire == torch.bfloat16 else default_hooks.fp16_compress_hook
@@ -129,9 +114,8 @@ def stock_rtol(op: str, backend: str, dtype: torch.dtype, world_size: int) -> fl
 
 
 def loopback_call(op: str, tensors: list[torch.Tensor]) -> Callable[[], None]:
-    """One all-reduce of the one-GPU loopback driver (csrc/cuda/loopback_ring.h: a ring of
-    len(tensors) simulated ranks as host threads, every exchange a device copy) on `tensors`, with the
-    pipeline rule's segments; synchronous on the current stream."""
+    """One all-reduce of the one-GPU loopback driver (csrc/cuda/loopback_ring.h) over `tensors`, one per
+    simulated rank; synchronous on the current stream."""
     from ringreduce._native import C
 
     code = int(ringreduce.ReduceOp.AVG if op == "avg" else ringreduce.ReduceOp.SUM)
@@ -142,15 +126,12 @@ def build_impls(
     op: str, backend: str, device: torch.device, dtype: torch.dtype, check: bool | None, check_cost: bool,
     nccl_ring: bool, wire: str | None = None, algorithms: tuple[str, ...] = (), vs: str | None = None,
 ) -> list[Impl]:
-    """The implementations to compare, in table order: ringreduce first, then the stock ones, and with
-    a 16-bit `wire` ("bf16"/"fp16") ringreduce with it and DDP's compress hook last. `op`, `backend`,
-    `device`, `dtype`: the sweep's; `check`: RINGREDUCE_CHECK (None: the library default);
-    `check_cost`: also ringreduce without the check; `nccl_ring`: also NCCL with NCCL_ALGO=RING;
-    `algorithms`: also ringreduce with each of these algorithm= ("ring", "hierarchical"), after the rest.
-    `vs` "deepspeed": DeepSpeed's shm all-reduce last (bench/deepspeed_shm.py).
+    """The implementations to compare, in table order. `op`, `backend`, `device`, `dtype`: the sweep's;
+    `check`: RINGREDUCE_CHECK (None: the library default); `check_cost`: also ringreduce without the
+    check; `nccl_ring`: also NCCL with NCCL_ALGO=RING; `wire`: also ringreduce with that 16-bit wire and
+    DDP's compress hook; `algorithms`: also ringreduce with each algorithm=; `vs`: "deepspeed" or None.
 
-    Communicators are created here (collective: every rank must call it with the same arguments),
-    before any is timed; ringreduce's and the default NCCL communicator exist before NCCL_ALGO is set.
+    Collective: creates every communicator before any is timed, the NCCL_ALGO=RING one last.
     """
     n = dist.get_world_size()
     user_check = os.environ.get("RINGREDUCE_CHECK")
@@ -163,15 +144,13 @@ def build_impls(
     if wire is not None:
         rr_name, ddp_name = wire_names(wire)
         wdt = WIRE_DTYPES[wire]
-        # The pattern data's sums are exact in 16 bits (bench/data.py), so ringreduce's 16-bit wire
-        # gives them exactly up to one rounding: a 16-bit all-gather (RINGREDUCE_WIRE_GATHER) rounds
-        # the finished average once to the wire type; the compress hook divides in 16 bits first, so
-        # it gets a wider tolerance.
-        impls.append(Impl(rr_name, _ringreduce_wire_call(op, wdt), {"RINGREDUCE_CHECK": check_env},
+        # The pattern's sums are exact in 16 bits, so ringreduce's wire is off by at most one rounding
+        # (a 16-bit all-gather rounds the average once); the hook divides in 16 bits first: wider.
+        impls.append(Impl(rr_name, _ringreduce_call(op, wire_dtype=wdt), {"RINGREDUCE_CHECK": check_env},
                           rtol=float(torch.finfo(wdt).eps), is_ringreduce=True))
         impls.append(Impl(ddp_name, _compress_hook_call(op, wdt), rtol=2.0 * n * torch.finfo(wdt).eps))
     for algo in algorithms:
-        impls.append(Impl(ALGORITHM_NAMES[algo], _ringreduce_algorithm_call(op, algo), {"RINGREDUCE_CHECK": check_env},
+        impls.append(Impl(ALGORITHM_NAMES[algo], _ringreduce_call(op, algorithm=algo), {"RINGREDUCE_CHECK": check_env},
                           is_ringreduce=True))
     if vs == "deepspeed":
         from ringreduce.bench.deepspeed_shm import NAME, DeepSpeedColumn

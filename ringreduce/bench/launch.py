@@ -1,6 +1,4 @@
-"""Starting the ranks: local processes spawned here, or the current process under torchrun. Which GPU
-each rank uses is ringreduce.bench.gpu_map's job (Note [Ranks sharing a GPU]).
-"""
+"""Starting the ranks: local processes spawned here, or the current process under torchrun."""
 
 from __future__ import annotations
 
@@ -10,6 +8,8 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from ringreduce.bench.config import BenchConfig
 
@@ -28,7 +28,36 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _child(cfg: BenchConfig, env: dict[str, str], threads: int) -> None:
+def rank_env(rank: int, nproc: int, port: int, local_size: int | None = None) -> dict[str, str]:
+    """The env:// variables of local rank `rank` of `nproc` on 127.0.0.1:`port`; with `local_size`, nodes
+    of that many consecutive ranks simulated on this host (RINGREDUCE_LOCAL_SIZE)."""
+    local = local_size or nproc
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(nproc),
+           "LOCAL_RANK": str(rank % local), "LOCAL_WORLD_SIZE": str(local), "GLOO_SOCKET_IFNAME": "lo"}
+    if local_size is not None:
+        env.update(GROUP_RANK=str(rank // local_size), RINGREDUCE_LOCAL_SIZE=str(local_size))
+    return env
+
+
+def threads_per_rank(nproc: int) -> int:
+    return max(1, (os.cpu_count() or 1) // nproc)
+
+
+def start_ranks(target: Callable[..., None], args: tuple[Any, ...], nproc: int, name: str,
+                local_size: int | None = None) -> list[mp.process.BaseProcess]:
+    """Spawns `nproc` processes running target(*args, env) on a free port (env: rank_env)."""
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(nproc):
+        proc = ctx.Process(target=target, args=(*args, rank_env(rank, nproc, port, local_size)),
+                           name=f"{name} rank {rank}")
+        proc.start()
+        procs.append(proc)
+    return procs
+
+
+def _child(cfg: BenchConfig, threads: int, env: dict[str, str]) -> None:
     os.environ.update(env)
     import torch
 
@@ -39,29 +68,9 @@ def _child(cfg: BenchConfig, env: dict[str, str], threads: int) -> None:
 
 
 def spawn_local(cfg: BenchConfig, nproc: int) -> int:
-    """Runs `nproc` ranks on this machine (gloo on 127.0.0.1; with NCCL, rank r on GPU r % GPUs, Note
-    [Ranks sharing a GPU]); returns the exit code.
-
-    Each rank gets cores // nproc torch threads. If a rank fails, the others are killed after a
-    short grace period so a broken run never hangs.
-    """
-    port = free_port()
-    threads = max(1, (os.cpu_count() or 1) // nproc)
-    ctx = mp.get_context("spawn")
-    procs = []
-    for rank in range(nproc):
-        env = {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(nproc),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(nproc),
-            "GLOO_SOCKET_IFNAME": "lo",
-        }
-        proc = ctx.Process(target=_child, args=(cfg, env, threads), name=f"ringreduce.bench rank {rank}")
-        proc.start()
-        procs.append(proc)
+    """Runs `nproc` ranks on this machine with cores // nproc torch threads each; returns the exit code.
+    If a rank fails, the others are killed after a grace period so a broken run never hangs."""
+    procs = start_ranks(_child, (cfg, threads_per_rank(nproc)), nproc, "ringreduce.bench")
     try:
         return _wait(procs)
     except KeyboardInterrupt:

@@ -43,9 +43,8 @@ def _memory_bytes() -> int | None:
 
 
 def describe(backend: str, world_size: int, hosts: list[str], transport: str | None = None) -> dict[str, Any]:
-    """CPU model, cores, memory, GPUs, torch/CUDA/NCCL versions, world size, nodes, relevant env, on
-    NCCL how it connects the ranks (`transport`: gpu_map.nccl_transport_label), and the UTC time and
-    load average when the run started."""
+    """The machine, software, relevant env, NCCL `transport` (nccl_transport_label) and start time/load
+    of a run on `world_size` ranks of `backend` across `hosts`."""
     gpus = []
     if torch.cuda.is_available():
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -78,12 +77,16 @@ def describe(backend: str, world_size: int, hosts: list[str], transport: str | N
     }
 
 
-def short_title(machine: dict[str, Any]) -> str:
-    """One line for titles: devices, nodes, world size and backend."""
+def devices(machine: dict[str, Any]) -> str:
+    """The GPUs (else the CPU and its cores) and, beyond one, the nodes."""
     if machine.get("gpus"):
         device = f"{len(machine['gpus'])}x {machine['gpus'][0]}"
     else:
         device = f"{machine['cpu_model']}, {machine['cpu_cores']} cores"
-    nodes = f", {machine['nodes']} nodes" if machine.get("nodes", 1) > 1 else ""
+    return device + (f", {machine['nodes']} nodes" if machine.get("nodes", 1) > 1 else "")
+
+
+def short_title(machine: dict[str, Any]) -> str:
+    """One line for titles: devices, nodes, world size and backend."""
     transport = f", {machine['transport']}" if machine.get("transport") else ""
-    return f"{device}{nodes}; {machine['world_size']} ranks ({machine['backend']}{transport})"
+    return f"{devices(machine)}; {machine['world_size']} ranks ({machine['backend']}{transport})"

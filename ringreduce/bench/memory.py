@@ -51,8 +51,7 @@ def reset_peak_rss() -> bool:
 
 @dataclass
 class CallMemory:
-    """Memory of one call: peak RSS during it, its growth over the RSS before it, and on CUDA the
-    growth of torch's peak allocated memory over what was allocated before it (bytes)."""
+    """Memory of one call (bytes): peak RSS, its growth over the RSS before, torch's CUDA peak growth."""
 
     peak_rss: int
     rss_growth: int

@@ -26,13 +26,10 @@ def busbw_gbs(size_bytes: int, time_us: float, world_size: int) -> float:
 
 
 # Note [Loopback ideal]: the one-GPU loopback driver (csrc/cuda/loopback_ring.h) runs a ring of n
-# ranks on one GPU, every byte through HBM. Per rank and ring step, the reduce-scatter copies a chunk
-# into staging (read + write: 2 chunk bytes) and reduces it (read two, write one: 3), the
-# all-gather copies a chunk straight into the output (2): 7 (n - 1) chunk bytes per rank, with
-# chunk = size / n, so 7 (n - 1) x size bytes of HBM traffic per call. A device-to-device copy of
-# the buffer moves 2 x size bytes; timed in the same run (the floor column) it gives the HBM rate,
-# and the ideal loopback time is 7 (n - 1) / 2 copies. loop-eff = ideal / measured (<= 1; the
-# issue-24 target is >= 0.80 at n = 4 and 8, 256 MiB float32).
+# ranks on one GPU, every byte through HBM. Per rank and ring step the reduce-scatter copies a chunk
+# into staging (2 chunk bytes) and reduces it (read two, write one: 3), the all-gather copies a chunk
+# into the output (2): 7 (n - 1) x size bytes per call (chunk = size / n). A copy of the buffer moves
+# 2 x size bytes, so the ideal time is 7 (n - 1) / 2 copies; loop-eff = ideal / measured (<= 1).
 LOOPBACK_HBM_BYTES_PER_SIZE = 7  # times (n - 1)
 
 
@@ -55,15 +52,8 @@ def aggregate_size(
     size: int, count: int, type_name: str, op: str, world_size: int, per_rank: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """One row per implementation from every rank's measurements of one size (`size` bytes, `count`
-    elements of `type_name`, `op`, on `world_size` ranks).
-
-    `per_rank[r]` is rank r's result: {"iters", "rounds", "warmup", "impls": {name: {"median_us",
-    "mean_us", "min_us", "max_us", "floor_us", "wrong", "peak_rss", "rss_growth", "rss_exact",
-    "cuda_growth"}}}. time_us is the per-rank median (over rounds, or over single calls) averaged over
-    ranks (nccl-tests averages over ranks), time_us_max the slowest rank's median; floor_us the
-    memcpy of the buffer, averaged over ranks; #wrong is summed over ranks; memory is the maximum
-    over ranks.
-    """
+    elements of `type_name`, `op`, on `world_size` ranks); `per_rank[r]`: rank r's sweep.measure_size.
+    Times are averaged over ranks (as nccl-tests), #wrong summed, memory the maximum."""
     rows = []
     for name in per_rank[0]["impls"]:
         stats = [rank["impls"][name] for rank in per_rank]
@@ -92,10 +82,9 @@ def aggregate_size(
             "rss_growth_bytes": max(int(s["rss_growth"]) for s in stats),
             "rss_exact": all(bool(s["rss_exact"]) for s in stats),
             "cuda_growth_bytes": max(cuda) if cuda else None,
-            # --wire-dtype: relative L2 error on random data (bench/accuracy.py), the same on every rank
             "rel_error": stats[0].get("rel_error"),
         })
-        if "off" in stats[0]:  # --vs: elements off the correctly rounded result (bench/deepspeed_shm.py)
+        if "off" in stats[0]:  # --vs
             rows[-1]["off"] = int(stats[0]["off"])
         if "fallback_calls" in stats[0]:  # summed over ranks
             rows[-1].update(calls=sum(int(s["calls"]) for s in stats),

@@ -2,18 +2,14 @@
 
 Note [The simulated cluster]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Each host is a network namespace ``<prefix>-host<i>`` whose processes run under ``unshare --uts``
-with the hostname ``<prefix>-host<i>``: ringreduce keys shared memory on hostname and boot id
-(csrc/cpu/shm_segment.h), so ranks of one simulated host share memory and ranks of two never do,
-while the node layout comes from torchrun's GROUP_RANK as on real hosts (ringreduce/_groups.py).
-A switch namespace ``<prefix>-sw`` holds a bridge ``br0``; host i's link is a veth pair, ``rr0`` in
-the host (address SUBNET.<i+1>/24) and ``h<i>`` on the bridge. Both ends carry a tbf qdisc at the
-link's rate: ``rr0``'s shapes what the host sends, ``h<i>``'s what it receives (a full-duplex link),
-and their byte counters are what the link carried. No namespace has a route beyond the bridge's
-subnet, and the bridge lives in a namespace of its own, so no packet can leave the namespaces
-created here, and no address of the machine (or of another cluster) is in the way. Every name this
-module creates starts with the prefix (default ``rrc-<pid>``), and ``down`` removes exactly those
-namespaces, after killing the processes inside them (all started here).
+Each host is a network namespace ``<prefix>-host<i>`` whose processes run under ``unshare --uts`` with
+that hostname: ringreduce keys shared memory on hostname and boot id (csrc/cpu/shm_segment.h), so ranks
+of one simulated host share memory and ranks of two never do. A switch namespace ``<prefix>-sw`` holds
+a bridge ``br0``; host i's link is a veth pair, ``rr0`` in the host (SUBNET.<i+1>/24) and ``h<i>`` on
+the bridge, both ends shaped by a tbf qdisc (``rr0``'s: what the host sends; ``h<i>``'s: what it
+receives), whose byte counters are what the link carried. No namespace has a route beyond the bridge's
+subnet, so no packet leaves the namespaces. Every name starts with the prefix (default ``rrc-<pid>``);
+``down`` removes exactly the namespaces this object created, after killing the processes inside.
 """
 
 from __future__ import annotations
@@ -81,13 +77,8 @@ def _run(argv: Sequence[str], what: str, refuse: bool = False) -> str:
 
 
 class Cluster:
-    """`hosts` simulated hosts joined by links of `link` rate (Note [The simulated cluster]).
-
-    ``up()`` builds it (ClusterRefused: the machine does not allow it), ``down()`` removes it (also
-    after a failed ``up``; idempotent); as a context manager both. ``popen(i, argv)`` starts a
-    process on host i; ``set_link``, ``kill_host`` and ``link_bytes`` inject faults and read the
-    links' counters.
-    """
+    """`hosts` simulated hosts joined by links of `link` rate (Note [The simulated cluster]); ``up()``
+    builds it (ClusterRefused: the machine does not allow it), ``down()`` removes it (idempotent)."""
 
     def __init__(self, hosts: int, link: str, prefix: str | None = None) -> None:
         if hosts < 1 or hosts > 200:
@@ -99,7 +90,6 @@ class Cluster:
         self.created: list[str] = []  # namespaces made by this object, removed by down()
         self.procs: list[subprocess.Popen[Any]] = []
 
-    # --- names -------------------------------------------------------------------------------
     @property
     def switch(self) -> str:
         return f"{self.prefix}-sw"
@@ -132,7 +122,6 @@ class Cluster:
             ]
         return cmds
 
-    # --- life cycle --------------------------------------------------------------------------
     def up(self) -> Cluster:
         for argv in self.plan():
             if argv[:3] == ["ip", "netns", "add"]:
@@ -148,21 +137,15 @@ class Cluster:
         return self
 
     def down(self) -> list[str]:
-        """Kills every process started here (and any left in the namespaces), removes the namespaces
-        this object created; returns what it did, one line each."""
+        """Kills every process here, removes the namespaces it created; returns what it did, a line each."""
         done: list[str] = []
         for p in self.procs:
             _kill_group(p)
         self.procs.clear()
         for ns in reversed(self.created):
-            pids = self._pids(ns)
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if pids:
-                done.append(f"killed {len(pids)} process(es) left in {ns}")
+            killed = self._kill_all(ns)
+            if killed:
+                done.append(f"killed {killed} process(es) left in {ns}")
             res = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True, timeout=30)
             done.append(f"ip netns del {ns}" + ("" if res.returncode == 0 else f": {res.stderr.strip()}"))
         self.created.clear()
@@ -178,7 +161,6 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         self.down()
 
-    # --- processes ---------------------------------------------------------------------------
     def command(self, host: int, argv: Sequence[str]) -> list[str]:
         """`argv` run on `host`: in its namespace, with its own hostname."""
         return ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "sh", "-c",
@@ -198,13 +180,9 @@ class Cluster:
         self.procs.append(p)
         return p
 
-    def _pids(self, ns: str) -> list[int]:
+    def _kill_all(self, ns: str) -> int:
         res = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30)
-        return [int(x) for x in res.stdout.split() if x.isdigit()]
-
-    def kill_host(self, host: int) -> int:
-        """SIGKILLs every process on `host` (a host that dies); returns how many."""
-        pids = self._pids(self.namespace(host))
+        pids = [int(x) for x in res.stdout.split() if x.isdigit()]
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -212,7 +190,10 @@ class Cluster:
                 pass
         return len(pids)
 
-    # --- links -------------------------------------------------------------------------------
+    def kill_host(self, host: int) -> int:
+        """SIGKILLs every process on `host` (a host that dies); returns how many."""
+        return self._kill_all(self.namespace(host))
+
     def set_link(self, host: int, up: bool) -> None:
         """Cuts (up=False) or restores `host`'s link at the switch: its packets go nowhere meanwhile."""
         _run(["ip", "-n", self.switch, "link", "set", f"h{host}", "up" if up else "down"], "setting a link")

@@ -1,10 +1,6 @@
-"""The PNG: bus bandwidth against message size per implementation, and ringreduce/stock time ratio.
-
-The figure says what ran and how to read it: the transport ringreduce used in the title, which way is
-better on each axis, the targets of docs/design.md section 5 for that transport and world size (none
-drawn where the design names none), the whole command wrapped, and commit, UTC time and load average.
-What it drew is also written into the PNG's metadata (key "ringreduce", JSON: title, axis labels,
-target lines, footer) so that tests and tools read it back (read_plot_metadata).
+"""The PNG: bus bandwidth against message size per implementation, and ringreduce/stock time ratio, with
+the design's targets for the transport, the command and the provenance. What it drew is also written
+into the PNG's metadata (key METADATA_KEY) for tests and tools (read_plot_metadata).
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ import textwrap
 from typing import Any
 
 from ringreduce.bench.impls import RINGREDUCE
+from ringreduce.bench.machine import devices
 from ringreduce.bench.metrics import time_ratio
 from ringreduce.bench.sizes import format_size
 from ringreduce.bench.targets import SOURCE, provenance_line
@@ -31,10 +28,8 @@ _STYLE = {
 
 
 def ratio_ticks(low: float, high: float) -> list[float]:
-    """Tick values for a log-scale axis from `low` to `high` (both > 0): 1-2-5 steps of every decade
-    in the range, finer steps (1, 1.5, 2, 3, 5, 7) when that gives fewer than 3 ticks, only the
-    powers of ten when it gives more than 12. So the ticks label the range the data has (ratios of
-    0.02-0.13 get 0.02, 0.05, 0.1), not a fixed list."""
+    """Tick values for a log-scale axis from `low` to `high` (both > 0): 1-2-5 steps of every decade in
+    the range; finer steps (1, 1.5, 2, 3, 5, 7) when that gives fewer than 3, powers of ten above 12."""
     if not (0 < low < high) or not math.isfinite(high):
         raise ValueError(f"ratio_ticks: need 0 < low < high, got {low}, {high}")
     decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
@@ -50,14 +45,8 @@ def ratio_ticks(low: float, high: float) -> list[float]:
 
 def _subtitle(doc: dict[str, Any]) -> str:
     """Devices, world size, ringreduce's transport and the stock backend, named apart."""
-    machine = doc["machine"]
-    if machine.get("gpus"):
-        device = f"{len(machine['gpus'])}x {machine['gpus'][0]}"
-    else:
-        device = f"{machine['cpu_model']}, {machine['cpu_cores']} cores"
-    nodes = f", {machine['nodes']} nodes" if machine.get("nodes", 1) > 1 else ""
-    how = machine.get("transport") if doc["ringreduce_transport"].startswith("nccl") else None
-    return f"{device}{nodes}; {doc['world_size']} ranks" + (f" ({how})" if how else "")
+    how = doc["machine"].get("transport") if doc["ringreduce_transport"].startswith("nccl") else None
+    return f"{devices(doc['machine'])}; {doc['world_size']} ranks" + (f" ({how})" if how else "")
 
 
 def _target_label(target: dict[str, Any]) -> str:
@@ -69,8 +58,7 @@ def _target_label(target: dict[str, Any]) -> str:
 
 
 def read_plot_metadata(path: str) -> dict[str, Any]:
-    """What write_plot drew into the PNG at `path`, from its metadata (needs Pillow, which matplotlib
-    depends on)."""
+    """What write_plot drew into the PNG at `path`, from its metadata (needs Pillow)."""
     from PIL import Image
 
     with Image.open(path) as image:
@@ -78,8 +66,7 @@ def read_plot_metadata(path: str) -> dict[str, Any]:
 
 
 def write_plot(doc: dict[str, Any], path: str) -> None:
-    """Draws busbw (GB/s) against size (log x) and the time ratio, titled with the transports, machine
-    and world size, with the design's targets for that transport, the command and where it came from."""
+    """Draws the report `doc` (build_report) to the PNG `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,8 +150,7 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m ringreduce.bench.plot IN.json OUT.png: draws a benchmark JSON again (an older schema's
-    too: its transport and targets are derived from what it recorded)."""
+    """python -m ringreduce.bench.plot IN.json OUT.png: draws a benchmark JSON (of any schema) again."""
     import sys
 
     from ringreduce.bench.report import upgrade_report

@@ -58,9 +58,8 @@ MACHINE_FIELDS = ("cpu_model", "cpu_cores", "gpus", "torch", "nccl", "world_size
 def build_report(
     cfg: BenchConfig, machine: dict[str, Any], rows: list[dict[str, Any]], stock: str, elapsed_s: float
 ) -> dict[str, Any]:
-    """The JSON document: every row plus per-size ratios and the average busbw per implementation; the
-    transport ringreduce ran over, the design's targets for it with the sizes that met and missed
-    each (ringreduce.bench.targets), and the commit, UTC times and load averages of the run."""
+    """The JSON document: every row, per-size ratios, average busbw per implementation, ringreduce's
+    transport with the design's targets for it (ringreduce.bench.targets) and the provenance."""
     ratios = {}
     for size in sorted({row["size"] for row in rows}):
         value = time_ratio([row for row in rows if row["size"] == size], RINGREDUCE, stock)
@@ -78,26 +77,25 @@ def build_report(
                     "wrong_total": sum(row["wrong"] for row in rows)},
         "elapsed_s": float(elapsed_s),
     }
-    transport = ringreduce_transport(doc)
-    doc["ringreduce_transport"] = transport
-    doc["ringreduce_transport_name"] = TRANSPORT_NAMES[transport]
-    doc["targets"] = targets_for(transport, doc["world_size"], ratios) if stock in ("gloo", "nccl") else []
+    _add_targets(doc)
     doc["provenance"] = provenance(machine.get("started_utc"), machine.get("load_average_start"))
     return doc
 
 
-def upgrade_report(doc: dict[str, Any]) -> dict[str, Any]:
-    """A document of an older schema (/2: no transport, targets or provenance) with those fields added
-    from what it has: the transport from its config and machine, the targets from its ratios, and a
-    provenance that says the commit, time and load average were not recorded. A /3 document as it is."""
-    if doc.get("schema") == SCHEMA:
-        return doc
-    doc = dict(doc)
+def _add_targets(doc: dict[str, Any]) -> None:
     transport = ringreduce_transport(doc)
     doc["ringreduce_transport"] = transport
     doc["ringreduce_transport_name"] = TRANSPORT_NAMES[transport]
     ratios = doc["summary"]["time_ratio_vs_stock"]
     doc["targets"] = targets_for(transport, doc["world_size"], ratios) if doc["stock"] in ("gloo", "nccl") else []
+
+
+def upgrade_report(doc: dict[str, Any]) -> dict[str, Any]:
+    """An older (/2) document `doc` with transport, targets and an unrecorded provenance added."""
+    if doc.get("schema") == SCHEMA:
+        return doc
+    doc = dict(doc)
+    _add_targets(doc)
     doc["provenance"] = {"commit": None, "started_utc": None, "finished_utc": None, "load_average_start": None,
                          "load_average_end": None, "cpu_cores": doc["machine"].get("cpu_cores"),
                          "note": f"not recorded: written by the benchmark's schema {doc.get('schema')}"}

@@ -1,12 +1,9 @@
 """Joining the default group with a roll call: a rank or host that never joins is named.
 
-torch's env:// rendezvous says only "Timed out after 600 seconds waiting for clients. 2/4 clients
-joined." on rank 0 and "wait timeout ... keys: /default_pg/0//cpu//0/0" on the others. Here every
-rank first writes its hostname and node (GROUP_RANK) into the store, waits for all the others' with
-the group's timeout, and at the timeout raises DistStoreError naming the ranks that never wrote, their
-node (torchrun numbers ranks node by node: rank // LOCAL_WORLD_SIZE) and the hosts that did join;
-only then does ``init_process_group`` run, on that store. Used by the benchmarks' ranks (env://, as
-torchrun or ``python -m ringreduce.bench.cluster`` starts them).
+torch's env:// rendezvous says only "2/4 clients joined". Here every rank first writes its hostname and
+node into the store and waits for all the others' with the group's timeout; at the timeout it raises
+DistStoreError naming the missing ranks, their node (rank // LOCAL_WORLD_SIZE, torchrun's numbering)
+and the hosts that did join. Only then does ``init_process_group`` run, on that store.
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ def _node_of(rank: int) -> int | None:
 
 
 def describe_missing(missing: list[int], joined: dict[int, str], world_size: int, seconds: float) -> str:
-    """The DistStoreError message for ranks `missing` of `world_size` after `seconds`, `joined` being
-    rank -> "host (node k)" of those that did join."""
+    """The error for ranks `missing` of `world_size` after `seconds`; `joined`: rank -> "host (node k)"."""
     nodes = sorted({n for n in (_node_of(r) for r in missing) if n is not None})
     where = f" (node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))} by the launcher's numbering, " \
             f"LOCAL_WORLD_SIZE {os.environ.get('LOCAL_WORLD_SIZE')})" if nodes else ""
@@ -43,9 +39,8 @@ def describe_missing(missing: list[int], joined: dict[int, str], world_size: int
 
 
 def init_process_group(backend: str, timeout: datetime.timedelta, **kwargs: object) -> None:
-    """dist.init_process_group(`backend`) from the env:// variables (MASTER_ADDR, MASTER_PORT, RANK,
-    WORLD_SIZE), after a roll call of every rank; raises DistStoreError naming the missing ranks,
-    nodes and the joined hosts if some rank does not arrive within `timeout`."""
+    """dist.init_process_group(`backend`, `timeout`, `kwargs`) from the env:// variables after a roll
+    call; DistStoreError names the missing ranks if some rank does not arrive within `timeout`."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True"  # torchrun's agent hosts it

@@ -80,11 +80,8 @@ def format_size(size: int) -> str:
 
 
 def size_sweep(begin: int, end: int, factor: float | None, increment: int | None, itemsize: int) -> list[int]:
-    """The byte sizes from `begin` to `end` inclusive, multiplied by `factor` or stepped by `increment`.
-
-    Each size is rounded down to whole elements (count = size // itemsize, as nccl-tests does);
-    sizes smaller than one element are dropped, duplicates removed, order kept.
-    """
+    """The byte sizes from `begin` to `end` inclusive, multiplied by `factor` or stepped by `increment`,
+    rounded down to whole elements of `itemsize` (as nccl-tests), without empties or repeats."""
     if begin > end:
         raise ValueError(f"begin size {begin} is larger than end size {end}")
     if increment is not None and increment <= 0:

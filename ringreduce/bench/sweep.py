@@ -1,17 +1,7 @@
-"""What every rank runs: for each size, memory probe, warm-up, timed rounds, the memcpy floor,
-correctness.
-
-Timing (``--timing``, default ``rounds``) follows nccl-tests: after ``warmup`` untimed calls per
-implementation, ``rounds`` rounds per implementation, each of ``iters`` back-to-back calls timed
-together (time per call = round time / iters), implementations alternating by round (A B B A ...,
-so that drift hits all alike) with an untimed barrier before every round, so that no rank still
-runs the previous round's calls; a round's calls follow each other as a training loop's do. The
-``floor`` is one memcpy of a buffer of the same size, timed the same way on each rank, in every
-round. ``--timing single`` times barrier-aligned single calls instead: each call is timed alone, and
-the ranks meet at an untimed barrier whenever the implementation changes (the method of earlier
-results; it hides what back-to-back calls cost). After the timing, one call on fresh pattern data
-is compared with the known sum (#wrong). Rank 0 gathers every rank's numbers, prints a table line
-per size as it goes and a progress line on stderr.
+"""What every rank runs: for each size, memory probe, warm-up, timed rounds, the memcpy floor and
+correctness (the method: benchmarks/README.md "Timing method"). Implementations alternate by round
+(A B B A ...) so that drift hits all alike, with an untimed barrier before every round so that no rank
+still runs the previous round's calls. Rank 0 gathers every rank's numbers and prints as it goes.
 """
 
 from __future__ import annotations
@@ -57,9 +47,8 @@ def _interleaved(impls: list[Impl], round_index: int) -> list[Impl]:
 
 
 def _switch_to(impl: Impl, previous: Impl | None, device: torch.device) -> Impl:
-    """Applies impl's environment; when the implementation changes, waits at a barrier first (untimed),
-    so that no rank is still running the previous implementation's call (see the module docstring).
-    On GPUs the previous calls' device work finishes first (the barrier orders host threads only)."""
+    """Applies impl's environment, after an untimed barrier when the implementation changes; on GPUs
+    the previous calls' device work finishes first (the barrier orders host threads only)."""
     if impl is not previous:
         if previous is not None and device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -69,8 +58,7 @@ def _switch_to(impl: Impl, previous: Impl | None, device: torch.device) -> Impl:
 
 
 def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: int) -> dict[str, Any]:
-    """This rank's (`ctx`) measurements of `impls` at `size` bytes under `cfg` (see
-    metrics.aggregate_size for the layout)."""
+    """This rank's (`ctx`) measurements of `impls` at `size` bytes under `cfg`."""
     dtype = DTYPES[cfg.dtype].torch_dtype
     count = size // DTYPES[cfg.dtype].itemsize
     k = pattern_modulus(dtype, ctx.world_size)
@@ -80,7 +68,6 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
         fill_pattern(bufs[impl.name], ctx.rank, k)
     results: dict[str, dict[str, Any]] = {impl.name: {} for impl in impls}
 
-    # First call of each implementation at this size, with its peak memory.
     probe_s = {}
     for impl in impls:
         impl.enter()
@@ -130,7 +117,6 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
         results[impl.name].update(summarize(per_call[impl.name]))
         results[impl.name]["floor_us"] = statistics.median(floor_s) * 1e6
 
-    # Correctness, outside the timed loop: fresh pattern data, one call, compare with the known result.
     for impl in impls:
         buf = bufs[impl.name]
         fill_pattern(buf, ctx.rank, k)
@@ -154,8 +140,7 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
 
 def _vs_columns(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], count: int, dtype: torch.dtype,
                 bufs: dict[str, torch.Tensor], results: dict[str, dict[str, Any]]) -> None:
-    """--vs deepspeed, outside the timed loop: every implementation's accuracy on random data, then
-    one profiled DeepSpeed call (the ops it ran) and its calls and fallbacks at this size."""
+    """--vs deepspeed, untimed: every implementation's accuracy, DeepSpeed's ops, calls and fallbacks."""
     from ringreduce.bench.deepspeed_shm import exactness
 
     for name, value in exactness(impls, cfg.op, count, ctx.rank, ctx.world_size, dtype).items():
@@ -168,10 +153,8 @@ def _vs_columns(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], count: in
 
 def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.dtype, k: int, iters: int,
                    rounds: int, floor: torch.Tensor, source: torch.Tensor, results: dict[str, dict[str, Any]]) -> None:
-    """Rank 0 times the one-GPU loopback driver over world_size simulated ranks, alone on its GPU (the
-    other ranks wait on the host, ``_on_rank0_alone``), and a copy of the buffer in the same rounds:
-    the loopback's ideal (Note [Loopback ideal] in metrics.py). Its result is checked like the
-    others' (#wrong)."""
+    """Rank 0 times the one-GPU loopback driver over world_size simulated ranks, alone on its GPU, and a
+    copy of the buffer in the same rounds (Note [Loopback ideal] in metrics.py); it is checked too."""
     torch.cuda.synchronize(ctx.device)
     dist.barrier()
 
@@ -182,7 +165,6 @@ def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.
         run = loopback_call(cfg.op, tensors)
         for _ in range(min(cfg.warmup, 2)):
             run()
-        # As many calls per round as keep the loopback near --seconds per size (it moves n x the bytes).
         calls = auto_iters(time_round(run, 1, ctx.device), cfg.seconds_per_size / rounds, 1, iters)
         loop_s, copy_s = [], []
         for _ in range(rounds):
@@ -202,11 +184,9 @@ def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.
 
 
 def _on_rank0_alone(ctx: RankContext, work: Callable[[], None]) -> None:
-    """Runs `work` on rank 0 while the other ranks wait on the host, in the store, not in a
-    collective: a waiting NCCL barrier keeps a kernel spinning on each other rank's GPU, and where
-    ranks share a GPU (Note [Ranks sharing a GPU], gpu_map.py) the GPU time-slices rank 0's work
-    against those kernels. Collective over the ranks (each call's key comes from a counter every
-    rank increments once, as Note [Communicator rendezvous keys] in ringreduce/_cuda.py)."""
+    """Runs `work` on rank 0 while the others wait in the store, not in a collective: a waiting NCCL
+    barrier spins a kernel on each GPU, which rank 0's work would time-slice against where ranks share
+    a GPU. Collective (each call's key comes from a counter every rank increments once)."""
     store = dist.distributed_c10d._get_default_store()
     generation = (int(store.add(_ALONE_KEY, 1)) - 1) // ctx.world_size
     done = f"{_ALONE_KEY}/{generation}"
@@ -230,8 +210,7 @@ def _progress(cfg: BenchConfig, index: int, total: int, size: int, started: floa
 
 
 def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]], str] | None:
-    """Runs the whole sweep of `cfg` on this rank (`ctx`). Rank 0 returns (rows, stock name) and prints
-    as it goes."""
+    """Runs the whole sweep of `cfg` on this rank (`ctx`); rank 0 prints and returns (rows, stock name)."""
     from ringreduce.bench.table import Layout, format_row, header
 
     impls = build_impls(cfg.op, cfg.backend, ctx.device, DTYPES[cfg.dtype].torch_dtype, cfg.check,

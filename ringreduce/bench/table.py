@@ -21,26 +21,22 @@ _KEY = "{:>12} {:>12} {:>8} {:>6}"
 _GROUP = " {:>10} {:>8} {:>8} {:>6}"
 _GROUP_WIDTH = 36
 MIB = 1 << 20
+_NA = f"{'n/a':>9}"
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Which implementations the table shows (`impls`, in order), which one is the stock baseline
-    (`stock`), whether the one-GPU loopback driver was timed (`loopback`), and the 16-bit wire of a
-    --wire-dtype run (`wire`: "bf16"/"fp16", or None)."""
+    """The implementations the table shows (`impls`, in order), the stock baseline (`stock`), whether
+    the one-GPU loopback driver was timed (`loopback`) and the --wire-dtype (`wire`: "bf16"/"fp16"/None)."""
 
     impls: tuple[str, ...]
     stock: str
-    loopback: bool = False  # the one-GPU loopback driver was timed (GPU runs)
-    wire: str | None = None  # --wire-dtype: "bf16" or "fp16"
+    loopback: bool = False
+    wire: str | None = None
 
     @property
     def extras(self) -> tuple[str, ...]:
-        """Derived columns: time ratio vs stock, the memcpy floor and ringreduce's time over it, the
-        agreement check's cost, busbw % of NCCL RING, the loopback driver's time and ideal / time
-        (Note [Loopback ideal] in metrics.py); with a 16-bit wire the wire's time over ringreduce's
-        float32 time and the relative errors of ringreduce (float32), its 16-bit wire and DDP's
-        compress hook."""
+        """The derived columns, in order (their meaning: the CLI's epilog and option help)."""
         cols = []
         if RINGREDUCE in self.impls and self.stock in self.impls:
             cols.append("ratio")
@@ -64,8 +60,6 @@ class Layout:
         return tuple(name for name in self.impls if name in ALGORITHM_NAMES.values())
 
 
-# --vs deepspeed (bench/deepspeed_shm.py): ringreduce time / DeepSpeed's, the relative errors and the
-# elements off the correctly rounded result on random data, DeepSpeed's calls that fell back to gloo.
 _VS_COLUMNS = ("rr/ds", "err-rr", "err-ds", "off-rr", "off-ds", "ds-fb")
 
 
@@ -85,7 +79,11 @@ def header(layout: Layout) -> list[str]:
 
 def _error(row: dict[str, Any] | None) -> str:
     value = row.get("rel_error") if row else None
-    return f"{value:9.2e}" if value is not None else f"{'n/a':>9}"
+    return f"{value:9.2e}" if value is not None else _NA
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:9.3f}" if value is not None else _NA
 
 
 def _extra_value(extra: str, rows: list[dict[str, Any]], layout: Layout) -> str:
@@ -93,43 +91,40 @@ def _extra_value(extra: str, rows: list[dict[str, Any]], layout: Layout) -> str:
     if layout.wire is not None and extra in ("wire/f32", "err-f32", "err-wire", "err-ddp"):
         rr_wire, ddp_wire = wire_names(layout.wire)
         if extra == "wire/f32":
-            value = time_ratio(rows, rr_wire, RINGREDUCE)
-            return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"
+            return _ratio(time_ratio(rows, rr_wire, RINGREDUCE))
         return _error(by_impl.get({"err-f32": RINGREDUCE, "err-wire": rr_wire, "err-ddp": ddp_wire}[extra]))
     if extra in _VS_COLUMNS:
         return _vs_value(extra, rows)
     algo = {algorithm_ratio_name(name, layout.stock): name for name in layout.algorithm_impls}.get(extra)
     if extra == "ratio" or algo is not None:
-        value = time_ratio(rows, algo or RINGREDUCE, layout.stock)
-        return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"
+        return _ratio(time_ratio(rows, algo or RINGREDUCE, layout.stock))
     if extra == "floor(us)":
         return f"{rows[0]['floor_us']:9.1f}"
     if extra == "/floor":
         floor = rows[0]["floor_us"]
-        return f"{by_impl[RINGREDUCE]['time_us'] / floor:9.2f}" if floor > 0 and RINGREDUCE in by_impl else f"{'n/a':>9}"
+        return f"{by_impl[RINGREDUCE]['time_us'] / floor:9.2f}" if floor > 0 and RINGREDUCE in by_impl else _NA
     if extra == "check(us)":
         return f"{by_impl[RINGREDUCE]['time_us'] - by_impl[RINGREDUCE_NOCHECK]['time_us']:9.1f}"
     if extra in ("loop(us)", "loop-eff"):
         row = by_impl.get(RINGREDUCE, {})
         if row.get("loopback_us") is None:
-            return f"{'n/a':>9}"
+            return _NA
         if extra == "loop(us)":
             return f"{row['loopback_us']:9.1f}"
         return f"{loopback_efficiency(row['loopback_us'], row['loopback_ideal_us']):9.2f}"
     ring = by_impl[NCCL_RING]["busbw_gbs"]
-    return f"{100.0 * by_impl[RINGREDUCE]['busbw_gbs'] / ring:8.1f}%" if ring > 0 else f"{'n/a':>9}"
+    return f"{100.0 * by_impl[RINGREDUCE]['busbw_gbs'] / ring:8.1f}%" if ring > 0 else _NA
 
 
 def _vs_value(extra: str, rows: list[dict[str, Any]]) -> str:
     by_impl = {row["impl"]: row for row in rows}
     if extra == "rr/ds":
-        value = time_ratio(rows, RINGREDUCE, DEEPSPEED)
-        return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"
+        return _ratio(time_ratio(rows, RINGREDUCE, DEEPSPEED))
     if extra in ("err-rr", "err-ds"):
         return _error(by_impl.get(RINGREDUCE if extra == "err-rr" else DEEPSPEED))
     key = "fallback_calls" if extra == "ds-fb" else "off"
     value = by_impl.get(DEEPSPEED if extra != "off-rr" else RINGREDUCE, {}).get(key)
-    return f"{value:>9}" if value is not None else f"{'n/a':>9}"
+    return f"{value:>9}" if value is not None else _NA
 
 
 def format_row(rows: list[dict[str, Any]], layout: Layout) -> str:
@@ -188,11 +183,7 @@ def footer(rows: list[dict[str, Any]], layout: Layout, highlight: tuple[int, ...
 
 
 def memory_lines(rows: list[dict[str, Any]], layout: Layout, bound_bytes: int) -> list[str]:
-    """Peak memory per rank for each implementation (maximum over ranks and sizes).
-
-    'growth' is the RSS a first call at a size added over the RSS just before it (inputs already
-    allocated); ringreduce's is compared with its memory bound (docs/design.md section 5).
-    """
+    """Peak memory per rank of each of `rows`' implementations in `layout`; ringreduce's vs `bound_bytes`."""
     lines = ["#", "# Peak memory per rank (max over ranks and sizes; growth = peak during the first call of a size"
              " minus RSS before it)"]
     for name in layout.impls:

@@ -1,10 +1,6 @@
 """What a sweep is measured against: the transport ringreduce ran over, the targets of docs/design.md
-section 5 for that transport and world size (time ratio ringreduce / stock, lower is better), and
-where the run came from (commit, UTC time, load average).
-
-The targets below are docs/design.md section 5 written as data (tests/tools/test_bench_truth.py holds the two
-against each other). A transport or world size that section 5 names no target for gets none: the
-plot then says so instead of drawing a line that belongs to another transport.
+section 5 for it (written as data; tests/tools/test_bench_truth.py holds the two against each other;
+none where section 5 names none), and where the run came from (commit, UTC time, load average).
 """
 
 from __future__ import annotations
@@ -38,9 +34,8 @@ TRANSPORT_NAMES = {
 
 
 def ringreduce_transport(doc: dict[str, Any]) -> str:
-    """The transport ringreduce's ring ran over in the run `doc` describes (its config and machine):
-    "nccl-socket" (ranks sharing GPUs), "nccl", "shm" (CPU ranks on one host, shared memory: the
-    library's default there) or "tcp" (gloo point-to-point)."""
+    """The transport ringreduce ran over in the run `doc` describes: "nccl-socket" (ranks sharing GPUs),
+    "nccl", "shm" or "tcp" (gloo point-to-point)."""
     machine = doc["machine"]
     if doc["config"].get("backend") == "nccl":
         return "nccl-socket" if str(machine.get("transport") or "").startswith("nccl-socket") else "nccl"
@@ -52,17 +47,12 @@ def ringreduce_transport(doc: dict[str, Any]) -> str:
     return "shm" if shm_on and built and int(machine.get("nodes", 1)) <= 1 else "tcp"
 
 
-def _covered(sizes: list[int], first: int, last: int) -> list[int]:
-    return [s for s in sizes if first <= s <= last]
-
-
 def targets_for(transport: str, world_size: int, ratios: dict[str, float]) -> list[dict[str, Any]]:
-    """The targets of `transport` at `world_size` that the sweep's sizes reach, each with the sizes
-    (of `ratios`: size as a string -> time ratio) that met and missed it."""
+    """The targets of `transport` at `world_size` that `ratios`' sizes reach, with those met and missed."""
     out = []
     sizes = sorted(int(s) for s in ratios)
     for bound, first, last in _TARGETS.get(transport, {}).get(world_size, []):
-        covered = _covered(sizes, first, last)
+        covered = [s for s in sizes if first <= s <= last]
         if not covered:
             continue
         out.append({
@@ -95,10 +85,8 @@ def utc_now() -> str:
 
 
 def provenance(started_utc: str | None = None, load_start: list[float] | None = None) -> dict[str, Any]:
-    """Where a result comes from: the commit of the ringreduce checkout that ran (with "+dirty"
-    when tracked files differ from it; None outside a git checkout), the start and end UTC time, the
-    load average at the start and end, and the cores, so that a figure can be weighed against what
-    else ran on the machine."""
+    """Where a result comes from: the checkout's commit ("+dirty" with changed tracked files; None outside
+    git), the start and end UTC time, load average at both and the cores."""
     commit = _git("rev-parse", "--short=12", "HEAD")
     if commit and _git("status", "--porcelain", "--untracked-files=no"):
         commit += "+dirty"
@@ -119,8 +107,7 @@ def provenance_line(prov: dict[str, Any]) -> str:
 
 
 def target_lines(doc: dict[str, Any]) -> str:
-    """The table's lines on targets and provenance: each target of the run's transport with the sizes
-    that met and missed it (or that there is none), then where the run came from."""
+    """The table's lines on the run's targets (with the sizes that missed each) and its provenance."""
     from ringreduce.bench.sizes import format_size
 
     head = f"# ringreduce ran over {doc['ringreduce_transport_name']}; targets ({SOURCE}, time ratio, lower is better):"

@@ -1,9 +1,6 @@
-"""Timers: rounds of back-to-back calls (nccl-tests), and single calls.
-
-A round runs `iters` calls back to back and is timed as a whole, as nccl-tests times its loop (host
-wall clock on CPU, where calls are synchronous; an event pair on the current stream on CUDA, where
-collectives return once queued); the time per call is the round's time / iters. Single calls:
-``perf_counter`` around each CPU call, an event pair around each CUDA call.
+"""Timers: rounds of back-to-back calls timed as a whole (nccl-tests), and single calls. The host clock
+on CPU, where calls are synchronous; an event pair on the current stream on CUDA, where collectives
+return once queued.
 """
 
 from __future__ import annotations

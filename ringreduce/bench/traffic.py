@@ -1,20 +1,9 @@
 """Cross-node traffic of the flat and the hierarchical ring: ``python -m ringreduce.bench.traffic``.
 
-Runs one all-reduce of each algorithm (plus a few timed ones) on every rank, reads the payload bytes
-each rank sent to each peer (the CPU transport's counters, frames excluded) and reports, per rank
-and per node, how many bytes crossed a node boundary, next to the analytic counts of
-docs/algorithm.md. Nodes come from the launcher (torchrun's GROUP_RANK / LOCAL_WORLD_SIZE) or are
-simulated on one host with ``--local-size`` (RINGREDUCE_LOCAL_SIZE): consecutive ranks form a node.
-
-    python -m ringreduce.bench.traffic --nproc 4 --local-size 2 --size 16M
-    torchrun --nnodes 2 --nproc-per-node 2 ... -m ringreduce.bench.traffic --size 16M
-    python -m ringreduce.bench.cluster --hosts 2 --ranks-per-host 2 --module ringreduce.bench.traffic \
-        -- --size 16M --link-dev rr0
-
-With ``--link-dev DEV`` (simulated hosts: ringreduce/bench/netns.py) local rank 0 of every node also
-reads the bytes its link carried out of the node (DEV's tbf counters: frames with their headers, ACKs
-of the incoming data included) over each algorithm's calls, next to the model's cross-node payload for
-those calls; tests/tools/test_cluster.py holds them to within MODEL_TOLERANCE.
+Reports the payload bytes each rank sent across a node boundary (the CPU transport's counters) next to
+the analytic counts of docs/algorithm.md. Nodes come from the launcher (GROUP_RANK / LOCAL_WORLD_SIZE)
+or are simulated with ``--local-size``. With ``--link-dev DEV`` (simulated hosts) local rank 0 of every
+node also reads the bytes DEV's tbf counters saw leave the node, next to the model's payload.
 """
 
 from __future__ import annotations
@@ -50,11 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def expected_cross_node_bytes(algorithm: str, n: int, local: int, size: int) -> dict[str, float]:
-    """Analytic cross-node payload bytes sent per rank (max and mean over ranks) for S = size bytes.
-
-    Flat ring (ranks numbered node by node): only the last rank of each node sends across, 2(n-1)/n S.
-    Hierarchical: every rank sends 2(M-1)/M * S/L across (M = n / L nodes), nothing else crosses.
-    """
+    """Analytic cross-node payload bytes sent per rank (max and mean over ranks) for S = size bytes: flat
+    ring, only each node's last rank sends across, 2(n-1)/n S; hierarchical, every rank 2(M-1)/M * S/L."""
     nodes = n // local
     if algorithm == "ring":
         per_boundary = 2 * (n - 1) / n * size
@@ -63,8 +49,7 @@ def expected_cross_node_bytes(algorithm: str, n: int, local: int, size: int) -> 
     return {"max": per_rank, "mean": per_rank}
 
 
-# What a link carries beyond the model's payload: Ethernet/IP/TCP headers (~4.5% at MTU 1500), ACKs of
-# the data coming in (~2%), barriers and the store: the counters must lie in [1, 1 + this] x the model.
+# A link carries headers, ACKs, barriers and the store beyond the payload: [1, 1 + this] x the model.
 MODEL_TOLERANCE = 0.15
 
 
@@ -145,11 +130,10 @@ def report(res: dict[str, Any], args: argparse.Namespace, size: int) -> tuple[st
         per_node = {nd: sum(r["algorithms"][algo]["cross_node_bytes"] for r in ranks if r["node"] == nd) for nd in nodes}
         cross = [r["algorithms"][algo]["cross_node_bytes"] for r in ranks]
         expect = expected_cross_node_bytes(algo, n, local, size) if res["local_size"] else {"max": 0.0, "mean": 0.0}
-        per_rank_mean = expect["mean"]
         link = {r["node"]: r["algorithms"][algo]["link_sent_bytes"] for r in ranks
                 if r["algorithms"][algo].get("link_sent_bytes") is not None}
         calls = ranks[0]["algorithms"][algo]["calls"]
-        model_node = per_rank_mean * local * calls  # every node sends the same cross-node payload
+        model_node = expect["mean"] * local * calls  # every node sends the same cross-node payload
         summary[algo] = {
             "model_node_bytes": model_node,
             "link_sent_bytes_per_node": link,
@@ -171,47 +155,32 @@ def report(res: dict[str, Any], args: argparse.Namespace, size: int) -> tuple[st
     return "\n".join(lines), summary
 
 
-def _init() -> None:
+def _in_group(args: argparse.Namespace) -> dict[str, Any] | None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-
-
-def _child(args: argparse.Namespace, env: dict[str, str], queue: Any) -> None:
-    os.environ.update(env)
-    torch.set_num_threads(1)
-    _init()
     try:
-        queue.put(run_rank(args))
+        return run_rank(args)
     finally:
         dist.destroy_process_group()
 
 
+def _child(args: argparse.Namespace, queue: Any, env: dict[str, str]) -> None:
+    os.environ.update(env)
+    torch.set_num_threads(1)
+    queue.put(_in_group(args))
+
+
 def main(argv: list[str] | None = None) -> int:
-    from ringreduce.bench.launch import free_port, under_launcher
+    from ringreduce.bench.launch import start_ranks, under_launcher
 
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if under_launcher():
-        _init()
-        try:
-            res = run_rank(args)
-        finally:
-            dist.destroy_process_group()
+        res = _in_group(args)
     else:
         if args.nproc % args.local_size != 0:
             print(f"--nproc {args.nproc} is not a multiple of --local-size {args.local_size}", file=sys.stderr)
             return 2
-        port = free_port()
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        procs = []
-        for rank in range(args.nproc):
-            env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                   "WORLD_SIZE": str(args.nproc), "LOCAL_RANK": str(rank % args.local_size),
-                   "LOCAL_WORLD_SIZE": str(args.local_size), "GROUP_RANK": str(rank // args.local_size),
-                   "RINGREDUCE_LOCAL_SIZE": str(args.local_size), "GLOO_SOCKET_IFNAME": "lo"}
-            proc = ctx.Process(target=_child, args=(args, env, queue), name=f"traffic rank {rank}")
-            proc.start()
-            procs.append(proc)
-        res = None
+        queue = mp.get_context("spawn").Queue()
+        procs = start_ranks(_child, (args, queue), args.nproc, "traffic", local_size=args.local_size)
         deadline = time.monotonic() + 600
         results = []
         while len(results) < args.nproc and time.monotonic() < deadline:

@@ -1,36 +1,14 @@
 """Training-step benchmark: time per step of a ~25M-parameter model under each way to average.
 
-``python -m ringreduce.bench.train_step`` spawns 2 local ranks (gloo on 127.0.0.1, or one GPU each
-when >= 2 GPUs and ``--backend nccl``), or runs as one rank under torchrun. For each variant it
-trains the same model (a stack of Linear layers, identical seeds, SGD) and reports the median time
-per step over many steps in one run, averaged over ranks:
-
-- ``local``: no communication at all (the compute-only baseline),
-- ``ddp``: stock DistributedDataParallel,
-- ``ddp+hook``: DDP with ``ringreduce.ddp_comm_hook``,
-- ``ddp-backend``: stock DDP, no hook, over a process group of backend "ringreduce" (created once with
-  ``dist.new_group(backend="ringreduce")``): torch's DDP, ringreduce's ring,
-- ``averager``: ``ringreduce.GradientAverager``,
-- ``loop-gloo``: the hand-written loop: backward, then ``dist.all_reduce`` + ``div_`` of every grad,
-- ``loop-rr``: the same loop with ``ringreduce.all_reduce_avg``,
-- ``coalesced``: backward, then one ``ringreduce.all_reduce_coalesced`` of all grads,
-- ``ddp-compress`` (with ``--wire-dtype``): DDP with torch's ``bf16_compress_hook`` (or fp16).
-
-``--wire-dtype bf16|fp16`` gives ``ddp+hook`` (``rr.CommHookState(wire_dtype=...)``) and
-``averager`` (``GradientAverager(wire_dtype=...)``) ringreduce's 16-bit wire, and adds
-``ddp-compress`` to the default variants; the final parameters then agree to WIRE_PARAM_TOL.
-
-Overlap, measured from outside (host clock): ``tail`` is the time from the last gradient's
-accumulation in backward (a post-accumulate-grad hook registered before any averaging hook) until
-every gradient is averaged (``loss.backward()`` returned, for DDP and GradientAverager, which finish
-their buckets at the end of backward; the explicit averaging calls returned, for the loop
-variants). It is the communication that backward did not absorb. For every variant, ``exposed`` =
-step time - the ``local`` step time. On a 2-core machine two CPU ranks leave no spare core, so
-overlap cannot make steps much faster there.
-
-The final parameters of the averaging variants are compared (max abs difference, at most 1e-5:
-they train the same model on the same data; ``local`` trains on this rank's slice only); the exit
-code is 1 if they disagree.
+Every variant trains the same model (Linear layers, identical seeds, SGD); the table has the median step
+time over ranks: ``local`` (no communication), ``ddp``, ``ddp+hook`` (``ringreduce.ddp_comm_hook``),
+``ddp-backend`` (stock DDP over a group of backend "ringreduce"), ``averager`` (GradientAverager),
+``loop-gloo``/``loop-rr`` (backward, then ``dist.all_reduce`` + ``div_`` / ``all_reduce_avg`` per grad),
+``coalesced`` (one ``all_reduce_coalesced``) and, with ``--wire-dtype``, ``ddp-compress`` (torch's
+compress hook). ``tail`` (host clock) runs from the last gradient's accumulation (a hook registered
+before any averaging hook) until every gradient is averaged: the communication backward did not absorb;
+``exposed`` = step - ``local`` step. The averaging variants' final parameters must agree (PARAM_TOL,
+WIRE_PARAM_TOL with a 16-bit wire), else the exit code is 1.
 """
 
 from __future__ import annotations
@@ -38,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -49,9 +26,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ringreduce.bench.impls import WIRE_DTYPES
+
 VARIANTS = ("local", "ddp", "ddp+hook", "ddp-backend", "averager", "loop-gloo", "loop-rr", "coalesced")
 WIRE_VARIANTS = ("ddp-compress",)  # with --wire-dtype only
-WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PARAM_TOL = 1e-5  # max abs difference of the final parameters between averaging variants
 WIRE_PARAM_TOL = 1e-3  # the same with a 16-bit wire (partials rounded to 16 bits per hop)
 
@@ -81,9 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# ------------------------------------------------------------------------------------ the model
-
-
 def make_model(layers: int, width: int, device: torch.device) -> nn.Sequential:
     torch.manual_seed(0)
     mods: list[nn.Module] = []
@@ -101,9 +76,6 @@ def batch_for(step: int, rank: int, batch: int, width: int, device: torch.device
     return x.to(device), y.to(device)
 
 
-# ------------------------------------------------------------------------------------- gradients
-
-
 class _GradClock:
     """Post-accumulate-grad hooks that remember when the last gradient of a backward was ready."""
 
@@ -119,9 +91,6 @@ class _GradClock:
             h.remove()
 
 
-# ------------------------------------------------------------------------------------- variants
-
-
 def _run_variant(name: str, args: argparse.Namespace, device: torch.device, rank: int, ws: int,
                  ring_group: Any = None) -> dict[str, Any]:
     import ringreduce as rr
@@ -131,18 +100,15 @@ def _run_variant(name: str, args: argparse.Namespace, device: torch.device, rank
     clock = _GradClock(params)  # registered first: fires before any averaging hook
     trained: nn.Module = model
     averager = None
-    if name == "ddp":
-        trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    elif name == "ddp-backend":
-        trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb, process_group=ring_group)
+    if name in ("ddp", "ddp-backend", "ddp+hook", "ddp-compress"):
+        group = ring_group if name == "ddp-backend" else None
+        trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb, process_group=group)
     wire = WIRE_DTYPES[args.wire_dtype] if args.wire_dtype else None
     if name == "ddp+hook":
-        trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
         trained.register_comm_hook(rr.CommHookState(wire_dtype=wire) if wire else None, rr.ddp_comm_hook)
     elif name == "ddp-compress":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        trained = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
         hook = default_hooks.bf16_compress_hook if wire == torch.bfloat16 else default_hooks.fp16_compress_hook
         trained.register_comm_hook(None, hook)
     elif name == "averager":
@@ -211,8 +177,7 @@ def _ringreduce_group() -> Any:
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    """Runs every variant that `args` names on this rank (process group already initialized); rank 0
-    prints."""
+    """Runs every variant that `args` names on this rank (group initialized); rank 0 prints."""
     rank, ws = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
     if dist.get_backend() == "nccl":
@@ -230,7 +195,6 @@ def run_rank(args: argparse.Namespace) -> int:
         raise SystemExit("the ddp-compress variant needs --wire-dtype bf16 or fp16")
     tolerance = WIRE_PARAM_TOL if args.wire_dtype else PARAM_TOL
     nparams = sum(p.numel() for p in make_model(args.layers, args.width, torch.device("meta")).parameters())
-    # ddp-backend's group: backend "ringreduce" (registered by `import ringreduce`), created once
     ring_group = _ringreduce_group() if "ddp-backend" in names else None
     rows = []
     for name in names:
@@ -305,22 +269,18 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace, ws: int, nparam
           f"(max abs difference {max(diffs, default=0.0):.2e})")
 
 
-# ------------------------------------------------------------------------------------- launching
-
-
-def _init(backend: str) -> None:
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=600))
-
-
-def _child(args: argparse.Namespace, env: dict[str, str], threads: int) -> None:
-    os.environ.update(env)
-    torch.set_num_threads(threads)
-    _init(args.backend)
+def _in_group(args: argparse.Namespace) -> int:
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=600))
     try:
-        code = run_rank(args)
+        return run_rank(args)
     finally:
         dist.destroy_process_group()
-    sys.exit(code)
+
+
+def _child(args: argparse.Namespace, threads: int, env: dict[str, str]) -> None:
+    os.environ.update(env)
+    torch.set_num_threads(threads)
+    sys.exit(_in_group(args))
 
 
 def _resolve_backend(requested: str, nproc: int) -> str:
@@ -339,7 +299,7 @@ def _resolve_backend(requested: str, nproc: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark (spawning local ranks unless under torchrun); returns the exit code."""
-    from ringreduce.bench.launch import free_port, under_launcher
+    from ringreduce.bench.launch import start_ranks, threads_per_rank, under_launcher
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -347,23 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     if under_launcher():
         args.backend = _resolve_backend(args.backend, int(os.environ["LOCAL_WORLD_SIZE"])
                                         if "LOCAL_WORLD_SIZE" in os.environ else 1)
-        _init(args.backend)
-        try:
-            return run_rank(args)
-        finally:
-            dist.destroy_process_group()
+        return _in_group(args)
     args.backend = _resolve_backend(args.backend, args.nproc)
-    port = free_port()
-    threads = max(1, (os.cpu_count() or 1) // args.nproc)
-    ctx = mp.get_context("spawn")
-    procs = []
-    for rank in range(args.nproc):
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "WORLD_SIZE": str(args.nproc), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(args.nproc),
-               "GLOO_SOCKET_IFNAME": "lo"}
-        proc = ctx.Process(target=_child, args=(args, env, threads), name=f"train_step rank {rank}")
-        proc.start()
-        procs.append(proc)
+    procs = start_ranks(_child, (args, threads_per_rank(args.nproc)), args.nproc, "train_step")
     while any(p.exitcode is None for p in procs):
         if any(p.exitcode not in (None, 0) for p in procs):
             time.sleep(5)  # a failed rank leaves the others blocked in a collective
