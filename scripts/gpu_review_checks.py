@@ -147,7 +147,7 @@ CHECKS: dict[str, tuple[str, dict[str, str], int]] = {
 
 def _rank_env(rank: int, extra: dict[str, str], gpus: int) -> dict[str, str]:
     sys.path.insert(0, str(ROOT))
-    from ringreduce.bench.launch import nccl_rank_env
+    from ringreduce.bench.gpu_map import nccl_rank_env
 
     env = dict(os.environ)
     env.update(nccl_rank_env(rank, WORLD, gpus))

@@ -1267,3 +1267,12 @@ def test_gpu_review_checks_verdicts():
     assert mod.verdict("nccl-version", [None, accepted[1]], ["boom", ""], 45.0, 45)[0] == "FAIL"
     simple = mod.verdict("nccl-version", one_lane, ["... take the simplest path ...", ""], 9.0, 45)
     assert simple[0] == "PASS" and "NCCL 2.21.5" in simple[1] and "simplest path" in simple[1]
+
+
+def test_gpu_review_checks_rank_env_without_a_gpu():
+    """Each rank's environment is built before any GPU is touched: a rank sharing one GPU gets its own
+    NCCL_HOSTID (the import it needs once broke only on a GPU machine)."""
+    mod = _review_checks_module()
+    envs = [mod._rank_env(r, {"RINGREDUCE_LANES": "2"}, 1) for r in range(2)]
+    assert envs[0]["NCCL_HOSTID"] != envs[1]["NCCL_HOSTID"]
+    assert all(e["RINGREDUCE_LANES"] == "2" and e["PYTHONPATH"].startswith(str(mod.ROOT)) for e in envs)
