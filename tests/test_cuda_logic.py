@@ -25,7 +25,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -92,7 +91,8 @@ def lib() -> ctypes.CDLL:
     h = hashlib.sha256()
     for rel in SOURCES + HEADERS:
         h.update((ROOT / rel).read_bytes())
-    out_dir = Path(tempfile.gettempdir()) / f"ringreduce_cuda_logic_{h.hexdigest()[:16]}"
+    # A cache in the repository's ignored build folders (nothing is left in /tmp), one per source hash.
+    out_dir = ROOT / "build-tests" / f"cuda_logic_{h.hexdigest()[:16]}"
     so = out_dir / "libcudalogic.so"
     if not so.exists():
         cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
