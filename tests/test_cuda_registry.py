@@ -1,14 +1,19 @@
-"""The GPU path's communicator registry (ringreduce/_cuda.py), on the CPU: no GPU, no NCCL.
+"""The Python glue of the GPU path (ringreduce/_cuda.py), on the CPU: no GPU, no NCCL.
 
-ringreduce._C is replaced by a recorder and the group's store by an in-process HashStore, so the
-rendezvous of the NCCL unique id and the one-GPU-per-group rule run as they would on GPUs, with
-ranks as threads. Guards issue 15's defects 7 (generation keys that let ranks disagree or read an
-old id) and 15 (device mix-ups), and Ctrl-C while a communicator is created (docs/design.md 1.4).
+ringreduce._C is replaced by one recorder (FakeC: the rings it creates, the calls and the
+CallOptions it receives) and the group's store by an in-process HashStore, so the rendezvous of
+the NCCL unique id and the one-GPU-per-group rule run as they would on GPUs, with ranks as threads.
+Guards the communicator registry against issue 15's defects 7 (generation keys that let ranks
+disagree or read an old id) and 15 (device mix-ups), and Ctrl-C while a communicator is created
+(docs/design.md 1.4); and what the calls hand to _C: the group's rank and size (not the ring's),
+one communicator per group, the ring's rank list and local size, refusal frames, and the pipeline
+knobs read from the environment at call time.
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import signal
 import threading
@@ -21,15 +26,20 @@ import torch.distributed as dist
 
 from ringreduce import _cuda
 from ringreduce._groups import GroupInfo
+from ringreduce.work import Work
 
 
 class FakeComm:
+    """A CudaRing as FakeC.CudaRing created it: its arguments, and whether it was aborted."""
+
     def __init__(self, uid: bytes, nranks: int, rank: int, device: int, timeout_ms: int, name: str,
                  staging_bytes: int, connect_timeout_ms: int = 0, lane_ids: tuple = ()) -> None:
         self.uid = uid
         self.lane_ids = list(lane_ids)
+        self.nranks = nranks
         self.rank = rank
         self.device = device
+        self.name = name
         self.connect_timeout_ms = connect_timeout_ms
         self.aborted = False
 
@@ -38,35 +48,90 @@ class FakeComm:
 
 
 class FakeC:
+    """ringreduce._C as ringreduce._cuda uses it, recording what it is handed: the rings it creates
+    (`comms`), the calls (`calls`) and their options (`options`, the real native CallOptions of
+    csrc/core/call_options.h, the struct the CPU path takes too). A fresh unique id per call."""
+
     native_info = {"cuda": True}
-    counter = 0
+
+    def __init__(self) -> None:
+        self.comms: list[FakeComm] = []
+        self.calls: list[tuple] = []
+        self.options: list[Any] = []
+        self._ids = itertools.count(1)
+
+    def __getattr__(self, name: str) -> Any:
+        # CallOptions, CallKind, RedOp: the real bindings (looked up only by the calls, so that the
+        # registry's tests do not need the native build)
+        if name in ("CallOptions", "CallKind", "RedOp"):
+            from ringreduce._native import C
+
+            return getattr(C, name)
+        raise AttributeError(name)
 
     def nccl_unique_id(self) -> bytes:
-        FakeC.counter += 1
-        return f"uid-{FakeC.counter}".encode()
+        return f"uid-{next(self._ids)}".encode()
 
     def cuda_group_timeout_ms(self, pg: Any) -> int:
         return 1000
 
-    def cuda_all_reduce(self, *args: Any) -> None:  # only its presence is checked
-        return None
+    def CudaRing(self, *args: Any, **kwargs: Any) -> FakeComm:  # noqa: N802 - the binding's name
+        comm = FakeComm(*args, **kwargs)
+        self.comms.append(comm)
+        return comm
 
-    CudaRing = FakeComm
+    def cuda_all_reduce(self, comm, tensor, options, async_op, name, members):
+        self.calls.append(("all_reduce", comm, int(options.kind), list(members), options.local_size, async_op))
+        self.options.append(options)
+        return self if async_op else None
+
+    def cuda_ring_half(self, comm, tensor, output, options, async_op, name, members):
+        self.calls.append(("ring_half", comm, int(options.kind), list(members), async_op))
+        self.options.append(options)
+        return self if async_op else None
+
+    def cuda_refuse(self, comm, kind, error, op, name, members):
+        self.calls.append(("refuse", comm, kind, list(members)))
 
 
 class FakePG:
     pass
 
 
+class FakeCudaTensor:
+    is_cuda = True
+    device = torch.device("cuda", 0)
+    layout = torch.strided
+    dtype = torch.float32
+
+    def is_contiguous(self):
+        return True
+
+    def is_conj(self):
+        return False
+
+    def is_neg(self):
+        return False
+
+
 @pytest.fixture
-def world(monkeypatch):
-    """pg -> (rank, size, name) and one shared store, as the group's ranks would see them."""
+def native(monkeypatch):
+    """The FakeC that ringreduce._cuda uses as _C, with an empty communicator registry."""
+    fake = FakeC()
+    monkeypatch.setattr(_cuda, "_native", lambda: fake)
+    monkeypatch.setattr(_cuda, "_comms", {})
+    monkeypatch.setattr(_cuda, "_creating", {})
+    return fake
+
+
+@pytest.fixture
+def world(monkeypatch, native):
+    """pg -> (rank, size, name) and one shared store, as the group's ranks would see them; the GPU
+    path's cross-rank check on (RINGREDUCE_CHECK=1: refusal frames are sent, options.check is set)."""
     table: dict[int, tuple[int, int, str]] = {}
     store = dist.HashStore()
     store.set_timeout(datetime.timedelta(seconds=20))
-    monkeypatch.setattr(_cuda, "_native", lambda: FakeC())
-    monkeypatch.setattr(_cuda, "_comms", {})
-    monkeypatch.setattr(_cuda, "_creating", {})
+    monkeypatch.setenv("RINGREDUCE_CHECK", "1")
     monkeypatch.setattr(dist, "get_rank", lambda pg: table[id(pg)][0])
     monkeypatch.setattr(dist, "get_world_size", lambda pg: table[id(pg)][1])
     monkeypatch.setattr(dist.distributed_c10d, "_get_process_group_store", lambda pg: store)
@@ -213,12 +278,79 @@ def test_ctrl_c_during_native_creation_leaves_the_group_unusable(world, monkeypa
     def interrupted_init(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt  # what C.CudaRing raises when Ctrl-C ends its wait for the other ranks
 
-    monkeypatch.setattr(FakeC, "CudaRing", staticmethod(interrupted_init))
-    with pytest.raises(KeyboardInterrupt):
-        _cuda.communicator(info, torch.device("cuda", 0))
-    monkeypatch.setattr(FakeC, "CudaRing", FakeComm)
+    with monkeypatch.context() as m:
+        m.setattr(FakeC, "CudaRing", staticmethod(interrupted_init))
+        with pytest.raises(KeyboardInterrupt):
+            _cuda.communicator(info, torch.device("cuda", 0))
     with pytest.raises(dist.DistBackendError, match="interrupted on this rank") as exc:
         _cuda.communicator(info, torch.device("cuda", 0))
     assert "unusable" in str(exc.value) and "waited for its NCCL communicator" in str(exc.value)
     _cuda.release_group(info.pg)  # a new process group object would do the same
     assert isinstance(_cuda.communicator(info, torch.device("cuda", 0)), FakeComm)
+
+
+# ---- What the calls hand to _C ---------------------------------------------------------------------
+
+
+def test_cuda_glue_one_communicator_per_group_with_group_ranks(world, native):
+    """A ring over a rank list joins the group's communicator with the GROUP's rank and size (not
+    the ring index/size), creates it once, and passes the rank list and local size to _C."""
+    make, _ = world
+    flat = make(0, 1, "world")
+    t = FakeCudaTensor()
+    # a made-up ring description whose index/size differ from the group's rank/size; a glue that
+    # waited for a unique id under the ring index (not the group's rank 0) fails at the store timeout
+    sub = GroupInfo(pg=flat.pg, rank=5, size=9, name="sub", members=(0,))
+    assert _cuda.cuda_all_reduce(t, 0, sub, False, False, 0) is None
+    work = _cuda.cuda_all_reduce(t, 1, flat, True, False, 1, local_size=2, members=(0,))
+    assert isinstance(work, Work) and work.result() == [t]
+    out = FakeCudaTensor()
+    half = _cuda.cuda_ring_half(t, out, 0, sub, True, 4)
+    assert isinstance(half, Work) and half.result() == [out]
+    assert _cuda.cuda_ring_half(t, out, 0, sub, False, 3) is None
+    with pytest.raises(ValueError):
+        _cuda.cuda_ring_half(t, out, 0, sub, False, 0)
+    assert len(native.comms) == 1, "one communicator per (group, device), shared by every ring"
+    comm = native.comms[0]
+    assert (comm.nranks, comm.rank, comm.device) == (1, 0, 0)
+    assert [c[0] for c in native.calls] == ["all_reduce", "all_reduce", "ring_half", "ring_half"]
+    assert native.calls[0][3:5] == ([0], 0)
+    assert native.calls[1][3:5] == ([0], 2)
+    assert native.calls[2][2:4] == (4, [0])
+
+
+def test_cuda_glue_refusal_frames_go_around_the_call_ring(world, native):
+    make, _ = world
+    info = GroupInfo(pg=make(0, 1, "world").pg, rank=0, size=2, name="sub", members=(0,))
+    _cuda.cuda_refuse(info, torch.device("cuda", 0), 3, 5)
+    _cuda.cuda_refuse(info, torch.device("cuda", 0), 0, 5, members=(0,))
+    assert native.calls == [("refuse", native.comms[0], 3, [0]), ("refuse", native.comms[0], 0, [0])]
+
+
+def test_cuda_glue_passes_the_pipeline_knobs(world, native, monkeypatch):
+    """RINGREDUCE_SEGMENT_BYTES/_SLOTS/_LANES/_ONESHOT_BYTES reach the native call as overrides, read at
+    call time; unset, they leave the choice to the pipeline rule (0, 0, 0, -1); bad values raise
+    ValueError before anything is sent."""
+    make, _ = world
+    info = make(0, 1, "world")
+    t = FakeCudaTensor()
+    for var in ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_LANES", "RINGREDUCE_ONESHOT_BYTES"):
+        monkeypatch.delenv(var, raising=False)
+    _cuda.cuda_all_reduce(t, 0, info, False, False, 0)
+    k = native.options[-1]
+    assert (k.segment_bytes, k.num_slots, k.lanes, k.one_shot_bytes) == (0, 0, 0, -1)
+    monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", "4096")
+    monkeypatch.setenv("RINGREDUCE_SLOTS", "3")
+    monkeypatch.setenv("RINGREDUCE_LANES", "2")
+    monkeypatch.setenv("RINGREDUCE_ONESHOT_BYTES", "0")
+    _cuda.cuda_ring_half(t, FakeCudaTensor(), 0, info, False, 3)
+    k = native.options[-1]
+    assert (k.segment_bytes, k.num_slots, k.lanes, k.one_shot_bytes) == (4096, 3, 2, 0)
+    assert int(k.kind) == 3 and k.check, "a reduce-scatter, checked by default on CUDA"
+    calls = len(native.calls)
+    for var, bad in (("RINGREDUCE_LANES", "5"), ("RINGREDUCE_SEGMENT_BYTES", "8"), ("RINGREDUCE_ONESHOT_BYTES", "-2")):
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(ValueError, match=var):
+            _cuda.cuda_all_reduce(t, 0, info, False, False, 0)
+        monkeypatch.delenv(var)
+    assert len(native.calls) == calls
