@@ -3,7 +3,7 @@
 One process: a "fake" process group (torch's FakeStore) of world size 2, rank 0; the native submit
 (ringreduce._C.submit_cpu, and run_cpu, the fast path's synchronous call) is replaced by a stub whose
 call is already done, so what is timed is
-everything ringreduce does in Python around it (ops, _dispatch, _groups, the knobs, the Work/wait
+everything ringreduce does in Python around it (ops, _call, _backend.cpu, _groups, the knobs, the Work/wait
 path). CPU time (time.process_time) per call over --calls calls, --repeats times; the median and the
 fastest repeat are printed. Pin it to one core (`taskset -c 0 python benchmarks/python_cost.py`).
 
@@ -55,11 +55,14 @@ def measure(calls: int, repeats: int, numel: int, op: str, async_op: bool, profi
 
     done = Done()
     _native.C.submit_cpu = lambda *args, **kwargs: done
-    from ringreduce import _dispatch
+    try:  # the CPU backend's module (ringreduce/_backend/cpu.py; ringreduce/_dispatch.py in older trees)
+        from ringreduce._backend import cpu as submitter
+    except ImportError:
+        from ringreduce import _dispatch as submitter
 
-    if hasattr(_dispatch, "_NATIVE_RUN"):  # a tree whose fast path calls run_cpu for synchronous calls
-        _dispatch._NATIVE_SUBMIT = _native.C.submit_cpu  # the stub stands for the extension's submit
-        _dispatch._NATIVE_RUN = lambda *args: None  # and for its synchronous call: done, no handle
+    if hasattr(submitter, "_NATIVE_RUN"):  # a tree whose fast path calls run_cpu for synchronous calls
+        submitter._NATIVE_SUBMIT = _native.C.submit_cpu  # the stub stands for the extension's submit
+        submitter._NATIVE_RUN = lambda *args: None  # and for its synchronous call: done, no handle
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     tensor = torch.ones(numel)
     if op == "avg":

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ringreduce import scatter_gather
-from ringreduce._dispatch import device_of, refuse, run_all_reduce
+from ringreduce._call import device_of, refuse, run_all_reduce
 from ringreduce._groups import resolve
 from ringreduce._traced import group_of
 from ringreduce._types import CallKind, FrameError, ReduceOp

@@ -1,7 +1,7 @@
-"""The rules of an all-reduce's options that do not need a tensor, written once.
+"""An all-reduce's options (AllreduceOptions) and their rules that do not need a tensor, written once.
 
-ringreduce.all_reduce checks the tensor-dependent rest (_dispatch.local_refusal, scaling_refusal);
-the hooks and all_reduce_coalesced check these at construction or per buffer, with the same words.
+ringreduce/_call.py checks the tensor-dependent rest (local_refusal, scaling_refusal); the hooks check
+these at construction, with the same words, and keep one AllreduceOptions for all their calls.
 """
 
 from __future__ import annotations
@@ -38,13 +38,6 @@ def scaling_error(wire_dtype: Any, predivide_factor: Any, who: str = "ringreduce
     return None
 
 
-def check_scaling(wire_dtype: Any, predivide_factor: Any, who: str) -> None:
-    """Raises scaling_error's exception, if any (the hooks' constructors)."""
-    error = scaling_error(wire_dtype, predivide_factor, who)
-    if error is not None:
-        raise error
-
-
 def avg_or_sum(op: Any, who: str) -> ReduceOp:
     """"avg"/"sum" (or ReduceOp.AVG/SUM) as a ReduceOp, for the hooks; anything else is a ValueError
     naming `who`."""
@@ -67,3 +60,41 @@ def buffer_options(dtype: torch.dtype, accum_dtype: Any, wire_dtype: Any) -> tup
     accum = None if accum_dtype == torch.float32 and dtype not in HALF_TYPES else accum_dtype
     wire = wire_dtype if dtype == torch.float32 else None
     return accum, wire
+
+
+class AllreduceOptions:
+    """What one all-reduce asks for besides its tensor and group: ringreduce.all_reduce's `op`,
+    `accum_dtype`, `algorithm`, `wire_dtype` and `predivide_factor`, plus `extra_divisor`
+    (GradientAverager's accumulation steps) and `wire_gather` (BackendOptions': 16, 32 or None).
+
+    Made once by a caller that makes many calls (a hook, the "ringreduce" backend, a coalesced call)
+    and handed to ringreduce._call.run_all_reduce_with, which checks it against each tensor; its identity
+    keys the plans of repeated calls (Note [Fast path of a repeated call]). Never changed once made.
+    """
+
+    __slots__ = ("op", "accum_dtype", "algorithm", "wire_dtype", "predivide_factor", "extra_divisor", "wire_gather",
+                 "_buffers")
+
+    def __init__(self, op: Any = ReduceOp.SUM, accum_dtype: Any = None, algorithm: Any = "auto", wire_dtype: Any = None,
+                 predivide_factor: Any = None, *, extra_divisor: int = 1, wire_gather: Any = None) -> None:
+        self.op, self.accum_dtype, self.algorithm = op, accum_dtype, algorithm
+        self.wire_dtype, self.predivide_factor = wire_dtype, predivide_factor
+        self.extra_divisor, self.wire_gather = extra_divisor, wire_gather
+        self._buffers: dict[torch.dtype, AllreduceOptions] = {}
+
+    def check(self, who: str) -> None:
+        """Raises scaling_error's exception, if any, naming `who` (a constructor that keeps these options)."""
+        error = scaling_error(self.wire_dtype, self.predivide_factor, who)
+        if error is not None:
+            raise error
+
+    def for_buffer(self, dtype: torch.dtype) -> AllreduceOptions:
+        """The options a buffer of `dtype` is reduced with (Note [Options of a buffer]); one object per dtype."""
+        options = self._buffers.get(dtype)
+        if options is None:
+            accum, wire = buffer_options(dtype, self.accum_dtype, self.wire_dtype)
+            options = AllreduceOptions(self.op, accum, self.algorithm, wire, self.predivide_factor,
+                                       extra_divisor=self.extra_divisor,
+                                       wire_gather=self.wire_gather if wire is not None else None)
+            self._buffers[dtype] = options
+        return options

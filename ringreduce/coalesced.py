@@ -11,9 +11,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce._dispatch import local_refusal, local_tensor, refuse, run_all_reduce, scaling_refusal
+from ringreduce._call import local_refusal, local_tensor, refuse, run_all_reduce_with, scaling_refusal
 from ringreduce._groups import resolve
-from ringreduce._options import buffer_options
+from ringreduce._options import AllreduceOptions, buffer_options
 from ringreduce._types import CallKind, FrameError, ReduceOp
 from ringreduce.work import Work, Works
 
@@ -151,6 +151,24 @@ def _refusal(
     return FrameError.NONE, None
 
 
+# The options of recent coalesced calls, so that a repeated call's buffers take their plans (Note [Fast
+# path of a repeated call]); an argument that cannot be a key (unhashable) gets options of its own.
+_recent_options: dict[tuple[Any, ...], AllreduceOptions] = {}
+
+
+def _options_of(op: Any, accum_dtype: Any, algorithm: Any, wire_dtype: Any, predivide_factor: Any) -> AllreduceOptions:
+    key = (type(op), op, accum_dtype, algorithm, wire_dtype, type(predivide_factor), predivide_factor)
+    try:
+        options = _recent_options.get(key)
+    except TypeError:
+        return AllreduceOptions(op, accum_dtype, algorithm, wire_dtype, predivide_factor)
+    if options is None:
+        if len(_recent_options) >= 64:
+            _recent_options.clear()
+        options = _recent_options[key] = AllreduceOptions(op, accum_dtype, algorithm, wire_dtype, predivide_factor)
+    return options
+
+
 def _rings(tensors: Any, algorithm: Any, wire_dtype: Any) -> list[Any]:
     """The algorithm of each ring a rank passing the same list runs: one per dtype of its non-empty
     tensors (a 16-bit wire's float32 buffer on the flat ring); at least one for a list that is not
@@ -248,10 +266,10 @@ def all_reduce_coalesced(
         by_dtype.setdefault(t.dtype, []).append(t)
     groups = [_FlatGroup(ts, alone=len(by_dtype) == 1) for ts in by_dtype.values()]
     works: list[Work] = []
+    options = _options_of(op, accum_dtype, algorithm, wire_dtype, predivide_factor)
     for g in groups:
-        accum, wire = buffer_options(g.flat.dtype, accum_dtype, wire_dtype)
-        w = run_all_reduce(g.flat, op, group, True, accum, algorithm, CallKind.ALL_REDUCE_COALESCED,
-                           ntensors=len(listed), wire_dtype=wire, predivide_factor=predivide_factor)
+        w = run_all_reduce_with(g.flat, group, options.for_buffer(g.flat.dtype), True,
+                                CallKind.ALL_REDUCE_COALESCED, ntensors=len(listed))
         assert w is not None
         works.append(w)
     work = CoalescedWork(works, groups, listed, describe=f"all_reduce_coalesced of {len(listed)} tensors on {info.name}")

@@ -35,7 +35,7 @@ from ringreduce import (
     _library,  # noqa: F401 - registers the ringreduce:: ops
     _traced,
 )
-from ringreduce._dispatch import refuse
+from ringreduce._call import refuse
 from ringreduce._groups import resolve
 from ringreduce._types import CallKind, FrameError, ReduceOp
 

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from ringreduce import scatter_gather
-from ringreduce._dispatch import device_of, refuse
+from ringreduce._call import device_of, refuse
 from ringreduce._groups import resolve
 from ringreduce._types import CallKind, FrameError, ReduceOp, to_reduce_op
 

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ringreduce import _traced
-from ringreduce._dispatch import run_all_reduce
+from ringreduce._call import run_all_reduce
 from ringreduce._types import CallKind, ReduceOp, to_reduce_op
 from ringreduce.work import Work
 

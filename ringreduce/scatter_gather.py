@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ringreduce import _traced
-from ringreduce._dispatch import device_of, local_refusal, local_tensor, refuse, run_ring_half
+from ringreduce._call import device_of, local_refusal, local_tensor, refuse, run_ring_half
 from ringreduce._groups import resolve
 from ringreduce._types import CallKind, FrameError, ReduceOp
 from ringreduce.work import Work

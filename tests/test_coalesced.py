@@ -346,7 +346,9 @@ def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
     gives CUDA tensors without a GPU, and its subclass is refused locally."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ringreduce import _cuda, _dispatch, coalesced
+    from ringreduce import _call, coalesced
+    from ringreduce._backend import cpu as _cpu
+    from ringreduce._backend import cuda as _cuda
     from ringreduce._groups import GroupInfo
 
     with FakeTensorMode():
@@ -354,10 +356,10 @@ def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
     info = GroupInfo(pg=None, rank=0, size=2, name="fake group")  # type: ignore[arg-type]
     seen: list[str] = []
     monkeypatch.setattr(coalesced, "resolve", lambda group: info)
-    monkeypatch.setattr(_dispatch, "choose_algorithm", lambda info, algorithm: (0, ()))
+    monkeypatch.setattr(_cuda, "choose_algorithm", lambda info, algorithm: (0, ()))
     monkeypatch.setattr(_cuda, "cuda_refuse", lambda info, device, kind, error, members=None: seen.append(f"gpu {device}"))
-    monkeypatch.setattr(_dispatch, "submit_cpu", lambda *a, **k: seen.append("cpu"))
-    monkeypatch.setitem(_dispatch.C.native_info, "cuda", True)
+    monkeypatch.setattr(_cpu, "submit_cpu", lambda *a, **k: seen.append("cpu"))
+    monkeypatch.setitem(_call.C.native_info, "cuda", True)
     monkeypatch.setenv("RINGREDUCE_CHECK", "1")
     with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
         rr.all_reduce_coalesced(tensors)
@@ -371,7 +373,8 @@ def test_refused_cuda_call_with_a_wire_tells_the_flat_ring(monkeypatch) -> None:
     buffer's on the flat ring, the others' on `algorithm`'s). Faked as in the test above."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ringreduce import _cuda, _dispatch, coalesced
+    from ringreduce import _call, coalesced
+    from ringreduce._backend import cuda as _cuda
     from ringreduce._groups import GroupInfo
 
     with FakeTensorMode():
@@ -380,10 +383,10 @@ def test_refused_cuda_call_with_a_wire_tells_the_flat_ring(monkeypatch) -> None:
     info = GroupInfo(pg=None, rank=0, size=4, name="fake group")  # type: ignore[arg-type]
     algorithms: list[str] = []
     monkeypatch.setattr(coalesced, "resolve", lambda group: info)
-    monkeypatch.setattr(_dispatch, "resolve", lambda group: info)
-    monkeypatch.setattr(_dispatch, "choose_algorithm", lambda info, algorithm: algorithms.append(algorithm) or (0, ()))
+    monkeypatch.setattr(_call, "resolve", lambda group: info)
+    monkeypatch.setattr(_cuda, "choose_algorithm", lambda info, algorithm: algorithms.append(algorithm) or (0, ()))
     monkeypatch.setattr(_cuda, "cuda_refuse", lambda info, device, kind, error, members=None: None)
-    monkeypatch.setitem(_dispatch.C.native_info, "cuda", True)
+    monkeypatch.setitem(_call.C.native_info, "cuda", True)
     monkeypatch.setenv("RINGREDUCE_CHECK", "1")
     with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
         rr.all_reduce_coalesced([f64, f32, f32b], op="avg", wire_dtype=torch.bfloat16)

@@ -6,12 +6,12 @@ ctypes library (tests/cpp/cuda/cuda_logic_capi.cpp):
 * the reduce kernel's body (csrc/core/reduce_body.h) through the kernel's own dtype dispatch
   (csrc/core/reduce_dispatch.h), on a simulated grid of threads, compared with torch on every
   dtype, op and float32-partial variant, at misaligned addresses (scalar head, vector body, tail);
-* the GPU ring driver (csrc/cuda/ring_driver.cpp, what CudaRing runs over NCCL and CUDA streams)
+* the GPU ring executor (csrc/cuda/ring_executor.cpp, what CudaRing runs over NCCL and CUDA streams)
   on simulated CUDA streams with random interleavings and a vector-clock race detector
   (tests/cpp/cuda/sim_device.h): whole all-reduces on n in-process ranks with exact,
   position-dependent data, back-to-back and asynchronous calls sharing the staging slots, and
   deliberately broken interpreter decisions that must be caught;
-* the stages of the other GPU collectives through the same driver (csrc/cuda/ring_driver.h):
+* the stages of the other GPU collectives through the same driver (csrc/cuda/ring_executor.h):
   reduce-scatter-only and all-gather-only rings (rank r owns block r), an AVG divisor larger than
   the ring, rings over rank lists of one communicator running side by side (the NCCL peers each
   rank used must be the mapped ranks), and the hierarchical all-reduce's three stages.
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [
     "tests/cpp/cuda/cuda_logic_capi.cpp",
     "tests/cpp/cuda/sim_device.cpp",
-    "csrc/cuda/ring_driver.cpp",
+    "csrc/cuda/ring_executor.cpp",
     "csrc/cuda/gpu_pipeline.cpp",
     "csrc/core/collectives.cpp",
     "csrc/core/plan.cpp",
@@ -41,7 +41,7 @@ SOURCES = [
 ]
 HEADERS = [
     "tests/cpp/cuda/sim_device.h",
-    "csrc/cuda/ring_driver.h",
+    "csrc/cuda/ring_executor.h",
     "csrc/cuda/gpu_pipeline.h",
     "csrc/core/collectives.h",
     "csrc/core/reduce_body.h",
@@ -345,7 +345,7 @@ def test_kernel_convert_and_scaling(lib):
 
 
 # ---------------------------------------------------------------------------------------------
-# The GPU ring driver on simulated streams
+# The GPU ring executor on simulated streams
 
 
 def exact_inputs(dtype, op, nranks, numel, call):

@@ -129,7 +129,8 @@ _GPU_KNOBS = ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_LANES"
 
 
 def test_gpu_detail_line_names_the_pipeline_rule_not_the_cpu_segment(monkeypatch):
-    from ringreduce._dispatch import debug_level, log_call, ring_parameters
+    from ringreduce._backend import cpu, cuda
+    from ringreduce._call import debug_level, log_call
     from ringreduce._groups import GroupInfo
     from ringreduce._types import CallKind
 
@@ -138,8 +139,8 @@ def test_gpu_detail_line_names_the_pipeline_rule_not_the_cpu_segment(monkeypatch
     monkeypatch.setenv("RINGREDUCE_DEBUG", "DETAIL")
     assert debug_level() == 2  # also sets the logger's level, as a call does
     rule = "segment_bytes=gpu rule slots=gpu rule lanes=gpu rule one_shot_bytes=gpu rule"
-    assert ring_parameters(True) == rule
-    assert ring_parameters(False) == "segment_bytes=1048576 slots=auto"  # the CPU ring's defaults
+    assert cuda.ring_parameters() == rule
+    assert cpu.ring_parameters() == "segment_bytes=1048576 slots=auto"  # the CPU ring's defaults
     cap = _Capture()
     log = logging.getLogger("ringreduce")
     log.addHandler(cap)

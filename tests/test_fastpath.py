@@ -17,7 +17,8 @@ import torch.distributed as dist
 from ranks import expect_raises, run_ranks
 
 import ringreduce as rr
-from ringreduce import _config, _dispatch, _fastpath, _native
+from ringreduce import _call, _config, _fastpath, _native
+from ringreduce._backend import cpu as _cpu
 
 
 class _Done:
@@ -90,8 +91,8 @@ def test_a_repeated_call_takes_the_plan(fake, monkeypatch):
     def checked(*args):  # noqa: ANN002, ANN202
         raise AssertionError("a repeated call ran the checks")
 
-    monkeypatch.setattr(_dispatch, "resolve", checked)
-    monkeypatch.setattr(_dispatch, "local_refusal", checked)
+    monkeypatch.setattr(_call, "resolve", checked)
+    monkeypatch.setattr(_call, "local_refusal", checked)
     rr.all_reduce_avg(t)
     rr.all_reduce_avg(torch.ones(3, 5).t())  # another shape and strides: the same plan
     assert len(fake.calls) == 3 and all(c[2] is plan.options for c in fake.calls)
@@ -276,10 +277,36 @@ def test_async_repeated_calls(fake):
     assert "all_reduce_avg AVG on WORLD (size 2)" in repr(works[-1])
 
 
+def test_callers_of_many_calls_reuse_one_options_object_and_take_their_plans(fake, monkeypatch):
+    """all_reduce_coalesced and the "ringreduce" backend's options make one AllreduceOptions per argument
+    set and dtype, so that their repeated buffers skip the checks as a repeated all_reduce does."""
+    from ringreduce.backend.options import BackendOptions
+
+    floats, halves = [torch.ones(4), torch.ones(3)], [torch.ones(5, dtype=torch.float16)]
+    rr.all_reduce_coalesced([*floats, *halves], op="avg", accum_dtype=torch.float32, wire_dtype=torch.bfloat16)
+    first = fake.calls[-2:]
+    assert [c[2].wire_dtype for c in first] == [_native.C.DType.BFLOAT16, None]  # the wire: float32's buffer only
+    assert [c[2].accum_float32 for c in first] == [False, True]  # float32 accumulation: the half buffer only
+    plans = len(_fastpath.plans)
+
+    def checked(*args):  # noqa: ANN002, ANN202
+        raise AssertionError("a repeated buffer ran the checks")
+
+    monkeypatch.setattr(_call, "resolve", checked)
+    monkeypatch.setattr(_call, "local_refusal", checked)
+    rr.all_reduce_coalesced([*floats, *halves], op="avg", accum_dtype=torch.float32, wire_dtype=torch.bfloat16)
+    assert len(_fastpath.plans) == plans and [c[2] for c in fake.calls[-2:]] == [c[2] for c in first]
+    o = BackendOptions(wire_dtype=torch.float16)
+    avg = o.allreduce_options(rr.ReduceOp.AVG, torch.float32)
+    assert avg is o.allreduce_options(rr.ReduceOp.AVG, torch.float32) and avg.wire_dtype == torch.float16
+    assert o.allreduce_options(rr.ReduceOp.MAX, torch.float32).wire_dtype is None  # a wire applies to SUM/AVG
+    assert o.allreduce_options(rr.ReduceOp.AVG, torch.float64).wire_dtype is None
+
+
 def test_a_replaced_submit_is_called_on_the_fast_path(fake, monkeypatch):
-    """A stub of _dispatch.submit_cpu (as measurements and tests install) sees repeated calls too."""
+    """A stub of _backend.cpu.submit_cpu (as measurements and tests install) sees repeated calls too."""
     seen = []
-    monkeypatch.setattr(_dispatch, "submit_cpu", lambda info, tensor, options, output=None, synchronous=False:
+    monkeypatch.setattr(_cpu, "submit_cpu", lambda info, tensor, options, output=None, synchronous=False:
                         seen.append(tensor) or _Done())
     t = torch.ones(8)
     for _ in range(3):

@@ -78,7 +78,7 @@ class TPModel(torch.nn.Module):
 
 
 def local_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: rr._dispatch.local_tensor(p.grad).clone() for name, p in model.named_parameters()}
+    return {name: rr._call.local_tensor(p.grad).clone() for name, p in model.named_parameters()}
 
 
 def _averager_dp_only(rank: int, ws: int, cap_mb: float, view: bool) -> None:
@@ -101,7 +101,7 @@ def _averager_dp_only(rank: int, ws: int, cap_mb: float, view: bool) -> None:
         ours(x).backward()
         expected = {name: dp_average(g, dp_group) for name, g in local_grads(ref).items()}
         for i, (name, p) in enumerate(ours.named_parameters()):
-            got = rr._dispatch.local_tensor(p.grad)
+            got = rr._call.local_tensor(p.grad)
             assert torch.equal(got, expected[name]), f"step {step} {name}: {got} != {expected[name]}"
             if isinstance(p, DTensor):
                 assert isinstance(p.grad, DTensor), f"{name}: the gradient is no longer a DTensor"
@@ -116,7 +116,7 @@ def _averager_dp_only(rank: int, ws: int, cap_mb: float, view: bool) -> None:
             tp_peers = gather_inputs(got, tp_group)
             if name != "b":
                 assert not torch.equal(tp_peers[0], tp_peers[1]), f"{name}: tp peers' gradients were averaged too"
-        assert not torch.equal(local_grads(ref)["w"], rr._dispatch.local_tensor(ours.w.grad)), "dp peers had equal grads"
+        assert not torch.equal(local_grads(ref)["w"], rr._call.local_tensor(ours.w.grad)), "dp peers had equal grads"
     avg.remove()
 
 

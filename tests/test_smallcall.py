@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ranks import run_ranks
 
 import ringreduce as rr
-from ringreduce import _dispatch
+from ringreduce._backend import cpu as _cpu
 from ringreduce._native import C
 
 SIZES = (1, 7, 256, 1000, 4099)
@@ -22,13 +22,13 @@ SIZES = (1, 7, 256, 1000, 4099)
 
 def _back_to_back(rank: int, ws: int, rounds: int) -> dict:
     count = [0]  # calls of the fast path's handle-free native call
-    native = _dispatch._NATIVE_RUN
+    native = _cpu._NATIVE_RUN
 
     def counted(*args):  # noqa: ANN002, ANN202
         count[0] += 1
         return native(*args)
 
-    _dispatch._NATIVE_RUN = counted
+    _cpu._NATIVE_RUN = counted
     try:
         wrong = []
         for k in range(rounds):
@@ -41,7 +41,7 @@ def _back_to_back(rank: int, ws: int, rounds: int) -> dict:
                     wrong.append((k, numel))
         return {"wrong": wrong, "native_runs": count[0], "transport": C.transport_info(dist.group.WORLD, [])}
     finally:
-        _dispatch._NATIVE_RUN = native
+        _cpu._NATIVE_RUN = native
 
 
 @pytest.mark.parametrize("ws", [2, 3, 4])

@@ -19,7 +19,7 @@ from ranks import run_ranks
 from refdata import ring_reference
 
 import ringreduce as rr
-from ringreduce._dispatch import scaling_refusal
+from ringreduce._call import scaling_refusal
 
 BOTH_TRANSPORTS = True
 
@@ -610,14 +610,15 @@ def test_backend_options_wire_gather():
     run_ranks(3, _backend_wire_gather)
 
 
-def test_sixteen_bit_all_gather_refused_on_gpus_and_bad_backend_options():
+def test_sixteen_bit_all_gather_refused_on_gpus_and_bad_backend_options(monkeypatch):
     from types import SimpleNamespace
 
-    from ringreduce._dispatch import wire_gather_setting
+    from ringreduce._call import wire_gather_setting
     from ringreduce._types import ReduceOp
 
     fake_cuda = SimpleNamespace(is_floating_point=lambda: True, is_complex=lambda: False, dtype=torch.float32,
-                                is_cuda=True)
+                                is_cuda=True, device=torch.device("cuda", 0))
+    monkeypatch.setitem(rr._C.native_info, "cuda", True)  # its backend in a CPU-only build too
     _, exc, _, _ = scaling_refusal(fake_cuda, ReduceOp.AVG, "auto", torch.bfloat16, None, "16")
     assert isinstance(exc, ValueError) and "CPU rings only" in str(exc)
     _, exc, _, _ = scaling_refusal(fake_cuda, ReduceOp.AVG, "auto", torch.bfloat16, None, "auto")

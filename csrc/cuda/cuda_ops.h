@@ -24,7 +24,7 @@
 #include "../core/call_options.h"
 #include "../core/dtype.h"
 #include "../core/frame.h"
-#include "cuda_ring.h"
+#include "group_runtime.h"
 
 namespace rr {
 

@@ -12,7 +12,7 @@
 #include "cuda_check.h"
 #include "nccl_comm.h"  // DeviceGuard
 #include "reduce_kernels.cuh"
-#include "ring_driver.h"
+#include "ring_executor.h"
 
 namespace rr {
 
@@ -177,7 +177,7 @@ void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel
   DeviceGuard guard(device);
   Shared sh;
   std::vector<RankState> ranks(static_cast<size_t>(n));
-  // Every rank's stages, exactly as CudaRing's callers build them (ring_driver.h).
+  // Every rank's stages, exactly as CudaRing's callers build them (ring_executor.h).
   std::vector<std::vector<RingStage>> stages;
   const bool hier = shape.phases == kPhaseBoth && shape.local_size > 1;
   RR_CHECK(!(hier && accum_float32), kValue,

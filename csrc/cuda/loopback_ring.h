@@ -3,7 +3,7 @@
 // Note [Loopback ring]
 // ~~~~~~~~~~~~~~~~~~~
 // loopbackAllReduce() runs a ring of n ranks as n host threads on one device, each with its own
-// streams, staging slots and plan events, enqueueing its stages through ring_driver.h like CudaRing.
+// streams, staging slots and plan events, enqueueing its stages through ring_executor.h like CudaRing.
 // Only the exchange differs: the sender records `ready` on its comm stream and posts (pointer,
 // bytes, ready) to the peer; the receiver takes the matching post (in posting order, bytes checked),
 // makes its comm stream wait `ready`, copies device-to-device, records `consumed` and hands it

@@ -9,7 +9,7 @@
 // waitReady(), which polls at once, with the lock released between polls: busily for 200 us,
 // yielding up to 2 ms, then sleeping 50 us (a hand-off usually takes microseconds). A rank that
 // never arrives costs a timeout, not a hang: waitReady() aborts at the deadline or on Ctrl-C, and the
-// watchdog (cuda_ring.h) may abort at any time from its own thread. No other thread may be inside an
+// watchdog (group_runtime.h) may abort at any time from its own thread. No other thread may be inside an
 // NCCL call on the communicator meanwhile (docs: usage/communicators "Error handling and
 // communicator abort"): every NCCL call holds mu_, and abort() takes it, then frees the handles;
 // every later call throws kBackend with the reason. Teardown is ncclCommAbort, never
@@ -24,7 +24,7 @@
 // ncclCommInitChildComm, src/channel.cc). A blocking ncclGroupEnd returns ncclSuccess once the kernel
 // is on the stream: nothing to poll. An exchange is either
 //   * a hand-off (sendRecv, the non-blocking parent, waited): the first exchange of each ring stage
-//     and every one-shot group (Note [Which exchanges hand off], ring_driver.h). Only a hand-off may
+//     and every one-shot group (Note [Which exchanges hand off], ring_executor.h). Only a hand-off may
 //     make the first contact with a peer (NCCL connects a pair inside their first ncclGroupEnd, which
 //     a blocking communicator does without a deadline) or tell a caller inside its own NCCL group
 //     (Note [Inside a user's NCCL group]) from a launch: a blocking ncclGroupEnd returns ncclSuccess
@@ -34,7 +34,7 @@
 //     topology, so NCCL picks the same, already connected, channels.
 // Once connected, a blocking send/recv group waits for nothing a peer does (its work travels in the
 // kernel arguments), but can block on CUDA's finite launch queue, which stops draining when a kernel
-// waits for a dead peer: Note [Bounded launch queue] (cuda_ring.h) keeps mu_ free for the abort.
+// waits for a dead peer: Note [Bounded launch queue] (group_runtime.h) keeps mu_ free for the abort.
 // Both handles are aborted together (parent, then child); the shared flag makes all their kernels exit.
 #pragma once
 
@@ -50,7 +50,7 @@
 #include <thread>
 #include <vector>
 
-#include "ring_driver.h"  // PeerOp
+#include "ring_executor.h"  // PeerOp
 
 namespace rr {
 
@@ -95,7 +95,7 @@ class DeviceGuard {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // ncclCommAbort sets its communicator's abort flag, then synchronizes its device stream (src/init.cc
 // commDestroySync), i.e. waits for whatever its last kernel waits for. A ring's lanes wait for each
-// other through events (ring_driver.cpp), so with two calls queued and a dead peer, stopping lane 0
+// other through events (ring_executor.cpp), so with two calls queued and a dead peer, stopping lane 0
 // alone waits for lane 1's kernel, which exits only once lane 1 is stopped: a hang (NCCL issue 1013,
 // pytorch issue 150690). So abortTogether() marks every lane aborted, then calls ncclCommAbort on
 // every parent and child inside one group with NCCL >= 2.24 (each sets its flag at once, the cleanup

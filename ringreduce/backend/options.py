@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ringreduce._options import ALGORITHMS, HALF_TYPES, WIRE_TYPES
+from ringreduce._options import ALGORITHMS, HALF_TYPES, WIRE_TYPES, AllreduceOptions
+from ringreduce._types import ReduceOp
 
 
 @dataclass(frozen=True)
@@ -68,13 +70,14 @@ class BackendOptions:
                 f"ringreduce.BackendOptions: algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}"
             )
 
-    def accum_for(self, tensor: torch.Tensor) -> torch.dtype | None:
-        """accum_dtype where it fits `tensor` (float16/bfloat16), else None."""
-        return self.accum_dtype if tensor.dtype in HALF_TYPES else None
-
     def wire_for(self, dtype: torch.dtype, op_is_sum_or_avg: bool) -> torch.dtype | None:
         """wire_dtype where it fits (`dtype` is float32 and `op_is_sum_or_avg`: SUM or AVG), else None."""
         return self.wire_dtype if dtype == torch.float32 and op_is_sum_or_avg else None
+
+    def allreduce_options(self, op: ReduceOp, dtype: torch.dtype) -> AllreduceOptions:
+        """The options of the group's all-reduce of one `dtype` tensor with `op`: one object per
+        (options, op, dtype), so that repeated calls take their plan."""
+        return _allreduce_options(self, op, dtype)
 
     @classmethod
     def from_pg_options(cls, pg_options: Any) -> BackendOptions:
@@ -88,3 +91,10 @@ class BackendOptions:
             'ringreduce: pg_options of a "ringreduce" group must be a ringreduce.BackendOptions or None, got '
             f"{type(pg_options).__name__}"
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _allreduce_options(o: BackendOptions, op: ReduceOp, dtype: torch.dtype) -> AllreduceOptions:
+    wire = o.wire_for(dtype, op in (ReduceOp.SUM, ReduceOp.AVG))
+    return AllreduceOptions(op, o.accum_dtype if dtype in HALF_TYPES else None, o.algorithm, wire,
+                            wire_gather=o.wire_gather if wire is not None else None)

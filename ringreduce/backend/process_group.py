@@ -19,10 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce import _groups
-from ringreduce._dispatch import device_of, local_refusal, refuse, run_all_reduce
+from ringreduce import _backend, _groups
+from ringreduce._call import device_of, local_refusal, refuse, run_all_reduce_with
 from ringreduce._groups import GroupInfo
-from ringreduce._native import C
 from ringreduce._options import HALF_TYPES
 from ringreduce._types import CallKind, FrameError, ReduceOp, to_reduce_op
 from ringreduce.backend import GLOO_ALLTOALL_TORCH, NAME, torch_at_least
@@ -127,11 +126,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         if self._inner.closed:
             return
         ring = self._ringreduce_ring
-        C.release_cpu(ring.pg)
-        if C.native_info["cuda"]:
-            from ringreduce import _cuda
-
-            _cuda.release_group(ring.pg)
+        _backend.release_group(ring.pg)
         _groups.forget_ring(ring)
         self._inner.shutdown()
 
@@ -146,11 +141,9 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         if rop is None or len(tensors) != 1 or tensors[0].layout != torch.strided:
             return self._delegate("all_reduce", "allreduce", tensors, opts)
         tensor = tensors[0]
-        o = self._options
-        wire = o.wire_for(tensor.dtype, rop in (ReduceOp.SUM, ReduceOp.AVG))
+        options = self._options.allreduce_options(rop, tensor.dtype)
         with self._ring_call("all_reduce"):
-            work = run_all_reduce(tensor, rop, self.ring, True, o.accum_for(tensor), o.algorithm, CallKind.ALL_REDUCE,
-                                  wire_dtype=wire, wire_gather=o.wire_gather if wire is not None else None)
+            work = run_all_reduce_with(tensor, self.ring, options, True, CallKind.ALL_REDUCE)
         return BackendWork([work], [tensor])
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:

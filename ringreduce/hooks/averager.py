@@ -47,9 +47,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook, _JoinConfig
 
-from ringreduce._dispatch import local_tensor, refuse_call, run_all_reduce
+from ringreduce._call import local_tensor, refuse_call, run_all_reduce_with
 from ringreduce._groups import _is_device_mesh, resolve
-from ringreduce._options import avg_or_sum, buffer_options, check_scaling
+from ringreduce._options import AllreduceOptions, avg_or_sum
 from ringreduce._param_check import check_model
 from ringreduce._types import CallKind
 from ringreduce.hooks.buckets import (
@@ -177,7 +177,11 @@ class GradientAverager(Joinable):
                 f"ringreduce.GradientAverager: accum_dtype must be None or torch.float32, got {accum_dtype}"
             )
         self.op = avg_or_sum(op, "ringreduce.GradientAverager")
-        check_scaling(wire_dtype, predivide_factor, "ringreduce.GradientAverager")
+        # the buckets' options: with the averager's op, and with SUM (Note [Uneven inputs])
+        self._options = {o: AllreduceOptions(o, accum_dtype, "auto", wire_dtype, predivide_factor,
+                                             extra_divisor=accumulation_steps)
+                         for o in (self.op, ReduceOp.SUM)}
+        self._options[self.op].check("ringreduce.GradientAverager")
         if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
             raise ValueError(
                 f"ringreduce.GradientAverager: accumulation_steps must be an int >= 1, got {accumulation_steps!r}"
@@ -504,9 +508,8 @@ class GradientAverager(Joinable):
     def _reduce(self, buffer: torch.Tensor, op: ReduceOp) -> Work | None:
         """The asynchronous all-reduce of one bucket `buffer` with `op` and the averager's options (a
         shadowing rank's zeros take the same call: Note [Uneven inputs])."""
-        accum, wire = buffer_options(buffer.dtype, self.accum_dtype, self.wire_dtype)
-        return run_all_reduce(buffer, op, self.group, True, accum, "auto", CallKind.ALL_REDUCE, wire_dtype=wire,
-                              predivide_factor=self.predivide_factor, extra_divisor=self.accumulation_steps)
+        options = self._options[op].for_buffer(buffer.dtype)
+        return run_all_reduce_with(buffer, self.group, options, True, CallKind.ALL_REDUCE)
 
     def _finish_round(self) -> None:
         if not self._round:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce._dispatch import local_tensor
+from ringreduce._call import local_tensor
 from ringreduce._groups import _is_device_mesh
 from ringreduce.work import Work
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce._options import avg_or_sum, buffer_options, check_scaling
+from ringreduce._options import AllreduceOptions, avg_or_sum
 from ringreduce.ops import ReduceOp, all_reduce
 
 _NO_GROUP = object()
@@ -29,7 +29,8 @@ class CommHookState:
                  process_group: dist.ProcessGroup | None = None) -> None:
         """Validates and keeps `wire_dtype`, `op`, `predivide_factor` and `process_group` (see the class)."""
         self.op = avg_or_sum(op, "ringreduce.CommHookState")
-        check_scaling(wire_dtype, predivide_factor, "ringreduce.CommHookState")
+        self._options = AllreduceOptions(self.op, None, "auto", wire_dtype, predivide_factor)
+        self._options.check("ringreduce.CommHookState")
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise TypeError(
                 f"ringreduce.CommHookState: process_group must be a ProcessGroup or None, got {type(process_group).__name__}"
@@ -70,9 +71,9 @@ def ddp_comm_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
     if options is None:
         work = all_reduce(buffer, op=ReduceOp.AVG, group=group, async_op=True)
     else:
-        _, wire = buffer_options(buffer.dtype, None, options.wire_dtype)
-        work = all_reduce(buffer, op=options.op, group=group, async_op=True, wire_dtype=wire,
-                          predivide_factor=options.predivide_factor)
+        o = options._options.for_buffer(buffer.dtype)
+        work = all_reduce(buffer, op=o.op, group=group, async_op=True, wire_dtype=o.wire_dtype,
+                          predivide_factor=o.predivide_factor)
     assert work is not None
     return work.get_future().then(lambda fut: fut.value()[0])
 

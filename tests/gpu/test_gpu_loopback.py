@@ -67,7 +67,7 @@ def test_loopback_orders_after_current_stream():
         assert bool((t == 6).all())
 
 
-# ---- the stages of the other collectives (ring_driver.h), with the real kernels -------------------
+# ---- the stages of the other collectives (ring_executor.h), with the real kernels -------------------
 
 
 @pytest.mark.parametrize("order", [(0, 1, 2, 3), (2, 0, 3, 1)], ids=["in-order", "permuted"])

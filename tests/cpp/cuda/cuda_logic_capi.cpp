@@ -5,7 +5,7 @@
 //                      when b is null) on a simulated grid of threads
 //   rr_sim_allreduce   whole ring all-reduces of n ranks through enqueueRingCall() (the GPU
 //                      driver) on the simulated streams of sim_device.h
-//   rr_sim_ring        the stages of every GPU collective (ring_driver.h: flat ring, reduce-scatter
+//   rr_sim_ring        the stages of every GPU collective (ring_executor.h: flat ring, reduce-scatter
 //                      only, all-gather only, hierarchical) over rank lists of one simulated
 //                      communicator, several rings side by side, reporting the peers each rank used
 //   rr_gpu_pipeline    the pipeline rule (gpu_pipeline.h) for a call
@@ -19,7 +19,7 @@
 #include "../../../csrc/core/error.h"
 #include "../../../csrc/core/plan.h"
 #include "../../../csrc/cuda/gpu_pipeline.h"
-#include "../../../csrc/cuda/ring_driver.h"
+#include "../../../csrc/cuda/ring_executor.h"
 #include "sim_device.h"
 
 namespace {

@@ -2,7 +2,7 @@
 //
 // Note [Fake CUDA runtime]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// fake_cuda.cpp defines the CUDA runtime and NCCL entry points that csrc/cuda/cuda_ring.cpp and
+// fake_cuda.cpp defines the CUDA runtime and NCCL entry points that csrc/cuda/group_runtime.cpp and
 // nccl_comm.cpp call, so that those files - the real ones, compiled with the host compiler - run
 // here without a GPU. The model is just rich enough for the host-side logic (watchdog, work
 // states, abort, shutdown, device guard, timeouts):

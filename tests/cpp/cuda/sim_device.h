@@ -1,10 +1,10 @@
-// ringreduce tests: a simulated GPU for the ring driver, run on the host.
+// ringreduce tests: a simulated GPU for the GPU ring executor, run on the host.
 //
 // Note [Simulated streams]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // SimDevice gives every rank of an in-process ring a kComm and a kCompute stream per lane (up to
 // 4, Note [Lanes] in plan.h; each lane also its own communicator) and a kCaller stream, with CUDA's
-// semantics, and a DeviceBackend (ring_driver.h) that only *enqueues* onto them, exactly
+// semantics, and a DeviceBackend (ring_executor.h) that only *enqueues* onto them, exactly
 // like the CUDA backend. A seeded random scheduler then advances one stream at a time, across all
 // ranks, so every interleaving CUDA allows can occur:
 //   * a stream runs its ops in order; an event record fires when it is reached; a stream wait
@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "../../../csrc/core/plan.h"
-#include "../../../csrc/cuda/ring_driver.h"
+#include "../../../csrc/cuda/ring_executor.h"
 
 namespace rr {
 namespace sim {

@@ -1,4 +1,4 @@
-// The GPU ring driver (csrc/cuda/ring_driver.cpp) on simulated CUDA streams (sim_device.h), as a
+// The GPU ring executor (csrc/cuda/ring_executor.cpp) on simulated CUDA streams (sim_device.h), as a
 // ctest: whole all-reduces with exact data, the ring halves (reduce-scatter only, all-gather
 // only), a larger AVG divisor, rings over rank lists of one communicator (the NCCL peers must be
 // the mapped ranks) and the hierarchical all-reduce's three stages, and deliberately broken driver
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../../../csrc/core/plan.h"
-#include "../../../csrc/cuda/ring_driver.h"
+#include "../../../csrc/cuda/ring_executor.h"
 #include "../../../csrc/core/error.h"
 #include "../check.h"
 #include "sim_device.h"
@@ -131,7 +131,7 @@ namespace {
 
 // ---- stages over rank lists of one communicator ------------------------------------------------
 
-// Which collective a ring runs (the stage builders of ring_driver.h).
+// Which collective a ring runs (the stage builders of ring_executor.h).
 enum class Mode { kFlat, kReduceScatter, kAllGather, kHierarchical };
 
 struct RingsRun {

@@ -1,4 +1,4 @@
-// ringreduce tests: the real CudaRing and NcclComm (csrc/cuda/cuda_ring.cpp, nccl_comm.cpp) on the
+// ringreduce tests: the real CudaRing and NcclComm (csrc/cuda/group_runtime.cpp, nccl_comm.cpp) on the
 // fake CUDA runtime and NCCL of fake_cuda.h (Note [Fake CUDA runtime]): the host-side logic of
 // the GPU path - work states, watchdog, abort, shutdown, timeouts, device guard - without a GPU.
 // Each case names the defect of issue 15 it guards against.
@@ -15,7 +15,7 @@
 #include "../../../csrc/core/error.h"
 #include "throws_kind.h"
 #include "../../../csrc/cuda/cuda_ops.h"
-#include "../../../csrc/cuda/cuda_ring.h"
+#include "../../../csrc/cuda/group_runtime.h"
 #include "../../../csrc/cuda/host_interrupt.h"
 #include "../../../csrc/cuda/nccl_comm.h"
 #include "../check.h"

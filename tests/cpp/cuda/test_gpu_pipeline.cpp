@@ -11,7 +11,7 @@
 #include "../../../csrc/core/error.h"
 #include "../../../csrc/core/plan.h"
 #include "../../../csrc/cuda/gpu_pipeline.h"
-#include "../../../csrc/cuda/ring_driver.h"
+#include "../../../csrc/cuda/ring_executor.h"
 #include "../check.h"
 #include "support/plan_checker.h"
 

@@ -16,7 +16,7 @@
 #include "../../../csrc/core/error.h"
 #include "throws_kind.h"
 #include "../../../csrc/cuda/cuda_ops.h"
-#include "../../../csrc/cuda/cuda_ring.h"
+#include "../../../csrc/cuda/group_runtime.h"
 #include "../../../csrc/cuda/nccl_comm.h"
 #include "../check.h"
 #include "fake_cuda.h"

@@ -5,7 +5,7 @@
 // frames), a communication stream and a reduce stream (the reduce of segment k overlaps the transfer
 // of segment k + 1); the staging, which each call lays its slots out in (Note [GPU pipeline rule]);
 // the event pool; and a watchdog thread that polls in-flight calls and ncclCommGetAsyncError and
-// aborts on an error or a timeout. ring_driver.h decides what each step touches; CudaBackend below
+// aborts on an error or a timeout. ring_executor.h decides what each step touches; CudaBackend below
 // only puts it on the streams. Rings over rank lists of the group (Note [Sub-rings on one
 // communicator]) share all of this with the group's own ring, each with its own call counter.
 //
@@ -49,7 +49,7 @@
 #include "../core/plan.h"
 #include "gpu_pipeline.h"
 #include "nccl_comm.h"
-#include "ring_driver.h"
+#include "ring_executor.h"
 
 namespace rr {
 
@@ -165,7 +165,7 @@ class CudaRing {
   PlanOptions planOptions(RedOp op, bool accum_float32, int nranks, int64_t numel, DType dtype,
                           const GpuKnobs& knobs) const;
 
-  // Enqueues `stages` (ring_driver.h; members are communicator ranks) on `data`, the call's
+  // Enqueues `stages` (ring_executor.h; members are communicator ranks) on `data`, the call's
   // contiguous elements; `accum`: a single-stage plan's partials, or null. `ring_key` (ringKey())
   // picks the call counter; `what` names the collective in messages. Ordered after `caller`, which
   // waits for the result if `caller_waits`. `epilogue` (may be empty) runs after the last stage to

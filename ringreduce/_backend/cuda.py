@@ -1,4 +1,4 @@
-"""ringreduce's GPU path: the collectives of CUDA tensors over ringreduce's own NCCL communicator.
+"""The CUDA backend: the collectives of CUDA tensors over ringreduce's own NCCL communicator.
 
 Keeps one native communicator per process group and device (created collectively by the group's
 first CUDA call, or by :func:`init_communicator`), turns a call into the native request and its
@@ -18,10 +18,14 @@ import torch
 import torch.distributed as dist
 
 from ringreduce import _config
-from ringreduce._groups import GroupInfo
+from ringreduce._groups import GroupInfo, choose_algorithm
 from ringreduce._interrupt import SLICE_MS, interrupt_reason
+from ringreduce._options import ALGORITHMS
 from ringreduce._types import KIND_NAMES, CallKind
 from ringreduce.work import Work
+
+ENQUEUES = True  # a synchronous call returns once its work is ordered on the current stream
+WIRE_RING = "ring"  # a 16-bit wire runs on the flat ring
 
 _UID_KEY = "ringreduce/nccl_uid/{group}/{generation}"
 _COUNTER_KEY = "ringreduce/nccl_generation/{group}"
@@ -273,7 +277,7 @@ def cuda_all_reduce(
     predivide: float = 0.0,
     extra_divisor: int = 1,
 ) -> Work | None:
-    """All-reduce of a CUDA tensor in place, after _dispatch's checks; a Work when `async_op`, else None.
+    """All-reduce of a CUDA tensor in place, after ringreduce/_call.py's checks; a Work when `async_op`, else None.
 
     `members`: the ring's ranks in ``info.pg`` (default ``info.members``); `local_size` > 1: the
     hierarchical all-reduce over them, ordered node by node. `one_shot`: a small flat all-reduce may
@@ -345,8 +349,6 @@ def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, me
     if members is None:
         members = info.members
         if int(kind) not in _HALF_NAMES:
-            from ringreduce._groups import choose_algorithm
-
             try:
                 members = choose_algorithm(info, "auto")[1]
             except ValueError:
@@ -377,6 +379,69 @@ def release_group(group: dist.ProcessGroup) -> None:
         _interrupted.pop(id(group), None)
     if entry is not None:
         entry[2].abort("the process group was released")
+
+
+def check_enabled() -> bool:
+    """Whether calls exchange agreement frames (RINGREDUCE_CHECK; off by default on GPUs)."""
+    return _config.check_enabled(True)
+
+
+def ring_parameters() -> str:
+    """The GPU pipeline rule's overrides that are set (csrc/cuda/gpu_pipeline.h), for a DETAIL log line."""
+    segment, slots = _config.segment_bytes_override(), _config.num_slots()
+    lanes, one_shot = _config.lanes(), _config.one_shot_bytes()
+    return " ".join((
+        f"segment_bytes<={segment}" if segment else "segment_bytes=gpu rule",  # a set value caps the rule's
+        f"slots={slots} per lane" if slots else "slots=gpu rule",
+        f"lanes<={lanes}" if lanes else "lanes=gpu rule",  # the communicator's lanes bound it too
+        f"one_shot_bytes={one_shot}" if one_shot >= 0 else "one_shot_bytes=gpu rule",
+    ))
+
+
+def option_refusal(algorithm: str, gather: str) -> BaseException | None:
+    """What of a 16-bit wire's options the GPU path cannot run (`gather`: the all-gather's width setting)."""
+    if algorithm == "hierarchical":
+        return ValueError(
+            "ringreduce: on GPUs wire_dtype runs on the flat ring; use algorithm=\"auto\" or \"ring\" with it"
+        )
+    if gather == "16":
+        return ValueError(
+            "ringreduce: a 16-bit all-gather (RINGREDUCE_WIRE_GATHER=16, or BackendOptions(wire_gather=16)) "
+            "runs on CPU rings only; on GPUs the all-gather of a 16-bit wire moves float32: unset it or set 32"
+        )
+    return None
+
+
+def all_reduce(call: Any) -> tuple[Any, Work | None]:
+    """Runs a checked all-reduce (`call`: ringreduce._call.Call); (native handle or None, Work or None)."""
+    name = f"ringreduce.{KIND_NAMES[call.kind]}"
+    with torch.profiler.record_function(name), torch.cuda.nvtx.range(name):
+        work = cuda_all_reduce(
+            call.tensor, call.rop, call.info, call.async_op, call.accum, int(call.kind), local_size=call.local_size,
+            members=call.members, one_shot=call.one_shot, wire=call.wire, predivide=call.factor,
+            extra_divisor=call.extra_divisor,
+        )
+    return getattr(work, "_handle", None), work
+
+
+def ring_half(info: GroupInfo, tensor: torch.Tensor, output: torch.Tensor, rop: Any, kind: Any,
+              async_op: bool) -> tuple[Any, Work | None]:
+    """cuda_ring_half as the backend interface has it: (native handle or None, Work or None)."""
+    work = cuda_ring_half(tensor, output, rop, info, async_op, int(kind))
+    return getattr(work, "_handle", None), work
+
+
+def refuse(info: GroupInfo, kind: Any, code: Any, algorithms: list[str], device: torch.device | None) -> list[int]:
+    """One refusal frame around each ring the others run the call on (ordered node by node); the GPU
+    path numbers no call for it."""
+    assert device is not None
+    for algo in algorithms:
+        try:
+            _, members = choose_algorithm(info, algo if algo in ALGORITHMS else "auto")
+        except ValueError:
+            members = info.members
+        cuda_refuse(info, device, int(kind), int(code), members=members)
+    return []
 
 
 atexit.register(abort_all)

@@ -1,4 +1,4 @@
-#include "ring_driver.h"
+#include "ring_executor.h"
 
 #include "../core/error.h"
 

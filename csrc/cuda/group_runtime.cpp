@@ -1,4 +1,4 @@
-#include "cuda_ring.h"
+#include "group_runtime.h"
 
 #include <cstdio>
 #include <algorithm>
@@ -22,7 +22,7 @@ constexpr auto kWatchdogBusyPoll = std::chrono::milliseconds(1);
 constexpr auto kWatchdogIdlePoll = std::chrono::milliseconds(100);
 constexpr auto kMaxDrain = std::chrono::milliseconds(10000);
 
-// Note [Streams outlive the ring] (cuda_ring.h): per device, the stream pairs of shut-down rings.
+// Note [Streams outlive the ring] (group_runtime.h): per device, the stream pairs of shut-down rings.
 // Deliberately leaked (never destroyed, not even by a static destructor at exit).
 struct StreamPair {
   cudaStream_t comm = nullptr;
@@ -182,7 +182,7 @@ class CudaBackend final : public DeviceBackend {
                 int recv_peer, Launch launch) override {
     enqueued_ = true;
     startTimer(lane_->comm_stream);
-    // Note [Which exchanges hand off] (ring_driver.h), on the lane's communicator.
+    // Note [Which exchanges hand off] (ring_executor.h), on the lane's communicator.
     if (launch == Launch::kHandOff) {
       lane_->comm->sendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, lane_->comm_stream);
     } else {
@@ -592,7 +592,7 @@ void CudaRing::watchdogLoop() {
     if (!reason.empty()) {
       std::fprintf(stderr, "[ringreduce watchdog] rank %d of %d, communicator %s: %s; aborting the NCCL communicator\n",
                    rank(), size(), comm_->name().c_str(), reason.c_str());
-      for (auto& w : in_flight_) w->fail(reason);  // failed before aborted (cuda_ring.h)
+      for (auto& w : in_flight_) w->fail(reason);  // failed before aborted (group_runtime.h)
       in_flight_.clear();
       abortLanes(reason);
     }

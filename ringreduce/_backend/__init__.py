@@ -1,0 +1,66 @@
+"""One backend per device: the only place that tells a CPU tensor's path from a CUDA tensor's (but for
+the fast path's one test, ``tensor.is_cpu``, in ringreduce/_call.py: only CPU calls leave plans).
+
+ringreduce/_call.py checks a call once, whatever its device, then hands it to ``backend_for(device)``.
+A backend is a module with the same small interface:
+
+- ``all_reduce(call)``: runs a checked all-reduce (a :class:`~ringreduce._call.Call`); returns its
+  native handle (or None) and, with ``call.async_op``, its Work;
+- ``ring_half(info, tensor, output, rop, kind, async_op)``: a reduce-scatter or an all-gather;
+- ``refuse(info, kind, code, algorithms, device)``: sends this rank's refusal frame around each ring the
+  other ranks run the call on (RINGREDUCE_CHECK), so that they raise at once; returns the calls' numbers;
+- ``check_enabled()``, ``ring_parameters()``, ``ENQUEUES`` (a synchronous call only enqueues the work:
+  the GPU), ``WIRE_RING`` (the algorithm a 16-bit wire runs on, None: the caller's), and
+  ``option_refusal(algorithm, gather)``: what a device cannot run.
+
+Each backend's Work carries what Ctrl-C during its wait does (Note [Ctrl-C] in ringreduce/_interrupt.py):
+the CPU ring's interrupt, or the abort of the group's NCCL communicator on this rank.
+
+``cpu``: the native CPU runtime (shared memory on one host, gloo point-to-point across hosts);
+``cuda``: ringreduce's NCCL communicators and CUDA kernels.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from ringreduce._backend import cpu, cuda
+from ringreduce._native import C
+
+_BY_TYPE = {"cpu": cpu, "cuda": cuda}
+
+
+def backend_for(device: torch.device) -> ModuleType:
+    """The backend of tensors on `device`; ValueError for a device ringreduce does not run on, and
+    RuntimeError for a CUDA device in a build without CUDA, each saying what to do."""
+    backend = _BY_TYPE.get(device.type)
+    if backend is None:
+        raise ValueError(f"ringreduce: tensors on {device.type} are not supported; use CPU or CUDA tensors")
+    if backend is cuda and not C.native_info["cuda"]:
+        raise RuntimeError(
+            "ringreduce: got a CUDA tensor, but this ringreduce build has no CUDA support. Reinstall it "
+            "where a CUDA toolkit is found (set CUDA_HOME) with a CUDA build of torch, or reduce a CPU tensor"
+        )
+    return backend
+
+
+def refusing_backend(device: torch.device | None) -> ModuleType | None:
+    """The backend whose ring the other ranks run a call on that this rank refuses: the CUDA backend's
+    for a CUDA `device` (None in a build without CUDA: no communicator to tell), else the CPU's (no
+    tensor, or one on a device no backend runs: the others hold CPU tensors there)."""
+    if device is not None and device.type == "cuda":
+        return cuda if C.native_info["cuda"] else None
+    return cpu
+
+
+def release_group(pg: object) -> None:
+    """Releases what the backends hold for the process group `pg`: its CPU rings (worker threads,
+    shared memory) and its NCCL communicators."""
+    C.release_cpu(pg)
+    if C.native_info["cuda"]:
+        cuda.release_group(pg)
+
+
+__all__ = ["backend_for", "cpu", "cuda", "refusing_backend", "release_group"]
