@@ -17,9 +17,22 @@ def _rank_pools():
 
 # Modules with BOTH_TRANSPORTS = True run every test over both CPU transports: shared memory (the
 # default for ranks of one host) and gloo point-to-point (RINGREDUCE_SHM=0). Their run_ranks calls
-# use the pool of the test's transport.
+# use the pool of the test's transport. A test that parametrizes "_transport" itself (ranks.py's
+# transport_cases and SHM_ONLY, Note [Transport cases]) runs only the combinations it lists; a GPU test
+# (marked gpu: its ranks use NCCL, not a CPU transport) runs once.
+def _parametrizes_transport(metafunc) -> bool:
+    for mark in metafunc.definition.iter_markers(name="parametrize"):
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",")]
+        if "_transport" in names:
+            return True
+    return False
+
+
 def pytest_generate_tests(metafunc):
-    if getattr(metafunc.module, "BOTH_TRANSPORTS", False) and "_transport" in metafunc.fixturenames:
+    if (getattr(metafunc.module, "BOTH_TRANSPORTS", False) and "_transport" in metafunc.fixturenames
+            and not _parametrizes_transport(metafunc) and metafunc.definition.get_closest_marker("gpu") is None):
         metafunc.parametrize("_transport", ["shm", "tcp"], indirect=True)
 
 

@@ -56,6 +56,43 @@ LOG_TAIL = 4000  # characters of a failed rank's output in the report
 DEADLINE_VAR = "RINGREDUCE_GPU_DEADLINE"  # Unix time by which every job must have ended (gpu_check.sh's step limit)
 
 
+# Note [Transport cases]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# A module with BOTH_TRANSPORTS = True (conftest.py) runs each test over shared memory and over gloo
+# point-to-point. The reduction arithmetic (every dtype x op x world size) is csrc/core's, the same
+# for both; below the transport seam (csrc/core/transport.h) gloo point-to-point moves bytes through
+# the plan executor (csrc/cpu/ring_executor.cpp, c10d_transport.cpp) whatever the dtype. A test whose
+# cases are a big matrix therefore lists, with `transport_cases`, every case for shm and the subset
+# for tcp that reaches each distinct path of the point-to-point side (2 ranks, where both neighbours
+# are one peer, and more; element sizes 1, 2, 4, 8 and 16 bytes; the 16-bit converts; one-shot, single-
+# and many-segment calls; uneven chunks); the other tcp combinations are not generated at all (no
+# skips). refdata.TCP_TYPES is the dtype subset that sweeps inside a test use over tcp.
+
+
+def transport_cases(argnames: str, cases: list, tcp: list | None = None, ids: Callable | None = None) -> Any:
+    """A parametrize mark over ("_transport", *argnames): every one of `cases` over "shm" and the
+    `tcp` subset of them over "tcp" (`tcp=None`: all of them; `[]`: none). A case is a value for one
+    argname, else a tuple. Ids are those of conftest.py's own parametrization ("tcp-3"), or
+    "tcp-" + ids(case)."""
+    tcp = list(cases) if tcp is None else list(tcp)
+    missing = [c for c in tcp if c not in cases]
+    assert not missing, f"tcp cases {missing} are not among the shm cases"
+    single = "," not in argnames
+    pairs = [("shm", c) for c in cases] + [("tcp", c) for c in tcp]
+    rows = [(t, c) if single else (t, *c) for t, c in pairs]
+    names = [f"{t}-{ids(c)}" for t, c in pairs] if ids else None
+    return pytest.mark.parametrize(f"_transport,{argnames}", rows, indirect=["_transport"], ids=names)
+
+
+def only_transport(name: str) -> Any:
+    """A parametrize mark running a test of a BOTH_TRANSPORTS module over `name` only: "shm" for a
+    test whose tcp run would retest only the core or Python code, "tcp" for one that picks tcp itself."""
+    return pytest.mark.parametrize("_transport", [name], indirect=True)
+
+
+SHM_ONLY = only_transport("shm")
+
+
 @contextlib.contextmanager
 def job_environ(env: dict) -> Iterator[None]:
     """os.environ with `env` set (values as strings) for one job of a rank, as it was afterwards."""
@@ -194,6 +231,7 @@ class RankGroup:
         self.procs: list[Any] = []
         self.conns: list[Any] = []
         self.broken = False
+        self.exit_asked = False
         self.ready = False
         for r in range(world_size):
             parent, child = _CTX.Pipe()
@@ -330,12 +368,8 @@ class RankGroup:
         exits = exits or {}
         if self.broken:
             return []
+        self.ask_to_exit()
         self.broken = True
-        for c in self.conns:
-            try:
-                c.send(None)
-            except (BrokenPipeError, OSError):
-                pass
         problems = []
         deadline = time.monotonic() + timeout
         for r, p in enumerate(self.procs):
@@ -349,6 +383,17 @@ class RankGroup:
                 problems.append(f"rank {r} exited with {describe_exit(p.exitcode)}; its output:\n{self.output(r)}")
         self._remove_files()
         return problems
+
+    def ask_to_exit(self) -> None:
+        """Tells every rank to end after its current job (close() then waits for them)."""
+        if self.broken or self.exit_asked:
+            return
+        self.exit_asked = True
+        for c in self.conns:
+            try:
+                c.send(None)
+            except (BrokenPipeError, OSError):
+                pass
 
     def kill(self) -> None:
         """Kills every rank and removes the group's folder (logs, init file)."""
@@ -381,6 +426,9 @@ def pool(key: tuple, world_size: int, kind: RankKind, base_env: dict | None = No
 
 
 def close_pools() -> None:
+    # Every pool's ranks tear down at the same time (each takes seconds: destroy_process_group, exit).
+    for group in _POOLS.values():
+        group.ask_to_exit()
     for group in _POOLS.values():
         group.close()
     _POOLS.clear()

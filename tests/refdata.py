@@ -10,6 +10,16 @@ INT_TYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
 COMPLEX_TYPES = [torch.complex64, torch.complex128]
 ALL_TYPES = FLOAT_TYPES + INT_TYPES + [torch.bool] + COMPLEX_TYPES
 OPS = ["sum", "avg", "max", "min", "product"]
+# The dtypes of the exact sweeps over gloo point-to-point (ranks.py's Note [Transport cases]): that
+# transport moves bytes, so one type per element size (1, 2, 4, 8, 16 bytes), both 16-bit floats (they
+# convert to float32 partials) and bool (a logical reduction) reach its paths; the core arithmetic of
+# every dtype is swept over shared memory.
+TCP_TYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64, torch.bool, torch.complex128]
+
+
+def types_for(transport: str) -> list[torch.dtype]:
+    """The dtypes an exact every-dtype sweep covers over `transport` ("shm": all of them)."""
+    return ALL_TYPES if transport == "shm" else TCP_TYPES
 
 
 def supported(dtype: torch.dtype, op: str) -> bool:

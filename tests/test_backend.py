@@ -420,15 +420,25 @@ def _dead_peer(rank: int, ws: int, init_dir: str) -> str:
     return expect_raises(lambda: dist.all_reduce(torch.ones(1000)), dist.DistBackendError)
 
 
+def _silent_rank_1(rank: int) -> str:
+    # Rank 1 stays alive but silent until rank 0's call has waited out its timeout and raised (the
+    # store's own wait: longer than any group timeout here, however loaded the machine).
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:
+        store.wait(["rank0_done"], datetime.timedelta(seconds=100))
+        return "ok"
+    try:
+        return expect_raises(lambda: dist.all_reduce(torch.ones(10)), dist.DistBackendError, "rank")
+    finally:
+        store.set("rank0_done", "1")
+
+
 def _silent_peer(rank: int, ws: int, init_dir: str) -> str:
     dist.destroy_process_group()
     dist.init_process_group("ringreduce", init_method=f"file://{init_dir}/init", rank=rank, world_size=ws,
                             timeout=datetime.timedelta(seconds=60))
     dist.all_reduce(torch.ones(10))
-    if rank == 1:
-        time.sleep(8)  # alive but silent: rank 0's call waits RINGREDUCE_TIMEOUT (3 s), then raises
-        return "ok"
-    return expect_raises(lambda: dist.all_reduce(torch.ones(10)), dist.DistBackendError, "rank")
+    return _silent_rank_1(rank)
 
 
 def _silent_peer_group_timeout(rank: int, ws: int, init_dir: str) -> str:
@@ -436,10 +446,7 @@ def _silent_peer_group_timeout(rank: int, ws: int, init_dir: str) -> str:
     dist.init_process_group("ringreduce", init_method=f"file://{init_dir}/init", rank=rank, world_size=ws,
                             timeout=datetime.timedelta(seconds=3))  # the group's timeout, no RINGREDUCE_TIMEOUT
     dist.all_reduce(torch.ones(10))
-    if rank == 1:
-        time.sleep(8)
-        return "ok"
-    return expect_raises(lambda: dist.all_reduce(torch.ones(10)), dist.DistBackendError, "rank")
+    return _silent_rank_1(rank)
 
 
 @pytest.mark.parametrize("job,env", [(_dead_peer, {"RINGREDUCE_TIMEOUT": "3"}), (_silent_peer, {"RINGREDUCE_TIMEOUT": "3"}),

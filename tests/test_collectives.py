@@ -8,9 +8,8 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import run_ranks, spawn_ranks
+from ranks import SHM_ONLY, run_ranks, spawn_ranks, transport_cases
 from refdata import (
-    ALL_TYPES,
     OPS,
     bits_equal,
     exact_input,
@@ -18,6 +17,7 @@ from refdata import (
     reference,
     same_on_all_ranks,
     supported,
+    types_for,
 )
 
 import ringreduce as rr
@@ -54,16 +54,18 @@ def _exact_sweep(rank: int, ws: int, counts: list[int], dtypes: list[str]) -> li
     return failures
 
 
-@pytest.mark.parametrize("ws", [1, 2, 3, 4, 5])
-def test_exact_every_dtype_op_count(ws):
-    dtypes = [str(d).replace("torch.", "") for d in ALL_TYPES]
+# Every dtype and world size over shm; over tcp (ranks.py's Note [Transport cases]) 2 ranks (one peer
+# on both sides), 3 and 5, refdata.TCP_TYPES. 1 rank never uses a transport (shared memory needs 2).
+@transport_cases("ws", [1, 2, 3, 4, 5], tcp=[2, 3, 5])
+def test_exact_every_dtype_op_count(ws, _transport):
+    dtypes = [str(d).replace("torch.", "") for d in types_for(_transport)]
     results = run_ranks(ws, _exact_sweep, counts_for(ws), dtypes, env=TINY_SEGMENTS)
     assert results[0] == [], "\n".join(results[0])
     results = run_ranks(ws, _exact_sweep, [1000, 4099], dtypes, env={"RINGREDUCE_SEGMENT_BYTES": "512"})
     assert results[0] == [], "\n".join(results[0])
 
 
-@pytest.mark.parametrize("ws", [2, 3])
+@transport_cases("ws", [2, 3], tcp=[3])  # tcp with 2 ranks, many segments: test_exact_every_dtype_op_count
 def test_exact_large_uneven(ws):
     # 2**20 + 3 elements: uneven chunks, many segments at the default segment size and at 4 KiB
     for env in ({}, {"RINGREDUCE_SEGMENT_BYTES": "4096"}):
@@ -404,6 +406,7 @@ def test_world_size_one_and_empty():
     assert all(run_ranks(2, _trivial_cases))
 
 
+@SHM_ONLY  # Python only, no ranks
 def test_reduce_op_spellings():
     assert rr.ops.to_reduce_op("avg") is rr.ReduceOp.AVG
     assert rr.ops.to_reduce_op("Sum") is rr.ReduceOp.SUM
@@ -415,6 +418,7 @@ def test_reduce_op_spellings():
         rr.ops.to_reduce_op(dist.ReduceOp.BAND)
 
 
+@SHM_ONLY  # plan arithmetic, no ranks
 def test_plan_summary_ownership_is_16_byte_aligned():
     for n in (2, 3, 5, 7):
         for numel in (1, n - 1, n + 1, 1000, 2**20 + 3):

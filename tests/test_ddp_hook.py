@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from ranks import run_ranks
+from ranks import run_ranks, transport_cases
 from test_hooks import (
     STEPS,
     WORLD_SIZES,
@@ -65,9 +65,10 @@ def _ddp_parity(rank: int, ws: int, momentum: float, cap_mb: float, state_kind: 
     return len(calls)
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
-@pytest.mark.parametrize("momentum", [0.0, 0.9])
-@pytest.mark.parametrize("cap_mb", [25.0, 0.001])
+# Over tcp (ranks.py's Note [Transport cases]) one bucket on 2 ranks and many on 3 (the hook state
+# kinds are Python; every combination runs over shm).
+@transport_cases("cap_mb,momentum,ws", [(c, m, ws) for c in (25.0, 0.001) for m in (0.0, 0.9) for ws in WORLD_SIZES],
+                 tcp=[(25.0, 0.9, 2), (0.001, 0.0, 3)])
 def test_ddp_comm_hook_matches_stock_ddp(ws: int, momentum: float, cap_mb: float) -> None:
     state_kind = {(0.0, 25.0): "none", (0.9, 25.0): "group", (0.0, 0.001): "object", (0.9, 0.001): "none"}
     calls = run_ranks(ws, _ddp_parity, momentum, cap_mb, state_kind[(momentum, cap_mb)])
@@ -88,7 +89,7 @@ def _linear_parity(rank: int, ws: int) -> None:
         assert torch.equal(model.module.bias.grad, torch.ones(5))
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@transport_cases("ws", WORLD_SIZES, tcp=[3])
 def test_ddp_comm_hook_linear_grad_is_mean_of_ranks(ws: int) -> None:
     run_ranks(ws, _linear_parity)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import threading
@@ -318,9 +319,10 @@ def test_peer_leaving_after_the_last_call_does_not_fail_it():
 
 def _peer_never_calls(rank: int, ws: int) -> dict:
     res = {}
-    if rank == 1:
-        time.sleep(8)
-        return {"slept": True}
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:  # alive and silent until rank 0's call has timed out (however loaded the machine)
+        store.wait(["rank0_done"], datetime.timedelta(seconds=100))
+        return {"silent": True}
     start = time.monotonic()
     try:
         rr.all_reduce(torch.ones(1000))
@@ -328,6 +330,7 @@ def _peer_never_calls(rank: int, ws: int) -> dict:
     except dist.DistBackendError as exc:
         res["err"] = "DistBackendError" if "timeout" in str(exc).lower() or "timed out" in str(exc).lower() else str(exc)
     res["elapsed"] = time.monotonic() - start
+    store.set("rank0_done", "1")
     return res
 
 
@@ -381,16 +384,16 @@ def test_peer_killed_mid_ring():
 
 
 def _wait_timeout(rank: int, ws: int) -> dict:
-    import datetime
-
     res = {}
-    if rank == 1:
-        time.sleep(3)
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:  # the slow peer: calls only once rank 0's short wait has given up
+        store.wait(["short_done"], datetime.timedelta(seconds=100))
     t = torch.ones(100)
     w = rr.all_reduce(t, async_op=True)
     if rank == 0:
         res["short"] = _expect(lambda: w.wait(timeout=datetime.timedelta(milliseconds=200)), RuntimeError,
                                "did not complete")
+        store.set("short_done", "1")
     w.wait()
     res["value"] = bool(torch.equal(t, torch.full((100,), 2.0)))
     return res

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 import torch.distributed as dist
-from ranks import run_ranks
-from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
+from ranks import SHM_ONLY, only_transport, run_ranks, transport_cases
+from refdata import OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported, types_for
 
 import ringreduce as rr
 from ringreduce._native import C
@@ -39,13 +38,13 @@ class _env:
                 os.environ[k] = v
 
 
-def _exact(rank: int, ws: int, local: int, tiny: bool) -> list[str]:
+def _exact(rank: int, ws: int, local: int, tiny: bool, dtypes: list[torch.dtype]) -> list[str]:
     env = {"RINGREDUCE_LOCAL_SIZE": str(local)}
     if tiny:
         env.update(RINGREDUCE_SEGMENT_BYTES="16", RINGREDUCE_SLOTS="2")
     failures = []
     with _env(**env):
-        for dtype in ALL_TYPES:
+        for dtype in dtypes:
             for op in OPS:
                 if not supported(dtype, op):
                     continue
@@ -60,9 +59,10 @@ def _exact(rank: int, ws: int, local: int, tiny: bool) -> list[str]:
     return failures
 
 
-@pytest.mark.parametrize("local,tiny", [(2, False), (2, True)])
-def test_exact_every_dtype_and_op_two_nodes(local, tiny):
-    for rank, failures in enumerate(run_ranks(4, _exact, local, tiny)):
+# tcp: tiny segments (every stage pipelined); every dtype over shm (ranks.py's Note [Transport cases])
+@transport_cases("local,tiny", [(2, False), (2, True)], tcp=[(2, True)])
+def test_exact_every_dtype_and_op_two_nodes(local, tiny, _transport):
+    for rank, failures in enumerate(run_ranks(4, _exact, local, tiny, types_for(_transport))):
         assert not failures, f"rank {rank}: {failures[:5]}"
 
 
@@ -125,6 +125,7 @@ def _traffic(rank: int, ws: int) -> dict:
     return out
 
 
+@only_transport("tcp")  # its ranks run over gloo point-to-point whatever the module's transport
 def test_cross_node_bytes_flat_vs_hierarchical():
     """4 ranks = 2 nodes x 2, S = 1 MiB: the flat ring's boundary ranks send 2(n-1)/n S = 1.5 S across
     nodes, the others none; hierarchically every rank sends 2(M-1)/M S/L = 0.5 S across."""
@@ -204,6 +205,7 @@ def test_device_mesh_groups():
         assert all(res.values()), f"rank {rank}: {res}"
 
 
+@SHM_ONLY  # arithmetic, no ranks
 def test_traffic_report_arithmetic():
     from ringreduce.bench.traffic import expected_cross_node_bytes
 

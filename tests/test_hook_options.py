@@ -14,12 +14,11 @@ ddp_comm_hook with a CommHookState.
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from ranks import run_ranks
+from ranks import SHM_ONLY, run_ranks, transport_cases
 from test_hooks import assert_identical_across_ranks, global_batch, local_batch, make_mlp, sgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -85,8 +84,9 @@ def _sum_matches_single_process_and_data_parallel(rank: int, ws: int, how: str) 
         hook.remove()
 
 
-@pytest.mark.parametrize("ws", [2, 3])
-@pytest.mark.parametrize("how", ["averager", "ddp_hook"])
+# Over tcp (ranks.py's Note [Transport cases]): each hook once, on 3 and on 2 ranks.
+@transport_cases("how,ws", [(h, ws) for h in ("averager", "ddp_hook") for ws in (2, 3)],
+                 tcp=[("averager", 3), ("ddp_hook", 2)])
 def test_op_sum_is_data_parallel_on_exact_data(ws, how):
     run_ranks(ws, _sum_matches_single_process_and_data_parallel, how)
 
@@ -106,7 +106,7 @@ def _predivide_changes_nothing(rank: int, ws: int, factor: float) -> None:
     b.remove()
 
 
-@pytest.mark.parametrize("factor", [2.0, 0.25])
+@transport_cases("factor", [2.0, 0.25], tcp=[0.25])
 def test_predivide_factor_changes_nothing(factor):
     run_ranks(3, _predivide_changes_nothing, factor)
 
@@ -142,7 +142,7 @@ def _accumulation(rank: int, ws: int, steps: int) -> None:
     b.remove()
 
 
-@pytest.mark.parametrize("steps", [2, 3])
+@transport_cases("steps", [2, 3], tcp=[3])
 def test_accumulation_steps_divides_the_accumulated_gradient(steps):
     run_ranks(2, _accumulation, steps)
 
@@ -224,8 +224,11 @@ def _wire(rank: int, ws: int, how: str, wire: torch.dtype) -> None:
         hook.remove()
 
 
-@pytest.mark.parametrize("how", ["averager", "ddp_hook"])
-@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+WIRE_CASES = [(w, h) for w in (torch.bfloat16, torch.float16) for h in ("averager", "ddp_hook")]
+
+
+@transport_cases("wire,how", WIRE_CASES, tcp=[(torch.bfloat16, "averager"), (torch.float16, "ddp_hook")],
+                 ids=lambda c: f"{'bf16' if c[0] == torch.bfloat16 else 'fp16'}-{c[1]}")
 def test_wire_dtype_gradients(how, wire):
     run_ranks(3, _wire, how, wire)
 
@@ -265,6 +268,7 @@ def _bad_options(rank: int, ws: int) -> None:
     dist.barrier()
 
 
+@SHM_ONLY  # refused in Python at construction
 def test_bad_options_raise_at_construction():
     run_ranks(2, _bad_options)
 
@@ -297,9 +301,8 @@ def _training_run(rank: int, ws: int, wire: torch.dtype | None) -> list[float]:
     return losses
 
 
-def test_training_with_a_16_bit_wire_follows_float32(_transport):
-    if _transport == "tcp":
-        pytest.skip("the transports compute the same bits (tests/test_wire.py); one training run is enough")
+@SHM_ONLY  # the transports compute the same bits (tests/test_wire.py); one training run is enough
+def test_training_with_a_16_bit_wire_follows_float32():
     f32 = run_ranks(2, _training_run, None)[0]
     for wire in (torch.bfloat16, torch.float16):
         w = run_ranks(2, _training_run, wire)[0]

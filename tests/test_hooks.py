@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from ranks import run_ranks
+from ranks import SHM_ONLY, run_ranks, transport_cases
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
@@ -24,6 +24,10 @@ RTOL, ATOL = 1.3e-6, 5e-5
 GLOBAL_BATCH = 12  # divisible by 2 and 3
 STEPS = 5
 WORLD_SIZES = [2, 3]
+# Over tcp (ranks.py's Note [Transport cases]) the hooks' calls are the same all_reduces; one world
+# size (3: distinct neighbours, uneven chunks) per test, both bucket caps in the MLP parity.
+TCP_WORLD_SIZES = [3]
+MLP_CASES = [(cap_mb, momentum, ws) for cap_mb in (25.0, 0.001) for momentum in (0.0, 0.9) for ws in WORLD_SIZES]
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -94,9 +98,7 @@ def _mlp_parity(rank: int, ws: int, momentum: float, cap_mb: float, view: bool, 
     return avg.bucket_sizes
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
-@pytest.mark.parametrize("momentum", [0.0, 0.9])
-@pytest.mark.parametrize("cap_mb", [25.0, 0.001])
+@transport_cases("cap_mb,momentum,ws", MLP_CASES, tcp=[(25.0, 0.0, 2), (0.001, 0.9, 3)])
 def test_mlp_matches_single_process_and_ddp(ws: int, momentum: float, cap_mb: float) -> None:
     view = cap_mb < 1  # both layouts get covered without doubling the matrix
     sizes = run_ranks(ws, _mlp_parity, momentum, cap_mb, view, None)
@@ -128,7 +130,7 @@ def _linear_parity(rank: int, ws: int, cap_mb: float) -> None:
     avg.remove()
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
 def test_linear_grad_is_mean_of_ranks(ws: int) -> None:
     run_ranks(ws, _linear_parity, 25.0)
     run_ranks(ws, _linear_parity, 1e-6)
@@ -174,7 +176,7 @@ def _no_sync(rank: int, ws: int, view: bool) -> None:
     avg.remove()
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
 def test_no_sync_accumulates_then_averages(ws: int) -> None:
     run_ranks(ws, _no_sync, False)
     run_ranks(ws, _no_sync, True)
@@ -230,7 +232,7 @@ def _unused(rank: int, ws: int, cap_mb: float, view: bool) -> None:
     avg.remove()
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
 def test_unused_and_locally_unused_parameters(ws: int) -> None:
     run_ranks(ws, _unused, 25.0, False)
     run_ranks(ws, _unused, 1e-6, False)  # one bucket per parameter: unused ones mid-order
@@ -272,7 +274,7 @@ def _tied(rank: int, ws: int, cap_mb: float) -> None:
     avg.remove()
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
 def test_tied_parameters_averaged_once(ws: int) -> None:
     run_ranks(ws, _tied, 25.0)
     run_ranks(ws, _tied, 1e-6)
@@ -303,7 +305,7 @@ def _removed(rank: int, ws: int) -> None:
         assert not torch.equal(grads[0], grads[1]), "local gradients should differ between ranks"
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
 def test_removed_hooks_leave_training_local(ws: int) -> None:
     run_ranks(ws, _removed)
 
@@ -349,8 +351,7 @@ def _checkpointed(rank: int, ws: int, where: str, reentrant: bool, cap_mb: float
     avg.remove()
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
-@pytest.mark.parametrize("reentrant", [True, False])
+@transport_cases("reentrant,ws", [(r, ws) for r in (True, False) for ws in WORLD_SIZES], tcp=[(True, 3), (False, 2)])
 def test_activation_checkpointing(ws: int, reentrant: bool) -> None:
     for where in ("middle", "end"):
         run_ranks(ws, _checkpointed, where, reentrant, 1e-6)
@@ -457,7 +458,7 @@ def _second_backward(rank: int, ws: int) -> None:
     avg.remove()
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
 def test_second_backward_before_sync_is_an_error(ws: int) -> None:
     run_ranks(ws, _second_backward)
 
@@ -481,10 +482,12 @@ def _bad_arguments(rank: int, ws: int) -> None:
         rr.ddp_comm_hook("not a group", None)
 
 
+@SHM_ONLY  # refused in Python before any call
 def test_bad_arguments() -> None:
     run_ranks(2, _bad_arguments)
 
 
+@SHM_ONLY  # no ranks
 def test_needs_initialized_process_group() -> None:
     if dist.is_initialized():
         pytest.skip("another test initialized a process group in this process")
@@ -527,11 +530,12 @@ def _bucket_view(rank: int, ws: int) -> None:
     avg.remove()
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
 def test_gradient_as_bucket_view(ws: int) -> None:
     run_ranks(ws, _bucket_view)
 
 
+@SHM_ONLY  # no ranks
 def test_bucket_assignment_reverse_order_and_caps() -> None:
     from ringreduce.hooks.buckets import _assign_buckets
 

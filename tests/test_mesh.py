@@ -9,10 +9,9 @@ a float64 reference built from an all_gather of the local values over the dp gro
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.distributed as dist
-from ranks import run_ranks
+from ranks import run_ranks, transport_cases
 from refdata import gather_inputs
 
 import ringreduce as rr
@@ -120,7 +119,8 @@ def _averager_dp_only(rank: int, ws: int, cap_mb: float, view: bool) -> None:
     avg.remove()
 
 
-@pytest.mark.parametrize(("cap_mb", "view"), [(25.0, False), (1e-6, False), (1e-6, True)])
+# Over tcp (ranks.py's Note [Transport cases]) one bucket, and one bucket per parameter as views.
+@transport_cases("cap_mb,view", [(25.0, False), (1e-6, False), (1e-6, True)], tcp=[(25.0, False), (1e-6, True)])
 def test_averager_over_dp_leaves_tp_alone(cap_mb: float, view: bool) -> None:
     run_ranks(WS, _averager_dp_only, cap_mb, view)
 

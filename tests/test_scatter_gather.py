@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import SHM_ONLY, run_ranks, transport_cases
 from ranks import expect_raises as _expect
-from ranks import run_ranks
-from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
+from refdata import OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported, types_for
 
 import ringreduce as rr
 
@@ -31,10 +31,10 @@ def _with_env(env: dict[str, str], fn, *args):
                 os.environ[k] = v
 
 
-def _rs_exact(rank: int, ws: int, tiny: bool) -> list[str]:
+def _rs_exact(rank: int, ws: int, tiny: bool, dtypes: list[torch.dtype]) -> list[str]:
     def body() -> list[str]:
         failures = []
-        for dtype in ALL_TYPES:
+        for dtype in dtypes:
             for op in OPS:
                 if not supported(dtype, op):
                     continue
@@ -53,16 +53,17 @@ def _rs_exact(rank: int, ws: int, tiny: bool) -> list[str]:
     return _with_env({"RINGREDUCE_SEGMENT_BYTES": "16", "RINGREDUCE_SLOTS": "2"}, body) if tiny else body()
 
 
-@pytest.mark.parametrize("ws", [2, 3, 4])
-def test_reduce_scatter_exact_every_dtype_and_op(ws):
-    for rank, failures in enumerate(run_ranks(ws, _rs_exact, ws == 3)):
+# tcp: 2 ranks and 3 (tiny segments); every dtype over shm (ranks.py's Note [Transport cases])
+@transport_cases("ws", [2, 3, 4], tcp=[2, 3])
+def test_reduce_scatter_exact_every_dtype_and_op(ws, _transport):
+    for rank, failures in enumerate(run_ranks(ws, _rs_exact, ws == 3, types_for(_transport))):
         assert not failures, f"rank {rank}: {failures[:5]}"
 
 
-def _ag_exact(rank: int, ws: int, tiny: bool) -> list[str]:
+def _ag_exact(rank: int, ws: int, tiny: bool, dtypes: list[torch.dtype]) -> list[str]:
     def body() -> list[str]:
         failures = []
-        for dtype in ALL_TYPES:
+        for dtype in dtypes:
             for shape in [(), (1,), (5,), (7, 3), (33, 2, 2), (1000,)]:
                 numel = 1
                 for s in shape:
@@ -80,9 +81,10 @@ def _ag_exact(rank: int, ws: int, tiny: bool) -> list[str]:
     return _with_env({"RINGREDUCE_SEGMENT_BYTES": "16", "RINGREDUCE_SLOTS": "2"}, body) if tiny else body()
 
 
-@pytest.mark.parametrize("ws", [1, 2, 3, 4])
-def test_all_gather_exact_every_dtype(ws):
-    for rank, failures in enumerate(run_ranks(ws, _ag_exact, ws == 3)):
+# tcp: 2 ranks and 3 (tiny segments); 1 rank never uses a transport (shared memory needs 2)
+@transport_cases("ws", [1, 2, 3, 4], tcp=[2, 3])
+def test_all_gather_exact_every_dtype(ws, _transport):
+    for rank, failures in enumerate(run_ranks(ws, _ag_exact, ws == 3, types_for(_transport))):
         assert not failures, f"rank {rank}: {failures[:5]}"
 
 
@@ -107,7 +109,7 @@ def _random_vs_torch(rank: int, ws: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("ws", [2, 4])
+@transport_cases("ws", [2, 4], tcp=[4])  # tcp with 2 ranks: the exact sweeps
 def test_random_data_matches_torch_distributed(ws):
     for rank, res in enumerate(run_ranks(ws, _random_vs_torch)):
         assert all(res.values()), f"rank {rank}: {res}"
@@ -155,7 +157,7 @@ def _layouts_async(rank: int, ws: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("ws", [2, 3])
+@transport_cases("ws", [2, 3], tcp=[3])  # views are copied above the transport; 3 ranks hold a pair subgroup
 def test_layouts_async_subgroups(ws):
     for rank, res in enumerate(run_ranks(ws, _layouts_async)):
         assert all(res.values()), f"rank {rank}: {res}"
@@ -187,13 +189,14 @@ def _errors(rank: int, ws: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("ws", [2, 3])
+@transport_cases("ws", [2, 3], tcp=[3])
 def test_errors_are_clear_on_every_rank(ws):
     for rank, res in enumerate(run_ranks(ws, _errors)):
         bad = {k: v for k, v in res.items() if v != "ok"}
         assert not bad, f"rank {rank}: {bad}"
 
 
+@SHM_ONLY  # plan arithmetic, no ranks
 def test_plan_of_a_half_is_what_the_issue_says():
     from ringreduce._native import C
 

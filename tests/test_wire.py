@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import run_ranks
+from ranks import SHM_ONLY, run_ranks, transport_cases
 from refdata import ring_reference
 
 import ringreduce as rr
@@ -80,8 +80,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("segment", ["64", "default"])
+# Over tcp (ranks.py's Note [Transport cases]) tiny segments on 3 ranks; the default on both sizes.
+@transport_cases("segment,n", [(s, n) for s in ("64", "default") for n in (2, 3)],
+                 tcp=[("64", 3), ("default", 2), ("default", 3)])
 def test_random_data_is_the_rings_arithmetic(n, segment):
     env = {"RINGREDUCE_SEGMENT_BYTES": segment} if segment != "default" else {}
     for i, (numel, op, wire, factor) in enumerate(CASES):
@@ -270,10 +271,10 @@ ACCURACY_CASES = [(2, 16 << 20), (2, 4099), (3, 1 << 20), (3, 65537), (4, 1 << 2
 ACCURACY_MARGIN = 0.8
 
 
-@pytest.mark.parametrize("n,numel", ACCURACY_CASES, ids=[f"{n}ranks-{m}" for n, m in ACCURACY_CASES])
-def test_error_below_ddp_bf16_compress_hook(n, numel, _transport):
-    if _transport == "tcp" and numel > 100_000:
-        pytest.skip("large cases run on the default transport only (CI time); small ones on both")
+# the large cases over shm only (CI time); the small ones over both
+@transport_cases("n,numel", ACCURACY_CASES, tcp=[(n, m) for n, m in ACCURACY_CASES if m <= 100_000],
+                 ids=lambda c: f"{c[0]}ranks-{c[1]}")
+def test_error_below_ddp_bf16_compress_hook(n, numel):
     errors = run_ranks(n, _error_vs_compress_hook, numel, "bf16", timeout=600)
     ours, theirs = errors[0]
     assert ours <= ACCURACY_MARGIN * theirs, f"relative error {ours:.3e} vs bf16_compress_hook {theirs:.3e}"
@@ -544,14 +545,16 @@ def _gather16_bytes(rank, n, local):
     return sent
 
 
-@pytest.mark.parametrize("n,local,transport", [(2, 0, "tcp"), (4, 0, "tcp"), (4, 2, "shm")])
-def test_sixteen_bit_all_gather_halves_the_bytes(n, local, transport):
+# the transport is part of each case: the gloo bytes of flat rings, and of the cross-node ring when
+# the node rings run in shared memory
+@pytest.mark.parametrize("_transport,n,local", [("tcp", 2, 0), ("tcp", 4, 0), ("shm", 4, 2)], indirect=["_transport"])
+def test_sixteen_bit_all_gather_halves_the_bytes(n, local, _transport):
     # Payload bytes each rank sends: the flat ring's (n - 1) / n x S per half, 16-bit partials in the
     # reduce-scatter and float32 (32) or 16 bits (16) in the all-gather; on 2 simulated nodes x 2 in
     # shared memory only the cross-node ring uses gloo: (M - 1) / M x S / L per half.
     S = 4 << 20
     per_half = S * (n - 1) // n if not local else S // 2 // local
-    for rank, sent in enumerate(run_ranks(n, _gather16_bytes, local, transport=transport)):
+    for rank, sent in enumerate(run_ranks(n, _gather16_bytes, local, transport=_transport)):
         assert sent == {"32": per_half // 2 + per_half, "16": per_half}, (rank, sent)
 
 
@@ -610,6 +613,7 @@ def test_backend_options_wire_gather():
     run_ranks(3, _backend_wire_gather)
 
 
+@SHM_ONLY  # Python only, no ranks
 def test_sixteen_bit_all_gather_refused_on_gpus_and_bad_backend_options(monkeypatch):
     from types import SimpleNamespace
 
