@@ -1,8 +1,8 @@
 """The Python part of one small all-reduce: ringreduce's per-call cost with the native submit stubbed out.
 
 One process: a "fake" process group (torch's FakeStore) of world size 2, rank 0; the native submit
-(ringreduce._C.submit_cpu, and run_cpu, the fast path's synchronous call) is replaced by a stub whose
-call is already done, so what is timed is
+(ringreduce._C.submit_cpu, and the ring a repeated call's plan binds, ringreduce._C.CpuRing) is replaced
+by a stub whose call is already done, so what is timed is
 everything ringreduce does in Python around it (ops, _call, _backend.cpu, _groups, the knobs, the Work/wait
 path). CPU time (time.process_time) per call over --calls calls, --repeats times; the median and the
 fastest repeat are printed. Pin it to one core (`taskset -c 0 python benchmarks/python_cost.py`).
@@ -53,16 +53,28 @@ def measure(calls: int, repeats: int, numel: int, op: str, async_op: bool, profi
         def is_completed(self) -> bool:
             return True
 
+    class Ring:  # a plan's bound ring (Note [A bound ring] in csrc/torch/cpu_ops.h)
+        def __init__(self, *args: object) -> None:
+            pass
+
+        def run(self, tensor: object, options: object) -> None:
+            return None  # a synchronous call: done, no handle
+
+        def submit(self, *args: object) -> Done:
+            return done
+
     done = Done()
     _native.C.submit_cpu = lambda *args, **kwargs: done
+    _native.C.CpuRing = Ring  # a tree whose plans bind a ring
     try:  # the CPU backend's module (ringreduce/_backend/cpu.py; ringreduce/_dispatch.py in older trees)
         from ringreduce._backend import cpu as submitter
     except ImportError:
         from ringreduce import _dispatch as submitter
 
-    if hasattr(submitter, "_NATIVE_RUN"):  # a tree whose fast path calls run_cpu for synchronous calls
+    if hasattr(submitter, "_NATIVE_SUBMIT"):  # a tree whose fast path calls the extension directly
         submitter._NATIVE_SUBMIT = _native.C.submit_cpu  # the stub stands for the extension's submit
-        submitter._NATIVE_RUN = lambda *args: None  # and for its synchronous call: done, no handle
+    if hasattr(submitter, "_NATIVE_RUN"):  # an older tree whose fast path calls run_cpu
+        submitter._NATIVE_RUN = lambda *args: None
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     tensor = torch.ones(numel)
     if op == "avg":

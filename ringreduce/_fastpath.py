@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ringreduce import _config
+from ringreduce import _config, _native
 
 # The environment variables whose values a check of the CPU all-reduce path reads.
 CPU_KNOBS = ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_CHECK", "RINGREDUCE_TIMEOUT",
@@ -41,7 +41,7 @@ MAX_PLANS = 1024  # argument sets kept; a program making more distinct calls tha
 class Plan:
     """What the checks of one argument set decided: the ring and the native options of its calls."""
 
-    __slots__ = ("group", "kind", "world", "env", "info", "options", "describe", "head", "store")
+    __slots__ = ("group", "kind", "world", "env", "info", "options", "describe", "head", "store", "ring")
 
     def __init__(self, group: Any, kind: Any, world: Any, env: tuple[bytes | None, ...], info: Any, options: Any,
                  describe: str) -> None:
@@ -55,6 +55,9 @@ class Plan:
         # the first arguments of the native submit (_backend.cpu.submit_cpu) and its store
         self.head = (info.pg, info.name, list(info.members))
         self.store = info.store
+        # the ring bound once (Note [A bound ring] in csrc/torch/cpu_ops.h); through _native.C at this
+        # call, so that a stub put over C.CpuRing (a test's or a measurement's) is the plan's ring
+        self.ring = _native.C.CpuRing(*self.head, self.store)
 
 
 _lock = threading.Lock()

@@ -8,27 +8,42 @@ synchronous one keeps its place."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import run_ranks
+from ranks import expect_raises, run_ranks, spawn_ranks
 
 import ringreduce as rr
-from ringreduce._backend import cpu as _cpu
 from ringreduce._native import C
 
 SIZES = (1, 7, 256, 1000, 4099)
 
 
+class _CountedRing:
+    """A plan's bound ring (C.CpuRing, Note [A bound ring] in csrc/torch/cpu_ops.h) that counts its
+    handle-free calls."""
+
+    count = 0
+
+    def __init__(self, *args) -> None:  # noqa: ANN002
+        self.ring = _NATIVE_RING(*args)
+
+    def run(self, tensor: torch.Tensor, options: object) -> object:
+        _CountedRing.count += 1
+        return self.ring.run(tensor, options)
+
+
+_NATIVE_RING = C.CpuRing
+
+
 def _back_to_back(rank: int, ws: int, rounds: int) -> dict:
-    count = [0]  # calls of the fast path's handle-free native call
-    native = _cpu._NATIVE_RUN
+    from ringreduce import _fastpath
 
-    def counted(*args):  # noqa: ANN002, ANN202
-        count[0] += 1
-        return native(*args)
-
-    _cpu._NATIVE_RUN = counted
+    _fastpath.forget()  # the plans made from here on bind counted rings
+    _CountedRing.count = 0
+    C.CpuRing = _CountedRing
     try:
         wrong = []
         for k in range(rounds):
@@ -39,9 +54,11 @@ def _back_to_back(rank: int, ws: int, rounds: int) -> dict:
                 want = base * (ws * (ws + 1) // 2) + ws * k
                 if not torch.equal(t, want):
                     wrong.append((k, numel))
-        return {"wrong": wrong, "native_runs": count[0], "transport": C.transport_info(dist.group.WORLD, [])}
+        return {"wrong": wrong, "native_runs": _CountedRing.count,
+                "transport": C.transport_info(dist.group.WORLD, [])}
     finally:
-        _cpu._NATIVE_RUN = native
+        C.CpuRing = _NATIVE_RING
+        _fastpath.forget()
 
 
 @pytest.mark.parametrize("ws", [2, 3, 4])
@@ -64,13 +81,13 @@ def _returns_none_or_handle(rank: int, ws: int) -> dict:
     t = torch.full((256,), float(rank + 1))
     rr.all_reduce(t)  # its plan is now the only one kept
     (plan,) = _fastpath.plans.values()
-    out = {"none": C.run_cpu(*plan.head, t, plan.options, plan.store) is None,
+    out = {"none": plan.ring.run(t, plan.options) is None, "bound": type(plan.ring) is C.CpuRing,
            "value": float(t[0]), "want": float(ws * (ws + 1) // 2 * ws)}
-    # Queued behind an async call, a synchronous call does not run on this thread: run_cpu hands
-    # back its handle, which has no future.
+    # Queued behind an async call, a synchronous call does not run on this thread: run() hands back
+    # its handle, which has no future.
     a = torch.full((1 << 16,), float(rank))
     work = rr.all_reduce(a, async_op=True)
-    handle = C.run_cpu(*plan.head, t, plan.options, plan.store)
+    handle = plan.ring.run(t, plan.options)
     work.wait()
     if handle is not None:
         handle.wait(-1)
@@ -85,12 +102,12 @@ def _returns_none_or_handle(rank: int, ws: int) -> dict:
     return out
 
 
-def test_run_cpu_returns_none_after_an_inline_call_and_a_handle_when_queued():
+def test_ring_run_returns_none_after_an_inline_call_and_a_handle_when_queued():
     for r in run_ranks(2, _returns_none_or_handle, transport="shm"):
-        assert r["none"] is True, r
+        assert r["none"] is True and r["bound"] is True, r
         assert r["value"] == r["want"] == 6.0, r
         assert r["after"] == 12.0 and r["async"] == 1.0, r
-        if "queued_ok" in r:  # the async call may have finished before run_cpu looked
+        if "queued_ok" in r:  # the async call may have finished before run() looked
             assert r["queued_ok"] is True, r
             assert "has no future" in r["future"], r
 
@@ -144,3 +161,71 @@ def _async_then_sync(rank: int, ws: int, rounds: int) -> dict:
 def test_a_synchronous_call_never_overtakes_a_queued_async_call(ws):
     for r in run_ranks(ws, _async_then_sync, 40, transport="shm"):
         assert r["wrong"] == [], r
+
+
+# ---------------------------------------------------------------------------------------------
+# The ring a plan binds (Note [A bound ring] in csrc/torch/cpu_ops.h)
+
+
+def _bound_ring_of_a_destroyed_group(rank: int, ws: int) -> dict:
+    from ringreduce import _fastpath
+
+    out = {}
+    for k in range(2):
+        g = dist.new_group(backend="ringreduce")
+        for i in range(4):
+            t = torch.arange(300, dtype=torch.float32) * (rank + 1) + i + k
+            rr.all_reduce(t, group=g)
+            want = torch.arange(300, dtype=torch.float32) * (ws * (ws + 1) // 2) + ws * (i + k)
+            out[f"exact {k} {i}"] = torch.equal(t, want)
+        (plan,) = [p for p in _fastpath.plans.values() if p.group is g]
+        out[f"bound {k}"] = type(plan.ring) is C.CpuRing
+        # a refusal on one rank raises on both through the bound ring
+        if rank == 1:
+            out[f"refused {k}"] = expect_raises(
+                lambda g=g: rr.all_reduce_avg(torch.ones(300, dtype=torch.int32), group=g), TypeError, "AVG", "int32")
+        else:
+            out[f"refused {k}"] = expect_raises(lambda g=g: rr.all_reduce_avg(torch.ones(300), group=g), RuntimeError,
+                                                "rank 1: all_reduce_avg refused locally")
+        t = torch.full((300,), float(rank))
+        rr.all_reduce(t, group=g)  # the ring goes on
+        out[f"after refusal {k}"] = torch.equal(t, torch.full((300,), float(ws * (ws - 1) // 2)))
+        inner = plan.info.pg
+        dist.destroy_process_group(g)
+        # the ring was released (the plan's ring holds its runtime weakly) and its plans dropped: the
+        # next group's calls (k = 1) make a plan and a ring of their own
+        out[f"released {k}"] = C.memory_bytes(inner) == 0 and C.transport_info(inner, []) == ""
+        out[f"forgotten {k}"] = all(p.group is not g for p in _fastpath.plans.values())
+    return out
+
+
+def test_a_bound_ring_is_exact_and_a_destroyed_groups_plan_is_not_used():
+    for r in run_ranks(2, _bound_ring_of_a_destroyed_group, transport="shm"):
+        assert {k: v for k, v in r.items() if v is not True and v != "ok"} == {}, r
+
+
+def _bound_ring_peer_leaves(rank: int, ws: int) -> dict:
+    from ringreduce import _fastpath
+
+    out = {}
+    for i in range(3):
+        t = torch.full((256,), float(rank + i))
+        rr.all_reduce(t)
+        out[f"exact {i}"] = torch.equal(t, torch.full((256,), float(1 + 2 * i)))
+    (plan,) = _fastpath.plans.values()
+    out["bound"] = type(plan.ring) is C.CpuRing
+    if rank == 1:
+        os._exit(0)
+    # the next repeated call runs on the bound ring: it raises as an unbound call does, then the
+    # group is unusable
+    out["first"] = expect_raises(lambda: rr.all_reduce(torch.ones(256)), dist.DistBackendError)
+    out["second"] = expect_raises(lambda: rr.all_reduce(torch.ones(256)), dist.DistBackendError, "unusable")
+    return out
+
+
+def test_a_bound_ring_raises_when_its_peer_has_left():
+    out = spawn_ranks(2, _bound_ring_peer_leaves, env={"RINGREDUCE_TIMEOUT": "3"}, timeout=120)
+    assert out[1][0] == "died" and out[1][2] == 0, out[1]
+    status, res, code = out[0]
+    assert status == "ok" and code == 0, out
+    assert {k: v for k, v in res.items() if v is not True and v != "ok"} == {}, res

@@ -117,11 +117,14 @@ inline Frame callFrame(const CallOptions& o, int64_t segment_bytes, int32_t algo
 }
 
 // The call's tensor in its frame (a refusal frame leaves it out).
-inline void describeTensor(Frame& f, DType dtype, int64_t numel, const std::vector<int64_t>& shape, int32_t device_type) {
+inline void describeTensor(Frame& f, DType dtype, int64_t numel, const int64_t* shape, int ndim, int32_t device_type) {
   f.dtype = static_cast<int32_t>(dtype);
   f.numel = numel;
   f.device_type = device_type;
-  setShape(f, shape.data(), static_cast<int>(shape.size()));
+  setShape(f, shape, ndim);
+}
+inline void describeTensor(Frame& f, DType dtype, int64_t numel, const std::vector<int64_t>& shape, int32_t device_type) {
+  describeTensor(f, dtype, numel, shape.data(), static_cast<int>(shape.size()), device_type);
 }
 
 }  // namespace rr

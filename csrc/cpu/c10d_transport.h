@@ -1,5 +1,6 @@
 // ringreduce CPU: the Transport over the point-to-point calls of a c10d backend (gloo send/recv of
-// the caller's own process group), the transport of every CPU ring.
+// the caller's own process group), the transport of every CPU ring; and the group's c10d store as the
+// runtime's KeyValueStore.
 //
 // Note [gloo pair locks]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -12,14 +13,17 @@
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "../core/transport.h"
+#include "shm_segment.h"
 
 namespace rr {
 
@@ -61,6 +65,25 @@ class C10dTransport final : public Transport {
   std::unordered_map<int64_t, Request> requests_;
   int64_t next_id_ = 0;
   std::string interrupted_;  // non-empty once interrupt() ran: why
+};
+
+// The process group's c10d store as the runtime's KeyValueStore (Note [Shared-memory segments]).
+class C10dKeyValue final : public KeyValueStore {
+ public:
+  explicit C10dKeyValue(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  bool tryGet(const std::string& key, std::string* value) override {
+    if (!store_->check({key})) return false;
+    const std::vector<uint8_t> v = store_->get(key);
+    value->assign(v.begin(), v.end());
+    return true;
+  }
+  int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
 };
 
 }  // namespace rr

@@ -89,15 +89,12 @@ void bindEnum(py::module& m, const char* name, int count, NameOf name_of) {
   }
 }
 
-// submitCpu from Python, without the GIL. A synchronous call may run right here; while it waits it
-// asks for Ctrl-C (Note [Interrupting a wait]): the KeyboardInterrupt that the signal handler raised
-// is kept and raised once the call has failed.
-std::shared_ptr<rr::CpuCall> submitFromPython(const PG& pg,
-                                              const std::string& group_name, const std::vector<int>& members,
-                                              const at::Tensor& tensor, const at::Tensor& output,
-                                              const rr::CallOptions& options,
-                                              const c10::intrusive_ptr<c10d::Store>& store, bool synchronous,
-                                              bool with_future) {
+// A call of `ring` from Python, without the GIL. A synchronous call may run right here; while it
+// waits it asks for Ctrl-C (Note [Interrupting a wait]): the KeyboardInterrupt that the signal
+// handler raised is kept and raised once the call has failed. Only run()'s handle has no future.
+std::shared_ptr<rr::CpuCall> submitFromPython(rr::CpuRing& ring, const std::optional<at::Tensor>& tensor,
+                                              const std::optional<at::Tensor>& output, const rr::CallOptions& options,
+                                              bool synchronous, bool with_future = true) {
   std::shared_ptr<py::error_already_set> interrupted;
   std::function<bool()> poll;
   if (synchronous) {
@@ -111,8 +108,8 @@ std::shared_ptr<rr::CpuCall> submitFromPython(const PG& pg,
   std::shared_ptr<rr::CpuCall> call;
   {
     py::gil_scoped_release nogil;
-    call = rr::submitCpu(pg, group_name, members, tensor, output, options, store, synchronous, std::move(poll),
-                         with_future);
+    call = ring.submit(tensor.value_or(at::Tensor()), output.value_or(at::Tensor()), options, synchronous,
+                       std::move(poll), with_future);
   }
   if (interrupted) throw *interrupted;
   return call;
@@ -177,46 +174,49 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("error_kind", [](rr::CpuCall& h) { return static_cast<int>(h.errorKind()); })
       .def("error_message", &rr::CpuCall::errorMessage)
       .def("raise_error", [](rr::CpuCall& h) { raiseAs(h.errorKind(), h.errorMessage()); })
-      .def("timing_us", [](rr::CpuCall& h) {
-        const rr::CallTiming t = h.timing();
-        return py::make_tuple(t.check_us, t.ring_us);
-      })
+      .def("timing_us",
+           [](rr::CpuCall& h) { return py::make_tuple(h.timing().check_us, h.timing().ring_us); })
       .def_property_readonly("seq", &rr::CpuCall::seq)
       .def("get_future", [](const rr::CpuCall& h) {
-        if (!h.future()) throw py::value_error("ringreduce: a synchronous call's handle has no future (run_cpu)");
+        if (!h.future()) throw py::value_error("ringreduce: a synchronous call's handle has no future (CpuRing.run)");
         return std::make_shared<torch::jit::PythonFutureWrapper>(h.future());
       });
 
+  // Note [A bound ring] (cpu_ops.h). Note [Synchronous calls without a handle]: a synchronous
+  // all-reduce that runs on the calling thread (Note [Synchronous calls in shared memory]) is over when
+  // the submit returns, so a handle, its Python object, a wait and an ok() (about 2 us of a 1 KiB call)
+  // buy nothing: run() returns None once the call succeeded and raises its error as the handle would;
+  // only a queued call (behind an async call, or on gloo) comes back as a handle to wait for.
+  py::class_<rr::CpuRing, std::shared_ptr<rr::CpuRing>>(m, "CpuRing", "The ring `members` ([] = all) of `group`.")
+      .def(py::init<PG, std::string, std::vector<int>, c10::intrusive_ptr<c10d::Store>>(), py::arg("group"),
+           py::arg("group_name"), py::arg("members"), py::arg("store"))
+      .def(
+          "run",
+          [](rr::CpuRing& ring, const at::Tensor& tensor, const rr::CallOptions& options) -> py::object {
+            const auto call = submitFromPython(ring, tensor, std::nullopt, options, true, /*with_future=*/false);
+            if (!call->isCompleted()) return py::cast(call);
+            if (!call->ok()) raiseAs(call->errorKind(), call->errorMessage());
+            return py::none();
+          },
+          py::arg("tensor"), py::arg("options"), "A synchronous call: None once done (or raises), or its handle.")
+      .def(
+          "submit",
+          [](rr::CpuRing& ring, const std::optional<at::Tensor>& tensor, const std::optional<at::Tensor>& output,
+             const rr::CallOptions& options, bool synchronous) {
+            return submitFromPython(ring, tensor, output, options, synchronous);
+          },
+          py::arg("tensor"), py::arg("output"), py::arg("options"), py::arg("synchronous") = false, "Queues a call.");
   m.def(
       "submit_cpu",
-      [](const PG& pg, const std::string& group_name, const std::vector<int>& members,
-         std::optional<at::Tensor> tensor, std::optional<at::Tensor> output, const rr::CallOptions& options,
-         const c10::intrusive_ptr<c10d::Store>& store, bool synchronous) {
-        return submitFromPython(pg, group_name, members, tensor.value_or(at::Tensor()), output.value_or(at::Tensor()),
-                                options, store, synchronous, /*with_future=*/true);
+      [](PG pg, std::string group_name, std::vector<int> members, std::optional<at::Tensor> tensor,
+         std::optional<at::Tensor> output, const rr::CallOptions& options, c10::intrusive_ptr<c10d::Store> store,
+         bool synchronous) {
+        rr::CpuRing ring(std::move(pg), std::move(group_name), std::move(members), std::move(store));
+        return submitFromPython(ring, tensor, output, options, synchronous);
       },
       py::arg("group"), py::arg("group_name"), py::arg("members"), py::arg("tensor"), py::arg("output"),
       py::arg("options"), py::arg("store"), py::arg("synchronous") = false,
       "Queues one CPU call on the ring `members` (ranks of `group`; [] = the whole group) of `group`.");
-  // Note [Synchronous calls without a handle]: a synchronous all-reduce that runs on the calling
-  // thread (Note [Synchronous calls in shared memory]) is over when the submit returns, so a handle,
-  // its Python object, a wait and an ok() (about 2 us of a 1 KiB call's native time) buy nothing:
-  // run_cpu returns None when the call succeeded and raises its error as the handle would; only a
-  // call that was queued (behind an async call, or on gloo) comes back as a handle to wait for.
-  m.def(
-      "run_cpu",
-      [](const PG& pg, const std::string& group_name, const std::vector<int>& members,
-         const at::Tensor& tensor, const rr::CallOptions& options,
-         const c10::intrusive_ptr<c10d::Store>& store) -> py::object {
-        const auto call = submitFromPython(pg, group_name, members, tensor, at::Tensor(), options, store, true,
-                                           /*with_future=*/false);
-        if (!call->isCompleted()) return py::cast(call);
-        if (!call->ok()) raiseAs(call->errorKind(), call->errorMessage());
-        return py::none();
-      },
-      py::arg("group"), py::arg("group_name"), py::arg("members"), py::arg("tensor"), py::arg("options"),
-      py::arg("store"),
-      "A synchronous CPU call: None once it succeeded (raises its error), or its handle when it was queued.");
 
   m.def(
       "bytes_sent",
@@ -257,15 +257,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dtype_code", [](at::ScalarType t) { return static_cast<int>(rr::toDType(t)); });
   m.def("unsupported_reason", [](int dtype, int op) -> py::object {
     const char* why = rr::unsupportedReason(static_cast<rr::DType>(dtype), static_cast<rr::RedOp>(op));
-    if (why == nullptr) return py::none();
-    return py::str(why);
+    return why == nullptr ? py::none() : py::object(py::str(why));
   });
   m.def("plan_summary", &planSummary, py::arg("nranks"), py::arg("rank"), py::arg("numel"), py::arg("dtype"),
         py::arg("segment_bytes") = 1 << 20, py::arg("num_slots") = 4, py::arg("accum_float32") = false,
         py::arg("gather_into_data") = false, py::arg("phases") = 3, py::arg("owner_shift") = 0,
         py::arg("exact_chunks") = false, py::arg("wire_dtype") = -1, py::arg("predivide") = 0.0,
-        py::arg("wire_gather16") = false,
-        "The ring schedule and plan one rank would run (for tests and docs).");
+        py::arg("wire_gather16") = false, "The ring schedule and plan one rank would run (for tests and docs).");
 
   py::dict info;
   info["version"] = RR_VERSION;

@@ -13,45 +13,6 @@ namespace rr {
 
 namespace {
 
-// The process group's c10d store as the runtime's KeyValueStore (Note [Shared-memory segments]).
-class C10dKeyValue final : public KeyValueStore {
- public:
-  explicit C10dKeyValue(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
-  void set(const std::string& key, const std::string& value) override {
-    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
-  }
-  bool tryGet(const std::string& key, std::string* value) override {
-    if (!store_->check({key})) return false;
-    const std::vector<uint8_t> v = store_->get(key);
-    value->assign(v.begin(), v.end());
-    return true;
-  }
-  int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
-
- private:
-  c10::intrusive_ptr<c10d::Store> store_;
-};
-
-std::shared_ptr<GroupRuntime> runtimeOf(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
-                                        const std::vector<int>& members, const c10::intrusive_ptr<c10d::Store>& store) {
-  const std::vector<int> key = ringKey(members, pg->getSize());
-  return runtimeFor(pg.get(), key, [&] {
-    c10::intrusive_ptr<c10d::Backend> backend;
-    try {
-      backend = pg->getBackend(c10::DeviceType::CPU);
-    } catch (const std::exception&) {
-      RR_THROW(kValue, "ringreduce: ", name, " has no CPU backend (it was created with backend=", pg->getBackendName(),
-               "), so CPU tensors cannot be reduced on it. Create the group with backend=\"gloo\" (or "
-               "\"cpu:gloo,cuda:nccl\"), or move the tensor to the GPU");
-    }
-    auto transport = std::make_unique<C10dTransport>(backend, pg->getRank(), pg->getSize(), name);
-    const std::chrono::milliseconds timeout = transport->defaultTimeout();
-    std::shared_ptr<KeyValueStore> kv;
-    if (store) kv = std::make_shared<C10dKeyValue>(store);
-    return std::make_shared<GroupRuntime>(std::move(transport), timeout, name, key, std::move(kv));
-  });
-}
-
 // Elements are matched by logical index: a tensor that is not row-major contiguous (views,
 // transposes, channels_last, conj/neg views) is reduced through one contiguous copy.
 at::Tensor contiguousCopy(const at::Tensor& t) { return t.resolve_conj().resolve_neg().contiguous(); }
@@ -87,8 +48,9 @@ CpuCall::CpuCall(at::Tensor tensor, at::Tensor output, CallOptions opt, bool wit
 Frame CpuCall::frame() const {
   Frame f = callFrame(opt_, opt_.cpuSegmentBytes(), opt_.local_size);  // 0: the flat ring; L: hierarchical
   if (tensor_.defined() && opt_.local_error == FrameError::kNone) {
-    describeTensor(f, toDType(tensor_.scalar_type()), tensor_.numel(),
-                   std::vector<int64_t>(tensor_.sizes().begin(), tensor_.sizes().end()), tensor_.is_cuda() ? 1 : 0);
+    const at::IntArrayRef sizes = tensor_.sizes();  // no vector: no allocation per call
+    describeTensor(f, toDType(tensor_.scalar_type()), tensor_.numel(), sizes.data(), static_cast<int>(sizes.size()),
+                   tensor_.is_cuda() ? 1 : 0);
   }
   return f;
 }
@@ -123,8 +85,7 @@ CallBuffer CpuCall::prepare(int ring_rank, int ring_size) {
   return CallBuffer{buf.data_ptr(), buf.numel(), toDType(buf.scalar_type())};
 }
 
-void CpuCall::finish(int ring_rank, int ring_size) {
-  (void)ring_size;
+void CpuCall::finish(int ring_rank, int /*ring_size*/) {
   if (opt_.kind == CallKind::kReduceScatter) {
     const int64_t m = output_.numel();
     output_.copy_(work_.reshape({-1}).narrow(0, ring_rank * m, m).view(output_.sizes()));
@@ -146,11 +107,36 @@ void CpuCall::complete(bool ok, ErrorKind kind, const std::string& message, cons
   setDone(ok, kind, message, timing);
 }
 
-std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
-                                   const std::vector<int>& members, const at::Tensor& tensor, const at::Tensor& output,
-                                   const CallOptions& opt, const c10::intrusive_ptr<c10d::Store>& store,
-                                   bool synchronous, std::function<bool()> interrupted, bool with_future) {
-  std::shared_ptr<GroupRuntime> rt = runtimeOf(pg, name, members, store);
+CpuRing::CpuRing(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string name, std::vector<int> members,
+                 c10::intrusive_ptr<c10d::Store> store)
+    : pg_(std::move(pg)), name_(std::move(name)), members_(std::move(members)), store_(std::move(store)) {}
+
+std::shared_ptr<GroupRuntime> CpuRing::runtime() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::shared_ptr<GroupRuntime> rt = rt_.lock();
+  if (rt) return rt;
+  const std::vector<int> key = ringKey(members_, pg_->getSize());
+  rt_ = rt = runtimeFor(pg_.get(), key, [&] {
+    c10::intrusive_ptr<c10d::Backend> backend;
+    try {
+      backend = pg_->getBackend(c10::DeviceType::CPU);
+    } catch (const std::exception&) {
+      RR_THROW(kValue, "ringreduce: ", name_, " has no CPU backend (it was created with backend=",
+               pg_->getBackendName(), "), so CPU tensors cannot be reduced on it. Create the group with "
+               "backend=\"gloo\" (or \"cpu:gloo,cuda:nccl\"), or move the tensor to the GPU");
+    }
+    auto transport = std::make_unique<C10dTransport>(backend, pg_->getRank(), pg_->getSize(), name_);
+    const std::chrono::milliseconds timeout = transport->defaultTimeout();
+    std::shared_ptr<KeyValueStore> kv;
+    if (store_) kv = std::make_shared<C10dKeyValue>(store_);
+    return std::make_shared<GroupRuntime>(std::move(transport), timeout, name_, key, std::move(kv));
+  });
+  return rt;
+}
+
+std::shared_ptr<CpuCall> CpuRing::submit(const at::Tensor& tensor, const at::Tensor& output, const CallOptions& opt,
+                                         bool synchronous, std::function<bool()> interrupted, bool with_future) {
+  std::shared_ptr<GroupRuntime> rt = runtime();
   auto call = std::make_shared<CpuCall>(tensor, output, opt, with_future);
   call->seq_ = rt->submit(call, opt, synchronous, std::move(interrupted));
   return call;

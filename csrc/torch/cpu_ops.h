@@ -1,6 +1,6 @@
 // ringreduce torch layer: the CPU collectives' glue between tensors and the torch-free group runtime
 // (csrc/cpu/group_runtime.h): which memory a call reduces, its agreement frame, its completion as a
-// torch future, and the registry of runtimes (one per process group and rank list).
+// torch future, and the ring's runtime (one per process group and rank list: runtime_registry.h).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,10 +35,7 @@ class CpuCall final : public CallBody, public CallStatus {
   void complete(bool ok, ErrorKind kind, const std::string& message, const CallTiming& timing) override;
 
  private:
-  friend std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>&, const std::string&,
-                                            const std::vector<int>&, const at::Tensor&, const at::Tensor&,
-                                            const CallOptions&, const c10::intrusive_ptr<c10d::Store>&, bool,
-                                            std::function<bool()>, bool);
+  friend class CpuRing;
   at::Tensor tensor_;  // the caller's tensor (undefined for a locally refused call)
   at::Tensor output_;  // reduce_scatter / all_gather: the result (the future's value)
   at::Tensor work_;    // the contiguous buffer the rings run over, when it is not tensor_
@@ -46,17 +44,35 @@ class CpuCall final : public CallBody, public CallStatus {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-// Submits a CPU call on the ring `members` (ranks of `pg`; empty: the whole group) of `pg`, whose
-// runtime is created on first use. `tensor` may be undefined for a local refusal; `output`:
-// reduce_scatter's output block or all_gather's concatenated result; `store`: the group's c10d
-// store, where its ranks agree on shared memory (may be null: then never); `synchronous`: the caller
-// waits for the call (Note [Synchronous calls in shared memory]); `interrupted`: Ctrl-C for a call that
-// runs on the calling thread (GroupRuntime::submit).
-std::shared_ptr<CpuCall> submitCpu(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& name,
-                                   const std::vector<int>& members, const at::Tensor& tensor, const at::Tensor& output,
-                                   const CallOptions& opt, const c10::intrusive_ptr<c10d::Store>& store,
-                                   bool synchronous, std::function<bool()> interrupted = nullptr,
-                                   bool with_future = true);
+// The ring `members` (ranks of `pg`; empty: all) of `pg` (ringreduce._C.CpuRing), `name` in messages;
+// `store`: the group's c10d store, where its ranks agree on shared memory (null: they never do).
+//
+// Note [A bound ring]
+// ~~~~~~~~~~~~~~~~~~~
+// A plan of repeated calls (ringreduce/_fastpath.py) keeps one, so that a call neither converts the
+// group, name, rank list and store from Python nor looks the ring's runtime up in the registry
+// (runtime_registry.h). It holds its runtime weakly: a released ring (its group destroyed) is freed
+// as if no plan held it (shared memory, worker, sockets), and a call after that looks the registry up
+// again, as an unbound call does. submit_cpu binds a ring for its one call.
+class CpuRing {
+ public:
+  CpuRing(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string name, std::vector<int> members,
+          c10::intrusive_ptr<c10d::Store> store);
+  // Submits a call (the runtime is made at the ring's first). `tensor`: undefined for a local refusal;
+  // `output`: reduce_scatter's block, all_gather's result; `synchronous`: the caller waits (Note
+  // [Synchronous calls in shared memory]); `interrupted`: Ctrl-C for an inline call (GroupRuntime::submit).
+  std::shared_ptr<CpuCall> submit(const at::Tensor& tensor, const at::Tensor& output, const CallOptions& opt,
+                                  bool synchronous, std::function<bool()> interrupted, bool with_future);
+
+ private:
+  std::shared_ptr<GroupRuntime> runtime();  // the bound runtime, or the registry's (then bound)
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  std::string name_;
+  std::vector<int> members_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::mutex mu_;  // guards rt_ (calls from several threads)
+  std::weak_ptr<GroupRuntime> rt_;
+};
 
 DType toDType(at::ScalarType t);  // throws kType for unsupported dtypes
 

@@ -90,10 +90,9 @@ def submit_cpu(info: GroupInfo, tensor: torch.Tensor | None, options: Any, outpu
 
 
 _SUBMIT_CPU = submit_cpu
-# The extension's own submit and synchronous call (a stub that a test or a measurement puts over
-# C.submit_cpu is called instead of either).
+# The extension's own submit (a stub that a test or a measurement puts over C.submit_cpu is called
+# instead of a plan's ring).
 _NATIVE_SUBMIT = C.submit_cpu
-_NATIVE_RUN = getattr(C, "run_cpu", None)
 
 
 def interrupter(info: GroupInfo, handle: Any) -> Any:
@@ -137,10 +136,12 @@ def run_plan(plan: _fastpath.Plan, tensor: torch.Tensor, async_op: bool) -> Work
     """A repeated all-reduce of `tensor` with the outcome of its checks, `plan` (Note [Fast path of a
     repeated call] in ringreduce/_fastpath.py): submit_and_wait without a Python frame in between."""
     if submit_cpu is _SUBMIT_CPU:
-        if async_op or _NATIVE_RUN is None or C.submit_cpu is not _NATIVE_SUBMIT:
+        if C.submit_cpu is not _NATIVE_SUBMIT:  # a stub over the extension's submit
             handle = C.submit_cpu(*plan.head, tensor, None, plan.options, plan.store, not async_op)
+        elif async_op:  # the plan's bound ring (Note [A bound ring] in csrc/torch/cpu_ops.h)
+            handle = plan.ring.submit(tensor, None, plan.options)
         else:  # Note [Synchronous calls without a handle] in csrc/torch/bindings.cpp
-            handle = _NATIVE_RUN(*plan.head, tensor, plan.options, plan.store)
+            handle = plan.ring.run(tensor, plan.options)
             if handle is None:
                 return None
     else:  # submit_cpu was replaced (a test's or a measurement's stub): call it as the full path does
