@@ -35,6 +35,8 @@ def test_torchrun_two_nodes_two_ranks_each(tmp_path, where):
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
     env.pop("RINGREDUCE_LOCAL_SIZE", None)
+    (tmp_path / "tmp").mkdir()
+    env["TMPDIR"] = str(tmp_path / "tmp")  # torchrun's agents leave their log folders there
     cluster = Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-torchrun") if where == "simulated-hosts" else None
     addr, port = (cluster.addr(0), MASTER_PORT) if cluster else ("127.0.0.1", free_port())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",

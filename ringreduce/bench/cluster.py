@@ -11,9 +11,11 @@ Ctrl-C or SIGTERM. Root only: elsewhere it says why in one line and exits 2.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, TextIO
@@ -69,11 +71,18 @@ class _Stop(Exception):
 
 def run(cluster: Cluster, ranks_per_host: int, module: str, args: list[str], timeout: float,
         out: TextIO = sys.stdout) -> int:
-    """Runs `module` `args` on every host of the built `cluster`; returns the worst exit code."""
+    """Runs `module` `args` on every host of the built `cluster`; returns the worst exit code. torchrun's
+    agents keep their logs in a folder of TMPDIR that they never remove: here one removed after the run."""
+    with tempfile.TemporaryDirectory(prefix="rrc-torchrun-", ignore_cleanup_errors=True) as scratch:
+        return _run(cluster, ranks_per_host, module, args, timeout, out, dict(os.environ, TMPDIR=scratch))
+
+
+def _run(cluster: Cluster, ranks_per_host: int, module: str, args: list[str], timeout: float, out: TextIO,
+         env: dict[str, str]) -> int:
     lock = threading.Lock()
     procs, pumps = [], []
     for host in range(cluster.hosts):
-        p = cluster.popen(host, torchrun_argv(cluster, host, ranks_per_host, module, args),
+        p = cluster.popen(host, torchrun_argv(cluster, host, ranks_per_host, module, args), env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         t = threading.Thread(target=_pump, args=(p.stdout, f"host{host}", out, lock), daemon=True)
         t.start()

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -176,6 +177,7 @@ def _tool(prefix: str, *args: str) -> list[str]:
 @needs_cluster
 def test_tool_runs_the_bench_across_hosts_and_removes_everything(tmp_path):
     prefix = f"rrc-{os.getpid()}-tool"
+    scratch = set(glob.glob(os.path.join(tempfile.gettempdir(), "torchelastic_*")))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
     res = subprocess.run(_tool(prefix, "--", "-b", "256K", "-e", "256K", "--seconds", "0.2", "--rounds", "2",
                                "--json", str(tmp_path / "r.json"), "-q"),
@@ -188,6 +190,8 @@ def test_tool_runs_the_bench_across_hosts_and_removes_everything(tmp_path):
     assert len(sent) == 2 and min(sent) > 256 * 1024  # every host's link carried the ring's bytes
     assert f"# cleanup: ip netns del {prefix}-sw" in res.stdout
     assert _namespaces(prefix) == []
+    # torchrun's agents' log folders went into a scratch folder the tool removed
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "torchelastic_*"))) <= scratch
 
 
 @needs_cluster
