@@ -134,6 +134,7 @@ def test_gpu_detail_line_names_the_pipeline_rule_not_the_cpu_segment(monkeypatch
     from ringreduce._groups import GroupInfo
     from ringreduce._types import CallKind
 
+    monkeypatch.setitem(rr._C.native_info, "cuda", True)  # the CUDA backend's line in a CPU-only build too
     for k in _GPU_KNOBS:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("RINGREDUCE_DEBUG", "DETAIL")
