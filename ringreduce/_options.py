@@ -48,20 +48,6 @@ def avg_or_sum(op: Any, who: str) -> ReduceOp:
     raise ValueError(f"{who}: op must be \"avg\" or \"sum\", got {op!r}")
 
 
-# Note [Options of a buffer]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A bucket (GradientAverager, the DDP hook) or a packed dtype buffer (all_reduce_coalesced) holds one
-# dtype of many tensors. Two options name the dtype they are for and apply to the buffers of that dtype
-# only, the others being reduced as they are: wire_dtype to float32 buffers, accum_dtype=torch.float32
-# to float16/bfloat16 buffers. Any other accum_dtype is passed on, for all_reduce to check as it checks
-# one tensor's.
-def buffer_options(dtype: torch.dtype, accum_dtype: Any, wire_dtype: Any) -> tuple[Any, Any]:
-    """(accum_dtype, wire_dtype) that a buffer of `dtype` is reduced with (Note [Options of a buffer])."""
-    accum = None if accum_dtype == torch.float32 and dtype not in HALF_TYPES else accum_dtype
-    wire = wire_dtype if dtype == torch.float32 else None
-    return accum, wire
-
-
 class AllreduceOptions:
     """What one all-reduce asks for besides its tensor and group: ringreduce.all_reduce's `op`,
     `accum_dtype`, `algorithm`, `wire_dtype` and `predivide_factor`, plus `extra_divisor`
@@ -88,11 +74,19 @@ class AllreduceOptions:
         if error is not None:
             raise error
 
+    # Note [Options of a buffer]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # A bucket (GradientAverager, the DDP hook) or a packed dtype buffer (all_reduce_coalesced) holds one
+    # dtype of many tensors. Two options name the dtype they are for and apply to the buffers of that
+    # dtype only, the others being reduced as they are: wire_dtype to float32 buffers,
+    # accum_dtype=torch.float32 to float16/bfloat16 buffers. Any other accum_dtype is passed on, for
+    # all_reduce to check as it checks one tensor's.
     def for_buffer(self, dtype: torch.dtype) -> AllreduceOptions:
         """The options a buffer of `dtype` is reduced with (Note [Options of a buffer]); one object per dtype."""
         options = self._buffers.get(dtype)
         if options is None:
-            accum, wire = buffer_options(dtype, self.accum_dtype, self.wire_dtype)
+            accum = None if self.accum_dtype == torch.float32 and dtype not in HALF_TYPES else self.accum_dtype
+            wire = self.wire_dtype if dtype == torch.float32 else None
             options = AllreduceOptions(self.op, accum, self.algorithm, wire, self.predivide_factor,
                                        extra_divisor=self.extra_divisor,
                                        wire_gather=self.wire_gather if wire is not None else None)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ringreduce._call import local_refusal, local_tensor, refuse, run_all_reduce_with, scaling_refusal
 from ringreduce._groups import resolve
-from ringreduce._options import AllreduceOptions, buffer_options
+from ringreduce._options import AllreduceOptions
 from ringreduce._types import CallKind, FrameError, ReduceOp
 from ringreduce.work import Work, Works
 
@@ -124,28 +124,27 @@ def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, Any, BaseExcepti
 # A refusing rank sends one refusal frame per ring the others run (_rings), keeping the ranks in step.
 
 
-def _refusal(
-    listed: list[torch.Tensor], op: Any, accum_dtype: Any, algorithm: Any, wire_dtype: Any, predivide_factor: Any
-) -> tuple[Any, BaseException | None]:
+def _refusal(listed: list[torch.Tensor], options: AllreduceOptions) -> tuple[Any, BaseException | None]:
     """(frame error code, exception) from local checks of every tensor with its buffer's options (Note
     [Options of a coalesced list])."""
+    o = options
     if not listed:
         # No tensor: the options alone, as all_reduce checks them (on an empty float32 stand-in).
         probe = torch.empty(0)
-        code, exc, rop, _ = local_refusal(probe, op, None, algorithm)
+        code, exc, rop, _ = local_refusal(probe, o.op, None, o.algorithm)
         if exc is None:
-            code, exc, _, _ = scaling_refusal(probe, rop, algorithm, wire_dtype, predivide_factor)
+            code, exc, _, _ = scaling_refusal(probe, rop, o.algorithm, o.wire_dtype, o.predivide_factor)
         return code, exc
     rop = None
     for k, t in enumerate(listed):
-        accum, wire = buffer_options(t.dtype, accum_dtype, wire_dtype)
-        code, exc, rop, _ = local_refusal(t, op, accum, algorithm)
+        b = o.for_buffer(t.dtype)  # what the buffer of t's dtype is reduced with
+        code, exc, rop, _ = local_refusal(t, b.op, b.accum_dtype, b.algorithm)
         if exc is None:
-            code, exc, _, _ = scaling_refusal(t, rop, algorithm, wire, predivide_factor)
+            code, exc, _, _ = scaling_refusal(t, rop, b.algorithm, b.wire_dtype, b.predivide_factor)
         if exc is not None:
             return code, type(exc)(f"{exc} (in ringreduce.all_reduce_coalesced, element {k})")
-    if wire_dtype is not None and not any(t.dtype == torch.float32 for t in listed):
-        code, exc, _, _ = scaling_refusal(listed[0], rop, algorithm, wire_dtype, predivide_factor)
+    if o.wire_dtype is not None and not any(t.dtype == torch.float32 for t in listed):
+        code, exc, _, _ = scaling_refusal(listed[0], rop, o.algorithm, o.wire_dtype, o.predivide_factor)
         assert exc is not None  # a wire for a tensor that is not float32
         return code, type(exc)(f"{exc} (in ringreduce.all_reduce_coalesced, whose list has no float32 tensor)")
     return FrameError.NONE, None
@@ -249,10 +248,11 @@ def all_reduce_coalesced(
     the results (the host does not block), as in :func:`all_reduce`.
     """
     info = resolve(group)
+    options = _options_of(op, accum_dtype, algorithm, wire_dtype, predivide_factor)
     listed, code, exc = _validate(tensors)
     if exc is None:
         assert listed is not None
-        code, exc = _refusal(listed, op, accum_dtype, algorithm, wire_dtype, predivide_factor)
+        code, exc = _refusal(listed, options)
     if exc is not None:
         # The device the other ranks run this call on: the list's (CPU for a list that is not one).
         device = listed[0].device if listed else None
@@ -266,7 +266,6 @@ def all_reduce_coalesced(
         by_dtype.setdefault(t.dtype, []).append(t)
     groups = [_FlatGroup(ts, alone=len(by_dtype) == 1) for ts in by_dtype.values()]
     works: list[Work] = []
-    options = _options_of(op, accum_dtype, algorithm, wire_dtype, predivide_factor)
     for g in groups:
         w = run_all_reduce_with(g.flat, group, options.for_buffer(g.flat.dtype), True,
                                 CallKind.ALL_REDUCE_COALESCED, ntensors=len(listed))

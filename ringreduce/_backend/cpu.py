@@ -134,7 +134,8 @@ def all_reduce(call: Any) -> tuple[Any, Work | None]:
 
 def run_plan(plan: _fastpath.Plan, tensor: torch.Tensor, async_op: bool) -> Work | None:
     """A repeated all-reduce of `tensor` with the outcome of its checks, `plan` (Note [Fast path of a
-    repeated call] in ringreduce/_fastpath.py): submit_and_wait without a Python frame in between."""
+    repeated call] in ringreduce/_fastpath.py): a synchronous call that ran on this thread returns
+    without another Python frame."""
     if submit_cpu is _SUBMIT_CPU:
         if C.submit_cpu is not _NATIVE_SUBMIT:  # a stub over the extension's submit
             handle = C.submit_cpu(*plan.head, tensor, None, plan.options, plan.store, not async_op)
@@ -146,17 +147,9 @@ def run_plan(plan: _fastpath.Plan, tensor: torch.Tensor, async_op: bool) -> Work
                 return None
     else:  # submit_cpu was replaced (a test's or a measurement's stub): call it as the full path does
         handle = submit_cpu(plan.info, tensor, plan.options, synchronous=not async_op)
-    if async_op:
+    if async_op:  # no extra frame for the hooks' buckets
         return Work(handle, [tensor], describe=plan.describe, on_interrupt=interrupter(plan.info, handle))
-    try:  # Note [Ctrl-C] (ringreduce/_interrupt.py)
-        if not handle.wait(SLICE_MS):
-            wait_sliced(handle, -1)
-    except KeyboardInterrupt:
-        interrupt_ring(plan.info.pg, plan.info.members, plan.info.name, handle)
-        raise
-    if not handle.ok():
-        handle.raise_error()
-    return None
+    return _finish(plan.info, handle, tensor, False, plan.describe)
 
 
 def submit_and_wait(info: GroupInfo, tensor: torch.Tensor, options: Any, async_op: bool,
@@ -164,8 +157,13 @@ def submit_and_wait(info: GroupInfo, tensor: torch.Tensor, options: Any, async_o
     """Submits one CPU all-reduce; returns its native handle and, with `async_op`, its Work (named
     `describe`), else None once it completed (raising its error)."""
     handle = submit_cpu(info, tensor, options, synchronous=not async_op)
+    return handle, _finish(info, handle, tensor, async_op, describe)
+
+
+def _finish(info: GroupInfo, handle: Any, tensor: torch.Tensor, async_op: bool, describe: str) -> Work | None:
+    """The Work of an async call, or None once a synchronous one completed (raising its error)."""
     if async_op:
-        return handle, Work(handle, [tensor], describe=describe, on_interrupt=interrupter(info, handle))
+        return Work(handle, [tensor], describe=describe, on_interrupt=interrupter(info, handle))
     try:  # Note [Ctrl-C] (ringreduce/_interrupt.py); a finished call costs one native wait
         if not handle.wait(SLICE_MS):
             wait_sliced(handle, -1)
@@ -174,7 +172,7 @@ def submit_and_wait(info: GroupInfo, tensor: torch.Tensor, options: Any, async_o
         raise
     if not handle.ok():
         handle.raise_error()
-    return handle, None
+    return None
 
 
 def ring_half(info: GroupInfo, tensor: torch.Tensor, output: torch.Tensor, rop: ReduceOp, kind: Any,

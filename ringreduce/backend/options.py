@@ -70,10 +70,6 @@ class BackendOptions:
                 f"ringreduce.BackendOptions: algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}"
             )
 
-    def wire_for(self, dtype: torch.dtype, op_is_sum_or_avg: bool) -> torch.dtype | None:
-        """wire_dtype where it fits (`dtype` is float32 and `op_is_sum_or_avg`: SUM or AVG), else None."""
-        return self.wire_dtype if dtype == torch.float32 and op_is_sum_or_avg else None
-
     def allreduce_options(self, op: ReduceOp, dtype: torch.dtype) -> AllreduceOptions:
         """The options of the group's all-reduce of one `dtype` tensor with `op`: one object per
         (options, op, dtype), so that repeated calls take their plan."""
@@ -95,6 +91,7 @@ class BackendOptions:
 
 @functools.lru_cache(maxsize=256)
 def _allreduce_options(o: BackendOptions, op: ReduceOp, dtype: torch.dtype) -> AllreduceOptions:
-    wire = o.wire_for(dtype, op in (ReduceOp.SUM, ReduceOp.AVG))
+    # each option where it fits: the wire for float32 SUM/AVG, float32 accumulation for half types
+    wire = o.wire_dtype if dtype == torch.float32 and op in (ReduceOp.SUM, ReduceOp.AVG) else None
     return AllreduceOptions(op, o.accum_dtype if dtype in HALF_TYPES else None, o.algorithm, wire,
                             wire_gather=o.wire_gather if wire is not None else None)
