@@ -24,7 +24,7 @@ from ringreduce._options import ALGORITHMS, HALF_TYPES, AllreduceOptions, scalin
 from ringreduce._types import KIND_NAMES, CallKind, FrameError, ReduceOp, UnsupportedOpError, to_reduce_op
 from ringreduce.work import Work
 
-PLAIN_TYPES, ENV_GET, ENV_KEYS = _fastpath.PLAIN_TYPES, _fastpath.ENV_GET, _fastpath.ENV_KEYS
+PLAIN_TYPES, WATCHING = _fastpath.PLAIN_TYPES, _fastpath.WATCHING
 _profiler_enabled = torch.autograd._profiler_enabled
 _NONE = FrameError.NONE
 _run_plan = cpu.run_plan  # Note [Fast path of a repeated call]: only CPU calls leave plans
@@ -256,9 +256,8 @@ def run_all_reduce(tensor: Any, op: Any, group: Any, async_op: bool, accum_dtype
     frame's collective. A repeated call runs its plan (Note [Fast path of a repeated call]); any other
     is run_all_reduce_with these options."""
     key = env = world = None
-    if type(tensor) in PLAIN_TYPES and tensor.is_cpu and not _profiler_enabled() and ENV_GET is not None:
-        env = tuple(map(ENV_GET, ENV_KEYS))  # _fastpath.environment(), inlined
-        world = _c10d._world.default_pg
+    if type(tensor) in PLAIN_TYPES and tensor.is_cpu and not _profiler_enabled() and WATCHING:
+        env, world = _fastpath.generation, _c10d._world.default_pg
         try:
             key = (id(group), id(kind), tensor.dtype, tensor.layout, type(op), op, accum_dtype, algorithm,
                    wire_dtype, type(predivide_factor), predivide_factor)
@@ -277,8 +276,8 @@ def run_all_reduce_with(tensor: Any, group: Any, options: AllreduceOptions, asyn
     """An all-reduce of `tensor` in place with `options`, made once by a caller of many calls (a hook's
     buckets, a coalesced call's buffers); `ntensors`: a coalesced call's count."""
     key = env = world = None
-    if type(tensor) in PLAIN_TYPES and tensor.is_cpu and not _profiler_enabled() and ENV_GET is not None:
-        env, world = _fastpath.environment(), _c10d._world.default_pg
+    if type(tensor) in PLAIN_TYPES and tensor.is_cpu and not _profiler_enabled() and WATCHING:
+        env, world = _fastpath.generation, _c10d._world.default_pg
         key = (id(group), id(kind), tensor.dtype, tensor.layout, options, ntensors)
         plan = _fastpath.plans.get(key)
         if (plan is not None and plan.env == env and plan.world is world and plan.group is group

@@ -61,7 +61,7 @@ def fake(monkeypatch):
     """A fake WORLD of 2 ranks (this process is rank 0) and the recording native submit; no knob set."""
     if dist.is_initialized():
         pytest.skip("this process already has a default process group")
-    for name in _fastpath.CPU_KNOBS:
+    for name in [knob.name for knob in _config.KNOBS] + ["GROUP_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"]:
         monkeypatch.delenv(name, raising=False)
     recorder = _Recorder()
     monkeypatch.setattr(_native.C, "submit_cpu", recorder)
@@ -73,13 +73,56 @@ def fake(monkeypatch):
     _fastpath.forget()
 
 
-def test_every_knob_is_a_cpu_knob_or_gpu_only():
-    """A new knob must be sorted: read by the CPU call path (its value is then part of every plan) or
-    by the GPU path only."""
-    declared = {k.name for k in _config.KNOBS}
-    cpu = {n for n in _fastpath.CPU_KNOBS if n.startswith("RINGREDUCE_")}
-    assert cpu | set(_fastpath.GPU_ONLY_KNOBS) == declared
-    assert not cpu & set(_fastpath.GPU_ONLY_KNOBS)
+def test_os_environ_counts_its_writes_and_stays_itself(monkeypatch):
+    """Note [Watched environment]: os.environ keeps its class's behaviour (an os._Environ, the process
+    environment updated), every kind of write starts a new generation, a read does not."""
+    import os
+    import subprocess
+    import sys
+    from unittest import mock
+
+    assert isinstance(os.environ, os._Environ) and _fastpath.WATCHING
+    gens = [_fastpath.generation]
+
+    def wrote() -> bool:
+        gens.append(_fastpath.generation)
+        return gens[-1] != gens[-2]
+
+    monkeypatch.setenv("RR_WATCH_PROBE", "1")
+    assert wrote()
+    assert os.environ["RR_WATCH_PROBE"] == "1" and os.environ.get("PATH") and not wrote()  # reads
+    os.environ.update(RR_WATCH_PROBE="2")
+    assert wrote()
+    with mock.patch.dict(os.environ, {"RR_WATCH_PROBE": "3"}):
+        assert wrote()
+        probe = subprocess.run([sys.executable, "-c", "import os; print(os.environ['RR_WATCH_PROBE'])"],
+                               capture_output=True, text=True, check=True)
+        assert probe.stdout.strip() == "3"  # the process environment itself, as children see it
+    assert wrote() and os.environ["RR_WATCH_PROBE"] == "2"
+    os.environ.pop("RR_WATCH_PROBE")
+    assert wrote() and "RR_WATCH_PROBE" not in os.environ
+
+
+def test_a_knob_changed_through_any_write_of_os_environ_takes_effect(fake):
+    from unittest import mock
+
+    t = torch.ones(256)
+    rr.all_reduce_avg(t)
+    with mock.patch.dict("os.environ", {"RINGREDUCE_SEGMENT_BYTES": "4096"}):
+        rr.all_reduce_avg(t)
+        assert fake.last()[2].segment_bytes == 4096
+    rr.all_reduce_avg(t)
+    assert fake.last()[2].segment_bytes != 4096
+    import os
+
+    os.environ.setdefault("RINGREDUCE_SEGMENT_BYTES", "8192")
+    try:
+        rr.all_reduce_avg(t)
+        assert fake.last()[2].segment_bytes == 8192
+    finally:
+        del os.environ["RINGREDUCE_SEGMENT_BYTES"]
+    rr.all_reduce_avg(t)
+    assert fake.last()[2].segment_bytes != 8192
 
 
 def test_a_repeated_call_takes_the_plan(fake, monkeypatch):
