@@ -24,6 +24,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -98,9 +99,18 @@ def lib() -> ctypes.CDLL:
         assert cxx, "a C++ compiler is needed to build the GPU-logic test library (set CXX)"
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = out_dir / f"libcudalogic.{os.getpid()}.so"
-        cmd = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-o", str(tmp)] + [str(ROOT / s) for s in SOURCES]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        assert proc.returncode == 0, f"building the GPU-logic test library failed:\n{' '.join(cmd)}\n{proc.stderr}"
+        objs = [out_dir / f"{Path(src).stem}.{os.getpid()}.o" for src in SOURCES]
+        cmds = [[cxx, "-std=c++17", "-O2", "-fPIC", "-c", "-o", str(obj), str(ROOT / src)]
+                for src, obj in zip(SOURCES, objs)]
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # one compiler per core
+            procs = list(pool.map(lambda cmd: subprocess.run(cmd, capture_output=True, text=True), cmds))
+        cmds.append([cxx, "-shared", "-o", str(tmp)] + [str(obj) for obj in objs])
+        if all(p.returncode == 0 for p in procs):
+            procs.append(subprocess.run(cmds[-1], capture_output=True, text=True))
+        for obj in objs:
+            obj.unlink(missing_ok=True)
+        for cmd, proc in zip(cmds, procs):
+            assert proc.returncode == 0, f"building the GPU-logic test library failed:\n{' '.join(cmd)}\n{proc.stderr}"
         os.replace(tmp, so)
     lib = ctypes.CDLL(str(so))
     lib.rr_kernel_reduce.restype = ctypes.c_int

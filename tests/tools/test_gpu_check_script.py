@@ -34,7 +34,7 @@ def test_each_part_rehearses_without_gpu_and_writes_into_out(tmp_path, part):
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, PYTHON=sys.executable, RESULTS=str(tmp_path / "results"), GPU_CHECK_CPP="0",
-               SIM_TESTS="tests/tools/test_gpu_check_script.py::test_dry_run_prints_each_part_within_its_budget",
+               SIM_TESTS="tests/tools/test_knobs.py",
                OUT=str(out))
     proc = _run([] if part == "all" else [part], env)
     lines = proc.stdout.strip().splitlines()
