@@ -677,6 +677,10 @@ TEST_CASE(two_lanes_each_hand_off_once_and_abort_together) {
                                        ring.planOptions(RedOp::kSum, false, 2, numel, DType::kFloat32, {})),
                         data.data(), nullptr, ringKey({}, 2), "all-reduce", newStream(), false);
   CHECK(throwsKind([&] { c->synchronize(ms(8000)); }, ErrorKind::kBackend));
+  // Failed before aborted (Note [Ordering, lifetime, failure]): the watchdog fails the call, then
+  // aborts the lanes, so the abort may land just after synchronize() threw.
+  for (const auto until = Clock::now() + ms(5000); !ring.aborted() && Clock::now() < until;)
+    std::this_thread::sleep_for(ms(1));
   CHECK(ring.aborted());
   rrfake::setAbortReleases(true);
   ring.shutdown("test");
