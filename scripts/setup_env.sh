@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv (Python >= 3.10), installs torch and the tools, and builds ringreduce in place (an
 # editable install). Sourced by scripts/bench.sh and scripts/test.sh. Knobs: PYTHON, TORCH_SPEC,
-# TORCH_CUDA_ARCH_LIST, MAX_JOBS, CUDA_HOME, NCCL_HOME, RINGREDUCE_FORCE_CPU=1, RINGREDUCE_REQUIRE_CUDA=1.
+# TORCH_CUDA_ARCH_LIST, MAX_JOBS, CUDA_HOME, NCCL_HOME, RINGREDUCE_FORCE_CPU=1, RINGREDUCE_REQUIRE_CUDA=1,
+# RR_SETUP_STOP=install (stop after the venv, before the build).
 # Each step says what it does and about how long it takes; the whole output of pip and of the build
 # goes to .venv/install.log and .venv/build.log (printed in part when a step fails).
 set -euo pipefail
@@ -78,6 +79,11 @@ if [ ! -e "$SITE/torch/__pycache__/__init__.$(python -c 'import sys; print(sys.i
   SECONDS=0
   python -m compileall -q -j 0 "$SITE" >/dev/null 2>&1 || true   # a module that does not compile stays as it is
   echo "[setup] byte-compiled .venv's modules in ${SECONDS} s (once)"
+fi
+# RR_SETUP_STOP=install: the venv only, no build (.ci/run then starts the sanitizer builds, which find
+# NCCL's headers in the venv's nvidia-nccl wheel).
+if [ "${RR_SETUP_STOP:-}" = install ]; then
+  return 0 2>/dev/null || exit 0
 fi
 
 export MAX_JOBS="${MAX_JOBS:-2}"
