@@ -17,13 +17,6 @@ set -u -o pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 jobs="${JOBS:-2}"
 if [ "$#" -gt 0 ]; then sanitizers=("$@"); else sanitizers=(address+undefined thread); fi
-# The Python whose nvidia-nccl wheel has nccl.h (csrc/cuda/CMakeLists.txt): without it the GPU path's
-# fake-NCCL tests (test_cuda_ring_fake, test_nccl_compat_fake) are not configured. The repo's .venv
-# unless PYTHON names another; NCCL_HOME also works.
-python="${PYTHON:-}"
-[ -z "$python" ] && [ -x "$root/.venv/bin/python" ] && python="$root/.venv/bin/python"
-pyflags=()
-[ -n "$python" ] && pyflags=("-DPython3_EXECUTABLE=$python")
 # ThreadSanitizer only finds races where threads share memory: it builds and runs the tests whose code
 # runs several threads (the in-process transport's ranks, the shared-memory ring, the fake CUDA/NCCL
 # runtimes' streams). The single-threaded ones (schedule, functors, the plan checker's sweeps, error,
@@ -52,7 +45,7 @@ for san in "${sanitizers[@]}"; do
   # -O1, as the sanitizers' documentation advises: the build is about a third shorter than at -O2 and
   # the instrumented tests run no slower.
   if ! cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" -DRR_SANITIZE="$san" -DRR_CUDA=OFF "${pyflags[@]}" >/dev/null; then
+      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" -DRR_SANITIZE="$san" -DRR_CUDA=OFF >/dev/null; then
     result="configure failed"
   fi
   targets=() select=()
