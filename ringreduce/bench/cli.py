@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import os
 import sys
@@ -16,7 +15,6 @@ DEFAULT_BEGIN = "1K"
 DEFAULT_END = "64M"
 DEFAULT_FACTOR = 4.0
 DEFAULT_SECONDS = 6.0
-TRAIN_MODULE = "ringreduce.bench.train_step"
 
 _EPILOG = f"""\
 defaults: -b {DEFAULT_BEGIN} -e {DEFAULT_END} -f {DEFAULT_FACTOR:g} -d float -o avg -w 5 --timing rounds --rounds 10,
@@ -137,7 +135,7 @@ def _resolve_backend(requested: str, launched: bool) -> str:
 def make_config(args: argparse.Namespace, argv: list[str], backend: str, launcher: str) -> BenchConfig:
     """Validates `args` (parsed from `argv`) into the ranks' BenchConfig for `backend` and `launcher`."""
     dtype = parse_dtype(args.dtype)
-    if args.op == "avg" and not dtype.is_floating:
+    if args.op == "avg" and not dtype.torch_dtype.is_floating_point:
         raise SystemExit(f"ringreduce.bench: --op avg needs a floating type, not {dtype.name} (use --op sum)")
     if args.wire_dtype is not None and dtype.name != "float":
         raise SystemExit(f"ringreduce.bench: --wire-dtype applies to float32 (-d float), not {dtype.name}")
@@ -159,15 +157,14 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
     if any(a not in ("ring", "hierarchical") for a in algorithms):
         raise SystemExit(f"ringreduce.bench: --algorithms takes ring and/or hierarchical, got {args.algorithms!r}")
     if args.vs == "deepspeed":
-        from ringreduce.bench import deepspeed_shm
-
-        if not deepspeed_shm.available():
-            raise SystemExit(deepspeed_shm.refusal())
+        if importlib.util.find_spec("deepspeed") is None:
+            raise SystemExit("ringreduce.bench: --vs deepspeed needs DeepSpeed, which this Python lacks: pip install "
+                             "deepspeed (an optional benchmark dependency; DS_ACCELERATOR=cpu is set by the bench)")
         if backend != "gloo":
             raise SystemExit("ringreduce.bench: --vs deepspeed compares CPU shared memory; use --backend gloo")
     increment = parse_size(args.stepbytes) if args.stepbytes is not None else None
     factor = None if increment is not None else (args.stepfactor or DEFAULT_FACTOR)
-    sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), factor, increment, dtype.itemsize)
+    sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), factor, increment, dtype.torch_dtype.itemsize)
     if not sizes:
         raise SystemExit("ringreduce.bench: no size in the range holds a whole element")
     return BenchConfig(
@@ -192,26 +189,19 @@ def _has_shm() -> bool:
     return bool(ringreduce.build_info().get("shm", False))
 
 
-def run_train(argv: list[str]) -> int:
-    """Forwards `argv` to ringreduce.bench.train_step.main, or explains that it is not installed."""
-    if importlib.util.find_spec(TRAIN_MODULE) is None:
-        sys.stderr.write(f"ringreduce.bench: --mode train needs {TRAIN_MODULE}, which this installation lacks "
-                         "(the training-step benchmark); run the all-reduce sweep without --mode train\n")
-        return 2
-    result = importlib.import_module(TRAIN_MODULE).main(argv)
-    return int(result) if isinstance(result, int) else 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns the exit code (1 if any result was wrong)."""
-    from ringreduce.bench.launch import spawn_local, under_launcher
+    from ringreduce.bench.launch import spawn, threads_per_rank, under_launcher
+    from ringreduce.bench.rank_main import run_rank
 
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--mode", default="allreduce")
     known, rest = pre.parse_known_args(argv)
     if known.mode == "train":
-        return run_train(rest)
+        from ringreduce.bench.train_step import main as train_main
+
+        return train_main(rest)
     args = build_parser().parse_args(argv)
     launched = under_launcher()
     backend = _resolve_backend(args.backend, launched)
@@ -219,8 +209,6 @@ def main(argv: list[str] | None = None) -> int:
     if launched:
         if args.nproc is not None:
             sys.stderr.write("ringreduce.bench: --nproc is ignored under torchrun (the launcher sets the ranks)\n")
-        from ringreduce.bench.rank_main import run_rank
-
         return run_rank(cfg)
     import torch
 
@@ -229,11 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     if nproc < 2:
         raise SystemExit("ringreduce.bench: --nproc must be >= 2")
     if cfg.vs is None or "TORCH_EXTENSIONS_DIR" in os.environ:
-        return spawn_local(cfg, nproc)
+        return spawn(run_rank, cfg, nproc, "ringreduce.bench", threads_per_rank(nproc))
     # DeepSpeed JIT-builds its shm op: into a folder of this run, removed afterwards.
     with tempfile.TemporaryDirectory(prefix="rr_bench_ds_") as ext:
         os.environ["TORCH_EXTENSIONS_DIR"] = ext
         try:
-            return spawn_local(cfg, nproc)
+            return spawn(run_rank, cfg, nproc, "ringreduce.bench", threads_per_rank(nproc))
         finally:
             del os.environ["TORCH_EXTENSIONS_DIR"]

@@ -11,14 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ringreduce.bench.config import BenchConfig
-
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-
 
 def under_launcher() -> bool:
     """True when torchrun (or another launcher) set RANK, WORLD_SIZE and LOCAL_RANK."""
-    return all(var in os.environ for var in LAUNCHER_VARS)
+    return all(var in os.environ for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
 def free_port() -> int:
@@ -28,57 +24,43 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def rank_env(rank: int, nproc: int, port: int, local_size: int | None = None) -> dict[str, str]:
-    """The env:// variables of local rank `rank` of `nproc` on 127.0.0.1:`port`; with `local_size`, nodes
-    of that many consecutive ranks simulated on this host (RINGREDUCE_LOCAL_SIZE)."""
-    local = local_size or nproc
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(nproc),
-           "LOCAL_RANK": str(rank % local), "LOCAL_WORLD_SIZE": str(local), "GLOO_SOCKET_IFNAME": "lo"}
-    if local_size is not None:
-        env.update(GROUP_RANK=str(rank // local_size), RINGREDUCE_LOCAL_SIZE=str(local_size))
-    return env
-
-
 def threads_per_rank(nproc: int) -> int:
     return max(1, (os.cpu_count() or 1) // nproc)
 
 
-def start_ranks(target: Callable[..., None], args: tuple[Any, ...], nproc: int, name: str,
-                local_size: int | None = None) -> list[mp.process.BaseProcess]:
-    """Spawns `nproc` processes running target(*args, env) on a free port (env: rank_env)."""
-    port = free_port()
-    ctx = mp.get_context("spawn")
-    procs = []
-    for rank in range(nproc):
-        proc = ctx.Process(target=target, args=(*args, rank_env(rank, nproc, port, local_size)),
-                           name=f"{name} rank {rank}")
-        proc.start()
-        procs.append(proc)
-    return procs
-
-
-def _child(cfg: BenchConfig, threads: int, env: dict[str, str]) -> None:
+def _child(target: Callable[[Any], int], arg: Any, threads: int, env: dict[str, str]) -> None:
     os.environ.update(env)
     import torch
 
     torch.set_num_threads(threads)
-    from ringreduce.bench.rank_main import run_rank
-
-    sys.exit(run_rank(cfg))
+    sys.exit(target(arg))
 
 
-def spawn_local(cfg: BenchConfig, nproc: int) -> int:
-    """Runs `nproc` ranks on this machine with cores // nproc torch threads each; returns the exit code.
-    If a rank fails, the others are killed after a grace period so a broken run never hangs."""
-    procs = start_ranks(_child, (cfg, threads_per_rank(nproc)), nproc, "ringreduce.bench")
+def spawn(target: Callable[[Any], int], arg: Any, nproc: int, name: str, threads: int,
+          local_size: int | None = None) -> int:
+    """Runs target(`arg`) in `nproc` spawned ranks of `threads` torch threads each, on the env://
+    variables of a free port of 127.0.0.1 (with `local_size`, nodes of that many consecutive ranks
+    simulated here: RINGREDUCE_LOCAL_SIZE); returns the worst exit code. If a rank fails, the others
+    are killed after a grace period so a broken run never hangs."""
+    port = free_port()
+    local = local_size or nproc
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(nproc):
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(nproc),
+               "LOCAL_RANK": str(rank % local), "LOCAL_WORLD_SIZE": str(local), "GLOO_SOCKET_IFNAME": "lo"}
+        if local_size is not None:
+            env.update(GROUP_RANK=str(rank // local_size), RINGREDUCE_LOCAL_SIZE=str(local_size))
+        procs.append(ctx.Process(target=_child, args=(target, arg, threads, env), name=f"{name} rank {rank}"))
+        procs[-1].start()
     try:
-        return _wait(procs)
+        return _wait(procs, name)
     except KeyboardInterrupt:
         _kill(procs)
         return 130
 
 
-def _wait(procs: list[mp.process.BaseProcess]) -> int:
+def _wait(procs: list[mp.process.BaseProcess], name: str) -> int:
     failed_at: float | None = None
     while True:
         codes = [p.exitcode for p in procs]
@@ -88,7 +70,7 @@ def _wait(procs: list[mp.process.BaseProcess]) -> int:
         if bad and failed_at is None:
             failed_at = time.monotonic()
             rank, code = bad[0]
-            sys.stderr.write(f"ringreduce.bench: rank {rank} exited with code {code}; stopping the others\n")
+            sys.stderr.write(f"{name}: rank {rank} exited with code {code}; stopping the others\n")
         if failed_at is not None and time.monotonic() - failed_at > 10:
             _kill(procs)
             return max(abs(c) for c in (p.exitcode for p in procs) if c is not None) or 1

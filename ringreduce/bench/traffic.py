@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -155,58 +154,33 @@ def report(res: dict[str, Any], args: argparse.Namespace, size: int) -> tuple[st
     return "\n".join(lines), summary
 
 
-def _in_group(args: argparse.Namespace) -> dict[str, Any] | None:
+def _in_group(args: argparse.Namespace) -> int:
+    """Runs this rank; rank 0 prints the report (and writes the JSON). Returns 1 if a result was wrong."""
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     try:
-        return run_rank(args)
+        res = run_rank(args)
     finally:
         dist.destroy_process_group()
-
-
-def _child(args: argparse.Namespace, queue: Any, env: dict[str, str]) -> None:
-    os.environ.update(env)
-    torch.set_num_threads(1)
-    queue.put(_in_group(args))
-
-
-def main(argv: list[str] | None = None) -> int:
-    from ringreduce.bench.launch import start_ranks, under_launcher
-
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if under_launcher():
-        res = _in_group(args)
-    else:
-        if args.nproc % args.local_size != 0:
-            print(f"--nproc {args.nproc} is not a multiple of --local-size {args.local_size}", file=sys.stderr)
-            return 2
-        queue = mp.get_context("spawn").Queue()
-        procs = start_ranks(_child, (args, queue), args.nproc, "traffic", local_size=args.local_size)
-        deadline = time.monotonic() + 600
-        results = []
-        while len(results) < args.nproc and time.monotonic() < deadline:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break
-            try:
-                results.append(queue.get(timeout=0.5))
-            except Exception:  # noqa: BLE001 - queue.Empty: keep polling
-                continue
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-        res = next((r for r in results if r is not None), None)
-        if res is None or any(p.exitcode != 0 for p in procs):
-            print("ringreduce.bench.traffic: a rank failed", file=sys.stderr)
-            return 1
     if res is None:
-        return 0  # not rank 0 under torchrun
+        return 0  # not rank 0
     text, summary = report(res, args, args.size)
-    print(text)
+    print(text, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(sys.argv), "result": res, "summary": summary}, f, indent=1, default=str)
     return 0 if all(s["correct"] for s in summary.values()) else 1
 
+
+def main(argv: list[str] | None = None) -> int:
+    from ringreduce.bench.launch import spawn, under_launcher
+
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if under_launcher():
+        return _in_group(args)
+    if args.nproc % args.local_size != 0:
+        print(f"--nproc {args.nproc} is not a multiple of --local-size {args.local_size}", file=sys.stderr)
+        return 2
+    return spawn(_in_group, args, args.nproc, "ringreduce.bench.traffic", 1, local_size=args.local_size)
 
 if __name__ == "__main__":
     sys.exit(main())

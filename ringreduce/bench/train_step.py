@@ -76,28 +76,18 @@ def batch_for(step: int, rank: int, batch: int, width: int, device: torch.device
     return x.to(device), y.to(device)
 
 
-class _GradClock:
-    """Post-accumulate-grad hooks that remember when the last gradient of a backward was ready."""
-
-    def __init__(self, params: list[torch.Tensor]) -> None:
-        self.last = 0.0
-        self.handles = [p.register_post_accumulate_grad_hook(self._hook) for p in params]
-
-    def _hook(self, _p: torch.Tensor) -> None:
-        self.last = time.perf_counter()
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
 def _run_variant(name: str, args: argparse.Namespace, device: torch.device, rank: int, ws: int,
                  ring_group: Any = None) -> dict[str, Any]:
     import ringreduce as rr
 
     model = make_model(args.layers, args.width, device)
     params = list(model.parameters())
-    clock = _GradClock(params)  # registered first: fires before any averaging hook
+    last_grad = [0.0]  # when the last gradient of the current backward was accumulated
+
+    def grad_ready(_p: torch.Tensor) -> None:
+        last_grad[0] = time.perf_counter()
+
+    clock = [p.register_post_accumulate_grad_hook(grad_ready) for p in params]  # before any averaging hook
     trained: nn.Module = model
     averager = None
     if name in ("ddp", "ddp-backend", "ddp+hook", "ddp-compress"):
@@ -148,10 +138,11 @@ def _run_variant(name: str, args: argparse.Namespace, device: torch.device, rank
         if step < args.warmup:
             continue
         times.append(t1 - t0)
-        tails.append(max(0.0, t_averaged - clock.last))
+        tails.append(max(0.0, t_averaged - last_grad[0]))
     if averager is not None:
         averager.remove()
-    clock.remove()
+    for handle in clock:
+        handle.remove()
     result: dict[str, Any] = {
         "variant": name,
         "median_ms": statistics.median(times) * 1e3,
@@ -168,12 +159,6 @@ def _mean_over_ranks(value: float, device: torch.device) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return float(t.item()) / dist.get_world_size()
-
-
-def _ringreduce_group() -> Any:
-    import ringreduce  # noqa: F401 - registers the backend "ringreduce"
-
-    return dist.new_group(backend="ringreduce")
 
 
 def run_rank(args: argparse.Namespace) -> int:
@@ -195,7 +180,7 @@ def run_rank(args: argparse.Namespace) -> int:
         raise SystemExit("the ddp-compress variant needs --wire-dtype bf16 or fp16")
     tolerance = WIRE_PARAM_TOL if args.wire_dtype else PARAM_TOL
     nparams = sum(p.numel() for p in make_model(args.layers, args.width, torch.device("meta")).parameters())
-    ring_group = _ringreduce_group() if "ddp-backend" in names else None
+    ring_group = dist.new_group(backend="ringreduce") if "ddp-backend" in names else None
     rows = []
     for name in names:
         r = _run_variant(name, args, device, rank, ws, ring_group)
@@ -232,10 +217,7 @@ def run_rank(args: argparse.Namespace) -> int:
                 "params": nparams,
                 "model": f"{args.layers} x Linear({args.width}, {args.width})",
                 "batch_per_rank": args.batch,
-                "steps": args.steps,
-                "warmup": args.warmup,
-                "bucket_cap_mb": args.bucket_cap_mb,
-                "wire_dtype": args.wire_dtype,
+                **{key: getattr(args, key) for key in ("steps", "warmup", "bucket_cap_mb", "wire_dtype")},
                 "param_tolerance": tolerance,
                 "torch_threads": torch.get_num_threads(),
                 "results_agree": agree,
@@ -277,12 +259,6 @@ def _in_group(args: argparse.Namespace) -> int:
         dist.destroy_process_group()
 
 
-def _child(args: argparse.Namespace, threads: int, env: dict[str, str]) -> None:
-    os.environ.update(env)
-    torch.set_num_threads(threads)
-    sys.exit(_in_group(args))
-
-
 def _resolve_backend(requested: str, nproc: int) -> str:
     """The backend for `nproc` local ranks: "auto" is NCCL with a GPU per rank, else gloo. NCCL runs one
     rank per GPU here (run_rank uses cuda:LOCAL_RANK): fewer GPUs than local ranks is refused."""
@@ -299,7 +275,7 @@ def _resolve_backend(requested: str, nproc: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark (spawning local ranks unless under torchrun); returns the exit code."""
-    from ringreduce.bench.launch import start_ranks, threads_per_rank, under_launcher
+    from ringreduce.bench.launch import spawn, threads_per_rank, under_launcher
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -309,18 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                                         if "LOCAL_WORLD_SIZE" in os.environ else 1)
         return _in_group(args)
     args.backend = _resolve_backend(args.backend, args.nproc)
-    procs = start_ranks(_child, (args, threads_per_rank(args.nproc)), args.nproc, "train_step")
-    while any(p.exitcode is None for p in procs):
-        if any(p.exitcode not in (None, 0) for p in procs):
-            time.sleep(5)  # a failed rank leaves the others blocked in a collective
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-            break
-        time.sleep(0.1)
-    for p in procs:
-        p.join()
-    return max((abs(p.exitcode) for p in procs if p.exitcode is not None), default=0)
+    return spawn(_in_group, args, args.nproc, "ringreduce.bench.train_step", threads_per_rank(args.nproc))
 
 
 if __name__ == "__main__":
