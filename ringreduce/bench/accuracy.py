@@ -1,6 +1,6 @@
-"""The error columns of ``--wire-dtype``: ||result - ref|| / ||ref|| against the float64 average (or sum).
-
-Every rank regenerates every rank's seeded inputs, so the reference needs no communication.
+"""The accuracy columns of ``--wire-dtype`` and ``--vs``: each implementation's result on random data
+against the float64 average (or sum). Every rank regenerates every rank's seeded inputs, so the
+reference needs no communication.
 """
 
 from __future__ import annotations
@@ -12,23 +12,25 @@ from ringreduce.bench.impls import Impl
 CHUNK = 1 << 22  # elements of float64 temporaries at a time
 
 
-def _inputs(rank: int, count: int, device: torch.device) -> torch.Tensor:
+def _inputs(rank: int, count: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     g = torch.Generator().manual_seed(4242 + rank)
-    return (torch.randn(count, generator=g) * (1 + rank)).to(device)
+    return (torch.randn(count, generator=g, dtype=torch.float64) * (1 + rank)).to(device=device, dtype=dtype)
 
 
-def relative_errors(impls: list[Impl], op: str, count: int, rank: int, world_size: int,
-                    device: torch.device) -> dict[str, float]:
-    """{name: relative L2 error} of each of `impls` reducing (`op`) `count` random float32s on `device`."""
+def accuracy(impls: list[Impl], op: str, count: int, rank: int, world_size: int, dtype: torch.dtype,
+             device: torch.device) -> dict[str, dict[str, float | int]]:
+    """{name: {"rel_error", "off"}} of each of `impls` reducing (`op`) this rank's `count` random
+    elements of `dtype` on `device`: the relative L2 error against the float64 result, and the elements
+    that differ from it rounded once to `dtype` (0: correctly rounded)."""
     results = {}
     for impl in impls:
-        t = _inputs(rank, count, device)
+        t = _inputs(rank, count, dtype, device)
         impl.enter()
         impl.run(t)
         results[impl.name] = t.cpu()
-    err2 = dict.fromkeys(results, 0.0)
+    everyone = [_inputs(r, count, dtype, torch.device("cpu")) for r in range(world_size)]
+    err2, off = dict.fromkeys(results, 0.0), dict.fromkeys(results, 0)
     ref2 = 0.0
-    everyone = [_inputs(r, count, torch.device("cpu")) for r in range(world_size)]
     for start in range(0, count, CHUNK):
         end = min(start + CHUNK, count)
         ref = sum(x[start:end].double() for x in everyone)
@@ -38,4 +40,5 @@ def relative_errors(impls: list[Impl], op: str, count: int, rank: int, world_siz
         for name, got in results.items():
             d = got[start:end].double() - ref
             err2[name] += float((d * d).sum())
-    return {name: (e / ref2) ** 0.5 if ref2 > 0 else 0.0 for name, e in err2.items()}
+            off[name] += int((got[start:end] != ref.to(dtype)).sum())
+    return {name: {"rel_error": (e / ref2) ** 0.5 if ref2 > 0 else 0.0, "off": off[name]} for name, e in err2.items()}

@@ -42,14 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """The tool's own arguments and those after ``--`` (for the module)."""
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    return argv, []
-
-
 def torchrun_argv(cluster: Cluster, host: int, ranks_per_host: int, module: str, args: list[str]) -> list[str]:
     """Host `host`'s torchrun agent: static rendezvous on host 0's address."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(cluster.hosts),
@@ -74,45 +66,35 @@ def run(cluster: Cluster, ranks_per_host: int, module: str, args: list[str], tim
     """Runs `module` `args` on every host of the built `cluster`; returns the worst exit code. torchrun's
     agents keep their logs in a folder of TMPDIR that they never remove: here one removed after the run."""
     with tempfile.TemporaryDirectory(prefix="rrc-torchrun-", ignore_cleanup_errors=True) as scratch:
-        return _run(cluster, ranks_per_host, module, args, timeout, out, dict(os.environ, TMPDIR=scratch))
-
-
-def _run(cluster: Cluster, ranks_per_host: int, module: str, args: list[str], timeout: float, out: TextIO,
-         env: dict[str, str]) -> int:
-    lock = threading.Lock()
-    procs, pumps = [], []
-    for host in range(cluster.hosts):
-        p = cluster.popen(host, torchrun_argv(cluster, host, ranks_per_host, module, args), env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        t = threading.Thread(target=_pump, args=(p.stdout, f"host{host}", out, lock), daemon=True)
-        t.start()
-        procs.append(p)
-        pumps.append(t)
-    deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in procs):
-        if time.monotonic() > deadline:
-            with lock:
-                out.write(f"{PROG}: the run exceeded --timeout {timeout:g} s; stopping it\n")
-            return 124
-        time.sleep(0.2)
-    for t in pumps:
-        t.join(timeout=5)
-    codes = [p.returncode for p in procs]
-    for host, code in enumerate(codes):
-        if code != 0:
-            out.write(f"{PROG}: host{host}'s torchrun exited {code}\n")
-    return max(codes, key=lambda c: (c != 0, abs(c)))
-
-
-def print_links(cluster: Cluster, out: TextIO) -> None:
-    out.write(f"# link counters (tbf, bytes with headers; {cluster.link} per host and direction)\n")
-    for host in range(cluster.hosts):
-        b = cluster.link_bytes(host)
-        out.write(f"#   host{host} ({cluster.addr(host)}): sent {b['sent']} B, received {b['received']} B\n")
+        env = dict(os.environ, TMPDIR=scratch)
+        lock = threading.Lock()
+        procs, pumps = [], []
+        for host in range(cluster.hosts):
+            p = cluster.popen(host, torchrun_argv(cluster, host, ranks_per_host, module, args), env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+            t = threading.Thread(target=_pump, args=(p.stdout, f"host{host}", out, lock), daemon=True)
+            t.start()
+            procs.append(p)
+            pumps.append(t)
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                with lock:
+                    out.write(f"{PROG}: the run exceeded --timeout {timeout:g} s; stopping it\n")
+                return 124
+            time.sleep(0.2)
+        for t in pumps:
+            t.join(timeout=5)
+        codes = [p.returncode for p in procs]
+        for host, code in enumerate(codes):
+            if code != 0:
+                out.write(f"{PROG}: host{host}'s torchrun exited {code}\n")
+        return max(codes, key=lambda c: (c != 0, abs(c)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    own, rest = split_argv(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     a = build_parser().parse_args(own)
     try:
         parse_rate(a.link)
@@ -145,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {PROG}: {a.hosts} host(s) x {a.ranks_per_host} rank(s), {a.link} links, "
               f"namespaces {cluster.prefix}-host0..{a.hosts - 1}, master {cluster.addr(0)}:{MASTER_PORT}", flush=True)
         code = run(cluster, a.ranks_per_host, a.module, rest, a.timeout)
-        print_links(cluster, sys.stdout)
+        print(f"# link counters (tbf, bytes with headers; {cluster.link} per host and direction)")
+        for host in range(cluster.hosts):
+            b = cluster.link_bytes(host)
+            print(f"#   host{host} ({cluster.addr(host)}): sent {b['sent']} B, received {b['received']} B")
     except ClusterRefused as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         code = 2

@@ -10,7 +10,6 @@ every rank removes its own (``remove_segment``).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any
 
@@ -18,19 +17,7 @@ import torch
 import torch.distributed as dist
 
 NAME = "deepspeed"
-INSTALL = "pip install deepspeed"
 _SEGMENT_PREFIX = "/dev/shm/deepspeed_allreduce_buffer"
-
-
-def available() -> bool:
-    """Whether deepspeed can be imported here."""
-    return importlib.util.find_spec("deepspeed") is not None
-
-
-def refusal() -> str:
-    """The one-line refusal of ``--vs deepspeed`` without DeepSpeed."""
-    return (f"ringreduce.bench: --vs deepspeed needs DeepSpeed, which this Python lacks: {INSTALL} "
-            "(an optional benchmark dependency; DS_ACCELERATOR=cpu is set by the bench)")
 
 
 class DeepSpeedColumn:
@@ -92,29 +79,3 @@ def remove_segment(rank: int) -> None:
     except FileNotFoundError:
         pass
 
-
-def _inputs(rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
-    g = torch.Generator().manual_seed(4242 + rank)
-    return (torch.randn(count, generator=g, dtype=torch.float64) * (1 + rank)).to(dtype)
-
-
-def exactness(impls: list[Any], op: str, count: int, rank: int, world_size: int,
-              dtype: torch.dtype) -> dict[str, dict[str, float | int]]:
-    """{name: {"rel_error", "off"}} of each of `impls` (bench.impls.Impl) reducing this rank's `count`
-    random elements of `dtype` (`op` "sum" or "avg"): the relative L2 error against the float64 result,
-    and the elements that differ from it rounded once to `dtype` (0: correctly rounded)."""
-    everyone = [_inputs(r, count, dtype).double() for r in range(world_size)]
-    ref = sum(everyone)
-    if op == "avg":
-        ref = ref / world_size
-    rounded = ref.to(dtype)
-    ref2 = float((ref * ref).sum())
-    out: dict[str, dict[str, float | int]] = {}
-    for impl in impls:
-        t = _inputs(rank, count, dtype)
-        impl.enter()
-        impl.run(t)
-        d = t.double() - ref
-        err = (float((d * d).sum()) / ref2) ** 0.5 if ref2 > 0 else 0.0
-        out[impl.name] = {"rel_error": err, "off": int((t != rounded).sum())}
-    return out

@@ -42,7 +42,6 @@ class Impl:
     run: Callable[[torch.Tensor], None]
     env: dict[str, str | None] = field(default_factory=dict)  # None removes the variable
     rtol: float = 0.0  # 0: results must be exact
-    is_ringreduce: bool = False
     column: Any = None  # --vs deepspeed: its DeepSpeedColumn (calls and fallbacks per size)
 
     def enter(self) -> None:
@@ -136,9 +135,9 @@ def build_impls(
     n = dist.get_world_size()
     user_check = os.environ.get("RINGREDUCE_CHECK")
     check_env: str | None = user_check if check is None else ("1" if check else "0")
-    impls = [Impl(RINGREDUCE, _ringreduce_call(op), {"RINGREDUCE_CHECK": check_env}, is_ringreduce=True)]
+    impls = [Impl(RINGREDUCE, _ringreduce_call(op), {"RINGREDUCE_CHECK": check_env})]
     if check_cost:
-        impls.append(Impl(RINGREDUCE_NOCHECK, _ringreduce_call(op), {"RINGREDUCE_CHECK": "0"}, is_ringreduce=True))
+        impls.append(Impl(RINGREDUCE_NOCHECK, _ringreduce_call(op), {"RINGREDUCE_CHECK": "0"}))
     rtol = stock_rtol(op, backend, dtype, n)
     impls.append(Impl(NCCL if backend == "nccl" else GLOO, _stock_call(op, backend, n, None), rtol=rtol))
     if wire is not None:
@@ -147,11 +146,10 @@ def build_impls(
         # The pattern's sums are exact in 16 bits, so ringreduce's wire is off by at most one rounding
         # (a 16-bit all-gather rounds the average once); the hook divides in 16 bits first: wider.
         impls.append(Impl(rr_name, _ringreduce_call(op, wire_dtype=wdt), {"RINGREDUCE_CHECK": check_env},
-                          rtol=float(torch.finfo(wdt).eps), is_ringreduce=True))
+                          rtol=float(torch.finfo(wdt).eps)))
         impls.append(Impl(ddp_name, _compress_hook_call(op, wdt), rtol=2.0 * n * torch.finfo(wdt).eps))
     for algo in algorithms:
-        impls.append(Impl(ALGORITHM_NAMES[algo], _ringreduce_call(op, algorithm=algo), {"RINGREDUCE_CHECK": check_env},
-                          is_ringreduce=True))
+        impls.append(Impl(ALGORITHM_NAMES[algo], _ringreduce_call(op, algorithm=algo), {"RINGREDUCE_CHECK": check_env}))
     if vs == "deepspeed":
         from ringreduce.bench.deepspeed_shm import NAME, DeepSpeedColumn
 

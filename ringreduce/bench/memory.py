@@ -2,51 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import resource
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def current_rss() -> int:
-    """Resident set size of this process now, in bytes."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except OSError:
-        return lifetime_peak_rss()
-
-
-def lifetime_peak_rss() -> int:
-    """Peak RSS of this process since it started (getrusage), in bytes."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
-
-
-def _read_hwm() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def reset_peak_rss() -> bool:
-    """Resets the kernel's peak-RSS mark (VmHWM) to the current RSS; False where unsupported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 @dataclass
@@ -59,6 +20,20 @@ class CallMemory:
     cuda_growth: int | None = None
 
 
+def _status_bytes(key: str) -> int | None:
+    """The /proc/self/status line `key` ("VmRSS:", "VmHWM:") in bytes; None where unreadable."""
+    try:
+        with open("/proc/self/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith(key)), None)
+    except OSError:
+        return None
+
+
+def _lifetime_peak_rss() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
 def measure_call(fn: Callable[[], None], device: torch.device) -> CallMemory:
     """Runs `fn` once and reports the memory it needed (see CallMemory)."""
     cuda = device.type == "cuda"
@@ -66,13 +41,16 @@ def measure_call(fn: Callable[[], None], device: torch.device) -> CallMemory:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         cuda_before = torch.cuda.memory_allocated(device)
-    exact = reset_peak_rss()
-    before = current_rss()
+    try:  # resets the kernel's peak-RSS mark (VmHWM) to the current RSS
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        exact = True
+    except OSError:
+        exact = False
+    before = _status_bytes("VmRSS:") or _lifetime_peak_rss()
     fn()
     if cuda:
         torch.cuda.synchronize(device)
-    peak = _read_hwm() if exact else None
-    if peak is None:
-        peak = lifetime_peak_rss()
+    peak = (_status_bytes("VmHWM:") if exact else None) or _lifetime_peak_rss()
     cuda_growth = torch.cuda.max_memory_allocated(device) - cuda_before if cuda else None
     return CallMemory(peak_rss=peak, rss_growth=max(0, peak - before), rss_exact=exact, cuda_growth=cuda_growth)

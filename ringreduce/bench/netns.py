@@ -20,7 +20,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -214,13 +213,13 @@ def _kill_group(p: subprocess.Popen[Any], grace: float = 5.0) -> None:
         return
     try:
         os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=grace)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and p.poll() is None:
-        time.sleep(0.05)
+    except subprocess.TimeoutExpired:
+        pass
     try:
-        os.killpg(p.pid, signal.SIGKILL)
+        os.killpg(p.pid, signal.SIGKILL)  # also what is left of the session once `p` is gone
     except ProcessLookupError:
         pass
     try:

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
-@dataclass(frozen=True)
-class DType:
+class DType(NamedTuple):
     """An element type the benchmark sweeps: its nccl-tests name and torch dtype."""
 
     name: str  # nccl-tests spelling: float, double, half, bfloat16, int8, uint8, int32, int64
     torch_dtype: torch.dtype
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element."""
-        return torch.empty(0, dtype=self.torch_dtype).element_size()
-
-    @property
-    def is_floating(self) -> bool:
-        """True for float, double, half and bfloat16."""
-        return self.torch_dtype.is_floating_point
 
 
 DTYPES: dict[str, DType] = {

@@ -60,7 +60,7 @@ def _switch_to(impl: Impl, previous: Impl | None, device: torch.device) -> Impl:
 def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: int) -> dict[str, Any]:
     """This rank's (`ctx`) measurements of `impls` at `size` bytes under `cfg`."""
     dtype = DTYPES[cfg.dtype].torch_dtype
-    count = size // DTYPES[cfg.dtype].itemsize
+    count = size // dtype.itemsize
     k = pattern_modulus(dtype, ctx.world_size)
     bufs = {}
     for impl in impls:
@@ -125,30 +125,18 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
         results[impl.name]["wrong"] = count_wrong(buf, ctx.world_size, k, cfg.op, impl.rtol)
     if cfg.loopback and ctx.device.type == "cuda":
         _time_loopback(cfg, ctx, count, dtype, k, iters, rounds, floor, source, results)
-    if cfg.wire_dtype is not None:
-        from ringreduce.bench.accuracy import relative_errors
+    if cfg.wire_dtype is not None or cfg.vs is not None:
+        from ringreduce.bench.accuracy import accuracy
 
-        compared = {RINGREDUCE, *wire_names(cfg.wire_dtype)}
-        errors = relative_errors([i for i in impls if i.name in compared], cfg.op, count, ctx.rank,
-                                 ctx.world_size, ctx.device)
-        for name, value in errors.items():
-            results[name]["rel_error"] = value
-    if cfg.vs is not None:
-        _vs_columns(cfg, ctx, impls, count, dtype, bufs, results)
-    return {"size": size, "count": count, "iters": iters, "rounds": rounds, "warmup": cfg.warmup, "impls": results}
-
-
-def _vs_columns(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], count: int, dtype: torch.dtype,
-                bufs: dict[str, torch.Tensor], results: dict[str, dict[str, Any]]) -> None:
-    """--vs deepspeed, untimed: every implementation's accuracy, DeepSpeed's ops, calls and fallbacks."""
-    from ringreduce.bench.deepspeed_shm import exactness
-
-    for name, value in exactness(impls, cfg.op, count, ctx.rank, ctx.world_size, dtype).items():
-        results[name].update(value)
+        # --vs: every implementation's error and elements off; --wire-dtype: the float32 and wire errors.
+        compared = impls if cfg.vs else [i for i in impls if i.name in (RINGREDUCE, *wire_names(cfg.wire_dtype))]
+        for name, value in accuracy(compared, cfg.op, count, ctx.rank, ctx.world_size, dtype, ctx.device).items():
+            results[name].update(value if cfg.vs else {"rel_error": value["rel_error"]})
     for impl in impls:
-        if impl.column is not None:
+        if impl.column is not None:  # --vs deepspeed, untimed: the ops one call ran, its calls and fallbacks
             results[impl.name]["profiled_ops"] = impl.column.profiled_ops(bufs[impl.name])
             results[impl.name]["calls"], results[impl.name]["fallback_calls"] = impl.column.counts()
+    return {"size": size, "count": count, "iters": iters, "rounds": rounds, "warmup": cfg.warmup, "impls": results}
 
 
 def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.dtype, k: int, iters: int,
@@ -232,8 +220,5 @@ def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]],
             rows.extend(size_rows)
             print(format_row(size_rows, layout), flush=True)
             _progress(cfg, index, len(cfg.sizes), size, started)
-    for impl in impls:
-        if impl.is_ringreduce:
-            impl.enter()  # leave RINGREDUCE_CHECK as the user had it
-            break
+    impls[0].enter()  # ringreduce's: leaves RINGREDUCE_CHECK as the user had it
     return (rows, stock) if ctx.rank == 0 else None
