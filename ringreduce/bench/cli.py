@@ -164,7 +164,8 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
             raise SystemExit("ringreduce.bench: --vs deepspeed compares CPU shared memory; use --backend gloo")
     increment = parse_size(args.stepbytes) if args.stepbytes is not None else None
     factor = None if increment is not None else (args.stepfactor or DEFAULT_FACTOR)
-    sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), factor, increment, dtype.torch_dtype.itemsize)
+    sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), factor, increment,
+                       dtype.torch_dtype.itemsize)
     if not sizes:
         raise SystemExit("ringreduce.bench: no size in the range holds a whole element")
     return BenchConfig(

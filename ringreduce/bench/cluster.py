@@ -1,11 +1,8 @@
 """``python -m ringreduce.bench.cluster``: the benchmark across simulated hosts on one machine.
 
-Builds H hosts (network namespaces with their own hostnames, joined by tbf-shaped links to one
-bridge: Note [The simulated cluster] in ringreduce/bench/netns.py), starts one torchrun agent per
-host (``--nnodes H --nproc-per-node P --node-rank i``, the master on host 0's address), runs
-``python -m ringreduce.bench ARGS`` (or ``--module M``) across them, prints every host's output
-prefixed ``[hostI]``, then the bytes each link carried, and removes every namespace, also on failure,
-Ctrl-C or SIGTERM. Root only: elsewhere it says why in one line and exits 2.
+One torchrun agent per host, every host's output prefixed ``[hostI]``, then the bytes each link carried;
+every namespace is removed, also on failure, Ctrl-C or SIGTERM (docs/design.md section 6; Note [The
+simulated cluster] in ringreduce/bench/netns.py). Root only: elsewhere it says why in one line and exits 2.
 """
 
 from __future__ import annotations

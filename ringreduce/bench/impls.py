@@ -105,13 +105,6 @@ def _ring_group(device: torch.device) -> dist.ProcessGroup:
     return group
 
 
-def stock_rtol(op: str, backend: str, dtype: torch.dtype, world_size: int) -> float:
-    """Tolerance for the stock result: NCCL's AVG multiplies by a rounded 1/n before summing."""
-    if op == "avg" and backend == "nccl" and dtype.is_floating_point:
-        return world_size * torch.finfo(dtype).eps
-    return 0.0
-
-
 def loopback_call(op: str, tensors: list[torch.Tensor]) -> Callable[[], None]:
     """One all-reduce of the one-GPU loopback driver (csrc/cuda/loopback_ring.h) over `tensors`, one per
     simulated rank; synchronous on the current stream."""
@@ -138,7 +131,8 @@ def build_impls(
     impls = [Impl(RINGREDUCE, _ringreduce_call(op), {"RINGREDUCE_CHECK": check_env})]
     if check_cost:
         impls.append(Impl(RINGREDUCE_NOCHECK, _ringreduce_call(op), {"RINGREDUCE_CHECK": "0"}))
-    rtol = stock_rtol(op, backend, dtype, n)
+    # NCCL's AVG multiplies by a rounded 1/n before summing: its result is within n eps.
+    rtol = n * torch.finfo(dtype).eps if op == "avg" and backend == "nccl" and dtype.is_floating_point else 0.0
     impls.append(Impl(NCCL if backend == "nccl" else GLOO, _stock_call(op, backend, n, None), rtol=rtol))
     if wire is not None:
         rr_name, ddp_name = wire_names(wire)

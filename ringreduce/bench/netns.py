@@ -165,17 +165,14 @@ class Cluster:
         return ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "sh", "-c",
                 'hostname "$0" && exec "$@"', self.hostname(host), *argv]
 
-    def host_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The environment of a host's processes: gloo and NCCL on the host's link."""
-        env = dict(os.environ if base is None else base)
-        env.update(GLOO_SOCKET_IFNAME=HOST_IF, NCCL_SOCKET_IFNAME=HOST_IF, TP_SOCKET_IFNAME=HOST_IF)
-        env.pop("RINGREDUCE_LOCAL_SIZE", None)  # the hosts are real nodes to ringreduce
-        return env
-
     def popen(self, host: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
               **kwargs: Any) -> subprocess.Popen[Any]:
-        """Starts `argv` on `host` in a session of its own (killed by ``down``)."""
-        p = subprocess.Popen(self.command(host, argv), env=self.host_env(env), start_new_session=True, **kwargs)
+        """Starts `argv` on `host` in a session of its own (killed by ``down``), gloo and NCCL on the
+        host's link."""
+        env = dict(os.environ if env is None else env)
+        env.update(GLOO_SOCKET_IFNAME=HOST_IF, NCCL_SOCKET_IFNAME=HOST_IF, TP_SOCKET_IFNAME=HOST_IF)
+        env.pop("RINGREDUCE_LOCAL_SIZE", None)  # the hosts are real nodes to ringreduce
+        p = subprocess.Popen(self.command(host, argv), env=env, start_new_session=True, **kwargs)
         self.procs.append(p)
         return p
 

@@ -43,20 +43,6 @@ def ratio_ticks(low: float, high: float) -> list[float]:
     return ticks if len(ticks) >= 3 else steps((1, 1.5, 2, 3, 5, 7))
 
 
-def _subtitle(doc: dict[str, Any]) -> str:
-    """Devices, world size, ringreduce's transport and the stock backend, named apart."""
-    how = doc["machine"].get("transport") if doc["ringreduce_transport"].startswith("nccl") else None
-    return f"{devices(doc['machine'])}; {doc['world_size']} ranks" + (f" ({how})" if how else "")
-
-
-def _target_label(target: dict[str, Any]) -> str:
-    first, last = format_size(target["first_size"]), format_size(target["last_size"])
-    where = first if first == last else f"{first}-{last}"
-    missed = ", ".join(format_size(s) for s in target["missed"])
-    verdict = f"missed at {missed}" if missed else "met"
-    return f"target <= {target['max_time_ratio']:g} at {where} ({verdict})"
-
-
 def read_plot_metadata(path: str) -> dict[str, Any]:
     """What write_plot drew into the PNG at `path`, from its metadata (needs Pillow)."""
     from PIL import Image
@@ -96,20 +82,22 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
     ax_bw.grid(True, which="major", alpha=0.35)
     ax_bw.legend(loc="upper left")
     first = rows[0]
+    how = doc["machine"].get("transport") if doc["ringreduce_transport"].startswith("nccl") else None
     title = (f"all_reduce {first['type']} {first['redop']}: ringreduce over {doc['ringreduce_transport_name']} "
-             f"vs torch.distributed {stock}\n{_subtitle(doc)}")
+             f"vs torch.distributed {stock}\n{devices(doc['machine'])}; {doc['world_size']} ranks"
+             + (f" ({how})" if how else ""))
     ax_bw.set_title("\n".join(textwrap.fill(line, 100) for line in title.split("\n")), fontsize=10)
-    ratio_sizes, ratios = [], []
-    for size in sizes:
-        value = time_ratio([row for row in rows if row["size"] == size], RINGREDUCE, stock)
-        if value is not None:
-            ratio_sizes.append(size)
-            ratios.append(value)
+    by_size = {size: time_ratio([row for row in rows if row["size"] == size], RINGREDUCE, stock) for size in sizes}
+    ratio_sizes = [size for size, value in by_size.items() if value is not None]
+    ratios = [by_size[size] for size in ratio_sizes]
     ax_ratio.plot(ratio_sizes, ratios, color="tab:red", marker="o", linewidth=1.5)
     ax_ratio.axhline(1.0, color="black", linewidth=0.8)
     targets = []
     for target in doc["targets"]:
-        label = _target_label(target)
+        first_size, last_size = format_size(target["first_size"]), format_size(target["last_size"])
+        missed = ", ".join(format_size(size) for size in target["missed"])
+        where = first_size if first_size == last_size else f"{first_size}-{last_size}"
+        label = f"target <= {target['max_time_ratio']:g} at {where} ({f'missed at {missed}' if missed else 'met'})"
         span = (target["first_size"] / 1.3, target["last_size"] * 1.3)  # visible even for a single size
         ax_ratio.plot(span, (target["max_time_ratio"],) * 2, color="tab:gray", linestyle="--", linewidth=1.2,
                       label=label)
@@ -117,8 +105,7 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
     if not targets:
         ax_ratio.text(0.01, 0.04, f"no target in {SOURCE} for ringreduce over {doc['ringreduce_transport_name']} "
                       f"at {doc['world_size']} ranks", transform=ax_ratio.transAxes, fontsize=7, color="dimgray")
-    ratio_label = f"time ratio\nringreduce / {stock}\nlower is better"
-    ax_ratio.set_ylabel(ratio_label)
+    ax_ratio.set_ylabel(f"time ratio\nringreduce / {stock}\nlower is better")
     ax_ratio.set_xlabel("message size (bytes, log scale)")
     ax_ratio.grid(True, alpha=0.35)
     if targets:

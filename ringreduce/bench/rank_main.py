@@ -27,6 +27,7 @@ def _init(cfg: BenchConfig) -> RankContext:
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = torch.device("cpu")
     if cfg.backend == "nccl":
         # Note [Ranks sharing a GPU] (gpu_map.py): rank r on GPU r % GPUs; more ranks than GPUs run
         # over NCCL's socket transport, on one host only.
@@ -38,10 +39,8 @@ def _init(cfg: BenchConfig) -> RankContext:
         os.environ.update(nccl_rank_env(rank, local_ranks, gpus))
         device = torch.device("cuda", rank_device(local_rank, gpus))
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=PG_TIMEOUT, device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=PG_TIMEOUT)
+    dist.init_process_group(cfg.backend, rank=rank, world_size=world_size, timeout=PG_TIMEOUT,
+                            device_id=device if device.type == "cuda" else None)
     return RankContext(rank=rank, world_size=world_size, device=device)
 
 
@@ -71,7 +70,6 @@ def _finish(cfg: BenchConfig, rows: list[dict[str, Any]], stock: str, machine: d
 
 
 def _banner(cfg: BenchConfig, machine: dict[str, Any]) -> str:
-    threads = f"torch threads {machine['torch_threads']}"
     iters = f"iters {cfg.iters}" if cfg.iters is not None else f"iters auto (~{cfg.seconds_per_size:g} s/size each)"
     check = {None: "default", True: "on", False: "off"}[cfg.check]
     if cfg.timing == "rounds":
@@ -80,7 +78,8 @@ def _banner(cfg: BenchConfig, machine: dict[str, Any]) -> str:
     else:
         method = f"timing: single barrier-aligned calls ({iters}); time = median per rank, mean over ranks"
     return (f"# ringreduce.bench all_reduce: {machine['world_size']} ranks, backend {cfg.backend}, launcher "
-            f"{cfg.launcher}, {threads}\n# {machine['cpu_model']} ({machine['cpu_cores']} cores)"
+            f"{cfg.launcher}, torch threads {machine['torch_threads']}"
+            f"\n# {machine['cpu_model']} ({machine['cpu_cores']} cores)"
             + (f", GPUs: {', '.join(machine['gpus'])}" if machine["gpus"] else "")
             + (f"\n# NCCL transport: {machine['transport']}" if machine.get("transport") else "")
             + f"\n# torch {machine['torch']}, NCCL {machine['nccl']}, ringreduce {machine['ringreduce']['version']}"

@@ -1,7 +1,5 @@
 """What every rank runs: for each size, memory probe, warm-up, timed rounds, the memcpy floor and
-correctness (the method: benchmarks/README.md "Timing method"). Implementations alternate by round
-(A B B A ...) so that drift hits all alike, with an untimed barrier before every round so that no rank
-still runs the previous round's calls. Rank 0 gathers every rank's numbers and prints as it goes.
+correctness (the method: benchmarks/README.md "Timing method"); rank 0 gathers and prints as it goes.
 """
 
 from __future__ import annotations
@@ -10,7 +8,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -46,15 +44,23 @@ def _interleaved(impls: list[Impl], round_index: int) -> list[Impl]:
     return impls if round_index % 2 == 0 else impls[::-1]
 
 
-def _switch_to(impl: Impl, previous: Impl | None, device: torch.device) -> Impl:
-    """Applies impl's environment, after an untimed barrier when the implementation changes; on GPUs
-    the previous calls' device work finishes first (the barrier orders host threads only)."""
-    if impl is not previous:
-        if previous is not None and device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dist.barrier()
-    impl.enter()
-    return impl
+def _single_calls(impls: list[Impl], calls: dict[str, Callable[[], None]], n: int,
+                  device: torch.device) -> dict[str, list[float]]:
+    """Seconds of each call of `n` rounds of one call per implementation, alternating (A B B A ...).
+    Where the implementation changes, its environment is applied after an untimed barrier; on GPUs the
+    previous calls' device work finishes first (the barrier orders host threads only)."""
+    timers = {impl.name: CallTimer(device) for impl in impls}
+    previous = None
+    for i in range(n):
+        for impl in _interleaved(impls, i):
+            if impl is not previous:
+                if previous is not None and device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                dist.barrier()
+            impl.enter()
+            previous = impl
+            timers[impl.name].time(calls[impl.name])
+    return {name: timer.seconds() for name, timer in timers.items()}
 
 
 def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: int) -> dict[str, Any]:
@@ -62,28 +68,20 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
     dtype = DTYPES[cfg.dtype].torch_dtype
     count = size // dtype.itemsize
     k = pattern_modulus(dtype, ctx.world_size)
-    bufs = {}
-    for impl in impls:
-        bufs[impl.name] = torch.empty(count, dtype=dtype, device=ctx.device)
-        fill_pattern(bufs[impl.name], ctx.rank, k)
-    results: dict[str, dict[str, Any]] = {impl.name: {} for impl in impls}
-
+    bufs = {impl.name: torch.empty(count, dtype=dtype, device=ctx.device) for impl in impls}
+    calls = {impl.name: (lambda impl=impl: impl.run(bufs[impl.name])) for impl in impls}
+    for buf in bufs.values():
+        fill_pattern(buf, ctx.rank, k)
+    results: dict[str, dict[str, Any]] = {}
     probe_s = {}
     for impl in impls:
         impl.enter()
         t0 = time.perf_counter()
-        mem = measure_call(lambda impl=impl: impl.run(bufs[impl.name]), ctx.device)
+        results[impl.name] = asdict(measure_call(calls[impl.name], ctx.device))
         probe_s[impl.name] = time.perf_counter() - t0
-        results[impl.name].update(peak_rss=mem.peak_rss, rss_growth=mem.rss_growth, rss_exact=mem.rss_exact,
-                                  cuda_growth=mem.cuda_growth)
 
-    warm = {impl.name: CallTimer(ctx.device) for impl in impls}
-    previous = None
-    for w in range(cfg.warmup):
-        for impl in _interleaved(impls, w):
-            previous = _switch_to(impl, previous, ctx.device)
-            warm[impl.name].time(lambda impl=impl: impl.run(bufs[impl.name]))
-    estimates = [statistics.median(warm[i.name].seconds()) if cfg.warmup else probe_s[i.name] for i in impls]
+    warm = _single_calls(impls, calls, cfg.warmup, ctx.device)
+    estimates = [statistics.median(warm[i.name]) if cfg.warmup else probe_s[i.name] for i in impls]
     rounds = cfg.rounds if cfg.timing == "rounds" else 1
     if cfg.iters is not None:
         iters = cfg.iters
@@ -102,16 +100,10 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
                     torch.cuda.synchronize(ctx.device)
                 dist.barrier()  # untimed: every rank starts the round together
                 impl.enter()
-                per_call[impl.name].append(time_round(lambda impl=impl: impl.run(bufs[impl.name]), iters, ctx.device))
+                per_call[impl.name].append(time_round(calls[impl.name], iters, ctx.device))
             floor_s.append(time_round(lambda: floor.copy_(source), iters, ctx.device))
     else:
-        timers = {impl.name: CallTimer(ctx.device) for impl in impls}
-        previous = None
-        for it in range(iters):
-            for impl in _interleaved(impls, it):
-                previous = _switch_to(impl, previous, ctx.device)
-                timers[impl.name].time(lambda impl=impl: impl.run(bufs[impl.name]))
-        per_call = {impl.name: timers[impl.name].seconds() for impl in impls}
+        per_call = _single_calls(impls, calls, iters, ctx.device)
         floor_s.append(time_round(lambda: floor.copy_(source), iters, ctx.device))
     for impl in impls:
         results[impl.name].update(summarize(per_call[impl.name]))

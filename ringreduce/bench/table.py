@@ -77,54 +77,42 @@ def header(layout: Layout) -> list[str]:
     return [names, cols, units.rstrip()]
 
 
-def _error(row: dict[str, Any] | None) -> str:
-    value = row.get("rel_error") if row else None
-    return f"{value:9.2e}" if value is not None else _NA
-
-
 def _ratio(value: float | None) -> str:
     return f"{value:9.3f}" if value is not None else _NA
 
 
 def _extra_value(extra: str, rows: list[dict[str, Any]], layout: Layout) -> str:
     by_impl = {row["impl"]: row for row in rows}
-    if layout.wire is not None and extra in ("wire/f32", "err-f32", "err-wire", "err-ddp"):
-        rr_wire, ddp_wire = wire_names(layout.wire)
-        if extra == "wire/f32":
-            return _ratio(time_ratio(rows, rr_wire, RINGREDUCE))
-        return _error(by_impl.get({"err-f32": RINGREDUCE, "err-wire": rr_wire, "err-ddp": ddp_wire}[extra]))
-    if extra in _VS_COLUMNS:
-        return _vs_value(extra, rows)
-    algo = {algorithm_ratio_name(name, layout.stock): name for name in layout.algorithm_impls}.get(extra)
-    if extra == "ratio" or algo is not None:
-        return _ratio(time_ratio(rows, algo or RINGREDUCE, layout.stock))
+    rr = by_impl.get(RINGREDUCE, {})
+    rr_wire, ddp_wire = wire_names(layout.wire) if layout.wire is not None else ("", "")
+    ratios = {"ratio": (RINGREDUCE, layout.stock), "wire/f32": (rr_wire, RINGREDUCE), "rr/ds": (RINGREDUCE, DEEPSPEED)}
+    ratios.update({algorithm_ratio_name(name, layout.stock): (name, layout.stock) for name in layout.algorithm_impls})
+    if extra in ratios:
+        return _ratio(time_ratio(rows, *ratios[extra]))
+    errors = {"err-f32": RINGREDUCE, "err-wire": rr_wire, "err-ddp": ddp_wire,
+              "err-rr": RINGREDUCE, "err-ds": DEEPSPEED}
+    if extra in errors:
+        value = by_impl.get(errors[extra], {}).get("rel_error")
+        return f"{value:9.2e}" if value is not None else _NA
+    if extra in ("off-rr", "off-ds", "ds-fb"):
+        value = by_impl.get(DEEPSPEED if extra != "off-rr" else RINGREDUCE, {}).get(
+            "fallback_calls" if extra == "ds-fb" else "off")
+        return f"{value:>9}" if value is not None else _NA
+    floor = rows[0]["floor_us"]
     if extra == "floor(us)":
-        return f"{rows[0]['floor_us']:9.1f}"
+        return f"{floor:9.1f}"
     if extra == "/floor":
-        floor = rows[0]["floor_us"]
-        return f"{by_impl[RINGREDUCE]['time_us'] / floor:9.2f}" if floor > 0 and RINGREDUCE in by_impl else _NA
+        return f"{rr['time_us'] / floor:9.2f}" if floor > 0 and rr else _NA
     if extra == "check(us)":
-        return f"{by_impl[RINGREDUCE]['time_us'] - by_impl[RINGREDUCE_NOCHECK]['time_us']:9.1f}"
+        return f"{rr['time_us'] - by_impl[RINGREDUCE_NOCHECK]['time_us']:9.1f}"
     if extra in ("loop(us)", "loop-eff"):
-        row = by_impl.get(RINGREDUCE, {})
-        if row.get("loopback_us") is None:
+        if rr.get("loopback_us") is None:
             return _NA
         if extra == "loop(us)":
-            return f"{row['loopback_us']:9.1f}"
-        return f"{loopback_efficiency(row['loopback_us'], row['loopback_ideal_us']):9.2f}"
+            return f"{rr['loopback_us']:9.1f}"
+        return f"{loopback_efficiency(rr['loopback_us'], rr['loopback_ideal_us']):9.2f}"
     ring = by_impl[NCCL_RING]["busbw_gbs"]
-    return f"{100.0 * by_impl[RINGREDUCE]['busbw_gbs'] / ring:8.1f}%" if ring > 0 else _NA
-
-
-def _vs_value(extra: str, rows: list[dict[str, Any]]) -> str:
-    by_impl = {row["impl"]: row for row in rows}
-    if extra == "rr/ds":
-        return _ratio(time_ratio(rows, RINGREDUCE, DEEPSPEED))
-    if extra in ("err-rr", "err-ds"):
-        return _error(by_impl.get(RINGREDUCE if extra == "err-rr" else DEEPSPEED))
-    key = "fallback_calls" if extra == "ds-fb" else "off"
-    value = by_impl.get(DEEPSPEED if extra != "off-rr" else RINGREDUCE, {}).get(key)
-    return f"{value:>9}" if value is not None else _NA
+    return f"{100.0 * rr['busbw_gbs'] / ring:8.1f}%" if ring > 0 else _NA
 
 
 def format_row(rows: list[dict[str, Any]], layout: Layout) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -17,47 +18,38 @@ class CallTimer:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._cuda = device.type == "cuda"
-        self._host: list[float] = []
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._spans: list[Any] = []  # seconds on the host clock, or (start, end) CUDA events
 
     def time(self, fn: Callable[[], None]) -> None:
         """Runs fn once and records its duration."""
-        if self._cuda:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
-            self._events.append((start, end))
+            self._spans.append((start, end))
         else:
             t0 = time.perf_counter()
             fn()
-            self._host.append(time.perf_counter() - t0)
+            self._spans.append(time.perf_counter() - t0)
 
     def seconds(self) -> list[float]:
         """Durations in seconds of every timed call so far (synchronizes the device on CUDA)."""
-        if self._cuda:
+        if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            return [s.elapsed_time(e) / 1e3 for s, e in self._events]
-        return list(self._host)
+            return [s.elapsed_time(e) / 1e3 for s, e in self._spans]
+        return list(self._spans)
 
 
 def time_round(fn: Callable[[], None], iters: int, device: torch.device) -> float:
     """Seconds per call of `iters` back-to-back calls of fn, timed together."""
-    if device.type == "cuda":
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
+    def calls() -> None:
         for _ in range(iters):
             fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / iters
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters
+
+    timer = CallTimer(device)
+    timer.time(calls)
+    return timer.seconds()[0] / iters
 
 
 def summarize(seconds: list[float]) -> dict[str, float]:

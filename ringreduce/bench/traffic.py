@@ -1,9 +1,8 @@
 """Cross-node traffic of the flat and the hierarchical ring: ``python -m ringreduce.bench.traffic``.
 
-Reports the payload bytes each rank sent across a node boundary (the CPU transport's counters) next to
-the analytic counts of docs/algorithm.md. Nodes come from the launcher (GROUP_RANK / LOCAL_WORLD_SIZE)
-or are simulated with ``--local-size``. With ``--link-dev DEV`` (simulated hosts) local rank 0 of every
-node also reads the bytes DEV's tbf counters saw leave the node, next to the model's payload.
+The payload bytes each rank sent across a node boundary (the CPU transport's counters) next to the
+analytic counts of docs/algorithm.md; nodes from the launcher or ``--local-size``, and with ``--link-dev``
+what each node's link carried (docs/design.md section 6).
 """
 
 from __future__ import annotations

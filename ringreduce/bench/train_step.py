@@ -1,14 +1,8 @@
-"""Training-step benchmark: time per step of a ~25M-parameter model under each way to average.
-
-Every variant trains the same model (Linear layers, identical seeds, SGD); the table has the median step
-time over ranks: ``local`` (no communication), ``ddp``, ``ddp+hook`` (``ringreduce.ddp_comm_hook``),
-``ddp-backend`` (stock DDP over a group of backend "ringreduce"), ``averager`` (GradientAverager),
-``loop-gloo``/``loop-rr`` (backward, then ``dist.all_reduce`` + ``div_`` / ``all_reduce_avg`` per grad),
-``coalesced`` (one ``all_reduce_coalesced``) and, with ``--wire-dtype``, ``ddp-compress`` (torch's
-compress hook). ``tail`` (host clock) runs from the last gradient's accumulation (a hook registered
-before any averaging hook) until every gradient is averaged: the communication backward did not absorb;
-``exposed`` = step - ``local`` step. The averaging variants' final parameters must agree (PARAM_TOL,
-WIRE_PARAM_TOL with a 16-bit wire), else the exit code is 1.
+"""Training-step benchmark: time per step of a ~25M-parameter model under each way to average
+(benchmarks/README.md "Training step"), and ``ddp-backend`` (stock DDP over a group of backend
+"ringreduce") and, with ``--wire-dtype``, ``ddp-compress`` (torch's compress hook). ``tail`` starts at a
+hook registered before any averaging hook. The averaging variants' final parameters must agree
+(PARAM_TOL, WIRE_PARAM_TOL with a 16-bit wire), else the exit code is 1.
 """
 
 from __future__ import annotations
@@ -193,17 +187,12 @@ def run_rank(args: argparse.Namespace) -> int:
     for r in rows:
         r["exposed_ms"] = r["median_ms"] - local_ms if local_ms is not None and r["variant"] != "local" else None
         r["vs_ddp"] = r["median_ms"] / ddp_ms if ddp_ms else None
-    agree = True
-    reference = None
-    for r in rows:
-        final = r.pop("final_params")
-        if final is None:
-            continue
-        if reference is None:
-            reference, r["max_param_diff"] = final, 0.0
-            continue
-        r["max_param_diff"] = float((final - reference).abs().max())
-        agree = agree and r["max_param_diff"] <= tolerance
+    finals = [(r, r.pop("final_params")) for r in rows]
+    reference = next((final for _, final in finals if final is not None), None)
+    for r, final in finals:
+        if final is not None:
+            r["max_param_diff"] = float((final - reference).abs().max())
+    agree = all(r.get("max_param_diff", 0.0) <= tolerance for r in rows)
     agree = _mean_over_ranks(float(agree), device) == 1.0
     if rank == 0:
         _print(rows, args, ws, nparams, device, agree)
