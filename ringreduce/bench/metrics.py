@@ -104,6 +104,13 @@ def time_ratio(rows: list[dict[str, Any]], numerator: str, denominator: str) -> 
     return by_impl[numerator]["time_us"] / by_impl[denominator]["time_us"]
 
 
+def ratios_by_size(rows: list[dict[str, Any]], numerator: str, denominator: str) -> dict[int, float]:
+    """time(numerator) / time(denominator) at each size of `rows` (in their order) where both ran."""
+    ratios = {size: time_ratio([row for row in rows if row["size"] == size], numerator, denominator)
+              for size in dict.fromkeys(row["size"] for row in rows)}
+    return {size: value for size, value in ratios.items() if value is not None}
+
+
 def average_busbw(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Average busbw over the sweep, per implementation (the nccl-tests footer)."""
     out: dict[str, list[float]] = {}

@@ -12,7 +12,7 @@ from typing import Any
 
 from ringreduce.bench.impls import RINGREDUCE
 from ringreduce.bench.machine import devices
-from ringreduce.bench.metrics import time_ratio
+from ringreduce.bench.metrics import ratios_by_size
 from ringreduce.bench.sizes import format_size
 from ringreduce.bench.targets import SOURCE, provenance_line
 
@@ -87,8 +87,8 @@ def write_plot(doc: dict[str, Any], path: str) -> None:
              f"vs torch.distributed {stock}\n{devices(doc['machine'])}; {doc['world_size']} ranks"
              + (f" ({how})" if how else ""))
     ax_bw.set_title("\n".join(textwrap.fill(line, 100) for line in title.split("\n")), fontsize=10)
-    by_size = {size: time_ratio([row for row in rows if row["size"] == size], RINGREDUCE, stock) for size in sizes}
-    ratio_sizes = [size for size, value in by_size.items() if value is not None]
+    by_size = ratios_by_size(rows, RINGREDUCE, stock)
+    ratio_sizes = sorted(by_size)
     ratios = [by_size[size] for size in ratio_sizes]
     ax_ratio.plot(ratio_sizes, ratios, color="tab:red", marker="o", linewidth=1.5)
     ax_ratio.axhline(1.0, color="black", linewidth=0.8)

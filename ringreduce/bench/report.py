@@ -8,7 +8,7 @@ from typing import Any
 
 from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.impls import RINGREDUCE
-from ringreduce.bench.metrics import average_busbw, time_ratio
+from ringreduce.bench.metrics import average_busbw, ratios_by_size
 from ringreduce.bench.targets import TRANSPORT_NAMES, provenance, ringreduce_transport, targets_for
 
 SCHEMA = "ringreduce.bench.allreduce/3"
@@ -60,11 +60,7 @@ def build_report(
 ) -> dict[str, Any]:
     """The JSON document: every row, per-size ratios, average busbw per implementation, ringreduce's
     transport with the design's targets for it (ringreduce.bench.targets) and the provenance."""
-    ratios = {}
-    for size in sorted({row["size"] for row in rows}):
-        value = time_ratio([row for row in rows if row["size"] == size], RINGREDUCE, stock)
-        if value is not None:
-            ratios[str(size)] = value
+    ratios = {str(size): value for size, value in sorted(ratios_by_size(rows, RINGREDUCE, stock).items())}
     doc = {
         "schema": SCHEMA,
         "command": list(cfg.command),

@@ -14,7 +14,7 @@ from ringreduce.bench.impls import (
     algorithm_ratio_name,
     wire_names,
 )
-from ringreduce.bench.metrics import average_busbw, loopback_efficiency, time_ratio
+from ringreduce.bench.metrics import average_busbw, loopback_efficiency, ratios_by_size, time_ratio
 from ringreduce.bench.sizes import format_size
 
 _KEY = "{:>12} {:>12} {:>8} {:>6}"
@@ -139,21 +139,16 @@ def footer(rows: list[dict[str, Any]], layout: Layout, highlight: tuple[int, ...
         "# Avg bus bandwidth    : " + "  ".join(f"{name} {avg[name]:.4g}" for name in layout.impls if name in avg)
         + "  (GB/s)",
     ]
-    ratios = []
-    for size in highlight:
-        size_rows = [row for row in rows if row["size"] == size]
-        value = time_ratio(size_rows, RINGREDUCE, layout.stock) if size_rows else None
-        if value is not None:
-            ratios.append(f"{format_size(size)} {value:.3f}")
-    if ratios:
-        lines.append(f"# Time ratio {RINGREDUCE}/{layout.stock}: " + "  ".join(ratios)
+    rr = ratios_by_size(rows, RINGREDUCE, layout.stock)
+    if any(size in rr for size in highlight):
+        lines.append(f"# Time ratio {RINGREDUCE}/{layout.stock}: "
+                     + "  ".join(f"{format_size(size)} {rr[size]:.3f}" for size in highlight if size in rr)
                      + "  (docs/design.md section 5 targets)")
     for name in (*layout.algorithm_impls, *(wire_names(layout.wire) if layout.wire else ())):
-        per_size = [(size, time_ratio([r for r in rows if r["size"] == size], name, layout.stock))
-                    for size in dict.fromkeys(r["size"] for r in rows)]
-        if any(v is not None for _, v in per_size):
+        per_size = ratios_by_size(rows, name, layout.stock)
+        if per_size:
             lines.append(f"# Time ratio {name}/{layout.stock}: "
-                         + "  ".join(f"{format_size(s)} {v:.3f}" for s, v in per_size if v is not None))
+                         + "  ".join(f"{format_size(s)} {v:.3f}" for s, v in per_size.items()))
     ds = [row for row in rows if row["impl"] == DEEPSPEED and "fallback_calls" in row]
     if ds:
         fell = sum(row["fallback_calls"] for row in ds)
