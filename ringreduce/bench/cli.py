@@ -192,7 +192,7 @@ def _has_shm() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns the exit code (1 if any result was wrong)."""
-    from ringreduce.bench.launch import spawn, threads_per_rank, under_launcher
+    from ringreduce.bench.launch import spawn, under_launcher
     from ringreduce.bench.rank_main import run_rank
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -218,11 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     if nproc < 2:
         raise SystemExit("ringreduce.bench: --nproc must be >= 2")
     if cfg.vs is None or "TORCH_EXTENSIONS_DIR" in os.environ:
-        return spawn(run_rank, cfg, nproc, "ringreduce.bench", threads_per_rank(nproc))
+        return spawn(run_rank, cfg, nproc, "ringreduce.bench")
     # DeepSpeed JIT-builds its shm op: into a folder of this run, removed afterwards.
     with tempfile.TemporaryDirectory(prefix="rr_bench_ds_") as ext:
         os.environ["TORCH_EXTENSIONS_DIR"] = ext
         try:
-            return spawn(run_rank, cfg, nproc, "ringreduce.bench", threads_per_rank(nproc))
+            return spawn(run_rank, cfg, nproc, "ringreduce.bench")
         finally:
             del os.environ["TORCH_EXTENSIONS_DIR"]

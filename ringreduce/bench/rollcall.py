@@ -19,14 +19,10 @@ _KEY = "ringreduce/rollcall/{rank}"
 _HOST_GRACE_S = 3.0
 
 
-def _node_of(rank: int) -> int | None:
-    local_world = os.environ.get("LOCAL_WORLD_SIZE")
-    return rank // int(local_world) if local_world and local_world.isdigit() and int(local_world) > 0 else None
-
-
 def describe_missing(missing: list[int], joined: dict[int, str], world_size: int, seconds: float) -> str:
     """The error for ranks `missing` of `world_size` after `seconds`; `joined`: rank -> "host (node k)"."""
-    nodes = sorted({n for n in (_node_of(r) for r in missing) if n is not None})
+    local_world = os.environ.get("LOCAL_WORLD_SIZE", "")
+    nodes = sorted({r // int(local_world) for r in missing}) if local_world.isdigit() and int(local_world) > 0 else []
     where = f" (node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))} by the launcher's numbering, " \
             f"LOCAL_WORLD_SIZE {os.environ.get('LOCAL_WORLD_SIZE')})" if nodes else ""
     hosts: dict[str, list[int]] = {}

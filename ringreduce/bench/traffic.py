@@ -106,8 +106,8 @@ def run_rank(args: argparse.Namespace) -> dict[str, Any] | None:
     return {"ranks": gathered, "nodes": nodes, "local_size": layout.local_size, "numel": numel} if rank == 0 else None
 
 
-def report(res: dict[str, Any], args: argparse.Namespace, size: int) -> tuple[str, dict[str, Any]]:
-    ranks = res["ranks"]
+def report(res: dict[str, Any], args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    ranks, size = res["ranks"], args.size
     n = len(ranks)
     local = res["local_size"] or n
     nodes = sorted(set(res["nodes"]))
@@ -162,7 +162,7 @@ def _in_group(args: argparse.Namespace) -> int:
         dist.destroy_process_group()
     if res is None:
         return 0  # not rank 0
-    text, summary = report(res, args, args.size)
+    text, summary = report(res, args)
     print(text, flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -264,7 +264,7 @@ def _resolve_backend(requested: str, nproc: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark (spawning local ranks unless under torchrun); returns the exit code."""
-    from ringreduce.bench.launch import spawn, threads_per_rank, under_launcher
+    from ringreduce.bench.launch import spawn, under_launcher
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                                         if "LOCAL_WORLD_SIZE" in os.environ else 1)
         return _in_group(args)
     args.backend = _resolve_backend(args.backend, args.nproc)
-    return spawn(_in_group, args, args.nproc, "ringreduce.bench.train_step", threads_per_rank(args.nproc))
+    return spawn(_in_group, args, args.nproc, "ringreduce.bench.train_step")
 
 
 if __name__ == "__main__":
