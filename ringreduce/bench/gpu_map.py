@@ -30,9 +30,7 @@ def gpu_world_size(environ: Mapping[str, str], gpus: int) -> int:
         if value < 1:
             raise ValueError(f"{GPU_WORLD_VAR}={value} must be >= 1")
         return value if gpus > 0 else 0
-    if gpus <= 0:
-        return 0
-    return gpus if gpus >= 2 else 2
+    return max(gpus, 2) if gpus > 0 else 0
 
 
 def rank_device(local_rank: int, gpus: int) -> int:
