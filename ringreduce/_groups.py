@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import threading
@@ -36,10 +37,6 @@ class GroupInfo:
             hit = (self.pg, dist.distributed_c10d._get_process_group_store(self.pg))
             _stores[id(self.pg)] = hit
         return hit[1]
-
-    def member_ranks(self) -> tuple[int, ...]:
-        """The ring's ranks in `pg`, explicitly."""
-        return self.members if self.members else tuple(range(self.size))
 
 
 _warned_non_member: set[int] = set()
@@ -159,34 +156,27 @@ _resolved: dict[int, tuple[Any, GroupInfo]] = {}
 _stores: dict[int, tuple[Any, Any]] = {}
 
 
-def forget_groups() -> None:
-    """Drops the cached GroupInfos and their process groups (at interpreter exit, see __init__), and the
-    plans of repeated calls that hold them (Note [Fast path of a repeated call] in _fastpath.py)."""
-    _fastpath.forget()
-    with _resolved_lock:
-        _resolved.clear()
-        _stores.clear()
-
-
 def set_store(pg: Any, store: Any) -> None:
     """Records the store of a process group that torch's tables do not know (a backend's inner group)."""
     with _resolved_lock:
         _stores[id(pg)] = (pg, store)
 
 
-def forget_ring(ring: GroupInfo) -> None:
-    """Drops every cached entry that refers to `ring`'s process group (being destroyed), and every plan
-    of a repeated call (Note [Fast path of a repeated call] in _fastpath.py)."""
+def forget_ring(ring: GroupInfo | None = None) -> None:
+    """Drops every plan of a repeated call (Note [Fast path of a repeated call] in _fastpath.py) and
+    every cached entry that refers to `ring`'s process group (being destroyed); with None, every
+    cached GroupInfo and its process group (at interpreter exit, see __init__)."""
     _fastpath.forget()
+    pg = None if ring is None else ring.pg
     with _resolved_lock:
         for key, (_, info) in list(_resolved.items()):
-            if info.pg is ring.pg:
+            if pg is None or info.pg is pg:
                 del _resolved[key]
-        hit = _stores.get(id(ring.pg))
-        if hit is not None and hit[0] is ring.pg:
-            del _stores[id(ring.pg)]
+        for key, (held, _) in list(_stores.items()):
+            if pg is None or held is pg:
+                del _stores[key]
     with _layout_lock:
-        for key in [k for k in _layouts if k[0] == id(ring.pg)]:
+        for key in [k for k in _layouts if pg is None or k[0] == id(pg)]:
             del _layouts[key]
 
 
@@ -246,7 +236,7 @@ def node_layout(info: GroupInfo) -> NodeLayout:
         cached = _layouts.get(key)
     if cached is not None:
         return cached
-    ring = info.member_ranks()
+    ring = info.members or tuple(range(info.size))
     if info.global_ranks:
         global_ranks = [info.global_ranks[r] for r in ring]
     elif info.pg is dist.group.WORLD:
@@ -255,9 +245,7 @@ def node_layout(info: GroupInfo) -> NodeLayout:
         global_ranks = [dist.get_global_rank(info.pg, r) for r in ring]
     nodes = _node_of_global_ranks(global_ranks)
     order = sorted(range(len(ring)), key=lambda i: (nodes[i], global_ranks[i]))
-    counts: dict[int, int] = {}
-    for nd in nodes:
-        counts[nd] = counts.get(nd, 0) + 1
+    counts = collections.Counter(nodes)
     sizes = set(counts.values())
     uniform = len(sizes) == 1
     layout = NodeLayout(

@@ -41,17 +41,13 @@ class Work:
         result: list[torch.Tensor],
         *,
         describe: str = "ringreduce call",
-        finalize: Callable[[], None] | None = None,
-        future: torch.futures.Future | None = None,
         on_interrupt: Callable[[], None] | None = None,
         stream_wait: bool = False,
     ) -> None:
         self._handle = handle
         self._result = result
         self._describe = describe
-        self._finalize = finalize
-        self._finalized = handle is None
-        self._future = future
+        self._future: torch.futures.Future | None = None
         # What Ctrl-C during wait() does (Note [Ctrl-C] in ringreduce/_interrupt.py); its presence
         # makes host waits wait in slices. stream_wait (CUDA): wait() without a timeout only orders
         # the current stream and never blocks the host, so only a timed wait is sliced.
@@ -105,10 +101,6 @@ class Work:
                     f"{timeout}; the ring is still running in the background"
                 )
             self._raise_if_failed()
-        if not self._finalized:
-            self._finalized = True
-            if self._finalize is not None:
-                self._finalize()
         return True
 
     def is_completed(self) -> bool:

@@ -110,10 +110,7 @@ def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, 
 def _wait_for_key(store: Any, key: str, what: str) -> None:
     """Waits until `key` is in `store` (DistStoreError saying `what` after the store's timeout), polling:
     ``store.get`` would block out of Ctrl-C's reach (Note [Ctrl-C] in ringreduce/_interrupt.py)."""
-    try:
-        limit_s = store.timeout.total_seconds()
-    except Exception:  # noqa: BLE001 - a store without a timeout: torch's default
-        limit_s = 300.0
+    limit_s = _store_timeout_s(store, 300.0)  # without one: torch's default
     deadline = time.monotonic() + limit_s
     pause = 0.001  # rank 0 usually published already: check again soon, then every half slice
     while not store.check([key]):
@@ -126,14 +123,11 @@ def _wait_for_key(store: Any, key: str, what: str) -> None:
         pause = min(2 * pause, SLICE_MS / 2000.0)
 
 
-def _connect_timeout_ms(op_timeout_ms: int, store: Any) -> int:
-    """Communicator init and first connections: at least the store's timeout (NCCL init of many GPUs
-    can take longer than a short RINGREDUCE_TIMEOUT)."""
+def _store_timeout_s(store: Any, default: float) -> float:
     try:
-        store_ms = int(store.timeout.total_seconds() * 1000)
+        return store.timeout.total_seconds()
     except Exception:  # noqa: BLE001 - a store without a timeout
-        store_ms = 0
-    return max(op_timeout_ms, store_ms)
+        return default
 
 
 def communicator(info: GroupInfo, device: torch.device) -> Any:
@@ -186,7 +180,9 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
                 timeout_ms,
                 f"ringreduce {label} on cuda:{device.index} (generation {generation})",
                 0,  # staging: the default (kGpuStagingBytes)
-                _connect_timeout_ms(timeout_ms, store),
+                # init and first connections: at least the store's timeout (NCCL init of many GPUs can
+                # take longer than a short RINGREDUCE_TIMEOUT)
+                max(timeout_ms, int(_store_timeout_s(store, 0.0) * 1000)),
                 lane_ids=ids[1:],
             )
         except KeyboardInterrupt:
@@ -284,8 +280,6 @@ def cuda_all_reduce(
     run in one shot (Note [GPU one-shot all-reduce]). `wire`, `predivide`, `extra_divisor`: Note
     [Reduction contract] in csrc/core/functors.h. Raises DistBackendError on NCCL failures and timeouts.
     """
-    if not tensor.is_cuda:
-        raise ValueError(f"ringreduce: cuda_all_reduce needs a CUDA tensor, got one on {tensor.device}")
     comm = communicator(info, tensor.device)
     _check_on_comm(tensor, comm, "tensor")
     C = _native()
@@ -322,10 +316,6 @@ def cuda_ring_half(
     (kind 4: the contiguous `output` gets every rank's `tensor` in ring order) over ``info``'s ring."""
     if int(kind) not in _HALF_NAMES:
         raise ValueError(f"ringreduce: cuda_ring_half runs reduce_scatter (3) or all_gather (4), got kind {kind}")
-    if not tensor.is_cuda or not output.is_cuda:
-        raise ValueError(
-            f"ringreduce: {_HALF_NAMES[int(kind)]} on the GPU needs CUDA tensors, got {tensor.device} and {output.device}"
-        )
     comm = communicator(info, tensor.device)
     _check_on_comm(tensor, comm, "input")
     _check_on_comm(output, comm, "output")
@@ -340,6 +330,14 @@ def cuda_ring_half(
     return _work(handle, output, what, comm, info, async_op)
 
 
+def _ring_members(info: GroupInfo, algorithm: str) -> tuple[int, ...]:
+    """The ring an all-reduce with `algorithm` runs on (the flat ring's where the layout refuses it)."""
+    try:
+        return choose_algorithm(info, algorithm)[1]
+    except ValueError:
+        return info.members
+
+
 def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, members: Any = None) -> None:
     """With RINGREDUCE_CHECK=1, sends this rank's frame marked with `error` around the ring the others
     run the call on (`members`; default: `info`'s ring for kinds 3-4, "auto"'s otherwise), so that they
@@ -347,12 +345,7 @@ def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, me
     if not _config.check_enabled(True) or info.size <= 1:
         return
     if members is None:
-        members = info.members
-        if int(kind) not in _HALF_NAMES:
-            try:
-                members = choose_algorithm(info, "auto")[1]
-            except ValueError:
-                members = info.members
+        members = info.members if int(kind) in _HALF_NAMES else _ring_members(info, "auto")
     comm = communicator(info, device)
     try:
         _native().cuda_refuse(comm, int(kind), int(error), 0, info.name, _members(info, members))
@@ -360,7 +353,7 @@ def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, me
         pass  # every rank sees the refusal; ours is reported by the caller's own exception
 
 
-def abort_all(reason: str = "interpreter exit") -> None:
+def abort_all() -> None:
     """Aborts every ringreduce NCCL communicator of this process (idempotent). Called at exit."""
     global _shut_down
     with _lock:
@@ -368,7 +361,7 @@ def abort_all(reason: str = "interpreter exit") -> None:
         entries = list(_comms.values())
         _comms.clear()
     for _, _, comm in entries:
-        comm.abort(reason, at_exit=reason == "interpreter exit")
+        comm.abort("interpreter exit", at_exit=True)
 
 
 def release_group(group: dist.ProcessGroup) -> None:
@@ -436,10 +429,7 @@ def refuse(info: GroupInfo, kind: Any, code: Any, algorithms: list[str], device:
     path numbers no call for it."""
     assert device is not None
     for algo in algorithms:
-        try:
-            _, members = choose_algorithm(info, algo if algo in ALGORITHMS else "auto")
-        except ValueError:
-            members = info.members
+        members = _ring_members(info, algo if algo in ALGORITHMS else "auto")
         cuda_refuse(info, device, int(kind), int(code), members=members)
     return []
 

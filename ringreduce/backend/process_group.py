@@ -1,12 +1,5 @@
-"""RingreduceProcessGroup: the process group of backend "ringreduce"; it runs torch.distributed's
-reductions on ringreduce's ring.
-
-Ring collectives (ringreduce's own call path, with the group's BackendOptions): all_reduce with SUM,
-AVG, MAX, MIN or PRODUCT, all_reduce_coalesced, reduce_scatter_tensor / all_gather_into_tensor
-(and their coalesced forms) and the list forms of all_gather / reduce_scatter when every block has
-the input's size. Everything else goes to the inner group (ringreduce/backend/inner.py), which does
-with it what gloo (CPU) or NCCL (CUDA) does: the other collectives, the bitwise ops (BAND, BOR, BXOR)
-and PREMUL_SUM, sparse tensors, and list forms with blocks of different sizes (gloo refuses those).
+"""RingreduceProcessGroup: the process group of backend "ringreduce". Which collectives run on
+ringreduce's ring and which on the inner group (ringreduce/backend/inner.py): docs/design.md section 1.7.
 """
 
 from __future__ import annotations
