@@ -43,12 +43,9 @@ class _FlatGroup:
     def copy_back(self) -> None:
         if not self.packed:
             return
-        offset = 0
         with torch.no_grad():
-            for t in self.tensors:
-                n = t.numel()
-                t.copy_(self.flat[offset : offset + n].view(t.shape))
-                offset += n
+            for t, piece in zip(self.tensors, self.flat.split([t.numel() for t in self.tensors]), strict=True):
+                t.copy_(piece.view(t.shape))
 
 
 class CoalescedWork(Works, Work):

@@ -64,18 +64,14 @@ class InnerGroup:
             self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", self.store), self.rank, self.size, options)
             self.pg._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, self._nccl)
 
-    def backends(self) -> list[Any]:
-        out = [self.pg._get_backend(_CPU)]
-        if self._nccl is not None:
-            out.append(self._nccl)
-        return out
-
     def shutdown(self) -> None:
         """Shuts the inner backends down (idempotent); the ring's runtime must be released before."""
         if self.closed:
             return
         self.closed = True
-        for backend in self.backends():
+        for backend in (self.pg._get_backend(_CPU), self._nccl):
+            if backend is None:
+                continue
             try:
                 backend.shutdown()
             except Exception:  # noqa: BLE001 - a backend without shutdown (older torch): dropped with the group

@@ -69,8 +69,9 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         _groups.set_store(self._inner.pg, ring_store)
         ranks = tuple(global_ranks) if global_ranks else tuple(range(size))
         label = "WORLD" if not global_ranks else f"group {group_id!r} ranks {list(ranks)}"
-        # what ringreduce's resolve() maps this group to (ringreduce/_groups.py _backend_ring)
-        self._ringreduce_ring = GroupInfo(pg=self._inner.pg, rank=rank, size=size,
+        # the ring this group's collectives run on (over the inner group), what ringreduce's resolve()
+        # maps this group to (ringreduce/_groups.py _backend_ring)
+        self.ring = self._ringreduce_ring = GroupInfo(pg=self._inner.pg, rank=rank, size=size,
                                           name=f"{label} (backend ringreduce)", global_ranks=ranks)
         # collectives by name ("all_reduce", "_reduce_scatter_base", ...) and where they ran: "ring:<name>"
         # or "inner:<name>" (tests and diagnostics: what went through the ring)
@@ -104,23 +105,13 @@ class RingreduceProcessGroup(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
 
-    @property
-    def ring(self) -> GroupInfo:
-        """The ring this group's collectives run on (over the inner group)."""
-        return self._ringreduce_ring
-
-    @property
-    def backend_options(self) -> BackendOptions:
-        return self._options
-
     def shutdown(self) -> None:
         """Releases the ring (its worker, shared memory, NCCL communicator) and the inner backends;
         torch calls it from destroy_process_group. Idempotent."""
         if self._inner.closed:
             return
-        ring = self._ringreduce_ring
-        _backend.release_group(ring.pg)
-        _groups.forget_ring(ring)
+        _backend.release_group(self.ring.pg)
+        _groups.forget_ring(self.ring)
         self._inner.shutdown()
 
     def abort(self) -> None:

@@ -12,6 +12,7 @@ Note [Buckets and launch order]
 
 from __future__ import annotations
 
+import collections
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -83,30 +84,21 @@ def _assign_buckets(
     """Parameter indices grouped into buckets (reverse order, per dtype and device, capped in bytes),
     in launch order (by the reverse position of their first parameter)."""
     open_: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-    size: dict[tuple[torch.dtype, torch.device], int] = {}
-    closed_count: dict[tuple[torch.dtype, torch.device], int] = {}
-    done: list[tuple[int, torch.dtype, torch.device, list[int]]] = []
-    order = list(range(len(params) - 1, -1, -1))
-    position = {i: pos for pos, i in enumerate(order)}
-
-    def close(key: tuple[torch.dtype, torch.device]) -> None:
-        members = open_.pop(key)
-        size.pop(key)
-        closed_count[key] = closed_count.get(key, 0) + 1
-        done.append((position[members[0]], key[0], key[1], members))
-
-    for i in order:
+    size: collections.Counter[tuple[torch.dtype, torch.device]] = collections.Counter()
+    closed: collections.Counter[tuple[torch.dtype, torch.device]] = collections.Counter()
+    done: list[list[int]] = []
+    for i in reversed(range(len(params))):
         p = params[i]
         key = (p.dtype, p.device)
         open_.setdefault(key, []).append(i)
-        size[key] = size.get(key, 0) + p.numel() * p.element_size()
-        limit = first_cap_bytes if closed_count.get(key, 0) == 0 else cap_bytes
-        if size[key] >= limit:
-            close(key)
-    for key in list(open_):
-        close(key)
-    done.sort(key=lambda b: b[0])
-    return [(dtype, device, members) for _, dtype, device, members in done]
+        size[key] += p.numel() * p.element_size()
+        if size[key] >= (cap_bytes if closed[key] else first_cap_bytes):
+            done.append(open_.pop(key))
+            size[key] = 0
+            closed[key] += 1
+    done += open_.values()
+    done.sort(key=lambda members: -members[0])
+    return [(params[m[0]].dtype, params[m[0]].device, m) for m in done]
 
 
 def _slot_view(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
