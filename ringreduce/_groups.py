@@ -55,8 +55,7 @@ def _warn_non_member(key: int) -> None:
 
 def _is_device_mesh(obj: Any) -> bool:
     # No DeviceMesh can exist before its module is imported: plain groups cost one lookup.
-    module = sys.modules.get("torch.distributed.device_mesh")
-    mesh_type = getattr(module, "DeviceMesh", None) if module is not None else None
+    mesh_type = getattr(sys.modules.get("torch.distributed.device_mesh"), "DeviceMesh", None)
     return mesh_type is not None and isinstance(obj, mesh_type)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -54,18 +53,12 @@ class CoalescedWork(Works, Work):
 
     def __init__(self, works: list[Work], groups: list[_FlatGroup], tensors: list[torch.Tensor], describe: str):
         super().__init__(None, list(tensors), describe=describe)
-        self._works = works
-        self._groups = groups
-        self._copied = False
-        self._copy_lock = threading.Lock()
-        self._all_future: torch.futures.Future | None = None
 
-    def _copy_back_once(self) -> None:
-        with self._copy_lock:
-            if not self._copied:
-                for g in self._groups:
-                    g.copy_back()
-                self._copied = True
+        def copy_back() -> None:
+            for g in groups:
+                g.copy_back()
+
+        self._hold(works, self._result, copy_back)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if timeout is not None and not isinstance(timeout, datetime.timedelta):
@@ -74,13 +67,11 @@ class CoalescedWork(Works, Work):
         for w in self._works:
             left = None if deadline is None else datetime.timedelta(seconds=max(0.0, deadline - time.monotonic()))
             w.wait(left)
-        self._copy_back_once()
+        self._run_finish()
         return True
 
     def get_future(self) -> torch.futures.Future:
-        if self._all_future is None:
-            self._all_future = self._all_future_of(self._copy_back_once, self._result)
-        return self._all_future
+        return self._future_of_all()
 
     def __repr__(self) -> str:
         state = "completed" if self.is_completed() else "pending"

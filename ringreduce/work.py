@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -12,27 +13,16 @@ from ringreduce._interrupt import wait_sliced
 
 
 class Work:
-    """Handle of an ``async_op=True`` call.
+    """Handle of an ``async_op=True`` call, shaped like torch.distributed's Work.
 
-    CPU tensors: ``wait(timeout=None)`` blocks the host until the call completed and returns True;
-    it raises the call's error (``RuntimeError`` for a cross-rank mismatch,
-    ``torch.distributed.DistBackendError`` for a dead peer or transport timeout) and raises
-    ``RuntimeError`` if ``timeout`` (a ``datetime.timedelta``) passes first. Ctrl-C interrupts a
-    blocked ``wait()`` (KeyboardInterrupt within about 0.1 s) and leaves the group unusable on this
-    rank (Note [Ctrl-C] in ringreduce/_interrupt.py). ``get_future()`` returns a
-    ``torch.futures.Future`` whose value is ``[tensor]`` (a list, as torch.distributed's), completed
-    by ringreduce's worker when the call is done.
-
-    CUDA tensors, as torch.distributed's NCCL Work: ``wait()`` does **not** block the host; it makes
-    the *current CUDA stream* wait for the call (and raises at once if the call already failed).
-    ``wait(timeout=...)`` also blocks the host up to ``timeout``, in slices: Ctrl-C interrupts it
-    (KeyboardInterrupt within about 0.1 s) and aborts the group's communicator on this rank (later
-    calls raise DistBackendError saying so). ``is_completed()`` polls the GPU.
-    ``get_future()`` is CUDA-aware and completes when the call is *enqueued*, not when it ran:
-    ``.wait()``/``.then()`` on it order streams, and a host timestamp taken in a callback is the
-    launch time, not the time the data arrived. To know the call finished on the GPU, use
-    ``wait(timeout=...)`` or ``torch.cuda.synchronize()``. A call that failed later (watchdog
-    timeout, dead peer) raises on the next ``wait``/``is_success``/call on its group.
+    CPU tensors: ``wait()`` blocks the host until the result is in the tensor; Ctrl-C interrupts a
+    blocked wait and leaves the group unusable on this rank (Note [Ctrl-C] in ringreduce/_interrupt.py).
+    CUDA tensors, as torch.distributed's NCCL Work: ``wait()`` makes the *current stream* wait for the
+    call (the host blocks only with a ``timeout``), ``is_completed()`` polls the GPU, and
+    ``get_future()`` completes when the call is *enqueued*: a host timestamp taken in its callback is the
+    launch time; to know the call finished on the GPU, use ``wait(timeout=...)`` or
+    ``torch.cuda.synchronize()``. A call that failed later (watchdog timeout, dead peer) raises on the
+    next ``wait``/``is_success``/call on its group.
     """
 
     def __init__(
@@ -149,9 +139,21 @@ class Work:
 
 
 class Works:
-    """What a Work made of several calls (``self._works``) answers: done, succeeded, the first error."""
+    """What a Work made of several calls (``self._works``) answers: done, succeeded, the first error, a
+    future of them all; `finish`, what is left once they completed (copying results back), runs once."""
 
-    _works: list[Any]
+    def _hold(self, works: list[Any], result: list[torch.Tensor], finish: Callable[[], None] | None) -> None:
+        self._works, self._result, self._finish = works, result, finish
+        self._finished = finish is None
+        self._finish_lock = threading.Lock()
+        self._all_future: torch.futures.Future | None = None
+
+    def _run_finish(self) -> None:
+        with self._finish_lock:
+            if not self._finished:
+                self._finished = True
+                assert self._finish is not None
+                self._finish()
 
     def is_completed(self) -> bool:
         return all(w.is_completed() for w in self._works)
@@ -166,13 +168,16 @@ class Works:
                 return exc
         return None
 
-    def _all_future_of(self, finish: Callable[[], None], result: list[torch.Tensor]) -> torch.futures.Future:
-        """A future of every call's future: raises the first error, else runs `finish`, then holds `result`."""
+    def _future_of_all(self) -> torch.futures.Future:
+        """A future of every call's future (made once): raises the first error, else runs `finish`, then
+        holds the result."""
 
         def done(all_done: torch.futures.Future) -> list[torch.Tensor]:
             for f in all_done.value():
                 f.value()  # raises the call's error
-            finish()
-            return result
+            self._run_finish()
+            return self._result
 
-        return torch.futures.collect_all([w.get_future() for w in self._works]).then(done)
+        if self._all_future is None:
+            self._all_future = torch.futures.collect_all([w.get_future() for w in self._works]).then(done)
+        return self._all_future

@@ -1,13 +1,10 @@
 """GradientAverager's buckets: which parameters share a flat buffer, and the gradient views into it.
 
 Note [Buckets and launch order]
-    Parameters that require grad are packed in reverse registration order (roughly the order backward
-    produces their gradients) into flat buckets of one dtype and device, the first of each capped at
-    ``first_bucket_mb`` so that communication starts early, the others at ``bucket_cap_mb``: the same
-    on every rank, since only the parameter list decides. A bucket is *ready* once each of its
-    parameters' gradients was accumulated in this backward; ready buckets are launched **strictly in
-    bucket-index order**, since hooks fire in different orders on different ranks and an out-of-order
-    launch would pair rank A's bucket 2 with rank B's bucket 1.
+    Buckets are made from the parameter list alone (docs/hooks.md section 2, "Buckets"), so they are the
+    same on every rank. Ready buckets are launched **strictly in bucket-index order**: hooks fire in
+    different orders on different ranks, and an out-of-order launch would pair rank A's bucket 2 with
+    rank B's bucket 1.
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ from ringreduce.work import Work
 
 @dataclass
 class _Bucket:
-    index: int
     dtype: torch.dtype
     device: torch.device
     params: list[int]  # indices into GradientAverager._params
