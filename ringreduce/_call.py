@@ -1,8 +1,5 @@
 """What every collective does before its ring runs, whatever the device: validate locally, refuse
-(telling the other ranks), hand the call to its device's backend (ringreduce/_backend), and log.
-
-The public modules (ops, scatter_gather, coalesced, nn, the hooks, the "ringreduce" backend) only
-state their own arguments' rules and call into here.
+(telling the other ranks), hand the call to its device's backend, and log (docs/design.md section 2.5).
 """
 
 from __future__ import annotations

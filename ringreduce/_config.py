@@ -99,14 +99,10 @@ def _int_env(name: str, default: int, minimum: int) -> int:
     return value
 
 
-def segment_bytes() -> int:
-    """Largest segment the ring sends at once (RINGREDUCE_SEGMENT_BYTES, default 1 MiB)."""
-    return _int_env("RINGREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES, 16)
-
-
-def segment_bytes_override() -> int:
-    """RINGREDUCE_SEGMENT_BYTES, 0 when unset (the GPU pipeline rule then picks the segment)."""
-    return _int_env("RINGREDUCE_SEGMENT_BYTES", 0, 16)
+def segment_bytes(default: int = DEFAULT_SEGMENT_BYTES) -> int:
+    """Largest segment the ring sends at once (RINGREDUCE_SEGMENT_BYTES), `default` when unset (GPUs: 0,
+    the pipeline rule then picks the segment)."""
+    return _int_env("RINGREDUCE_SEGMENT_BYTES", default, 16)
 
 
 def lanes() -> int:

@@ -186,10 +186,9 @@ def forget_ring(ring: GroupInfo | None = None) -> None:
 @dataclass(frozen=True)
 class NodeLayout:
     members: tuple[int, ...]  # ranks of the ring's pg, node by node (node k: members[k*L:(k+1)*L])
-    local_size: int  # L: ranks of the ring per node
+    local_size: int  # L: ranks of the ring per node; 0: the nodes hold different numbers of them
     nodes: int  # M
     node_of_member: tuple[int, ...]  # node id of each ring member, in the ring's own order
-    uniform: bool  # every node holds the same number of the ring's ranks
 
 
 _layout_lock = threading.Lock()
@@ -246,13 +245,11 @@ def node_layout(info: GroupInfo) -> NodeLayout:
     order = sorted(range(len(ring)), key=lambda i: (nodes[i], global_ranks[i]))
     counts = collections.Counter(nodes)
     sizes = set(counts.values())
-    uniform = len(sizes) == 1
     layout = NodeLayout(
         members=tuple(ring[i] for i in order),
-        local_size=sizes.pop() if uniform else 0,
+        local_size=sizes.pop() if len(sizes) == 1 else 0,
         nodes=len(counts),
         node_of_member=tuple(nodes),
-        uniform=uniform,
     )
     with _layout_lock:
         _layouts[key] = layout
@@ -268,13 +265,13 @@ def choose_algorithm(info: GroupInfo, algorithm: str) -> tuple[int, tuple[int, .
     if algorithm == "ring" or info.size <= 2:
         return 0, info.members
     layout = node_layout(info)
-    if algorithm == "hierarchical" and not layout.uniform:
+    if algorithm == "hierarchical" and not layout.local_size:
         raise ValueError(
             f"ringreduce: algorithm='hierarchical' needs the same number of ranks of {info.name} on every "
             f"node, got node ids {list(layout.node_of_member)} (from GROUP_RANK/LOCAL_WORLD_SIZE or "
             "RINGREDUCE_LOCAL_SIZE); use algorithm='ring' or 'auto'"
         )
-    if layout.uniform and layout.nodes > 1 and layout.local_size > 1:
+    if layout.nodes > 1 and layout.local_size > 1:
         return layout.local_size, layout.members
     return 0, info.members
 

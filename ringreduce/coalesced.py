@@ -17,6 +17,12 @@ from ringreduce._types import CallKind, FrameError, ReduceOp
 from ringreduce.work import Work, Works
 
 
+def copy_blocks(flat: torch.Tensor, blocks: Sequence[torch.Tensor]) -> None:
+    """Copies the consecutive pieces of the flat `flat` into `blocks` (each of its own numel and shape)."""
+    for block, piece in zip(blocks, flat.split([b.numel() for b in blocks]), strict=True):
+        block.copy_(piece.view(block.shape))
+
+
 class _FlatGroup:
     """Tensors of one dtype packed into one flat buffer, or reduced directly when `alone` (the call's
     only buffer) and one dense tensor. With several buffers every one is packed, so that a later
@@ -43,8 +49,7 @@ class _FlatGroup:
         if not self.packed:
             return
         with torch.no_grad():
-            for t, piece in zip(self.tensors, self.flat.split([t.numel() for t in self.tensors]), strict=True):
-                t.copy_(piece.view(t.shape))
+            copy_blocks(self.flat, self.tensors)
 
 
 class CoalescedWork(Works, Work):

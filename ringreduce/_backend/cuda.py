@@ -1,9 +1,5 @@
-"""The CUDA backend: the collectives of CUDA tensors over ringreduce's own NCCL communicator.
-
-Keeps one native communicator per process group and device (created collectively by the group's
-first CUDA call, or by :func:`init_communicator`), turns a call into the native request and its
-handle into a :class:`~ringreduce.Work`, and releases the communicators at exit. The communicator
-itself and the ordering rules beside stock NCCL communicators: docs/design.md section 2.4.
+"""The CUDA backend: the collectives of CUDA tensors over ringreduce's own NCCL communicator, one per
+process group and device (its ordering rules beside stock NCCL communicators: docs/design.md section 2.4).
 """
 
 from __future__ import annotations
@@ -253,7 +249,7 @@ def _options(C: Any, kind: int, op: Any, *, accum_float32: bool = False, local_s
         _config.check_enabled(True)
     opts.local_size, opts.one_shot = int(local_size), bool(one_shot)
     opts.wire_dtype, opts.predivide, opts.extra_divisor = wire, float(predivide), int(extra_divisor)
-    opts.segment_bytes, opts.num_slots = _config.segment_bytes_override(), _config.num_slots()
+    opts.segment_bytes, opts.num_slots = _config.segment_bytes(0), _config.num_slots()
     opts.lanes, opts.one_shot_bytes = _config.lanes(), _config.one_shot_bytes()
     return opts
 
@@ -381,7 +377,7 @@ def check_enabled() -> bool:
 
 def ring_parameters() -> str:
     """The GPU pipeline rule's overrides that are set (csrc/cuda/gpu_pipeline.h), for a DETAIL log line."""
-    segment, slots = _config.segment_bytes_override(), _config.num_slots()
+    segment, slots = _config.segment_bytes(0), _config.num_slots()
     lanes, one_shot = _config.lanes(), _config.one_shot_bytes()
     return " ".join((
         f"segment_bytes<={segment}" if segment else "segment_bytes=gpu rule",  # a set value caps the rule's

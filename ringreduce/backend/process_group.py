@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ from ringreduce.backend import GLOO_ALLTOALL_TORCH, NAME, torch_at_least
 from ringreduce.backend.inner import InnerGroup
 from ringreduce.backend.options import BackendOptions
 from ringreduce.backend.work import BackendWork, TorchWorkCall
-from ringreduce.coalesced import all_reduce_coalesced
+from ringreduce.coalesced import all_reduce_coalesced, copy_blocks
 from ringreduce.scatter_gather import gather_into, reduce_scatter
 
 
@@ -188,15 +189,9 @@ class RingreduceProcessGroup(dist.ProcessGroup):
             return self._delegate("all_gather", "allgather", outputs, inputs, *([opts] if opts is not None else []))
         blocks, tensor = outputs[0], inputs[0]
         flat = torch.empty(self.size() * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-
-        def finish() -> None:
-            for i, block in enumerate(blocks):
-                n = tensor.numel()
-                block.copy_(flat[i * n:(i + 1) * n].view(block.shape))
-
         with self._ring_call("all_gather"):
             work = self._gather(flat, tensor, plain_output=True)
-        return BackendWork([work], list(blocks), finish)
+        return BackendWork([work], list(blocks), functools.partial(copy_blocks, flat, blocks))
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -289,16 +284,11 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         send = torch.cat([t.reshape(-1) for t in inputs])
         recv = send.new_empty(sum(t.numel() for t in outputs))
         out_splits, in_splits = [t.numel() for t in outputs], [t.numel() for t in inputs]
-
-        def finish() -> None:
-            for block, piece in zip(outputs, recv.split(out_splits), strict=True):
-                block.copy_(piece.view(block.shape))
-
         self.calls["inner:all_to_all"] += 1
         with _profile("all_to_all"):
             work = self._inner.pg.alltoall_base(recv, send, out_splits, in_splits,
                                                 opts if opts is not None else dist.AllToAllOptions())
-        return BackendWork([TorchWorkCall(work)], list(outputs), finish)
+        return BackendWork([TorchWorkCall(work)], list(outputs), functools.partial(copy_blocks, recv, outputs))
 
     def barrier(self, *args: Any, **kwargs: Any) -> Any:
         # the inner gloo's (a host barrier) whatever the tensors' device
