@@ -69,11 +69,9 @@ class AllreduceOptions:
 
     # Note [Options of a buffer]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~
-    # A bucket (GradientAverager, the DDP hook) or a packed dtype buffer (all_reduce_coalesced) holds one
-    # dtype of many tensors. Two options name the dtype they are for and apply to the buffers of that
-    # dtype only, the others being reduced as they are: wire_dtype to float32 buffers,
-    # accum_dtype=torch.float32 to float16/bfloat16 buffers. Any other accum_dtype is passed on, for
-    # all_reduce to check as it checks one tensor's.
+    # A bucket or a packed dtype buffer holds many tensors of one dtype. wire_dtype applies to float32
+    # buffers only and accum_dtype=torch.float32 to float16/bfloat16 ones, the others being reduced as
+    # they are; any other accum_dtype is passed on, for all_reduce to check as for one tensor.
     def for_buffer(self, dtype: torch.dtype) -> AllreduceOptions:
         """The options a buffer of `dtype` is reduced with (Note [Options of a buffer]); one object per dtype."""
         options = self._buffers.get(dtype)

@@ -109,12 +109,10 @@ def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, Any, BaseExcepti
 
 # Note [Options of a coalesced list]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# Each dtype's packed buffer is reduced with one all-reduce, each option applied per buffer as
-# ringreduce.all_reduce applies it (wire_dtype and accum_dtype=float32 to their dtype's buffers only,
-# Note [Options of a buffer] in _options.py). A wire_dtype that applies to no tensor of a non-empty
-# list is refused as all_reduce refuses the first tensor. Every tensor is checked before any ring, and
-# each buffer's frame carries its wire and factor, so ranks that disagree raise with no tensor changed.
-# A refusing rank sends one refusal frame per ring the others run (_rings), keeping the ranks in step.
+# Each dtype's buffer takes the options as all_reduce applies them to it (Note [Options of a buffer] in
+# _options.py; docs/design.md section 1.1). Every tensor is checked before any ring, and each buffer's
+# frame carries its wire and factor, so ranks that disagree raise with no tensor changed; a refusing
+# rank sends one refusal frame per ring the others run (_rings).
 
 
 def _refusal(listed: list[torch.Tensor], options: AllreduceOptions) -> tuple[Any, BaseException | None]:

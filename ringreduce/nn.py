@@ -57,12 +57,6 @@ def _gather(tensor: Any, group: Any) -> torch.Tensor:
         raise
 
 
-def _scatter(input: torch.Tensor, op: ReduceOp, group: Any, size: int) -> torch.Tensor:  # noqa: A002
-    output = input.new_empty((input.shape[0] // size, *input.shape[1:]))
-    scatter_gather.reduce_scatter(output, input, op=op, group=group)
-    return output
-
-
 class _AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, group: Any, size: int) -> torch.Tensor:
@@ -81,7 +75,9 @@ class _ReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, input: torch.Tensor, op: ReduceOp, group: Any, size: int) -> torch.Tensor:  # noqa: A002
         ctx.group, ctx.size, ctx.op, ctx.shape = group, size, op, input.shape
-        return _scatter(input, op, group, size)
+        output = input.new_empty((input.shape[0] // size, *input.shape[1:]))
+        scatter_gather.reduce_scatter(output, input, op=op, group=group)
+        return output
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:

@@ -51,10 +51,6 @@ class Work:
         group, or a call traced by torch.compile)."""
         return cls(None, result)
 
-    def _raise_if_failed(self) -> None:
-        if self._handle is not None and not self._handle.ok():
-            self._handle.raise_error()
-
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Waits for the call and returns True, as torch.distributed's ``Work.wait``.
 
@@ -90,7 +86,8 @@ class Work:
                     f"ringreduce: {self._describe} (call #{self._handle.seq}) did not complete within "
                     f"{timeout}; the ring is still running in the background"
                 )
-            self._raise_if_failed()
+            if not self._handle.ok():
+                self._handle.raise_error()
         return True
 
     def is_completed(self) -> bool:

@@ -50,33 +50,6 @@ def _native() -> Any:
     return C
 
 
-def _timeout_ms(pg: dist.ProcessGroup) -> int:
-    ms = _config.timeout_ms()
-    return ms if ms > 0 else int(_native().cuda_group_timeout_ms(pg))
-
-
-def _group_key(pg: dist.ProcessGroup) -> str:
-    """A name of `pg` that every rank shares and that a later group does not reuse by accident."""
-    try:
-        name = dist.distributed_c10d._get_process_group_name(pg)
-    except Exception:  # noqa: BLE001 - a group torch does not know by name
-        name = getattr(pg, "group_name", "") or ""
-    return name or "default"
-
-
-def _pack_ids(ids: list[bytes]) -> bytes:
-    return b"".join(len(i).to_bytes(4, "big") + bytes(i) for i in ids)
-
-
-def _unpack_ids(blob: bytes) -> list[bytes]:
-    ids, at = [], 0
-    while at < len(blob):
-        n = int.from_bytes(blob[at:at + 4], "big")
-        ids.append(blob[at + 4:at + 4 + n])
-        at += 4 + n
-    return ids
-
-
 def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, lanes: int,
                      store: Any) -> tuple[list[bytes], int]:
     """Rank 0's fresh NCCL unique ids (one per lane, Note [Lanes] in csrc/core/plan.h; rank 0's lane
@@ -87,13 +60,22 @@ def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, 
     creations are collective and in one order. The counter only grows, so a reused ``id(pg)`` or
     store never yields an old id; the last rank to read a key deletes it.
     """
-    group = _group_key(pg)
+    try:  # a name every rank shares and that a later group does not reuse by accident
+        group = dist.distributed_c10d._get_process_group_name(pg)
+    except Exception:  # noqa: BLE001 - a group torch does not know by name
+        group = getattr(pg, "group_name", "")
+    group = group or "default"
     generation = (int(store.add(_COUNTER_KEY.format(group=group), 1)) - 1) // pg_size
     uid_key = _UID_KEY.format(group=group, generation=generation)
     if pg_rank == 0:
-        store.set(uid_key, _pack_ids([C.nccl_unique_id() for _ in range(max(1, lanes))]))
+        ids = [bytes(C.nccl_unique_id()) for _ in range(max(1, lanes))]
+        store.set(uid_key, b"".join(len(i).to_bytes(4, "big") + i for i in ids))  # each after its length
     _wait_for_key(store, uid_key, f"rank 0 of {group} did not publish the NCCL unique ids")
-    ids = _unpack_ids(store.get(uid_key))
+    blob, ids, at = store.get(uid_key), [], 0
+    while at < len(blob):
+        n = int.from_bytes(blob[at:at + 4], "big")
+        ids.append(blob[at + 4:at + 4 + n])
+        at += 4 + n
     if int(store.add(uid_key + "/read", 1)) == pg_size:
         for k in (uid_key, uid_key + "/read"):
             try:
@@ -167,7 +149,9 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
             ids, generation = _rendezvous_uids(C, info.pg, pg_rank, pg_size,
                                                _config.lanes() or _config.DEFAULT_LANES, store)
             label = info.name if not info.members else f"process group of {info.name}"
-            timeout_ms = _timeout_ms(info.pg)
+            timeout_ms = _config.timeout_ms()
+            if timeout_ms <= 0:
+                timeout_ms = int(C.cuda_group_timeout_ms(info.pg))
             comm = C.CudaRing(
                 ids[0],
                 pg_size,
