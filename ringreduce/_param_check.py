@@ -13,9 +13,15 @@ Note [Same parameters on every rank]
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ringreduce._groups import resolve
+from ringreduce.ops import ReduceOp, all_reduce
+from ringreduce.scatter_gather import all_gather
 
 _TEXT_BYTES = 192  # one rank's description of one parameter in the detail's all-gather
 _HASH_MASK = (1 << 56) - 1
@@ -29,9 +35,6 @@ def check_same_parameters(tensors: list[torch.Tensor], names: list[str], group: 
     """Raises ValueError on every rank of `group` when the ranks' `tensors` (the bucketed tensors, in
     order; `names` for messages) differ in count, shape or dtype (Note [Same parameters on every
     rank]). Every rank of the group must call it; one collective when they agree."""
-    from ringreduce.ops import ReduceOp, all_reduce
-    from ringreduce.scatter_gather import all_gather
-
     device = tensors[0].device if tensors else torch.device("cpu")
     texts = [f"shape {tuple(t.shape)}, {str(t.dtype).removeprefix('torch.')}" for t in tensors]
     hashes = [_hash(text) for text in texts]
@@ -74,12 +77,6 @@ def check_model(module_or_params: Any, params: list[torch.Tensor], tensors: list
     """GradientAverager's construction checks: a UserWarning for a DistributedDataParallel module (its
     gradients would be averaged twice), then check_same_parameters of the bucketed `tensors` where
     this rank is in a `group` of several ranks (parameters named as in the module, else by index)."""
-    import warnings
-
-    from torch.nn.parallel import DistributedDataParallel
-
-    from ringreduce._groups import resolve
-
     if isinstance(module_or_params, DistributedDataParallel):
         warnings.warn(
             "ringreduce.GradientAverager: this module is wrapped in DistributedDataParallel, which already "

@@ -78,10 +78,6 @@ class CoalescedWork(Works, Work):
     def get_future(self) -> torch.futures.Future:
         return self._future_of_all()
 
-    def __repr__(self) -> str:
-        state = "completed" if self.is_completed() else "pending"
-        return f"<ringreduce.CoalescedWork {self._describe} {state}>"
-
 
 def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, Any, BaseException | None]:
     """(tensor list, frame error code, exception) from purely local checks of the argument."""

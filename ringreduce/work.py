@@ -132,7 +132,7 @@ class Work:
 
     def __repr__(self) -> str:
         state = "completed" if self.is_completed() else "pending"
-        return f"<ringreduce.Work {self._describe} {state}>"
+        return f"<ringreduce.{type(self).__name__} {self._describe} {state}>"
 
 
 class Works:

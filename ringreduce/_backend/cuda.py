@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ringreduce import _config
-from ringreduce._groups import GroupInfo, choose_algorithm
+from ringreduce._groups import GroupInfo, choose_algorithm, resolve
 from ringreduce._interrupt import SLICE_MS, interrupt_reason
 from ringreduce._options import ALGORITHMS
 from ringreduce._types import KIND_NAMES, CallKind
@@ -198,8 +198,6 @@ def init_communicator(group: Any = None, device: torch.device | int | None = Non
     on the group does the same. Useful before calls on DeviceMesh sub-meshes that only some ranks
     make. A rank outside `group` does nothing.
     """
-    from ringreduce._groups import resolve
-
     info = resolve(group)
     if info is None:
         return

@@ -68,14 +68,12 @@ class GradientAverager(Joinable):
 
     Registers a post-accumulate-grad hook on every parameter of `module_or_params` that requires
     grad (an ``nn.Module`` or an iterable of parameters; tied parameters count once). Gradients are
-    packed into flat per-dtype, per-device buckets in reverse parameter order, ``first_bucket_mb``
-    for the first and ``bucket_cap_mb`` for the others; each bucket is averaged with
-    ``ringreduce.all_reduce(op=AVG, async_op=True)`` as soon as it and every bucket before it are
-    complete, so communication overlaps the rest of backward. At the end of backward (an autograd
-    callback; activation checkpointing, reentrant or not, is handled) the remaining buckets are
-    launched, every bucket is waited for and ``.grad`` holds the average over ranks (on GPUs the
-    caller's stream is ordered after the reductions). Every rank must run the same sequence of
-    synced backwards, each reaching at least one of the parameters.
+    packed into flat per-dtype, per-device buckets, ``first_bucket_mb`` for the first and
+    ``bucket_cap_mb`` for the others, each averaged asynchronously as soon as it and every bucket
+    before it are complete; when backward returns (activation checkpointing, reentrant or not, is
+    handled) ``.grad`` holds the average over ranks (on GPUs the caller's stream is ordered after the
+    reductions): docs/hooks.md section 2. Every rank must run the same sequence of synced backwards,
+    each reaching at least one of the parameters.
 
     - Parameters used on some ranks only get identical averaged gradients everywhere; parameters no
       rank used keep their ``.grad`` (None stays None). No extra round trip: see Note [Unused
