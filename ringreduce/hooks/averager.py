@@ -363,7 +363,7 @@ class GradientAverager(Joinable):
         bucket = self._buckets[self._bucket_of[i]]
         bucket.pending -= 1
         if bucket.pending == 0:
-            self._launch_in_order(upto=len(self._buckets), force=False)
+            self._launch_in_order(force=False)
 
     def _check_dtensor_grad(self, i: int, grad: Any, local: torch.Tensor) -> None:
         """Refuses DTensor gradients whose local shard cannot be averaged as is (Note [DTensor gradients])."""
@@ -466,8 +466,8 @@ class GradientAverager(Joinable):
 
     # --------------------------------------------------------------------------------- launching
 
-    def _launch_in_order(self, upto: int, force: bool) -> None:
-        while self._next < upto:
+    def _launch_in_order(self, force: bool) -> None:
+        while self._next < len(self._buckets):
             bucket = self._buckets[self._next]
             if bucket.pending > 0 and not force:
                 return
@@ -507,7 +507,7 @@ class GradientAverager(Joinable):
         if not self._round:
             return
         try:
-            self._launch_in_order(upto=len(self._buckets), force=True)
+            self._launch_in_order(force=True)
             all_used_here = all(self._used)
             if all_used_here:
                 # Every parameter is used somewhere: copy each bucket back as soon as it is done.
