@@ -59,7 +59,7 @@ atexit.register(_C.shutdown)
 # are dropped first, so that the runtimes' references, released by _C.shutdown without the GIL, are
 # the last ones. A process group destroyed later, while the interpreter is finalizing, can abort
 # the process: gloo's threads may then need the GIL to release their tensors.
-atexit.register(_groups.forget_groups)
+atexit.register(_groups.forget_ring)
 
 __all__ = [
     "BackendOptions",

@@ -1,8 +1,5 @@
 """What every collective does before its ring runs, whatever the device: validate locally, refuse
-(telling the other ranks), hand the call to its device's backend (ringreduce/_backend), and log.
-
-The public modules (ops, scatter_gather, coalesced, nn, the hooks, the "ringreduce" backend) only
-state their own arguments' rules and call into here.
+(telling the other ranks), hand the call to its device's backend, and log (docs/design.md section 2.5).
 """
 
 from __future__ import annotations
@@ -83,8 +80,7 @@ def log_call(info: GroupInfo, handle: Any, tensor: torch.Tensor, op: ReduceOp, k
 def local_tensor(tensor: Any) -> Any:
     """A DTensor's local shard (reduced in place, placements kept); anything else as is. No DTensor can
     exist before torch.distributed.tensor is imported, so plain tensors cost one dictionary lookup."""
-    module = sys.modules.get("torch.distributed.tensor")
-    dtensor = getattr(module, "DTensor", None) if module is not None else None
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
     if dtensor is not None and isinstance(tensor, dtensor):
         return tensor._local_tensor
     return tensor
@@ -227,11 +223,6 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
             which = f"call #{seqs[0]}" if len(seqs) == 1 else f"calls #{seqs[0]}-#{seqs[-1]}"
             exc.args = (f"{exc.args[0]} ({which} on {info.name}; the other ranks were told)",)
     raise exc
-
-
-def refuse_call(group: Any, tensor: torch.Tensor, kind: Any, exc: BaseException) -> None:
-    """Refuses one call of `kind` on `tensor` over `group` for a reason only this rank knows (refuse())."""
-    refuse(resolve(group), kind, FrameError.OTHER, exc, device_of(tensor))
 
 
 def device_of(tensor: Any) -> torch.device | None:

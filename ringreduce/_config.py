@@ -61,7 +61,6 @@ def knobs_markdown() -> str:
 
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
-DEFAULT_NUM_SLOTS = 4  # the GPU transport's default, and the CPU's for tensors too large for AUTO_SLOTS
 AUTO_SLOTS = 0  # CPU default: a staging slot per receive when they fit (Note [Staging slots], plan.h)
 MAX_LANES = 4  # kGpuMaxLanes (csrc/cuda/gpu_pipeline.h)
 DEFAULT_LANES = 2  # kGpuDefaultLanes: the lanes (communicators) a GPU group's communicator is created with
@@ -100,14 +99,10 @@ def _int_env(name: str, default: int, minimum: int) -> int:
     return value
 
 
-def segment_bytes() -> int:
-    """Largest segment the ring sends at once (RINGREDUCE_SEGMENT_BYTES, default 1 MiB)."""
-    return _int_env("RINGREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES, 16)
-
-
-def segment_bytes_override() -> int:
-    """RINGREDUCE_SEGMENT_BYTES, 0 when unset (the GPU pipeline rule then picks the segment)."""
-    return _int_env("RINGREDUCE_SEGMENT_BYTES", 0, 16)
+def segment_bytes(default: int = DEFAULT_SEGMENT_BYTES) -> int:
+    """Largest segment the ring sends at once (RINGREDUCE_SEGMENT_BYTES), `default` when unset (GPUs: 0,
+    the pipeline rule then picks the segment)."""
+    return _int_env("RINGREDUCE_SEGMENT_BYTES", default, 16)
 
 
 def lanes() -> int:
@@ -128,12 +123,13 @@ def num_slots() -> int:
     return _int_env("RINGREDUCE_SLOTS", AUTO_SLOTS, 1)
 
 
+_OFF = ("0", "false", "False", "off")
+
+
 def check_enabled(is_cuda: bool) -> bool:
     """Cross-rank agreement check: on by default on CPU, opt-in on GPU (RINGREDUCE_CHECK)."""
     raw = _env("RINGREDUCE_CHECK")
-    if raw is None or raw == "":
-        return not is_cuda
-    return raw not in ("0", "false", "False", "off")
+    return raw not in _OFF if raw else not is_cuda
 
 
 def timeout_ms() -> int:
@@ -164,8 +160,7 @@ def wire_gather() -> str:
 
 def shm_enabled() -> bool:
     """RINGREDUCE_SHM (KNOBS), read at a ring's first call (its ranks use gloo if any of them says 0)."""
-    raw = _env("RINGREDUCE_SHM")
-    return raw is None or raw == "" or raw not in ("0", "false", "False", "off")
+    return _env("RINGREDUCE_SHM") not in _OFF
 
 
 def debug_setting() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import threading
@@ -37,10 +38,6 @@ class GroupInfo:
             _stores[id(self.pg)] = hit
         return hit[1]
 
-    def member_ranks(self) -> tuple[int, ...]:
-        """The ring's ranks in `pg`, explicitly."""
-        return self.members if self.members else tuple(range(self.size))
-
 
 _warned_non_member: set[int] = set()
 
@@ -58,8 +55,7 @@ def _warn_non_member(key: int) -> None:
 
 def _is_device_mesh(obj: Any) -> bool:
     # No DeviceMesh can exist before its module is imported: plain groups cost one lookup.
-    module = sys.modules.get("torch.distributed.device_mesh")
-    mesh_type = getattr(module, "DeviceMesh", None) if module is not None else None
+    mesh_type = getattr(sys.modules.get("torch.distributed.device_mesh"), "DeviceMesh", None)
     return mesh_type is not None and isinstance(obj, mesh_type)
 
 
@@ -159,34 +155,27 @@ _resolved: dict[int, tuple[Any, GroupInfo]] = {}
 _stores: dict[int, tuple[Any, Any]] = {}
 
 
-def forget_groups() -> None:
-    """Drops the cached GroupInfos and their process groups (at interpreter exit, see __init__), and the
-    plans of repeated calls that hold them (Note [Fast path of a repeated call] in _fastpath.py)."""
-    _fastpath.forget()
-    with _resolved_lock:
-        _resolved.clear()
-        _stores.clear()
-
-
 def set_store(pg: Any, store: Any) -> None:
     """Records the store of a process group that torch's tables do not know (a backend's inner group)."""
     with _resolved_lock:
         _stores[id(pg)] = (pg, store)
 
 
-def forget_ring(ring: GroupInfo) -> None:
-    """Drops every cached entry that refers to `ring`'s process group (being destroyed), and every plan
-    of a repeated call (Note [Fast path of a repeated call] in _fastpath.py)."""
+def forget_ring(ring: GroupInfo | None = None) -> None:
+    """Drops every plan of a repeated call (Note [Fast path of a repeated call] in _fastpath.py) and
+    every cached entry that refers to `ring`'s process group (being destroyed); with None, every
+    cached GroupInfo and its process group (at interpreter exit, see __init__)."""
     _fastpath.forget()
+    pg = None if ring is None else ring.pg
     with _resolved_lock:
         for key, (_, info) in list(_resolved.items()):
-            if info.pg is ring.pg:
+            if pg is None or info.pg is pg:
                 del _resolved[key]
-        hit = _stores.get(id(ring.pg))
-        if hit is not None and hit[0] is ring.pg:
-            del _stores[id(ring.pg)]
+        for key, (held, _) in list(_stores.items()):
+            if pg is None or held is pg:
+                del _stores[key]
     with _layout_lock:
-        for key in [k for k in _layouts if k[0] == id(ring.pg)]:
+        for key in [k for k in _layouts if pg is None or k[0] == id(pg)]:
             del _layouts[key]
 
 
@@ -197,10 +186,9 @@ def forget_ring(ring: GroupInfo) -> None:
 @dataclass(frozen=True)
 class NodeLayout:
     members: tuple[int, ...]  # ranks of the ring's pg, node by node (node k: members[k*L:(k+1)*L])
-    local_size: int  # L: ranks of the ring per node
+    local_size: int  # L: ranks of the ring per node; 0: the nodes hold different numbers of them
     nodes: int  # M
     node_of_member: tuple[int, ...]  # node id of each ring member, in the ring's own order
-    uniform: bool  # every node holds the same number of the ring's ranks
 
 
 _layout_lock = threading.Lock()
@@ -246,7 +234,7 @@ def node_layout(info: GroupInfo) -> NodeLayout:
         cached = _layouts.get(key)
     if cached is not None:
         return cached
-    ring = info.member_ranks()
+    ring = info.members or tuple(range(info.size))
     if info.global_ranks:
         global_ranks = [info.global_ranks[r] for r in ring]
     elif info.pg is dist.group.WORLD:
@@ -255,17 +243,13 @@ def node_layout(info: GroupInfo) -> NodeLayout:
         global_ranks = [dist.get_global_rank(info.pg, r) for r in ring]
     nodes = _node_of_global_ranks(global_ranks)
     order = sorted(range(len(ring)), key=lambda i: (nodes[i], global_ranks[i]))
-    counts: dict[int, int] = {}
-    for nd in nodes:
-        counts[nd] = counts.get(nd, 0) + 1
+    counts = collections.Counter(nodes)
     sizes = set(counts.values())
-    uniform = len(sizes) == 1
     layout = NodeLayout(
         members=tuple(ring[i] for i in order),
-        local_size=sizes.pop() if uniform else 0,
+        local_size=sizes.pop() if len(sizes) == 1 else 0,
         nodes=len(counts),
         node_of_member=tuple(nodes),
-        uniform=uniform,
     )
     with _layout_lock:
         _layouts[key] = layout
@@ -281,13 +265,13 @@ def choose_algorithm(info: GroupInfo, algorithm: str) -> tuple[int, tuple[int, .
     if algorithm == "ring" or info.size <= 2:
         return 0, info.members
     layout = node_layout(info)
-    if algorithm == "hierarchical" and not layout.uniform:
+    if algorithm == "hierarchical" and not layout.local_size:
         raise ValueError(
             f"ringreduce: algorithm='hierarchical' needs the same number of ranks of {info.name} on every "
             f"node, got node ids {list(layout.node_of_member)} (from GROUP_RANK/LOCAL_WORLD_SIZE or "
             "RINGREDUCE_LOCAL_SIZE); use algorithm='ring' or 'auto'"
         )
-    if layout.uniform and layout.nodes > 1 and layout.local_size > 1:
+    if layout.nodes > 1 and layout.local_size > 1:
         return layout.local_size, layout.members
     return 0, info.members
 

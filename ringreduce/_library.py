@@ -47,12 +47,6 @@ def all_reduce_(
                    wire_dtype=wire_dtype, predivide_factor=predivide_factor or None)
 
 
-@all_reduce_.register_fake
-def _(tensor: torch.Tensor, op: str, group_name: str, accum_dtype: torch.dtype | None = None,
-      algorithm: str = "auto", wire_dtype: torch.dtype | None = None, predivide_factor: float = 0.0) -> None:
-    return None
-
-
 @torch.library.custom_op("ringreduce::all_reduce_avg_", mutates_args=("tensor",))
 def all_reduce_avg_(
     tensor: torch.Tensor, group_name: str, accum_dtype: torch.dtype | None = None, algorithm: str = "auto",
@@ -64,10 +58,12 @@ def all_reduce_avg_(
                    wire_dtype=wire_dtype, predivide_factor=predivide_factor or None)
 
 
-@all_reduce_avg_.register_fake
-def _(tensor: torch.Tensor, group_name: str, accum_dtype: torch.dtype | None = None, algorithm: str = "auto",
-      wire_dtype: torch.dtype | None = None, predivide_factor: float = 0.0) -> None:
+def _fake_in_place(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
     return None
+
+
+all_reduce_.register_fake(_fake_in_place)
+all_reduce_avg_.register_fake(_fake_in_place)
 
 
 # ------------------------------------------------------------------------------------- out of place
@@ -81,11 +77,6 @@ def all_reduce(tensor: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
     return out
 
 
-@all_reduce.register_fake
-def _(tensor: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
-    return torch.empty_like(tensor)
-
-
 @torch.library.custom_op("ringreduce::all_reduce_avg", mutates_args=())
 def all_reduce_avg(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
     """Out-of-place average: an averaged copy of `tensor` (same shape and strides)."""
@@ -94,9 +85,12 @@ def all_reduce_avg(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
     return out
 
 
-@all_reduce_avg.register_fake
-def _(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
+def _fake_copy(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return torch.empty_like(tensor)
+
+
+all_reduce.register_fake(_fake_copy)
+all_reduce_avg.register_fake(_fake_copy)
 
 
 def _not_a_member(what: str, name: str) -> ValueError:
@@ -157,57 +151,47 @@ def _(tensor: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.
 # Note [Gradient convention] in ringreduce/nn.py: the loss is the sum over ranks of each rank's loss.
 
 
-def _setup_all_reduce(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    ctx.op, ctx.group_name = inputs[1], inputs[2]
+def _keep_arguments(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.shape, ctx.args = inputs[0].shape, inputs[1:]  # the tensor's shape; op, group size, group name
 
 
 def _backward_all_reduce(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     # y = reduce_r(x_r) on every rank: dL/dx_r = sum_s dL_s/dy (SUM), that divided by n (AVG).
-    if ctx.op == "sum":
-        return torch.ops.ringreduce.all_reduce(grad, "sum", ctx.group_name), None, None
-    if ctx.op == "avg":
-        return torch.ops.ringreduce.all_reduce_avg(grad, ctx.group_name), None, None
+    op, group_name = ctx.args
+    if op == "sum":
+        return torch.ops.ringreduce.all_reduce(grad, "sum", group_name), None, None
+    if op == "avg":
+        return torch.ops.ringreduce.all_reduce_avg(grad, group_name), None, None
     raise RuntimeError(
-        f"ringreduce.functional.all_reduce: op {ctx.op!r} has no gradient here; the differentiable reductions "
+        f"ringreduce.functional.all_reduce: op {op!r} has no gradient here; the differentiable reductions "
         "are 'sum' and 'avg'"
     )
 
 
-def _setup_all_reduce_avg(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    ctx.group_name = inputs[1]
-
-
 def _backward_all_reduce_avg(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-    return torch.ops.ringreduce.all_reduce_avg(grad, ctx.group_name), None
-
-
-def _setup_all_gather(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    ctx.shape, ctx.group_size, ctx.group_name = inputs[0].shape, inputs[1], inputs[2]
+    return torch.ops.ringreduce.all_reduce_avg(grad, *ctx.args), None
 
 
 def _backward_all_gather(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     # Rank r's input is block r of the gathered tensor: it gets the sum over ranks of block r's gradients.
-    block = torch.ops.ringreduce.reduce_scatter(grad.contiguous(), "sum", ctx.group_size, ctx.group_name)
+    block = torch.ops.ringreduce.reduce_scatter(grad.contiguous(), "sum", *ctx.args)
     return block.reshape(ctx.shape), None, None
 
 
-def _setup_reduce_scatter(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    ctx.shape, ctx.op, ctx.group_size, ctx.group_name = inputs[0].shape, inputs[1], inputs[2], inputs[3]
-
-
 def _backward_reduce_scatter(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-    if ctx.op not in ("sum", "avg"):
+    op, group_size, group_name = ctx.args
+    if op not in ("sum", "avg"):
         raise RuntimeError(
-            f"ringreduce.functional.reduce_scatter: op {ctx.op!r} has no gradient here; the differentiable "
+            f"ringreduce.functional.reduce_scatter: op {op!r} has no gradient here; the differentiable "
             "reductions are 'sum' and 'avg'"
         )
-    gathered = torch.ops.ringreduce.all_gather(grad.contiguous(), ctx.group_size, ctx.group_name).reshape(ctx.shape)
-    if ctx.op == "avg":
-        gathered = gathered / ctx.group_size
+    gathered = torch.ops.ringreduce.all_gather(grad.contiguous(), group_size, group_name).reshape(ctx.shape)
+    if op == "avg":
+        gathered = gathered / group_size
     return gathered, None, None, None
 
 
-all_reduce.register_autograd(_backward_all_reduce, setup_context=_setup_all_reduce)
-all_reduce_avg.register_autograd(_backward_all_reduce_avg, setup_context=_setup_all_reduce_avg)
-all_gather.register_autograd(_backward_all_gather, setup_context=_setup_all_gather)
-reduce_scatter.register_autograd(_backward_reduce_scatter, setup_context=_setup_reduce_scatter)
+all_reduce.register_autograd(_backward_all_reduce, setup_context=_keep_arguments)
+all_reduce_avg.register_autograd(_backward_all_reduce_avg, setup_context=_keep_arguments)
+all_gather.register_autograd(_backward_all_gather, setup_context=_keep_arguments)
+reduce_scatter.register_autograd(_backward_reduce_scatter, setup_context=_keep_arguments)

@@ -1,8 +1,5 @@
-"""An all-reduce's options (AllreduceOptions) and their rules that do not need a tensor, written once.
-
-ringreduce/_call.py checks the tensor-dependent rest (local_refusal, scaling_refusal); the hooks check
-these at construction, with the same words, and keep one AllreduceOptions for all their calls.
-"""
+"""An all-reduce's options (AllreduceOptions) and their rules that do not need a tensor, written once
+(ringreduce/_call.py checks the rest against each tensor; docs/design.md section 2.5)."""
 
 from __future__ import annotations
 
@@ -49,14 +46,10 @@ def avg_or_sum(op: Any, who: str) -> ReduceOp:
 
 
 class AllreduceOptions:
-    """What one all-reduce asks for besides its tensor and group: ringreduce.all_reduce's `op`,
-    `accum_dtype`, `algorithm`, `wire_dtype` and `predivide_factor`, plus `extra_divisor`
-    (GradientAverager's accumulation steps) and `wire_gather` (BackendOptions': 16, 32 or None).
-
-    Made once by a caller that makes many calls (a hook, the "ringreduce" backend, a coalesced call)
-    and handed to ringreduce._call.run_all_reduce_with, which checks it against each tensor; its identity
-    keys the plans of repeated calls (Note [Fast path of a repeated call]). Never changed once made.
-    """
+    """What one all-reduce asks for besides its tensor and group: ringreduce.all_reduce's arguments, plus
+    `extra_divisor` (GradientAverager's accumulation steps) and `wire_gather` (BackendOptions': 16, 32 or
+    None). Made once by a caller of many calls and never changed: its identity keys the plans of
+    repeated calls (Note [Fast path of a repeated call])."""
 
     __slots__ = ("op", "accum_dtype", "algorithm", "wire_dtype", "predivide_factor", "extra_divisor", "wire_gather",
                  "_buffers")
@@ -76,11 +69,9 @@ class AllreduceOptions:
 
     # Note [Options of a buffer]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~
-    # A bucket (GradientAverager, the DDP hook) or a packed dtype buffer (all_reduce_coalesced) holds one
-    # dtype of many tensors. Two options name the dtype they are for and apply to the buffers of that
-    # dtype only, the others being reduced as they are: wire_dtype to float32 buffers,
-    # accum_dtype=torch.float32 to float16/bfloat16 buffers. Any other accum_dtype is passed on, for
-    # all_reduce to check as it checks one tensor's.
+    # A bucket or a packed dtype buffer holds many tensors of one dtype. wire_dtype applies to float32
+    # buffers only and accum_dtype=torch.float32 to float16/bfloat16 ones, the others being reduced as
+    # they are; any other accum_dtype is passed on, for all_reduce to check as for one tensor.
     def for_buffer(self, dtype: torch.dtype) -> AllreduceOptions:
         """The options a buffer of `dtype` is reduced with (Note [Options of a buffer]); one object per dtype."""
         options = self._buffers.get(dtype)

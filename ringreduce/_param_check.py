@@ -13,9 +13,15 @@ Note [Same parameters on every rank]
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ringreduce import ops, scatter_gather  # as modules: a test counts the calls through their attributes
+from ringreduce._groups import resolve
+from ringreduce._types import ReduceOp
 
 _TEXT_BYTES = 192  # one rank's description of one parameter in the detail's all-gather
 _HASH_MASK = (1 << 56) - 1
@@ -25,32 +31,16 @@ def _hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & _HASH_MASK
 
 
-def describe(shape: tuple[int, ...], dtype: torch.dtype) -> str:
-    """A parameter as the check compares it: shape and dtype."""
-    return f"shape {tuple(shape)}, {str(dtype).removeprefix('torch.')}"
-
-
-def param_names(module_or_params: Any, params: list[torch.Tensor]) -> list[str]:
-    """Each parameter's name in the module (its index where no module was given), for messages."""
-    names = {}
-    if isinstance(module_or_params, torch.nn.Module):
-        names = {id(p): name for name, p in module_or_params.named_parameters()}
-    return [names.get(id(p), f"parameter {i}") for i, p in enumerate(params)]
-
-
 def check_same_parameters(tensors: list[torch.Tensor], names: list[str], group: Any, who: str) -> None:
     """Raises ValueError on every rank of `group` when the ranks' `tensors` (the bucketed tensors, in
     order; `names` for messages) differ in count, shape or dtype (Note [Same parameters on every
     rank]). Every rank of the group must call it; one collective when they agree."""
-    from ringreduce.ops import ReduceOp, all_reduce
-    from ringreduce.scatter_gather import all_gather
-
     device = tensors[0].device if tensors else torch.device("cpu")
-    texts = [describe(tuple(t.shape), t.dtype) for t in tensors]
+    texts = [f"shape {tuple(t.shape)}, {str(t.dtype).removeprefix('torch.')}" for t in tensors]
     hashes = [_hash(text) for text in texts]
     whole = _hash("|".join(texts))
     digest = torch.tensor([len(tensors), whole, -len(tensors), -whole], dtype=torch.int64, device=device)
-    all_reduce(digest, op=ReduceOp.MAX, group=group)
+    ops.all_reduce(digest, op=ReduceOp.MAX, group=group)
     most, least = digest[:2].tolist(), [-v for v in digest[2:].tolist()]
     if most == least:
         return
@@ -59,7 +49,7 @@ def check_same_parameters(tensors: list[torch.Tensor], names: list[str], group: 
     per[: len(hashes)] = torch.tensor(hashes, dtype=torch.int64)
     per[counts[1]: counts[1] + len(hashes)] = -torch.tensor(hashes, dtype=torch.int64)
     per[counts[1] + len(hashes):] = 1  # absent: -1 as a hash, +1 as its negation (hashes are >= 0)
-    all_reduce(per, op=ReduceOp.MAX, group=group)
+    ops.all_reduce(per, op=ReduceOp.MAX, group=group)
     high, low = per[: counts[1]].tolist(), [-v for v in per[counts[1]:].tolist()]
     first = next((i for i in range(counts[1]) if high[i] != low[i]), counts[0])
     if first < len(tensors):
@@ -69,7 +59,7 @@ def check_same_parameters(tensors: list[torch.Tensor], names: list[str], group: 
     raw = mine.encode()[:_TEXT_BYTES]
     text = torch.zeros(_TEXT_BYTES, dtype=torch.uint8)
     text[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    gathered = all_gather(text.to(device), group=group).cpu().view(-1, _TEXT_BYTES)
+    gathered = scatter_gather.all_gather(text.to(device), group=group).cpu().view(-1, _TEXT_BYTES)
     ranks = []
     for rank, row in enumerate(gathered):
         said = bytes(row.tolist()).rstrip(b"\0").decode(errors="replace")
@@ -82,13 +72,11 @@ def check_same_parameters(tensors: list[torch.Tensor], names: list[str], group: 
     )
 
 
-def warn_if_ddp(module_or_params: Any, stacklevel: int = 3) -> None:
-    """A UserWarning when a GradientAverager is put on a DistributedDataParallel module (its gradients
-    would be averaged twice)."""
-    import warnings
-
-    from torch.nn.parallel import DistributedDataParallel
-
+def check_model(module_or_params: Any, params: list[torch.Tensor], tensors: list[torch.Tensor], group: Any,
+                who: str = "GradientAverager") -> None:
+    """GradientAverager's construction checks: a UserWarning for a DistributedDataParallel module (its
+    gradients would be averaged twice), then check_same_parameters of the bucketed `tensors` where
+    this rank is in a `group` of several ranks (parameters named as in the module, else by index)."""
     if isinstance(module_or_params, DistributedDataParallel):
         warnings.warn(
             "ringreduce.GradientAverager: this module is wrapped in DistributedDataParallel, which already "
@@ -96,17 +84,11 @@ def warn_if_ddp(module_or_params: Any, stacklevel: int = 3) -> None:
             "instead of DDP, or keep DDP and use ringreduce inside it: "
             "ddp.register_comm_hook(state=None, hook=ringreduce.ddp_comm_hook)",
             UserWarning,
-            stacklevel=stacklevel,
+            stacklevel=3,
         )
-
-
-def check_model(module_or_params: Any, params: list[torch.Tensor], tensors: list[torch.Tensor], group: Any,
-                who: str = "GradientAverager") -> None:
-    """GradientAverager's construction checks: warn_if_ddp, then check_same_parameters of the bucketed
-    `tensors` where this rank is in a `group` of several ranks."""
-    from ringreduce._groups import resolve
-
-    warn_if_ddp(module_or_params, stacklevel=4)
     info = resolve(group)
     if info is not None and info.size > 1:
-        check_same_parameters(tensors, param_names(module_or_params, params), group, who)
+        names = {}
+        if isinstance(module_or_params, torch.nn.Module):
+            names = {id(p): name for name, p in module_or_params.named_parameters()}
+        check_same_parameters(tensors, [names.get(id(p), f"parameter {i}") for i, p in enumerate(params)], group, who)

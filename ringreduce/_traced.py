@@ -10,6 +10,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ringreduce._options import scaling_error
 from ringreduce._types import ReduceOp, to_reduce_op
 
 _OP_NAMES = {op: op.name.lower() for op in ReduceOp}
@@ -74,17 +75,13 @@ def group_size(group: Any) -> int:
     return group.size()
 
 
-
 def factor(predivide_factor: Any) -> float:
     """`predivide_factor` as the custom ops take it: None is 0.0 ("no factor"); anything else is
     passed through as a float and validated by the op (a factor of 0 is refused here, since 0.0
     means none there). Raises TypeError for a non-number."""
     if predivide_factor is None:
         return 0.0
-    if isinstance(predivide_factor, bool) or not isinstance(predivide_factor, (int, float)):
-        raise TypeError(
-            f"ringreduce: predivide_factor must be a number > 0 or None, got {type(predivide_factor).__name__}"
-        )
-    if predivide_factor == 0:
-        raise ValueError("ringreduce: predivide_factor must be a finite number > 0, got 0")
+    error = scaling_error(None, predivide_factor)
+    if error is not None and (isinstance(error, TypeError) or predivide_factor == 0):
+        raise error
     return float(predivide_factor)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +15,12 @@ from ringreduce._groups import resolve
 from ringreduce._options import AllreduceOptions
 from ringreduce._types import CallKind, FrameError, ReduceOp
 from ringreduce.work import Work, Works
+
+
+def copy_blocks(flat: torch.Tensor, blocks: Sequence[torch.Tensor]) -> None:
+    """Copies the consecutive pieces of the flat `flat` into `blocks` (each of its own numel and shape)."""
+    for block, piece in zip(blocks, flat.split([b.numel() for b in blocks]), strict=True):
+        block.copy_(piece.view(block.shape))
 
 
 class _FlatGroup:
@@ -43,12 +48,8 @@ class _FlatGroup:
     def copy_back(self) -> None:
         if not self.packed:
             return
-        offset = 0
         with torch.no_grad():
-            for t in self.tensors:
-                n = t.numel()
-                t.copy_(self.flat[offset : offset + n].view(t.shape))
-                offset += n
+            copy_blocks(self.flat, self.tensors)
 
 
 class CoalescedWork(Works, Work):
@@ -57,18 +58,12 @@ class CoalescedWork(Works, Work):
 
     def __init__(self, works: list[Work], groups: list[_FlatGroup], tensors: list[torch.Tensor], describe: str):
         super().__init__(None, list(tensors), describe=describe)
-        self._works = works
-        self._groups = groups
-        self._copied = False
-        self._copy_lock = threading.Lock()
-        self._all_future: torch.futures.Future | None = None
 
-    def _copy_back_once(self) -> None:
-        with self._copy_lock:
-            if not self._copied:
-                for g in self._groups:
-                    g.copy_back()
-                self._copied = True
+        def copy_back() -> None:
+            for g in groups:
+                g.copy_back()
+
+        self._hold(works, self._result, copy_back)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if timeout is not None and not isinstance(timeout, datetime.timedelta):
@@ -77,17 +72,11 @@ class CoalescedWork(Works, Work):
         for w in self._works:
             left = None if deadline is None else datetime.timedelta(seconds=max(0.0, deadline - time.monotonic()))
             w.wait(left)
-        self._copy_back_once()
+        self._run_finish()
         return True
 
     def get_future(self) -> torch.futures.Future:
-        if self._all_future is None:
-            self._all_future = self._all_future_of(self._copy_back_once, self._result)
-        return self._all_future
-
-    def __repr__(self) -> str:
-        state = "completed" if self.is_completed() else "pending"
-        return f"<ringreduce.CoalescedWork {self._describe} {state}>"
+        return self._future_of_all()
 
 
 def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, Any, BaseException | None]:
@@ -116,12 +105,10 @@ def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, Any, BaseExcepti
 
 # Note [Options of a coalesced list]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# Each dtype's packed buffer is reduced with one all-reduce, each option applied per buffer as
-# ringreduce.all_reduce applies it (wire_dtype and accum_dtype=float32 to their dtype's buffers only,
-# Note [Options of a buffer] in _options.py). A wire_dtype that applies to no tensor of a non-empty
-# list is refused as all_reduce refuses the first tensor. Every tensor is checked before any ring, and
-# each buffer's frame carries its wire and factor, so ranks that disagree raise with no tensor changed.
-# A refusing rank sends one refusal frame per ring the others run (_rings), keeping the ranks in step.
+# Each dtype's buffer takes the options as all_reduce applies them to it (Note [Options of a buffer] in
+# _options.py; docs/design.md section 1.1). Every tensor is checked before any ring, and each buffer's
+# frame carries its wire and factor, so ranks that disagree raise with no tensor changed; a refusing
+# rank sends one refusal frame per ring the others run (_rings).
 
 
 def _refusal(listed: list[torch.Tensor], options: AllreduceOptions) -> tuple[Any, BaseException | None]:

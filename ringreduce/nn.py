@@ -12,29 +12,11 @@ Note [Gradient convention]
     (block r) receives the sum over ranks of the gradients of block r. The backward of
     ``reduce_scatter`` is an all-gather of the output gradients (divided by n for ``op="avg"``).
 
-    When every rank computes *the same* loss L over the gathered outputs, rank r's parameter
-    gradients are n times its share of dL/dtheta; averaging them over ranks (GradientAverager,
-    all_reduce_avg) leaves exactly dL/dtheta on every rank, as one process computing L on the whole
-    batch: no loss rescaling needed. With a loss L_r per rank, the averaged gradient is that of
-    mean_r L_r.
-
-Contrastive (InfoNCE / CLIP-style) loss over the global batch::
-
-    import torch.nn.functional as F
-    import ringreduce as rr
-
-    averager = rr.GradientAverager(model)                  # or rr.all_reduce_avg(p.grad) after backward
-    for x_a, x_b in loader:                                # this rank's b pairs of views
-        z_a = F.normalize(model(x_a), dim=1)               # (b, d)
-        z_b = F.normalize(model(x_b), dim=1)
-        all_a = rr.nn.all_gather(z_a)                      # (n * b, d), differentiable
-        all_b = rr.nn.all_gather(z_b)
-        logits = all_a @ all_b.T / temperature             # every rank: the same (n*b, n*b) logits
-        labels = torch.arange(all_a.shape[0])
-        loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
-        opt.zero_grad()
-        loss.backward()                                    # .grad: n x this rank's share ...
-        opt.step()                                         # ... averaged by the averager: dL/dtheta
+    When every rank computes *the same* loss L over the gathered outputs, averaging the parameter
+    gradients over ranks (GradientAverager, all_reduce_avg) leaves exactly dL/dtheta on every rank, as
+    one process computing L on the whole batch: no loss rescaling needed (with a loss L_r per rank,
+    that of mean_r L_r). A contrastive (InfoNCE / CLIP) loss over the global batch: docs/hooks.md
+    section 5.
 
 Rules, as for every collective: every rank calls the same collectives in the same order, in
 forward *and* in backward (so every rank must backpropagate through each all_gather or
@@ -75,12 +57,6 @@ def _gather(tensor: Any, group: Any) -> torch.Tensor:
         raise
 
 
-def _scatter(input: torch.Tensor, op: ReduceOp, group: Any, size: int) -> torch.Tensor:  # noqa: A002
-    output = input.new_empty((input.shape[0] // size, *input.shape[1:]))
-    scatter_gather.reduce_scatter(output, input, op=op, group=group)
-    return output
-
-
 class _AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, group: Any, size: int) -> torch.Tensor:
@@ -99,7 +75,9 @@ class _ReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, input: torch.Tensor, op: ReduceOp, group: Any, size: int) -> torch.Tensor:  # noqa: A002
         ctx.group, ctx.size, ctx.op, ctx.shape = group, size, op, input.shape
-        return _scatter(input, op, group, size)
+        output = input.new_empty((input.shape[0] // size, *input.shape[1:]))
+        scatter_gather.reduce_scatter(output, input, op=op, group=group)
+        return output
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -12,27 +13,16 @@ from ringreduce._interrupt import wait_sliced
 
 
 class Work:
-    """Handle of an ``async_op=True`` call.
+    """Handle of an ``async_op=True`` call, shaped like torch.distributed's Work.
 
-    CPU tensors: ``wait(timeout=None)`` blocks the host until the call completed and returns True;
-    it raises the call's error (``RuntimeError`` for a cross-rank mismatch,
-    ``torch.distributed.DistBackendError`` for a dead peer or transport timeout) and raises
-    ``RuntimeError`` if ``timeout`` (a ``datetime.timedelta``) passes first. Ctrl-C interrupts a
-    blocked ``wait()`` (KeyboardInterrupt within about 0.1 s) and leaves the group unusable on this
-    rank (Note [Ctrl-C] in ringreduce/_interrupt.py). ``get_future()`` returns a
-    ``torch.futures.Future`` whose value is ``[tensor]`` (a list, as torch.distributed's), completed
-    by ringreduce's worker when the call is done.
-
-    CUDA tensors, as torch.distributed's NCCL Work: ``wait()`` does **not** block the host; it makes
-    the *current CUDA stream* wait for the call (and raises at once if the call already failed).
-    ``wait(timeout=...)`` also blocks the host up to ``timeout``, in slices: Ctrl-C interrupts it
-    (KeyboardInterrupt within about 0.1 s) and aborts the group's communicator on this rank (later
-    calls raise DistBackendError saying so). ``is_completed()`` polls the GPU.
-    ``get_future()`` is CUDA-aware and completes when the call is *enqueued*, not when it ran:
-    ``.wait()``/``.then()`` on it order streams, and a host timestamp taken in a callback is the
-    launch time, not the time the data arrived. To know the call finished on the GPU, use
-    ``wait(timeout=...)`` or ``torch.cuda.synchronize()``. A call that failed later (watchdog
-    timeout, dead peer) raises on the next ``wait``/``is_success``/call on its group.
+    CPU tensors: ``wait()`` blocks the host until the result is in the tensor; Ctrl-C interrupts a
+    blocked wait and leaves the group unusable on this rank (Note [Ctrl-C] in ringreduce/_interrupt.py).
+    CUDA tensors, as torch.distributed's NCCL Work: ``wait()`` makes the *current stream* wait for the
+    call (the host blocks only with a ``timeout``), ``is_completed()`` polls the GPU, and
+    ``get_future()`` completes when the call is *enqueued*: a host timestamp taken in its callback is the
+    launch time; to know the call finished on the GPU, use ``wait(timeout=...)`` or
+    ``torch.cuda.synchronize()``. A call that failed later (watchdog timeout, dead peer) raises on the
+    next ``wait``/``is_success``/call on its group.
     """
 
     def __init__(
@@ -41,17 +31,13 @@ class Work:
         result: list[torch.Tensor],
         *,
         describe: str = "ringreduce call",
-        finalize: Callable[[], None] | None = None,
-        future: torch.futures.Future | None = None,
         on_interrupt: Callable[[], None] | None = None,
         stream_wait: bool = False,
     ) -> None:
         self._handle = handle
         self._result = result
         self._describe = describe
-        self._finalize = finalize
-        self._finalized = handle is None
-        self._future = future
+        self._future: torch.futures.Future | None = None
         # What Ctrl-C during wait() does (Note [Ctrl-C] in ringreduce/_interrupt.py); its presence
         # makes host waits wait in slices. stream_wait (CUDA): wait() without a timeout only orders
         # the current stream and never blocks the host, so only a timed wait is sliced.
@@ -64,10 +50,6 @@ class Work:
         ``async_op=True`` when nothing needs to move (numel 0, a group of one rank, a rank outside the
         group, or a call traced by torch.compile)."""
         return cls(None, result)
-
-    def _raise_if_failed(self) -> None:
-        if self._handle is not None and not self._handle.ok():
-            self._handle.raise_error()
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Waits for the call and returns True, as torch.distributed's ``Work.wait``.
@@ -104,11 +86,8 @@ class Work:
                     f"ringreduce: {self._describe} (call #{self._handle.seq}) did not complete within "
                     f"{timeout}; the ring is still running in the background"
                 )
-            self._raise_if_failed()
-        if not self._finalized:
-            self._finalized = True
-            if self._finalize is not None:
-                self._finalize()
+            if not self._handle.ok():
+                self._handle.raise_error()
         return True
 
     def is_completed(self) -> bool:
@@ -153,13 +132,25 @@ class Work:
 
     def __repr__(self) -> str:
         state = "completed" if self.is_completed() else "pending"
-        return f"<ringreduce.Work {self._describe} {state}>"
+        return f"<ringreduce.{type(self).__name__} {self._describe} {state}>"
 
 
 class Works:
-    """What a Work made of several calls (``self._works``) answers: done, succeeded, the first error."""
+    """What a Work made of several calls (``self._works``) answers: done, succeeded, the first error, a
+    future of them all; `finish`, what is left once they completed (copying results back), runs once."""
 
-    _works: list[Any]
+    def _hold(self, works: list[Any], result: list[torch.Tensor], finish: Callable[[], None] | None) -> None:
+        self._works, self._result, self._finish = works, result, finish
+        self._finished = finish is None
+        self._finish_lock = threading.Lock()
+        self._all_future: torch.futures.Future | None = None
+
+    def _run_finish(self) -> None:
+        with self._finish_lock:
+            if not self._finished:
+                self._finished = True
+                assert self._finish is not None
+                self._finish()
 
     def is_completed(self) -> bool:
         return all(w.is_completed() for w in self._works)
@@ -174,13 +165,16 @@ class Works:
                 return exc
         return None
 
-    def _all_future_of(self, finish: Callable[[], None], result: list[torch.Tensor]) -> torch.futures.Future:
-        """A future of every call's future: raises the first error, else runs `finish`, then holds `result`."""
+    def _future_of_all(self) -> torch.futures.Future:
+        """A future of every call's future (made once): raises the first error, else runs `finish`, then
+        holds the result."""
 
         def done(all_done: torch.futures.Future) -> list[torch.Tensor]:
             for f in all_done.value():
                 f.value()  # raises the call's error
-            finish()
-            return result
+            self._run_finish()
+            return self._result
 
-        return torch.futures.collect_all([w.get_future() for w in self._works]).then(done)
+        if self._all_future is None:
+            self._all_future = torch.futures.collect_all([w.get_future() for w in self._works]).then(done)
+        return self._all_future

@@ -1,23 +1,6 @@
-"""One backend per device: the only place that tells a CPU tensor's path from a CUDA tensor's (but for
-the fast path's one test, ``tensor.is_cpu``, in ringreduce/_call.py: only CPU calls leave plans).
-
-ringreduce/_call.py checks a call once, whatever its device, then hands it to ``backend_for(device)``.
-A backend is a module with the same small interface:
-
-- ``all_reduce(call)``: runs a checked all-reduce (a :class:`~ringreduce._call.Call`); returns its
-  native handle (or None) and, with ``call.async_op``, its Work;
-- ``ring_half(info, tensor, output, rop, kind, async_op)``: a reduce-scatter or an all-gather;
-- ``refuse(info, kind, code, algorithms, device)``: sends this rank's refusal frame around each ring the
-  other ranks run the call on (RINGREDUCE_CHECK), so that they raise at once; returns the calls' numbers;
-- ``check_enabled()``, ``ring_parameters()``, ``ENQUEUES`` (a synchronous call only enqueues the work:
-  the GPU), ``WIRE_RING`` (the algorithm a 16-bit wire runs on, None: the caller's), and
-  ``option_refusal(algorithm, gather)``: what a device cannot run.
-
-Each backend's Work carries what Ctrl-C during its wait does (Note [Ctrl-C] in ringreduce/_interrupt.py):
-the CPU ring's interrupt, or the abort of the group's NCCL communicator on this rank.
-
-``cpu``: the native CPU runtime (shared memory on one host, gloo point-to-point across hosts);
-``cuda``: ringreduce's NCCL communicators and CUDA kernels.
+"""One backend per device (``cpu``: the native CPU runtime; ``cuda``: ringreduce's NCCL communicators
+and CUDA kernels), each a module with the interface of docs/design.md section 2.5; each backend's Work
+carries what Ctrl-C during its wait does (Note [Ctrl-C] in ringreduce/_interrupt.py).
 """
 
 from __future__ import annotations

@@ -36,18 +36,6 @@ def option_refusal(algorithm: str, gather: str) -> BaseException | None:
     return None
 
 
-def narrow_accumulation(tensor: torch.Tensor, accum_dtype: torch.dtype | None) -> bool:
-    """Whether `accum_dtype` names the float16/bfloat16 tensor's own dtype: partial sums are then
-    rounded at every hop in shared memory too (docs/design.md section 1.5)."""
-    return accum_dtype is not None and accum_dtype == tensor.dtype and tensor.dtype in HALF_TYPES
-
-
-def gather16_on_cpu(info: GroupInfo, setting: str) -> bool:
-    """Whether a CPU all-reduce's all-gather moves the 16-bit wire too (Note [16-bit all-gather] in
-    csrc/core/plan.h): "16" always, "auto" where the ring spans several nodes, "32" never."""
-    return setting == "16" or (setting == "auto" and not one_node(info))
-
-
 # Options objects by everything they hold: most programs make the same few calls over and over, so
 # a call costs one dictionary lookup instead of building the native struct.
 _options_cache: dict[tuple[Any, ...], Any] = {}
@@ -59,8 +47,9 @@ def call_options(info: GroupInfo, kind: Any, op: ReduceOp, *, accum: bool = Fals
                  narrow: bool = False, gather16: bool = False) -> Any:
     """The native CallOptions (csrc/core/call_options.h) of one CPU call on `info`'s ring, with the knobs
     read now. `local_error`: a local refusal; `node_order`: the hierarchical ring's members; `narrow`:
-    narrow_accumulation (Note [Half types in shared memory] in csrc/cpu/shm_ring.h); `gather16`:
-    gather16_on_cpu."""
+    the float16/bfloat16 tensor's own dtype as accum_dtype, rounding at every hop in shared memory too
+    (Note [Half types in shared memory] in csrc/cpu/shm_ring.h); `gather16`: the all-gather moves the
+    16-bit wire too (Note [16-bit all-gather] in csrc/core/plan.h)."""
     check = _config.check_enabled(False)
     segment, slots, timeout = _config.segment_bytes(), _config.num_slots(), _config.timeout_ms()
     node, shm = one_node(info), _config.shm_enabled()
@@ -123,13 +112,16 @@ def all_reduce(call: Any) -> tuple[Any, Work | None]:
                                local_size=call.local_size, node_order=call.members if call.local_size else (),
                                one_shot=call.one_shot, wire=call.wire, predivide=call.factor,
                                extra_divisor=call.extra_divisor,
-                               narrow=narrow_accumulation(tensor, call.accum_dtype),
-                               gather16=call.wire is not None and gather16_on_cpu(info, call.gather))
+                               narrow=call.accum_dtype == tensor.dtype and tensor.dtype in HALF_TYPES,
+                               # "16" always, "auto" where the ring spans several nodes, "32" never
+                               gather16=call.wire is not None and (
+                                   call.gather == "16" or (call.gather == "auto" and not one_node(info))))
         describe = f"{KIND_NAMES[call.kind]} {call.rop.name} on {info.name}"
         if call.plan_key is not None:
             _fastpath.remember(call.plan_key, _fastpath.Plan(call.group, call.kind, call.world, call.env, info,
                                                              options, describe))
-        return submit_and_wait(info, tensor, options, call.async_op, describe)
+        handle = submit_cpu(info, tensor, options, synchronous=not call.async_op)
+        return handle, _finish(info, handle, tensor, call.async_op, describe)
 
 
 def run_plan(plan: _fastpath.Plan, tensor: torch.Tensor, async_op: bool) -> Work | None:
@@ -150,14 +142,6 @@ def run_plan(plan: _fastpath.Plan, tensor: torch.Tensor, async_op: bool) -> Work
     if async_op:  # no extra frame for the hooks' buckets
         return Work(handle, [tensor], describe=plan.describe, on_interrupt=interrupter(plan.info, handle))
     return _finish(plan.info, handle, tensor, False, plan.describe)
-
-
-def submit_and_wait(info: GroupInfo, tensor: torch.Tensor, options: Any, async_op: bool,
-                    describe: str) -> tuple[Any, Work | None]:
-    """Submits one CPU all-reduce; returns its native handle and, with `async_op`, its Work (named
-    `describe`), else None once it completed (raising its error)."""
-    handle = submit_cpu(info, tensor, options, synchronous=not async_op)
-    return handle, _finish(info, handle, tensor, async_op, describe)
 
 
 def _finish(info: GroupInfo, handle: Any, tensor: torch.Tensor, async_op: bool, describe: str) -> Work | None:

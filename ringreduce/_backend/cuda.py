@@ -1,9 +1,5 @@
-"""The CUDA backend: the collectives of CUDA tensors over ringreduce's own NCCL communicator.
-
-Keeps one native communicator per process group and device (created collectively by the group's
-first CUDA call, or by :func:`init_communicator`), turns a call into the native request and its
-handle into a :class:`~ringreduce.Work`, and releases the communicators at exit. The communicator
-itself and the ordering rules beside stock NCCL communicators: docs/design.md section 2.4.
+"""The CUDA backend: the collectives of CUDA tensors over ringreduce's own NCCL communicator, one per
+process group and device (its ordering rules beside stock NCCL communicators: docs/design.md section 2.4).
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ringreduce import _config
-from ringreduce._groups import GroupInfo, choose_algorithm
+from ringreduce._groups import GroupInfo, choose_algorithm, resolve
 from ringreduce._interrupt import SLICE_MS, interrupt_reason
 from ringreduce._options import ALGORITHMS
 from ringreduce._types import KIND_NAMES, CallKind
@@ -54,33 +50,6 @@ def _native() -> Any:
     return C
 
 
-def _timeout_ms(pg: dist.ProcessGroup) -> int:
-    ms = _config.timeout_ms()
-    return ms if ms > 0 else int(_native().cuda_group_timeout_ms(pg))
-
-
-def _group_key(pg: dist.ProcessGroup) -> str:
-    """A name of `pg` that every rank shares and that a later group does not reuse by accident."""
-    try:
-        name = dist.distributed_c10d._get_process_group_name(pg)
-    except Exception:  # noqa: BLE001 - a group torch does not know by name
-        name = getattr(pg, "group_name", "") or ""
-    return name or "default"
-
-
-def _pack_ids(ids: list[bytes]) -> bytes:
-    return b"".join(len(i).to_bytes(4, "big") + bytes(i) for i in ids)
-
-
-def _unpack_ids(blob: bytes) -> list[bytes]:
-    ids, at = [], 0
-    while at < len(blob):
-        n = int.from_bytes(blob[at:at + 4], "big")
-        ids.append(blob[at + 4:at + 4 + n])
-        at += 4 + n
-    return ids
-
-
 def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, lanes: int,
                      store: Any) -> tuple[list[bytes], int]:
     """Rank 0's fresh NCCL unique ids (one per lane, Note [Lanes] in csrc/core/plan.h; rank 0's lane
@@ -91,13 +60,22 @@ def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, 
     creations are collective and in one order. The counter only grows, so a reused ``id(pg)`` or
     store never yields an old id; the last rank to read a key deletes it.
     """
-    group = _group_key(pg)
+    try:  # a name every rank shares and that a later group does not reuse by accident
+        group = dist.distributed_c10d._get_process_group_name(pg)
+    except Exception:  # noqa: BLE001 - a group torch does not know by name
+        group = getattr(pg, "group_name", "")
+    group = group or "default"
     generation = (int(store.add(_COUNTER_KEY.format(group=group), 1)) - 1) // pg_size
     uid_key = _UID_KEY.format(group=group, generation=generation)
     if pg_rank == 0:
-        store.set(uid_key, _pack_ids([C.nccl_unique_id() for _ in range(max(1, lanes))]))
+        ids = [bytes(C.nccl_unique_id()) for _ in range(max(1, lanes))]
+        store.set(uid_key, b"".join(len(i).to_bytes(4, "big") + i for i in ids))  # each after its length
     _wait_for_key(store, uid_key, f"rank 0 of {group} did not publish the NCCL unique ids")
-    ids = _unpack_ids(store.get(uid_key))
+    blob, ids, at = store.get(uid_key), [], 0
+    while at < len(blob):
+        n = int.from_bytes(blob[at:at + 4], "big")
+        ids.append(blob[at + 4:at + 4 + n])
+        at += 4 + n
     if int(store.add(uid_key + "/read", 1)) == pg_size:
         for k in (uid_key, uid_key + "/read"):
             try:
@@ -110,10 +88,7 @@ def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, 
 def _wait_for_key(store: Any, key: str, what: str) -> None:
     """Waits until `key` is in `store` (DistStoreError saying `what` after the store's timeout), polling:
     ``store.get`` would block out of Ctrl-C's reach (Note [Ctrl-C] in ringreduce/_interrupt.py)."""
-    try:
-        limit_s = store.timeout.total_seconds()
-    except Exception:  # noqa: BLE001 - a store without a timeout: torch's default
-        limit_s = 300.0
+    limit_s = _store_timeout_s(store, 300.0)  # without one: torch's default
     deadline = time.monotonic() + limit_s
     pause = 0.001  # rank 0 usually published already: check again soon, then every half slice
     while not store.check([key]):
@@ -126,14 +101,11 @@ def _wait_for_key(store: Any, key: str, what: str) -> None:
         pause = min(2 * pause, SLICE_MS / 2000.0)
 
 
-def _connect_timeout_ms(op_timeout_ms: int, store: Any) -> int:
-    """Communicator init and first connections: at least the store's timeout (NCCL init of many GPUs
-    can take longer than a short RINGREDUCE_TIMEOUT)."""
+def _store_timeout_s(store: Any, default: float) -> float:
     try:
-        store_ms = int(store.timeout.total_seconds() * 1000)
+        return store.timeout.total_seconds()
     except Exception:  # noqa: BLE001 - a store without a timeout
-        store_ms = 0
-    return max(op_timeout_ms, store_ms)
+        return default
 
 
 def communicator(info: GroupInfo, device: torch.device) -> Any:
@@ -177,7 +149,9 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
             ids, generation = _rendezvous_uids(C, info.pg, pg_rank, pg_size,
                                                _config.lanes() or _config.DEFAULT_LANES, store)
             label = info.name if not info.members else f"process group of {info.name}"
-            timeout_ms = _timeout_ms(info.pg)
+            timeout_ms = _config.timeout_ms()
+            if timeout_ms <= 0:
+                timeout_ms = int(C.cuda_group_timeout_ms(info.pg))
             comm = C.CudaRing(
                 ids[0],
                 pg_size,
@@ -186,7 +160,9 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
                 timeout_ms,
                 f"ringreduce {label} on cuda:{device.index} (generation {generation})",
                 0,  # staging: the default (kGpuStagingBytes)
-                _connect_timeout_ms(timeout_ms, store),
+                # init and first connections: at least the store's timeout (NCCL init of many GPUs can
+                # take longer than a short RINGREDUCE_TIMEOUT)
+                max(timeout_ms, int(_store_timeout_s(store, 0.0) * 1000)),
                 lane_ids=ids[1:],
             )
         except KeyboardInterrupt:
@@ -222,8 +198,6 @@ def init_communicator(group: Any = None, device: torch.device | int | None = Non
     on the group does the same. Useful before calls on DeviceMesh sub-meshes that only some ranks
     make. A rank outside `group` does nothing.
     """
-    from ringreduce._groups import resolve
-
     info = resolve(group)
     if info is None:
         return
@@ -257,7 +231,7 @@ def _options(C: Any, kind: int, op: Any, *, accum_float32: bool = False, local_s
         _config.check_enabled(True)
     opts.local_size, opts.one_shot = int(local_size), bool(one_shot)
     opts.wire_dtype, opts.predivide, opts.extra_divisor = wire, float(predivide), int(extra_divisor)
-    opts.segment_bytes, opts.num_slots = _config.segment_bytes_override(), _config.num_slots()
+    opts.segment_bytes, opts.num_slots = _config.segment_bytes(0), _config.num_slots()
     opts.lanes, opts.one_shot_bytes = _config.lanes(), _config.one_shot_bytes()
     return opts
 
@@ -284,8 +258,6 @@ def cuda_all_reduce(
     run in one shot (Note [GPU one-shot all-reduce]). `wire`, `predivide`, `extra_divisor`: Note
     [Reduction contract] in csrc/core/functors.h. Raises DistBackendError on NCCL failures and timeouts.
     """
-    if not tensor.is_cuda:
-        raise ValueError(f"ringreduce: cuda_all_reduce needs a CUDA tensor, got one on {tensor.device}")
     comm = communicator(info, tensor.device)
     _check_on_comm(tensor, comm, "tensor")
     C = _native()
@@ -322,10 +294,6 @@ def cuda_ring_half(
     (kind 4: the contiguous `output` gets every rank's `tensor` in ring order) over ``info``'s ring."""
     if int(kind) not in _HALF_NAMES:
         raise ValueError(f"ringreduce: cuda_ring_half runs reduce_scatter (3) or all_gather (4), got kind {kind}")
-    if not tensor.is_cuda or not output.is_cuda:
-        raise ValueError(
-            f"ringreduce: {_HALF_NAMES[int(kind)]} on the GPU needs CUDA tensors, got {tensor.device} and {output.device}"
-        )
     comm = communicator(info, tensor.device)
     _check_on_comm(tensor, comm, "input")
     _check_on_comm(output, comm, "output")
@@ -340,6 +308,14 @@ def cuda_ring_half(
     return _work(handle, output, what, comm, info, async_op)
 
 
+def _ring_members(info: GroupInfo, algorithm: str) -> tuple[int, ...]:
+    """The ring an all-reduce with `algorithm` runs on (the flat ring's where the layout refuses it)."""
+    try:
+        return choose_algorithm(info, algorithm)[1]
+    except ValueError:
+        return info.members
+
+
 def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, members: Any = None) -> None:
     """With RINGREDUCE_CHECK=1, sends this rank's frame marked with `error` around the ring the others
     run the call on (`members`; default: `info`'s ring for kinds 3-4, "auto"'s otherwise), so that they
@@ -347,12 +323,7 @@ def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, me
     if not _config.check_enabled(True) or info.size <= 1:
         return
     if members is None:
-        members = info.members
-        if int(kind) not in _HALF_NAMES:
-            try:
-                members = choose_algorithm(info, "auto")[1]
-            except ValueError:
-                members = info.members
+        members = info.members if int(kind) in _HALF_NAMES else _ring_members(info, "auto")
     comm = communicator(info, device)
     try:
         _native().cuda_refuse(comm, int(kind), int(error), 0, info.name, _members(info, members))
@@ -360,7 +331,7 @@ def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, me
         pass  # every rank sees the refusal; ours is reported by the caller's own exception
 
 
-def abort_all(reason: str = "interpreter exit") -> None:
+def abort_all() -> None:
     """Aborts every ringreduce NCCL communicator of this process (idempotent). Called at exit."""
     global _shut_down
     with _lock:
@@ -368,7 +339,7 @@ def abort_all(reason: str = "interpreter exit") -> None:
         entries = list(_comms.values())
         _comms.clear()
     for _, _, comm in entries:
-        comm.abort(reason, at_exit=reason == "interpreter exit")
+        comm.abort("interpreter exit", at_exit=True)
 
 
 def release_group(group: dist.ProcessGroup) -> None:
@@ -388,7 +359,7 @@ def check_enabled() -> bool:
 
 def ring_parameters() -> str:
     """The GPU pipeline rule's overrides that are set (csrc/cuda/gpu_pipeline.h), for a DETAIL log line."""
-    segment, slots = _config.segment_bytes_override(), _config.num_slots()
+    segment, slots = _config.segment_bytes(0), _config.num_slots()
     lanes, one_shot = _config.lanes(), _config.one_shot_bytes()
     return " ".join((
         f"segment_bytes<={segment}" if segment else "segment_bytes=gpu rule",  # a set value caps the rule's
@@ -436,10 +407,7 @@ def refuse(info: GroupInfo, kind: Any, code: Any, algorithms: list[str], device:
     path numbers no call for it."""
     assert device is not None
     for algo in algorithms:
-        try:
-            _, members = choose_algorithm(info, algo if algo in ALGORITHMS else "auto")
-        except ValueError:
-            members = info.members
+        members = _ring_members(info, algo if algo in ALGORITHMS else "auto")
         cuda_refuse(info, device, int(kind), int(code), members=members)
     return []
 

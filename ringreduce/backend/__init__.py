@@ -8,17 +8,9 @@ all_gather_into_tensor and the list forms run ringreduce's ring (ringreduce/back
 every other collective runs on an inner gloo (CPU) or NCCL (CUDA) group (ringreduce/backend/inner.py).
 
 Note [A ProcessGroup, not a Backend]
-    The creator returns a Python subclass of ``dist.ProcessGroup`` (RingreduceProcessGroup), which
-    torch uses as the group itself ("If the type is a subclass of ProcessGroup then return this
-    process group immediately"), rather than a c10d ``Backend`` subclass inside a ProcessGroup:
-    - torch.distributed's functions return a Python process group's Work unchanged, so all of its
-      methods are ringreduce's; a Python Backend's Work reaches the caller wrapped in PyWorkHolder,
-      which forwards only ``wait`` and ``get_future`` (its ``is_completed()`` stays False).
-    - C++ callers (DDP's reducer) reach the methods through torch's long-standing PyProcessGroup
-      trampoline; the PyBackend trampoline is too recent for the oldest torch setup.py accepts.
-    ``python_process_groups_supported()`` checks the feature itself: a throwaway subclass's
-    ``getBackendName`` must answer ``name()``, which C++ routes through the trampoline. Without it,
-    creating a group raises a RuntimeError that says what to use instead.
+    The creator returns RingreduceProcessGroup, a Python subclass of ``dist.ProcessGroup`` that torch
+    uses as the group itself, not a c10d ``Backend``: why, and the torch versions it needs, are in
+    docs/design.md section 1.7. ``python_process_groups_supported()`` checks the feature itself.
 """
 
 from __future__ import annotations

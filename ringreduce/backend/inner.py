@@ -1,10 +1,6 @@
 """The inner process group of a "ringreduce" group: gloo for CPU tensors, NCCL (lazily) for CUDA ones.
-
-Its gloo point-to-point carries the CPU ring (shared memory instead when every rank is on one host,
-chosen by ringreduce's runtime); every collective that ringreduce's ring does not run (broadcast,
-barrier, send/recv, all_to_all, gather, scatter, reduce, ...) is delegated to it. It lives in the
-same store as the outer group under its own prefix, so the two never read each other's keys, and
-torch.distributed's tables never see it: the outer group is the one users name.
+It carries the CPU ring and runs every collective the ring does not (docs/design.md section 1.7); torch's
+tables never see it.
 """
 
 from __future__ import annotations
@@ -64,18 +60,14 @@ class InnerGroup:
             self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", self.store), self.rank, self.size, options)
             self.pg._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, self._nccl)
 
-    def backends(self) -> list[Any]:
-        out = [self.pg._get_backend(_CPU)]
-        if self._nccl is not None:
-            out.append(self._nccl)
-        return out
-
     def shutdown(self) -> None:
         """Shuts the inner backends down (idempotent); the ring's runtime must be released before."""
         if self.closed:
             return
         self.closed = True
-        for backend in self.backends():
+        for backend in (self.pg._get_backend(_CPU), self._nccl):
+            if backend is None:
+                continue
             try:
                 backend.shutdown()
             except Exception:  # noqa: BLE001 - a backend without shutdown (older torch): dropped with the group

@@ -70,10 +70,14 @@ class BackendOptions:
                 f"ringreduce.BackendOptions: algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}"
             )
 
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - the options are frozen and live as long as their group
     def allreduce_options(self, op: ReduceOp, dtype: torch.dtype) -> AllreduceOptions:
         """The options of the group's all-reduce of one `dtype` tensor with `op`: one object per
-        (options, op, dtype), so that repeated calls take their plan."""
-        return _allreduce_options(self, op, dtype)
+        (options, op, dtype), so that repeated calls take their plan. Each option where it fits: the
+        wire for float32 SUM/AVG, float32 accumulation for half types."""
+        wire = self.wire_dtype if dtype == torch.float32 and op in (ReduceOp.SUM, ReduceOp.AVG) else None
+        return AllreduceOptions(op, self.accum_dtype if dtype in HALF_TYPES else None, self.algorithm, wire,
+                                wire_gather=self.wire_gather if wire is not None else None)
 
     @classmethod
     def from_pg_options(cls, pg_options: Any) -> BackendOptions:
@@ -87,11 +91,3 @@ class BackendOptions:
             'ringreduce: pg_options of a "ringreduce" group must be a ringreduce.BackendOptions or None, got '
             f"{type(pg_options).__name__}"
         )
-
-
-@functools.lru_cache(maxsize=256)
-def _allreduce_options(o: BackendOptions, op: ReduceOp, dtype: torch.dtype) -> AllreduceOptions:
-    # each option where it fits: the wire for float32 SUM/AVG, float32 accumulation for half types
-    wire = o.wire_dtype if dtype == torch.float32 and op in (ReduceOp.SUM, ReduceOp.AVG) else None
-    return AllreduceOptions(op, o.accum_dtype if dtype in HALF_TYPES else None, o.algorithm, wire,
-                            wire_gather=o.wire_gather if wire is not None else None)

@@ -1,18 +1,12 @@
-"""RingreduceProcessGroup: the process group of backend "ringreduce"; it runs torch.distributed's
-reductions on ringreduce's ring.
-
-Ring collectives (ringreduce's own call path, with the group's BackendOptions): all_reduce with SUM,
-AVG, MAX, MIN or PRODUCT, all_reduce_coalesced, reduce_scatter_tensor / all_gather_into_tensor
-(and their coalesced forms) and the list forms of all_gather / reduce_scatter when every block has
-the input's size. Everything else goes to the inner group (ringreduce/backend/inner.py), which does
-with it what gloo (CPU) or NCCL (CUDA) does: the other collectives, the bitwise ops (BAND, BOR, BXOR)
-and PREMUL_SUM, sparse tensors, and list forms with blocks of different sizes (gloo refuses those).
+"""RingreduceProcessGroup: the process group of backend "ringreduce". Which collectives run on
+ringreduce's ring and which on the inner group (ringreduce/backend/inner.py): docs/design.md section 1.7.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +22,7 @@ from ringreduce.backend import GLOO_ALLTOALL_TORCH, NAME, torch_at_least
 from ringreduce.backend.inner import InnerGroup
 from ringreduce.backend.options import BackendOptions
 from ringreduce.backend.work import BackendWork, TorchWorkCall
-from ringreduce.coalesced import all_reduce_coalesced
+from ringreduce.coalesced import all_reduce_coalesced, copy_blocks
 from ringreduce.scatter_gather import gather_into, reduce_scatter
 
 
@@ -76,8 +70,9 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         _groups.set_store(self._inner.pg, ring_store)
         ranks = tuple(global_ranks) if global_ranks else tuple(range(size))
         label = "WORLD" if not global_ranks else f"group {group_id!r} ranks {list(ranks)}"
-        # what ringreduce's resolve() maps this group to (ringreduce/_groups.py _backend_ring)
-        self._ringreduce_ring = GroupInfo(pg=self._inner.pg, rank=rank, size=size,
+        # the ring this group's collectives run on (over the inner group), what ringreduce's resolve()
+        # maps this group to (ringreduce/_groups.py _backend_ring)
+        self.ring = self._ringreduce_ring = GroupInfo(pg=self._inner.pg, rank=rank, size=size,
                                           name=f"{label} (backend ringreduce)", global_ranks=ranks)
         # collectives by name ("all_reduce", "_reduce_scatter_base", ...) and where they ran: "ring:<name>"
         # or "inner:<name>" (tests and diagnostics: what went through the ring)
@@ -111,23 +106,13 @@ class RingreduceProcessGroup(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
 
-    @property
-    def ring(self) -> GroupInfo:
-        """The ring this group's collectives run on (over the inner group)."""
-        return self._ringreduce_ring
-
-    @property
-    def backend_options(self) -> BackendOptions:
-        return self._options
-
     def shutdown(self) -> None:
         """Releases the ring (its worker, shared memory, NCCL communicator) and the inner backends;
         torch calls it from destroy_process_group. Idempotent."""
         if self._inner.closed:
             return
-        ring = self._ringreduce_ring
-        _backend.release_group(ring.pg)
-        _groups.forget_ring(ring)
+        _backend.release_group(self.ring.pg)
+        _groups.forget_ring(self.ring)
         self._inner.shutdown()
 
     def abort(self) -> None:
@@ -204,15 +189,9 @@ class RingreduceProcessGroup(dist.ProcessGroup):
             return self._delegate("all_gather", "allgather", outputs, inputs, *([opts] if opts is not None else []))
         blocks, tensor = outputs[0], inputs[0]
         flat = torch.empty(self.size() * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-
-        def finish() -> None:
-            for i, block in enumerate(blocks):
-                n = tensor.numel()
-                block.copy_(flat[i * n:(i + 1) * n].view(block.shape))
-
         with self._ring_call("all_gather"):
             work = self._gather(flat, tensor, plain_output=True)
-        return BackendWork([work], list(blocks), finish)
+        return BackendWork([work], list(blocks), functools.partial(copy_blocks, flat, blocks))
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -305,16 +284,11 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         send = torch.cat([t.reshape(-1) for t in inputs])
         recv = send.new_empty(sum(t.numel() for t in outputs))
         out_splits, in_splits = [t.numel() for t in outputs], [t.numel() for t in inputs]
-
-        def finish() -> None:
-            for block, piece in zip(outputs, recv.split(out_splits), strict=True):
-                block.copy_(piece.view(block.shape))
-
         self.calls["inner:all_to_all"] += 1
         with _profile("all_to_all"):
             work = self._inner.pg.alltoall_base(recv, send, out_splits, in_splits,
                                                 opts if opts is not None else dist.AllToAllOptions())
-        return BackendWork([TorchWorkCall(work)], list(outputs), finish)
+        return BackendWork([TorchWorkCall(work)], list(outputs), functools.partial(copy_blocks, recv, outputs))
 
     def barrier(self, *args: Any, **kwargs: Any) -> Any:
         # the inner gloo's (a host barrier) whatever the tensors' device

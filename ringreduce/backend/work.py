@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,19 +28,7 @@ class BackendWork(Works, _TorchWork):  # type: ignore[misc, valid-type]
     def __init__(self, works: Sequence[Work | TorchWorkCall | None], result: list[torch.Tensor],
                  finish: Callable[[], None] | None = None) -> None:
         super().__init__()
-        self._works = [w for w in works if w is not None]
-        self._result = result
-        self._finish = finish
-        self._finished = finish is None
-        self._lock = threading.Lock()
-        self._future: Any = None
-
-    def _run_finish(self) -> None:
-        with self._lock:
-            if not self._finished:
-                self._finished = True
-                assert self._finish is not None
-                self._finish()
+        self._hold([w for w in works if w is not None], result, finish)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if timeout is not None and timeout <= datetime.timedelta(0):
@@ -55,19 +42,13 @@ class BackendWork(Works, _TorchWork):  # type: ignore[misc, valid-type]
         return self._result
 
     def get_future(self) -> torch.futures.Future:
-        if self._future is not None:
-            return self._future
-        result = self._result
-        if not self._works:
+        if self._all_future is None and not self._works:
             self._run_finish()
-            fut: torch.futures.Future = torch.futures.Future()
-            fut.set_result(result)
-        elif len(self._works) == 1 and self._finish is None:
-            fut = self._works[0].get_future()  # its value is already [tensor] (CUDA: CUDA-aware)
-        else:
-            fut = self._all_future_of(self._run_finish, result)
-        self._future = fut
-        return fut
+            self._all_future = torch.futures.Future()
+            self._all_future.set_result(self._result)
+        elif self._all_future is None and len(self._works) == 1 and self._finish is None:
+            self._all_future = self._works[0].get_future()  # its value is already [tensor] (CUDA: CUDA-aware)
+        return self._future_of_all()
 
 
 class TorchWorkCall:

@@ -3,19 +3,16 @@ still runs, its no_sync/accumulation, Join and DTensor support.
 
 Note [End of backward]
     The first hook of a synced backward queues an autograd engine callback that launches the buckets
-    that never became ready (missing gradients as zeros), waits for every bucket and writes the
-    averages back. Under reentrant checkpointing the inner backward is its own graph task, whose
-    callbacks run while the outer node still executes (``torch._C._current_autograd_node()`` is not
-    None): such a callback puts a post-hook on that node instead, which queues it again on the outer
-    graph task.
+    that never became ready, waits for every bucket and writes the averages back. A callback that runs
+    while a node still executes (``torch._C._current_autograd_node()``: the inner backward of reentrant
+    checkpointing) puts a post-hook on that node instead, which queues it again on the outer graph task
+    (docs/hooks.md section 2, "How it works").
 
 Note [Unused parameters]
-    A parameter is *used* on a rank when its gradient was accumulated since the last synced backward
-    (no_sync steps included). The used flags ride as extra elements of the last bucket (the AVG of 0/1
-    flags is non-zero iff some rank used it): no extra round trip. Parameters some rank used get the
-    average everywhere (zeros from ranks without a gradient); the others keep their gradient (None
-    stays None), as DDP with ``find_unused_parameters=True``. The last bucket goes out after all
-    earlier ones, when every hook fired or at the end of backward, so its flags are final.
+    The used flags (gradient accumulated since the last synced backward, no_sync steps included) ride
+    as extra elements of the last bucket: their AVG is non-zero iff some rank used the parameter, with
+    no extra round trip. The last bucket goes out after all earlier ones, when every hook fired or at
+    the end of backward, so its flags are final (docs/hooks.md section 2, "Unused parameters").
 
 Note [Uneven inputs]
     The Join protocol as DDP follows it, one backward per iteration. An active rank's first hook of a
@@ -28,12 +25,10 @@ Note [Uneven inputs]
     last joiner (an all-reduce MAX) and broadcasts its parameters to every rank, as DDP does.
 
 Note [DTensor gradients]
-    A DTensor parameter is bucketed by its local shard; its gradient's local shard is copied in and
-    the average written back in place, so the gradient keeps its placements (one the averager creates
-    gets the parameter's). With ``gradient_as_bucket_view=True`` the gradient is a DTensor whose local
-    shard is the bucket slot. Averaging local shards is right for Shard and Replicate placements, and
-    for Partial ones on mesh dimensions not averaged (the average commutes with the pending sum); a
-    Partial placement on an averaged dimension would mix two reductions and raises RuntimeError.
+    A DTensor parameter is bucketed by its local shard; its gradient's local shard is copied in and the
+    average written back in place, so the gradient keeps its placements (one the averager creates gets
+    the parameter's). A Partial placement on an averaged mesh dimension would mix two reductions and
+    raises RuntimeError (docs/hooks.md section 4).
 """
 
 from __future__ import annotations
@@ -47,11 +42,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook, _JoinConfig
 
-from ringreduce._call import local_tensor, refuse_call, run_all_reduce_with
+from ringreduce._call import local_tensor, refuse, run_all_reduce_with
 from ringreduce._groups import _is_device_mesh, resolve
 from ringreduce._options import AllreduceOptions, avg_or_sum
 from ringreduce._param_check import check_model
-from ringreduce._types import CallKind
+from ringreduce._types import CallKind, FrameError
 from ringreduce.hooks.buckets import (
     _as_grad,
     _assign_buckets,
@@ -73,14 +68,12 @@ class GradientAverager(Joinable):
 
     Registers a post-accumulate-grad hook on every parameter of `module_or_params` that requires
     grad (an ``nn.Module`` or an iterable of parameters; tied parameters count once). Gradients are
-    packed into flat per-dtype, per-device buckets in reverse parameter order, ``first_bucket_mb``
-    for the first and ``bucket_cap_mb`` for the others; each bucket is averaged with
-    ``ringreduce.all_reduce(op=AVG, async_op=True)`` as soon as it and every bucket before it are
-    complete, so communication overlaps the rest of backward. At the end of backward (an autograd
-    callback; activation checkpointing, reentrant or not, is handled) the remaining buckets are
-    launched, every bucket is waited for and ``.grad`` holds the average over ranks (on GPUs the
-    caller's stream is ordered after the reductions). Every rank must run the same sequence of
-    synced backwards, each reaching at least one of the parameters.
+    packed into flat per-dtype, per-device buckets, ``first_bucket_mb`` for the first and
+    ``bucket_cap_mb`` for the others, each averaged asynchronously as soon as it and every bucket
+    before it are complete; when backward returns (activation checkpointing, reentrant or not, is
+    handled) ``.grad`` holds the average over ranks (on GPUs the caller's stream is ordered after the
+    reductions): docs/hooks.md section 2. Every rank must run the same sequence of synced backwards,
+    each reaching at least one of the parameters.
 
     - Parameters used on some ranks only get identical averaged gradients everywhere; parameters no
       rank used keep their ``.grad`` (None stays None). No extra round trip: see Note [Unused
@@ -210,7 +203,7 @@ class GradientAverager(Joinable):
                 offsets.append(numel)
                 numel += self._locals[i].numel()
                 self._bucket_of[i] = index
-            self._buckets.append(_Bucket(index, dtype, device, members, offsets, numel))
+            self._buckets.append(_Bucket(dtype, device, members, offsets, numel))
         if wire_dtype is not None and not any(b.dtype == torch.float32 for b in self._buckets):
             raise ValueError(
                 f"ringreduce.GradientAverager: wire_dtype={wire_dtype} applies to float32 gradients, and this "
@@ -370,7 +363,7 @@ class GradientAverager(Joinable):
         bucket = self._buckets[self._bucket_of[i]]
         bucket.pending -= 1
         if bucket.pending == 0:
-            self._launch_in_order(upto=len(self._buckets), force=False)
+            self._launch_in_order(force=False)
 
     def _check_dtensor_grad(self, i: int, grad: Any, local: torch.Tensor) -> None:
         """Refuses DTensor gradients whose local shard cannot be averaged as is (Note [DTensor gradients])."""
@@ -431,7 +424,8 @@ class GradientAverager(Joinable):
         for b in self._buckets:
             assert b.buffer is not None
             with contextlib.suppress(RuntimeError):
-                refuse_call(self.group, b.buffer, CallKind.ALL_REDUCE, RuntimeError(message))
+                refuse(resolve(self.group), CallKind.ALL_REDUCE, FrameError.OTHER, RuntimeError(message),
+                       b.buffer.device)
         raise RuntimeError(message)
 
     def _queue_end_callback(self) -> None:
@@ -464,18 +458,16 @@ class GradientAverager(Joinable):
             if self._nosync_pending:  # a backward inside no_sync() ended: count it
                 self._nosync_pending = False
                 self._accumulated += 1
-                if not self._round:
-                    self._callback_tasks.clear()
             if self._join_notified:
                 self._end_join_iteration()
-                if not self._round:
-                    self._callback_tasks.clear()
+            if not self._round:
+                self._callback_tasks.clear()
             self._finish_round()
 
     # --------------------------------------------------------------------------------- launching
 
-    def _launch_in_order(self, upto: int, force: bool) -> None:
-        while self._next < upto:
+    def _launch_in_order(self, force: bool) -> None:
+        while self._next < len(self._buckets):
             bucket = self._buckets[self._next]
             if bucket.pending > 0 and not force:
                 return
@@ -515,16 +507,16 @@ class GradientAverager(Joinable):
         if not self._round:
             return
         try:
-            self._launch_in_order(upto=len(self._buckets), force=True)
+            self._launch_in_order(force=True)
             all_used_here = all(self._used)
             if all_used_here:
                 # Every parameter is used somewhere: copy each bucket back as soon as it is done.
                 for b in self._buckets:
-                    self._wait(b)
+                    b.work.wait()
                     self._copy_back(b, None)
             else:
                 for b in self._buckets:
-                    self._wait(b)
+                    b.work.wait()
                 last = self._buckets[-1]
                 assert last.buffer is not None
                 used = (last.buffer[last.numel :] != 0).tolist()
@@ -534,10 +526,6 @@ class GradientAverager(Joinable):
             self._abandon_round()
             raise
         self._end_round()
-
-    def _wait(self, bucket: _Bucket) -> None:
-        assert bucket.work is not None
-        bucket.work.wait()
 
     def _copy_back(self, bucket: _Bucket, used: list[bool] | None) -> None:
         with torch.no_grad():

@@ -1,17 +1,15 @@
 """GradientAverager's buckets: which parameters share a flat buffer, and the gradient views into it.
 
 Note [Buckets and launch order]
-    Parameters that require grad are packed in reverse registration order (roughly the order backward
-    produces their gradients) into flat buckets of one dtype and device, the first of each capped at
-    ``first_bucket_mb`` so that communication starts early, the others at ``bucket_cap_mb``: the same
-    on every rank, since only the parameter list decides. A bucket is *ready* once each of its
-    parameters' gradients was accumulated in this backward; ready buckets are launched **strictly in
-    bucket-index order**, since hooks fire in different orders on different ranks and an out-of-order
-    launch would pair rank A's bucket 2 with rank B's bucket 1.
+    Buckets are made from the parameter list alone (docs/hooks.md section 2, "Buckets"), so they are the
+    same on every rank. Ready buckets are launched **strictly in bucket-index order**: hooks fire in
+    different orders on different ranks, and an out-of-order launch would pair rank A's bucket 2 with
+    rank B's bucket 1.
 """
 
 from __future__ import annotations
 
+import collections
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,7 +25,6 @@ from ringreduce.work import Work
 
 @dataclass
 class _Bucket:
-    index: int
     dtype: torch.dtype
     device: torch.device
     params: list[int]  # indices into GradientAverager._params
@@ -83,30 +80,21 @@ def _assign_buckets(
     """Parameter indices grouped into buckets (reverse order, per dtype and device, capped in bytes),
     in launch order (by the reverse position of their first parameter)."""
     open_: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-    size: dict[tuple[torch.dtype, torch.device], int] = {}
-    closed_count: dict[tuple[torch.dtype, torch.device], int] = {}
-    done: list[tuple[int, torch.dtype, torch.device, list[int]]] = []
-    order = list(range(len(params) - 1, -1, -1))
-    position = {i: pos for pos, i in enumerate(order)}
-
-    def close(key: tuple[torch.dtype, torch.device]) -> None:
-        members = open_.pop(key)
-        size.pop(key)
-        closed_count[key] = closed_count.get(key, 0) + 1
-        done.append((position[members[0]], key[0], key[1], members))
-
-    for i in order:
+    size: collections.Counter[tuple[torch.dtype, torch.device]] = collections.Counter()
+    closed: collections.Counter[tuple[torch.dtype, torch.device]] = collections.Counter()
+    done: list[list[int]] = []
+    for i in reversed(range(len(params))):
         p = params[i]
         key = (p.dtype, p.device)
         open_.setdefault(key, []).append(i)
-        size[key] = size.get(key, 0) + p.numel() * p.element_size()
-        limit = first_cap_bytes if closed_count.get(key, 0) == 0 else cap_bytes
-        if size[key] >= limit:
-            close(key)
-    for key in list(open_):
-        close(key)
-    done.sort(key=lambda b: b[0])
-    return [(dtype, device, members) for _, dtype, device, members in done]
+        size[key] += p.numel() * p.element_size()
+        if size[key] >= (cap_bytes if closed[key] else first_cap_bytes):
+            done.append(open_.pop(key))
+            size[key] = 0
+            closed[key] += 1
+    done += open_.values()
+    done.sort(key=lambda members: -members[0])
+    return [(params[m[0]].dtype, params[m[0]].device, m) for m in done]
 
 
 def _slot_view(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:

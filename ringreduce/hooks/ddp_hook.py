@@ -11,6 +11,7 @@ from ringreduce._options import AllreduceOptions, avg_or_sum
 from ringreduce.ops import ReduceOp, all_reduce
 
 _NO_GROUP = object()
+_AVERAGE = AllreduceOptions(ReduceOp.AVG)  # a state that is not a CommHookState
 
 
 class CommHookState:
@@ -68,12 +69,9 @@ def ddp_comm_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
             f"ringreduce.CommHookState or an object with a process_group attribute, got {type(state).__name__}"
         )
     buffer = bucket.buffer()
-    if options is None:
-        work = all_reduce(buffer, op=ReduceOp.AVG, group=group, async_op=True)
-    else:
-        o = options._options.for_buffer(buffer.dtype)
-        work = all_reduce(buffer, op=o.op, group=group, async_op=True, wire_dtype=o.wire_dtype,
-                          predivide_factor=o.predivide_factor)
+    o = _AVERAGE if options is None else options._options.for_buffer(buffer.dtype)
+    work = all_reduce(buffer, op=o.op, group=group, async_op=True, wire_dtype=o.wire_dtype,
+                      predivide_factor=o.predivide_factor)
     assert work is not None
     return work.get_future().then(lambda fut: fut.value()[0])
 
