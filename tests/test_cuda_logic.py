@@ -101,7 +101,7 @@ def lib() -> ctypes.CDLL:
         tmp = out_dir / f"libcudalogic.{os.getpid()}.so"
         objs = [out_dir / f"{Path(src).stem}.{os.getpid()}.o" for src in SOURCES]
         cmds = [[cxx, "-std=c++17", "-O2", "-fPIC", "-c", "-o", str(obj), str(ROOT / src)]
-                for src, obj in zip(SOURCES, objs)]
+                for src, obj in zip(SOURCES, objs, strict=True)]
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # one compiler per core
             procs = list(pool.map(lambda cmd: subprocess.run(cmd, capture_output=True, text=True), cmds))
         cmds.append([cxx, "-shared", "-o", str(tmp)] + [str(obj) for obj in objs])
@@ -109,7 +109,7 @@ def lib() -> ctypes.CDLL:
             procs.append(subprocess.run(cmds[-1], capture_output=True, text=True))
         for obj in objs:
             obj.unlink(missing_ok=True)
-        for cmd, proc in zip(cmds, procs):
+        for cmd, proc in zip(cmds, procs, strict=True):
             assert proc.returncode == 0, f"building the GPU-logic test library failed:\n{' '.join(cmd)}\n{proc.stderr}"
         os.replace(tmp, so)
     lib = ctypes.CDLL(str(so))
