@@ -183,11 +183,8 @@ class CudaBackend final : public DeviceBackend {
     enqueued_ = true;
     startTimer(lane_->comm_stream);
     // Note [Which exchanges hand off] (ring_executor.h), on the lane's communicator.
-    if (launch == Launch::kHandOff) {
-      lane_->comm->sendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, lane_->comm_stream);
-    } else {
-      lane_->comm->queueSendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, lane_->comm_stream);
-    }
+    lane_->comm->sendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, lane_->comm_stream,
+                          launch == Launch::kHandOff);
   }
 
   void group(const std::vector<PeerOp>& ops) override {

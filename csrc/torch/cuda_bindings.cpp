@@ -63,7 +63,8 @@ class CudaWorkHandle {
 // Runs `fn` without the GIL, its host waits asking for Ctrl-C (Note [Interrupting a host wait on
 // CUDA], csrc/cuda/host_interrupt.h). When a signal handler raised, the wait that asked aborted its
 // communicator and threw; `on_interrupt` (may be empty) runs without the GIL with that error's message
-// and the handler's exception (KeyboardInterrupt) is raised instead of the wait's error.
+// (a call shuts its ring down: the watchdog is joined, every later call raises with the reason) and
+// the handler's exception (KeyboardInterrupt) is raised instead of the wait's error.
 template <typename Fn>
 auto interruptible(Fn&& fn, const std::function<void(const std::string&)>& on_interrupt) -> decltype(fn()) {
   std::shared_ptr<py::error_already_set> raised;
@@ -92,12 +93,6 @@ auto interruptible(Fn&& fn, const std::function<void(const std::string&)>& on_in
     throw *raised;
   }
   return std::move(*result);
-}
-
-// What an interrupted call does to its ring: shut it down (the watchdog is joined; every later call
-// raises with the interrupt's reason, which the wait's abort recorded first).
-std::function<void(const std::string&)> shutDownOnInterrupt(CudaRing& ring) {
-  return [&ring](const std::string& why) { ring.shutdown(why); };
 }
 
 c10::cuda::CUDAStream wrap(cudaStream_t s, int device) {
@@ -137,7 +132,7 @@ py::object launch(CudaRing& ring, const CudaCallRequest& req, CudaCallBuffers& b
   };
   // Without the GIL, also while waiting for the ring's call lock; Ctrl-C ends its host waits.
   const std::shared_ptr<CudaWork> work =
-      interruptible([&] { return runCudaCall(ring, req, buf); }, shutDownOnInterrupt(ring));
+      interruptible([&] { return runCudaCall(ring, req, buf); }, [&](const std::string& why) { ring.shutdown(why); });
   if (!req.async_op || !work) return py::none();
   // CUDA-aware future: completed now (at enqueue), with its event recorded on the reduce stream
   // after the whole call, so that waiting on it (or .then()) synchronizes streams, not the host.
@@ -274,8 +269,7 @@ void registerCudaBindings(pybind11::module& m) {
                        const std::string& name, int64_t staging_bytes, int64_t connect_timeout_ms,
                        const std::vector<py::bytes>& lane_ids) {
              const std::string id = unique_id;
-             std::vector<std::string> more;
-             for (const py::bytes& b : lane_ids) more.push_back(b);
+             const std::vector<std::string> more(lane_ids.begin(), lane_ids.end());
              // Without the GIL until every rank joined; Ctrl-C ends the wait (a communicator being
              // created aborts itself).
              return interruptible(
@@ -378,7 +372,7 @@ void registerCudaBindings(pybind11::module& m) {
               sendCudaRefusal(*ring, static_cast<CallKind>(kind), error, static_cast<RedOp>(op), group_name, members);
               return true;
             },
-            shutDownOnInterrupt(*ring));
+            [&](const std::string& why) { ring->shutdown(why); });
       },
       py::arg("comm"), py::arg("kind"), py::arg("error"), py::arg("op"), py::arg("group_name"),
       py::arg("members") = std::vector<int>{},
