@@ -39,8 +39,6 @@ std::map<int, std::vector<StreamPair>>& streamPool() {
 
 }  // namespace
 
-// ---- EventPool ---------------------------------------------------------------------------------
-
 EventPool::~EventPool() {
   // Destroying an event whose record is pending is allowed (resources are freed on completion).
   for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
@@ -66,8 +64,6 @@ void EventPool::release(cudaEvent_t event) {
   std::lock_guard<std::mutex> lock(mu_);
   free_.push_back(event);
 }
-
-// ---- CudaWork ----------------------------------------------------------------------------------
 
 CudaWork::CudaWork(std::shared_ptr<EventPool> pool, std::shared_ptr<NcclComm> comm, uint64_t seq, int device,
                    std::string what)
@@ -146,7 +142,7 @@ std::string CudaWork::errorMessage() const {
   return e.empty() ? e : "ringreduce: CUDA " + what_ + " #" + std::to_string(seq_) + " failed: " + e;
 }
 
-// ---- CudaBackend: the DeviceBackend of real GPUs -------------------------------------------------
+// The DeviceBackend of real GPUs.
 
 class CudaBackend final : public DeviceBackend {
  public:
@@ -255,8 +251,6 @@ class CudaBackend final : public DeviceBackend {
   bool enqueued_ = false;
   CudaRing::Lane* lane_ = &ring_.lanes_[0];
 };
-
-// ---- CudaRing ----------------------------------------------------------------------------------
 
 CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int64_t staging_bytes, int64_t max_queued_ops,
                    std::vector<std::shared_ptr<NcclComm>> more_lanes)
@@ -385,6 +379,12 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
   checkOpen();
   RR_CHECK(!stages.empty(), kRuntime, "ringreduce internal error: a call without a ring");
   const DType dtype = stages[0].plan.dtype;
+  int64_t ops = 8;  // the call's framing
+  // The staging, laid out as the plans need it (free again: kPrevCallDoneEvent). Slots start at
+  // multiples of 256 bytes (16-byte aligned vector loads).
+  int64_t slot_stride = 256;
+  int32_t slots = 0;  // per lane (Note [Lanes])
+  int32_t lanes = 1;
   for (const RingStage& st : stages) {
     checkSupported(st.plan.dtype, st.op);
     RR_CHECK(st.plan.dtype == dtype, kRuntime, "ringreduce internal error: stages of one call differ in dtype");
@@ -397,15 +397,7 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
     for (const int m : st.members)
       RR_CHECK(m >= 0 && m < size(), kValue, "ringreduce: ring member ", m, " outside the communicator of ", size(),
                " ranks");
-  }
-  int64_t ops = 8;  // the call's framing
-  for (const RingStage& st : stages) ops += static_cast<int64_t>(st.plan.ops.size()) + 2;
-  // The staging, laid out as the plans need it (free again: kPrevCallDoneEvent). Slots start at
-  // multiples of 256 bytes (16-byte aligned vector loads).
-  int64_t slot_stride = 256;
-  int32_t slots = 0;  // per lane (Note [Lanes])
-  int32_t lanes = 1;
-  for (const RingStage& st : stages) {
+    ops += static_cast<int64_t>(st.plan.ops.size()) + 2;
     slot_stride = std::max<int64_t>(slot_stride, roundUp(static_cast<int64_t>(slotBytesFor(st.plan)), 256));
     slots = std::max(slots, st.plan.num_slots);
     lanes = std::max(lanes, st.lane + 1);

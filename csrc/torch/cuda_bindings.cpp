@@ -33,31 +33,11 @@ namespace rr {
 namespace {
 
 // Handle of one CUDA call; duck-typed like the CPU CallHandle so ringreduce.Work wraps both.
-class CudaWorkHandle {
- public:
-  CudaWorkHandle(std::shared_ptr<CudaWork> work, at::Tensor result, std::vector<at::Tensor> keep,
-                 c10::intrusive_ptr<c10::ivalue::Future> future)
-      : work_(std::move(work)), result_(std::move(result)), keep_(std::move(keep)), future_(std::move(future)) {}
-
-  // CudaWork::wait on the current stream of the work's device.
-  bool wait(int64_t timeout_ms) {
-    const auto dev = static_cast<c10::DeviceIndex>(work_->device());
-    c10::cuda::CUDAGuard guard(dev);
-    return work_->wait(c10::cuda::getCurrentCUDAStream(dev).stream(), timeout_ms);
-  }
-  bool isCompleted() { return work_->isCompleted(); }
-  bool ok() const { return work_->error().empty(); }
-  int errorKind() const { return static_cast<int>(ErrorKind::kBackend); }
-  std::string errorMessage() const { return work_->errorMessage(); }
-  void synchronize(int64_t timeout_ms) { work_->synchronize(std::chrono::milliseconds(timeout_ms)); }
-  uint64_t seq() const { return work_->seq(); }
-  c10::intrusive_ptr<c10::ivalue::Future> future() const { return future_; }
-
- private:
-  std::shared_ptr<CudaWork> work_;
-  at::Tensor result_;
-  std::vector<at::Tensor> keep_;  // every buffer of the call: alive as long as the handle
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+struct CudaWorkHandle {
+  std::shared_ptr<CudaWork> work;
+  at::Tensor result;
+  std::vector<at::Tensor> keep;  // every buffer of the call: alive as long as the handle
+  c10::intrusive_ptr<c10::ivalue::Future> future;
 };
 
 // Runs `fn` without the GIL, its host waits asking for Ctrl-C (Note [Interrupting a host wait on
@@ -142,7 +122,7 @@ py::object launch(CudaRing& ring, const CudaCallRequest& req, CudaCallBuffers& b
     c10::cuda::CUDAStreamGuard sg(compute_s);
     future->markCompleted(c10::IValue(c10::List<at::Tensor>({result})));
   }
-  return py::cast(std::make_shared<CudaWorkHandle>(work, result, bufs, future));
+  return py::cast(std::make_shared<CudaWorkHandle>(CudaWorkHandle{work, result, bufs, future}));
 }
 
 CudaCallRequest request(const CudaRing& ring, const at::Tensor& t, const CallOptions& options, bool async_op,
@@ -296,20 +276,29 @@ void registerCudaBindings(pybind11::module& m) {
            py::call_guard<py::gil_scoped_release>(), "CudaRing::shutdown (idempotent).");
 
   py::class_<CudaWorkHandle, std::shared_ptr<CudaWorkHandle>>(m, "CudaWorkHandle")
-      .def("wait", &CudaWorkHandle::wait, py::arg("timeout_ms") = -1, py::call_guard<py::gil_scoped_release>())
-      .def("is_completed", &CudaWorkHandle::isCompleted)
-      .def("ok", &CudaWorkHandle::ok)
-      .def("error_kind", &CudaWorkHandle::errorKind)
-      .def("error_message", &CudaWorkHandle::errorMessage)
+      .def(
+          "wait",
+          [](const CudaWorkHandle& h, int64_t timeout_ms) {  // on the current stream of the work's device
+            const auto dev = static_cast<c10::DeviceIndex>(h.work->device());
+            c10::cuda::CUDAGuard guard(dev);
+            return h.work->wait(c10::cuda::getCurrentCUDAStream(dev).stream(), timeout_ms);
+          },
+          py::arg("timeout_ms") = -1, py::call_guard<py::gil_scoped_release>())
+      .def("is_completed", [](const CudaWorkHandle& h) { return h.work->isCompleted(); })
+      .def("ok", [](const CudaWorkHandle& h) { return h.work->error().empty(); })
+      .def("error_kind", [](const CudaWorkHandle&) { return static_cast<int>(ErrorKind::kBackend); })
+      .def("error_message", [](const CudaWorkHandle& h) { return h.work->errorMessage(); })
       .def("raise_error",
            [](const CudaWorkHandle& h) {
-             if (!h.ok()) throw Error(ErrorKind::kBackend, h.errorMessage());
+             if (!h.work->error().empty()) throw Error(ErrorKind::kBackend, h.work->errorMessage());
            })
-      .def("synchronize", &CudaWorkHandle::synchronize, py::arg("timeout_ms") = -1,
-           py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("seq", &CudaWorkHandle::seq)
+      .def(
+          "synchronize",
+          [](const CudaWorkHandle& h, int64_t timeout_ms) { h.work->synchronize(std::chrono::milliseconds(timeout_ms)); },
+          py::arg("timeout_ms") = -1, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("seq", [](const CudaWorkHandle& h) { return h.work->seq(); })
       .def("get_future",
-           [](const CudaWorkHandle& h) { return std::make_shared<torch::jit::PythonFutureWrapper>(h.future()); });
+           [](const CudaWorkHandle& h) { return std::make_shared<torch::jit::PythonFutureWrapper>(h.future); });
 
   m.def("cuda_all_reduce", &cudaAllReduce, py::arg("comm"), py::arg("tensor"), py::arg("options"),
         py::arg("async_op"), py::arg("group_name"), py::arg("members") = std::vector<int>{},
