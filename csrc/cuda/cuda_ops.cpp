@@ -1,8 +1,5 @@
 #include "cuda_ops.h"
 
-#include <algorithm>
-#include <sstream>
-
 #include "../core/collectives.h"
 #include "../core/error.h"
 
@@ -122,27 +119,6 @@ void sendCudaRefusal(CudaRing& ring, CallKind kind, int error, RedOp op, const s
   const RingMembers rm = resolveRing(members, ring.size(), ring.rank());
   agree(ring, makeFrame(nullptr, kind, op, error, ring.rank(), ring.nextSeq(ringKey(members, ring.size()))), rm,
         group_name);
-}
-
-CudaBuildFacts cudaBuildFacts() {
-  CudaBuildFacts f;
-  f.nccl_version_code = NcclComm::compiledVersion();
-  f.nccl_version = ncclVersionString(f.nccl_version_code);
-  try {
-    f.nccl_runtime_version_code = NcclComm::runtimeVersion();
-    f.nccl_runtime_version = ncclVersionString(f.nccl_runtime_version_code);
-  } catch (const Error&) {
-    f.nccl_runtime_version_code = -1;
-  }
-#ifdef RR_CUDA_ARCHS
-  std::stringstream archs(RR_CUDA_ARCHS);  // comma-separated (setup.py)
-  for (std::string a; std::getline(archs, a, ',');)
-    if (!a.empty()) f.cuda_archs.push_back(a);
-#endif
-  int v = 0;
-  f.cuda_runtime_version = cudaRuntimeGetVersion(&v) == cudaSuccess ? v : -1;
-  f.cuda_compiled_version = CUDART_VERSION;
-  return f;
 }
 
 }  // namespace rr

@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,17 +59,5 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
 // The refusal frame of a rank that refused a call locally (RINGREDUCE_CHECK=1), around `members`.
 void sendCudaRefusal(CudaRing& ring, CallKind kind, int error, RedOp op, const std::string& group_name,
                      const std::vector<int>& members);
-
-// What build_info() reports of the GPU part ("" / -1: unknown).
-struct CudaBuildFacts {
-  std::string nccl_version;          // "X.Y.Z", compiled against
-  int nccl_version_code = 0;
-  std::string nccl_runtime_version;  // loaded library
-  int nccl_runtime_version_code = -1;
-  std::vector<std::string> cuda_archs;  // RR_CUDA_ARCHS (setup.py)
-  int cuda_runtime_version = -1;
-  int cuda_compiled_version = 0;
-};
-CudaBuildFacts cudaBuildFacts();
 
 }  // namespace rr

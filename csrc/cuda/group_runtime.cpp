@@ -2,9 +2,6 @@
 
 #include <cstdio>
 #include <algorithm>
-#include <cstring>
-#include <map>
-#include <vector>
 
 #include "../core/agreement.h"
 #include "cuda_check.h"

@@ -201,17 +201,9 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
         case OpKind::kReduce:   // dst = a (op) received partial; the owned chunk's last reduce scales
         case OpKind::kConvert: {  // Note [First hop]: the first send, rounded to the wire / predivided
           const bool convert = o.kind == OpKind::kConvert;
-          ReduceLaunch l;
-          l.a = spanAddress(plan, b, o.a);
-          l.a_type = o.a.type;
-          l.b = convert ? nullptr : spanAddress(plan, b, o.recv);
-          l.b_type = convert ? o.dst.type : o.recv.type;
-          l.dst = spanAddress(plan, b, o.dst);
-          l.dst_type = o.dst.type;
-          l.count = o.dst.count;
-          l.scaling = plan.scaling(st.op, o);
-          l.op = st.op;
-          be.reduce(l);
+          be.reduce(ReduceLaunch{spanAddress(plan, b, o.a), o.a.type,
+                                 convert ? nullptr : spanAddress(plan, b, o.recv), convert ? o.dst.type : o.recv.type,
+                                 spanAddress(plan, b, o.dst), o.dst.type, o.dst.count, plan.scaling(st.op, o), st.op});
           break;
         }
         case OpKind::kCopy:

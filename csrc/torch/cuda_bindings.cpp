@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -218,17 +219,30 @@ int64_t groupTimeoutMs(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
   return 10 * 60 * 1000;  // torch's default NCCL timeout
 }
 
+// What build_info() reports of the GPU part (None: unknown).
 py::dict cudaBuildInfo() {
-  const CudaBuildFacts f = cudaBuildFacts();
-  const bool rt = f.nccl_runtime_version_code >= 0;
+  int nccl_rt = -1;
+  try {
+    nccl_rt = NcclComm::runtimeVersion();
+  } catch (const Error&) {
+    // no loadable NCCL: None
+  }
+  std::vector<std::string> archs;
+#ifdef RR_CUDA_ARCHS
+  std::stringstream list(RR_CUDA_ARCHS);  // comma-separated (setup.py)
+  for (std::string a; std::getline(list, a, ',');)
+    if (!a.empty()) archs.push_back(a);
+#endif
+  int cuda_rt = 0;
+  const bool cuda_rt_known = cudaRuntimeGetVersion(&cuda_rt) == cudaSuccess;
   py::dict d;
-  d["nccl_version"] = f.nccl_version;
-  d["nccl_version_code"] = f.nccl_version_code;
-  d["nccl_runtime_version"] = rt ? py::cast(f.nccl_runtime_version) : py::none();
-  d["nccl_runtime_version_code"] = rt ? py::cast(f.nccl_runtime_version_code) : py::none();
-  d["cuda_archs"] = f.cuda_archs;
-  d["cuda_runtime_version"] = f.cuda_runtime_version >= 0 ? py::cast(f.cuda_runtime_version) : py::none();
-  d["cuda_compiled_version"] = f.cuda_compiled_version;
+  d["nccl_version"] = ncclVersionString(NcclComm::compiledVersion());
+  d["nccl_version_code"] = NcclComm::compiledVersion();
+  d["nccl_runtime_version"] = nccl_rt >= 0 ? py::cast(ncclVersionString(nccl_rt)) : py::none();
+  d["nccl_runtime_version_code"] = nccl_rt >= 0 ? py::cast(nccl_rt) : py::none();
+  d["cuda_archs"] = archs;
+  d["cuda_runtime_version"] = cuda_rt_known ? py::cast(cuda_rt) : py::none();
+  d["cuda_compiled_version"] = CUDART_VERSION;
   return d;
 }
 
