@@ -36,31 +36,41 @@ std::map<int, std::vector<StreamPair>>& streamPool() {
 
 }  // namespace
 
-EventPool::~EventPool() {
-  // Destroying an event whose record is pending is allowed (resources are freed on completion).
-  for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
-}
+class EventPool {
+ public:
+  explicit EventPool(int device) : device_(device) {}
 
-cudaEvent_t EventPool::acquire() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!free_.empty()) {
-      cudaEvent_t e = free_.back();
-      free_.pop_back();
-      return e;
-    }
+  ~EventPool() {
+    // Destroying an event whose record is pending is allowed (resources are freed on completion).
+    for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
   }
-  DeviceGuard guard(device_);
-  cudaEvent_t e = nullptr;
-  RR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  return e;
-}
 
-void EventPool::release(cudaEvent_t event) {
-  if (event == nullptr) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  free_.push_back(event);
-}
+  cudaEvent_t acquire() {  // throws kBackend
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    DeviceGuard guard(device_);
+    cudaEvent_t e = nullptr;
+    RR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+
+  void release(cudaEvent_t event) {  // never throws
+    if (event == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(event);
+  }
+
+ private:
+  int device_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
 
 CudaWork::CudaWork(std::shared_ptr<EventPool> pool, std::shared_ptr<NcclComm> comm, uint64_t seq, int device,
                    std::string what)

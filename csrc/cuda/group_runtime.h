@@ -57,19 +57,7 @@ namespace rr {
 // the oldest to finish or fail (or Ctrl-C). A single call larger than the bound goes alone.
 constexpr int64_t kCudaMaxQueuedOps = 1024;
 
-// A pool of cudaEventDisableTiming events on one device, shared by a ring and its works.
-class EventPool {
- public:
-  explicit EventPool(int device) : device_(device) {}
-  ~EventPool();
-  cudaEvent_t acquire();             // throws kBackend
-  void release(cudaEvent_t event);   // never throws
-
- private:
-  int device_;
-  std::mutex mu_;
-  std::vector<cudaEvent_t> free_;
-};
+class EventPool;  // cudaEventDisableTiming events of one device, shared by a ring and its works
 
 // One enqueued call. Shared by the caller's handle and the watchdog.
 class CudaWork {

@@ -405,13 +405,12 @@ void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const PeerOp* op
   }
   // Note [Inside a user's NCCL group]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // A non-blocking communicator's outermost ncclGroupEnd with tasks returns ncclInProgress
-  // (src/group.cc); a nested one returns ncclSuccess without launching. So ncclSuccess means the
-  // caller's thread is inside its own ncclGroupStart (torch's _coalescing_manager,
-  // batch_isend_irecv) and our send/recv run when that group ends: nothing may be recorded after them
-  // as if they ran, and aborting would free a communicator the user's ncclGroupEnd still uses. So
-  // refuse, and CudaRing poisons the ring. Every call's first exchange is a hand-off, so this is
-  // seen before any queued exchange. The launcher thread (NCCL < 2.23) has no group open.
+  // A non-blocking communicator's outermost ncclGroupEnd with tasks returns ncclInProgress, a nested
+  // one ncclSuccess without launching (src/group.cc): then the caller's thread is inside its own
+  // ncclGroupStart (torch's _coalescing_manager, batch_isend_irecv), nothing may be recorded after
+  // our send/recv as if they ran, and an abort would free a communicator the user's ncclGroupEnd
+  // still uses. So refuse, and CudaRing poisons the ring; a call's first exchange is a hand-off, so
+  // this is seen before any queued one. The launcher thread (NCCL < 2.23) has no group open.
   if (!setup_.launcher && end == ncclSuccess && r == ncclSuccess) {
     inside_user_group_ = true;
     RR_THROW(kRuntime, "ringreduce: a CUDA collective was called inside an NCCL group of this thread "

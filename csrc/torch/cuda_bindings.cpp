@@ -337,9 +337,7 @@ void registerCudaBindings(pybind11::module& m) {
         c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
         cudaStream_t caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
         const LoopbackShape shape{static_cast<uint8_t>(phases), local_size, order};
-        GpuKnobs knobs;
-        knobs.segment_bytes = segment_bytes;
-        knobs.slots = num_slots;
+        const GpuKnobs knobs{segment_bytes, num_slots};
         py::gil_scoped_release nogil;
         loopbackAllReduce(device, ptrs, t0.numel(), toDType(t0.scalar_type()), static_cast<RedOp>(op), accum_float32,
                           knobs, caller, shape);
