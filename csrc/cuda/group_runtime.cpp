@@ -110,9 +110,8 @@ bool CudaWork::isCompleted() {
 }
 
 void CudaWork::streamWait(cudaStream_t stream) {
-  if (state_.load() == kFailed) {
-    RR_THROW(kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(), " failed: ", error());
-  }
+  RR_CHECK(state_.load() != kFailed, kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(),
+           " failed: ", error());
   DeviceGuard guard(device_);
   RR_CUDA_CHECK(cudaStreamWaitEvent(stream, done_, 0));
 }
@@ -121,15 +120,12 @@ void CudaWork::synchronize(std::chrono::milliseconds timeout) {
   const auto limit = timeout.count() > 0 ? timeout : comm_->timeout();
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (!isCompleted()) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      RR_THROW(kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(), " (rank ", comm_->rank(),
-               ") did not finish within ", limit.count(), " ms");
-    }
+    RR_CHECK(std::chrono::steady_clock::now() <= deadline, kBackend, "ringreduce: ", what_, " #", seq_, " on ",
+             comm_->name(), " (rank ", comm_->rank(), ") did not finish within ", limit.count(), " ms");
     std::this_thread::sleep_for(kHostPoll);
   }
-  if (state_.load() == kFailed) {
-    RR_THROW(kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(), " failed: ", error());
-  }
+  RR_CHECK(state_.load() != kFailed, kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(),
+           " failed: ", error());
 }
 
 bool CudaWork::wait(cudaStream_t stream, int64_t timeout_ms) {

@@ -329,10 +329,8 @@ void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first,
   const auto spin_until = std::chrono::steady_clock::now() + kSpinPoll;
   InterruptCheck interrupt;  // Note [Interrupting a host wait on CUDA]
   while (true) {
-    if (aborted_) {
-      RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " was aborted during ", what, ": ",
-               abort_reason_);
-    }
+    RR_CHECK(!aborted_, kBackend, "ringreduce: NCCL communicator ", name_, " was aborted during ", what, ": ",
+             abort_reason_);
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) failLocked(std::string(what) + " failed: " + describeNccl(state, comm_));
     if (std::chrono::steady_clock::now() > deadline) {
@@ -504,11 +502,8 @@ void NcclComm::checkUsable() const {
 }
 
 void NcclComm::checkUsableLocked() const {
-  if (aborted_) {
-    RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, " of ", nranks_,
-             ") is unusable after an earlier failure: ", abort_reason_,
-             ". Create a new process group to continue.");
-  }
+  RR_CHECK(!aborted_, kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, " of ", nranks_,
+           ") is unusable after an earlier failure: ", abort_reason_, ". Create a new process group to continue.");
 }
 
 }  // namespace rr
