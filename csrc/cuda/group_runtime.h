@@ -1,9 +1,7 @@
 // ringreduce GPU: the ring all-reduce over one NCCL communicator per lane (docs/design.md section
-// 2.4). CudaRing owns, per lane (Note [Lanes] in plan.h), an NCCL communicator (nccl_comm.h; lane
-// 0's also carries the agreement frames), a communication and a reduce stream; the staging (Note [GPU
-// pipeline rule]); the event pool; and the watchdog thread. ring_executor.h decides what each step
-// touches; CudaBackend only puts it on the streams. Sub-rings of the group (Note [Sub-rings on one
-// communicator]) share all of this, each with its own call counter.
+// 2.4): CudaRing owns per lane (Note [Lanes] in plan.h) a communicator and a communication and a
+// reduce stream; the staging; the event pool; and the watchdog thread. ring_executor.h decides what
+// each step touches; CudaBackend only puts it on the streams. Sub-rings share all of this.
 //
 // Note [Ordering, lifetime, failure]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
