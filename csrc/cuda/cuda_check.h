@@ -29,11 +29,6 @@ namespace rr {
 //   * clears the last error after cudaErrorNotReady, so that a later launch check does not report a
 //     stale not-ready (as torch's CUDAEvent::query does).
 // True once the event's latest record fired; throws kBackend on any other error.
-inline bool isCaptureRefusal(cudaError_t e) {
-  return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
-         e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureWrongThread;
-}
-
 inline bool eventFired(cudaEvent_t event) {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
@@ -41,7 +36,10 @@ inline bool eventFired(cudaEvent_t event) {
   if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
   if (q == cudaSuccess) return true;
   (void)cudaGetLastError();  // not-ready (and capture refusals) must not linger as the last error
-  if (q == cudaErrorNotReady || isCaptureRefusal(q)) return false;
+  if (q == cudaErrorNotReady || q == cudaErrorStreamCaptureUnsupported || q == cudaErrorStreamCaptureInvalidated ||
+      q == cudaErrorStreamCaptureImplicit || q == cudaErrorStreamCaptureWrongThread) {
+    return false;
+  }
   RR_THROW(kBackend, "ringreduce: CUDA call `cudaEventQuery` failed: ", cudaGetErrorName(q), ": ",
            cudaGetErrorString(q));
 }

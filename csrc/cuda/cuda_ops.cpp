@@ -1,7 +1,5 @@
 #include "cuda_ops.h"
 
-#include <algorithm>
-
 #include "../core/collectives.h"
 #include "../core/error.h"
 
@@ -46,7 +44,8 @@ const char* nameOf(const CudaCallRequest& req, bool hier) {
 
 std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req, CudaCallBuffers& buf) {
   const CallOptions& opt = req.options;
-  const GpuKnobs knobs = gpuKnobs(opt);
+  // The GPU pipeline's overrides (Note [GPU pipeline rule], gpu_pipeline.h).
+  const GpuKnobs knobs{opt.segment_bytes, opt.num_slots, opt.lanes, opt.one_shot_bytes};
   const bool scatter = opt.kind == CallKind::kReduceScatter;
   const bool gather = opt.kind == CallKind::kAllGather;
   const RingMembers rm = resolveRing(req.members, ring.size(), ring.rank());
@@ -120,42 +119,6 @@ void sendCudaRefusal(CudaRing& ring, CallKind kind, int error, RedOp op, const s
   const RingMembers rm = resolveRing(members, ring.size(), ring.rank());
   agree(ring, makeFrame(nullptr, kind, op, error, ring.rank(), ring.nextSeq(ringKey(members, ring.size()))), rm,
         group_name);
-}
-
-namespace {
-std::vector<std::string> splitArchs(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t comma = s.find(',', start);
-    const std::string a = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (!a.empty()) out.push_back(a);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-}  // namespace
-
-CudaBuildFacts cudaBuildFacts() {
-  CudaBuildFacts f;
-  f.nccl_version_code = NcclComm::compiledVersion();
-  f.nccl_version = ncclVersionString(f.nccl_version_code);
-  try {
-    f.nccl_runtime_version_code = NcclComm::runtimeVersion();
-    f.nccl_runtime_version = ncclVersionString(f.nccl_runtime_version_code);
-  } catch (const Error&) {
-    f.nccl_runtime_version_code = -1;
-  }
-#ifdef RR_CUDA_ARCHS
-  f.cuda_archs = splitArchs(RR_CUDA_ARCHS);
-#else
-  f.cuda_archs = splitArchs("");
-#endif
-  int v = 0;
-  f.cuda_runtime_version = cudaRuntimeGetVersion(&v) == cudaSuccess ? v : -1;
-  f.cuda_compiled_version = CUDART_VERSION;
-  return f;
 }
 
 }  // namespace rr

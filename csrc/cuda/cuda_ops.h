@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,22 +34,11 @@ struct CudaCallRequest {
   int64_t numel = 0;              // of the input
   int64_t out_numel = 0;          // ring halves: of the output
   std::vector<int64_t> shape;     // of the input (agreement frame)
-  bool direct = true;             // all-reduce: the tensor is row-major contiguous (no working copy)
   bool async_op = false;
   std::string group_name;
   std::vector<int> members;       // ranks of the group in ring order; empty: all
   cudaStream_t caller = nullptr;
 };
-
-// The GPU pipeline's overrides in `options` (Note [GPU pipeline rule], gpu_pipeline.h).
-inline GpuKnobs gpuKnobs(const CallOptions& options) {
-  GpuKnobs k;
-  k.segment_bytes = options.segment_bytes;
-  k.slots = options.num_slots;
-  k.lanes = options.lanes;
-  k.one_shot_bytes = options.one_shot_bytes;
-  return k;
-}
 
 // What only the torch layer can do. Every callback runs on the calling thread, without the GIL.
 struct CudaCallBuffers {
@@ -64,24 +52,12 @@ struct CudaCallBuffers {
 };
 
 // Runs steps 1-7; returns the work, or null when there was nothing to enqueue. data() gives: for an
-// all-reduce the tensor (direct) or its working copy (float32 when the hierarchical mode upcasts);
+// all-reduce the tensor or its working copy (float32 when the hierarchical mode upcasts);
 // reduce-scatter a private copy of the input; all-gather the output with this rank's block in place.
 std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req, CudaCallBuffers& buf);
 
 // The refusal frame of a rank that refused a call locally (RINGREDUCE_CHECK=1), around `members`.
 void sendCudaRefusal(CudaRing& ring, CallKind kind, int error, RedOp op, const std::string& group_name,
                      const std::vector<int>& members);
-
-// What build_info() reports of the GPU part ("" / -1: unknown).
-struct CudaBuildFacts {
-  std::string nccl_version;          // "X.Y.Z", compiled against
-  int nccl_version_code = 0;
-  std::string nccl_runtime_version;  // loaded library
-  int nccl_runtime_version_code = -1;
-  std::vector<std::string> cuda_archs;  // RR_CUDA_ARCHS (setup.py)
-  int cuda_runtime_version = -1;
-  int cuda_compiled_version = 0;
-};
-CudaBuildFacts cudaBuildFacts();
 
 }  // namespace rr

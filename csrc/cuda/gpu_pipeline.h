@@ -2,29 +2,18 @@
 //
 // Note [GPU pipeline rule]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// NCCL runs the kernels of one communicator one after another (src/enqueue.cc), so a lane's
-// exchanges never overlap and a call costs about (exchanges) x (launch and start-up) + (bytes) /
-// (p2p bandwidth), the reduces hidden behind the next exchange (docs/performance.md, "What bounds
-// the GPU ring now"). Fewer, larger exchanges are better, limited only by the staging (a segment
-// must fit a slot) and the pipelining. So:
-//   * slots = 2 (RINGREDUCE_SLOTS): double buffering is all a serialized lane needs;
-//   * a slot holds one segment of the widest element the plan moves (Plan::slotBytes: float32 with
-//     accum_dtype=float32 on a half type; a 16-bit wire never widens it), so a wire or a predivide
-//     factor never changes the pipeline;
-//   * a segment is a slot (staging / (lanes x slots); RINGREDUCE_SEGMENT_BYTES caps it), and at most
-//     half a chunk's share of a lane, so every lane of every chunk pipelines two segments;
-//   * lanes (Note [Lanes] in plan.h): the communicator's (kGpuDefaultLanes unless RINGREDUCE_LANES
-//     said otherwise at its creation) while each still gets two segments of kGpuMinLaneSegmentBytes
-//     per chunk; RINGREDUCE_LANES overrides per call. Each lane is its own NCCL communicator, and
-//     NCCL gives one send/recv between two GPUs only a few channels (src/graph/paths.cc), so K lanes
-//     are K such operations in flight;
-//   * the one-shot all-reduce (Note [GPU one-shot all-reduce], one_shot_body.h) up to
-//     gpuOneShotBytes(n): 1 MiB up to 4 ranks, 256 KiB up to 8, 64 KiB beyond (cost model defaults;
-//     RINGREDUCE_ONESHOT_BYTES overrides, 0 turns it off), capped by a set RINGREDUCE_SEGMENT_BYTES
-//     as on CPU, and the n - 1 received tensors must fit the staging.
-// None of this changes a result bit (docs/algorithm.md, "What decides the bits"): chunk ownership
-// depends on (n, numel) only, lanes split segments, not chunks, and the one-shot reduces in the
-// ring's order. The knobs must agree on every rank (the agreement frame carries the segment).
+// NCCL runs one communicator's kernels one after another, so a lane's exchanges never overlap and
+// fewer, larger exchanges are better (docs/performance.md, "What bounds the GPU ring now";
+// docs/design.md section 2.4, "Pipeline", "Lanes", "One-shot"). So:
+//   * slots = 2 per lane (double buffering), each holding one segment of the widest element the plan
+//     moves (a wire or a predivide factor never changes the pipeline);
+//   * a segment is a slot, and at most half a chunk's share of a lane;
+//   * lanes: the communicator's while each still gets two segments of kGpuMinLaneSegmentBytes per
+//     chunk;
+//   * the one-shot up to gpuOneShotBytes(n), capped by a set RINGREDUCE_SEGMENT_BYTES as on CPU and
+//     by the n - 1 received tensors fitting the staging.
+// None of this changes a result bit (docs/algorithm.md, "What decides the bits"). The knobs must
+// agree on every rank (the agreement frame carries the segment).
 #pragma once
 
 #include <cstdint>

@@ -2,9 +2,6 @@
 
 #include <cstdio>
 #include <algorithm>
-#include <cstring>
-#include <map>
-#include <vector>
 
 #include "../core/agreement.h"
 #include "cuda_check.h"
@@ -39,35 +36,41 @@ std::map<int, std::vector<StreamPair>>& streamPool() {
 
 }  // namespace
 
-// ---- EventPool ---------------------------------------------------------------------------------
+class EventPool {
+ public:
+  explicit EventPool(int device) : device_(device) {}
 
-EventPool::~EventPool() {
-  // Destroying an event whose record is pending is allowed (resources are freed on completion).
-  for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
-}
-
-cudaEvent_t EventPool::acquire() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!free_.empty()) {
-      cudaEvent_t e = free_.back();
-      free_.pop_back();
-      return e;
-    }
+  ~EventPool() {
+    // Destroying an event whose record is pending is allowed (resources are freed on completion).
+    for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
   }
-  DeviceGuard guard(device_);
-  cudaEvent_t e = nullptr;
-  RR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  return e;
-}
 
-void EventPool::release(cudaEvent_t event) {
-  if (event == nullptr) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  free_.push_back(event);
-}
+  cudaEvent_t acquire() {  // throws kBackend
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    DeviceGuard guard(device_);
+    cudaEvent_t e = nullptr;
+    RR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
 
-// ---- CudaWork ----------------------------------------------------------------------------------
+  void release(cudaEvent_t event) {  // never throws
+    if (event == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(event);
+  }
+
+ private:
+  int device_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
 
 CudaWork::CudaWork(std::shared_ptr<EventPool> pool, std::shared_ptr<NcclComm> comm, uint64_t seq, int device,
                    std::string what)
@@ -107,9 +110,8 @@ bool CudaWork::isCompleted() {
 }
 
 void CudaWork::streamWait(cudaStream_t stream) {
-  if (state_.load() == kFailed) {
-    RR_THROW(kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(), " failed: ", error());
-  }
+  RR_CHECK(state_.load() != kFailed, kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(),
+           " failed: ", error());
   DeviceGuard guard(device_);
   RR_CUDA_CHECK(cudaStreamWaitEvent(stream, done_, 0));
 }
@@ -118,15 +120,12 @@ void CudaWork::synchronize(std::chrono::milliseconds timeout) {
   const auto limit = timeout.count() > 0 ? timeout : comm_->timeout();
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (!isCompleted()) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      RR_THROW(kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(), " (rank ", comm_->rank(),
-               ") did not finish within ", limit.count(), " ms");
-    }
+    RR_CHECK(std::chrono::steady_clock::now() <= deadline, kBackend, "ringreduce: ", what_, " #", seq_, " on ",
+             comm_->name(), " (rank ", comm_->rank(), ") did not finish within ", limit.count(), " ms");
     std::this_thread::sleep_for(kHostPoll);
   }
-  if (state_.load() == kFailed) {
-    RR_THROW(kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(), " failed: ", error());
-  }
+  RR_CHECK(state_.load() != kFailed, kBackend, "ringreduce: ", what_, " #", seq_, " on ", comm_->name(),
+           " failed: ", error());
 }
 
 bool CudaWork::wait(cudaStream_t stream, int64_t timeout_ms) {
@@ -146,7 +145,7 @@ std::string CudaWork::errorMessage() const {
   return e.empty() ? e : "ringreduce: CUDA " + what_ + " #" + std::to_string(seq_) + " failed: " + e;
 }
 
-// ---- CudaBackend: the DeviceBackend of real GPUs -------------------------------------------------
+// The DeviceBackend of real GPUs.
 
 class CudaBackend final : public DeviceBackend {
  public:
@@ -183,11 +182,8 @@ class CudaBackend final : public DeviceBackend {
     enqueued_ = true;
     startTimer(lane_->comm_stream);
     // Note [Which exchanges hand off] (ring_executor.h), on the lane's communicator.
-    if (launch == Launch::kHandOff) {
-      lane_->comm->sendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, lane_->comm_stream);
-    } else {
-      lane_->comm->queueSendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, lane_->comm_stream);
-    }
+    lane_->comm->sendRecv(send, send_bytes, send_peer, recv, recv_bytes, recv_peer, lane_->comm_stream,
+                          launch == Launch::kHandOff);
   }
 
   void group(const std::vector<PeerOp>& ops) override {
@@ -258,8 +254,6 @@ class CudaBackend final : public DeviceBackend {
   bool enqueued_ = false;
   CudaRing::Lane* lane_ = &ring_.lanes_[0];
 };
-
-// ---- CudaRing ----------------------------------------------------------------------------------
 
 CudaRing::CudaRing(std::shared_ptr<NcclComm> comm, int64_t staging_bytes, int64_t max_queued_ops,
                    std::vector<std::shared_ptr<NcclComm>> more_lanes)
@@ -388,6 +382,12 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
   checkOpen();
   RR_CHECK(!stages.empty(), kRuntime, "ringreduce internal error: a call without a ring");
   const DType dtype = stages[0].plan.dtype;
+  int64_t ops = 8;  // the call's framing
+  // The staging, laid out as the plans need it (free again: kPrevCallDoneEvent). Slots start at
+  // multiples of 256 bytes (16-byte aligned vector loads).
+  int64_t slot_stride = 256;
+  int32_t slots = 0;  // per lane (Note [Lanes])
+  int32_t lanes = 1;
   for (const RingStage& st : stages) {
     checkSupported(st.plan.dtype, st.op);
     RR_CHECK(st.plan.dtype == dtype, kRuntime, "ringreduce internal error: stages of one call differ in dtype");
@@ -400,15 +400,7 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
     for (const int m : st.members)
       RR_CHECK(m >= 0 && m < size(), kValue, "ringreduce: ring member ", m, " outside the communicator of ", size(),
                " ranks");
-  }
-  int64_t ops = 8;  // the call's framing
-  for (const RingStage& st : stages) ops += static_cast<int64_t>(st.plan.ops.size()) + 2;
-  // The staging, laid out as the plans need it (free again: kPrevCallDoneEvent). Slots start at
-  // multiples of 256 bytes (16-byte aligned vector loads).
-  int64_t slot_stride = 256;
-  int32_t slots = 0;  // per lane (Note [Lanes])
-  int32_t lanes = 1;
-  for (const RingStage& st : stages) {
+    ops += static_cast<int64_t>(st.plan.ops.size()) + 2;
     slot_stride = std::max<int64_t>(slot_stride, roundUp(static_cast<int64_t>(slotBytesFor(st.plan)), 256));
     slots = std::max(slots, st.plan.num_slots);
     lanes = std::max(lanes, st.lane + 1);

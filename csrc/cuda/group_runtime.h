@@ -1,25 +1,18 @@
-// ringreduce GPU: the ring all-reduce over one NCCL communicator per lane.
-//
-// CudaRing owns what one process group needs on one GPU (docs/design.md section 2.4): per lane
-// (Note [Lanes] in plan.h) an NCCL communicator (nccl_comm.h; lane 0's also carries the agreement
-// frames), a communication stream and a reduce stream (the reduce of segment k overlaps the transfer
-// of segment k + 1); the staging, which each call lays its slots out in (Note [GPU pipeline rule]);
-// the event pool; and a watchdog thread that polls in-flight calls and ncclCommGetAsyncError and
-// aborts on an error or a timeout. ring_executor.h decides what each step touches; CudaBackend below
-// only puts it on the streams. Rings over rank lists of the group (Note [Sub-rings on one
-// communicator]) share all of this with the group's own ring, each with its own call counter.
+// ringreduce GPU: the ring all-reduce over one NCCL communicator per lane (docs/design.md section
+// 2.4): CudaRing owns per lane (Note [Lanes] in plan.h) a communicator and a communication and a
+// reduce stream; the staging; the event pool; and the watchdog thread. ring_executor.h decides what
+// each step touches; CudaBackend only puts it on the streams. Sub-rings share all of this.
 //
 // Note [Ordering, lifetime, failure]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// * A call is ordered after the caller's stream (start event) and after the previous call on this
-//   communicator, whatever its ring (Note [Driving the plan on streams]): calls on one communicator
-//   run in call order. Only synchronize() and the opt-in agreement check block the host.
+// * A call is ordered after the caller's stream and after the previous call on this communicator,
+//   whatever its ring (Note [Driving the plan on streams]). Only synchronize() and the opt-in
+//   agreement check block the host.
 // * The caller keeps the tensor alive for the streams (the torch glue calls recordStream); the
 //   ring keeps its staging until shutdown().
-// * On an NCCL error, a failed launch or a timeout, the communicator is aborted: NCCL's kernels
-//   return, the streams drain over garbage, every in-flight CudaWork fails, and every later call
-//   throws rr::Error(kBackend). The watchdog prints the reason at once (a synchronous caller may
-//   already have returned).
+// * On an NCCL error, a failed launch or a timeout, the communicator is aborted: every in-flight
+//   CudaWork fails and every later call throws rr::Error(kBackend). The watchdog prints the reason
+//   at once (a synchronous caller may already have returned).
 // * Failed before aborted: in-flight works are marked failed *before* the abort, and a work becomes
 //   done (compare-exchange from pending) only if its done event fired *and* the communicator is not
 //   aborted: the done event of an aborted call fires over garbage and must never read as success.
@@ -55,28 +48,14 @@ namespace rr {
 
 // Note [Bounded launch queue]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Queued exchanges (Note [Hand-off and queued exchanges]) launch in the enqueueing thread under the
-// communicator's lock. CUDA's queue of pending launches is finite: once full, a launch blocks until
-// the GPU drains it, which a GPU whose NCCL kernel waits for a dead peer never does, and the thread
-// would hold the lock the watchdog needs to abort. So a ring keeps at most kCudaMaxQueuedOps stream
-// operations of unfinished calls; beyond, the caller waits on the host for the oldest calls to
-// finish or fail (an abort or Ctrl-C ends the wait with DistBackendError: Note [Interrupting a host
-// wait on CUDA]). A single call larger than the bound (a tiny RINGREDUCE_SEGMENT_BYTES) goes alone.
+// Queued exchanges launch under the communicator's lock, and CUDA's launch queue is finite: once
+// full, a launch blocks until the GPU drains it, which it never does while an NCCL kernel waits for a
+// dead peer, and the lock the watchdog needs to abort stays held. So a ring keeps at most
+// kCudaMaxQueuedOps stream operations of unfinished calls; beyond, the caller waits on the host for
+// the oldest to finish or fail (or Ctrl-C). A single call larger than the bound goes alone.
 constexpr int64_t kCudaMaxQueuedOps = 1024;
 
-// A pool of cudaEventDisableTiming events on one device, shared by a ring and its works.
-class EventPool : public std::enable_shared_from_this<EventPool> {
- public:
-  explicit EventPool(int device) : device_(device) {}
-  ~EventPool();
-  cudaEvent_t acquire();             // throws kBackend
-  void release(cudaEvent_t event);   // never throws
-
- private:
-  int device_;
-  std::mutex mu_;
-  std::vector<cudaEvent_t> free_;
-};
+class EventPool;  // cudaEventDisableTiming events of one device, shared by a ring and its works
 
 // One enqueued call. Shared by the caller's handle and the watchdog.
 class CudaWork {
@@ -87,7 +66,6 @@ class CudaWork {
 
   uint64_t seq() const { return seq_; }
   int device() const { return device_; }
-  const std::string& what() const { return what_; }  // "all-reduce", "reduce-scatter", ...
   bool isCompleted();          // finished or failed (never blocks)
   std::string error() const;   // why the call failed, else ""
   // Makes `stream` wait for the call (no host sync). Throws kBackend if the call already failed.
@@ -100,7 +78,6 @@ class CudaWork {
   bool wait(cudaStream_t stream, int64_t timeout_ms);
   // "" or "ringreduce: CUDA <what> #<seq> failed: <reason>".
   std::string errorMessage() const;
-  cudaEvent_t doneEvent() const { return done_; }
   bool failed() const { return state_.load() == kFailed; }
 
  private:

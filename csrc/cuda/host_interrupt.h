@@ -2,21 +2,16 @@
 //
 // Note [Interrupting a host wait on CUDA]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A few steps of a CUDA call wait on the host for something a silent peer never gives:
-// NcclComm::waitReady() (init, split, hand-offs), hostWait() (the agreement frames) and
-// CudaRing::makeRoom() (Note [Bounded launch queue]). The caller's thread sits there with the GIL
-// released, and CPython runs its SIGINT handler only between bytecodes of the main thread, so Ctrl-C
-// would wait for the timeout (30 minutes by default). So the torch layer opens a HostInterruptScope
-// around such a call, whose poll takes the GIL and runs the pending signal handlers, and each wait
-// asks an InterruptCheck at every turn: at most once per kInterruptPoll and never in the first
-// kInterruptPoll, so a hand-off that completes in microseconds never takes the GIL. Once the poll
-// says yes, the wait aborts the communicator (CudaRing's: every lane's, the in-flight works failed
-// first) with interruptedReason() and throws kBackend; the torch layer raises the handler's
-// exception instead and shuts the ring down, so later calls raise DistBackendError with that reason.
-// The answer is latched in the scope: a later wait of the same call throws at once.
-// The scope belongs to the thread that opened it: the watchdog (which must never wait for the GIL)
-// and the C++ tests see none. A wait asks with no NcclComm lock held: a Python thread holding the
-// GIL may be waiting for one.
+// (docs/reliability.md section 11, "How the GPU path waits on the host, and Ctrl-C".) The host waits
+// a silent peer can stretch (NcclComm::waitReady(), hostWait(), CudaRing::makeRoom()) run with the
+// GIL released, where CPython cannot run its SIGINT handler. So the torch layer opens a
+// HostInterruptScope around such a call, whose poll takes the GIL and runs the signal handlers, and
+// each wait asks an InterruptCheck at every turn: at most once per kInterruptPoll and never in the
+// first, so a prompt hand-off never takes the GIL. On yes, the wait aborts the communicator (every
+// lane's, in-flight works failed first) with interruptedReason() and throws kBackend. The answer is
+// latched in the scope. The scope belongs to the thread that opened it (the watchdog, which must never
+// wait for the GIL, sees none). A wait asks with no NcclComm lock held: a Python thread holding the GIL
+// may be waiting for one.
 #pragma once
 
 #include <chrono>

@@ -52,7 +52,6 @@ struct Shared {
 
 struct RankState {
   int rank = 0;
-  int nranks = 0;
   cudaStream_t comm = nullptr;
   cudaStream_t compute = nullptr;
   std::vector<void*> slots;
@@ -61,7 +60,6 @@ struct RankState {
   cudaEvent_t start = nullptr;
   cudaEvent_t done = nullptr;
   cudaEvent_t stage = nullptr;
-  DType dtype = DType::kFloat32;
 };
 
 class LoopbackBackend final : public DeviceBackend {
@@ -171,8 +169,6 @@ void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel
   RR_CHECK(n >= 1, kValue, "ringreduce loopback: need at least one rank");
   RR_CHECK(shape.phases >= 1 && shape.phases <= 3, kValue, "ringreduce loopback: phases must be 1, 2 or 3");
   const GpuPipeline pipe = gpuPipeline(n, numel, dtype, accum_float32, kGpuStagingBytes, knobs, /*max_lanes=*/1);
-  const int32_t num_slots = pipe.slots;
-  const int64_t slot_bytes = pipe.slot_bytes;
   checkSupported(dtype, op);
   DeviceGuard guard(device);
   Shared sh;
@@ -182,7 +178,7 @@ void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel
   const bool hier = shape.phases == kPhaseBoth && shape.local_size > 1;
   RR_CHECK(!(hier && accum_float32), kValue,
            "ringreduce loopback: the hierarchical all-reduce reduces a float32 copy instead of accum_float32");
-  const PlanOptions opts = gpuPlanOptions(op, accum_float32, pipe.max_segment_bytes, num_slots, slot_bytes);
+  const PlanOptions opts = gpuPlanOptions(op, accum_float32, pipe.max_segment_bytes, pipe.slots, pipe.slot_bytes);
   for (int r = 0; r < n; ++r) {
     const RingMembers ring = resolveRing(shape.order, n, r);
     RR_CHECK(ring.size() == n, kValue, "ringreduce loopback: the ring must hold every rank");
@@ -213,12 +209,11 @@ void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel
     for (int r = 0; r < n; ++r) {
       RankState& st = ranks[static_cast<size_t>(r)];
       st.rank = r;
-      st.nranks = n;
       RR_CUDA_CHECK(cudaStreamCreateWithFlags(&st.comm, cudaStreamNonBlocking));
       RR_CUDA_CHECK(cudaStreamCreateWithFlags(&st.compute, cudaStreamNonBlocking));
-      for (int32_t k = 0; k < num_slots; ++k) {
+      for (int32_t k = 0; k < pipe.slots; ++k) {
         void* p = nullptr;
-        RR_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(slot_bytes)));
+        RR_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(pipe.slot_bytes)));
         st.slots.push_back(p);
       }
       const int64_t accum_elems = stages[static_cast<size_t>(r)][0].plan.accum_elems;
@@ -226,7 +221,6 @@ void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel
       st.start = sh.newEvent();
       st.done = sh.newEvent();
       st.stage = sh.newEvent();
-      st.dtype = dtype;
     }
     std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
     std::vector<std::thread> threads;
@@ -239,7 +233,7 @@ void loopbackAllReduce(int device, const std::vector<void*>& data, int64_t numel
           b.data = data[static_cast<size_t>(r)];
           b.accum = st.accum;
           b.slots = st.slots;
-          b.slot_bytes = static_cast<size_t>(slot_bytes);
+          b.slot_bytes = static_cast<size_t>(pipe.slot_bytes);
           LoopbackBackend be(sh, st, caller);
           enqueueRingStages(stages[static_cast<size_t>(r)], b, be, /*caller_waits=*/true);
         } catch (...) {

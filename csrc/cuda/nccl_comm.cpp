@@ -21,14 +21,9 @@ constexpr auto kBusyPoll = std::chrono::microseconds(200);
 constexpr auto kSpinPoll = std::chrono::microseconds(2000);
 
 std::string describeNccl(ncclResult_t r, ncclComm_t comm) {
-  std::string s = ncclGetErrorString(r);
+  const std::string s = ncclGetErrorString(r);
   const char* last = ncclGetLastError(comm);
-  if (last != nullptr && last[0] != '\0') {
-    s += " (";
-    s += last;
-    s += ")";
-  }
-  return s;
+  return last != nullptr && last[0] != '\0' ? s + " (" + last + ")" : s;
 }
 // NCCL's reading of an integer variable (src/misc/param.cc ncclLoadParam): strtoll, base 0; unset,
 // empty or out of range: not set.
@@ -136,7 +131,8 @@ NcclSetup ncclSetupFor(int version, const std::function<const char*(const char*)
   return s;
 }
 
-bool primaryContextActive(int device) {
+// Note [Do not create a context on GPU 0] (nccl_comm.h).
+static bool primaryContextActive(int device) {
   // The driver API through the runtime's entry-point lookup: no link against libcuda, so the
   // extension still loads on machines without a driver. CUdevice and CUresult are ints.
   using DeviceGet = int (*)(int*, int);
@@ -262,9 +258,8 @@ NcclComm::NcclComm(const std::string& unique_id, int nranks, int rank, int devic
 NcclComm::~NcclComm() {
   {
     std::unique_lock<std::mutex> lock(mu_);
-    std::vector<std::vector<ncclComm_t>> handles(1);
-    releaseHandlesLocked("the communicator was destroyed", &handles[0]);
-    stopHandles(device_, handles, setup_.group_abort);
+    defer_abort_ = false;  // whatever the ring did, the handles stop now
+    abortLocked("the communicator was destroyed");
   }
   {
     std::lock_guard<std::mutex> lock(launch_mu_);
@@ -301,7 +296,7 @@ ncclResult_t NcclComm::onLauncher(const std::function<ncclResult_t()>& fn) {
   return launch_result_;
 }
 
-std::pair<ncclResult_t, ncclResult_t> NcclComm::issueGroup(ncclComm_t comm, const P2p* ops, size_t count,
+std::pair<ncclResult_t, ncclResult_t> NcclComm::issueGroup(ncclComm_t comm, const PeerOp* ops, size_t count,
                                                             cudaStream_t stream) {
   ncclResult_t r = ncclSuccess;
   ncclResult_t end = ncclSuccess;
@@ -310,7 +305,7 @@ std::pair<ncclResult_t, ncclResult_t> NcclComm::issueGroup(ncclComm_t comm, cons
     // transports, one plan]).
     r = ncclGroupStart();
     for (size_t i = 0; i < count && r == ncclSuccess; ++i) {
-      const P2p& o = ops[i];
+      const PeerOp& o = ops[i];
       if (o.bytes == 0) continue;
       r = o.send ? ncclSend(o.buf, o.bytes, ncclUint8, o.peer, comm, stream)
                  : ncclRecv(o.buf, o.bytes, ncclUint8, o.peer, comm, stream);
@@ -334,10 +329,8 @@ void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first,
   const auto spin_until = std::chrono::steady_clock::now() + kSpinPoll;
   InterruptCheck interrupt;  // Note [Interrupting a host wait on CUDA]
   while (true) {
-    if (aborted_) {
-      RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " was aborted during ", what, ": ",
-               abort_reason_);
-    }
+    RR_CHECK(!aborted_, kBackend, "ringreduce: NCCL communicator ", name_, " was aborted during ", what, ": ",
+             abort_reason_);
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) failLocked(std::string(what) + " failed: " + describeNccl(state, comm_));
     if (std::chrono::steady_clock::now() > deadline) {
@@ -367,32 +360,26 @@ void NcclComm::waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first,
 }
 
 void NcclComm::sendRecv(const void* send, size_t send_bytes, int next, void* recv, size_t recv_bytes,
-                        int prev, cudaStream_t stream) {
-  const P2p ops[2] = {P2p{true, const_cast<void*>(send), send_bytes, next}, P2p{false, recv, recv_bytes, prev}};
+                        int prev, cudaStream_t stream, bool hand_off) {
+  const PeerOp ops[2] = {PeerOp{true, const_cast<void*>(send), send_bytes, next},
+                         PeerOp{false, recv, recv_bytes, prev}};
   std::unique_lock<std::mutex> lock(mu_);
-  launchLocked(lock, ops, 2, stream, /*hand_off=*/true);
+  launchLocked(lock, ops, 2, stream, hand_off);
 }
 
-void NcclComm::queueSendRecv(const void* send, size_t send_bytes, int next, void* recv, size_t recv_bytes,
-                             int prev, cudaStream_t stream) {
-  const P2p ops[2] = {P2p{true, const_cast<void*>(send), send_bytes, next}, P2p{false, recv, recv_bytes, prev}};
-  std::unique_lock<std::mutex> lock(mu_);
-  launchLocked(lock, ops, 2, stream, /*hand_off=*/false);
-}
-
-void NcclComm::group(const std::vector<P2p>& ops, cudaStream_t stream, bool hand_off) {
+void NcclComm::group(const std::vector<PeerOp>& ops, cudaStream_t stream, bool hand_off) {
   std::unique_lock<std::mutex> lock(mu_);
   launchLocked(lock, ops.data(), ops.size(), stream, hand_off);
 }
 
-void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, size_t count, cudaStream_t stream,
+void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const PeerOp* ops, size_t count, cudaStream_t stream,
                             bool hand_off) {
   checkUsableLocked();
   if (setup_.simple) hand_off = true;  // no child (Note [NCCL versions, environment and the simplest path])
   bool any = false;
   bool first_contact = false;
   for (size_t i = 0; i < count; ++i) {
-    const P2p& o = ops[i];
+    const PeerOp& o = ops[i];
     if (o.bytes == 0) continue;
     RR_CHECK(o.peer >= 0 && o.peer < nranks_, kRuntime, "ringreduce internal error: NCCL peer ", o.peer,
              " outside the communicator of ", nranks_, " ranks");
@@ -416,13 +403,12 @@ void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, 
   }
   // Note [Inside a user's NCCL group]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // A non-blocking communicator's outermost ncclGroupEnd with tasks returns ncclInProgress
-  // (src/group.cc); a nested one returns ncclSuccess without launching. So ncclSuccess means the
-  // caller's thread is inside its own ncclGroupStart (torch's _coalescing_manager,
-  // batch_isend_irecv) and our send/recv run when that group ends: nothing may be recorded after them
-  // as if they ran, and aborting would free a communicator the user's ncclGroupEnd still uses. So
-  // refuse, and CudaRing poisons the ring. Every call's first exchange is a hand-off, so this is
-  // seen before any queued exchange. The launcher thread (NCCL < 2.23) has no group open.
+  // A non-blocking communicator's outermost ncclGroupEnd with tasks returns ncclInProgress, a nested
+  // one ncclSuccess without launching (src/group.cc): then the caller's thread is inside its own
+  // ncclGroupStart (torch's _coalescing_manager, batch_isend_irecv), nothing may be recorded after
+  // our send/recv as if they ran, and an abort would free a communicator the user's ncclGroupEnd
+  // still uses. So refuse, and CudaRing poisons the ring; a call's first exchange is a hand-off, so
+  // this is seen before any queued one. The launcher thread (NCCL < 2.23) has no group open.
   if (!setup_.launcher && end == ncclSuccess && r == ncclSuccess) {
     inside_user_group_ = true;
     RR_THROW(kRuntime, "ringreduce: a CUDA collective was called inside an NCCL group of this thread "
@@ -433,7 +419,7 @@ void NcclComm::launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, 
   waitReady(lock, r, "ncclGroupEnd(ncclSend, ncclRecv)",
             std::chrono::steady_clock::now() + (first_contact ? connect_timeout_ : timeout_));
   for (size_t i = 0; i < count; ++i) {
-    const P2p& o = ops[i];
+    const PeerOp& o = ops[i];
     if (o.bytes > 0) (o.send ? sent_to_ : received_from_)[static_cast<size_t>(o.peer)] = true;
   }
 }
@@ -516,11 +502,8 @@ void NcclComm::checkUsable() const {
 }
 
 void NcclComm::checkUsableLocked() const {
-  if (aborted_) {
-    RR_THROW(kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, " of ", nranks_,
-             ") is unusable after an earlier failure: ", abort_reason_,
-             ". Create a new process group to continue.");
-  }
+  RR_CHECK(!aborted_, kBackend, "ringreduce: NCCL communicator ", name_, " (rank ", rank_, " of ", nranks_,
+           ") is unusable after an earlier failure: ", abort_reason_, ". Create a new process group to continue.");
 }
 
 }  // namespace rr

@@ -2,38 +2,32 @@
 //
 // Note [Non-blocking NCCL and abort]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The communicator is created with config.blocking = 0, so no NCCL call blocks the host on a peer:
-// init, ncclGroupEnd and abort may return ncclInProgress, and until the state (ncclCommGetAsyncError)
-// leaves it NCCL forbids touching the streams involved or the communicator (docs: usage/groups
-// "Nonblocking Group Operation"; src/init.cc ncclCommEnsureReady). So each such call is followed by
-// waitReady(), which polls at once, with the lock released between polls: busily for 200 us,
-// yielding up to 2 ms, then sleeping 50 us (a hand-off usually takes microseconds). A rank that
-// never arrives costs a timeout, not a hang: waitReady() aborts at the deadline or on Ctrl-C, and the
-// watchdog (group_runtime.h) may abort at any time from its own thread. No other thread may be inside an
-// NCCL call on the communicator meanwhile (docs: usage/communicators "Error handling and
-// communicator abort"): every NCCL call holds mu_, and abort() takes it, then frees the handles;
-// every later call throws kBackend with the reason. Teardown is ncclCommAbort, never
-// Destroy/Finalize, which waits for peers that may be gone at exit.
+// The communicator is created with config.blocking = 0: init, ncclGroupEnd and abort may return
+// ncclInProgress, and until ncclCommGetAsyncError leaves it NCCL forbids touching the streams
+// involved or the communicator (src/init.cc ncclCommEnsureReady). So each such call is followed by
+// waitReady(), which polls with the lock released between polls: busily for 200 us, yielding up to
+// 2 ms, then sleeping 50 us. A silent rank costs a timeout, not a hang: waitReady() aborts at the
+// deadline or on Ctrl-C, and the watchdog (group_runtime.h) may abort at any time. No other thread
+// may be inside an NCCL call on the communicator meanwhile: every NCCL call holds mu_, and abort()
+// takes it, then frees the handles; every later call throws kBackend with the reason. Teardown is
+// ncclCommAbort, never Destroy/Finalize, which waits for peers that may be gone at exit.
 //
 // Note [Hand-off and queued exchanges]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A hand-off per exchange would put the host in lockstep with NCCL (which from 2.23 also starts a
-// thread per non-blocking ncclGroupEnd). So right after init, ncclCommSplit(color 0, key = rank)
-// derives a *blocking* child. The parent has config.splitShare = 1, so the child shares its peer
+// (docs/design.md section 2.4, "One host wait per stage".) Right after init, ncclCommSplit(color 0,
+// key = rank) derives a *blocking* child; with the parent's config.splitShare = 1 it shares its peer
 // connectors, its abort flag and the device stream that orders their kernels (src/init.cc
-// ncclCommInitChildComm, src/channel.cc). A blocking ncclGroupEnd returns ncclSuccess once the kernel
-// is on the stream: nothing to poll. An exchange is either
-//   * a hand-off (sendRecv, the non-blocking parent, waited): the first exchange of each ring stage
-//     and every one-shot group (Note [Which exchanges hand off], ring_executor.h). Only a hand-off may
-//     make the first contact with a peer (NCCL connects a pair inside their first ncclGroupEnd, which
-//     a blocking communicator does without a deadline) or tell a caller inside its own NCCL group
-//     (Note [Inside a user's NCCL group]) from a launch: a blocking ncclGroupEnd returns ncclSuccess
-//     for both;
-//   * or queued (queueSendRecv, the blocking child): every other one; returns once enqueued. One with
-//     a peer no hand-off has reached is an internal error. The child has the parent's ranks and
-//     topology, so NCCL picks the same, already connected, channels.
-// Once connected, a blocking send/recv group waits for nothing a peer does (its work travels in the
-// kernel arguments), but can block on CUDA's finite launch queue, which stops draining when a kernel
+// ncclCommInitChildComm). A blocking ncclGroupEnd returns ncclSuccess once the kernel is on the
+// stream: nothing to poll. An exchange is either
+//   * a hand-off (on the non-blocking parent, waited): the first exchange of each ring
+//     stage and every one-shot group (Note [Which exchanges hand off], ring_executor.h). Only a
+//     hand-off may make the first contact with a peer (NCCL connects a pair inside their first
+//     ncclGroupEnd, which a blocking communicator does without a deadline) or tell a caller inside
+//     its own NCCL group (Note [Inside a user's NCCL group]) from a launch;
+//   * or queued (on the blocking child): every other one. One with a peer no hand-off
+//     has reached is an internal error. The child has the parent's ranks and topology, so NCCL picks
+//     the same, already connected, channels.
+// A queued launch can still block on CUDA's finite launch queue, which stops draining when a kernel
 // waits for a dead peer: Note [Bounded launch queue] (group_runtime.h) keeps mu_ free for the abort.
 // Both handles are aborted together (parent, then child); the shared flag makes all their kernels exit.
 #pragma once
@@ -58,10 +52,9 @@ namespace rr {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // cudaSetDevice(d) creates d's primary context (~0.5 GB) if it does not exist. A rank that never
 // called torch.cuda.set_device() has device 0 current without a context; restoring it after our work
-// on cuda:local_rank would put a context on GPU 0 of every rank. So the previous device is restored
-// only if its primary context is active (or cannot be queried), as torch's own guards do.
-bool primaryContextActive(int device);
-// Makes `previous` current again (>= 0, under the rule above). Never throws.
+// on cuda:local_rank would put a context on GPU 0 of every rank. So restoreDevice() makes `previous`
+// (>= 0) current again only if its primary context is active (or cannot be queried), as torch's own
+// guards do. Never throws.
 void restoreDevice(int previous);
 
 // Makes `device` current for a scope; restores the previous one on exit (restoreDevice).
@@ -78,30 +71,25 @@ class DeviceGuard {
 
 // Note [NCCL versions, environment and the simplest path]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// What Note [Hand-off and queued exchanges] relies on must hold for the NCCL that runs, and NCCL's
-// environment overrides a communicator's config. So each communicator decides at creation, from
-// ncclGetVersion and the environment (ncclSetupFor, whose messages say why for each variable;
-// docs/reliability.md, "What is guarded against real NCCL", has the table). NCCL < 2.23 launches a
-// non-blocking ncclGroupEnd that connects nothing inline and returns ncclSuccess, which would read
-// as "inside the caller's NCCL group": there every group is issued from a launcher thread, whose
-// group depth is always 0. The simplest path (NCCL < 2.23, NCCL_COMM_BLOCKING=0,
-// NCCL_COMM_SPLIT_SHARE_RESOURCES other than 1, RINGREDUCE_NCCL_SIMPLE=1): no split child (every
-// exchange a hand-off with its deadline), one lane, no one-shot - never a blocking communicator,
-// which would turn a dead peer into a hang. Every rank must take the same path: the triggers are the
-// same on every rank of a job started from one environment, and RINGREDUCE_CHECK=1 catches a
-// one-shot disagreement.
+// Each communicator decides at creation, from ncclGetVersion and the environment (ncclSetupFor,
+// whose messages say why; docs/reliability.md section 11, "What is guarded against real NCCL"),
+// whether what Note [Hand-off and queued exchanges] relies on holds. NCCL < 2.23 issues every group
+// from a launcher thread (group depth 0): its non-blocking ncclGroupEnd may launch inline and return
+// ncclSuccess, which would read as "inside the caller's NCCL group". The simplest path: no split
+// child (every exchange a hand-off with its deadline), one lane, no one-shot - never a blocking
+// communicator, which would turn a dead peer into a hang. Every rank must take the same path (the
+// triggers are the same on every rank started from one environment; RINGREDUCE_CHECK=1 catches a
+// one-shot disagreement).
 //
 // Note [Stopping every lane at once]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// ncclCommAbort sets its communicator's abort flag, then synchronizes its device stream (src/init.cc
-// commDestroySync), i.e. waits for whatever its last kernel waits for. A ring's lanes wait for each
-// other through events (ring_executor.cpp), so with two calls queued and a dead peer, stopping lane 0
-// alone waits for lane 1's kernel, which exits only once lane 1 is stopped: a hang (NCCL issue 1013,
-// pytorch issue 150690). So abortTogether() marks every lane aborted, then calls ncclCommAbort on
-// every parent and child inside one group with NCCL >= 2.24 (each sets its flag at once, the cleanup
-// runs at the group's end; an abort makes the group blocking, so parent and child may share it),
-// else on one thread per lane. Once deferred (deferAbortToRing), a lane's own abort (deadline,
-// Ctrl-C, failed launch) only marks it; the CudaRing that catches the error stops every lane.
+// ncclCommAbort sets its flag, then synchronizes its device stream (src/init.cc commDestroySync).
+// Lanes wait for each other through events (ring_executor.cpp), so stopping lane 0 alone can wait for
+// lane 1's kernel, which exits only once lane 1 is stopped: a hang (NCCL issue 1013). So
+// abortTogether() marks every lane aborted, then calls ncclCommAbort on every parent and child inside
+// one group with NCCL >= 2.24 (each sets its flag at once; the cleanup runs at the group's end), else
+// on one thread per lane. Once deferred (deferAbortToRing), a lane's own abort (deadline, Ctrl-C,
+// failed launch) only marks it; the CudaRing that catches the error stops every lane.
 struct NcclSetup {
   int version = 0;             // ncclGetVersion, e.g. 22107 for 2.21.7
   bool launcher = false;       // issue every group from the launcher thread (NCCL < 2.23)
@@ -139,22 +127,16 @@ class NcclComm {
   int device() const { return device_; }
   const std::string& name() const { return name_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  std::chrono::milliseconds connectTimeout() const { return connect_timeout_; }
 
-  using P2p = PeerOp;  // one send or receive of a group (bytes as ncclUint8)
-
-  // A hand-off (Note [Hand-off and queued exchanges]) on `stream`: send `send_bytes` to `next`,
-  // receive `recv_bytes` from `prev` (either may be 0); returns once the group is on the stream.
-  // Throws kBackend, or kRuntime inside the caller's ncclGroupStart() (Note [Inside a user's NCCL
-  // group]; then not aborted, and insideUserGroup() is true).
+  // On `stream`: send `send_bytes` to `next`, receive `recv_bytes` from `prev` (either may be 0), as
+  // a hand-off (Note [Hand-off and queued exchanges]; returns once the group is on the stream) or
+  // queued on the blocking child (both peers must have been reached by a hand-off before, kRuntime
+  // otherwise). Throws kBackend, or kRuntime inside the caller's ncclGroupStart() (Note [Inside a
+  // user's NCCL group]; then not aborted, and insideUserGroup() is true).
   void sendRecv(const void* send, size_t send_bytes, int next, void* recv, size_t recv_bytes, int prev,
-                cudaStream_t stream);
-  // The same exchange queued on the blocking child (no polling); both peers must have been reached
-  // by a hand-off before (kRuntime otherwise).
-  void queueSendRecv(const void* send, size_t send_bytes, int next, void* recv, size_t recv_bytes, int prev,
-                     cudaStream_t stream);
-  // Any group of sends and receives (the one-shot's), handed off or queued; empty: nothing.
-  void group(const std::vector<P2p>& ops, cudaStream_t stream, bool hand_off);
+                cudaStream_t stream, bool hand_off = true);
+  // Any group of sends and receives (the one-shot's; bytes as ncclUint8), as above; empty: nothing.
+  void group(const std::vector<PeerOp>& ops, cudaStream_t stream, bool hand_off);
 
   // Hand-offs waited for so far (a diagnostic: the ring's host round trips).
   int64_t handOffs() const { return hand_offs_.load(); }
@@ -189,7 +171,7 @@ class NcclComm {
   void waitReady(std::unique_lock<std::mutex>& lock, ncclResult_t first, const char* what,
                  std::chrono::steady_clock::time_point deadline);
   // The group on the parent (hand-off) or the child (queued); `lock` holds mu_.
-  void launchLocked(std::unique_lock<std::mutex>& lock, const P2p* ops, size_t count, cudaStream_t stream,
+  void launchLocked(std::unique_lock<std::mutex>& lock, const PeerOp* ops, size_t count, cudaStream_t stream,
                     bool hand_off);
   void abortLocked(const std::string& reason);
   // abortLocked(msg), then throws kBackend naming this communicator, `msg` and `hint`.
@@ -197,7 +179,7 @@ class NcclComm {
   void checkUsableLocked() const;
   // The group of `ops` on `comm`, in this thread or the launcher thread (setup_.launcher). Returns
   // (first failure or ncclSuccess, ncclGroupEnd's).
-  std::pair<ncclResult_t, ncclResult_t> issueGroup(ncclComm_t comm, const P2p* ops, size_t count,
+  std::pair<ncclResult_t, ncclResult_t> issueGroup(ncclComm_t comm, const PeerOp* ops, size_t count,
                                                    cudaStream_t stream);
   // Runs `fn` on the launcher thread (started on first use) and returns its result.
   ncclResult_t onLauncher(const std::function<ncclResult_t()>& fn);

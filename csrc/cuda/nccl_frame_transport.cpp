@@ -26,10 +26,8 @@ void hostWait(cudaEvent_t event, NcclComm& comm, std::chrono::steady_clock::time
       comm.abort(reason);
       RR_THROW(kBackend, reason);
     }
-    if (std::chrono::steady_clock::now() > deadline) {
-      RR_THROW(kBackend, "ringreduce: ", what, " on ", comm.name(), " (rank ", comm.rank(), " of ", comm.size(),
-               ") did not finish within ", comm.timeout().count(), " ms");
-    }
+    RR_CHECK(std::chrono::steady_clock::now() <= deadline, kBackend, "ringreduce: ", what, " on ", comm.name(),
+             " (rank ", comm.rank(), " of ", comm.size(), ") did not finish within ", comm.timeout().count(), " ms");
     std::this_thread::sleep_for(kHostPoll);
   }
 }

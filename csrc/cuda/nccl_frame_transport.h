@@ -3,18 +3,14 @@
 //
 // Note [Host messages over NCCL]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The frame all-gather is written once, over Transport, for host memory. NCCL moves device memory
-// on a stream, so isend() copies the message into a pinned host slot, irecv() notes where it goes,
-// and the first wait() enqueues a host-to-device copy, one grouped ncclSend/ncclRecv (a hand-off),
-// a device-to-host copy, and polls an event until they are done. So:
-//   * at most one send and one receive are pending, posted as one NCCL group (in separate groups
-//     they could wait for each other on two ranks): one hop of the ring all-gather, which
-//     neighboursOnly() asks for (Note [Frames around the ring] in agreement.h);
-//   * tags are not sent: NCCL matches a pair's messages in posting order, and CudaRing serializes
-//     the calls of one communicator;
-//   * a timeout, a CUDA or NCCL failure, an abort or Ctrl-C throws kBackend; the caller then aborts
-//     the communicator, so abandon() has nothing to forget.
-// A frame exchange over n ranks costs n - 1 host round trips, hence opt-in (RINGREDUCE_CHECK=1).
+// isend() copies the message into a pinned host slot, irecv() notes where it goes, and the first
+// wait() enqueues a host-to-device copy, one grouped ncclSend/ncclRecv (a hand-off) and a
+// device-to-host copy, and polls an event until they are done. So at most one send and one receive
+// are pending, posted as one NCCL group (in separate groups they could wait for each other on two
+// ranks): one hop, as neighboursOnly() asks (Note [Frames around the ring] in agreement.h). Tags are
+// not sent: NCCL matches a pair's messages in posting order, and CudaRing serializes the calls of one
+// communicator. Any failure throws kBackend and the caller aborts the communicator, so abandon() has
+// nothing to forget. n - 1 host round trips per exchange: hence opt-in (RINGREDUCE_CHECK=1).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -33,19 +33,15 @@ struct OneShotLauncher {
     if constexpr (!std::is_same<TB, TD>::value) {
       RR_THROW(kRuntime, "ringreduce internal error: the one-shot reduce dispatches (tensor, partial, partial)");
     } else {
-      launch<TA, TB, op>();
+      int device = 0;
+      RR_CUDA_CHECK(cudaGetDevice(&device));
+      int sms = 0;
+      RR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      const int64_t wanted = ceilDiv(args.count, kOneShotThreads);
+      const int64_t blocks = maxI64(1, minI64(wanted, static_cast<int64_t>(sms > 0 ? sms : 1) * 4));
+      oneShotKernel<TA, TB, op><<<static_cast<unsigned>(blocks), kOneShotThreads, 0, stream>>>(args);
+      RR_CUDA_CHECK(cudaGetLastError());
     }
-  }
-  template <typename T, typename P, RedOp op>
-  void launch() {
-    int device = 0;
-    RR_CUDA_CHECK(cudaGetDevice(&device));
-    int sms = 0;
-    RR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const int64_t wanted = ceilDiv(args.count, kOneShotThreads);
-    const int64_t blocks = maxI64(1, minI64(wanted, static_cast<int64_t>(sms > 0 ? sms : 1) * 4));
-    oneShotKernel<T, P, op><<<static_cast<unsigned>(blocks), kOneShotThreads, 0, stream>>>(args);
-    RR_CUDA_CHECK(cudaGetLastError());
   }
 };
 

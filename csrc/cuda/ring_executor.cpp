@@ -68,6 +68,25 @@ void endCall(DeviceBackend& be, bool caller_waits) {
   if (caller_waits) be.wait(Stream::kCaller, kCallDoneEvent);
 }
 
+// Maps plan event ids to dense indices: only events some op waits for get one.
+struct EventMap {
+  std::vector<int32_t> dense;  // per plan event: dense index or -1 (never waited: not recorded)
+  int32_t count = 0;
+};
+
+EventMap mapWaitedEvents(const Plan& plan) {
+  EventMap m;
+  m.dense.assign(static_cast<size_t>(plan.num_events), -1);
+  for (const Op& o : plan.ops) {
+    if (o.kind != OpKind::kWait) continue;
+    RR_CHECK(o.event >= 0 && o.event < plan.num_events, kRuntime,
+             "ringreduce internal error: wait for unknown event ", o.event);
+    int32_t& d = m.dense[static_cast<size_t>(o.event)];
+    if (d < 0) d = m.count++;
+  }
+  return m;
+}
+
 }  // namespace
 
 PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t max_segment_bytes, int32_t num_slots,
@@ -93,27 +112,9 @@ bool handsOffEveryExchange(const Plan& plan) {
   return false;
 }
 
-Launch exchangeLaunch(const Plan& plan, int32_t exchange) {
-  // Note [Which exchanges hand off]: a lane's first grid exchange is its own first segment's.
-  return exchange == plan.lane || handsOffEveryExchange(plan) ? Launch::kHandOff : Launch::kQueued;
-}
-
 size_t slotBytesFor(const Plan& plan) {
   if (plan.num_slots == 0) return 0;
   return static_cast<size_t>(plan.stagingBytes() / plan.num_slots);
-}
-
-EventMap mapWaitedEvents(const Plan& plan) {
-  EventMap m;
-  m.dense.assign(static_cast<size_t>(plan.num_events), -1);
-  for (const Op& o : plan.ops) {
-    if (o.kind != OpKind::kWait) continue;
-    RR_CHECK(o.event >= 0 && o.event < plan.num_events, kRuntime,
-             "ringreduce internal error: wait for unknown event ", o.event);
-    int32_t& d = m.dense[static_cast<size_t>(o.event)];
-    if (d < 0) d = m.count++;
-  }
-  return m;
 }
 
 void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers& buffers, DeviceBackend& be,
@@ -179,7 +180,8 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
     // Note [Sub-rings on one communicator]: the plan's neighbours as communicator ranks.
     const int next_peer = st.members[static_cast<size_t>(plan.next)];
     const int prev_peer = st.members[static_cast<size_t>(plan.prev)];
-    const bool hand_off_all = handsOffEveryExchange(plan);  // Note [Which exchanges hand off]
+    // Note [Which exchanges hand off]: a lane's first grid exchange is its own first segment's.
+    const bool hand_off_all = handsOffEveryExchange(plan);
     if (stages_on_lane[static_cast<size_t>(st.lane)]++ > 0) {
       // The lane's previous stage is complete on kCompute (its plan ended waiting all its exchanges).
       be.record(Stream::kCompute, kStageDoneEvent);
@@ -199,17 +201,9 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
         case OpKind::kReduce:   // dst = a (op) received partial; the owned chunk's last reduce scales
         case OpKind::kConvert: {  // Note [First hop]: the first send, rounded to the wire / predivided
           const bool convert = o.kind == OpKind::kConvert;
-          ReduceLaunch l;
-          l.a = spanAddress(plan, b, o.a);
-          l.a_type = o.a.type;
-          l.b = convert ? nullptr : spanAddress(plan, b, o.recv);
-          l.b_type = convert ? o.dst.type : o.recv.type;
-          l.dst = spanAddress(plan, b, o.dst);
-          l.dst_type = o.dst.type;
-          l.count = o.dst.count;
-          l.scaling = plan.scaling(st.op, o);
-          l.op = st.op;
-          be.reduce(l);
+          be.reduce(ReduceLaunch{spanAddress(plan, b, o.a), o.a.type,
+                                 convert ? nullptr : spanAddress(plan, b, o.recv), convert ? o.dst.type : o.recv.type,
+                                 spanAddress(plan, b, o.dst), o.dst.type, o.dst.count, plan.scaling(st.op, o), st.op});
           break;
         }
         case OpKind::kCopy:
@@ -292,16 +286,11 @@ void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, D
   endCall(be, caller_waits);
 }
 
-void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& be, bool caller_waits,
-                     const std::vector<int>& members) {
+void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& be, bool caller_waits) {
   std::vector<RingStage> stages(1);
   stages[0].plan = plan;
   stages[0].op = op;
-  if (members.empty()) {
-    for (int i = 0; i < plan.sched.nranks; ++i) stages[0].members.push_back(i);
-  } else {
-    stages[0].members = members;
-  }
+  for (int i = 0; i < plan.sched.nranks; ++i) stages[0].members.push_back(i);
   enqueueRingStages(stages, buffers, be, caller_waits);
 }
 

@@ -2,41 +2,34 @@
 //
 // Note [Driving the plan on streams]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The GPU transport does not execute the plan; it *enqueues* it. Every op of the plan (plan.h) is
-// handed, in list order, to a DeviceBackend that puts it on one of three streams: kComm (one grouped
-// send(next)+recv(prev) per kExchange), kCompute (a kernel per kReduce, a device copy per kCopy) or
-// kCaller (the caller's stream: only the call's first and last events). kRecord/kWait become event
-// records and stream waits. A stream wait captures the event's latest record when it is enqueued,
-// so every wait is enqueued after the record it names: the plan's list order guarantees it.
-//
+// The GPU transport *enqueues* the plan: every op (plan.h) goes, in list order, to a DeviceBackend
+// that puts it on kComm (one grouped send(next)+recv(prev) per kExchange), kCompute (a kernel per
+// kReduce, a device copy per kCopy) or kCaller (only the call's first and last events); kRecord/kWait
+// become event records and stream waits. A stream wait captures the event's latest record when it is
+// enqueued, so every wait must be enqueued after the record it names: the list order guarantees it.
 // Call framing (the same for every backend, so the fakes test it too):
 //   1. record kCallStart on kCaller; kComm and kCompute wait it (the call sees the tensor's producer);
-//   2. kComm waits kPrevCallDone, the previous call on this communicator: staging slots and events
-//      are shared between calls, and its reduces may still read a slot this call's first exchange
-//      overwrites (kCompute is in order and needs no such wait);
+//   2. kComm waits kPrevCallDone: staging slots and events are shared between calls, and the previous
+//      call's reduces may still read a slot this call's first exchange overwrites;
 //   3. the plan's ops;
 //   4. backend.finish(), then kCallDone on kCompute: every plan ends with kCompute waiting every
-//      exchange, so kCallDone means the whole call, sends included, finished;
+//      exchange, so kCallDone covers the whole call, sends included;
 //   5. synchronous calls: kCaller waits kCallDone (asynchronous ones in Work.wait()).
-//
-// Only plan events some op waits for are recorded, each on its own physical event (EventMap), so a
-// wait is never captured by a later re-record of a shared event. Between two stages of a call
-// (RingStage; the hierarchical all-reduce runs three) the driver records kStageDoneEvent on kCompute
-// and kComm waits it, so the next stage's first send sees the last reduce and the slots are free.
-// Lanes (Note [Lanes] in plan.h) each have their own kComm, kCompute, plan events and communicator
-// (DeviceBackend::setLane): steps 1-2 run on every lane, and before step 4 lane 0's kCompute waits
-// laneDoneEvent(k) of every other lane k, so kCallDone still covers the whole call.
+// Only plan events some op waits for are recorded, each on its own physical event (EventMap), so no
+// wait is captured by a later re-record. Between two stages of a call (RingStage) kCompute records
+// kStageDoneEvent and kComm waits it, so the next stage's first send sees the last reduce. Each lane
+// (Note [Lanes] in plan.h) has its own kComm, kCompute, plan events and communicator (setLane): steps
+// 1-2 run on every lane, and before step 4 lane 0's kCompute waits laneDoneEvent(k) of every lane k.
 //
 // Note [Sub-rings on one communicator]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A plan speaks of ring indices; the GPU transport owns ONE NCCL communicator per (process group,
-// device), and a ring over some of its ranks (a DeviceMesh slice, a node or cross-node ring of the
-// hierarchical all-reduce) maps ring index i to communicator rank members[i] (RingStage::members),
-// here and in the agreement frames (CudaRing::exchangeFrames). No communicator or process group is
-// ever created for a sub-ring, so nothing collective over the whole group happens behind the back of
-// the ranks outside it. NCCL matches point-to-point messages per (sender, receiver) pair in posting
-// order, and every stage enumerates its exchanges in the same order on both ends of each pair, so
-// rings that share ranks or run side by side never cross their messages.
+// A plan speaks of ring indices; a ring over some of the communicator's ranks (a DeviceMesh slice,
+// a stage of the hierarchical all-reduce) maps ring index i to communicator rank members[i]
+// (RingStage::members), here and in the agreement frames. No communicator is ever created for a
+// sub-ring, so nothing collective over the whole group happens behind the back of the ranks outside
+// it. NCCL matches point-to-point messages per (sender, receiver) pair in posting order, and every
+// stage enumerates its exchanges in the same order on both ends of each pair, so rings that share
+// ranks never cross their messages.
 #pragma once
 
 #include <cstddef>
@@ -54,20 +47,16 @@ enum class Stream : uint8_t { kComm = 0, kCompute = 1, kCaller = 2 };
 
 // Note [Which exchanges hand off]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// An exchange launches as a hand-off (waited) or queued (Note [Hand-off and queued exchanges],
-// nccl_comm.h). Only a hand-off may make the first contact with a peer or notice a caller inside its
-// own NCCL group, so the first exchange of each stage (its grid exchange 0) hands off, and every
-// other one is queued - unless some chunk of the stage is empty (a tensor under n x 16 bytes, or
-// numel < n for exact blocks): then every exchange of the stage hands off. Both ends of a message
-// launch it the same way (NCCL matches per communicator): the sender's and the receiver's exchange e
-// carry the same message (Note [One ring, two transports, one plan]) and the rule depends only on e
-// and the shared schedule. With no empty chunk, exchange 0 reaches both neighbours before any queued
-// one. So a call waits on the host once per stage, whatever its size (checked by sim_device.h).
+// Only a hand-off (Note [Hand-off and queued exchanges], nccl_comm.h) may make the first contact
+// with a peer or notice a caller inside its own NCCL group, so a stage's (a lane's) first exchange
+// hands off and every other one is queued - unless some chunk of the stage is empty (a tensor under
+// n x 16 bytes, or numel < n for exact blocks): then every exchange hands off. Both ends of a message
+// launch it the same way (NCCL matches per communicator): the rule depends only on the exchange and
+// the shared schedule. So a call waits on the host once per stage (checked by sim_device.h).
 enum class Launch : uint8_t { kQueued = 0, kHandOff = 1 };
-Launch exchangeLaunch(const Plan& plan, int32_t exchange);
 bool handsOffEveryExchange(const Plan& plan);  // some chunk of the plan is empty
 
-// Framing events (negative ids; plan events are dense ids >= 0 from EventMap).
+// Framing events (negative ids; plan events are dense ids >= 0, Note [Driving the plan on streams]).
 constexpr int32_t kCallStartEvent = -1;
 constexpr int32_t kCallDoneEvent = -2;
 constexpr int32_t kPrevCallDoneEvent = -3;
@@ -91,7 +80,7 @@ struct ReduceLaunch {
   RedOp op;         // the stage's reduction (a hierarchical AVG sums in its first stage)
 };
 
-// One send or receive of an NCCL group (the one-shot's; NcclComm::P2p).
+// One send or receive of an NCCL group (the one-shot's; NcclComm::group).
 struct PeerOp {
   bool send = false;
   void* buf = nullptr;  // read for a send, written for a receive
@@ -140,13 +129,6 @@ struct DeviceBuffers {
   int32_t slots_per_lane = 0;  // with several lanes, lane k uses slots [k x this, (k + 1) x this)
 };
 
-// Maps plan event ids to dense indices: only events some op waits for get one.
-struct EventMap {
-  std::vector<int32_t> dense;  // per plan event: dense index or -1 (never waited: not recorded)
-  int32_t count = 0;
-};
-EventMap mapWaitedEvents(const Plan& plan);
-
 // Enqueues one whole call (framing and every stage's plan) on `backend`. `buffers.data` is the whole
 // tensor (each stage adds its offset); `buffers.accum` serves a single-stage call. Throws
 // rr::Error(kRuntime) before enqueueing anything if the buffers do not fit or a stage is malformed.
@@ -162,9 +144,9 @@ void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, D
                     const PlanOptions& options, const DeviceBuffers& buffers, DeviceBackend& backend,
                     bool caller_waits);
 
-// A single flat ring: `members` empty means ring index i is communicator rank i.
+// A single flat ring, ring index i being communicator rank i (the tests' entry).
 void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& backend,
-                     bool caller_waits, const std::vector<int>& members = {});
+                     bool caller_waits);
 
 // The GPU transport's plan options: the all-gather lands in the output; segments of at most
 // max_segment_bytes (>= 16) that fit a slot. gpuPipeline() picks the numbers.

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -33,37 +34,18 @@ namespace rr {
 namespace {
 
 // Handle of one CUDA call; duck-typed like the CPU CallHandle so ringreduce.Work wraps both.
-class CudaWorkHandle {
- public:
-  CudaWorkHandle(std::shared_ptr<CudaWork> work, at::Tensor result, std::vector<at::Tensor> keep,
-                 c10::intrusive_ptr<c10::ivalue::Future> future)
-      : work_(std::move(work)), result_(std::move(result)), keep_(std::move(keep)), future_(std::move(future)) {}
-
-  // CudaWork::wait on the current stream of the work's device.
-  bool wait(int64_t timeout_ms) {
-    const auto dev = static_cast<c10::DeviceIndex>(work_->device());
-    c10::cuda::CUDAGuard guard(dev);
-    return work_->wait(c10::cuda::getCurrentCUDAStream(dev).stream(), timeout_ms);
-  }
-  bool isCompleted() { return work_->isCompleted(); }
-  bool ok() const { return work_->error().empty(); }
-  int errorKind() const { return static_cast<int>(ErrorKind::kBackend); }
-  std::string errorMessage() const { return work_->errorMessage(); }
-  void synchronize(int64_t timeout_ms) { work_->synchronize(std::chrono::milliseconds(timeout_ms)); }
-  uint64_t seq() const { return work_->seq(); }
-  c10::intrusive_ptr<c10::ivalue::Future> future() const { return future_; }
-
- private:
-  std::shared_ptr<CudaWork> work_;
-  at::Tensor result_;
-  std::vector<at::Tensor> keep_;  // every buffer of the call: alive as long as the handle
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+struct CudaWorkHandle {
+  std::shared_ptr<CudaWork> work;
+  at::Tensor result;
+  std::vector<at::Tensor> keep;  // every buffer of the call: alive as long as the handle
+  c10::intrusive_ptr<c10::ivalue::Future> future;
 };
 
 // Runs `fn` without the GIL, its host waits asking for Ctrl-C (Note [Interrupting a host wait on
 // CUDA], csrc/cuda/host_interrupt.h). When a signal handler raised, the wait that asked aborted its
 // communicator and threw; `on_interrupt` (may be empty) runs without the GIL with that error's message
-// and the handler's exception (KeyboardInterrupt) is raised instead of the wait's error.
+// (a call shuts its ring down: the watchdog is joined, every later call raises with the reason) and
+// the handler's exception (KeyboardInterrupt) is raised instead of the wait's error.
 template <typename Fn>
 auto interruptible(Fn&& fn, const std::function<void(const std::string&)>& on_interrupt) -> decltype(fn()) {
   std::shared_ptr<py::error_already_set> raised;
@@ -92,12 +74,6 @@ auto interruptible(Fn&& fn, const std::function<void(const std::string&)>& on_in
     throw *raised;
   }
   return std::move(*result);
-}
-
-// What an interrupted call does to its ring: shut it down (the watchdog is joined; every later call
-// raises with the interrupt's reason, which the wait's abort recorded first).
-std::function<void(const std::string&)> shutDownOnInterrupt(CudaRing& ring) {
-  return [&ring](const std::string& why) { ring.shutdown(why); };
 }
 
 c10::cuda::CUDAStream wrap(cudaStream_t s, int device) {
@@ -137,7 +113,7 @@ py::object launch(CudaRing& ring, const CudaCallRequest& req, CudaCallBuffers& b
   };
   // Without the GIL, also while waiting for the ring's call lock; Ctrl-C ends its host waits.
   const std::shared_ptr<CudaWork> work =
-      interruptible([&] { return runCudaCall(ring, req, buf); }, shutDownOnInterrupt(ring));
+      interruptible([&] { return runCudaCall(ring, req, buf); }, [&](const std::string& why) { ring.shutdown(why); });
   if (!req.async_op || !work) return py::none();
   // CUDA-aware future: completed now (at enqueue), with its event recorded on the reduce stream
   // after the whole call, so that waiting on it (or .then()) synchronizes streams, not the host.
@@ -147,7 +123,7 @@ py::object launch(CudaRing& ring, const CudaCallRequest& req, CudaCallBuffers& b
     c10::cuda::CUDAStreamGuard sg(compute_s);
     future->markCompleted(c10::IValue(c10::List<at::Tensor>({result})));
   }
-  return py::cast(std::make_shared<CudaWorkHandle>(work, result, bufs, future));
+  return py::cast(std::make_shared<CudaWorkHandle>(CudaWorkHandle{work, result, bufs, future}));
 }
 
 CudaCallRequest request(const CudaRing& ring, const at::Tensor& t, const CallOptions& options, bool async_op,
@@ -243,17 +219,30 @@ int64_t groupTimeoutMs(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
   return 10 * 60 * 1000;  // torch's default NCCL timeout
 }
 
+// What build_info() reports of the GPU part (None: unknown).
 py::dict cudaBuildInfo() {
-  const CudaBuildFacts f = cudaBuildFacts();
-  const bool rt = f.nccl_runtime_version_code >= 0;
+  int nccl_rt = -1;
+  try {
+    nccl_rt = NcclComm::runtimeVersion();
+  } catch (const Error&) {
+    // no loadable NCCL: None
+  }
+  std::vector<std::string> archs;
+#ifdef RR_CUDA_ARCHS
+  std::stringstream list(RR_CUDA_ARCHS);  // comma-separated (setup.py)
+  for (std::string a; std::getline(list, a, ',');)
+    if (!a.empty()) archs.push_back(a);
+#endif
+  int cuda_rt = 0;
+  const bool cuda_rt_known = cudaRuntimeGetVersion(&cuda_rt) == cudaSuccess;
   py::dict d;
-  d["nccl_version"] = f.nccl_version;
-  d["nccl_version_code"] = f.nccl_version_code;
-  d["nccl_runtime_version"] = rt ? py::cast(f.nccl_runtime_version) : py::none();
-  d["nccl_runtime_version_code"] = rt ? py::cast(f.nccl_runtime_version_code) : py::none();
-  d["cuda_archs"] = f.cuda_archs;
-  d["cuda_runtime_version"] = f.cuda_runtime_version >= 0 ? py::cast(f.cuda_runtime_version) : py::none();
-  d["cuda_compiled_version"] = f.cuda_compiled_version;
+  d["nccl_version"] = ncclVersionString(NcclComm::compiledVersion());
+  d["nccl_version_code"] = NcclComm::compiledVersion();
+  d["nccl_runtime_version"] = nccl_rt >= 0 ? py::cast(ncclVersionString(nccl_rt)) : py::none();
+  d["nccl_runtime_version_code"] = nccl_rt >= 0 ? py::cast(nccl_rt) : py::none();
+  d["cuda_archs"] = archs;
+  d["cuda_runtime_version"] = cuda_rt_known ? py::cast(cuda_rt) : py::none();
+  d["cuda_compiled_version"] = CUDART_VERSION;
   return d;
 }
 
@@ -274,8 +263,7 @@ void registerCudaBindings(pybind11::module& m) {
                        const std::string& name, int64_t staging_bytes, int64_t connect_timeout_ms,
                        const std::vector<py::bytes>& lane_ids) {
              const std::string id = unique_id;
-             std::vector<std::string> more;
-             for (const py::bytes& b : lane_ids) more.push_back(b);
+             const std::vector<std::string> more(lane_ids.begin(), lane_ids.end());
              // Without the GIL until every rank joined; Ctrl-C ends the wait (a communicator being
              // created aborts itself).
              return interruptible(
@@ -302,20 +290,29 @@ void registerCudaBindings(pybind11::module& m) {
            py::call_guard<py::gil_scoped_release>(), "CudaRing::shutdown (idempotent).");
 
   py::class_<CudaWorkHandle, std::shared_ptr<CudaWorkHandle>>(m, "CudaWorkHandle")
-      .def("wait", &CudaWorkHandle::wait, py::arg("timeout_ms") = -1, py::call_guard<py::gil_scoped_release>())
-      .def("is_completed", &CudaWorkHandle::isCompleted)
-      .def("ok", &CudaWorkHandle::ok)
-      .def("error_kind", &CudaWorkHandle::errorKind)
-      .def("error_message", &CudaWorkHandle::errorMessage)
+      .def(
+          "wait",
+          [](const CudaWorkHandle& h, int64_t timeout_ms) {  // on the current stream of the work's device
+            const auto dev = static_cast<c10::DeviceIndex>(h.work->device());
+            c10::cuda::CUDAGuard guard(dev);
+            return h.work->wait(c10::cuda::getCurrentCUDAStream(dev).stream(), timeout_ms);
+          },
+          py::arg("timeout_ms") = -1, py::call_guard<py::gil_scoped_release>())
+      .def("is_completed", [](const CudaWorkHandle& h) { return h.work->isCompleted(); })
+      .def("ok", [](const CudaWorkHandle& h) { return h.work->error().empty(); })
+      .def("error_kind", [](const CudaWorkHandle&) { return static_cast<int>(ErrorKind::kBackend); })
+      .def("error_message", [](const CudaWorkHandle& h) { return h.work->errorMessage(); })
       .def("raise_error",
            [](const CudaWorkHandle& h) {
-             if (!h.ok()) throw Error(ErrorKind::kBackend, h.errorMessage());
+             if (!h.work->error().empty()) throw Error(ErrorKind::kBackend, h.work->errorMessage());
            })
-      .def("synchronize", &CudaWorkHandle::synchronize, py::arg("timeout_ms") = -1,
-           py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("seq", &CudaWorkHandle::seq)
+      .def(
+          "synchronize",
+          [](const CudaWorkHandle& h, int64_t timeout_ms) { h.work->synchronize(std::chrono::milliseconds(timeout_ms)); },
+          py::arg("timeout_ms") = -1, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("seq", [](const CudaWorkHandle& h) { return h.work->seq(); })
       .def("get_future",
-           [](const CudaWorkHandle& h) { return std::make_shared<torch::jit::PythonFutureWrapper>(h.future()); });
+           [](const CudaWorkHandle& h) { return std::make_shared<torch::jit::PythonFutureWrapper>(h.future); });
 
   m.def("cuda_all_reduce", &cudaAllReduce, py::arg("comm"), py::arg("tensor"), py::arg("options"),
         py::arg("async_op"), py::arg("group_name"), py::arg("members") = std::vector<int>{},
@@ -340,9 +337,7 @@ void registerCudaBindings(pybind11::module& m) {
         c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
         cudaStream_t caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
         const LoopbackShape shape{static_cast<uint8_t>(phases), local_size, order};
-        GpuKnobs knobs;
-        knobs.segment_bytes = segment_bytes;
-        knobs.slots = num_slots;
+        const GpuKnobs knobs{segment_bytes, num_slots};
         py::gil_scoped_release nogil;
         loopbackAllReduce(device, ptrs, t0.numel(), toDType(t0.scalar_type()), static_cast<RedOp>(op), accum_float32,
                           knobs, caller, shape);
@@ -378,7 +373,7 @@ void registerCudaBindings(pybind11::module& m) {
               sendCudaRefusal(*ring, static_cast<CallKind>(kind), error, static_cast<RedOp>(op), group_name, members);
               return true;
             },
-            shutDownOnInterrupt(*ring));
+            [&](const std::string& why) { ring->shutdown(why); });
       },
       py::arg("comm"), py::arg("kind"), py::arg("error"), py::arg("op"), py::arg("group_name"),
       py::arg("members") = std::vector<int>{},
