@@ -5,7 +5,7 @@
 //
 // Note [Why one worker per group]
 // A single global worker deadlocks when ranks order async calls on two groups differently: rank 0
-// runs group A's ring and waits for rank 1, which is stuck behind group B's ring in the same queue.
+// waits in group A's ring for rank 1, stuck behind group B's ring in the same queue.
 //
 // Note [Failed calls keep their buffers]
 // After a transport failure (dead peer, timeout) a receive may still be posted inside the transport.
@@ -64,19 +64,14 @@ constexpr std::chrono::microseconds kWorkerSpin{10};
 
 // Note [One-shot all-reduce]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A ring all-reduce costs 2 (n - 1) message latencies (each a gloo rendezvous), which is the whole
-// cost of a small tensor. So a checked all-reduce over the whole group (algorithm "auto") of at most
-// oneShotBytes(n), and at most the segment size (so tests with tiny segments still cover the ring),
-// sends its tensor inside its agreement frame message (Note [Payload in the frame message] in
-// csrc/core/agreement.h). Once the frames agree, every rank reduces the n tensors itself, chunk by
-// chunk of the ring's schedule in the ring's order (hostReduceInOrder with the plan's partial type
-// and final Scaling: same operand order, per-hop rounding, predivide and final scaling as the
-// ring's hops), so the result is bitwise the ring's on every rank, for every segment size. It moves
-// (n - 1) S bytes per rank instead of 2 (n - 1) / n S, in one latency; hence the thresholds fall
-// with n (docs/performance.md). Its memory (2 (n - 1) receive buffers and one send buffer of
-// kFrameBytes + oneShotBytes(n), and the scratch) stays under kOneShotMemoryBytes, on top of staging.
+// A ring costs 2 (n - 1) message latencies, the whole cost of a small tensor. So a checked
+// all-reduce over the whole group of at most oneShotBytes(n) and the segment size (tests with tiny
+// segments still cover the ring) sends its tensor inside its frame message (Note [Payload in the
+// frame message] in agreement.h); once the frames agree every rank reduces the n tensors chunk by
+// chunk in the ring's order (hostReduceInOrder with the plan's partial type and final Scaling), so
+// the result is bitwise the ring's. It moves (n - 1) S bytes per rank instead of 2 (n - 1) / n S,
+// hence thresholds falling with n (docs/performance.md).
 constexpr int64_t oneShotBytes(int ranks) { return ranks <= 2 ? 1 << 20 : ranks <= 8 ? 64 << 10 : 32 << 10; }
-constexpr int64_t kOneShotMemoryBytes = 4 << 20;
 
 // The memory a call's rings run over: `numel` contiguous elements of `dtype`.
 struct CallBuffer {
