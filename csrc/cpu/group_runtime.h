@@ -169,8 +169,9 @@ class GroupRuntime {
   // The node ring (`node_stage`: stage 1) in shared memory, set up at the first hierarchical call;
   // null when its ranks cannot share memory (the node stages then use gloo).
   ShmRing* nodeShm(const CallOptions& opt, const struct RingStage& node_stage, std::chrono::milliseconds timeout);
-  // Agrees on and maps one segment for ring `ring_id`; null with `why` when it cannot.
-  std::unique_ptr<ShmRing> setUpShm(const std::string& ring_id, int index, int size, bool want,
+  // Agrees on and maps one segment for the ring `ranks` (this process: `index`), named "all" (the
+  // whole group) or `ring_id` followed by the ranks; null with `why` when it cannot.
+  std::unique_ptr<ShmRing> setUpShm(std::string ring_id, const std::vector<int>& ranks, int index, bool want,
                                     std::chrono::milliseconds timeout, std::string* why);
   // A call through shared memory: the frames, then the flat all-reduce or the other collectives.
   void runShm(const Call& call, const CallBuffer& buf, bool refused, int tag_group, CallTiming& timing);
@@ -180,6 +181,9 @@ class GroupRuntime {
   // One ring stage over gloo point-to-point on the call's buffer `base`, on payload tag `tag`.
   void runRing(const struct RingStage& st, void* base, int tag);
   int payloadTag(int tag_group, size_t stage) const;  // Note [Tags]
+  std::chrono::milliseconds timeoutOf(const CallOptions& opt) const {
+    return opt.timeout_ms > 0 ? std::chrono::milliseconds(opt.timeout_ms) : default_timeout_;
+  }
   // Note [Pipelined hierarchical all-reduce]: how many pieces a call is cut into (1: not cut).
   static int64_t nodePieces(const CallBuffer& buf);
   void runNodePieces(const Call& call, const CallBuffer& buf, int64_t pieces, ShmRing* node, int tag_group);

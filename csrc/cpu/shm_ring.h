@@ -84,6 +84,8 @@ class ShmRing {
   // order, the rest is left as it was; allGather: every owned chunk is copied from its owner.
   void reduceScatter(void* data, DType dtype, RedOp op, const struct RingSchedule& sched, const Scaling& final);
   void allGather(void* data, DType dtype, const struct RingSchedule& sched);
+  // The ring half of `st` on `data`: its reduceScatter (with its final scaling), else its allGather.
+  void runHalf(const struct RingStage& st, void* data, bool reduce_scatter);
 
  private:
   char* buffer(int rank, int parity) const;
