@@ -73,11 +73,6 @@ void sixteenBitWire(RedOp op, bool dst_partial, L& l) {
   if (!known) refuseOp(op, "with a 16-bit wire (SUM and AVG are)");
 }
 
-[[noreturn]] inline void badOperands(DType a, DType b, DType dst) {
-  RR_THROW(kRuntime, "ringreduce internal error: no reduce for operand types (", dtypeName(a), ", ", dtypeName(b),
-           ") -> ", dtypeName(dst));
-}
-
 }  // namespace dispatch_detail
 
 template <typename L>
@@ -114,7 +109,8 @@ void dispatchReduce(RedOp op, DType a_type, DType b_type, DType dst_type, L& l) 
     if (b_type == DType::kFloat16) return sixteenBitWire<Half>(op, dst_type == b_type, l);
     return sixteenBitWire<BFloat16>(op, dst_type == b_type, l);
   }
-  badOperands(a_type, b_type, dst_type);
+  RR_THROW(kRuntime, "ringreduce internal error: no reduce for operand types (", dtypeName(a_type), ", ",
+           dtypeName(b_type), ") -> ", dtypeName(dst_type));
 }
 
 template <typename L>

@@ -300,7 +300,8 @@ void GroupRuntime::checkFrames(const Call& call, const Frame& mine, int tag_grou
 
 void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing) {
   const CallOptions& opt = call.opt;
-  const size_t bytes = static_cast<size_t>(buf.numel) * dtypeSize(buf.dtype);
+  const size_t elem = dtypeSize(buf.dtype);
+  const size_t bytes = static_cast<size_t>(buf.numel) * elem;
   const Clock::time_point started = Clock::now();
   Frame mine = frameOf(call);
   mine.flags |= kFrameOneShot;
@@ -309,10 +310,9 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
   const Clock::time_point reduced = Clock::now();
   for (int p = 0; p < size_; ++p)  // Note [Traffic counters]: the payload went to every peer
     if (p != rank_) sent_[ring_.ranks[static_cast<size_t>(p)]].fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
-  const size_t elem = dtypeSize(buf.dtype);
-  // Chunk c in the ring's order: rank c's elements first, then c + 1's, ...
-  const RingSchedule sched = makeRingSchedule(size_, buf.numel, static_cast<int64_t>(elem),
-                                              static_cast<int64_t>(dtypeSize(wireDType(buf.dtype, opt.accum_float32))),
+  // Chunk c in the ring's order: rank c's elements first, then c + 1's, ... (the chunks depend on
+  // (n, numel, element size) alone: Note [Chunk ownership]).
+  const RingSchedule sched = makeRingSchedule(size_, buf.numel, static_cast<int64_t>(elem), static_cast<int64_t>(elem),
                                               opt.cpuSegmentBytes());
   if (scratch_.size() * sizeof(float) < kReduceInOrderScratchBytes) {
     std::lock_guard<std::mutex> g(mu_);

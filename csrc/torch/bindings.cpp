@@ -171,8 +171,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("wait", &rr::CpuCall::wait, py::arg("timeout_ms") = -1, py::call_guard<py::gil_scoped_release>())
       .def("is_completed", &rr::CpuCall::isCompleted)
       .def("ok", &rr::CpuCall::ok)
-      .def("error_kind", [](rr::CpuCall& h) { return static_cast<int>(h.errorKind()); })
-      .def("error_message", &rr::CpuCall::errorMessage)
       .def("raise_error", [](rr::CpuCall& h) { raiseAs(h.errorKind(), h.errorMessage()); })
       .def("timing_us",
            [](rr::CpuCall& h) { return py::make_tuple(h.timing().check_us, h.timing().ring_us); })
