@@ -96,19 +96,8 @@ RR_HD_INLINE uint16_t floatToBf16Bits(float value) {
 // Accumulation type of each storage type, and the conversions in and out of it.
 template <typename T>
 struct AccOf {
-  using type = T;
-};
-template <>
-struct AccOf<Half> {
-  using type = float;
-};
-template <>
-struct AccOf<BFloat16> {
-  using type = float;
-};
-template <>
-struct AccOf<Bool8> {
-  using type = uint8_t;
+  using type = std::conditional_t<std::is_same<T, Half>::value || std::is_same<T, BFloat16>::value, float,
+                                  std::conditional_t<std::is_same<T, Bool8>::value, uint8_t, T>>;
 };
 
 template <typename Acc, typename T>
@@ -141,11 +130,7 @@ struct Convert<Complex<R>, Complex<R>> {
 // 8/16-bit values are widened to uint32_t first: uint16_t*uint16_t would promote to signed int.
 template <typename T>
 struct WrapOf {
-  using type = uint32_t;
-};
-template <>
-struct WrapOf<int64_t> {
-  using type = uint64_t;
+  using type = std::conditional_t<std::is_same<T, int64_t>::value, uint64_t, uint32_t>;
 };
 
 template <typename T>

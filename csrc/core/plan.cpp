@@ -500,21 +500,13 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
 }
 
 namespace {
-const char* bufName(BufKind k) {
-  switch (k) {
-    case BufKind::kNone: return "-";
-    case BufKind::kData: return "data";
-    case BufKind::kAccum: return "accum";
-    case BufKind::kStaging: return "slot";
-  }
-  return "?";
-}
 void putSpan(std::ostringstream& os, const Span& s) {
   if (s.empty()) {
     os << "-";
     return;
   }
-  os << bufName(s.buf);
+  static const char* const kBufNames[] = {"-", "data", "accum", "slot"};  // by BufKind
+  os << kBufNames[static_cast<int>(s.buf)];
   if (s.buf == BufKind::kStaging) os << s.slot;
   os << "[" << s.offset << "+" << s.count << "," << dtypeName(s.type) << "]";
 }

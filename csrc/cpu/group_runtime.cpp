@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #ifdef __linux__
 #include <pthread.h>
 #endif
@@ -318,6 +317,8 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
     std::lock_guard<std::mutex> g(mu_);
     scratch_.resize(kReduceInOrderScratchBytes / sizeof(float));
   }
+  const DType partial = opt.partial(buf.dtype, size_);
+  const Scaling final = opt.flatFinalScaling(buf.dtype, size_, partial);
   std::vector<const void*> inputs(static_cast<size_t>(size_));
   for (int c = 0; c < size_; ++c) {
     const Range range = sched.chunkRange(c);
@@ -328,8 +329,8 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
       const char* base = p == rank_ ? static_cast<const char*>(buf.data) : frames_.payload(p);
       inputs[static_cast<size_t>(j)] = base + offset;
     }
-    hostReduceInOrder(buf.dtype, opt.partial(buf.dtype, size_), opt.op, inputs, static_cast<char*>(buf.data) + offset,
-                      range.size(), opt.flatFinalScaling(buf.dtype, size_), scratch_.data());
+    hostReduceInOrder(buf.dtype, partial, opt.op, inputs, static_cast<char*>(buf.data) + offset, range.size(), final,
+                      scratch_.data());
   }
   call.body->finish(rank_, size_);
   timing.ring_us = usSince(reduced);
