@@ -91,9 +91,6 @@ struct CallOptions {
     return wire_gather16 && wire_dtype && dtype == DType::kFloat32 && isHalfType(*wire_dtype) && allReduce() &&
            (op == RedOp::kSum || op == RedOp::kAvg);
   }
-  Scaling flatFinalScaling(DType dtype, int ring_size) const {
-    return flatFinalScaling(dtype, ring_size, partial(dtype, ring_size));
-  }
   // Whether an all-reduce on a ring of `ring_size` ranks runs the hierarchical stages.
   bool hierarchical(int ring_size) const { return allReduce() && local_size > 1 && local_size < ring_size; }
 };

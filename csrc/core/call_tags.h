@@ -2,7 +2,6 @@
 // again (Note [Retired tag groups]).
 #pragma once
 
-#include <cstdint>
 #include <vector>
 
 #include "error.h"

@@ -84,6 +84,8 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   one_lane.lane = 0;
   one_lane.wire_dtype.reset();  // the node stages: no wire (Note [Hierarchical 16-bit wire])
   one_lane.wire_gather16 = false;
+  one_lane.owner_shift = 0;
+  one_lane.exact_chunks = false;
   RR_CHECK(n % L == 0, kValue, "ringreduce: hierarchical all-reduce over ", n, " ranks needs equal nodes, got ", L,
            " ranks per node");
   RR_CHECK(!base.accum_float32, kValue,
@@ -102,8 +104,6 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   // 1. Reduce-scatter inside the node (the owned range depends on (L, numel, dtype) only).
   PlanOptions p1 = one_lane;
   p1.phases = kPhaseReduceScatter;
-  p1.owner_shift = 0;
-  p1.exact_chunks = false;
   p1.average = false;
   p1.avg_divisor = 0;
   p1.post_factor = 0;  // every contribution is divided by the predivide factor here, scaled in stage 2
@@ -116,8 +116,6 @@ std::vector<RingStage> hierarchicalStages(const RingMembers& ring, int local_siz
   const Range mine = numel > 0 ? sc.chunkRange(sc.ownedChunk(local)) : Range{0, 0};
   PlanOptions p2 = one_lane;
   p2.phases = kPhaseBoth;
-  p2.owner_shift = 0;
-  p2.exact_chunks = false;
   p2.average = op == RedOp::kAvg;
   p2.avg_divisor = n;
   p2.pre_factor = 0;  // its inputs are node sums, divided in stage 1 already

@@ -8,15 +8,12 @@
 
 #if defined(__CUDACC__)
 #define RR_HD_INLINE __host__ __device__ __forceinline__
-#define RR_HD __host__ __device__
 #elif defined(__GNUC__)
 // Forced as on the device: the host reduce loops vectorize only when every step is inlined, which
 // GCC's own limits stop doing once a loop body grows.
 #define RR_HD_INLINE inline __attribute__((always_inline))
-#define RR_HD
 #else
 #define RR_HD_INLINE inline
-#define RR_HD
 #endif
 
 namespace rr {

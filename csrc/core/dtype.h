@@ -70,9 +70,4 @@ const char* unsupportedReason(DType t, RedOp op);
 // Throws rr::Error(kType) naming both when the pair is unsupported.
 void checkSupported(DType t, RedOp op);
 
-// The type partials travel in with accum_dtype=float32: float32 for half types, else the type itself.
-RR_HD_INLINE DType wireDType(DType t, bool accum_float32) {
-  return (accum_float32 && isHalfType(t)) ? DType::kFloat32 : t;
-}
-
 }  // namespace rr

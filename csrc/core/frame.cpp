@@ -57,9 +57,6 @@ std::string shapeString(const Frame& f) {
   os << "]";
   return os.str();
 }
-std::string opString(const Frame& f) {
-  return redOpName(static_cast<RedOp>(f.op));
-}
 }  // namespace
 
 std::string describeFrame(const Frame& f) {
@@ -69,7 +66,7 @@ std::string describeFrame(const Frame& f) {
     os << " refused locally (" << frameErrorName(f.error) << ")";
     return os.str();
   }
-  os << "(op=" << opString(f) << ", dtype=" << dtypeName(static_cast<DType>(f.dtype))
+  os << "(op=" << redOpName(static_cast<RedOp>(f.op)) << ", dtype=" << dtypeName(static_cast<DType>(f.dtype))
      << ", numel=" << f.numel << ", shape=" << shapeString(f)
      << ", device=" << (f.device_type == 1 ? "cuda" : "cpu");
   if (f.accum_float32 == 1) os << ", accum_dtype=float32";

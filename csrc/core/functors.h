@@ -96,19 +96,8 @@ RR_HD_INLINE uint16_t floatToBf16Bits(float value) {
 // Accumulation type of each storage type, and the conversions in and out of it.
 template <typename T>
 struct AccOf {
-  using type = T;
-};
-template <>
-struct AccOf<Half> {
-  using type = float;
-};
-template <>
-struct AccOf<BFloat16> {
-  using type = float;
-};
-template <>
-struct AccOf<Bool8> {
-  using type = uint8_t;
+  using type = std::conditional_t<std::is_same<T, Half>::value || std::is_same<T, BFloat16>::value, float,
+                                  std::conditional_t<std::is_same<T, Bool8>::value, uint8_t, T>>;
 };
 
 template <typename Acc, typename T>
@@ -141,11 +130,7 @@ struct Convert<Complex<R>, Complex<R>> {
 // 8/16-bit values are widened to uint32_t first: uint16_t*uint16_t would promote to signed int.
 template <typename T>
 struct WrapOf {
-  using type = uint32_t;
-};
-template <>
-struct WrapOf<int64_t> {
-  using type = uint64_t;
+  using type = std::conditional_t<std::is_same<T, int64_t>::value, uint64_t, uint32_t>;
 };
 
 template <typename T>
@@ -211,8 +196,8 @@ RR_HD_INLINE uint8_t combineBool(uint8_t a, uint8_t b) {
                                                       : static_cast<uint8_t>(a | b);
 }
 
-// Scaling by a real factor in the accumulation precision (per component for complex). Integers are
-// never scaled: AVG, predivide factors and extra divisors are refused for them before any data moves.
+// Scaling by a real factor in the accumulation precision. Integers are never scaled: AVG, predivide
+// factors and extra divisors are refused for them before any data moves.
 template <typename T>
 struct RealOf {
   using type = T;
@@ -222,25 +207,18 @@ struct RealOf<Complex<R>> {
   using type = R;
 };
 
-RR_HD_INLINE float divideBy(float s, float d) { return s / d; }
-RR_HD_INLINE double divideBy(double s, double d) { return s / d; }
-template <typename R>
-RR_HD_INLINE Complex<R> divideBy(Complex<R> s, R d) {
-  return Complex<R>{s.re / d, s.im / d};
+// s / d and s * m, per component for complex; integral types pass unchanged.
+template <typename T, typename R>
+RR_HD_INLINE T divideBy(T s, R d) {
+  if constexpr (std::is_floating_point<T>::value) return s / d;
+  else if constexpr (std::is_same<T, Complex<R>>::value) return T{s.re / d, s.im / d};
+  else return s;
 }
-template <typename T, typename D>
-RR_HD_INLINE T divideBy(T s, D) {
-  return s;  // integral types: unreachable
-}
-RR_HD_INLINE float multiplyBy(float s, float m) { return s * m; }
-RR_HD_INLINE double multiplyBy(double s, double m) { return s * m; }
-template <typename R>
-RR_HD_INLINE Complex<R> multiplyBy(Complex<R> s, R m) {
-  return Complex<R>{s.re * m, s.im * m};
-}
-template <typename T, typename M>
-RR_HD_INLINE T multiplyBy(T s, M) {
-  return s;  // integral types: unreachable
+template <typename T, typename R>
+RR_HD_INLINE T multiplyBy(T s, R m) {
+  if constexpr (std::is_floating_point<T>::value) return s * m;
+  else if constexpr (std::is_same<T, Complex<R>>::value) return T{s.re * m, s.im * m};
+  else return s;
 }
 
 // What one reduction step does besides combining its operands (Note [Reduction contract]). A plain

@@ -82,12 +82,13 @@ struct Builder {
 
   void emit(const Op& op) { plan.ops.push_back(op); }
 
-  void emitWait(Queue q, int32_t event, bool recv_only = false) {
-    Op w{OpKind::kWait, q};
+  void emitEvent(OpKind kind, Queue q, int32_t event, bool recv_only = false) {
+    Op w{kind, q};
     w.event = event;
     w.recv_only = recv_only;
     emit(w);
   }
+  void emitWait(Queue q, int32_t event, bool recv_only = false) { emitEvent(OpKind::kWait, q, event, recv_only); }
 
   bool computeKnows(const ExchangeNeed& x) const {
     return (x.full ? compute_saw_x : compute_saw_recv)[x.exchange] >= 0;
@@ -156,9 +157,7 @@ struct Builder {
     for (const ExchangeNeed& x : exchangeNeeds(deps, -1))
       if (!computeKnows(x)) computeWaits(x);
     emit(computes[c]);
-    Op rec{OpKind::kRecord, Queue::kCompute};
-    rec.event = eventOf(c);
-    emit(rec);
+    emitEvent(OpKind::kRecord, Queue::kCompute, eventOf(c));
     for (const Access& a : co_access[c]) record(a, OpRef{true, c});
     compute_pos[c] = computes_emitted++;
     compute_order.push_back(c);
@@ -230,9 +229,7 @@ struct Builder {
     ex.send = ex_send[e];
     ex.recv = ex_recv[e];
     emit(ex);
-    Op rec{OpKind::kRecord, Queue::kComm};
-    rec.event = Plan::exchangeEvent(e);
-    emit(rec);
+    emitEvent(OpKind::kRecord, Queue::kComm, Plan::exchangeEvent(e));
     for (const Access& a : ex_access[e]) record(a, OpRef{false, e});
   }
 
@@ -425,6 +422,9 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
         if (send_r.empty() && recv_r.empty()) continue;  // both neighbours skip it too
 
         const bool rs = phase == Phase::kReduceScatter;
+        // Reduce-scatter hops carry partials (after the first hop, or every hop on a 16-bit wire);
+        // all-gather hops finished elements (16-bit ones with a 16-bit all-gather).
+        const bool carries_partial = (!rs && plan.gather16) || (rs && partials && (s > 0 || plan.wire16));
         if (!send_r.empty()) {
           const Span data_send{BufKind::kData, -1, T, send_r.begin, send_r.size()};
           const int64_t send_region = dataRegion(info.send_chunk, j);
@@ -440,7 +440,7 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
             RR_CHECK(b.has_convert[e], kRuntime, "ringreduce internal error: an all-gather forwards a segment it "
                      "never received");
           }
-          if ((!rs && plan.gather16) || (rs && partials && (s > 0 || plan.wire16))) {
+          if (carries_partial) {
             b.ex_send[e] = accumSpan(j, send_r.size());
             b.ex_access[e].push_back({accumRegion(j), false});
           } else {
@@ -457,10 +457,6 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
           } else {
             const int32_t slot = staged % plan.num_slots;
             ++staged;
-            const bool gather16 = !rs && plan.gather16;
-            // Reduce-scatter receives carry partials (after the first hop, or every hop on a 16-bit
-            // wire); all-gather receives finished elements (16-bit ones with a 16-bit all-gather).
-            const bool carries_partial = gather16 || (rs && partials && (s > 0 || plan.wire16));
             b.ex_recv[e] = Span{BufKind::kStaging, slot, carries_partial ? P : T, 0, recv_r.size()};
             b.ex_access[e].push_back({regionKey(kRegionSlot, slot), true});
             b.has_compute[e] = 1;
@@ -476,7 +472,7 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
             const bool to_accum = rs && partials && !c.final;
             c.dst = to_accum ? accumSpan(j, recv_r.size()) : data_span;
             b.co_access[e].push_back({to_accum ? accumRegion(j) : recv_region, true});
-            if (gather16 && s < n - 2) {
+            if (!rs && plan.gather16 && s < n - 2) {
               // Note [16-bit all-gather]: the 16 bits go on at step s + 1 from kAccum; the convert
               // that copies them there is emitted with this copy at the latest.
               const int32_t fwd = b.index(phase, s + 1, j);
@@ -504,21 +500,13 @@ Plan buildPlan(int nranks, int rank, int64_t numel, DType dtype, const PlanOptio
 }
 
 namespace {
-const char* bufName(BufKind k) {
-  switch (k) {
-    case BufKind::kNone: return "-";
-    case BufKind::kData: return "data";
-    case BufKind::kAccum: return "accum";
-    case BufKind::kStaging: return "slot";
-  }
-  return "?";
-}
 void putSpan(std::ostringstream& os, const Span& s) {
   if (s.empty()) {
     os << "-";
     return;
   }
-  os << bufName(s.buf);
+  static const char* const kBufNames[] = {"-", "data", "accum", "slot"};  // by BufKind
+  os << kBufNames[static_cast<int>(s.buf)];
   if (s.buf == BufKind::kStaging) os << s.slot;
   os << "[" << s.offset << "+" << s.count << "," << dtypeName(s.type) << "]";
 }

@@ -7,6 +7,8 @@
 // float32 to and from float16/bfloat16 (a 16-bit wire's first hop, a 16-bit all-gather's widening).
 #pragma once
 
+#include <type_traits>
+
 #include "dtype.h"
 #include "error.h"
 #include "functors.h"
@@ -15,77 +17,60 @@
 namespace rr {
 namespace dispatch_detail {
 
-// The half-type patterns with float32 partials: b and/or dst float32 (a is the tensor).
-template <typename T, RedOp op, typename L>
-void withFloatPartials(bool b_wide, bool dst_wide, L& l) {
-  if (!b_wide && !dst_wide) return l.template run<T, T, T, op>();
-  if (!b_wide) return l.template run<T, T, float, op>();
-  if (dst_wide) return l.template run<T, float, float, op>();
-  return l.template run<T, float, T, op>();
+// Calls f(std::integral_constant<RedOp, op>) when the runtime `op` is one of Ops; false when not.
+template <RedOp... Ops, typename F>
+bool withOp(RedOp op, F&& f) {
+  return ((op == Ops && (f(std::integral_constant<RedOp, Ops>{}), true)) || ...);
+}
+
+// Throws for an op outside a dtype's table: `what` names the tensors, nullptr an unknown op code.
+[[noreturn]] inline void refuseOp(RedOp op, const char* what) {
+  if (what == nullptr) RR_THROW(kType, "ringreduce: unknown op code ", static_cast<int>(op));
+  RR_THROW(kType, "ringreduce: op ", redOpName(op), " is not supported ", what);
+}
+
+// Every op with operands (T, T, T); `what` as refuseOp's.
+template <typename T, RedOp... Ops, typename L>
+void sameType(RedOp op, L& l, const char* what) {
+  if (!withOp<Ops...>(op, [&](auto o) { l.template run<T, T, T, decltype(o)::value>(); })) refuseOp(op, what);
 }
 
 template <typename T, typename L>
+void floating(RedOp op, L& l) {
+  sameType<T, RedOp::kSum, RedOp::kAvg, RedOp::kMax, RedOp::kMin, RedOp::kProduct>(op, l, nullptr);
+}
+
+template <typename T, typename L>
+void integral(RedOp op, L& l) {  // bool included; AVG is refused by checkSupported() first
+  sameType<T, RedOp::kSum, RedOp::kMax, RedOp::kMin, RedOp::kProduct>(op, l, "for integer and bool tensors");
+}
+
+template <typename T, typename L>
+void complexType(RedOp op, L& l) {
+  sameType<T, RedOp::kSum, RedOp::kAvg>(op, l, "for complex tensors");
+}
+
+// Half types with float32 partials: b and/or dst float32 (a is the tensor).
+template <typename T, typename L>
 void halfType(RedOp op, bool b_wide, bool dst_wide, L& l) {
-  switch (op) {
-    case RedOp::kSum: return withFloatPartials<T, RedOp::kSum>(b_wide, dst_wide, l);
-    case RedOp::kAvg: return withFloatPartials<T, RedOp::kAvg>(b_wide, dst_wide, l);
-    case RedOp::kMax: return withFloatPartials<T, RedOp::kMax>(b_wide, dst_wide, l);
-    case RedOp::kMin: return withFloatPartials<T, RedOp::kMin>(b_wide, dst_wide, l);
-    case RedOp::kProduct: return withFloatPartials<T, RedOp::kProduct>(b_wide, dst_wide, l);
-  }
-  RR_THROW(kType, "ringreduce: unknown op code ", static_cast<int>(op));
+  const bool known = withOp<RedOp::kSum, RedOp::kAvg, RedOp::kMax, RedOp::kMin, RedOp::kProduct>(op, [&](auto o) {
+    constexpr RedOp kOp = decltype(o)::value;
+    if (!b_wide && !dst_wide) return l.template run<T, T, T, kOp>();
+    if (!b_wide) return l.template run<T, T, float, kOp>();
+    if (dst_wide) return l.template run<T, float, float, kOp>();
+    return l.template run<T, float, T, kOp>();
+  });
+  if (!known) refuseOp(op, nullptr);
 }
 
 // float32 tensors with 16-bit partials P: b is P, dst P (a hop) or float32 (the final reduce).
 template <typename P, typename L>
 void sixteenBitWire(RedOp op, bool dst_partial, L& l) {
-  switch (op) {
-    case RedOp::kSum:
-      return dst_partial ? l.template run<float, P, P, RedOp::kSum>() : l.template run<float, P, float, RedOp::kSum>();
-    case RedOp::kAvg:
-      return dst_partial ? l.template run<float, P, P, RedOp::kAvg>() : l.template run<float, P, float, RedOp::kAvg>();
-    default: break;
-  }
-  RR_THROW(kType, "ringreduce: op ", redOpName(op), " is not supported with a 16-bit wire (SUM and AVG are)");
-}
-
-template <typename T, typename L>
-void floating(RedOp op, L& l) {
-  switch (op) {
-    case RedOp::kSum: return l.template run<T, T, T, RedOp::kSum>();
-    case RedOp::kAvg: return l.template run<T, T, T, RedOp::kAvg>();
-    case RedOp::kMax: return l.template run<T, T, T, RedOp::kMax>();
-    case RedOp::kMin: return l.template run<T, T, T, RedOp::kMin>();
-    case RedOp::kProduct: return l.template run<T, T, T, RedOp::kProduct>();
-  }
-  RR_THROW(kType, "ringreduce: unknown op code ", static_cast<int>(op));
-}
-
-template <typename T, typename L>
-void integral(RedOp op, L& l) {  // bool included; AVG is refused by checkSupported() first
-  switch (op) {
-    case RedOp::kSum: return l.template run<T, T, T, RedOp::kSum>();
-    case RedOp::kMax: return l.template run<T, T, T, RedOp::kMax>();
-    case RedOp::kMin: return l.template run<T, T, T, RedOp::kMin>();
-    case RedOp::kProduct: return l.template run<T, T, T, RedOp::kProduct>();
-    case RedOp::kAvg: break;
-  }
-  RR_THROW(kType, "ringreduce: op ", redOpName(op), " is not supported for integer and bool tensors");
-}
-
-template <typename T, typename L>
-void complexType(RedOp op, L& l) {
-  switch (op) {
-    case RedOp::kSum: return l.template run<T, T, T, RedOp::kSum>();
-    case RedOp::kAvg: return l.template run<T, T, T, RedOp::kAvg>();
-    default: break;
-  }
-  RR_THROW(kType, "ringreduce: op ", redOpName(op), " is not supported for complex tensors");
-}
-
-[[noreturn]] inline void badOperands(DType a, DType b, DType dst) {
-  RR_THROW(kRuntime, "ringreduce internal error: no reduce for operand types (", dtypeName(a), ", ", dtypeName(b),
-           ") -> ", dtypeName(dst));
+  const bool known = withOp<RedOp::kSum, RedOp::kAvg>(op, [&](auto o) {
+    constexpr RedOp kOp = decltype(o)::value;
+    return dst_partial ? l.template run<float, P, P, kOp>() : l.template run<float, P, float, kOp>();
+  });
+  if (!known) refuseOp(op, "with a 16-bit wire (SUM and AVG are)");
 }
 
 }  // namespace dispatch_detail
@@ -124,7 +109,8 @@ void dispatchReduce(RedOp op, DType a_type, DType b_type, DType dst_type, L& l) 
     if (b_type == DType::kFloat16) return sixteenBitWire<Half>(op, dst_type == b_type, l);
     return sixteenBitWire<BFloat16>(op, dst_type == b_type, l);
   }
-  badOperands(a_type, b_type, dst_type);
+  RR_THROW(kRuntime, "ringreduce internal error: no reduce for operand types (", dtypeName(a_type), ", ",
+           dtypeName(b_type), ") -> ", dtypeName(dst_type));
 }
 
 template <typename L>

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #ifdef __linux__
 #include <pthread.h>
 #endif
@@ -300,7 +299,8 @@ void GroupRuntime::checkFrames(const Call& call, const Frame& mine, int tag_grou
 
 void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing) {
   const CallOptions& opt = call.opt;
-  const size_t bytes = static_cast<size_t>(buf.numel) * dtypeSize(buf.dtype);
+  const size_t elem = dtypeSize(buf.dtype);
+  const size_t bytes = static_cast<size_t>(buf.numel) * elem;
   const Clock::time_point started = Clock::now();
   Frame mine = frameOf(call);
   mine.flags |= kFrameOneShot;
@@ -309,15 +309,16 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
   const Clock::time_point reduced = Clock::now();
   for (int p = 0; p < size_; ++p)  // Note [Traffic counters]: the payload went to every peer
     if (p != rank_) sent_[ring_.ranks[static_cast<size_t>(p)]].fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
-  const size_t elem = dtypeSize(buf.dtype);
-  // Chunk c in the ring's order: rank c's elements first, then c + 1's, ...
-  const RingSchedule sched = makeRingSchedule(size_, buf.numel, static_cast<int64_t>(elem),
-                                              static_cast<int64_t>(dtypeSize(wireDType(buf.dtype, opt.accum_float32))),
+  // Chunk c in the ring's order: rank c's elements first, then c + 1's, ... (the chunks depend on
+  // (n, numel, element size) alone: Note [Chunk ownership]).
+  const RingSchedule sched = makeRingSchedule(size_, buf.numel, static_cast<int64_t>(elem), static_cast<int64_t>(elem),
                                               opt.cpuSegmentBytes());
   if (scratch_.size() * sizeof(float) < kReduceInOrderScratchBytes) {
     std::lock_guard<std::mutex> g(mu_);
     scratch_.resize(kReduceInOrderScratchBytes / sizeof(float));
   }
+  const DType partial = opt.partial(buf.dtype, size_);
+  const Scaling final = opt.flatFinalScaling(buf.dtype, size_, partial);
   std::vector<const void*> inputs(static_cast<size_t>(size_));
   for (int c = 0; c < size_; ++c) {
     const Range range = sched.chunkRange(c);
@@ -328,8 +329,8 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
       const char* base = p == rank_ ? static_cast<const char*>(buf.data) : frames_.payload(p);
       inputs[static_cast<size_t>(j)] = base + offset;
     }
-    hostReduceInOrder(buf.dtype, opt.partial(buf.dtype, size_), opt.op, inputs, static_cast<char*>(buf.data) + offset,
-                      range.size(), opt.flatFinalScaling(buf.dtype, size_), scratch_.data());
+    hostReduceInOrder(buf.dtype, partial, opt.op, inputs, static_cast<char*>(buf.data) + offset, range.size(), final,
+                      scratch_.data());
   }
   call.body->finish(rank_, size_);
   timing.ring_us = usSince(reduced);
@@ -362,9 +363,12 @@ int GroupRuntime::payloadTag(int tag_group, size_t stage) const {
          (tag_group * kStagesPerCall + static_cast<int>(stage)) * kTagsPerCall;
 }
 
-std::unique_ptr<ShmRing> GroupRuntime::setUpShm(const std::string& ring_id, int index, int size, bool want,
-                                                std::chrono::milliseconds timeout, std::string* why) {
+std::unique_ptr<ShmRing> GroupRuntime::setUpShm(std::string ring_id, const std::vector<int>& ranks, int index,
+                                                bool want, std::chrono::milliseconds timeout, std::string* why) {
   // Note [Shared-memory segments]: one agreement per ring and setup, under keys of its own.
+  if (ring_id != "all")
+    for (int m : ranks) ring_id += std::to_string(m) + ",";
+  const int size = static_cast<int>(ranks.size());
   const std::string base = "ringreduce/shm/" + ring_id;
   const int64_t setup = (store_->add(base + "/setups", 1) - 1) / size;
   ShmMapping mapping;
@@ -390,13 +394,8 @@ bool GroupRuntime::ensureShm(const CallOptions& opt, std::chrono::milliseconds t
     shm_state_ = "tcp";
     return false;
   }
-  std::string ring = "all";
-  if (!whole_group_) {
-    ring.clear();
-    for (int m : ring_.ranks) ring += std::to_string(m) + ",";
-  }
   std::string why;
-  std::unique_ptr<ShmRing> shm = setUpShm(ring, rank_, size_, opt.shm, timeout, &why);
+  std::unique_ptr<ShmRing> shm = setUpShm(whole_group_ ? "all" : "", ring_.ranks, rank_, opt.shm, timeout, &why);
   std::lock_guard<std::mutex> g(mu_);
   if (!shm) {
     shm_state_ = "tcp (" + why + ")";
@@ -413,11 +412,8 @@ ShmRing* GroupRuntime::nodeShm(const CallOptions& opt, const RingStage& node_sta
   if (node_shm_tried_) return node_shm_ && node_shm_members_ == node_stage.members ? node_shm_.get() : nullptr;
   node_shm_tried_ = true;
   node_shm_members_ = node_stage.members;
-  std::string ring = "node:";
-  for (int m : node_stage.members) ring += std::to_string(m) + ",";
   std::string why;
-  std::unique_ptr<ShmRing> shm = setUpShm(ring, node_stage.index(), static_cast<int>(node_stage.members.size()),
-                                          opt.shm, timeout, &why);
+  std::unique_ptr<ShmRing> shm = setUpShm("node:", node_stage.members, node_stage.index(), opt.shm, timeout, &why);
   std::lock_guard<std::mutex> g(mu_);
   node_shm_state_ = shm ? "shm" : "tcp (" + why + ")";
   node_shm_ = std::move(shm);
@@ -448,12 +444,7 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
     }
     // The ring halves in the segment: rank r's block is reduced (or copied) from every rank's.
     const Clock::time_point moved = Clock::now();
-    if (opt.kind == CallKind::kReduceScatter) {
-      shm_->reduceScatter(buf.data, buf.dtype, stages[0].op, stages[0].plan.sched,
-                          stages[0].plan.finalScaling(stages[0].op));
-    } else {
-      shm_->allGather(buf.data, buf.dtype, stages[0].plan.sched);
-    }
+    shm_->runHalf(stages[0], buf.data, opt.kind == CallKind::kReduceScatter);
     call.body->finish(rank_, size_);
     timing.ring_us = usSince(moved);
     return;
@@ -476,8 +467,7 @@ void GroupRuntime::runStages(const Call& call, const CallBuffer& buf, const std:
   // share a host; stage 2 stays on gloo. Set up after the frames agreed, so every node rank gets here.
   ShmRing* node = nullptr;
   if (stages.size() == 3 && call.opt.hierarchical(size_) && call.opt.shm) {
-    const std::chrono::milliseconds timeout =
-        call.opt.timeout_ms > 0 ? std::chrono::milliseconds(call.opt.timeout_ms) : default_timeout_;
+    const std::chrono::milliseconds timeout = timeoutOf(call.opt);
     node = nodeShm(call.opt, stages[0], timeout);
     if (node != nullptr) node->setTimeout(timeout);
   }
@@ -490,8 +480,7 @@ void GroupRuntime::runStages(const Call& call, const CallBuffer& buf, const std:
       continue;
     }
     if (node != nullptr && k != 1) {
-      if (k == 0) node->reduceScatter(buf.data, st.plan.dtype, st.op, st.plan.sched, st.plan.finalScaling(st.op));
-      else node->allGather(buf.data, st.plan.dtype, st.plan.sched);
+      node->runHalf(st, buf.data, k == 0);
       continue;
     }
     runRing(st, buf.data, payloadTag(tag_group, k));
@@ -515,8 +504,7 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
     RR_CHECK(!poisoned_, kBackend, "ringreduce: ", name_, " is unusable after an earlier failure (", poison_reason_,
              "). Tear the process group down and create a new one");
   }
-  const std::chrono::milliseconds timeout =
-      opt.timeout_ms > 0 ? std::chrono::milliseconds(opt.timeout_ms) : default_timeout_;
+  const std::chrono::milliseconds timeout = timeoutOf(opt);
   transport_->setTimeout(timeout);
   // Every call takes the ring's next tag group, on every rank alike (Note [Retired tag groups]).
   const int tag_group = call_tags_.next();

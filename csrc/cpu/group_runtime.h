@@ -5,7 +5,7 @@
 //
 // Note [Why one worker per group]
 // A single global worker deadlocks when ranks order async calls on two groups differently: rank 0
-// runs group A's ring and waits for rank 1, which is stuck behind group B's ring in the same queue.
+// waits in group A's ring for rank 1, stuck behind group B's ring in the same queue.
 //
 // Note [Failed calls keep their buffers]
 // After a transport failure (dead peer, timeout) a receive may still be posted inside the transport.
@@ -64,19 +64,14 @@ constexpr std::chrono::microseconds kWorkerSpin{10};
 
 // Note [One-shot all-reduce]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A ring all-reduce costs 2 (n - 1) message latencies (each a gloo rendezvous), which is the whole
-// cost of a small tensor. So a checked all-reduce over the whole group (algorithm "auto") of at most
-// oneShotBytes(n), and at most the segment size (so tests with tiny segments still cover the ring),
-// sends its tensor inside its agreement frame message (Note [Payload in the frame message] in
-// csrc/core/agreement.h). Once the frames agree, every rank reduces the n tensors itself, chunk by
-// chunk of the ring's schedule in the ring's order (hostReduceInOrder with the plan's partial type
-// and final Scaling: same operand order, per-hop rounding, predivide and final scaling as the
-// ring's hops), so the result is bitwise the ring's on every rank, for every segment size. It moves
-// (n - 1) S bytes per rank instead of 2 (n - 1) / n S, in one latency; hence the thresholds fall
-// with n (docs/performance.md). Its memory (2 (n - 1) receive buffers and one send buffer of
-// kFrameBytes + oneShotBytes(n), and the scratch) stays under kOneShotMemoryBytes, on top of staging.
+// A ring costs 2 (n - 1) message latencies, the whole cost of a small tensor. So a checked
+// all-reduce over the whole group of at most oneShotBytes(n) and the segment size (tests with tiny
+// segments still cover the ring) sends its tensor inside its frame message (Note [Payload in the
+// frame message] in agreement.h); once the frames agree every rank reduces the n tensors chunk by
+// chunk in the ring's order (hostReduceInOrder with the plan's partial type and final Scaling), so
+// the result is bitwise the ring's. It moves (n - 1) S bytes per rank instead of 2 (n - 1) / n S,
+// hence thresholds falling with n (docs/performance.md).
 constexpr int64_t oneShotBytes(int ranks) { return ranks <= 2 ? 1 << 20 : ranks <= 8 ? 64 << 10 : 32 << 10; }
-constexpr int64_t kOneShotMemoryBytes = 4 << 20;
 
 // The memory a call's rings run over: `numel` contiguous elements of `dtype`.
 struct CallBuffer {
@@ -174,8 +169,9 @@ class GroupRuntime {
   // The node ring (`node_stage`: stage 1) in shared memory, set up at the first hierarchical call;
   // null when its ranks cannot share memory (the node stages then use gloo).
   ShmRing* nodeShm(const CallOptions& opt, const struct RingStage& node_stage, std::chrono::milliseconds timeout);
-  // Agrees on and maps one segment for ring `ring_id`; null with `why` when it cannot.
-  std::unique_ptr<ShmRing> setUpShm(const std::string& ring_id, int index, int size, bool want,
+  // Agrees on and maps one segment for the ring `ranks` (this process: `index`), named "all" (the
+  // whole group) or `ring_id` followed by the ranks; null with `why` when it cannot.
+  std::unique_ptr<ShmRing> setUpShm(std::string ring_id, const std::vector<int>& ranks, int index, bool want,
                                     std::chrono::milliseconds timeout, std::string* why);
   // A call through shared memory: the frames, then the flat all-reduce or the other collectives.
   void runShm(const Call& call, const CallBuffer& buf, bool refused, int tag_group, CallTiming& timing);
@@ -185,6 +181,9 @@ class GroupRuntime {
   // One ring stage over gloo point-to-point on the call's buffer `base`, on payload tag `tag`.
   void runRing(const struct RingStage& st, void* base, int tag);
   int payloadTag(int tag_group, size_t stage) const;  // Note [Tags]
+  std::chrono::milliseconds timeoutOf(const CallOptions& opt) const {
+    return opt.timeout_ms > 0 ? std::chrono::milliseconds(opt.timeout_ms) : default_timeout_;
+  }
   // Note [Pipelined hierarchical all-reduce]: how many pieces a call is cut into (1: not cut).
   static int64_t nodePieces(const CallBuffer& buf);
   void runNodePieces(const Call& call, const CallBuffer& buf, int64_t pieces, ShmRing* node, int tag_group);

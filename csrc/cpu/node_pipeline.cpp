@@ -73,8 +73,7 @@ void GroupRuntime::runNodePieces(const Call& call, const CallBuffer& buf, int64_
     }
   });
   auto first = [&](size_t p) {
-    const RingStage& st = stages[p][0];
-    node->reduceScatter(bufs[p].data, st.plan.dtype, st.op, st.plan.sched, st.plan.finalScaling(st.op));
+    node->runHalf(stages[p][0], bufs[p].data, true);
     {
       std::lock_guard<std::mutex> lk(m);
       ready = p + 1;
@@ -95,7 +94,7 @@ void GroupRuntime::runNodePieces(const Call& call, const CallBuffer& buf, int64_
       }
       if (failed) std::rethrow_exception(failed);
     }
-    node->allGather(bufs[p].data, stages[p][2].plan.dtype, stages[p][2].plan.sched);
+    node->runHalf(stages[p][2], bufs[p].data, false);
   };
   try {
     first(0);

@@ -1,7 +1,6 @@
 // ringreduce CPU: executes a Plan over a Transport on the calling thread.
 #pragma once
 
-#include <string>
 #include <vector>
 
 #include "../core/plan.h"

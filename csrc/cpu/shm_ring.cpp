@@ -13,6 +13,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "../core/collectives.h"
 #include "../core/error.h"
 #include "../core/schedule.h"
 #include "host_reduce.h"
@@ -371,6 +372,11 @@ void ShmRing::allGather(void* data, DType dtype, const RingSchedule& sched) {
                   static_cast<size_t>(r.size()) * elem);
     }
   }
+}
+
+void ShmRing::runHalf(const RingStage& st, void* data, bool reduce_scatter) {
+  if (reduce_scatter) reduceScatter(data, st.plan.dtype, st.op, st.plan.sched, st.plan.finalScaling(st.op));
+  else allGather(data, st.plan.dtype, st.plan.sched);
 }
 
 }  // namespace rr

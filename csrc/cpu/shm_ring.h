@@ -5,32 +5,24 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The segment holds, per rank, two frame slots and two data buffers of kShmBufferBytes (alternating
 // by call and by piece, so a rank writing the next never overwrites what a slower rank still reads)
-// and an arrival counter for the barrier. A call:
-//   1. writes its frame and its tensor's first piece into its buffer and meets the others at a
-//      barrier; every rank compares all frames (the check costs no message, so it is always on);
-//   2. "full" pieces (two ranks, or at most kShmFullPieceBytes): every rank reduces the whole piece
-//      from every rank's buffer into its own tensor (one barrier per piece); "split" pieces: rank r
-//      reduces its 1/n into its own buffer, the ranks meet, and every rank copies all parts out
-//      (two barriers per piece);
-//   3. elements combine in the ring's order (hostReduceInOrder), so results are bitwise the TCP
-//      ring's on every rank, for every segment and piece size.
+// and an arrival counter for the barrier. A call writes its frame and first piece and meets the
+// others at a barrier, where every rank compares all frames (no message: always checked). A "full"
+// piece (two ranks, or at most kShmFullPieceBytes) is reduced whole by every rank into its tensor
+// (one barrier); a "split" piece is reduced 1/n per rank into its buffer and copied out by all (two
+// barriers). Elements combine in the ring's order (hostReduceInOrder): bitwise the TCP ring's result.
 // Note [Half types in shared memory]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Nothing crosses a wire here, so float32 partials cost no bytes: a float16/bfloat16 SUM or AVG
-// keeps the sum of all ranks in float32 by default and rounds once, when it stores (AVG: divided by
-// n first). Identical on every rank (one owner per element, one order). accum_dtype set to the
-// tensor's own dtype (CallOptions::accum_narrow) keeps the ring's per-hop rounding, which gloo and
-// NCCL keep by default since there float32 partials double the bytes (docs/design.md section 1.5).
+// Float32 partials cost no bytes here, so a float16/bfloat16 SUM or AVG sums in float32 by default
+// and rounds once when it stores (AVG: divided first). accum_dtype set to the tensor's dtype
+// (CallOptions::accum_narrow) keeps the ring's per-hop rounding (docs/design.md section 1.5).
 // Note [Shared-memory 16-bit wire]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A float32 all-reduce with 16-bit partials reproduces the ring's hops, which are what it rounds, so
-// larger ones run the ring itself in the segment (allReduceWire), round by round; round g covers
-// segment g of every chunk. At step s rank r makes the partial of chunk r - s: s = 0 converts its
-// float32 elements (Note [First hop] in plan.h), 0 < s < n - 1 adds its elements to the previous
-// rank's 16-bit partial and stores 16 bits, s = n - 1 stores the scaled float32 result into its
-// tensor and buffer; the ranks meet after each step, and the next round's first step copies the
-// finished segments out (the all-gather). Buffers alternate by step. Same arithmetic as the gloo
-// ring and the one-shot, so the same bits; a partial moves 2 bytes per element.
+// Float32 with 16-bit partials must round at the ring's hops, so larger calls run the ring itself
+// in the segment (allReduceWire), round g covering segment g of every chunk. At step s rank r makes
+// chunk r - s's partial: s = 0 converts (Note [First hop] in plan.h), 0 < s < n - 1 adds to the
+// previous rank's 16-bit partial, s = n - 1 stores the scaled float32 result into tensor and buffer;
+// ranks meet after each step, and the next round's first step copies the finished segments out.
+// Buffers alternate by step. Same arithmetic, so the same bits, as the gloo ring and the one-shot.
 //
 // The barrier (Note [Barrier wait rule] in shm_ring.cpp): a rank publishes its arrival (release),
 // spins briefly on the others' counters, then sleeps on a futex word that every arrival bumps.
@@ -92,8 +84,8 @@ class ShmRing {
   // order, the rest is left as it was; allGather: every owned chunk is copied from its owner.
   void reduceScatter(void* data, DType dtype, RedOp op, const struct RingSchedule& sched, const Scaling& final);
   void allGather(void* data, DType dtype, const struct RingSchedule& sched);
-
-  uint64_t generation() const { return generation_; }  // the next barrier's (for tests)
+  // The ring half of `st` on `data`: its reduceScatter (with its final scaling), else its allGather.
+  void runHalf(const struct RingStage& st, void* data, bool reduce_scatter);
 
  private:
   char* buffer(int rank, int parity) const;

@@ -21,6 +21,21 @@ namespace {
 
 std::string errnoText(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
+// Maps `bytes` of the open segment `fd` and closes it; on failure unlinks `unlink_name` (when not empty).
+std::string mapSegment(int fd, size_t bytes, ShmMapping* out, const std::string& unlink_name) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    if (!unlink_name.empty()) shm_unlink(unlink_name.c_str());
+    errno = err;
+    return errnoText("mmap");
+  }
+  out->base = p;
+  out->bytes = bytes;
+  return "";
+}
+
 }  // namespace
 
 std::string KeyValueStore::get(const std::string& key, std::chrono::milliseconds timeout, const AbortCheck& abort) {
@@ -88,17 +103,7 @@ std::string createSegment(const std::string& name, size_t bytes, ShmMapping* out
     shm_unlink(name.c_str());
     return std::string("reserving the segment failed: ") + std::strerror(rc);
   }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);
-  if (p == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    errno = err;
-    return errnoText("mmap");
-  }
-  out->base = p;
-  out->bytes = bytes;
-  return "";
+  return mapSegment(fd, bytes, out, name);
 }
 
 std::string openSegment(const std::string& name, size_t bytes, ShmMapping* out) {
@@ -109,16 +114,7 @@ std::string openSegment(const std::string& name, size_t bytes, ShmMapping* out) 
     close(fd);
     return "the segment is smaller than expected";
   }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);
-  if (p == MAP_FAILED) {
-    errno = err;
-    return errnoText("mmap");
-  }
-  out->base = p;
-  out->bytes = bytes;
-  return "";
+  return mapSegment(fd, bytes, out, "");
 }
 
 void unlinkSegment(const std::string& name) { (void)shm_unlink(name.c_str()); }

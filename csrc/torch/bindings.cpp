@@ -61,11 +61,6 @@ py::dict planSummary(int nranks, int rank, int64_t numel, int dtype, int64_t seg
   d["segment"] = p.sched.segment;
   d["nsegs"] = p.sched.nsegs;
   d["num_exchanges"] = p.num_exchanges;
-  d["num_ops"] = static_cast<int64_t>(p.ops.size());
-  d["staging_bytes"] = p.stagingBytes();
-  d["accum_elems"] = p.accum_elems;
-  d["accum_bytes"] = p.accumBytes();
-  d["partial_dtype"] = p.partial;
   d["owned_chunk"] = p.sched.ownedChunk(rank);
   py::list bounds;
   for (int c = 0; c < nranks; ++c) {
@@ -139,9 +134,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .value("DEVICE", rr::FrameError::kDevice)
       .value("OTHER", rr::FrameError::kOther);
   bindEnum<rr::DType>(m, "DType", rr::kNumDTypes, rr::dtypeName);
-  m.attr("PHASE_REDUCE_SCATTER") = static_cast<int>(rr::kPhaseReduceScatter);
-  m.attr("PHASE_ALL_GATHER") = static_cast<int>(rr::kPhaseAllGather);
-  m.attr("PHASE_BOTH") = static_cast<int>(rr::kPhaseBoth);
 
   py::class_<rr::CallOptions>(m, "CallOptions", "What one call asks for, on either device (csrc/core/call_options.h).")
       .def(py::init<>())
@@ -171,8 +163,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("wait", &rr::CpuCall::wait, py::arg("timeout_ms") = -1, py::call_guard<py::gil_scoped_release>())
       .def("is_completed", &rr::CpuCall::isCompleted)
       .def("ok", &rr::CpuCall::ok)
-      .def("error_kind", [](rr::CpuCall& h) { return static_cast<int>(h.errorKind()); })
-      .def("error_message", &rr::CpuCall::errorMessage)
       .def("raise_error", [](rr::CpuCall& h) { raiseAs(h.errorKind(), h.errorMessage()); })
       .def("timing_us",
            [](rr::CpuCall& h) { return py::make_tuple(h.timing().check_us, h.timing().ring_us); })
@@ -182,11 +172,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return std::make_shared<torch::jit::PythonFutureWrapper>(h.future());
       });
 
-  // Note [A bound ring] (cpu_ops.h). Note [Synchronous calls without a handle]: a synchronous
-  // all-reduce that runs on the calling thread (Note [Synchronous calls in shared memory]) is over when
-  // the submit returns, so a handle, its Python object, a wait and an ok() (about 2 us of a 1 KiB call)
-  // buy nothing: run() returns None once the call succeeded and raises its error as the handle would;
-  // only a queued call (behind an async call, or on gloo) comes back as a handle to wait for.
+  // Note [A bound ring] (cpu_ops.h). Note [Synchronous calls without a handle]: a synchronous call
+  // that ran on the calling thread (Note [Synchronous calls in shared memory]) is over, so run()
+  // returns None or raises its error as the handle would, saving the handle and its wait; only a
+  // queued call (behind an async call, or on gloo) comes back as a handle to wait for.
   py::class_<rr::CpuRing, std::shared_ptr<rr::CpuRing>>(m, "CpuRing", "The ring `members` ([] = all) of `group`.")
       .def(py::init<PG, std::string, std::vector<int>, c10::intrusive_ptr<c10d::Store>>(), py::arg("group"),
            py::arg("group_name"), py::arg("members"), py::arg("store"))
@@ -268,7 +257,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::dict info;
   info["version"] = RR_VERSION;
   info["torch_built"] = RR_TORCH_VERSION;
-  info["frame_bytes"] = static_cast<int64_t>(rr::kFrameBytes);
   info["shm"] = true;  // the shared-memory transport of CPU rings on one host (csrc/cpu/shm_ring.h)
 #ifdef RR_WITH_CUDA
   info["cuda"] = true;

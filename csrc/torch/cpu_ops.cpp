@@ -2,9 +2,6 @@
 
 #include <c10/core/ScalarType.h>
 
-#include <algorithm>
-#include <limits>
-
 #include "../core/collectives.h"
 #include "../cpu/c10d_transport.h"
 #include "../cpu/runtime_registry.h"
@@ -95,6 +92,15 @@ void CpuCall::finish(int ring_rank, int /*ring_size*/) {
   work_ = at::Tensor();
 }
 
+bool CpuCall::wait(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (timeout_ms < 0) {
+    cv_.wait(lk, [&] { return done_; });
+    return true;
+  }
+  return cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return done_; });
+}
+
 void CpuCall::complete(bool ok, ErrorKind kind, const std::string& message, const CallTiming& timing) {
   work_ = at::Tensor();
   // The future first (its callbacks may run Python: no lock held), then the waiters, so that a
@@ -104,7 +110,15 @@ void CpuCall::complete(bool ok, ErrorKind kind, const std::string& message, cons
   } else if (future_) {
     future_->setError(std::make_exception_ptr(std::runtime_error(message)));
   }
-  setDone(ok, kind, message, timing);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    done_ = true;
+    ok_ = ok;
+    kind_ = kind;
+    message_ = message;
+    timing_ = timing;
+  }
+  cv_.notify_all();
 }
 
 CpuRing::CpuRing(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string name, std::vector<int> members,
