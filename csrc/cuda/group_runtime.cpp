@@ -484,6 +484,9 @@ void CudaRing::makeRoom(int64_t ops) {
     CudaWork& oldest = *queued_.front().first;
     const bool room = queued_ops_ + ops <= max_queued_ops_;
     if (oldest.isCompleted()) {
+      // Calls fail only on the way to an abort, just before it (Note [Ordering, lifetime, failure]):
+      // a call waiting for room must not be enqueued in that gap.
+      RR_CHECK(!oldest.failed(), kBackend, oldest.errorMessage());
       queued_ops_ -= queued_.front().second;
       queued_.pop_front();
       continue;
