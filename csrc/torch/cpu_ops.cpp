@@ -92,15 +92,6 @@ void CpuCall::finish(int ring_rank, int /*ring_size*/) {
   work_ = at::Tensor();
 }
 
-bool CpuCall::wait(int64_t timeout_ms) {
-  std::unique_lock<std::mutex> lk(mu_);
-  if (timeout_ms < 0) {
-    cv_.wait(lk, [&] { return done_; });
-    return true;
-  }
-  return cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return done_; });
-}
-
 void CpuCall::complete(bool ok, ErrorKind kind, const std::string& message, const CallTiming& timing) {
   work_ = at::Tensor();
   // The future first (its callbacks may run Python: no lock held), then the waiters, so that a
@@ -110,15 +101,7 @@ void CpuCall::complete(bool ok, ErrorKind kind, const std::string& message, cons
   } else if (future_) {
     future_->setError(std::make_exception_ptr(std::runtime_error(message)));
   }
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    done_ = true;
-    ok_ = ok;
-    kind_ = kind;
-    message_ = message;
-    timing_ = timing;
-  }
-  cv_.notify_all();
+  setDone(ok, kind, message, timing);
 }
 
 CpuRing::CpuRing(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string name, std::vector<int> members,

@@ -8,33 +8,25 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "../cpu/call_status.h"
 #include "../cpu/group_runtime.h"
 
 namespace rr {
 
-// One submitted CPU call: what Python's Work wraps ("CallHandle" in Python). Completed exactly once
-// (complete(), on the worker or the submitting thread), read from any thread.
-class CpuCall final : public CallBody {
+// One submitted CPU call: what Python's Work wraps ("CallHandle" in Python).
+class CpuCall final : public CallBody, public CallStatus {
  public:
   // `with_future`: whether future() exists (a synchronous call's handle never hands one out).
   CpuCall(at::Tensor tensor, at::Tensor output, CallOptions opt, bool with_future = true);
 
   uint64_t seq() const { return seq_; }
   c10::intrusive_ptr<c10::ivalue::Future> future() const { return future_; }
-  // Blocks until the call is over or timeout_ms passed (< 0: forever); false on timeout.
-  bool wait(int64_t timeout_ms);
-  bool isCompleted() { return read([&] { return done_; }); }
-  bool ok() { return read([&] { return ok_; }); }
-  ErrorKind errorKind() { return read([&] { return kind_; }); }  // valid once completed and !ok()
-  std::string errorMessage() { return read([&] { return message_; }); }
-  CallTiming timing() { return read([&] { return timing_; }); }
 
   // CallBody
   Frame frame() const override;
@@ -50,19 +42,6 @@ class CpuCall final : public CallBody {
   CallOptions opt_;
   uint64_t seq_ = 0;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
-
-  template <typename F>
-  auto read(F f) -> decltype(f()) {
-    std::lock_guard<std::mutex> g(mu_);
-    return f();
-  }
-  std::mutex mu_;  // guards the completion below
-  std::condition_variable cv_;
-  bool done_ = false;
-  bool ok_ = false;
-  ErrorKind kind_ = ErrorKind::kRuntime;
-  std::string message_;
-  CallTiming timing_;
 };
 
 // The ring `members` (ranks of `pg`; empty: all) of `pg` (ringreduce._C.CpuRing), `name` in messages;
