@@ -35,10 +35,9 @@ def _child(target: Callable[[Any], int], arg: Any, threads: int, env: dict[str, 
 def spawn(target: Callable[[Any], int], arg: Any, nproc: int, name: str, threads: int | None = None,
           local_size: int | None = None) -> int:
     """Runs target(`arg`) in `nproc` spawned ranks of `threads` torch threads each (default: cores //
-    `nproc`), on the env://
-    variables of a free port of 127.0.0.1 (with `local_size`, nodes of that many consecutive ranks
-    simulated here: RINGREDUCE_LOCAL_SIZE); returns the worst exit code. If a rank fails, the others
-    are killed after a grace period so a broken run never hangs."""
+    `nproc`), on the env:// variables of a free port of 127.0.0.1 (with `local_size`, nodes of that
+    many consecutive ranks simulated here: RINGREDUCE_LOCAL_SIZE); returns the worst exit code. If a
+    rank fails, the others are killed 10 s later, so that a broken run never hangs."""
     port = free_port()
     local = local_size or nproc
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
