@@ -32,7 +32,7 @@ def _public_names() -> list[tuple[str, object]]:
                         continue
                     if isinstance(member, (staticmethod, classmethod)):
                         member = member.__func__
-                    if inspect.isfunction(member) or isinstance(member, property):
+                    if inspect.isfunction(inspect.unwrap(member)) or isinstance(member, property):
                         found[f"{module.__name__}.{name}.{attr}"] = member
     return sorted(found.items())
 
