@@ -27,6 +27,12 @@ int tagSlot(const RingMembers& ring, bool whole_group) {
   return 1 + static_cast<int>(h % static_cast<uint64_t>(kTagSlots - 1));
 }
 
+// Note [Shared-memory segments]: a ring's store keys are ringreduce/shm/<prefix><its group ranks>.
+std::string shmRingId(std::string prefix, const std::vector<int>& ranks) {
+  for (int m : ranks) prefix += std::to_string(m) + ",";
+  return prefix;
+}
+
 }  // namespace
 
 GroupRuntime::GroupRuntime(std::unique_ptr<Transport> transport, std::chrono::milliseconds default_timeout,
@@ -363,11 +369,10 @@ int GroupRuntime::payloadTag(int tag_group, size_t stage) const {
          (tag_group * kStagesPerCall + static_cast<int>(stage)) * kTagsPerCall;
 }
 
-std::unique_ptr<ShmRing> GroupRuntime::setUpShm(std::string ring_id, const std::vector<int>& ranks, int index,
-                                                bool want, std::chrono::milliseconds timeout, std::string* why) {
+std::unique_ptr<ShmRing> GroupRuntime::setUpShm(const std::string& ring_id, const std::vector<int>& ranks,
+                                                int index, bool want, std::chrono::milliseconds timeout,
+                                                std::string* why) {
   // Note [Shared-memory segments]: one agreement per ring and setup, under keys of its own.
-  if (ring_id != "all")
-    for (int m : ranks) ring_id += std::to_string(m) + ",";
   const int size = static_cast<int>(ranks.size());
   const std::string base = "ringreduce/shm/" + ring_id;
   const int64_t setup = (store_->add(base + "/setups", 1) - 1) / size;
@@ -395,7 +400,8 @@ bool GroupRuntime::ensureShm(const CallOptions& opt, std::chrono::milliseconds t
     return false;
   }
   std::string why;
-  std::unique_ptr<ShmRing> shm = setUpShm(whole_group_ ? "all" : "", ring_.ranks, rank_, opt.shm, timeout, &why);
+  const std::string ring_id = whole_group_ ? "all" : shmRingId("", ring_.ranks);
+  std::unique_ptr<ShmRing> shm = setUpShm(ring_id, ring_.ranks, rank_, opt.shm, timeout, &why);
   std::lock_guard<std::mutex> g(mu_);
   if (!shm) {
     shm_state_ = "tcp (" + why + ")";
@@ -413,7 +419,8 @@ ShmRing* GroupRuntime::nodeShm(const CallOptions& opt, const RingStage& node_sta
   node_shm_tried_ = true;
   node_shm_members_ = node_stage.members;
   std::string why;
-  std::unique_ptr<ShmRing> shm = setUpShm("node:", node_stage.members, node_stage.index(), opt.shm, timeout, &why);
+  std::unique_ptr<ShmRing> shm = setUpShm(shmRingId("node:", node_stage.members), node_stage.members,
+                                          node_stage.index(), opt.shm, timeout, &why);
   std::lock_guard<std::mutex> g(mu_);
   node_shm_state_ = shm ? "shm" : "tcp (" + why + ")";
   node_shm_ = std::move(shm);

@@ -169,9 +169,9 @@ class GroupRuntime {
   // The node ring (`node_stage`: stage 1) in shared memory, set up at the first hierarchical call;
   // null when its ranks cannot share memory (the node stages then use gloo).
   ShmRing* nodeShm(const CallOptions& opt, const struct RingStage& node_stage, std::chrono::milliseconds timeout);
-  // Agrees on and maps one segment for the ring `ranks` (this process: `index`), named "all" (the
-  // whole group) or `ring_id` followed by the ranks; null with `why` when it cannot.
-  std::unique_ptr<ShmRing> setUpShm(std::string ring_id, const std::vector<int>& ranks, int index, bool want,
+  // Agrees on and maps one segment for the ring `ranks` (this process: `index`) under the store keys
+  // of `ring_id`; null with `why` when it cannot.
+  std::unique_ptr<ShmRing> setUpShm(const std::string& ring_id, const std::vector<int>& ranks, int index, bool want,
                                     std::chrono::milliseconds timeout, std::string* why);
   // A call through shared memory: the frames, then the flat all-reduce or the other collectives.
   void runShm(const Call& call, const CallBuffer& buf, bool refused, int tag_group, CallTiming& timing);
