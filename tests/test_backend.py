@@ -301,6 +301,17 @@ def test_backend_options_are_validated_once() -> None:
     assert rr.BackendOptions() == rr.BackendOptions(None, None, "auto")
 
 
+def test_work_of_no_call_finishes_once_and_its_future_holds_the_result() -> None:
+    from ringreduce.backend.work import BackendWork
+
+    t, finished = torch.arange(3.0), []
+    work = BackendWork([None], [t], lambda: finished.append(True))  # a call with nothing to run
+    fut = work.get_future()
+    assert fut.done() and fut.value() == [t] and finished == [True]
+    assert work.get_future() is fut and work.wait() and finished == [True]
+    assert work.is_completed() and work.is_success() and work.exception() is None
+
+
 def test_import_registers_the_backend_once() -> None:
     plugin = dist.Backend._plugins["RINGREDUCE"]
     rb.register()  # a second registration keeps the first

@@ -42,14 +42,9 @@ class BackendWork(Works, _TorchWork):  # type: ignore[misc, valid-type]
         return self._result
 
     def get_future(self) -> torch.futures.Future:
-        if self._all_future is None:
-            if not self._works:
-                self._run_finish()
-                self._all_future = torch.futures.Future()
-                self._all_future.set_result(self._result)
-            elif len(self._works) == 1 and self._finish is None:
-                self._all_future = self._works[0].get_future()  # its value is already [tensor] (CUDA: CUDA-aware)
-        return self._future_of_all()
+        if self._all_future is None and len(self._works) == 1 and self._finish is None:
+            self._all_future = self._works[0].get_future()  # its value is already [tensor] (CUDA: CUDA-aware)
+        return self._future_of_all()  # no works: completed at once, `finish` run
 
 
 class TorchWorkCall:
