@@ -3,7 +3,7 @@
 One process: a "fake" process group (torch's FakeStore) of world size 2, rank 0; the native submit
 (ringreduce._C.submit_cpu, and the ring a repeated call's plan binds, ringreduce._C.CpuRing) is replaced
 by a stub whose call is already done, so what is timed is
-everything ringreduce does in Python around it (ops, _call, _backend.cpu, _groups, the knobs, the Work/wait
+everything ringreduce does in Python around it (ops, _call, _rings.cpu, _groups, the knobs, the Work/wait
 path). CPU time (time.process_time) per call over --calls calls, --repeats times; the median and the
 fastest repeat are printed. Pin it to one core (`taskset -c 0 python benchmarks/python_cost.py`).
 
@@ -66,8 +66,8 @@ def measure(calls: int, repeats: int, numel: int, op: str, async_op: bool, profi
     done = Done()
     _native.C.submit_cpu = lambda *args, **kwargs: done
     _native.C.CpuRing = Ring  # a tree whose plans bind a ring
-    try:  # the CPU backend's module (ringreduce/_backend/cpu.py; ringreduce/_dispatch.py in older trees)
-        from ringreduce._backend import cpu as submitter
+    try:  # the CPU backend's module (ringreduce/_rings/cpu.py; ringreduce/_dispatch.py in older trees)
+        from ringreduce._rings import cpu as submitter
     except ImportError:
         from ringreduce import _dispatch as submitter
 

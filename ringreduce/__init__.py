@@ -18,8 +18,8 @@ from ringreduce import (
 )
 from ringreduce._native import C as _C
 from ringreduce._types import UnsupportedOpError
-from ringreduce.backend import BackendOptions
-from ringreduce.backend import register as _register_backend
+from ringreduce.distributed import BackendOptions
+from ringreduce.distributed import register as _register_backend
 from ringreduce.coalesced import all_reduce_coalesced
 from ringreduce.hooks import CommHookState, GradientAverager, ddp_comm_hook
 from ringreduce.ops import ReduceOp, all_reduce, all_reduce_avg
@@ -52,7 +52,7 @@ def build_info() -> dict:
     return info
 
 
-_register_backend()  # the torch.distributed backend "ringreduce" (ringreduce/backend/)
+_register_backend()  # the torch.distributed backend "ringreduce" (ringreduce/distributed/)
 
 atexit.register(_C.shutdown)
 # atexit runs handlers last-in first-out: the cached GroupInfos (which hold their process groups)

@@ -90,7 +90,7 @@ class Plan:
         self.info = info  # the ring's GroupInfo
         self.options = options  # the native CallOptions of the call
         self.describe = describe  # what an async call's Work names itself
-        # the first arguments of the native submit (_backend.cpu.submit_cpu) and its store
+        # the first arguments of the native submit (_rings.cpu.submit_cpu) and its store
         self.head = (info.pg, info.name, list(info.members))
         self.store = info.store
         # the ring bound once (Note [A bound ring] in csrc/torch/cpu_ops.h); through _native.C at this

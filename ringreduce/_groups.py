@@ -26,7 +26,7 @@ class GroupInfo:
     # csrc/core/transport.h): no process group is created for it.
     members: tuple[int, ...] = ()
     # The global rank of each rank of `pg`; () = ask torch.distributed. Set for the inner group of a
-    # "ringreduce" backend group (ringreduce/backend/), which torch's tables do not know.
+    # "ringreduce" backend group (ringreduce/distributed/), which torch's tables do not know.
     global_ranks: tuple[int, ...] = ()
 
     @property
@@ -87,7 +87,7 @@ def _resolve_mesh(mesh: Any) -> GroupInfo | None:
 
 def _backend_ring(pg: Any) -> GroupInfo | None:
     """The ring of a process group created with backend "ringreduce" (its inner group, whose transport
-    carries the ring, ringreduce/backend/), or None for any other group."""
+    carries the ring, ringreduce/distributed/), or None for any other group."""
     ring = getattr(pg, "_ringreduce_ring", None)
     return ring if isinstance(ring, GroupInfo) else None
 

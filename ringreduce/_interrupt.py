@@ -10,7 +10,7 @@ Note [Ctrl-C]
     native wait. On CUDA, ``Work.wait(timeout=...)`` waits in the same slices and an interrupt aborts
     the group's communicator on this rank; the GPU path's native host waits run Python's signal
     handlers themselves (Note [Interrupting a host wait on CUDA] in csrc/cuda/host_interrupt.h), and
-    the unique ids' rendezvous polls the store (``_backend.cuda._wait_for_key``).
+    the unique ids' rendezvous polls the store (``_rings.cuda._wait_for_key``).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def _exact_calls(torch, dist, dev, rank: int, sizes: list[int], calls: int = 2) 
 
 
 def _ring_comm():
-    from ringreduce._backend import cuda as _cuda
+    from ringreduce._rings import cuda as _cuda
 
     return next(iter(_cuda._comms.values()))[2]
 

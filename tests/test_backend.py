@@ -22,8 +22,8 @@ import torch.distributed as dist
 from ranks import expect_raises, run_ranks, spawn_ranks
 
 import ringreduce as rr
-import ringreduce.backend as rb
-from ringreduce.backend.process_group import RingreduceProcessGroup
+import ringreduce.distributed as rb
+from ringreduce.distributed.process_group import RingreduceProcessGroup
 
 WORLD_SIZES = [2, 3]
 OPS = {
@@ -302,7 +302,7 @@ def test_backend_options_are_validated_once() -> None:
 
 
 def test_work_of_no_call_finishes_once_and_its_future_holds_the_result() -> None:
-    from ringreduce.backend.work import BackendWork
+    from ringreduce.distributed.work import BackendWork
 
     t, finished = torch.arange(3.0), []
     work = BackendWork([None], [t], lambda: finished.append(True))  # a call with nothing to run

@@ -29,7 +29,7 @@ from ranks import run_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce as rr
-from ringreduce.backend.process_group import RingreduceProcessGroup
+from ringreduce.distributed.process_group import RingreduceProcessGroup
 
 GLOBAL_BATCH = 24  # divisible by 2, 3 and 4
 STEPS = 4

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import ringreduce as rr
-from ringreduce import _backend
-from ringreduce._backend import backend_for, cpu, cuda, refusing_backend
+from ringreduce import _rings
+from ringreduce._rings import backend_for, cpu, cuda, refusing_backend
 from ringreduce._options import AllreduceOptions
 
 
@@ -35,7 +35,7 @@ def test_every_backend_has_the_one_interface():
     assert "flat ring" in str(cuda.option_refusal("hierarchical", "auto"))
     assert "CPU rings only" in str(cuda.option_refusal("auto", "16"))
     assert cuda.option_refusal("ring", "32") is None
-    assert _backend.__all__ and "backend_for" in _backend.__all__
+    assert _rings.__all__ and "backend_for" in _rings.__all__
 
 
 def test_options_per_buffer_are_one_object_per_dtype():

@@ -347,8 +347,8 @@ def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ringreduce import _call, coalesced
-    from ringreduce._backend import cpu as _cpu
-    from ringreduce._backend import cuda as _cuda
+    from ringreduce._rings import cpu as _cpu
+    from ringreduce._rings import cuda as _cuda
     from ringreduce._groups import GroupInfo
 
     with FakeTensorMode():
@@ -374,7 +374,7 @@ def test_refused_cuda_call_with_a_wire_tells_the_flat_ring(monkeypatch) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ringreduce import _call, coalesced
-    from ringreduce._backend import cuda as _cuda
+    from ringreduce._rings import cuda as _cuda
     from ringreduce._groups import GroupInfo
 
     with FakeTensorMode():

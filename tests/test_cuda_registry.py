@@ -1,4 +1,4 @@
-"""The Python glue of the GPU path (ringreduce/_backend/cuda.py), on the CPU: no GPU, no NCCL.
+"""The Python glue of the GPU path (ringreduce/_rings/cuda.py), on the CPU: no GPU, no NCCL.
 
 ringreduce._C is replaced by one recorder (FakeC: the rings it creates, the calls and the
 CallOptions it receives) and the group's store by an in-process HashStore, so the rendezvous of
@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ringreduce._backend import cuda as _cuda
+from ringreduce._rings import cuda as _cuda
 from ringreduce._groups import GroupInfo
 from ringreduce.work import Work
 
@@ -48,7 +48,7 @@ class FakeComm:
 
 
 class FakeC:
-    """ringreduce._C as ringreduce._backend.cuda uses it, recording what it is handed: the rings it creates
+    """ringreduce._C as ringreduce._rings.cuda uses it, recording what it is handed: the rings it creates
     (`comms`), the calls (`calls`) and their options (`options`, the real native CallOptions of
     csrc/core/call_options.h, the struct the CPU path takes too). A fresh unique id per call."""
 
@@ -116,7 +116,7 @@ class FakeCudaTensor:
 
 @pytest.fixture
 def native(monkeypatch):
-    """The FakeC that ringreduce._backend.cuda uses as _C, with an empty communicator registry."""
+    """The FakeC that ringreduce._rings.cuda uses as _C, with an empty communicator registry."""
     fake = FakeC()
     monkeypatch.setattr(_cuda, "_native", lambda: fake)
     monkeypatch.setattr(_cuda, "_comms", {})

@@ -18,7 +18,7 @@ from ranks import expect_raises, run_ranks
 
 import ringreduce as rr
 from ringreduce import _call, _config, _fastpath, _native
-from ringreduce._backend import cpu as _cpu
+from ringreduce._rings import cpu as _cpu
 
 
 class _Done:
@@ -323,7 +323,7 @@ def test_async_repeated_calls(fake):
 def test_callers_of_many_calls_reuse_one_options_object_and_take_their_plans(fake, monkeypatch):
     """all_reduce_coalesced and the "ringreduce" backend's options make one AllreduceOptions per argument
     set and dtype, so that their repeated buffers skip the checks as a repeated all_reduce does."""
-    from ringreduce.backend.options import BackendOptions
+    from ringreduce.distributed.options import BackendOptions
 
     floats, halves = [torch.ones(4), torch.ones(3)], [torch.ones(5, dtype=torch.float16)]
     rr.all_reduce_coalesced([*floats, *halves], op="avg", accum_dtype=torch.float32, wire_dtype=torch.bfloat16)
@@ -347,7 +347,7 @@ def test_callers_of_many_calls_reuse_one_options_object_and_take_their_plans(fak
 
 
 def test_a_replaced_submit_is_called_on_the_fast_path(fake, monkeypatch):
-    """A stub of _backend.cpu.submit_cpu (as measurements and tests install) sees repeated calls too."""
+    """A stub of _rings.cpu.submit_cpu (as measurements and tests install) sees repeated calls too."""
     seen = []
     monkeypatch.setattr(_cpu, "submit_cpu", lambda info, tensor, options, output=None, synchronous=False:
                         seen.append(tensor) or _Done())

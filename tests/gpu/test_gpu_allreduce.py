@@ -452,7 +452,7 @@ def _interrupted(rank: int, n: int, how: str) -> dict:
     # `&` (no job control) has SIGINT ignored, and Python then leaves it ignored in every rank.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     import ringreduce as rr
-    from ringreduce._backend import cuda as _cuda
+    from ringreduce._rings import cuda as _cuda
 
     store = dist.distributed_c10d._get_default_store()
     dev = device(rank)

@@ -44,7 +44,7 @@ def _even_world() -> int:
 
 
 def _comm_keys() -> list[int]:
-    from ringreduce._backend import cuda as _cuda
+    from ringreduce._rings import cuda as _cuda
 
     with _cuda._lock:
         return sorted(_cuda._comms)
@@ -177,7 +177,7 @@ def test_halves_agreement_check():
 def _permuted_rings(rank: int, n: int) -> None:
     """A ring over WORLD's ranks in another order (ring index != rank) over the WORLD communicator."""
     import ringreduce as rr
-    from ringreduce._backend import cuda as _cuda
+    from ringreduce._rings import cuda as _cuda
     from ringreduce._groups import GroupInfo
 
     dev = device(rank)
@@ -263,7 +263,7 @@ def _sub_ring_frames_stay_inside(rank: int, n: int) -> None:
     """RINGREDUCE_CHECK=1 on two disjoint sub-rings of WORLD: a mismatch inside one ring fails that
     ring only; the other ring, which shares the communicator, completes."""
     import ringreduce as rr
-    from ringreduce._backend import cuda as _cuda
+    from ringreduce._rings import cuda as _cuda
     from ringreduce._groups import GroupInfo
 
     dev = device(rank)

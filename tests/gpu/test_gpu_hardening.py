@@ -30,7 +30,7 @@ _KEEP: list[torch.Tensor] = []  # tensors alive until interpreter exit
 
 def _lifecycle(rank: int, n: int, mode: str) -> None:
     import ringreduce as rr
-    from ringreduce._backend import cuda as _cuda
+    from ringreduce._rings import cuda as _cuda
 
     dev = device(rank)
     x = torch.full((1 << 20,), float(rank + 1), device=dev)
@@ -135,7 +135,7 @@ def test_interleaved_with_nccl_collectives_and_ddp(env):
 
 def _recreate(rank: int, n: int) -> None:
     import ringreduce as rr
-    from ringreduce._backend import cuda as _cuda
+    from ringreduce._rings import cuda as _cuda
 
     dev = device(rank)
     for round_ in range(3):

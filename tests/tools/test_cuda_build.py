@@ -46,7 +46,7 @@ def test_nccl_unique_id_is_bytes():
 @cuda_build
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
 def test_communicator_without_gpu_raises_dist_backend_error():
-    from ringreduce._backend import cuda as _cuda
+    from ringreduce._rings import cuda as _cuda
     from ringreduce._groups import resolve
 
     with tempfile.TemporaryDirectory() as d:

@@ -1,5 +1,5 @@
 """RingreduceProcessGroup: the process group of backend "ringreduce". Which collectives run on
-ringreduce's ring and which on the inner group (ringreduce/backend/inner.py): docs/design.md section 1.7.
+ringreduce's ring and which on the inner group (ringreduce/distributed/inner.py): docs/design.md section 1.7.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce import _backend, _groups
+from ringreduce import _groups, _rings
 from ringreduce._call import device_of, local_refusal, refuse, run_all_reduce_with
 from ringreduce._groups import GroupInfo
 from ringreduce._options import HALF_TYPES
 from ringreduce._types import CallKind, FrameError, ReduceOp, to_reduce_op
-from ringreduce.backend.inner import InnerGroup
-from ringreduce.backend.options import BackendOptions
-from ringreduce.backend.support import GLOO_ALLTOALL_TORCH, NAME, torch_at_least
-from ringreduce.backend.work import BackendWork, TorchWorkCall
+from ringreduce.distributed.inner import InnerGroup
+from ringreduce.distributed.options import BackendOptions
+from ringreduce.distributed.support import GLOO_ALLTOALL_TORCH, NAME, torch_at_least
+from ringreduce.distributed.work import BackendWork, TorchWorkCall
 from ringreduce.coalesced import all_reduce_coalesced, copy_blocks
 from ringreduce.scatter_gather import gather_into, reduce_scatter
 
@@ -58,7 +58,7 @@ def _delegated(name: str, method: str) -> Callable[..., Any]:
 
 class RingreduceProcessGroup(dist.ProcessGroup):
     """One process group of backend "ringreduce", used by torch as the group itself (Note [A
-    ProcessGroup, not a Backend] in ringreduce/backend/__init__.py)."""
+    ProcessGroup, not a Backend] in ringreduce/distributed/__init__.py)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any, group_id: str,
                  global_ranks: list[int], options: BackendOptions) -> None:
@@ -111,7 +111,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         torch calls it from destroy_process_group. Idempotent."""
         if self._inner.closed:
             return
-        _backend.release_group(self.ring.pg)
+        _rings.release_group(self.ring.pg)
         _groups.forget_ring(self.ring)
         self._inner.shutdown()
 

@@ -1,5 +1,5 @@
 """The name backend "ringreduce" registers under, and what the running torch lets it do (Note [A
-ProcessGroup, not a Backend] in ringreduce/backend/__init__.py).
+ProcessGroup, not a Backend] in ringreduce/distributed/__init__.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from types import ModuleType
 
 import torch
 
-from ringreduce._backend import cpu, cuda
+from ringreduce._rings import cpu, cuda
 from ringreduce._native import C
 
 _BY_TYPE = {"cpu": cpu, "cuda": cuda}

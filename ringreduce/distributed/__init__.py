@@ -4,8 +4,8 @@
     g = dist.new_group(ranks, backend="ringreduce", pg_options=ringreduce.BackendOptions(...))
 
 all_reduce (SUM, AVG, MAX, MIN, PRODUCT), all_reduce_coalesced, reduce_scatter_tensor,
-all_gather_into_tensor and the list forms run ringreduce's ring (ringreduce/backend/process_group.py);
-every other collective runs on an inner gloo (CPU) or NCCL (CUDA) group (ringreduce/backend/inner.py).
+all_gather_into_tensor and the list forms run ringreduce's ring (ringreduce/distributed/process_group.py);
+every other collective runs on an inner gloo (CPU) or NCCL (CUDA) group (ringreduce/distributed/inner.py).
 
 Note [A ProcessGroup, not a Backend]
     The creator returns RingreduceProcessGroup, a Python subclass of ``dist.ProcessGroup`` that torch
@@ -20,8 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce.backend.options import BackendOptions
-from ringreduce.backend.support import (
+from ringreduce.distributed.options import BackendOptions
+from ringreduce.distributed.support import (
     GLOO_ALLTOALL_TORCH,
     MONITORED_BARRIER_TORCH,
     NAME,
@@ -40,7 +40,7 @@ def _create(opts: Any, pg_options: Any) -> Any:
             'trampoline for c10d::ProcessGroup), so backend "ringreduce" is unavailable on it; use backend "gloo" or '
             '"nccl" with ringreduce.GradientAverager, ringreduce.ddp_comm_hook or ringreduce.all_reduce'
         )
-    from ringreduce.backend.process_group import RingreduceProcessGroup
+    from ringreduce.distributed.process_group import RingreduceProcessGroup
 
     return RingreduceProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout, str(opts.group_id),
                              list(opts.global_ranks_in_group), options)
