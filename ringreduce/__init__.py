@@ -18,9 +18,9 @@ from ringreduce import (
 )
 from ringreduce._native import C as _C
 from ringreduce._types import UnsupportedOpError
+from ringreduce.coalesced import all_reduce_coalesced
 from ringreduce.distributed import BackendOptions
 from ringreduce.distributed import register as _register_backend
-from ringreduce.coalesced import all_reduce_coalesced
 from ringreduce.hooks import CommHookState, GradientAverager, ddp_comm_hook
 from ringreduce.ops import ReduceOp, all_reduce, all_reduce_avg
 from ringreduce.scatter_gather import all_gather, reduce_scatter

@@ -14,10 +14,10 @@ import torch
 import torch.distributed.distributed_c10d as _c10d
 
 from ringreduce import _config, _fastpath
-from ringreduce._rings import backend_for, cpu, refusing_backend
 from ringreduce._groups import GroupInfo, choose_algorithm, resolve
 from ringreduce._native import C
 from ringreduce._options import ALGORITHMS, HALF_TYPES, AllreduceOptions, scaling_error
+from ringreduce._rings import backend_for, cpu, refusing_backend
 from ringreduce._types import KIND_NAMES, CallKind, FrameError, ReduceOp, UnsupportedOpError, to_reduce_op
 from ringreduce.work import Work
 

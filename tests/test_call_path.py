@@ -6,8 +6,8 @@ import torch
 
 import ringreduce as rr
 from ringreduce import _rings
-from ringreduce._rings import backend_for, cpu, cuda, refusing_backend
 from ringreduce._options import AllreduceOptions
+from ringreduce._rings import backend_for, cpu, cuda, refusing_backend
 
 
 def test_backend_for_each_device(monkeypatch):

@@ -347,9 +347,9 @@ def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ringreduce import _call, coalesced
+    from ringreduce._groups import GroupInfo
     from ringreduce._rings import cpu as _cpu
     from ringreduce._rings import cuda as _cuda
-    from ringreduce._groups import GroupInfo
 
     with FakeTensorMode():
         tensors = [torch.empty(4, device="cuda"), torch.empty(2, device="cuda")]
@@ -374,8 +374,8 @@ def test_refused_cuda_call_with_a_wire_tells_the_flat_ring(monkeypatch) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ringreduce import _call, coalesced
-    from ringreduce._rings import cuda as _cuda
     from ringreduce._groups import GroupInfo
+    from ringreduce._rings import cuda as _cuda
 
     with FakeTensorMode():
         f64, f32, f32b = (torch.empty(3, device="cuda", dtype=torch.float64), torch.empty(4, device="cuda"),

@@ -24,8 +24,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ringreduce._rings import cuda as _cuda
 from ringreduce._groups import GroupInfo
+from ringreduce._rings import cuda as _cuda
 from ringreduce.work import Work
 
 

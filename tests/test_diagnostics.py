@@ -129,9 +129,9 @@ _GPU_KNOBS = ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_LANES"
 
 
 def test_gpu_detail_line_names_the_pipeline_rule_not_the_cpu_segment(monkeypatch):
-    from ringreduce._rings import cpu, cuda
     from ringreduce._call import debug_level, log_call
     from ringreduce._groups import GroupInfo
+    from ringreduce._rings import cpu, cuda
     from ringreduce._types import CallKind
 
     monkeypatch.setitem(rr._C.native_info, "cuda", True)  # the CUDA backend's line in a CPU-only build too

@@ -9,8 +9,8 @@ from types import ModuleType
 
 import torch
 
-from ringreduce._rings import cpu, cuda
 from ringreduce._native import C
+from ringreduce._rings import cpu, cuda
 
 _BY_TYPE = {"cpu": cpu, "cuda": cuda}
 

@@ -18,11 +18,11 @@ from ringreduce._call import device_of, local_refusal, refuse, run_all_reduce_wi
 from ringreduce._groups import GroupInfo
 from ringreduce._options import HALF_TYPES
 from ringreduce._types import CallKind, FrameError, ReduceOp, to_reduce_op
+from ringreduce.coalesced import all_reduce_coalesced, copy_blocks
 from ringreduce.distributed.inner import InnerGroup
 from ringreduce.distributed.options import BackendOptions
 from ringreduce.distributed.support import GLOO_ALLTOALL_TORCH, NAME, torch_at_least
 from ringreduce.distributed.work import BackendWork, TorchWorkCall
-from ringreduce.coalesced import all_reduce_coalesced, copy_blocks
 from ringreduce.scatter_gather import gather_into, reduce_scatter
 
 

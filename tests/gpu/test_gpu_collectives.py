@@ -177,8 +177,8 @@ def test_halves_agreement_check():
 def _permuted_rings(rank: int, n: int) -> None:
     """A ring over WORLD's ranks in another order (ring index != rank) over the WORLD communicator."""
     import ringreduce as rr
-    from ringreduce._rings import cuda as _cuda
     from ringreduce._groups import GroupInfo
+    from ringreduce._rings import cuda as _cuda
 
     dev = device(rank)
     world = dist.group.WORLD
@@ -263,8 +263,8 @@ def _sub_ring_frames_stay_inside(rank: int, n: int) -> None:
     """RINGREDUCE_CHECK=1 on two disjoint sub-rings of WORLD: a mismatch inside one ring fails that
     ring only; the other ring, which shares the communicator, completes."""
     import ringreduce as rr
-    from ringreduce._rings import cuda as _cuda
     from ringreduce._groups import GroupInfo
+    from ringreduce._rings import cuda as _cuda
 
     dev = device(rank)
     evens = [r for r in range(n) if r % 2 == 0]

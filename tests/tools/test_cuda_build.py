@@ -46,8 +46,8 @@ def test_nccl_unique_id_is_bytes():
 @cuda_build
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
 def test_communicator_without_gpu_raises_dist_backend_error():
-    from ringreduce._rings import cuda as _cuda
     from ringreduce._groups import resolve
+    from ringreduce._rings import cuda as _cuda
 
     with tempfile.TemporaryDirectory() as d:
         dist.init_process_group("gloo", init_method=f"file://{os.path.join(d, 'init')}", rank=0, world_size=1,
