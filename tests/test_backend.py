@@ -15,6 +15,7 @@ import os
 import signal
 import tempfile
 import time
+from unittest import mock
 
 import pytest
 import torch
@@ -470,6 +471,47 @@ def test_dead_and_silent_peers_raise_dist_backend_error(job, env) -> None:
     assert (status, value, code) == ("ok", "ok", 0), results
     if job is _dead_peer:
         assert results[1][2] == 3, results[1]
+
+
+def _first_call_then_exit(rank: int, ws: int, init_dir: str, lag_s: float) -> dict:
+    """Rank 0 lingers `lag_s` inside its group's creation right after its inner gloo is connected (where
+    a loaded machine delays gloo's listener: Note [No rank leaves the creation first] in
+    ringreduce/distributed/inner.py); rank 1 exits right after its init and first call."""
+    dist.destroy_process_group()
+    real = dist.ProcessGroupGloo
+
+    def lingering(*args, **kwargs):
+        pg = real(*args, **kwargs)
+        time.sleep(lag_s)
+        return pg
+
+    with mock.patch.object(dist, "ProcessGroupGloo", lingering if rank == 0 else real):
+        start = time.monotonic()
+        dist.init_process_group("ringreduce", init_method=f"file://{init_dir}/init", rank=rank, world_size=ws,
+                                timeout=datetime.timedelta(seconds=60))
+        out: dict = {"init_s": time.monotonic() - start}
+    t = exact(rank, 1000)
+    dist.all_reduce(t)
+    out["first_call"] = torch.equal(t, exact(0, 1000) + exact(1, 1000))
+    if rank == 1:
+        os._exit(3)  # right after its first call
+    out["next_call"] = expect_raises(lambda: dist.all_reduce(torch.ones(1000)), dist.DistBackendError)
+    return out
+
+
+def test_a_peer_that_exits_after_its_first_call_breaks_no_init() -> None:
+    """Issue 49: a rank whose init ended while its peer was still creating the group made its first call,
+    timed out (the peer was not there yet), exited, and the peer's init_process_group failed with gloo's
+    "Connection closed by peer". The lag (4 s) is twice the ring's timeout: before the fix rank 1's first
+    call raised DistBackendError after 2 s; now rank 1's init waits for rank 0's creation to end."""
+    lag = 4.0
+    with tempfile.TemporaryDirectory(prefix="rr_backend_") as d:
+        results = spawn_ranks(2, _first_call_then_exit, d, lag, timeout=120,
+                              env={"RINGREDUCE_TIMEOUT": "2", "RINGREDUCE_SHM": "0"})
+    (s0, out0, c0), (s1, out1, c1) = results
+    assert (s0, c0) == ("ok", 0) and (s1, c1) == ("died", 3), results
+    assert out0["first_call"] and out0["next_call"] == "ok", out0
+    assert out0["init_s"] >= lag, out0  # rank 0 did linger in its creation
 
 
 # ------------------------------------------------------------------- the CUDA twins, on CPU ranks

@@ -77,6 +77,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         # collectives by name ("all_reduce", "_reduce_scatter_base", ...) and where they ran: "ring:<name>"
         # or "inner:<name>" (tests and diagnostics: what went through the ring)
         self.calls: collections.Counter[str] = collections.Counter()
+        self._inner.wait_for_every_rank()  # Note [No rank leaves the creation first] (inner.py)
 
     # -- identity ---------------------------------------------------------------------------------
 
