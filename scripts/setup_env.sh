@@ -10,7 +10,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1}"
-TOOLS=(numpy pytest hypothesis ninja cmake matplotlib psutil ruff)
+# pytorch-lightning and accelerate: docs/trainers.md's programs, which tests/test_trainers.py runs over the
+# backend (pip installs them with torch pinned to TORCH_SPEC in the same command).
+TOOLS=(numpy pytest hypothesis ninja cmake matplotlib psutil ruff "pytorch-lightning==2.6.6" "accelerate==1.15.*")
 export PYTHONUNBUFFERED=1
 
 # Runs "$@" with its whole output in the log file $1 and the lines the awk program $2 selects on the
@@ -38,6 +40,7 @@ fi
 
 # pip only when something is missing: a second run starts the benchmark or the tests at once.
 if ! python - "$TORCH_SPEC" "${TOOLS[@]}" <<'PY' 2>/dev/null
+import re
 import sys
 from importlib.metadata import version
 
@@ -46,8 +49,10 @@ name, _, want = spec.partition("==")
 have = version(name).split("+")[0]
 if not want or have != want:
     sys.exit(1)
-for tool in tools:
-    version(tool)
+for tool in tools:  # a name, or a name with a version: "accelerate==1.15.*"
+    tool_name, _, tool_want = tool.partition("==")
+    if not re.fullmatch(tool_want.replace(".", r"\.").replace("*", ".*") or ".*", version(tool_name)):
+        sys.exit(1)
 PY
 then
   SECONDS=0
