@@ -6,44 +6,64 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import gpu.gpu_ranks  # noqa: E402,F401 - registers the place "cuda" (Note [Places])
 from ranks import close_pools  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _rank_pools():
+def _rank_pools(request):
+    """Closes every pool at the end of the session; where a GPU is visible, says once how the GPU
+    ranks run (Note [Ranks sharing a GPU])."""
+    from gpu.gpu_ranks import shared, transport, visible_gpus, world
+
+    if visible_gpus():
+        how = ("NCCL's socket transport over lo (each rank its own NCCL_HOSTID), not NVLink or P2P"
+               if shared() else "one GPU per rank")
+        line = (f"ringreduce GPU tests: {world()} ranks on {visible_gpus()} GPU(s), {transport()}: {how} "
+                "(RINGREDUCE_GPU_WORLD sets the world size)")
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(line)
     yield
     close_pools()
 
 
-# Modules with BOTH_TRANSPORTS = True run every test over both CPU transports: shared memory (the
-# default for ranks of one host) and gloo point-to-point (RINGREDUCE_SHM=0). Their run_ranks calls
-# use the pool of the test's transport. A test that parametrizes "_transport" itself (ranks.py's
-# transport_cases and SHM_ONLY, Note [Transport cases]) runs only the combinations it lists; a GPU test
-# (marked gpu: its ranks use NCCL, not a CPU transport) runs once.
-def _parametrizes_transport(metafunc) -> bool:
+# Note [Places] (ranks.py): a module with PLACES = ranks.ALL_PLACES (or CPU_PLACES) runs every test at
+# every place it names: "shm" and "tcp" (CPU tensors over shared memory, or gloo point-to-point with
+# RINGREDUCE_SHM=0) and "cuda" (CUDA tensors over ringreduce's NCCL ring; marked gpu, skipped without a
+# GPU). run_ranks uses the pool of the test's place. A test that parametrizes "place" itself
+# (ranks.place_cases, only_place, SHM_ONLY) runs only the combinations it lists; a GPU test (marked
+# gpu: its ranks use NCCL itself) runs once.
+def _parametrizes_place(metafunc) -> bool:
     for mark in metafunc.definition.iter_markers(name="parametrize"):
         names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
         if isinstance(names, str):
             names = [n.strip() for n in names.split(",")]
-        if "_transport" in names:
+        if "place" in names:
             return True
     return False
 
 
 def pytest_generate_tests(metafunc):
-    if (getattr(metafunc.module, "BOTH_TRANSPORTS", False) and "_transport" in metafunc.fixturenames
-            and not _parametrizes_transport(metafunc) and metafunc.definition.get_closest_marker("gpu") is None):
-        metafunc.parametrize("_transport", ["shm", "tcp"], indirect=True)
+    from ranks import place_param
+
+    places = getattr(metafunc.module, "PLACES", ())
+    if (places and "place" in metafunc.fixturenames and not _parametrizes_place(metafunc)
+            and metafunc.definition.get_closest_marker("gpu") is None):
+        metafunc.parametrize("place", [place_param(p) for p in places], indirect=True)
 
 
 @pytest.fixture(autouse=True)
-def _transport(request):
+def place(request):
+    """The test's place (Note [Places]): "shm" unless its module or its parametrization says otherwise."""
     import ranks
 
-    saved = ranks.DEFAULT_TRANSPORT
-    ranks.DEFAULT_TRANSPORT = getattr(request, "param", "shm")
-    yield ranks.DEFAULT_TRANSPORT
-    ranks.DEFAULT_TRANSPORT = saved
+    saved = ranks.DEFAULT_PLACE
+    ranks.DEFAULT_PLACE = getattr(request, "param", "shm")
+    yield ranks.DEFAULT_PLACE
+    ranks.DEFAULT_PLACE = saved
 
 
 def _shm_entries() -> set[str]:

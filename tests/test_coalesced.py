@@ -8,12 +8,12 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import run_ranks
+from ranks import CPU_PLACES, run_ranks
 from refdata import bits_equal, ring_reference, same_on_all_ranks
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 
 def _inputs(rank: int, with_base: bool = False) -> list[torch.Tensor]:

@@ -17,12 +17,12 @@ import uuid
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import run_ranks, spawn_ranks
+from ranks import CPU_PLACES, run_ranks, spawn_ranks
 from refdata import bits_equal, exact_input, gather_inputs, reference
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 SEGMENTS = {"RINGREDUCE_SEGMENT_BYTES": "4096"}  # many segments: calls stay in flight a while
 _GROUPS: dict[str, list] = {}  # per pool process: created once (every rank runs the same jobs)

@@ -11,12 +11,12 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import CPU_PLACES, run_ranks, spawn_ranks
 from ranks import expect_raises as _expect
-from ranks import run_ranks, spawn_ranks
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 # ---------------------------------------------------------------------------------------------
 # Local refusals: raised before any payload moves; the others are told through the frame

@@ -28,12 +28,12 @@ import torch
 import torch.distributed as dist
 from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
-from ranks import run_ranks
+from ranks import CPU_PLACES, run_ranks
 from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 DTYPE_NAMES = [str(d).replace("torch.", "") for d in ALL_TYPES]
 LAYOUTS = ["contiguous", "transpose", "permute", "step", "offset", "channels_last"]

@@ -15,11 +15,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import spawn_ranks
+from ranks import CPU_PLACES, spawn_ranks
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 LATENCY_BOUND_S = 1.0
 PEER_TIMEOUT_S = 8  # RINGREDUCE_TIMEOUT of both ranks

@@ -1,7 +1,7 @@
 """The shared-memory transport itself: chosen by default for ranks of one host, turned off by
 RINGREDUCE_SHM=0 (on any rank), a fallback with one warning when /dev/shm cannot hold a segment, and
 random data equal to torch.distributed's. Exact values, subgroups, async, dead peers and the
-10,000-call soak run over both transports in the other modules (BOTH_TRANSPORTS); conftest.py checks
+10,000-call soak run at both CPU places in the other modules (PLACES, Note [Places]); conftest.py checks
 after every test that nothing is left in /dev/shm."""
 
 from __future__ import annotations

@@ -15,13 +15,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import SHM_ONLY, run_ranks, transport_cases
+from ranks import CPU_PLACES, SHM_ONLY, place_cases, run_ranks
 from refdata import ring_reference
 
 import ringreduce as rr
 from ringreduce._call import scaling_refusal
 
-BOTH_TRANSPORTS = True
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 WIRES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -80,8 +80,8 @@ CASES = [
 ]
 
 
-# Over tcp (ranks.py's Note [Transport cases]) tiny segments on 3 ranks; the default on both sizes.
-@transport_cases("segment,n", [(s, n) for s in ("64", "default") for n in (2, 3)],
+# Over tcp (ranks.py's Note [Places]) tiny segments on 3 ranks; the default on both sizes.
+@place_cases("segment,n", [(s, n) for s in ("64", "default") for n in (2, 3)],
                  tcp=[("64", 3), ("default", 2), ("default", 3)])
 def test_random_data_is_the_rings_arithmetic(n, segment):
     env = {"RINGREDUCE_SEGMENT_BYTES": segment} if segment != "default" else {}
@@ -272,7 +272,7 @@ ACCURACY_MARGIN = 0.8
 
 
 # the large cases over shm only (CI time); the small ones over both
-@transport_cases("n,numel", ACCURACY_CASES, tcp=[(n, m) for n, m in ACCURACY_CASES if m <= 100_000],
+@place_cases("n,numel", ACCURACY_CASES, tcp=[(n, m) for n, m in ACCURACY_CASES if m <= 100_000],
                  ids=lambda c: f"{c[0]}ranks-{c[1]}")
 def test_error_below_ddp_bf16_compress_hook(n, numel):
     errors = run_ranks(n, _error_vs_compress_hook, numel, "bf16", timeout=600)
@@ -547,14 +547,14 @@ def _gather16_bytes(rank, n, local):
 
 # the transport is part of each case: the gloo bytes of flat rings, and of the cross-node ring when
 # the node rings run in shared memory
-@pytest.mark.parametrize("_transport,n,local", [("tcp", 2, 0), ("tcp", 4, 0), ("shm", 4, 2)], indirect=["_transport"])
-def test_sixteen_bit_all_gather_halves_the_bytes(n, local, _transport):
+@pytest.mark.parametrize("place,n,local", [("tcp", 2, 0), ("tcp", 4, 0), ("shm", 4, 2)], indirect=["place"])
+def test_sixteen_bit_all_gather_halves_the_bytes(n, local, place):
     # Payload bytes each rank sends: the flat ring's (n - 1) / n x S per half, 16-bit partials in the
     # reduce-scatter and float32 (32) or 16 bits (16) in the all-gather; on 2 simulated nodes x 2 in
     # shared memory only the cross-node ring uses gloo: (M - 1) / M x S / L per half.
     S = 4 << 20
     per_half = S * (n - 1) // n if not local else S // 2 // local
-    for rank, sent in enumerate(run_ranks(n, _gather16_bytes, local, transport=_transport)):
+    for rank, sent in enumerate(run_ranks(n, _gather16_bytes, local, transport=place)):
         assert sent == {"32": per_half // 2 + per_half, "16": per_half}, (rank, sent)
 
 
