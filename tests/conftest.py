@@ -10,6 +10,11 @@ import gpu.gpu_ranks  # noqa: E402,F401 - registers the place "cuda" (Note [Plac
 from ranks import close_pools  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "full: only in the full suite (bash scripts/test.sh --all, CI), not in the "
+                            "default set (tests/README.md, \"The default run\")")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _rank_pools(request):
     """Closes every pool at the end of the session; where a GPU is visible, says once how the GPU
