@@ -97,23 +97,38 @@ def place_param(place: str) -> Any:
         gpus == 0, reason=f"needs a CUDA GPU (found {gpus})")])
 
 
+FULL = pytest.mark.full  # only in the full suite: tests/README.md, "The default run"
+
+
 def place_cases(argnames: str, cases: list, tcp: list | None = None, cuda: list | None = None,
-                ids: Callable | None = None) -> Any:
+                ids: Callable | None = None, full: list | None = None) -> Any:
     """A parametrize mark over ("place", *argnames): every one of `cases` over "shm", the `tcp` subset
     over "tcp" (`None`: all of them; `[]`: none) and the `cuda` subset over "cuda" (`None`: none). A case
-    is a value for one argname, else a tuple. Ids: "tcp-3", or "tcp-" + ids(case)."""
+    is a value for one argname, else a tuple. `full`: the (place, case) pairs that run only in the full
+    suite (marked full). Ids: "tcp-3", or "tcp-" + ids(case)."""
     tcp = list(cases) if tcp is None else list(tcp)
     cuda = list(cuda or [])
     missing = [c for c in tcp + cuda if c not in cases]
     assert not missing, f"tcp/cuda cases {missing} are not among the shm cases"
+    full = list(full or [])
     single = "," not in argnames
     rows = []
     for place, subset in (("shm", cases), ("tcp", tcp), ("cuda", cuda)):
-        marks = place_param(place).marks
+        marks = list(place_param(place).marks)
         for c in subset:
             values = (place, c) if single else (place, *c)
-            rows.append(pytest.param(*values, marks=marks, id=f"{place}-{ids(c)}" if ids else None))
+            extra = [FULL] if (place, c) in full else []
+            rows.append(pytest.param(*values, marks=marks + extra, id=f"{place}-{ids(c)}" if ids else None))
+    unknown = [f for f in full if f[0] not in ("shm", "tcp", "cuda") or f[1] not in
+               {"shm": cases, "tcp": tcp, "cuda": cuda}[f[0]]]
+    assert not unknown, f"full cases {unknown} are not among the cases"
     return pytest.mark.parametrize(f"place,{argnames}", rows, indirect=["place"])
+
+
+def full_at(*places: str, **params: Any) -> Any:
+    """A mark: the test's cases at `places` (and, given `params`, with those parameter values) run only
+    in the full suite (conftest.py marks them full). Several may be stacked."""
+    return pytest.mark.full_at(*places, **params)
 
 
 def only_place(*places: str) -> Any:
@@ -230,6 +245,10 @@ def _rank_main(rank: int, world_size: int, kind: RankKind, init_file: str, conn:
         backend = kind.start(rank, world_size)
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=kind.pg_timeout))
+        if not one_job:
+            # A pool's rank imports what DDP imports at its first use (torch._dynamo: seconds, a minute and
+            # more on a loaded machine) during startup, which no job's timeout is charged with.
+            import torch._dynamo  # noqa: F401
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         conn.send(("err", f"process group setup failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         return

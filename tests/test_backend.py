@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from gpu.gpu_ranks import world as gpu_world
-from ranks import ALL_PLACES, device, expect_raises, only_place, run_ranks, spawn_ranks
+from ranks import ALL_PLACES, FULL, device, expect_raises, only_place, run_ranks, spawn_ranks
 
 import ringreduce as rr
 import ringreduce.distributed as rb
@@ -98,7 +98,7 @@ def _ring_collectives(rank: int, ws: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws", [2, pytest.param(3, marks=FULL)])
 def test_ring_collectives_exact_and_equal_to_the_ring(ws: int) -> None:
     for rank, out in enumerate(run_ranks(ws, _ring_collectives)):
         ring_calls, inner_calls = out.pop("ring_calls"), out.pop("inner_calls")
@@ -245,7 +245,7 @@ def _work_and_profiler(rank: int, ws: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws", [2, pytest.param(3, marks=FULL)])
 def test_work_future_own_api_and_profiler_names(ws: int) -> None:
     for rank, out in enumerate(run_ranks(ws, _work_and_profiler)):
         events = out.pop("events")
@@ -463,7 +463,7 @@ def _silent_peer_group_timeout(rank: int, ws: int, init_dir: str) -> str:
 
 
 @pytest.mark.parametrize("job,env", [(_dead_peer, {"RINGREDUCE_TIMEOUT": "3"}), (_silent_peer, {"RINGREDUCE_TIMEOUT": "3"}),
-                                     (_silent_peer_group_timeout, {})],
+                                     pytest.param(_silent_peer_group_timeout, {}, marks=FULL)],
                          ids=["dead_peer", "timeout", "group_timeout"])
 def test_dead_and_silent_peers_raise_dist_backend_error(job, env) -> None:
     with tempfile.TemporaryDirectory(prefix="rr_backend_") as d:

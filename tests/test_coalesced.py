@@ -8,7 +8,7 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import CPU_PLACES, run_ranks
+from ranks import CPU_PLACES, full_at, run_ranks
 from refdata import bits_equal, ring_reference, same_on_all_ranks
 
 import ringreduce as rr
@@ -91,6 +91,7 @@ def _exact(rank: int, ws: int, op: str, async_op: bool, segment: bool) -> None:
 
 
 @pytest.mark.parametrize("ws", [2, 3])
+@full_at("tcp", ws=3)
 def test_coalesced_exact(ws: int) -> None:
     for op, async_op in (("sum", False), ("avg", True), ("max", True), ("min", False)):
         run_ranks(ws, _exact, op, async_op, False)

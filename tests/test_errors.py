@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import CPU_PLACES, run_ranks, spawn_ranks
+from ranks import CPU_PLACES, full_at, run_ranks, spawn_ranks
 from ranks import expect_raises as _expect
 
 import ringreduce as rr
@@ -308,6 +308,7 @@ def _peer_leaves_after_last_call(rank: int, ws: int) -> dict:
     return res
 
 
+@full_at("tcp")
 def test_peer_leaving_after_the_last_call_does_not_fail_it():
     out = spawn_ranks(2, _peer_leaves_after_last_call, env={"RINGREDUCE_TIMEOUT": "10"}, timeout=120)
     assert out[0][0] == "died" and out[0][2] == 0, out[0]
@@ -399,6 +400,7 @@ def _wait_timeout(rank: int, ws: int) -> dict:
     return res
 
 
+@full_at("tcp")
 def test_wait_with_timeout_raises_then_completes():
     out = spawn_ranks(2, _wait_timeout, timeout=120)
     assert out[0][0] == "ok" and out[0][1]["short"] == "ok" and out[0][1]["value"], out

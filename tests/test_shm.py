@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import free_port, run_ranks, spawn_ranks
+from ranks import FULL, free_port, run_ranks, spawn_ranks
 from refdata import bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks
 
 import ringreduce as rr
@@ -244,6 +244,7 @@ def _pieces_whatever_the_segment(rank: int, ws: int) -> bool:
         os.environ.pop("RINGREDUCE_SEGMENT_BYTES", None)
 
 
+@FULL
 def test_pipelined_pieces_do_not_depend_on_the_segment_size():
     assert run_ranks(6, _pieces_whatever_the_segment, transport="shm") == [True] * 6
 

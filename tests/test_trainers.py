@@ -38,6 +38,7 @@ def _env(tmp_path) -> dict:
 
 @pytest.mark.parametrize("name,package", [("lightning_train.py", "pytorch_lightning"),
                                           ("accelerate_train.py", "accelerate")])
+@pytest.mark.full
 def test_trainer_over_ringreduce_equals_gloo_bitwise(tmp_path, name, package):
     pytest.importorskip(package, reason=f"{package} is not installed (scripts/setup_env.sh installs it)")
     path = tmp_path / name

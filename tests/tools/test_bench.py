@@ -192,6 +192,7 @@ def test_pattern_expected_matches_brute_force(dtype: torch.dtype, world_size: in
 
 
 @pytest.mark.parametrize("timing", ["rounds", "single"])
+@pytest.mark.full
 def test_cli_short_sweep(tmp_path, timing: str) -> None:
     out = tmp_path / "bench.json"
     png = tmp_path / "bench.png"
@@ -403,6 +404,7 @@ def test_staging_is_a_slot_per_receive_within_the_bound() -> None:
         assert all(staging <= 8 * MIB and staging <= memory <= 12 * MIB for staging, memory, _ in seen.values()), seen
 
 
+@pytest.mark.full
 def test_traffic_mode_reports_cross_node_bytes(tmp_path) -> None:
     out = tmp_path / "traffic.json"
     cmd = [sys.executable, "-m", "ringreduce.bench.traffic", "--nproc", "4", "--local-size", "2", "--size", "64K",
@@ -475,6 +477,7 @@ def test_cli_vs_deepspeed_runs_its_shm_op(tmp_path) -> None:
     assert _deepspeed_segments() <= before
 
 
+@pytest.mark.full
 def test_train_step_ddp_backend_variant_runs_ddp_over_ringreduce(tmp_path) -> None:
     """ddp-backend: stock DDP over a "ringreduce" group, beside DDP over gloo; at 2 ranks the two end
     with the same parameters bit for bit (Note [What bitwise-equal DDP needs] in
