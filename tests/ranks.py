@@ -93,11 +93,23 @@ def only_transport(name: str) -> Any:
 SHM_ONLY = only_transport("shm")
 
 
+def _reload_knobs() -> None:
+    """ringreduce.reload_knobs() where ringreduce is imported (Note [Knobs are read when a ring is made]
+    in ringreduce/_config.py); a bad value is left for the job's calls to raise."""
+    reload = getattr(sys.modules.get("ringreduce"), "reload_knobs", None)
+    if reload is not None:
+        with contextlib.suppress(ValueError):
+            reload()
+
+
 @contextlib.contextmanager
 def job_environ(env: dict) -> Iterator[None]:
-    """os.environ with `env` set (values as strings) for one job of a rank, as it was afterwards."""
+    """os.environ with `env` set (values as strings) for one job of a rank, as it was afterwards; the
+    rings read their knobs again on both sides."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update({k: str(v) for k, v in env.items()})
+    if env:
+        _reload_knobs()
     try:
         yield
     finally:
@@ -106,6 +118,8 @@ def job_environ(env: dict) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        if env:
+            _reload_knobs()
 
 
 def free_port() -> int:

@@ -21,6 +21,7 @@ BLOCKS = [1, 3, 7, 33, 1000]
 def _with_env(env: dict[str, str], fn, *args):
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     try:
         return fn(*args)
     finally:
@@ -29,6 +30,7 @@ def _with_env(env: dict[str, str], fn, *args):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
 
 
 def _rs_exact(rank: int, ws: int, tiny: bool, dtypes: list[torch.dtype]) -> list[str]:

@@ -1,6 +1,7 @@
 """The implementations compared: ringreduce and the stock torch.distributed all_reduce, each an in-place
-all-reduce plus the environment it runs under (ringreduce reads RINGREDUCE_CHECK at every call, so the
-check on/off A/B alternates in one process).
+all-reduce plus the environment it runs under (set, and taken by ringreduce's rings through
+ringreduce.reload_knobs(), as an implementation's round begins, so the check on/off A/B alternates in
+one process).
 """
 
 from __future__ import annotations
@@ -45,12 +46,17 @@ class Impl:
     column: Any = None  # --vs deepspeed: its DeepSpeedColumn (calls and fallbacks per size)
 
     def enter(self) -> None:
-        """Applies this implementation's environment (outside the timed region)."""
+        """Applies this implementation's environment (outside the timed region); ringreduce's rings read
+        their knobs again when it changed one."""
+        changed = False
         for key, value in self.env.items():
+            changed |= os.environ.get(key) != value
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        if changed:
+            ringreduce.reload_knobs()
 
 
 def _ringreduce_call(op: str, **options: Any) -> Callable[[torch.Tensor], None]:

@@ -375,6 +375,7 @@ def _staging_after_each_size(rank: int, world_size: int) -> list[tuple[str, int,
     for label, mib_x16, check in [("1M", 16, "0"), ("1M", 16, "1"), ("4M", 64, "1"), ("64M", 1024, "1"),
                                   ("1M again", 16, "1"), ("16K", 0, "1")]:
         os.environ["RINGREDUCE_CHECK"] = check
+        ringreduce.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
         numel = mib_x16 * MIB // 64 if mib_x16 else 4096
         pattern = (torch.arange(numel) % 4099).to(torch.float32)  # position-dependent, sums exact
         x = pattern + rank
@@ -383,6 +384,7 @@ def _staging_after_each_size(rank: int, world_size: int) -> list[tuple[str, int,
         out.append((f"{label} check={check}", int(_C.staging_bytes(pg)), int(_C.memory_bytes(pg)),
                     bool(torch.equal(x, want))))
     os.environ.pop("RINGREDUCE_CHECK", None)
+    ringreduce.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     dist.destroy_process_group(pg)
     return out
 
