@@ -111,12 +111,25 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def not_a_tensor(value: Any, param: str = "tensor") -> TypeError:
-    """The TypeError for a `param` that is not a tensor, in torch.distributed's words first."""
-    return TypeError(
-        f"Invalid function argument. Expected parameter `{param}` of type torch.Tensor but got {type(value)} "
-        f"instead (ringreduce: expected a torch.Tensor, got {type(value).__name__})"
-    )
+def torch_words(check: str, *args: Any) -> str | None:
+    """What torch.distributed's own argument check `check` (a function of distributed_c10d, such as
+    "_check_single_tensor") says of `args`, whitespace folded, or None where it accepts them or this
+    torch has no such check."""
+    fn = getattr(_c10d, check, None)
+    if fn is None:
+        return None
+    try:
+        fn(*args)
+    except (TypeError, ValueError) as exc:
+        return " ".join(str(exc).split())
+    return None
+
+
+def not_a_tensor(value: Any) -> TypeError:
+    """The TypeError for a `tensor` argument that is not a tensor, in torch.distributed's words first."""
+    ours = f"ringreduce: expected a torch.Tensor, got {type(value).__name__}"
+    words = torch_words("_check_single_tensor", value, "tensor")
+    return TypeError(f"{words} ({ours})" if words else ours)
 
 
 def local_refusal(
@@ -161,7 +174,7 @@ def local_refusal(
     why = C.unsupported_reason(code, int(rop))
     if why is not None:
         ours = f"ringreduce: op {rop.name} is not supported for dtype {_dtype_name(tensor.dtype)}: {why}"
-        if tensor.is_complex():  # torch.distributed raises ValueError("... does not support ... complex")
+        if tensor.is_complex():  # torch.distributed's ValueError for the same call, then ours
             ours = f"{collective} does not support {op if not isinstance(op, str) else rop} on complex tensors ({ours})"
         return FrameError.UNSUPPORTED, UnsupportedOpError(ours), rop, False
     accum = False
@@ -306,9 +319,11 @@ def _checked_all_reduce(tensor: Any, group: Any, options: AllreduceOptions, asyn
     """The full path: every check, then a refusal or the ring's call (whose plan, where `key` is set,
     serves the next identical call)."""
     tensor = local_tensor(tensor)
-    info = resolve(group)
     wire_dtype, extra_divisor = options.wire_dtype, options.extra_divisor
     code, exc, rop, accum = local_refusal(tensor, options.op, options.accum_dtype, options.algorithm)
+    if exc is not None and not _c10d.is_initialized():
+        raise exc  # as torch.distributed checks its arguments before the group
+    info = resolve(group)
     wire, factor, gather = None, 0.0, "auto"
     if exc is None:
         code, exc, wire, factor = scaling_refusal(tensor, rop, wire_dtype, options.predivide_factor)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce._call import local_refusal, local_tensor, refuse, run_all_reduce, scaling_refusal
+from ringreduce._call import local_refusal, local_tensor, refuse, run_all_reduce, scaling_refusal, torch_words
 from ringreduce._groups import resolve
 from ringreduce._options import AllreduceOptions, options_of
 from ringreduce._types import CallKind, FrameError, ReduceOp
@@ -50,19 +50,23 @@ class _FlatGroup:
             copy_blocks(self.flat, self.tensors)
 
 
+def _in_torch_words(tensors: Any, ours: str) -> str:
+    """`ours`, after what torch.distributed's all_reduce_coalesced says of the same list."""
+    words = torch_words("_check_tensor_list", tensors, "tensor")
+    return f"{words} ({ours})" if words else ours
+
+
 def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, Any, BaseException | None]:
     """(tensor list, frame error code, exception) from purely local checks of the argument."""
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
-        return None, FrameError.NOT_A_TENSOR, TypeError(
-            "ringreduce.all_reduce_coalesced: expected a list or tuple of tensors, got "
-            f"{type(tensors).__name__} (use ringreduce.all_reduce for a single tensor)"
-        )
+        return None, FrameError.NOT_A_TENSOR, TypeError(_in_torch_words(
+            tensors, "ringreduce.all_reduce_coalesced: expected a list or tuple of tensors, got "
+            f"{type(tensors).__name__} (use ringreduce.all_reduce for a single tensor)"))
     tensors = [local_tensor(t) for t in tensors]  # DTensors: their local shards, in place
     for k, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
-            return None, FrameError.NOT_A_TENSOR, TypeError(
-                f"ringreduce.all_reduce_coalesced: element {k} is a {type(t).__name__}, not a torch.Tensor"
-            )
+            return None, FrameError.NOT_A_TENSOR, TypeError(_in_torch_words(
+                list(tensors), f"ringreduce.all_reduce_coalesced: element {k} is a {type(t).__name__}, not a torch.Tensor"))
     if tensors:
         first = tensors[0].device
         for k, t in enumerate(tensors):
@@ -187,12 +191,14 @@ def all_reduce_coalesced(
     CUDA tensors run on ringreduce's streams, ordered after the current stream, which waits for
     the results (the host does not block), as in :func:`all_reduce`.
     """
-    info = resolve(group)
     options = options_of(op, accum_dtype, algorithm, wire_dtype, predivide_factor)
     listed, code, exc = _validate(tensors)
     if exc is None:
         assert listed is not None
         code, exc = _refusal(listed, options)
+    if exc is not None and not dist.is_initialized():
+        raise exc  # as torch.distributed checks its arguments before the group
+    info = resolve(group)
     if exc is not None:
         # The device the other ranks run this call on: the list's (CPU for a list that is not one).
         device = listed[0].device if listed else None

@@ -196,18 +196,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           },
           py::arg("tensor"), py::arg("output"), py::arg("options"), py::arg("synchronous") = false, "Queues a call.");
   m.def(
-      "submit_cpu",
-      [](PG pg, std::string group_name, std::vector<int> members, std::optional<at::Tensor> tensor,
-         std::optional<at::Tensor> output, const rr::CallOptions& options, c10::intrusive_ptr<c10d::Store> store,
-         bool synchronous) {
-        rr::CpuRing ring(std::move(pg), std::move(group_name), std::move(members), std::move(store));
-        return submitFromPython(ring, tensor, output, options, synchronous);
-      },
-      py::arg("group"), py::arg("group_name"), py::arg("members"), py::arg("tensor"), py::arg("output"),
-      py::arg("options"), py::arg("store"), py::arg("synchronous") = false,
-      "Queues one CPU call on the ring `members` (ranks of `group`; [] = the whole group) of `group`.");
-
-  m.def(
       "bytes_sent",
       [](const PG& pg, bool reset) { return rr::bytesSentOf(pg.get(), pg->getSize(), reset); },
       py::arg("group"), py::arg("reset") = false,
