@@ -120,17 +120,17 @@ def loopback_call(op: str, tensors: list[torch.Tensor]) -> Callable[[], None]:
     return lambda: C._cuda_loopback_all_reduce(tensors, code)
 
 
-def build_impls(
-    op: str, backend: str, device: torch.device, dtype: torch.dtype, check: bool | None, check_cost: bool,
-    nccl_ring: bool, wire: str | None = None, algorithms: tuple[str, ...] = (), vs: str | None = None,
-) -> list[Impl]:
-    """The implementations to compare, in table order. `op`, `backend`, `device`, `dtype`: the sweep's;
-    `check`: RINGREDUCE_CHECK (None: the library default); `check_cost`: also ringreduce without the
-    check; `nccl_ring`: also NCCL with NCCL_ALGO=RING; `wire`: also ringreduce with that 16-bit wire and
-    DDP's compress hook; `algorithms`: also ringreduce with each algorithm=; `vs`: "deepspeed" or None.
+def build_impls(cfg: Any, device: torch.device, dtype: torch.dtype) -> list[Impl]:
+    """The implementations to compare, in table order, for the sweep `cfg` (a BenchConfig: its op and
+    backend; check, RINGREDUCE_CHECK, None: the library default; check_cost, also ringreduce without
+    the check; nccl_ring, also NCCL with NCCL_ALGO=RING; wire_dtype, also ringreduce with that 16-bit
+    wire and DDP's compress hook; algorithms, also ringreduce with each algorithm=; vs, "deepspeed" or
+    None) on `device` with `dtype` tensors.
 
     Collective: creates every communicator before any is timed, the NCCL_ALGO=RING one last.
     """
+    op, backend, check, check_cost = cfg.op, cfg.backend, cfg.check, cfg.check_cost
+    nccl_ring, wire, algorithms, vs = cfg.nccl_ring, cfg.wire_dtype, cfg.algorithms, cfg.vs
     n = dist.get_world_size()
     user_check = os.environ.get("RINGREDUCE_CHECK")
     check_env: str | None = user_check if check is None else ("1" if check else "0")

@@ -116,7 +116,7 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
         impl.run(buf)
         results[impl.name]["wrong"] = count_wrong(buf, ctx.world_size, k, cfg.op, impl.rtol)
     if cfg.loopback and ctx.device.type == "cuda":
-        _time_loopback(cfg, ctx, count, dtype, k, iters, rounds, floor, source, results)
+        _time_loopback(cfg, ctx, count, dtype, k, iters, rounds, lambda: floor.copy_(source), results)
     if cfg.wire_dtype is not None or cfg.vs is not None:
         from ringreduce.bench.accuracy import accuracy
 
@@ -132,9 +132,10 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
 
 
 def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.dtype, k: int, iters: int,
-                   rounds: int, floor: torch.Tensor, source: torch.Tensor, results: dict[str, dict[str, Any]]) -> None:
-    """Rank 0 times the one-GPU loopback driver over world_size simulated ranks, alone on its GPU, and a
-    copy of the buffer in the same rounds (Note [Loopback ideal] in metrics.py); it is checked too."""
+                   rounds: int, copy: Callable[[], Any], results: dict[str, dict[str, Any]]) -> None:
+    """Rank 0 times the one-GPU loopback driver over world_size simulated ranks, alone on its GPU, and
+    `copy` (one copy of the buffer) in the same rounds (Note [Loopback ideal] in metrics.py); it is
+    checked too."""
     torch.cuda.synchronize(ctx.device)
     dist.barrier()
 
@@ -149,7 +150,7 @@ def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.
         loop_s, copy_s = [], []
         for _ in range(rounds):
             loop_s.append(time_round(run, calls, ctx.device))
-            copy_s.append(time_round(lambda: floor.copy_(source), calls, ctx.device))
+            copy_s.append(time_round(copy, calls, ctx.device))
         for r, t in enumerate(tensors):
             fill_pattern(t, r, k)
         run()
@@ -193,8 +194,7 @@ def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]],
     """Runs the whole sweep of `cfg` on this rank (`ctx`); rank 0 prints and returns (rows, stock name)."""
     from ringreduce.bench.table import Layout, format_row, header
 
-    impls = build_impls(cfg.op, cfg.backend, ctx.device, DTYPES[cfg.dtype].torch_dtype, cfg.check,
-                        cfg.check_cost, cfg.nccl_ring, cfg.wire_dtype, cfg.algorithms, cfg.vs)
+    impls = build_impls(cfg, ctx.device, DTYPES[cfg.dtype].torch_dtype)
     stock = NCCL if cfg.backend == "nccl" else GLOO
     layout = Layout(tuple(impl.name for impl in impls), stock, loopback=cfg.loopback and ctx.device.type == "cuda",
                     wire=cfg.wire_dtype)
