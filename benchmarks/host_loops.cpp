@@ -1,7 +1,7 @@
 // The CPU host loops (csrc/cpu/host_reduce.h) against memcpy of the same bytes, torch-free.
 //
 //   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build --target bench_host_loops
-//   build/bench_host_loops [--bytes 64K,1M,16M] [--seconds 0.2] [--filter NAME]
+//   build/bench_host_loops [--bytes 64K,1M,16M] [--seconds 0.2] [--filter NAME] [--isa portable|avx2]
 //
 // Each row: one loop over a tensor of `bytes` bytes of `dtype` (the operands the all-reduce gives it:
 // the same bytes, the tensor's element count), its time per call (us), its rate (bytes of the tensor
@@ -9,7 +9,8 @@
 // loop's time over the memcpy's. A reduce reads two operands and writes one, a memcpy reads one and
 // writes one: a reduce at memory speed takes about 1.5x the memcpy once the operands leave the caches.
 // Times: loop and memcpy in 7 alternating repetitions, each as many back-to-back calls as fill
-// --seconds / 7, the best repetition of each (bestSeconds).
+// --seconds / 7, the best repetition of each (bestSeconds). --isa portable runs the portable loops
+// (Note [Host loop instruction sets]).
 #include <sys/utsname.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 
 #include "core/dtype.h"
 #include "core/functors.h"
+#include "cpu/host_isa.h"
 #include "cpu/host_reduce.h"
 
 using namespace rr;
@@ -161,7 +163,8 @@ std::vector<Loop> loops() {
 }
 
 void usage() {
-  std::fprintf(stderr, "usage: bench_host_loops [--bytes 64K,1M,16M] [--seconds S] [--filter SUBSTRING]\n");
+  std::fprintf(stderr,
+               "usage: bench_host_loops [--bytes 64K,1M,16M] [--seconds S] [--filter SUBSTRING] [--isa portable|avx2]\n");
 }
 
 }  // namespace
@@ -190,7 +193,13 @@ int main(int argc, char** argv) {
       seconds = std::atof(value.c_str());
     } else if (arg == "--filter") {
       filter = value;
-
+    } else if (arg == "--isa" && (value == "portable" || value == "avx2")) {
+      const HostIsa isa = value == "avx2" ? HostIsa::kAvx2 : HostIsa::kPortable;
+      if (!hostIsaSupported(isa)) {
+        std::fprintf(stderr, "bench_host_loops: this CPU cannot run the %s loops\n", hostIsaName(isa));
+        return 2;
+      }
+      setHostIsa(isa);
     } else {
       usage();
       return 2;
@@ -211,8 +220,8 @@ int main(int argc, char** argv) {
     }
     std::fclose(f);
   }
-  std::printf("# bench_host_loops: %s, load average %.2f at start; %.2f s per loop and size\n", model.c_str(), load[0],
-              seconds);
+  std::printf("# bench_host_loops: %s, %s loops, load average %.2f at start; %.2f s per loop and size\n",
+              model.c_str(), hostIsaName(hostIsa()), load[0], seconds);
   std::printf("# %-14s %-9s %8s %9s %9s %9s %9s\n", "loop", "dtype", "bytes", "us", "GB/s", "memcpy", "/memcpy");
   void* scratch = std::aligned_alloc(64, kReduceInOrderScratchBytes);
   for (const int64_t bytes : sizes) {
