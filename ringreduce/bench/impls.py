@@ -95,8 +95,14 @@ def _stock_call(op: str, backend: str, world_size: int, group: dist.ProcessGroup
     return sum_then_divide
 
 
+_RING_GROUPS: dict[str, dist.ProcessGroup] = {}  # one per device and process: a sweep of several types shares it
+
+
 def _ring_group(device: torch.device) -> dist.ProcessGroup:
-    """A new NCCL group whose communicator is initialized with NCCL_ALGO=RING (then restored)."""
+    """The NCCL group whose communicator is initialized with NCCL_ALGO=RING (then restored), made by the
+    first call on `device` (collective then; every rank makes the same calls)."""
+    if str(device) in _RING_GROUPS:
+        return _RING_GROUPS[str(device)]
     saved = os.environ.get("NCCL_ALGO")
     os.environ["NCCL_ALGO"] = "RING"
     try:
@@ -108,6 +114,7 @@ def _ring_group(device: torch.device) -> dist.ProcessGroup:
             os.environ.pop("NCCL_ALGO", None)
         else:
             os.environ["NCCL_ALGO"] = saved
+    _RING_GROUPS[str(device)] = group
     return group
 
 
