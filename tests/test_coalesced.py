@@ -361,6 +361,9 @@ def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
     monkeypatch.setattr(_cpu.CpuRing, "refuse", lambda self, call, algorithms: seen.append("cpu") or [])
     monkeypatch.setitem(_call.C.native_info, "cuda", True)
     monkeypatch.setenv("RINGREDUCE_CHECK", "1")
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
+    for where in (torch.distributed, torch.distributed.distributed_c10d):  # else refused before the group
+        monkeypatch.setattr(where, "is_initialized", lambda: True)
     with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
         rr.all_reduce_coalesced(tensors)
     assert seen == ["gpu cuda:0"], seen
@@ -393,6 +396,9 @@ def test_refused_cuda_call_with_a_wire_tells_the_flat_ring(monkeypatch) -> None:
     monkeypatch.setattr(_cuda, "_native", lambda: SimpleNamespace(cuda_refuse=lambda *args: None))
     monkeypatch.setitem(_call.C.native_info, "cuda", True)
     monkeypatch.setenv("RINGREDUCE_CHECK", "1")
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
+    for where in (torch.distributed, torch.distributed.distributed_c10d):  # else refused before the group
+        monkeypatch.setattr(where, "is_initialized", lambda: True)
     with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
         rr.all_reduce_coalesced([f64, f32, f32b], op="avg", wire_dtype=torch.bfloat16)
     assert algorithms == ["auto", "ring"], algorithms
