@@ -106,6 +106,17 @@ def _descends_from_us(pid: int) -> bool | None:
     return False
 
 
+@pytest.fixture(autouse=True)
+def _knobs_as_the_environment_says():
+    """After every test, once monkeypatch has put the environment back (this fixture is set up before
+    it, so torn down after it): the knobs are read again, so that a test's RINGREDUCE_* never reaches
+    the next test through rings made later (Note [Knobs are read when a ring is made])."""
+    yield
+    reload = getattr(sys.modules.get("ringreduce"), "reload_knobs", None)
+    if reload is not None:
+        reload()
+
+
 def _shm_entries() -> set[str]:
     """ringreduce's segments in /dev/shm, less those of live processes that are not this session's (other
     test runs on a shared machine): a segment a dead process left counts, whoever made it."""

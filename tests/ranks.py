@@ -158,25 +158,22 @@ def on_cuda() -> bool:
 
 
 def _reload_knobs() -> None:
-    """ringreduce.reload_knobs() where the library has it (knobs read when a ring is made; before it
-    the library watched os.environ itself)."""
-    import ringreduce
-
-    reload = getattr(ringreduce, "reload_knobs", None)
+    """ringreduce.reload_knobs() where ringreduce is imported (Note [Knobs are read when a ring is made]
+    in ringreduce/_config.py); a bad value is left for the job's calls to raise."""
+    reload = getattr(sys.modules.get("ringreduce"), "reload_knobs", None)
     if reload is not None:
-        reload()
+        with contextlib.suppress(ValueError):
+            reload()
 
 
 @contextlib.contextmanager
 def job_environ(env: dict) -> Iterator[None]:
     """os.environ with `env` set (values as strings) for one job of a rank, as it was afterwards; the
-    library's knobs are reloaded after each change."""
-    if not env:
-        yield
-        return
+    rings read their knobs again on both sides."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update({k: str(v) for k, v in env.items()})
-    _reload_knobs()
+    if env:
+        _reload_knobs()
     try:
         yield
     finally:
@@ -185,7 +182,8 @@ def job_environ(env: dict) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        _reload_knobs()
+        if env:
+            _reload_knobs()
 
 
 def time_left() -> float | None:

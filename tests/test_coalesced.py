@@ -347,7 +347,7 @@ def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
     gives CUDA tensors without a GPU, and its subclass is refused locally."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ringreduce import _call, coalesced
+    from ringreduce import _call, _rings, coalesced
     from ringreduce._groups import GroupInfo
     from ringreduce._rings import cpu as _cpu
     from ringreduce._rings import cuda as _cuda
@@ -356,12 +356,15 @@ def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
         tensors = [torch.empty(4, device="cuda"), torch.empty(2, device="cuda")]
     info = GroupInfo(pg=None, rank=0, size=2, name="fake group")  # type: ignore[arg-type]
     seen: list[str] = []
+    monkeypatch.setattr(_rings, "_rings", {})  # this test's rings only
     monkeypatch.setattr(coalesced, "resolve", lambda group: info)
-    monkeypatch.setattr(_cuda, "choose_algorithm", lambda info, algorithm: (0, ()))
-    monkeypatch.setattr(_cuda, "cuda_refuse", lambda info, device, kind, error, members=None: seen.append(f"gpu {device}"))
-    monkeypatch.setattr(_cpu, "submit_cpu", lambda *a, **k: seen.append("cpu"))
+    monkeypatch.setattr(_cuda.CudaRing, "refuse", lambda self, call, algorithms: seen.append(f"gpu {call.device}") or [])
+    monkeypatch.setattr(_cpu.CpuRing, "refuse", lambda self, call, algorithms: seen.append("cpu") or [])
     monkeypatch.setitem(_call.C.native_info, "cuda", True)
     monkeypatch.setenv("RINGREDUCE_CHECK", "1")
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
+    for where in (torch.distributed, torch.distributed.distributed_c10d):  # else refused before the group
+        monkeypatch.setattr(where, "is_initialized", lambda: True)
     with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
         rr.all_reduce_coalesced(tensors)
     assert seen == ["gpu cuda:0"], seen
@@ -372,9 +375,11 @@ def test_refused_cuda_call_with_a_wire_tells_the_flat_ring(monkeypatch) -> None:
     across nodes for "auto"): a refusing rank's frame for that call goes around the flat ring, and
     for a coalesced list one frame per dtype buffer in the order the others run them (the float32
     buffer's on the flat ring, the others' on `algorithm`'s). Faked as in the test above."""
+    from types import SimpleNamespace
+
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ringreduce import _call, coalesced
+    from ringreduce import _call, _rings, coalesced
     from ringreduce._groups import GroupInfo
     from ringreduce._rings import cuda as _cuda
 
@@ -383,12 +388,18 @@ def test_refused_cuda_call_with_a_wire_tells_the_flat_ring(monkeypatch) -> None:
                           torch.empty(2, device="cuda"))
     info = GroupInfo(pg=None, rank=0, size=4, name="fake group")  # type: ignore[arg-type]
     algorithms: list[str] = []
+    monkeypatch.setattr(_rings, "_rings", {})  # this test's rings only
     monkeypatch.setattr(coalesced, "resolve", lambda group: info)
     monkeypatch.setattr(_call, "resolve", lambda group: info)
-    monkeypatch.setattr(_cuda, "choose_algorithm", lambda info, algorithm: algorithms.append(algorithm) or (0, ()))
-    monkeypatch.setattr(_cuda, "cuda_refuse", lambda info, device, kind, error, members=None: None)
+    monkeypatch.setattr(_cuda, "choose_algorithm",
+                        lambda info, algorithm, knobs=None: algorithms.append(algorithm) or (0, ()))
+    monkeypatch.setattr(_cuda, "communicator", lambda info, device, knobs=None: None)
+    monkeypatch.setattr(_cuda, "_native", lambda: SimpleNamespace(cuda_refuse=lambda *args: None))
     monkeypatch.setitem(_call.C.native_info, "cuda", True)
     monkeypatch.setenv("RINGREDUCE_CHECK", "1")
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
+    for where in (torch.distributed, torch.distributed.distributed_c10d):  # else refused before the group
+        monkeypatch.setattr(where, "is_initialized", lambda: True)
     with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
         rr.all_reduce_coalesced([f64, f32, f32b], op="avg", wire_dtype=torch.bfloat16)
     assert algorithms == ["auto", "ring"], algorithms

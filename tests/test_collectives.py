@@ -214,10 +214,12 @@ def _segment_independence(rank: int, ws: int) -> bool:
     results = []
     for seg in ("16", "128", "4096", str(1 << 20)):
         os.environ["RINGREDUCE_SEGMENT_BYTES"] = seg
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
         t = x.clone()
         rr.all_reduce(t)
         results.append(t)
     os.environ.pop("RINGREDUCE_SEGMENT_BYTES")
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     return all(bits_equal(results[0], r) for r in results[1:]) and same_on_all_ranks(results[0])
 
 

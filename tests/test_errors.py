@@ -177,11 +177,13 @@ def test_leading_messages_of_failed_calls_never_meet_later_calls():
 def _segment_mismatch(rank: int, ws: int) -> dict:
     out = {}
     os.environ["RINGREDUCE_SEGMENT_BYTES"] = str(65536 if rank == 1 else 1 << 20)
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     t = torch.ones(1 << 18)
     out["segment"] = _expect(lambda: rr.all_reduce(t), RuntimeError, "disagree", "RINGREDUCE_SEGMENT_BYTES",
                              "segment_bytes=65536")
     out["unchanged"] = "ok" if torch.equal(t, torch.ones(1 << 18)) else "changed"
     del os.environ["RINGREDUCE_SEGMENT_BYTES"]
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     rr.all_reduce(t)
     out["still_works"] = "ok" if torch.equal(t, torch.full_like(t, float(ws))) else f"got {t[:3]}"
     return out
@@ -216,17 +218,21 @@ def _check_toggled(rank: int, ws: int) -> dict:
     out = {}
     for i, check in enumerate(["1", "0", "0", "1", "0", "1", "1"]):
         os.environ["RINGREDUCE_CHECK"] = check
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
         x = torch.full((1000 + i,), float(rank + i))
         rr.all_reduce(x)
         want = float(sum(range(ws)) + ws * i)
         if not torch.equal(x, torch.full_like(x, want)):
             out[f"call{i}"] = f"got {x[:3]}"
     os.environ["RINGREDUCE_CHECK"] = "1"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     out["mismatch"] = _expect(lambda: rr.all_reduce(torch.ones(10 + rank)), RuntimeError, "numel")
     os.environ["RINGREDUCE_CHECK"] = "0"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     y = torch.full((77,), float(rank))
     rr.all_reduce(y)
     os.environ["RINGREDUCE_CHECK"] = "1"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     works = [rr.all_reduce(torch.full((50,), float(rank * k)), async_op=True) for k in range(4)]
     for k, w in enumerate(works):
         w.wait()

@@ -29,6 +29,7 @@ class _env:
         for k, v in self.env.items():
             self.old[k] = os.environ.get(k)
             os.environ[k] = v
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
 
     def __exit__(self, *exc: object) -> None:
         for k, v in self.old.items():
@@ -36,6 +37,7 @@ class _env:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
 
 
 def _exact(rank: int, ws: int, local: int, tiny: bool, dtypes: list[torch.dtype]) -> list[str]:
