@@ -58,15 +58,21 @@ class Call:
     direct: bool = False  # the direct all-reduce (Note [Direct all-reduce] in csrc/core/direct.h; direct_chosen)
 
 
-def direct_chosen(algorithm: str, local_size: int, dtype: torch.dtype, rop: ReduceOp, narrow: bool) -> bool:
-    """Whether an all-reduce runs the direct algorithm: "direct" asks for it (every dtype and op, in
-    rank order); "auto" picks it for float16/bfloat16 SUM and AVG on a flat group (`local_size` 0),
-    where it sums in float32 and rounds once at the 16-bit ring's bytes, unless accum_dtype names the
-    tensor's own dtype (`narrow`: per-hop rounding, the ring's). Across nodes "auto" keeps the
-    hierarchical all-reduce (docs/algorithm.md, "The direct all-reduce")."""
+DIRECT_AUTO_MAX_RANKS = 64  # the GPU's in-order kernel takes at most 64 inputs (kOneShotMaxRanks)
+
+
+def direct_chosen(algorithm: str, size: int, local_size: int, dtype: torch.dtype, rop: ReduceOp,
+                  narrow: bool) -> bool:
+    """Whether an all-reduce over `size` ranks runs the direct algorithm: "direct" asks for it (every
+    dtype and op, in rank order); "auto" picks it for float16/bfloat16 SUM and AVG on a flat group
+    (`local_size` 0) of up to DIRECT_AUTO_MAX_RANKS ranks on either device, where it sums in float32
+    and rounds once at the 16-bit ring's bytes, unless accum_dtype names the tensor's own dtype
+    (`narrow`: per-hop rounding, the ring's). Across nodes "auto" keeps the hierarchical all-reduce
+    (docs/algorithm.md, "The direct all-reduce")."""
     if algorithm == "direct":
         return True
-    return algorithm == "auto" and not local_size and dtype in HALF_TYPES and rop in SUM_OR_AVG and not narrow
+    return (algorithm == "auto" and not local_size and size <= DIRECT_AUTO_MAX_RANKS and dtype in HALF_TYPES
+            and rop in SUM_OR_AVG and not narrow)
 
 
 def debug_level(knobs: _config.Knobs) -> int:
@@ -368,7 +374,7 @@ def _checked_all_reduce(tensor: Any, group: Any, options: AllreduceOptions, asyn
     call = Call(info, kind, rop, device=tensor.device, ntensors=ntensors, accum=accum, narrow=narrow, wire=wire,
                 gather=gather, factor=factor, extra_divisor=extra_divisor, local_size=local_size, members=members,
                 one_shot=options.algorithm in ("auto", "direct"),
-                direct=direct_chosen(options.algorithm, local_size, tensor.dtype, rop, narrow))
+                direct=direct_chosen(options.algorithm, info.size, local_size, tensor.dtype, rop, narrow))
     native = ring.options(call)
     level = debug_level(ring.knobs)
     if key is not None and ring.PLANS and not level:

@@ -240,14 +240,16 @@ def test_random_data_against_float64(ws):
 
 @SHM_ONLY
 def test_auto_picks_direct_for_half_sums_on_flat_groups():
-    assert direct_chosen("auto", 0, torch.bfloat16, ReduceOp.AVG, False)
-    assert direct_chosen("auto", 0, torch.float16, ReduceOp.SUM, False)
-    assert not direct_chosen("auto", 2, torch.bfloat16, ReduceOp.AVG, False)  # across nodes: hierarchical
-    assert not direct_chosen("auto", 0, torch.bfloat16, ReduceOp.AVG, True)  # accum_dtype=bfloat16: the ring
-    assert not direct_chosen("auto", 0, torch.bfloat16, ReduceOp.MAX, False)
-    assert not direct_chosen("auto", 0, torch.float32, ReduceOp.AVG, False)
-    assert not direct_chosen("ring", 0, torch.bfloat16, ReduceOp.AVG, False)
-    assert direct_chosen("direct", 0, torch.int8, ReduceOp.PRODUCT, False)
+    assert direct_chosen("auto", 8, 0, torch.bfloat16, ReduceOp.AVG, False)
+    assert direct_chosen("auto", 8, 0, torch.float16, ReduceOp.SUM, False)
+    assert not direct_chosen("auto", 8, 2, torch.bfloat16, ReduceOp.AVG, False)  # across nodes: hierarchical
+    assert not direct_chosen("auto", 8, 0, torch.bfloat16, ReduceOp.AVG, True)  # accum_dtype=bfloat16: the ring
+    assert not direct_chosen("auto", 8, 0, torch.bfloat16, ReduceOp.MAX, False)
+    assert not direct_chosen("auto", 8, 0, torch.float32, ReduceOp.AVG, False)
+    assert not direct_chosen("ring", 8, 0, torch.bfloat16, ReduceOp.AVG, False)
+    assert direct_chosen("direct", 8, 0, torch.int8, ReduceOp.PRODUCT, False)
+    assert not direct_chosen("auto", 65, 0, torch.bfloat16, ReduceOp.AVG, False)  # beyond the GPU kernel's 64 inputs
+    assert direct_chosen("direct", 65, 0, torch.bfloat16, ReduceOp.AVG, False)
 
 
 def _mismatch(rank: int, ws: int, dtype: torch.dtype, numel: int) -> str:

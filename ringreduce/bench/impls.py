@@ -22,7 +22,14 @@ GLOO = "gloo"
 NCCL = "nccl"
 NCCL_RING = "nccl-ring"
 WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-ALGORITHM_NAMES = {"ring": "rr-ring", "hierarchical": "rr-hier"}  # --algorithms: ringreduce with algorithm=
+# --algorithms: ringreduce with algorithm=
+ALGORITHM_NAMES = {"ring": "rr-ring", "hierarchical": "rr-hier", "direct": "rr-direct"}
+
+
+def direct_wire_name(wire: str) -> str:
+    """The name of ringreduce with algorithm="direct" and the 16-bit `wire` (--algorithms direct with
+    --wire-dtype): "rr-direct-bf16"."""
+    return f"rr-direct-{wire}"
 
 
 def algorithm_ratio_name(impl: str, stock: str) -> str:
@@ -120,22 +127,22 @@ def loopback_call(op: str, tensors: list[torch.Tensor]) -> Callable[[], None]:
     return lambda: C._cuda_loopback_all_reduce(tensors, code)
 
 
-def build_impls(
-    op: str, backend: str, device: torch.device, dtype: torch.dtype, check: bool | None, check_cost: bool,
-    nccl_ring: bool, wire: str | None = None, algorithms: tuple[str, ...] = (), vs: str | None = None,
-) -> list[Impl]:
-    """The implementations to compare, in table order. `op`, `backend`, `device`, `dtype`: the sweep's;
-    `check`: RINGREDUCE_CHECK (None: the library default); `check_cost`: also ringreduce without the
-    check; `nccl_ring`: also NCCL with NCCL_ALGO=RING; `wire`: also ringreduce with that 16-bit wire and
-    DDP's compress hook; `algorithms`: also ringreduce with each algorithm=; `vs`: "deepspeed" or None.
+def build_impls(cfg: Any, device: torch.device, dtype: torch.dtype) -> list[Impl]:
+    """The implementations to compare, in table order, for the sweep `cfg` (a BenchConfig) on `device`
+    with `dtype`: from cfg, `op`, `backend`; `check`: RINGREDUCE_CHECK (None: the library default);
+    `check_cost`: also ringreduce without the check; `nccl_ring`: also NCCL with NCCL_ALGO=RING;
+    `wire_dtype`: also ringreduce with that 16-bit wire and DDP's compress hook; `algorithms`: also
+    ringreduce with each algorithm= (with "direct" and a wire, direct with the wire too); `vs`:
+    "deepspeed" or None.
 
     Collective: creates every communicator before any is timed, the NCCL_ALGO=RING one last.
     """
+    op, backend, check, wire, algorithms = cfg.op, cfg.backend, cfg.check, cfg.wire_dtype, cfg.algorithms
     n = dist.get_world_size()
     user_check = os.environ.get("RINGREDUCE_CHECK")
     check_env: str | None = user_check if check is None else ("1" if check else "0")
     impls = [Impl(RINGREDUCE, _ringreduce_call(op), {"RINGREDUCE_CHECK": check_env})]
-    if check_cost:
+    if cfg.check_cost:
         impls.append(Impl(RINGREDUCE_NOCHECK, _ringreduce_call(op), {"RINGREDUCE_CHECK": "0"}))
     # NCCL's AVG multiplies by a rounded 1/n before summing: its result is within n eps.
     rtol = n * torch.finfo(dtype).eps if op == "avg" and backend == "nccl" and dtype.is_floating_point else 0.0
@@ -150,7 +157,11 @@ def build_impls(
         impls.append(Impl(ddp_name, _compress_hook_call(op, wdt), rtol=2.0 * n * torch.finfo(wdt).eps))
     for algo in algorithms:
         impls.append(Impl(ALGORITHM_NAMES[algo], _ringreduce_call(op, algorithm=algo), {"RINGREDUCE_CHECK": check_env}))
-    if vs == "deepspeed":
+    if wire is not None and "direct" in algorithms:
+        wdt = WIRE_DTYPES[wire]
+        impls.append(Impl(direct_wire_name(wire), _ringreduce_call(op, algorithm="direct", wire_dtype=wdt),
+                          {"RINGREDUCE_CHECK": check_env}, rtol=float(torch.finfo(wdt).eps)))
+    if cfg.vs == "deepspeed":
         from ringreduce.bench.deepspeed_shm import NAME, DeepSpeedColumn
 
         column = DeepSpeedColumn(op, int(os.environ.get("LOCAL_WORLD_SIZE", n)))
@@ -159,7 +170,7 @@ def build_impls(
     for impl in impls:
         impl.enter()
         impl.run(warm)
-    if backend == "nccl" and nccl_ring:
+    if backend == "nccl" and cfg.nccl_ring:
         group = _ring_group(device)
         impls.append(Impl(NCCL_RING, _stock_call(op, backend, n, group), rtol=rtol))
     return impls

@@ -16,7 +16,17 @@ import torch.distributed as dist
 
 from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.data import count_wrong, fill_pattern, pattern_modulus
-from ringreduce.bench.impls import GLOO, NCCL, RINGREDUCE, Impl, build_impls, loopback_call, wire_names
+from ringreduce.bench.impls import (
+    ALGORITHM_NAMES,
+    GLOO,
+    NCCL,
+    RINGREDUCE,
+    Impl,
+    build_impls,
+    direct_wire_name,
+    loopback_call,
+    wire_names,
+)
 from ringreduce.bench.memory import measure_call
 from ringreduce.bench.metrics import aggregate_size
 from ringreduce.bench.sizes import DTYPES, format_size
@@ -116,14 +126,23 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
         impl.run(buf)
         results[impl.name]["wrong"] = count_wrong(buf, ctx.world_size, k, cfg.op, impl.rtol)
     if cfg.loopback and ctx.device.type == "cuda":
-        _time_loopback(cfg, ctx, count, dtype, k, iters, rounds, floor, source, results)
-    if cfg.wire_dtype is not None or cfg.vs is not None:
+        _time_loopback(cfg, ctx, count, dtype, k, iters, rounds, lambda: floor.copy_(source), results)
+    direct = "direct" in cfg.algorithms
+    if cfg.wire_dtype is not None or cfg.vs is not None or direct:
         from ringreduce.bench.accuracy import accuracy
 
-        # --vs: every implementation's error and elements off; --wire-dtype: the float32 and wire errors.
-        compared = impls if cfg.vs else [i for i in impls if i.name in (RINGREDUCE, *wire_names(cfg.wire_dtype))]
+        # --vs: every implementation's error and elements off; --wire-dtype: the float32 and wire errors;
+        # --algorithms direct: the ring's and direct's errors and elements off.
+        names = {RINGREDUCE}
+        if cfg.wire_dtype is not None:
+            names.update(wire_names(cfg.wire_dtype))
+        if direct:
+            names.update((ALGORITHM_NAMES["ring"], ALGORITHM_NAMES["direct"]))
+            if cfg.wire_dtype is not None:
+                names.add(direct_wire_name(cfg.wire_dtype))
+        compared = impls if cfg.vs else [i for i in impls if i.name in names]
         for name, value in accuracy(compared, cfg.op, count, ctx.rank, ctx.world_size, dtype, ctx.device).items():
-            results[name].update(value if cfg.vs else {"rel_error": value["rel_error"]})
+            results[name].update(value if cfg.vs or direct else {"rel_error": value["rel_error"]})
     for impl in impls:
         if impl.column is not None:  # --vs deepspeed, untimed: the ops one call ran, its calls and fallbacks
             results[impl.name]["profiled_ops"] = impl.column.profiled_ops(bufs[impl.name])
@@ -132,9 +151,9 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
 
 
 def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.dtype, k: int, iters: int,
-                   rounds: int, floor: torch.Tensor, source: torch.Tensor, results: dict[str, dict[str, Any]]) -> None:
-    """Rank 0 times the one-GPU loopback driver over world_size simulated ranks, alone on its GPU, and a
-    copy of the buffer in the same rounds (Note [Loopback ideal] in metrics.py); it is checked too."""
+                   rounds: int, copy: Callable[[], Any], results: dict[str, dict[str, Any]]) -> None:
+    """Rank 0 times the one-GPU loopback driver over world_size simulated ranks, alone on its GPU, and
+    `copy` (a copy of the buffer) in the same rounds (Note [Loopback ideal] in metrics.py); it is checked too."""
     torch.cuda.synchronize(ctx.device)
     dist.barrier()
 
@@ -149,7 +168,7 @@ def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.
         loop_s, copy_s = [], []
         for _ in range(rounds):
             loop_s.append(time_round(run, calls, ctx.device))
-            copy_s.append(time_round(lambda: floor.copy_(source), calls, ctx.device))
+            copy_s.append(time_round(copy, calls, ctx.device))
         for r, t in enumerate(tensors):
             fill_pattern(t, r, k)
         run()
@@ -193,8 +212,7 @@ def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]],
     """Runs the whole sweep of `cfg` on this rank (`ctx`); rank 0 prints and returns (rows, stock name)."""
     from ringreduce.bench.table import Layout, format_row, header
 
-    impls = build_impls(cfg.op, cfg.backend, ctx.device, DTYPES[cfg.dtype].torch_dtype, cfg.check,
-                        cfg.check_cost, cfg.nccl_ring, cfg.wire_dtype, cfg.algorithms, cfg.vs)
+    impls = build_impls(cfg, ctx.device, DTYPES[cfg.dtype].torch_dtype)
     stock = NCCL if cfg.backend == "nccl" else GLOO
     layout = Layout(tuple(impl.name for impl in impls), stock, loopback=cfg.loopback and ctx.device.type == "cuda",
                     wire=cfg.wire_dtype)
