@@ -72,7 +72,8 @@ class Work:
     def of_parts(cls, parts: Sequence[Work], result: list[torch.Tensor], finish: Callable[[], None] | None = None,
                  describe: str = "ringreduce call") -> Work:
         """A Work that waits for every one of `parts`, then runs `finish` (what is left once they
-        completed, such as copying results back) exactly once; its future's value is `result`."""
+        completed, such as copying results back) exactly once; its future's value is `result`, and
+        `describe` names it in messages."""
         work = cls(None, result, describe=describe)
         work._parts = list(parts)
         work._finish = finish

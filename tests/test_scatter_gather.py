@@ -16,6 +16,8 @@ import ringreduce as rr
 BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
 
 BLOCKS = [1, 3, 7, 33, 1000]
+# plan_summary's options of the ring halves' plans with 16-byte segments and 2 slots (Note [Ring halves])
+_TINY = {"segment_bytes": 16, "num_slots": 2, "owner_shift": -1, "exact_chunks": True}
 
 
 def _with_env(env: dict[str, str], fn, *args):
@@ -205,11 +207,11 @@ def test_plan_of_a_half_is_what_the_issue_says():
     # rank r owns block r, blocks are exactly numel / n, and a half sends (n-1) segments per chunk
     for n in (2, 3, 5):
         for r in range(n):
-            s = C.plan_summary(n, r, 7 * n, 0, 16, 2, False, False, 1, -1, True)
+            s = C.plan_summary(n, r, 7 * n, 0, phases=1, **_TINY)
             assert s["owned_chunk"] == r
             assert s["chunks"] == [(7 * c, 7 * (c + 1)) for c in range(n)]
             assert s["num_exchanges"] == (n - 1) * s["nsegs"]
-            full = C.plan_summary(n, r, 7 * n, 0, 16, 2, False, False, 3, -1, True)
+            full = C.plan_summary(n, r, 7 * n, 0, phases=3, **_TINY)
             assert full["num_exchanges"] == 2 * s["num_exchanges"]
     with pytest.raises(ValueError, match="equal blocks"):
-        C.plan_summary(3, 0, 10, 0, 16, 2, False, False, 1, -1, True)
+        C.plan_summary(3, 0, 10, 0, phases=1, **_TINY)

@@ -102,8 +102,14 @@ def _stock_call(op: str, backend: str, world_size: int, group: dist.ProcessGroup
     return sum_then_divide
 
 
+_RING_GROUPS: dict[str, dist.ProcessGroup] = {}  # one per device and process: a sweep of several types shares it
+
+
 def _ring_group(device: torch.device) -> dist.ProcessGroup:
-    """A new NCCL group whose communicator is initialized with NCCL_ALGO=RING (then restored)."""
+    """The NCCL group whose communicator is initialized with NCCL_ALGO=RING (then restored), made by the
+    first call on `device` (collective then; every rank makes the same calls)."""
+    if str(device) in _RING_GROUPS:
+        return _RING_GROUPS[str(device)]
     saved = os.environ.get("NCCL_ALGO")
     os.environ["NCCL_ALGO"] = "RING"
     try:
@@ -115,6 +121,7 @@ def _ring_group(device: torch.device) -> dist.ProcessGroup:
             os.environ.pop("NCCL_ALGO", None)
         else:
             os.environ["NCCL_ALGO"] = saved
+    _RING_GROUPS[str(device)] = group
     return group
 
 
@@ -128,21 +135,22 @@ def loopback_call(op: str, tensors: list[torch.Tensor]) -> Callable[[], None]:
 
 
 def build_impls(cfg: Any, device: torch.device, dtype: torch.dtype) -> list[Impl]:
-    """The implementations to compare, in table order, for the sweep `cfg` (a BenchConfig) on `device`
-    with `dtype`: from cfg, `op`, `backend`; `check`: RINGREDUCE_CHECK (None: the library default);
-    `check_cost`: also ringreduce without the check; `nccl_ring`: also NCCL with NCCL_ALGO=RING;
-    `wire_dtype`: also ringreduce with that 16-bit wire and DDP's compress hook; `algorithms`: also
-    ringreduce with each algorithm= (with "direct" and a wire, direct with the wire too); `vs`:
-    "deepspeed" or None.
+    """The implementations to compare, in table order, for the sweep `cfg` (a BenchConfig: its op and
+    backend; check, RINGREDUCE_CHECK, None: the library default; check_cost, also ringreduce without
+    the check; nccl_ring, also NCCL with NCCL_ALGO=RING; wire_dtype, also ringreduce with that 16-bit
+    wire and DDP's compress hook; algorithms, also ringreduce with each algorithm= (with "direct" and a
+    wire, direct with the wire too); vs, "deepspeed" or
+    None) on `device` with `dtype` tensors.
 
     Collective: creates every communicator before any is timed, the NCCL_ALGO=RING one last.
     """
-    op, backend, check, wire, algorithms = cfg.op, cfg.backend, cfg.check, cfg.wire_dtype, cfg.algorithms
+    op, backend, check, check_cost = cfg.op, cfg.backend, cfg.check, cfg.check_cost
+    nccl_ring, wire, algorithms, vs = cfg.nccl_ring, cfg.wire_dtype, cfg.algorithms, cfg.vs
     n = dist.get_world_size()
     user_check = os.environ.get("RINGREDUCE_CHECK")
     check_env: str | None = user_check if check is None else ("1" if check else "0")
     impls = [Impl(RINGREDUCE, _ringreduce_call(op), {"RINGREDUCE_CHECK": check_env})]
-    if cfg.check_cost:
+    if check_cost:
         impls.append(Impl(RINGREDUCE_NOCHECK, _ringreduce_call(op), {"RINGREDUCE_CHECK": "0"}))
     # NCCL's AVG multiplies by a rounded 1/n before summing: its result is within n eps.
     rtol = n * torch.finfo(dtype).eps if op == "avg" and backend == "nccl" and dtype.is_floating_point else 0.0
@@ -161,7 +169,7 @@ def build_impls(cfg: Any, device: torch.device, dtype: torch.dtype) -> list[Impl
         wdt = WIRE_DTYPES[wire]
         impls.append(Impl(direct_wire_name(wire), _ringreduce_call(op, algorithm="direct", wire_dtype=wdt),
                           {"RINGREDUCE_CHECK": check_env}, rtol=float(torch.finfo(wdt).eps)))
-    if cfg.vs == "deepspeed":
+    if vs == "deepspeed":
         from ringreduce.bench.deepspeed_shm import NAME, DeepSpeedColumn
 
         column = DeepSpeedColumn(op, int(os.environ.get("LOCAL_WORLD_SIZE", n)))
@@ -170,7 +178,7 @@ def build_impls(cfg: Any, device: torch.device, dtype: torch.dtype) -> list[Impl
     for impl in impls:
         impl.enter()
         impl.run(warm)
-    if backend == "nccl" and cfg.nccl_ring:
+    if backend == "nccl" and nccl_ring:
         group = _ring_group(device)
         impls.append(Impl(NCCL_RING, _stock_call(op, backend, n, group), rtol=rtol))
     return impls

@@ -135,7 +135,7 @@ def test_loopback_columns() -> None:
 
 
 def test_json_schema() -> None:
-    cfg = BenchConfig(sizes=[16 * MIB], dtype="float", op="avg", backend="gloo", command=["python", "-m", "x"])
+    cfg = BenchConfig(sizes=[16 * MIB], dtypes=("float",), op="avg", backend="gloo", command=["python", "-m", "x"])
     machine = {"cpu_model": "cpu", "cpu_cores": 2, "gpus": [], "torch": "2", "nccl": None, "world_size": 2,
                "ringreduce": {"version": "0"}}
     doc = build_report(cfg, machine, _fake_rows(), "gloo", 1.5)
@@ -266,7 +266,7 @@ def _sweep_on_rank(rank: int, world_size: int, cfg: BenchConfig) -> list | None:
 
 
 def test_sweep_sum_bfloat16_on_pool() -> None:
-    cfg = BenchConfig(sizes=[2, 1000, 65538], dtype="bfloat16", op="sum", backend="gloo", iters=3, warmup=1,
+    cfg = BenchConfig(sizes=[2, 1000, 65538], dtypes=("bfloat16",), op="sum", backend="gloo", iters=3, warmup=1,
                       quiet=True)
     rows = run_ranks(2, _sweep_on_rank, cfg, timeout=120)[0]
     assert len(rows) == 6 and all(row["wrong"] == 0 for row in rows), rows
@@ -278,7 +278,7 @@ def test_sweep_wire_dtype_adds_the_16_bit_columns_on_pool() -> None:
     pattern data (its sums are exact in 16 bits), relative errors ordered as documented."""
     from ringreduce.bench.table import Layout, format_row, header
 
-    cfg = BenchConfig(sizes=[4096, 1 << 20], dtype="float", op="avg", backend="gloo", iters=3, warmup=1,
+    cfg = BenchConfig(sizes=[4096, 1 << 20], dtypes=("float",), op="avg", backend="gloo", iters=3, warmup=1,
                       quiet=True, wire_dtype="bf16")
     rows = run_ranks(2, _sweep_on_rank, cfg, timeout=120)[0]
     assert {row["impl"] for row in rows} == {"ringreduce", "gloo", "rr-bf16", "ddp-bf16"}
