@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import SHM_ONLY, run_ranks
+from ranks import CPU_PLACES, SHM_ONLY, full_at, run_ranks
 from refdata import bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported, types_for
 
 import ringreduce as rr
@@ -26,7 +26,7 @@ from ringreduce._call import direct_chosen
 from ringreduce._native import C
 from ringreduce._types import ReduceOp
 
-BOTH_TRANSPORTS = True
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 HALF = (torch.float16, torch.bfloat16)
 WIRES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -105,11 +105,14 @@ def _exact_sweep(rank: int, ws: int, transport: str, large: int) -> list[str]:
 
 @pytest.mark.parametrize("ws", [2, 3, 4, 5])
 @pytest.mark.parametrize("segment", ["64", "default"])
-def test_exact_every_dtype_and_op(ws, segment, _transport):
+@full_at("shm", ws=5)
+@full_at("tcp", ws=4)
+@full_at("tcp", ws=5)
+def test_exact_every_dtype_and_op(ws, segment, place):
     """Tiny segments: many rounds of n - 1 pieces each, a few in flight; the default: the one-shot for
     the small counts, few rounds for the large."""
     env = {"RINGREDUCE_SEGMENT_BYTES": segment} if segment != "default" else {}
-    res = run_ranks(ws, _exact_sweep, _transport, 2003 if env else 200_003, env=env, timeout=400)
+    res = run_ranks(ws, _exact_sweep, place, 2003 if env else 200_003, env=env, timeout=400)
     assert res[0] == [], "\n".join(res[0])
 
 
@@ -146,10 +149,10 @@ def test_strided_views(ws):
 # Random data: the rank order, bitwise, on every transport
 
 
-def _half_bits(rank: int, ws: int) -> list[str]:
+def _half_bits(rank: int, ws: int, large: int) -> list[str]:
     failures = []
     for dtype in HALF:
-        for numel in (3, 1001, 600_001):
+        for numel in (3, 1001, large):
             inputs = random_inputs(ws, numel, 11 + numel, dtype)
             for op in ("sum", "avg"):
                 for algorithm, kwargs in (("direct", {}), ("auto", {}), ("auto", {"accum_dtype": torch.float32}),
@@ -179,10 +182,11 @@ def _half_bits(rank: int, ws: int) -> list[str]:
 
 @pytest.mark.parametrize("ws", [2, 3, 5])
 @pytest.mark.parametrize("segment", ["96", "default"])
-def test_half_types_add_in_rank_order_on_every_transport(ws, segment, _transport):
+def test_half_types_add_in_rank_order_on_every_transport(ws, segment, place):
     """The same reference over shared memory and gloo point-to-point: the transport never changes a bit."""
     env = {"RINGREDUCE_SEGMENT_BYTES": segment} if segment != "default" else {}
-    res = run_ranks(ws, _half_bits, env=env, timeout=400)
+    # 96-byte segments: 20,001 elements are hundreds of segments a piece (600,001 took 30-100 s over tcp)
+    res = run_ranks(ws, _half_bits, 20_001 if env else 600_001, env=env, timeout=400)
     assert res[0] == [], "\n".join(res[0])
 
 
@@ -205,7 +209,7 @@ def _wire_bits(rank: int, ws: int, gather: str) -> list[str]:
 
 @pytest.mark.parametrize("ws", [2, 4])
 @pytest.mark.parametrize("gather", ["32", "16"])
-def test_float32_wire_rounds_each_contribution_once(ws, gather, _transport):
+def test_float32_wire_rounds_each_contribution_once(ws, gather, place):
     env = {"RINGREDUCE_WIRE_GATHER": gather, "RINGREDUCE_SEGMENT_BYTES": "4096"}
     res = run_ranks(ws, _wire_bits, gather, env=env, timeout=400)
     assert res[0] == [], "\n".join(res[0])
@@ -263,7 +267,7 @@ def _mismatch(rank: int, ws: int, dtype: torch.dtype, numel: int) -> str:
 
 
 @pytest.mark.parametrize("numel", [100, 300_000])
-def test_ranks_that_disagree_on_the_algorithm_all_raise(numel, _transport):
+def test_ranks_that_disagree_on_the_algorithm_all_raise(numel, place):
     """One shot or not, shared memory or gloo: the frame tells direct from ring on every rank."""
     for msg in run_ranks(3, _mismatch, torch.float32, numel):
         assert "disagree" in msg and "algorithm" in msg and "algorithm=direct" in msg, msg
@@ -289,7 +293,7 @@ def _backend_and_coalesced(rank: int, ws: int) -> dict:
     return out
 
 
-def test_backend_options_and_coalesced_take_direct(_transport):
+def test_backend_options_and_coalesced_take_direct(place):
     for rank, out in enumerate(run_ranks(3, _backend_and_coalesced)):
         assert all(out.values()), (rank, out)
 
@@ -302,6 +306,6 @@ def _staging(rank: int, ws: int) -> int:
 
 
 @pytest.mark.parametrize("ws", [2, 5])
-def test_staging_stays_within_the_rings_bound(ws, _transport):
+def test_staging_stays_within_the_rings_bound(ws, place):
     for held in run_ranks(ws, _staging):
         assert held <= 8 << 20, held
