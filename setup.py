@@ -166,8 +166,19 @@ import torch  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 
-def sources(pattern: str) -> list[str]:
-    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+def _source_list():
+    """tools/source_list.py, loaded by path: the groups of csrc/sources.cmake, the one source list."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("source_list", os.path.join(ROOT, "tools", "source_list.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sources(*groups: str) -> list[str]:
+    """The files of csrc/sources.cmake's `groups`."""
+    return _source_list().sources(ROOT, *groups)
 
 
 # Note [First-build time]
@@ -177,7 +188,7 @@ def sources(pattern: str) -> list[str]:
 # the kernel .cu files. Hence:
 #   * host code without debug information (-g0 after Python's own "-g"): it halves the torch TUs'
 #     compile time and their objects shrink from ~27 MB to ~1 MB; nvcc keeps -lineinfo (profilers).
-#   * csrc/cpu/c10d_transport.cpp compiled inside csrc/torch/cpu_ops.cpp (UNITY_INCLUDED): one
+#   * csrc/cpu/c10d_transport.cpp compiled inside csrc/torch/cpu_ops.cpp (group cpu_torch): one
 #     parse of c10d's headers instead of two.
 #   * the longest TUs first (HEAVY_FIRST, BuildExt): ninja starts steps in the order the build file
 #     lists them, and setuptools sorts by name, which started the torch TUs last while a core idled.
@@ -185,8 +196,8 @@ def sources(pattern: str) -> list[str]:
 HEAVY_FIRST = ("csrc/torch/bindings.cpp", "csrc/torch/cuda_bindings.cpp", "csrc/cuda/reduce_kernels_half.cu",
                "csrc/torch/cpu_ops.cpp", "csrc/cuda/reduce_kernels.cu", "csrc/cuda/one_shot_kernels.cu",
                "csrc/cpu/host_reduce.cpp")
-# Compiled inside csrc/torch/cpu_ops.cpp, which #includes it: the two are the TUs that parse c10d's headers.
-UNITY_INCLUDED = "csrc/cpu/c10d_transport.cpp"
+# csrc/sources.cmake's group cpu_torch (csrc/cpu/c10d_transport.cpp) is compiled inside
+# csrc/torch/cpu_ops.cpp, which #includes it: the two are the TUs that parse c10d's headers.
 
 
 def heavy_first(srcs: list[str]) -> list[str]:
@@ -198,10 +209,9 @@ def heavy_first(srcs: list[str]) -> list[str]:
 def build_extension():
     cxx_flags = ["-O3", "-g0", "-std=c++20", "-Wall", "-Wno-unused-function"]
     define_macros = [("RR_VERSION", f'"{VERSION}"'), ("RR_TORCH_VERSION", f'"{torch.__version__}"')]
-    srcs = sources("csrc/core/*.cpp") + sources("csrc/cpu/*.cpp") + sources("csrc/torch/*.cpp")
-    cuda_srcs = sources("csrc/cuda/*.cu") + sources("csrc/cuda/*.cpp")
-    torch_cuda_glue = sources("csrc/torch/cuda_*.cpp")
-    srcs = [s for s in srcs if s not in torch_cuda_glue + [UNITY_INCLUDED]]
+    srcs = sources("core", "cpu", "torch")  # cpu_torch: inside cpu_ops.cpp
+    cuda_srcs = sources("cuda_logic", "cuda_runtime", "cuda_device")
+    torch_cuda_glue = sources("torch_cuda")
 
     nccl = find_nccl()
     reasons = []

@@ -28,20 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import source_list  # tools/ (pyproject.toml: pythonpath)
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [
-    "tests/cpp/cuda/cuda_logic_capi.cpp",
-    "tests/cpp/cuda/sim_device.cpp",
-    "csrc/cuda/ring_executor.cpp",
-    "csrc/cuda/direct_executor.cpp",
-    "csrc/cuda/gpu_pipeline.cpp",
-    "csrc/core/collectives.cpp",
-    "csrc/core/direct.cpp",
-    "csrc/core/plan.cpp",
-    "csrc/core/dtype.cpp",
-]
+SOURCES = ["tests/cpp/cuda/cuda_logic_capi.cpp", "tests/cpp/cuda/sim_device.cpp",
+           *source_list.sources(ROOT, "core", "cuda_logic")]  # csrc/sources.cmake's groups
 HEADERS = [
     "tests/cpp/cuda/sim_device.h",
     "csrc/cuda/ring_executor.h",
