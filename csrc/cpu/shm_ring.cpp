@@ -91,6 +91,15 @@ ShmRing::ShmRing(ShmMapping mapping, int rank, int size) : map_(mapping), rank_(
   scratch_.resize(kReduceInOrderScratchBytes);
 }
 
+ShmRing::~ShmRing() {
+  // A peer still waiting in a barrier raises at its next liveness poll instead of at its timeout.
+  rankState(map_, rank_)->gone.store(1, std::memory_order_release);
+  Header* h = header(map_);
+  h->bell.fetch_add(1, std::memory_order_seq_cst);
+  futexWakeAll(&h->bell);
+  map_.unmap();
+}
+
 char* ShmRing::buffer(int rank, int parity) const {
   return static_cast<char*>(map_.base) + buffersOffset(size_) +
          (2 * static_cast<size_t>(rank) + static_cast<size_t>(parity)) * kShmBufferBytes;
@@ -161,8 +170,9 @@ void ShmRing::barrier() {
       RankState* st = rankState(map_, p);
       // A rank that left (even after arriving here) will never arrive at a later barrier.
       if (st->gone.load(std::memory_order_acquire) != 0) {
-        leave("ringreduce: ring rank " + std::to_string(p) + " left the shared-memory ring after a failure (a dead "
-              "or silent peer, or Ctrl-C) while ring rank " + std::to_string(rank_) + " waited in it");
+        leave("ringreduce: ring rank " + std::to_string(p) + " left the shared-memory ring (after a failure: a dead "
+              "or silent peer, Ctrl-C, an abort; or its group was released) while ring rank " + std::to_string(rank_) +
+              " waited in it");
       }
       if (st->arrived.load(std::memory_order_acquire) >= g) continue;
       const int32_t pid = st->pid.load(std::memory_order_acquire);

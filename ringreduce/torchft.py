@@ -1,0 +1,210 @@
+"""Fault-tolerant training on torchft with ringreduce's ring: ``ProcessGroupRingreduce`` (docs/torchft.md).
+
+    from ringreduce.torchft import ProcessGroupRingreduce      # needs `pip install torchft`
+    pg = ProcessGroupRingreduce(timeout=timedelta(seconds=60))
+    manager = torchft.Manager(pg=pg, load_state_dict=..., state_dict=..., ...)
+    model = torchft.DistributedDataParallel(manager, model)    # torchft's own wrappers, unchanged
+
+A torchft process group, as torchft's own ProcessGroupGloo is one (a ``ProcessGroupWrapper``): the
+Manager calls ``configure(store_addr, replica_id, rank, world_size, ...)`` at every quorum change,
+which aborts the previous ring (``abort()``) and makes a new process group of the "ringreduce"
+backend (``RingreduceProcessGroup``, ringreduce/distributed/process_group.py, what
+``dist.new_group(backend="ringreduce")`` creates) over the new store prefix: its all-reduces run
+ringreduce's ring (CPU tensors in shared memory between ranks of one host, else over the group's
+gloo point-to-point; CUDA tensors over ringreduce's NCCL communicator, whose unique ids meet in the
+same store), everything else torchft asks of it the group's inner gloo/NCCL.
+
+Note [Failed steps, not exceptions]
+    torchft counts a collective that failed as a failed step: the Manager records the error (from the
+    Work's future, or from ``errored()`` in ``should_commit``) and does not commit the step, and the
+    next quorum reconfigures. A ring call that failed (a dead or silent peer, or ``abort()`` while it
+    waited) therefore ends its Work as torch's Work contract says an aborted one ends: ``wait()``
+    returns False instead of raising, ``is_success()`` is False, ``exception()`` and the future hold
+    the DistBackendError, and ``errored()`` returns it until the next ``configure``. A ``wait()`` that
+    raised would end the step's backward: torchft 0.2.0's DistributedDataParallel comm hook
+    (torchft/ddp.py, ``_comm_hook``) asserts on the future chain that ``_ManagedWork.wait``
+    (torchft/manager.py) builds only after the underlying ``wait()`` returned. Used without torchft,
+    the "ringreduce" backend raises DistBackendError on every rank as before.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+try:
+    from torchft.process_group import ProcessGroupWrapper
+except ImportError as _exc:
+    raise ImportError(
+        f"ringreduce.torchft needs torchft, which could not be imported ({_exc}): `pip install torchft` "
+        "(tested: torchft 0.2.0; `pip install --no-deps torchft==0.2.0` keeps the installed torch, then install "
+        "the dependencies it reports missing)"
+    ) from _exc
+
+from ringreduce.distributed.options import BackendOptions
+from ringreduce.distributed.process_group import RingreduceProcessGroup
+from ringreduce.distributed.support import NAME, python_process_groups_supported
+
+BACKEND_NAME = "torchft-ringreduce"  # getBackendName(), as torchft's are "torchft-gloo", "torchft-nccl"
+
+
+class ProcessGroupRingreduce(ProcessGroupWrapper):
+    """A reconfigurable torchft process group whose collectives run ringreduce's ring.
+
+    Args:
+        timeout: the ring's timeout (a silent peer raises after it) and the store's, for every ring
+            that configure() makes; ``set_timeout`` changes it for the next one.
+        options: the rings' ``ringreduce.BackendOptions`` (accum_dtype, wire_dtype, ...).
+        connect_devices: the devices whose ring configure() forms before it returns (Note [Rings
+            formed at configure]); default "cpu", and "cuda" (the current device) where CUDA is available.
+
+    Note [Rings formed at configure]
+        A ring sets itself up at its first call: shared memory through the store (every rank
+        publishes, ring rank 0 decides), or on CUDA its NCCL communicator. A peer that dies before
+        it published leaves the others waiting in that store exchange until the ring's timeout. torchft
+        configures a new group at every quorum change and a replica may die right then, so configure()
+        forms the ring itself, as torchft's ProcessGroupGloo connects gloo's pairs and its
+        ProcessGroupNCCL connects NCCL eagerly there: a peer lost during configure() fails configure()
+        (torchft then skips the step and forms the next quorum), and a peer lost later is noticed by
+        the ring's transport (shared memory within 100 ms by its pid, gloo by its socket).
+    """
+
+    def __init__(self, timeout: datetime.timedelta = datetime.timedelta(seconds=60),
+                 options: BackendOptions | None = None, connect_devices: tuple[str, ...] | None = None) -> None:
+        super().__init__(timeout=timeout)
+        self._options = options if options is not None else BackendOptions()
+        if connect_devices is None:
+            connect_devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+        self._connect_devices = tuple(connect_devices)
+        self._errored: Exception | None = None
+        self._generation = 0  # rings made by configure(): a Work of an older one reports nothing
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND_NAME
+
+    def _create_pg(self, store: dist.Store, rank: int, world_size: int) -> dist.ProcessGroup:
+        """The ring of one configure() (ProcessGroupWrapper.configure has aborted the previous one)."""
+        if not python_process_groups_supported():
+            raise RuntimeError(f"ringreduce: backend {NAME!r} needs a torch that hosts process groups written in "
+                               "Python (docs/design.md section 1.7); use torchft.ProcessGroupGloo on this torch")
+        self._errored = None
+        self._generation += 1
+        ranks = list(self._global_ranks or [])
+        label = f"torchft quorum {self._quorum_id} (replica rank {rank} of {world_size}, configure #{self._generation})"
+        pg = RingreduceProcessGroup(
+            store, rank, world_size, self._timeout, f"torchft-ringreduce/{self._generation}",
+            ranks if len(ranks) == world_size else [], self._options,
+            # each replica group is its own torchrun: its GROUP_RANK says nothing of the others' nodes
+            nodes=(0,) * world_size, label=label)
+        try:
+            self._connect(pg)
+        except BaseException:
+            pg.abort()
+            raise
+        return pg
+
+    def _connect(self, pg: RingreduceProcessGroup) -> None:
+        """Note [Rings formed at configure]: one all-reduce of one element per device in
+        `connect_devices`, so that configure() returns with the ring formed (raising as gloo's
+        connection does when a peer is gone)."""
+        for device in self._connect_devices:
+            work = pg.allreduce([torch.zeros(1, device=device)], dist.AllreduceOptions())
+            work.wait()
+
+    def _wrap_work(self, work: Any, opts: object) -> Any:
+        return _StepWork(work, self, self._generation)
+
+    def allreduce(self, tensors: list[Any], opts: Any) -> Any:
+        # torchft's callers also pass a bare ReduceOp (torchtitan's replicate hook, ManagedProcessGroup)
+        if isinstance(opts, dist.ReduceOp):
+            opts = _allreduce_options(dist.AllreduceOptions(), opts)
+        return super().allreduce(tensors, opts)
+
+    def allreduce_coalesced(self, tensors: list[Any], opts: Any) -> Any:
+        if isinstance(opts, dist.ReduceOp):
+            opts = _allreduce_options(dist.AllreduceCoalescedOptions(), opts)
+        return super().allreduce_coalesced(tensors, opts)
+
+    def abort(self, errored: bool = True) -> None:
+        """Aborts the current ring within a second, even while a call waits on a dead or silent peer
+        (RingreduceProcessGroup.abort): that call's Work fails (Note [Failed steps, not exceptions]) and
+        nothing writes its tensor afterwards. `errored`: as torchft's ProcessGroupNCCL, errored()
+        then reports the abort until the next configure() (torchft's own configure passes False)."""
+        if errored:
+            self._errored = dist.DistBackendError(f"ringreduce: {BACKEND_NAME} was aborted")
+        super().abort(errored=errored)
+
+    def errored(self) -> Exception | None:
+        """The error of a ring call since the last configure(), or of an abort(), else None: the
+        Manager's should_commit then fails the step."""
+        return self._errored
+
+    def shutdown(self) -> None:
+        """Releases the current ring (its worker, shared memory, sockets, communicator)."""
+        pg, self._pg = self._pg, None
+        if pg is not None:
+            pg.shutdown()
+
+    def _failed(self, exc: Exception, generation: int) -> None:
+        if generation == self._generation and self._errored is None:
+            self._errored = exc
+
+
+def _allreduce_options(opts: Any, op: Any) -> Any:
+    opts.reduceOp = op
+    return opts
+
+
+class _StepWork(dist._Work):
+    """A collective's Work on ProcessGroupRingreduce: a failed call ends as an aborted Work ends (Note
+    [Failed steps, not exceptions])."""
+
+    def __init__(self, work: Any, owner: ProcessGroupRingreduce, generation: int) -> None:
+        super().__init__()
+        self._work = work
+        self._owner = owner
+        self._generation = generation
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        """True once the call succeeded; False when it failed (its error: exception(), the future,
+        the group's errored()). A `timeout` that passes first raises, as ringreduce's Work does: the
+        call goes on."""
+        try:
+            return bool(self._work.wait(timeout) if timeout is not None else self._work.wait())
+        except Exception as exc:
+            if not self._work.is_completed():
+                raise
+            # without its traceback, whose frames hold this Work and so the ring (a cycle through errored())
+            self._owner._failed(exc.with_traceback(None), self._generation)
+            return False
+
+    def block_current_stream(self) -> None:
+        """torchft's _ManagedWork on CUDA: CUDA ring calls' wait() orders the current stream after the
+        call (ringreduce.Work); CPU calls wait on the host."""
+        self.wait()
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def is_completed(self) -> bool:
+        return bool(self._work.is_completed())
+
+    def is_success(self) -> bool:
+        return bool(self._work.is_success())
+
+    def exception(self) -> BaseException | None:
+        exc = self._work.exception()
+        # its traceback's frames hold this Work: a cycle that only the garbage collector would free
+        return exc.with_traceback(None) if exc is not None else None
+
+    def result(self) -> Any:
+        return self._work.result()
+
+    def get_future(self) -> Any:
+        return self._work.get_future()
+
+
+__all__ = ["BACKEND_NAME", "ProcessGroupRingreduce"]
