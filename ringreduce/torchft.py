@@ -93,7 +93,8 @@ class ProcessGroupRingreduce(ProcessGroupWrapper):
         self._errored = None
         self._generation += 1
         ranks = list(self._global_ranks or [])
-        label = f"torchft quorum {self._quorum_id} (replica rank {rank} of {world_size}, configure #{self._generation})"
+        quorum = "torchft group" if self._quorum_id is None else f"torchft quorum {self._quorum_id}"
+        label = f"{quorum} (replica rank {rank} of {world_size}, configure #{self._generation})"
         pg = RingreduceProcessGroup(
             store, rank, world_size, self._timeout, f"torchft-ringreduce/{self._generation}",
             ranks if len(ranks) == world_size else [], self._options,

@@ -8,9 +8,15 @@ Fresh processes for every test; ranks and replicas on loopback, each with a kill
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
+import torch
 import torch.distributed as dist
 import torchft_jobs
 from ranks import spawn_ranks
@@ -64,27 +70,137 @@ def test_configure_abort_cycles_leave_nothing_behind() -> None:
 
 
 @needs_torchft
-@pytest.mark.parametrize("transport,peer", [("shm", "silent"), ("tcp", "silent"), ("shm", "dead")])
-def test_abort_while_a_call_waits(transport: str, peer: str) -> None:
-    """abort() returns within a second while a call waits on a silent or dead peer; the call's Work
-    fails (wait() False, DistBackendError); the tensor is never written after the abort, not even when
-    the silent peer then makes its call; the ring then re-forms."""
+def test_abort_while_a_call_waits() -> None:
+    """abort() returns within a second while a call waits on a silent or dead peer (shared memory and
+    gloo point-to-point); the call's Work fails (wait() False, DistBackendError, errored()); the tensor
+    is never written after the abort, not even when the silent peer then makes its call; the ring then
+    re-forms."""
     store = _master_store()
-    env = {"RINGREDUCE_SHM": "1" if transport == "shm" else "0"}
-    results = spawn_ranks(2, torchft_jobs.abort_while_blocked, store.port, peer, env=env, timeout=180)
-    if peer == "dead":
-        assert results[1][0] == "died" and results[1][2] == 0, results[1]
-        results = results[:1]
-    first = _ok(results)[0]
-    assert first["blocked"] or peer == "dead", first  # a dead peer may be noticed before the abort
-    assert first["abort_s"] < 1.0, first
-    assert first["wait"] is False and "DistBackendError" in first["exception"], first
-    assert "aborted" in first["exception"] or peer == "dead", first
-    assert "DistBackendError" in first["errored"], first
-    assert first["unchanged"], first
-    if peer == "silent":
-        assert first["again_ok"], first
-        late = _ok(results)[1]
-        assert late["late_call_ok"] is False and late["late_error"] == "DistBackendError", late
-        assert late["again_ok"], late
+    results = spawn_ranks(2, torchft_jobs.abort_while_blocked, store.port, timeout=300)
+    assert results[1][0] == "died" and results[1][2] == 0, results[1]  # rank 1 exits in the last case
+    cases = _ok(results[:1])[0]
+    assert [c["case"] for c in cases] == [f"{t}-{p}" for t, p in torchft_jobs.ABORT_CASES]
+    for case in cases:
+        silent = case["case"].endswith("silent")
+        assert case["blocked"] or not silent, case  # a dead peer may be noticed before the abort
+        assert case["abort_s"] < 1.0, case
+        assert case["wait"] is False and "DistBackendError" in case["exception"], case
+        assert "aborted" in case["exception"] or not silent, case
+        assert "DistBackendError" in case["errored"], case
+        assert case["unchanged"], case
+        if silent:
+            assert case["again_ok"] and case["peer"]["again_ok"], case
+            # The peer's late call fails, or (shared memory) completes with rank 0's contribution, which
+            # rank 0 published before it waited: then its sum is right, and rank 0's tensor stayed as it was.
+            late = case["peer"]
+            assert late["late_sum_right"] if late["late_call_ok"] else late["late_error"] == "DistBackendError", case
 
+
+# --- 3 replica groups, one SIGKILLed in the middle of an all-reduce (tests/torchft_replica.py) ---------
+
+REPLICA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchft_replica.py")
+SCENARIO_S = 400.0  # the whole scenario, startup of 4 replica processes on a loaded 2-core machine included
+
+
+def _start(kind: str, replica: int, role: str, lighthouse: str, d: str, rejoin: bool) -> subprocess.Popen:
+    root = os.path.dirname(os.path.dirname(REPLICA))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+               GLOO_SOCKET_IFNAME="lo")
+    cmd = [sys.executable, REPLICA, "--kind", kind, "--replica", str(replica), "--role", role,
+           "--lighthouse", lighthouse, "--dir", d] + (["--rejoin"] if rejoin else [])
+    log = open(os.path.join(d, f"replica_{replica}_{role}.log"), "w")  # noqa: SIM115 - the process writes it
+    try:
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        log.close()
+
+
+def _logs(d: str) -> str:
+    out = []
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".log"):
+            with open(os.path.join(d, name), errors="replace") as f:
+                out.append(f"--- {name} ---\n{f.read()[-3000:]}")
+    return "\n".join(out)
+
+
+def _run_scenario(kind: str, d: str, rejoin: bool) -> None:
+    """Runs the scenario of tests/torchft_replica.py with a lighthouse of its own; with `rejoin`, the
+    test restarts the killed replica once both survivors saved their snapshot. Every process is reaped
+    as soon as it exits (a zombie would still look alive to shared memory's liveness check) and killed
+    at the deadline; exit codes are checked."""
+    from torchft._torchft import LighthouseServer
+    from torchft_replica import REPLICAS, VICTIM
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=1000, heartbeat_timeout_ms=10000)
+    procs: dict[tuple[int, str], subprocess.Popen] = {}
+    try:
+        for r in range(REPLICAS):
+            procs[(r, "first")] = _start(kind, r, "first", lighthouse.address(), d, rejoin)
+        deadline = time.monotonic() + SCENARIO_S
+        snapshots = [os.path.join(d, f"snapshot_{r}.pt") for r in range(REPLICAS) if r != VICTIM]
+        while any(p.poll() is None for p in procs.values()):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{kind}: the scenario did not end within {SCENARIO_S:.0f} s\n{_logs(d)}", pytrace=False)
+            if (rejoin and (VICTIM, "restarted") not in procs and procs[(VICTIM, "first")].poll() is not None
+                    and all(os.path.exists(s) for s in snapshots)):
+                procs[(VICTIM, "restarted")] = _start(kind, VICTIM, "restarted", lighthouse.address(), d, rejoin)
+            time.sleep(0.05)
+        codes = {key: p.returncode for key, p in procs.items()}
+        expected = {key: -signal.SIGKILL if key == (VICTIM, "first") else 0 for key in procs}
+        assert codes == expected and (not rejoin or (VICTIM, "restarted") in procs), \
+            f"{kind}: exit codes {codes}, expected {expected}\n{_logs(d)}"
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        lighthouse.shutdown()
+
+
+def _params(path: str) -> dict:
+    return torch.load(path)["model"]
+
+
+def _json(path: str) -> list:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _bitwise_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.int32), b[k].view(torch.int32)) for k in a)
+
+
+@needs_torchft
+def test_three_replicas_survive_a_replica_killed_mid_allreduce(tmp_path) -> None:
+    """torchft DDP, 3 replica groups (one process each) and a lighthouse; replica 2 SIGKILLed while the
+    other two are inside a step's all-reduce. Over ProcessGroupRingreduce: the survivors' failed step is
+    dropped and their steps go on with 2 participants; at the snapshot step their parameters are bitwise
+    equal to each other and to torchft's own ProcessGroupGloo in the same scenario (same participants in
+    every committed step); the restarted replica heals from them, and after two steps of all three every
+    replica holds the same bits."""
+    from torchft_replica import KILL_STEP, SNAPSHOT_STEP, VICTIM
+
+    runs = {}
+    for kind, rejoin in (("rr", True), ("gloo", False)):
+        d = str(tmp_path / kind)
+        os.makedirs(d)
+        _run_scenario(kind, d, rejoin)
+        runs[kind] = d
+    survivors = [r for r in range(3) if r != VICTIM]
+    rr, gloo = runs["rr"], runs["gloo"]
+    for r in survivors:
+        logs = {k: _json(os.path.join(runs[k], f"log_{r}.json")) for k in runs}
+        committed = {k: [(s, n) for s, n, ok in log if ok] for k, log in logs.items()}
+        assert committed["rr"] == committed["gloo"] == [(s, 3) for s in range(KILL_STEP)] + [
+            (s, 2) for s in range(KILL_STEP, SNAPSHOT_STEP)], committed
+        for k, log in logs.items():  # the step of the kill ran, failed and was not committed
+            assert [KILL_STEP, 3, False] in log, (k, log)
+        assert _bitwise_equal(_params(os.path.join(rr, f"snapshot_{r}.pt")), _params(os.path.join(gloo, f"snapshot_{r}.pt")))
+    assert _bitwise_equal(*(_params(os.path.join(rr, f"snapshot_{r}.pt")) for r in survivors))
+    finals = [_params(os.path.join(rr, f"final_{r}.pt")) for r in range(3)]
+    assert all(_bitwise_equal(finals[0], f) for f in finals[1:])
+    steps = {r: _json(os.path.join(rr, f"final_log_{r}.json"))[-1][0] for r in range(3)}
+    assert len(set(steps.values())) == 1, steps  # all three ended at the same step
+    restarted = _json(os.path.join(rr, f"final_log_{VICTIM}.json"))
+    assert restarted[0][0] >= SNAPSHOT_STEP, restarted  # it joined after the snapshot, healed to the others' step

@@ -9,6 +9,7 @@ Manager does at every quorum.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import time
 from typing import Any
@@ -78,7 +79,7 @@ def configure_abort_cycles(rank: int, world_size: int, port: int, cycles: int) -
     with job_environ({"RINGREDUCE_SHM": "0", "RINGREDUCE_TIMEOUT": "1"}):
         _configure(pg, port, "timeout", rank, 2)
         if rank == 0:
-            work = pg.allreduce([torch.ones(1 << 18)], opts)
+            work = pg.allreduce([torch.ones(1 << 20)], opts)  # 4 MiB: the ring, with staging (not the one-shot)
             report["timed_out_call_ok"] = work.wait()
             del work
             report["kept_while_poisoned"] = _C.retained_bytes()
@@ -125,49 +126,66 @@ def configure_abort_cycles(rank: int, world_size: int, port: int, cycles: int) -
     return report
 
 
-def abort_while_blocked(rank: int, world_size: int, port: int, peer: str) -> dict:
-    """Rank 0's call waits for rank 1, which is `peer`: "silent" (alive, calls later) or "dead" (exits).
-    Rank 0 aborts; then rank 1 makes the same call, which must not reach rank 0's tensor; then both
-    configure again and all-reduce correctly."""
+ABORT_CASES = (("shm", "silent"), ("tcp", "silent"), ("shm", "dead"))  # the dead peer's case last: it exits
+
+
+def abort_while_blocked(rank: int, world_size: int, port: int) -> list[dict]:
+    """ABORT_CASES in turn (transport, peer), each on rings of its own: rank 0's call waits for rank 1,
+    which is "silent" (alive; it calls only after rank 0 aborted, and the call must not reach rank 0's
+    tensor) or "dead" (it exits). Rank 0 aborts; after a silent peer, both configure again and
+    all-reduce correctly."""
+    results = []
+    for transport, peer in ABORT_CASES:
+        with job_environ({"RINGREDUCE_SHM": "1" if transport == "shm" else "0"}):
+            results.append(_abort_case(rank, port, f"{transport}-{peer}", peer))
+    return results
+
+
+def _abort_case(rank: int, port: int, case: str, peer: str) -> dict:
     from ringreduce.torchft import ProcessGroupRingreduce
 
     store = _default_store()
     pg = ProcessGroupRingreduce(timeout=datetime.timedelta(seconds=60))
     opts = dist.AllreduceOptions()
-    _configure(pg, port, "first", rank, 2)
+    _configure(pg, port, f"{case}/first", rank, 2)
     if rank == 1:
         if peer == "dead":
-            store.wait(["submitted"])
+            store.wait([f"{case}/submitted"])
             os._exit(0)
-        store.wait(["aborted"])  # rank 0's call waited for this rank, which calls only now
-        late = pg.allreduce([torch.full((1 << 18,), 7.0)], opts)
-        result = {"late_call_ok": late.wait(), "late_error": type(late.exception()).__name__}
+        store.wait([f"{case}/aborted"])  # rank 0's call waited for this rank, which calls only now
+        mine = torch.full((1 << 18,), 7.0)
+        late = pg.allreduce([mine], opts)
+        result = {"late_call_ok": late.wait(), "late_error": type(late.exception()).__name__,
+                  "late_sum_right": bool(torch.equal(mine, torch.arange(1 << 18, dtype=torch.float32) + 7.0))}
         del late
-        store.set("late_done", "1")
+        store.set(f"{case}/late_done", "1")
         pg.abort()
-        _configure(pg, port, "again", rank, 2)
+        _configure(pg, port, f"{case}/again", rank, 2)
         t = torch.full((1 << 16,), 2.0)
         result["again_ok"] = pg.allreduce([t], opts).wait() and bool(torch.all(t == 3.0))
+        pg.abort(errored=False)
+        store.set(f"{case}/peer", json.dumps(result))  # this rank exits in the last case: rank 0 reports it
         return result
     tensor = torch.arange(1 << 18, dtype=torch.float32)
     original = tensor.clone()
     work = pg.allreduce([tensor], opts)
-    store.set("submitted", "1")
+    store.set(f"{case}/submitted", "1")
     blocked = _blocked(work) if peer == "silent" else False
     start = time.monotonic()
     pg.abort()
     abort_s = time.monotonic() - start
     after_abort = tensor.clone()
-    result = {"blocked": blocked, "abort_s": abort_s, "wait": work.wait(),
+    result = {"case": case, "blocked": blocked, "abort_s": abort_s, "wait": work.wait(),
               "exception": repr(work.exception()), "errored": repr(pg.errored())}
     del work
-    store.set("aborted", "1")
+    store.set(f"{case}/aborted", "1")
     if peer == "silent":
-        store.wait(["late_done"])
+        store.wait([f"{case}/late_done"])
     result["unchanged"] = bool(torch.equal(after_abort, original) and torch.equal(tensor, original))
     if peer == "silent":
-        _configure(pg, port, "again", rank, 2)
+        _configure(pg, port, f"{case}/again", rank, 2)
         t = torch.full((1 << 16,), 1.0)
         result["again_ok"] = pg.allreduce([t], opts).wait() and bool(torch.all(t == 3.0))
         pg.abort(errored=False)
+        result["peer"] = json.loads(store.get(f"{case}/peer"))
     return result
