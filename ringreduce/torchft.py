@@ -15,16 +15,19 @@ gloo point-to-point; CUDA tensors over ringreduce's NCCL communicator, whose uni
 same store), everything else torchft asks of it the group's inner gloo/NCCL.
 
 Note [Failed steps, not exceptions]
-    torchft counts a collective that failed as a failed step: the Manager records the error (from the
-    Work's future, or from ``errored()`` in ``should_commit``) and does not commit the step, and the
-    next quorum reconfigures. A ring call that failed (a dead or silent peer, or ``abort()`` while it
-    waited) therefore ends its Work as torch's Work contract says an aborted one ends: ``wait()``
-    returns False instead of raising, ``is_success()`` is False, ``exception()`` and the future hold
-    the DistBackendError, and ``errored()`` returns it until the next ``configure``. A ``wait()`` that
-    raised would end the step's backward: torchft 0.2.0's DistributedDataParallel comm hook
-    (torchft/ddp.py, ``_comm_hook``) asserts on the future chain that ``_ManagedWork.wait``
-    (torchft/manager.py) builds only after the underlying ``wait()`` returned. Used without torchft,
-    the "ringreduce" backend raises DistBackendError on every rank as before.
+    torchft drops a step whose collective failed: ``should_commit`` asks the process group's
+    ``errored()`` and commits nothing when it names an error; the next quorum reconfigures. A ring
+    call that failed (a dead or silent peer, or ``abort()`` while it waited) therefore ends as torchft's
+    own ProcessGroupNCCL's calls end after an abort: it completes - ``wait()`` returns False, as torch's
+    Work contract has an aborted Work's, and its future completes with the call's tensors as the
+    failure left them - while ``errored()`` returns its DistBackendError until the next ``configure``
+    (``is_success()`` is False and ``exception()`` holds the error too). Neither may raise: torchft
+    0.2.0's DistributedDataParallel comm hook (torchft/ddp.py ``_comm_hook``) asserts on the future
+    chain that ``_ManagedWork.wait`` (torchft/manager.py) builds only after the Work's ``wait()``
+    returned, and a future that raised makes the Manager errored at once, so that the model's next
+    bucket gets ``Manager.allreduce``'s ``_DummyWork``, whose plain future the same assert rejects.
+    Either way the survivors' backward would end with an exception instead of a dropped step. Used
+    without torchft, the "ringreduce" backend raises DistBackendError on every rank as before.
 """
 
 from __future__ import annotations
@@ -168,6 +171,7 @@ class _StepWork(dist._Work):
         self._work = work
         self._owner = owner
         self._generation = generation
+        self._future: torch.futures.Future | None = None
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """True once the call succeeded; False when it failed (its error: exception(), the future,
@@ -205,7 +209,20 @@ class _StepWork(dist._Work):
         return self._work.result()
 
     def get_future(self) -> Any:
-        return self._work.get_future()
+        """Completes with the call's tensors once the call ended, also when it failed (Note [Failed steps,
+        not exceptions]: the failure goes to errored())."""
+        if self._future is None:
+            work, owner, generation = self._work, self._owner, self._generation
+
+            def settle(fut: torch.futures.Future) -> Any:
+                try:
+                    return fut.value()
+                except Exception as exc:  # noqa: BLE001 - reported through errored(), as torchft expects
+                    owner._failed(exc.with_traceback(None), generation)
+                    return work.result()
+
+            self._future = work.get_future().then(settle)
+        return self._future
 
 
 __all__ = ["BACKEND_NAME", "ProcessGroupRingreduce"]

@@ -10,7 +10,8 @@ are inside that step's all-reduce; the survivors go on and save their state at S
 --rejoin, they then wait for the restarted replica (role "restarted", started by the test), which
 heals from them, and every replica ends after two more committed steps that all three took part in.
 
-The loss is linear in the parameters and the data are small integers, so every gradient is an
+The model has a DDP bucket per parameter (the step's all-reduces after the failed one fail too). Its
+loss is linear in the parameters and the data are small integers, so every gradient is an
 integer and every sum over replicas is exact in any order: ringreduce's ring and gloo's all-reduce,
 which add in different orders, must then give the same bits, and the parameters of the two runs can
 be compared bit for bit.
@@ -63,31 +64,44 @@ def batch(replica: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randint(-2, 3, (BATCH, OUT), generator=g).float())
 
 
-class _FailedStep(dist._Work):
-    """A gloo Work whose failure ends wait() with False instead of raising, as ringreduce.torchft's do
-    (Note [Failed steps, not exceptions]): torchft 0.2.0's DistributedDataParallel cannot survive a
-    raising wait(), with its own ProcessGroupGloo too. The error still reaches the Manager through the
-    Work's future."""
+class TwoLinear(nn.Module):
+    """x -> A x + B x + b: linear in its parameters (integer gradients), two DDP buckets."""
 
-    def __init__(self, work: Any) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._work = work
+        self.a = nn.Linear(IN, OUT)
+        self.b = nn.Linear(IN, OUT, bias=False)
 
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        try:
-            return bool(self._work.wait())
-        except Exception:  # noqa: BLE001 - the future carries it to the Manager
-            return False
-
-    def get_future(self) -> Any:
-        return self._work.get_future()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + self.b(x)
 
 
 class GlooFailedSteps(ProcessGroupGloo):
-    """torchft's ProcessGroupGloo, its Works ending as _FailedStep's."""
+    """torchft's ProcessGroupGloo, its failed Works reported as ringreduce.torchft's are (Note [Failed
+    steps, not exceptions] in ringreduce/torchft.py), without which torchft 0.2.0's DistributedDataParallel
+    cannot survive a failed all-reduce over its own ProcessGroupGloo either."""
+
+    def __init__(self, timeout: datetime.timedelta) -> None:
+        super().__init__(timeout=timeout)
+        self._errored: Exception | None = None
+        self._generation = 0
+
+    def _create_pg(self, store: dist.Store, rank: int, world_size: int) -> Any:
+        self._errored = None
+        self._generation += 1
+        return super()._create_pg(store, rank, world_size)
 
     def _wrap_work(self, work: Any, opts: object) -> Any:
-        return _FailedStep(work)
+        from ringreduce.torchft import _StepWork
+
+        return _StepWork(work, self, self._generation)
+
+    def _failed(self, exc: Exception, generation: int) -> None:
+        if generation == self._generation and self._errored is None:
+            self._errored = exc
+
+    def errored(self) -> Exception | None:
+        return self._errored
 
 
 def scenario_pg(base: type, args: argparse.Namespace, manager_of: list) -> Any:
@@ -137,7 +151,7 @@ def main() -> None:
     pg = scenario_pg(base, args, manager_of)
 
     torch.manual_seed(0)  # every replica starts from the same parameters (init_sync=False below)
-    model = nn.Linear(IN, OUT)
+    model = TwoLinear()
     inner = torch.optim.SGD(model.parameters(), lr=1 / 16, momentum=0.5)
 
     def load_state_dict(sd: dict) -> None:
@@ -154,7 +168,8 @@ def main() -> None:
         lighthouse_addr=args.lighthouse, init_sync=False, timeout=datetime.timedelta(seconds=60),
         quorum_timeout=datetime.timedelta(seconds=180), connect_timeout=datetime.timedelta(seconds=60))
     manager_of.append(manager)
-    ddp = torchft.DistributedDataParallel(manager, model)
+    # a bucket per parameter: the all-reduces after a failed one must fail as quietly
+    ddp = torchft.DistributedDataParallel(manager, model, bucket_cap_mb=64 / 2**20)
     optimizer = torchft.Optimizer(manager, inner)
 
     if args.role == "first":
