@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 try:
-    from torchft.process_group import ProcessGroupWrapper
+    from torchft.process_group import ProcessGroupGloo, ProcessGroupWrapper
 except ImportError as _exc:
     raise ImportError(
         f"ringreduce.torchft needs torchft, which could not be imported ({_exc}): `pip install torchft` "
@@ -54,7 +54,31 @@ from ringreduce.distributed.support import NAME, python_process_groups_supported
 BACKEND_NAME = "torchft-ringreduce"  # getBackendName(), as torchft's are "torchft-gloo", "torchft-nccl"
 
 
-class ProcessGroupRingreduce(ProcessGroupWrapper):
+class _FailedSteps:
+    """What a torchft process group does with its failed calls (Note [Failed steps, not exceptions]):
+    its Works end quietly, and errored() names the first failure since the last configure()."""
+
+    _errored: Exception | None = None
+    _generation = 0  # rings made by configure(): a Work of an older one reports nothing
+
+    def _new_ring(self) -> None:
+        self._errored = None
+        self._generation += 1
+
+    def _wrap_work(self, work: Any, opts: object) -> Any:
+        return _StepWork(work, self, self._generation)
+
+    def _failed(self, exc: Exception, generation: int) -> None:
+        if generation == self._generation and self._errored is None:
+            self._errored = exc
+
+    def errored(self) -> Exception | None:
+        """The error of a call since the last configure(), or of an abort(), else None: the Manager's
+        should_commit then drops the step."""
+        return self._errored
+
+
+class ProcessGroupRingreduce(_FailedSteps, ProcessGroupWrapper):
     """A reconfigurable torchft process group whose collectives run ringreduce's ring.
 
     Args:
@@ -82,8 +106,6 @@ class ProcessGroupRingreduce(ProcessGroupWrapper):
         if connect_devices is None:
             connect_devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
         self._connect_devices = tuple(connect_devices)
-        self._errored: Exception | None = None
-        self._generation = 0  # rings made by configure(): a Work of an older one reports nothing
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
@@ -93,8 +115,7 @@ class ProcessGroupRingreduce(ProcessGroupWrapper):
         if not python_process_groups_supported():
             raise RuntimeError(f"ringreduce: backend {NAME!r} needs a torch that hosts process groups written in "
                                "Python (docs/design.md section 1.7); use torchft.ProcessGroupGloo on this torch")
-        self._errored = None
-        self._generation += 1
+        self._new_ring()
         ranks = list(self._global_ranks or [])
         quorum = "torchft group" if self._quorum_id is None else f"torchft quorum {self._quorum_id}"
         label = f"{quorum} (replica rank {rank} of {world_size}, configure #{self._generation})"
@@ -118,9 +139,6 @@ class ProcessGroupRingreduce(ProcessGroupWrapper):
             work = pg.allreduce([torch.zeros(1, device=device)], dist.AllreduceOptions())
             work.wait()
 
-    def _wrap_work(self, work: Any, opts: object) -> Any:
-        return _StepWork(work, self, self._generation)
-
     def allreduce(self, tensors: list[Any], opts: Any) -> Any:
         # torchft's callers also pass a bare ReduceOp (torchtitan's replicate hook, ManagedProcessGroup)
         if isinstance(opts, dist.ReduceOp):
@@ -141,20 +159,23 @@ class ProcessGroupRingreduce(ProcessGroupWrapper):
             self._errored = dist.DistBackendError(f"ringreduce: {BACKEND_NAME} was aborted")
         super().abort(errored=errored)
 
-    def errored(self) -> Exception | None:
-        """The error of a ring call since the last configure(), or of an abort(), else None: the
-        Manager's should_commit then fails the step."""
-        return self._errored
-
     def shutdown(self) -> None:
         """Releases the current ring (its worker, shared memory, sockets, communicator)."""
         pg, self._pg = self._pg, None
         if pg is not None:
             pg.shutdown()
 
-    def _failed(self, exc: Exception, generation: int) -> None:
-        if generation == self._generation and self._errored is None:
-            self._errored = exc
+
+
+class ProcessGroupGlooReference(_FailedSteps, ProcessGroupGloo):
+    """torchft's own ProcessGroupGloo, its failed calls ending as ProcessGroupRingreduce's do (Note
+    [Failed steps, not exceptions]): what tests/test_torchft.py and benchmarks/torchft_step.py compare
+    ringreduce with. torchft 0.2.0's DistributedDataParallel does not survive a failed all-reduce over
+    the unchanged ProcessGroupGloo (its Works raise); the collectives are gloo's, unchanged."""
+
+    def _create_pg(self, store: dist.Store, rank: int, world_size: int) -> dist.ProcessGroup:
+        self._new_ring()
+        return super()._create_pg(store, rank, world_size)
 
 
 def _allreduce_options(opts: Any, op: Any) -> Any:
@@ -163,10 +184,10 @@ def _allreduce_options(opts: Any, op: Any) -> Any:
 
 
 class _StepWork(dist._Work):
-    """A collective's Work on ProcessGroupRingreduce: a failed call ends as an aborted Work ends (Note
-    [Failed steps, not exceptions])."""
+    """A collective's Work on ProcessGroupRingreduce (and ProcessGroupGlooReference): a failed call ends
+    as an aborted Work ends (Note [Failed steps, not exceptions])."""
 
-    def __init__(self, work: Any, owner: ProcessGroupRingreduce, generation: int) -> None:
+    def __init__(self, work: Any, owner: _FailedSteps, generation: int) -> None:
         super().__init__()
         self._work = work
         self._owner = owner
@@ -225,4 +246,4 @@ class _StepWork(dist._Work):
         return self._future
 
 
-__all__ = ["BACKEND_NAME", "ProcessGroupRingreduce"]
+__all__ = ["BACKEND_NAME", "ProcessGroupGlooReference", "ProcessGroupRingreduce"]

@@ -10,7 +10,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1}"
-TOOLS=(numpy pytest hypothesis ninja cmake matplotlib psutil ruff)
+TOOLS=(numpy pytest hypothesis ninja cmake matplotlib psutil ruff torchft==0.2.0)  # torchft: docs/torchft.md; resolved with the torch pin
 export PYTHONUNBUFFERED=1
 
 # Runs "$@" with its whole output in the log file $1 and the lines the awk program $2 selects on the
@@ -47,7 +47,9 @@ have = version(name).split("+")[0]
 if not want or have != want:
     sys.exit(1)
 for tool in tools:
-    version(tool)
+    name, _, want = tool.partition("==")
+    if version(name) != (want or version(name)):  # version() raises for a missing tool
+        sys.exit(1)
 PY
 then
   SECONDS=0

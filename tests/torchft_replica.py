@@ -3,12 +3,14 @@
     python tests/torchft_replica.py --kind rr|gloo --replica R --role first|restarted --lighthouse ADDR --dir DIR
 
 torchft's Manager, DistributedDataParallel and Optimizer, unchanged, over ProcessGroupRingreduce
-(--kind rr) or torchft's own ProcessGroupGloo (--kind gloo). The scenario, with files in DIR as its
-only channel to the test: the three replicas run KILL_STEP steps all three (a step that got fewer
-participants is not committed); at step KILL_STEP replica VICTIM SIGKILLs itself once both others
-are inside that step's all-reduce; the survivors go on and save their state at SNAPSHOT_STEP. With
---rejoin, they then wait for the restarted replica (role "restarted", started by the test), which
-heals from them, and every replica ends after two more committed steps that all three took part in.
+(--kind rr) or torchft's own ProcessGroupGloo (--kind gloo: ringreduce.torchft.ProcessGroupGlooReference,
+whose failed Works end as ProcessGroupRingreduce's do; torchft's DDP survives no failure otherwise).
+The scenario, with files in DIR as its only channel to the test: the three replicas run KILL_STEP
+steps all three (a step that got fewer participants is not committed); at step KILL_STEP replica
+VICTIM SIGKILLs itself once both others are inside that step's all-reduce; the survivors go on and
+save their state at SNAPSHOT_STEP. With --rejoin, they then wait for the restarted replica (role
+"restarted", started by the test), which heals from them, and every replica ends after two more
+committed steps that all three took part in.
 
 The model has a DDP bucket per parameter (the step's all-reduces after the failed one fail too). Its
 loss is linear in the parameters and the data are small integers, so every gradient is an
@@ -32,7 +34,6 @@ import torch
 import torch.distributed as dist
 import torchft
 from torch import nn
-from torchft.process_group import ProcessGroupGloo
 
 KILL_STEP = 3
 SNAPSHOT_STEP = 6
@@ -76,34 +77,6 @@ class TwoLinear(nn.Module):
         return self.a(x) + self.b(x)
 
 
-class GlooFailedSteps(ProcessGroupGloo):
-    """torchft's ProcessGroupGloo, its failed Works reported as ringreduce.torchft's are (Note [Failed
-    steps, not exceptions] in ringreduce/torchft.py), without which torchft 0.2.0's DistributedDataParallel
-    cannot survive a failed all-reduce over its own ProcessGroupGloo either."""
-
-    def __init__(self, timeout: datetime.timedelta) -> None:
-        super().__init__(timeout=timeout)
-        self._errored: Exception | None = None
-        self._generation = 0
-
-    def _create_pg(self, store: dist.Store, rank: int, world_size: int) -> Any:
-        self._errored = None
-        self._generation += 1
-        return super()._create_pg(store, rank, world_size)
-
-    def _wrap_work(self, work: Any, opts: object) -> Any:
-        from ringreduce.torchft import _StepWork
-
-        return _StepWork(work, self, self._generation)
-
-    def _failed(self, exc: Exception, generation: int) -> None:
-        if generation == self._generation and self._errored is None:
-            self._errored = exc
-
-    def errored(self) -> Exception | None:
-        return self._errored
-
-
 def scenario_pg(base: type, args: argparse.Namespace, manager_of: list) -> Any:
     """`base` (the process group class) with the scenario's kill: the victim dies at KILL_STEP once the
     survivors are inside that step's all-reduce, which they announce."""
@@ -142,11 +115,9 @@ def main() -> None:
     d = args.dir
     name = f"{args.kind} replica {args.replica} ({args.role})"
 
-    if args.kind == "rr":
-        from ringreduce.torchft import ProcessGroupRingreduce
-        base: type = ProcessGroupRingreduce
-    else:
-        base = GlooFailedSteps
+    from ringreduce.torchft import ProcessGroupGlooReference, ProcessGroupRingreduce
+
+    base = ProcessGroupRingreduce if args.kind == "rr" else ProcessGroupGlooReference
     manager_of: list = []
     pg = scenario_pg(base, args, manager_of)
 
