@@ -403,7 +403,7 @@ std::unique_ptr<ShmRing> GroupRuntime::setUpShm(const std::string& ring_id, cons
                    name_.c_str(), why->c_str());
     return nullptr;
   }
-  auto ring = std::make_unique<ShmRing>(mapping, index, size);
+  auto ring = std::make_unique<ShmRing>(mapping, index, size, /*owns_mapping=*/true);
   ring->setAbortCheck([this] { return abortReason(); });
   return ring;
 }

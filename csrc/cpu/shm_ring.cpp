@@ -83,7 +83,8 @@ size_t ShmRing::segmentBytes(int size) {
   return buffersOffset(size) + 2 * static_cast<size_t>(size) * kShmBufferBytes;
 }
 
-ShmRing::ShmRing(ShmMapping mapping, int rank, int size) : map_(mapping), rank_(rank), size_(size) {
+ShmRing::ShmRing(ShmMapping mapping, int rank, int size, bool owns_mapping)
+    : map_(mapping), owns_mapping_(owns_mapping), rank_(rank), size_(size) {
   RR_CHECK(map_.base != nullptr && map_.bytes >= segmentBytes(size), kRuntime,
            "ringreduce internal error: a shared-memory segment too small for ", size, " ranks");
   rankState(map_, rank_)->cpu.store(-1, std::memory_order_relaxed);
@@ -92,6 +93,7 @@ ShmRing::ShmRing(ShmMapping mapping, int rank, int size) : map_(mapping), rank_(
 }
 
 ShmRing::~ShmRing() {
+  if (!owns_mapping_) return;
   // A peer still waiting in a barrier raises at its next liveness poll instead of at its timeout.
   rankState(map_, rank_)->gone.store(1, std::memory_order_release);
   Header* h = header(map_);
