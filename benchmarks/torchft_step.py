@@ -33,7 +33,9 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -104,6 +106,19 @@ def _start(kind: str, replica: int, lighthouse: str, out: str, args: argparse.Na
         log.close()
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _lighthouse_bin() -> str:
+    found = shutil.which("torchft_lighthouse") or os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
+    if not os.path.exists(found):
+        raise SystemExit("torchft_lighthouse not found: pip install --no-deps torchft==0.2.0 (docs/torchft.md)")
+    return found
+
+
 def _read(path: str) -> list[dict]:
     try:
         with open(path) as f:
@@ -113,13 +128,15 @@ def _read(path: str) -> list[dict]:
 
 
 def run_one(kind: str, replicas: int, args: argparse.Namespace, folder: str) -> dict:
-    """One lighthouse and `replicas` replica processes of `kind`; the last one is killed after the
-    steady part."""
-    from torchft._torchft import LighthouseServer
-
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=args.join_timeout_ms)
+    """One lighthouse (torchft_lighthouse, its output in `folder`) and `replicas` replica processes of
+    `kind`; the last one is killed after the steady part."""
+    port = _free_port()
+    with open(os.path.join(folder, f"lighthouse-{kind}-{replicas}.log"), "w") as log:
+        lighthouse = subprocess.Popen(
+            [_lighthouse_bin(), "--min_replicas", "1", "--join_timeout_ms", str(args.join_timeout_ms),
+             "--bind", f"[::]:{port}"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     outs = [os.path.join(folder, f"{kind}-{replicas}-{r}.jsonl") for r in range(replicas)]
-    procs = [_start(kind, r, lighthouse.address(), outs[r], args) for r in range(replicas)]
+    procs = [_start(kind, r, f"http://localhost:{port}", outs[r], args) for r in range(replicas)]
     victim = replicas - 1
     kill_after = args.warmup + args.steps  # committed steps of the victim before it is killed
     killed_at = None
@@ -143,11 +160,10 @@ def run_one(kind: str, replicas: int, args: argparse.Namespace, folder: str) -> 
         if codes[:victim] != [0] * victim:
             raise RuntimeError(f"{kind} x{replicas}: exit codes {codes}; see {folder}")
     finally:
-        for p in procs:
+        for p in [*procs, lighthouse]:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        lighthouse.shutdown()
     steps = [_read(o) for o in outs]
     steady = [s["seconds"] for log in steps for s in log
               if s["committed"] and args.warmup <= s["step"] < args.warmup + args.steps and s["participants"] == replicas]
@@ -194,6 +210,7 @@ def main() -> int:
     parser.add_argument("--join-timeout-ms", type=int, default=1000, help="the lighthouse's join timeout (default 1000)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is stopped")
     parser.add_argument("--json", default=None, help="write every step and the summary here")
+    parser.add_argument("--keep", default=None, help="keep the replicas' and lighthouses' logs in this folder")
     parser.add_argument("--replica", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--kind", help=argparse.SUPPRESS)
     parser.add_argument("--lighthouse", help=argparse.SUPPRESS)
@@ -209,7 +226,9 @@ def main() -> int:
         parser.error(f"unknown kinds {unknown}; known: {', '.join(KINDS)}")
     machine = _machine()
     rows = []
-    with tempfile.TemporaryDirectory(prefix="torchft_step_") as folder:
+    with tempfile.TemporaryDirectory(prefix="torchft_step_") as tmp:
+        folder = args.keep or tmp
+        os.makedirs(folder, exist_ok=True)
         for replicas in [int(n) for n in args.replicas.split(",")]:
             for kind in kinds:
                 rows.append(run_one(kind, replicas, args, folder))
