@@ -17,15 +17,16 @@ same store), everything else torchft asks of it the group's inner gloo/NCCL.
 Note [Failed steps, not exceptions]
     torchft drops a step whose collective failed: ``should_commit`` asks the process group's
     ``errored()`` and commits nothing when it names an error; the next quorum reconfigures. A ring
-    call that failed (a dead or silent peer, or ``abort()`` while it waited) therefore ends as torchft's
-    own ProcessGroupNCCL's calls end after an abort: it completes - ``wait()`` returns False, as torch's
-    Work contract has an aborted Work's, and its future completes with the call's tensors as the
-    failure left them - while ``errored()`` returns its DistBackendError until the next ``configure``
-    (``is_success()`` is False and ``exception()`` holds the error too). Neither may raise: torchft
-    0.2.0's DistributedDataParallel comm hook (torchft/ddp.py ``_comm_hook``) asserts on the future
-    chain that ``_ManagedWork.wait`` (torchft/manager.py) builds only after the Work's ``wait()``
-    returned, and a future that raised makes the Manager errored at once, so that the model's next
-    bucket gets ``Manager.allreduce``'s ``_DummyWork``, whose plain future the same assert rejects.
+    call that failed (a dead or silent peer, or ``abort()`` while it waited) is therefore reported as
+    torchft's own ProcessGroupNCCL reports an abort, through ``errored()``, which returns its
+    DistBackendError until the next ``configure``, and the call itself completes: ``wait()`` returns
+    False, as torch's Work contract has an aborted Work's, and its future completes with the call's
+    tensors as the failure left them (``is_success()`` is False and ``exception()`` holds the error).
+    Neither may raise: torchft 0.2.0's DistributedDataParallel comm hook (torchft/ddp.py
+    ``_comm_hook``) asserts on the future chain that ``_ManagedWork.wait`` (torchft/manager.py)
+    builds only after the Work's ``wait()`` returned, and a future that raised makes the Manager
+    errored at once, so that the model's next bucket gets ``Manager.allreduce``'s ``_DummyWork``,
+    whose plain future the same assert rejects.
     Either way the survivors' backward would end with an exception instead of a dropped step. Used
     without torchft, the "ringreduce" backend raises DistBackendError on every rank as before.
 """

@@ -9,7 +9,9 @@ The scenario, with files in DIR as its only channel to the test: the three repli
 steps all three (a step that got fewer participants is not committed); at step KILL_STEP replica
 VICTIM SIGKILLs itself once both others are inside that step's all-reduce; the survivors go on and
 save their state at SNAPSHOT_STEP. With --rejoin, they then wait for the restarted replica (role
-"restarted", started by the test), which heals from them, and every replica ends after two more
+"restarted": a process of its own, which the test starts with the others, so that its imports are
+done, and lets go once the victim is dead and the survivors saved their state, the file "restart";
+only then does it create its Manager), which heals from them, and every replica ends after two more
 committed steps that all three took part in.
 
 The model has a DDP bucket per parameter (the step's all-reduces after the failed one fail too). Its
@@ -113,6 +115,8 @@ def main() -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     d = args.dir
+    if args.role == "restarted":
+        wait_for(os.path.join(d, "restart"))
     name = f"{args.kind} replica {args.replica} ({args.role})"
 
     from ringreduce.torchft import ProcessGroupGlooReference, ProcessGroupRingreduce
