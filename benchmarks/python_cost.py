@@ -66,10 +66,15 @@ def measure(calls: int, repeats: int, numel: int, op: str, async_op: bool, profi
     done = Done()
     _native.C.submit_cpu = lambda *args, **kwargs: done
     _native.C.CpuRing = Ring  # a tree whose plans bind a ring
-    try:  # the CPU backend's module (ringreduce/_rings/cpu.py; ringreduce/_dispatch.py in older trees)
-        from ringreduce._rings import cpu as submitter
-    except ImportError:
-        from ringreduce import _dispatch as submitter
+    import importlib
+
+    submitter = None  # the CPU path's module: ringreduce/_rings/cpu.py; _backend/cpu.py, _dispatch.py in older trees
+    for name in ("ringreduce._rings.cpu", "ringreduce._backend.cpu", "ringreduce._dispatch"):
+        try:
+            submitter = importlib.import_module(name)
+            break
+        except ImportError:
+            continue
 
     if hasattr(submitter, "_NATIVE_SUBMIT"):  # a tree whose fast path calls the extension directly
         submitter._NATIVE_SUBMIT = _native.C.submit_cpu  # the stub stands for the extension's submit

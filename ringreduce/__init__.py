@@ -11,8 +11,11 @@ import atexit
 import torch
 
 from ringreduce import (
+    _call,
+    _config,
     _groups,
     _library,  # noqa: F401 - registers the ringreduce:: custom ops (torch.compile)
+    _rings,
     functional,  # the out-of-place collectives (ringreduce.functional.all_reduce, ...)
     nn,  # noqa: E402 - the autograd-aware collectives (ringreduce.nn.all_gather, ...)
 )
@@ -52,6 +55,29 @@ def build_info() -> dict:
     return info
 
 
+
+
+def reload_knobs() -> None:
+    """Reads the RINGREDUCE_* environment variables again (README's Knobs table): every ring takes the
+    new values at its next call.
+
+    ringreduce reads its knobs when a ring is made (a process group's first ringreduce call on a
+    device), as NCCL and c10d read theirs when a communicator or a group is made; a later change of
+    os.environ reaches the rings that exist only through this call (a new group reads them anyway).
+
+    Raises:
+        ValueError: a knob has a value it does not take (the message names it); nothing changes then.
+    """
+    _config.reload()
+
+
+def _forget_at_exit() -> None:
+    """Drops the plans, rings and cached GroupInfos, which hold their process groups (see below)."""
+    _call.forget_plans()
+    _rings.forget_all()
+    _groups.forget_ring()
+
+
 _register_backend()  # the torch.distributed backend "ringreduce" (ringreduce/distributed/)
 
 atexit.register(_C.shutdown)
@@ -59,7 +85,7 @@ atexit.register(_C.shutdown)
 # are dropped first, so that the runtimes' references, released by _C.shutdown without the GIL, are
 # the last ones. A process group destroyed later, while the interpreter is finalizing, can abort
 # the process: gloo's threads may then need the GIL to release their tensors.
-atexit.register(_groups.forget_ring)
+atexit.register(_forget_at_exit)
 
 __all__ = [
     "BackendOptions",
@@ -74,6 +100,7 @@ __all__ = [
     "all_gather",
     "nn",
     "reduce_scatter",
+    "reload_knobs",
     "build_info",
     "functional",
     "ddp_comm_hook",

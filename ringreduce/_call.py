@@ -1,76 +1,97 @@
 """What every collective does before its ring runs, whatever the device: validate locally, refuse
-(telling the other ranks), hand the call to its device's backend, and log (docs/design.md section 2.5).
+(telling the other ranks), hand the call to its ring, and log (docs/design.md section 2.5).
+
+A tensor's path through ``all_reduce_avg``: ops.py makes (or finds) the AllreduceOptions of its
+arguments (_options.options_of), run_all_reduce finds the plan of a repeated call or checks the call
+into a Call, the ring of the group and device (_rings.ring_for) turns the Call into its native
+CallOptions (_options.native_options) once and submits it; the Work wraps the native handle.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed.distributed_c10d as _c10d
 
-from ringreduce import _config, _fastpath
+from ringreduce import _config
 from ringreduce._groups import GroupInfo, choose_algorithm, resolve
 from ringreduce._native import C
-from ringreduce._options import ALGORITHMS, HALF_TYPES, AllreduceOptions, scaling_error
-from ringreduce._rings import backend_for, cpu, refusing_backend
+from ringreduce._options import ALGORITHMS, HALF_TYPES, SUM_OR_AVG, AllreduceOptions, scaling_error
+from ringreduce._rings import refusing_ring, ring_for, ring_type
 from ringreduce._types import KIND_NAMES, CallKind, FrameError, ReduceOp, UnsupportedOpError, to_reduce_op
 from ringreduce.work import Work
 
-PLAIN_TYPES, WATCHING = _fastpath.PLAIN_TYPES, _fastpath.WATCHING
+PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _profiler_enabled = torch.autograd._profiler_enabled
 _NONE = FrameError.NONE
-_run_plan = cpu.run_plan  # Note [Fast path of a repeated call]: only CPU calls leave plans
 
 logger = logging.getLogger("ringreduce")
 
 
-def debug_level() -> int:
-    """RINGREDUCE_DEBUG=INFO logs every call; DETAIL adds the ring's parameters and where the time went.
+@dataclass(slots=True)
+class Call:
+    """What the checks decided about one call: its ring (`info`), what it computes, and everything its
+    native CallOptions hold (_options.native_options). A refusal is a Call with `local_error` set."""
 
-    0 when unset.
-    """
-    raw = _config.debug_setting()
-    if raw in ("", "0", "OFF", "WARN", "WARNING"):
+    info: GroupInfo
+    kind: Any
+    rop: ReduceOp = ReduceOp.SUM
+    device: torch.device | None = None  # where its tensors live (None: no tensor)
+    local_error: Any = _NONE  # this rank refuses the call: its frame says why
+    ntensors: int = 1  # all_reduce_coalesced: the list's length
+    accum: bool = False  # half types: float32 partials (accum_dtype=torch.float32)
+    narrow: bool = False  # half types: accum_dtype is the tensor's own (per-hop rounding everywhere)
+    wire: Any = None  # the native 16-bit wire DType of a float32 tensor, or None
+    gather: str = "auto"  # the 16-bit wire's all-gather width setting: "auto", "16" or "32"
+    factor: float = 0.0  # the predivide factor (0.0: none)
+    extra_divisor: int = 1  # GradientAverager's accumulation steps
+    local_size: int = 0  # > 0: the hierarchical all-reduce with this many ranks per node
+    members: tuple[int, ...] = ()  # the ring's ranks in its group, in ring order (node by node)
+    one_shot: bool = True  # a small flat all-reduce may go in one shot (algorithm "auto")
+
+
+def debug_level(knobs: _config.Knobs) -> int:
+    """RINGREDUCE_DEBUG as the ring read it: INFO (1) logs every call; DETAIL (2) adds the ring's
+    parameters and where the time went. 0 when unset."""
+    if not knobs.debug:
         return 0
     if not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("[ringreduce %(process)d] %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    return 2 if raw == "DETAIL" else 1
+    return knobs.debug
 
 
-def log_call(info: GroupInfo, handle: Any, tensor: torch.Tensor, op: ReduceOp, kind: Any, level: int,
-             async_op: bool, accum: bool, seconds: float | None, local_size: int = 0, *, wire: Any = None,
-             predivide: float = 0.0) -> None:
-    """One RINGREDUCE_DEBUG line for a call (`handle`: its native handle or None; `seconds`: how long a
-    synchronous call took, CUDA: to enqueue; None: async); `level` 2 adds the knobs."""
-    backend = backend_for(tensor.device)
-    algo = f"hierarchical(local_size={local_size})" if local_size else "ring"
+def log_call(ring: Any, call: Call, handle: Any, tensor: torch.Tensor, async_op: bool,
+             seconds: float | None) -> None:
+    """One RINGREDUCE_DEBUG line for `call` on `ring` (`handle`: its native handle or None; `seconds`:
+    how long a synchronous call took, CUDA: to enqueue; None: async); DETAIL adds the knobs."""
+    info = call.info
+    algo = f"hierarchical(local_size={call.local_size})" if call.local_size else "ring"
     number = "" if handle is None else f" call #{handle.seq}"
     msg = (
-        f"rank {info.rank}/{info.size} {info.name}{number} {KIND_NAMES.get(kind, kind)} "
-        f"op={op.name} dtype={_dtype_name(tensor.dtype)} numel={tensor.numel()} "
-        f"algorithm={algo} device={tensor.device.type}{' accum=float32' if accum else ''}"
-        f"{f' wire={str(wire.name).lower()}' if wire is not None else ''}"
-        f"{f' predivide={predivide:g}' if predivide else ''}"
+        f"rank {info.rank}/{info.size} {info.name}{number} {KIND_NAMES.get(call.kind, call.kind)} "
+        f"op={call.rop.name} dtype={_dtype_name(tensor.dtype)} numel={tensor.numel()} "
+        f"algorithm={algo} device={tensor.device.type}{' accum=float32' if call.accum else ''}"
+        f"{f' wire={str(call.wire.name).lower()}' if call.wire is not None else ''}"
+        f"{f' predivide={call.factor:g}' if call.factor else ''}"
     )
     if seconds is None:
         msg += " async (submitted)"
-    elif backend.ENQUEUES:
+    elif ring.ENQUEUES:
         msg += f" enqueued in {seconds * 1e6:.0f}us (the GPU runs it after)"
     else:
         msg += f" time={seconds * 1e6:.0f}us"
-    if level >= 2:
-        msg += (
-            f" {backend.ring_parameters()} "
-            f"check={backend.check_enabled()} contiguous={tensor.is_contiguous()}"
-        )
+    if ring.knobs.debug >= 2:
+        msg += f" {ring.ring_parameters()} check={ring.check_enabled()} contiguous={tensor.is_contiguous()}"
         if seconds is not None and hasattr(handle, "timing_us"):
             check_us, ring_us = handle.timing_us()
             msg += f" check={check_us:.0f}us ring={ring_us:.0f}us"
@@ -90,14 +111,34 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def torch_words(check: str, *args: Any) -> str | None:
+    """What torch.distributed's own argument check `check` (a function of distributed_c10d, such as
+    "_check_single_tensor") says of `args`, whitespace folded, or None where it accepts them or this
+    torch has no such check."""
+    fn = getattr(_c10d, check, None)
+    if fn is None:
+        return None
+    try:
+        fn(*args)
+    except (TypeError, ValueError) as exc:
+        return " ".join(str(exc).split())
+    return None
+
+
+def not_a_tensor(value: Any) -> TypeError:
+    """The TypeError for a `tensor` argument that is not a tensor, in torch.distributed's words first."""
+    ours = f"ringreduce: expected a torch.Tensor, got {type(value).__name__}"
+    words = torch_words("_check_single_tensor", value, "tensor")
+    return TypeError(f"{words} ({ours})" if words else ours)
+
+
 def local_refusal(
-    tensor: Any, op: Any, accum_dtype: torch.dtype | None, algorithm: str
+    tensor: Any, op: Any, accum_dtype: torch.dtype | None, algorithm: str, collective: str = "all_reduce"
 ) -> tuple[Any, BaseException | None, ReduceOp | None, bool]:
-    """(frame error code, exception to raise, op, accum_float32) from purely local checks."""
+    """(frame error code, exception to raise, op, accum_float32) from purely local checks; messages
+    start with torch.distributed's words where it raises for the same input (`collective`: its name)."""
     if not isinstance(tensor, torch.Tensor):
-        return FrameError.NOT_A_TENSOR, TypeError(
-            f"ringreduce: expected a torch.Tensor, got {type(tensor).__name__}"
-        ), None, False
+        return FrameError.NOT_A_TENSOR, not_a_tensor(tensor), None, False
     try:
         rop = to_reduce_op(op)
     except ValueError as exc:
@@ -119,7 +160,7 @@ def local_refusal(
             "call .to_dense() first"
         ), rop, False
     try:
-        backend_for(tensor.device)
+        ring_type(tensor.device)
     except (ValueError, RuntimeError) as exc:
         return FrameError.DEVICE, exc, rop, False
     try:
@@ -132,9 +173,10 @@ def local_refusal(
         ), rop, False
     why = C.unsupported_reason(code, int(rop))
     if why is not None:
-        return FrameError.UNSUPPORTED, UnsupportedOpError(
-            f"ringreduce: op {rop.name} is not supported for dtype {_dtype_name(tensor.dtype)}: {why}"
-        ), rop, False
+        ours = f"ringreduce: op {rop.name} is not supported for dtype {_dtype_name(tensor.dtype)}: {why}"
+        if tensor.is_complex():  # torch.distributed's ValueError for the same call, then ours
+            ours = f"{collective} does not support {op if not isinstance(op, str) else rop} on complex tensors ({ours})"
+        return FrameError.UNSUPPORTED, UnsupportedOpError(ours), rop, False
     accum = False
     if accum_dtype is not None and accum_dtype != tensor.dtype:
         if accum_dtype == torch.float32 and tensor.dtype in HALF_TYPES:
@@ -148,12 +190,12 @@ def local_refusal(
 
 
 def scaling_refusal(
-    tensor: torch.Tensor, rop: ReduceOp, algorithm: str, wire_dtype: Any, predivide_factor: Any,
-    wire_gather: str = "auto",
+    tensor: torch.Tensor, rop: ReduceOp, wire_dtype: Any, predivide_factor: Any,
 ) -> tuple[Any, BaseException | None, Any, float]:
     """(frame error code, exception, native wire DType or None, predivide factor, 0.0 for none or 1) of an
     all-reduce's `wire_dtype` and `predivide_factor` (Note [Reduction contract] in csrc/core/functors.h),
-    from local checks of a `tensor` local_refusal accepted; `wire_gather`: wire_gather_setting's."""
+    from local checks of a `tensor` local_refusal accepted; what a device cannot run is its ring's
+    option_refusal."""
     if wire_dtype is None and predivide_factor is None:
         return _NONE, None, None, 0.0
     error = scaling_error(wire_dtype, predivide_factor)
@@ -172,17 +214,14 @@ def scaling_refusal(
                 f"{_dtype_name(tensor.dtype)} (a 16-bit wire must be narrower than the tensor; "
                 "float16/bfloat16 tensors already travel in 16 bits); drop wire_dtype"
             ), None, 0.0
-        if rop not in (ReduceOp.SUM, ReduceOp.AVG):
+        if rop not in SUM_OR_AVG:
             return FrameError.UNSUPPORTED, ValueError(
                 f"ringreduce: wire_dtype applies to SUM and AVG, not {rop.name}; drop wire_dtype"
             ), None, 0.0
-        device_refusal = backend_for(tensor.device).option_refusal(algorithm, wire_gather)
-        if device_refusal is not None:
-            return FrameError.OTHER, device_refusal, None, 0.0
         wire = C.DType.BFLOAT16 if wire_dtype == torch.bfloat16 else C.DType.FLOAT16
     factor = 0.0
     if predivide_factor is not None:
-        if rop not in (ReduceOp.SUM, ReduceOp.AVG):
+        if rop not in SUM_OR_AVG:
             return FrameError.UNSUPPORTED, ValueError(
                 f"ringreduce: predivide_factor applies to SUM and AVG, not {rop.name} (it only moves where a sum "
                 "is scaled); drop predivide_factor"
@@ -196,11 +235,11 @@ def scaling_refusal(
     return _NONE, None, wire, factor
 
 
-def wire_gather_setting(override: int | None = None) -> str:
-    """The all-gather's width of a 16-bit wire: "16", "32" or "auto" (RINGREDUCE_WIRE_GATHER, or
-    `override`, BackendOptions.wire_gather: 16 or 32)."""
+def wire_gather_setting(override: int | None, knobs: _config.Knobs) -> str:
+    """The all-gather's width of a 16-bit wire: "16", "32" or "auto" (`override`,
+    BackendOptions.wire_gather: 16 or 32; None: RINGREDUCE_WIRE_GATHER as the ring read it)."""
     if override is None:
-        return _config.wire_gather()
+        return knobs.wire_gather
     if override not in (16, 32) or isinstance(override, bool):
         raise ValueError(f"ringreduce: wire_gather must be 16, 32 or None, got {override!r}")
     return str(override)
@@ -215,10 +254,10 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
     the call with, or one per native call they run for it (all_reduce_coalesced: one per dtype
     buffer): a refusal frame stands in for each, so that the next collective's frames meet.
     """
-    backend = refusing_backend(device)
-    if info is not None and info.size > 1 and backend is not None and backend.check_enabled():
+    ring = refusing_ring(info, device) if info is not None and info.size > 1 else None
+    if ring is not None and ring.check_enabled():
         algorithms = [algorithm] if isinstance(algorithm, str) else list(algorithm)
-        seqs = backend.refuse(info, kind, code, algorithms, device)
+        seqs = ring.refuse(Call(info, kind, device=device, local_error=code), algorithms)
         if seqs:
             which = f"call #{seqs[0]}" if len(seqs) == 1 else f"calls #{seqs[0]}-#{seqs[-1]}"
             exc.args = (f"{exc.args[0]} ({which} on {info.name}; the other ranks were told)",)
@@ -229,95 +268,106 @@ def device_of(tensor: Any) -> torch.device | None:
     return tensor.device if isinstance(tensor, torch.Tensor) else None
 
 
-class Call:
-    """A checked all-reduce as its backend runs it: the ring, the tensor and what the checks decided."""
-
-    __slots__ = ("info", "tensor", "kind", "ntensors", "rop", "accum", "accum_dtype", "wire", "factor", "gather",
-                 "extra_divisor", "local_size", "members", "one_shot", "async_op", "group", "plan_key", "world",
-                 "env")
-
-    def __init__(self, **fields: Any) -> None:
-        for name, value in fields.items():
-            setattr(self, name, value)
-
-
-def run_all_reduce(tensor: Any, op: Any, group: Any, async_op: bool, accum_dtype: torch.dtype | None,
-                   algorithm: str, kind: Any, *, wire_dtype: Any = None, predivide_factor: Any = None) -> Work | None:
-    """An all-reduce of `tensor` in place with ringreduce.all_reduce's arguments; `kind`: the agreement
-    frame's collective. A repeated call runs its plan (Note [Fast path of a repeated call]); any other
-    is run_all_reduce_with these options."""
-    key = env = world = None
-    if type(tensor) in PLAIN_TYPES and tensor.is_cpu and not _profiler_enabled() and WATCHING:
-        env, world = _fastpath.generation, _c10d._world.default_pg
-        try:
-            key = (id(group), id(kind), tensor.dtype, tensor.layout, type(op), op, accum_dtype, algorithm,
-                   wire_dtype, type(predivide_factor), predivide_factor)
-            plan = _fastpath.plans.get(key)
-        except TypeError:  # an unhashable argument: the full path says what is wrong with it
-            key = plan = None
-        if (plan is not None and plan.env == env and plan.world is world and plan.group is group
-                and plan.kind is kind and tensor.numel()):
-            return _run_plan(plan, tensor, async_op)
-    options = AllreduceOptions(op, accum_dtype, algorithm, wire_dtype, predivide_factor)
-    return _checked_all_reduce(tensor, group, options, async_op, kind, 1, key, env, world)
+# Note [Fast path of a repeated call]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A training loop calls all_reduce with the same few argument sets, step after step. The first call of
+# a set runs every check (resolve, local_refusal, scaling_refusal, choose_algorithm, native_options);
+# on a ring that keeps plans (CPU) its outcome, the ring and the native CallOptions, is kept as a Plan
+# (ringreduce/_rings/cpu.py) under a key of everything those checks read:
+#
+# - the `group` argument, the call kind and the default group (WORLD) at the time, by identity (the
+#   Plan holds them, so their ids cannot be reused; a re-initialized WORLD is a new object: a miss);
+# - the tensor's dtype and layout (only a CPU torch.Tensor or nn.Parameter with elements qualifies);
+# - the options object (one per argument set: _options.options_of, or a caller's own) and the count
+#   of a coalesced call;
+# - the ring's knobs' epoch (Note [Knobs are read when a ring is made] in ringreduce/_config.py): after
+#   ringreduce.reload_knobs() every plan is made again.
+#
+# A refused call, a call with RINGREDUCE_DEBUG set or under the profiler takes the full path each time.
+# forget_plans() drops the plans (a destroyed ring's group, and at exit).
+_plans: dict[tuple[Any, ...], Any] = {}
+_plans_lock = threading.Lock()
+MAX_PLANS = 1024  # argument sets kept; a program making more distinct calls than that rebuilds its plans
 
 
-def run_all_reduce_with(tensor: Any, group: Any, options: AllreduceOptions, async_op: bool, kind: Any,
-                        ntensors: int = 1) -> Work | None:
-    """An all-reduce of `tensor` in place with `options`, made once by a caller of many calls (a hook's
-    buckets, a coalesced call's buffers); `ntensors`: a coalesced call's count."""
-    key = env = world = None
-    if type(tensor) in PLAIN_TYPES and tensor.is_cpu and not _profiler_enabled() and WATCHING:
-        env, world = _fastpath.generation, _c10d._world.default_pg
+def forget_plans(pg: Any = None) -> None:
+    """Drops the plans of process group `pg`'s rings (None: every plan)."""
+    with _plans_lock:
+        if pg is None:
+            _plans.clear()
+        else:
+            for key in [k for k, p in _plans.items() if p.info.pg is pg]:
+                del _plans[key]
+
+
+def run_all_reduce(tensor: Any, group: Any, options: AllreduceOptions, async_op: bool, kind: Any,
+                   ntensors: int = 1) -> Work | None:
+    """An all-reduce of `tensor` in place with `options` (one object per argument set: Note [Fast path
+    of a repeated call]); `kind`: the agreement frame's collective; `ntensors`: a coalesced call's count."""
+    key = None
+    if type(tensor) in PLAIN_TYPES and tensor.is_cpu and not _profiler_enabled():
         key = (id(group), id(kind), tensor.dtype, tensor.layout, options, ntensors)
-        plan = _fastpath.plans.get(key)
-        if (plan is not None and plan.env == env and plan.world is world and plan.group is group
-                and plan.kind is kind and tensor.numel()):
-            return _run_plan(plan, tensor, async_op)
-    return _checked_all_reduce(tensor, group, options, async_op, kind, ntensors, key, env, world)
+        plan = _plans.get(key)
+        if (plan is not None and plan.epoch == _config.epoch and plan.world is _c10d._world.default_pg
+                and plan.group is group and plan.kind is kind and tensor.numel()):
+            return plan.run(tensor, async_op)
+    return _checked_all_reduce(tensor, group, options, async_op, kind, ntensors, key)
 
 
 def _checked_all_reduce(tensor: Any, group: Any, options: AllreduceOptions, async_op: bool, kind: Any, ntensors: int,
-                        key: Any, env: Any, world: Any) -> Work | None:
-    """The full path of both entries above: every check, then a refusal or the backend's call (whose
-    plan, where `key` is set, serves the next identical call)."""
+                        key: Any) -> Work | None:
+    """The full path: every check, then a refusal or the ring's call (whose plan, where `key` is set,
+    serves the next identical call)."""
     tensor = local_tensor(tensor)
-    info = resolve(group)
     wire_dtype, extra_divisor = options.wire_dtype, options.extra_divisor
     code, exc, rop, accum = local_refusal(tensor, options.op, options.accum_dtype, options.algorithm)
+    if exc is not None and not _c10d.is_initialized():
+        raise exc  # as torch.distributed checks its arguments before the group
+    info = resolve(group)
     wire, factor, gather = None, 0.0, "auto"
     if exc is None:
-        assert rop is not None
+        code, exc, wire, factor = scaling_refusal(tensor, rop, wire_dtype, options.predivide_factor)
+    ring = None
+    if exc is None and info is not None:
+        ring = ring_for(info, tensor.device)
         try:
-            gather = wire_gather_setting(options.wire_gather) if wire_dtype is not None else "auto"
+            gather = wire_gather_setting(options.wire_gather, ring.knobs) if wire is not None else "auto"
         except ValueError as error:
             code, exc = FrameError.OTHER, error
-        if exc is None:
-            code, exc, wire, factor = scaling_refusal(tensor, rop, options.algorithm, wire_dtype,
-                                                      options.predivide_factor, gather)
+        else:
+            device_refusal = ring.option_refusal(options.algorithm, gather) if wire is not None else None
+            if device_refusal is not None:
+                code, exc = FrameError.OTHER, device_refusal
     if exc is not None:
         # the others run a call with a 16-bit wire on the flat ring (on GPUs; below)
         refuse(info, kind, code, exc, device_of(tensor), "ring" if wire_dtype is not None else options.algorithm)
     assert rop is not None
-    if extra_divisor != 1 and (rop not in (ReduceOp.SUM, ReduceOp.AVG) or extra_divisor < 1):
+    if extra_divisor != 1 and (rop not in SUM_OR_AVG or extra_divisor < 1):
         raise ValueError(f"ringreduce internal error: extra divisor {extra_divisor} with {rop.name}")
     if info is None or tensor.numel() == 0 or info.size == 1:
         if info is not None and extra_divisor != 1 and tensor.numel() > 0:  # one rank still divides by it
             tensor.div_(extra_divisor)
         return Work.completed([tensor]) if async_op else None
-    backend = backend_for(tensor.device)
-    # a 16-bit wire runs on the backend's WIRE_RING where it has one (the GPU's flat ring)
-    local_size, members = choose_algorithm(info, (backend.WIRE_RING if wire is not None else None) or options.algorithm)
-    level = debug_level()
-    call = Call(info=info, tensor=tensor, kind=kind, ntensors=ntensors, rop=rop, accum=accum,
-                accum_dtype=options.accum_dtype, wire=wire, factor=factor, gather=gather, extra_divisor=extra_divisor,
-                local_size=local_size, members=members, one_shot=options.algorithm == "auto", async_op=async_op,
-                group=group, plan_key=key if not level and world is not None else None, world=world, env=env)
+    assert ring is not None
+    # a 16-bit wire runs on the ring's WIRE_RING where it has one (the GPU's flat ring)
+    local_size, members = choose_algorithm(info, (ring.WIRE_RING if wire is not None else None) or options.algorithm,
+                                           ring.knobs)
+    call = Call(info, kind, rop, device=tensor.device, ntensors=ntensors, accum=accum,
+                narrow=options.accum_dtype == tensor.dtype and tensor.dtype in HALF_TYPES, wire=wire, gather=gather,
+                factor=factor, extra_divisor=extra_divisor, local_size=local_size, members=members,
+                one_shot=options.algorithm == "auto")
+    native = ring.options(call)
+    level = debug_level(ring.knobs)
+    if key is not None and ring.PLANS and not level:
+        plan = ring.plan(call, native, group, _c10d._world.default_pg)
+        with _plans_lock:
+            if len(_plans) >= MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
     start = time.perf_counter()
-    handle, work = backend.all_reduce(call)
+    handle, work = ring.all_reduce(call, tensor, native, async_op)
     if level:
-        log_call(info, handle, tensor, rop, kind, level, async_op, accum,
-                 None if async_op else time.perf_counter() - start, local_size, wire=wire, predivide=factor)
+        log_call(ring, call, handle, tensor, async_op, None if async_op else time.perf_counter() - start)
     return work
 
 
@@ -329,12 +379,13 @@ def run_ring_half(info: GroupInfo, tensor: torch.Tensor, output: torch.Tensor, r
         if output.numel():
             output.copy_(tensor.reshape(output.shape))
         return Work.completed([output]) if async_op else None
-    level = debug_level()
+    ring = ring_for(info, tensor.device)
+    call = Call(info, kind, rop, device=tensor.device, members=info.members)
+    level = debug_level(ring.knobs)
     start = time.perf_counter()
-    handle, work = backend_for(tensor.device).ring_half(info, tensor, output, rop, kind, async_op)
+    handle, work = ring.ring_half(call, tensor, output, async_op)
     if level:
-        log_call(info, handle, tensor, rop, kind, level, async_op, False,
-                 None if async_op else time.perf_counter() - start)
+        log_call(ring, call, handle, tensor, async_op, None if async_op else time.perf_counter() - start)
     return work
 
 

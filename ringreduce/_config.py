@@ -1,11 +1,23 @@
-"""ringreduce's environment knobs: declared once in KNOBS (name, default, meaning), read here at call
-time so tests can change them per call. README's "Knobs" table is KNOBS as markdown
+"""ringreduce's environment knobs: declared once in KNOBS (name, default, meaning), read here when a
+ring is made (Note [Knobs are read when a ring is made]). README's "Knobs" table is KNOBS as markdown
 (`ringreduce._config.knobs_markdown()`; tests/tools/test_knobs.py holds README and the sources to it).
+
+Note [Knobs are read when a ring is made]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+As NCCL reads its NCCL_* parameters and c10d its TORCH_* variables when a communicator or a group is
+created, a ring (ringreduce/_rings: one per process group, rank list and device) reads every knob once,
+into a frozen Knobs, when it is made: at its group's first ringreduce call. A change of the environment
+after that is seen by the rings made afterwards (a new group) and, for the rings that exist, after
+``ringreduce.reload_knobs()``, which reads the environment again (raising ValueError for a bad value at
+once) and starts a new epoch: each ring reads its knobs again at its next call. Nothing watches
+os.environ; a call reads no environment variable.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from dataclasses import dataclass
 from typing import NamedTuple
 
 
@@ -66,24 +78,8 @@ MAX_LANES = 4  # kGpuMaxLanes (csrc/cuda/gpu_pipeline.h)
 DEFAULT_LANES = 2  # kGpuDefaultLanes: the lanes (communicators) a GPU group's communicator is created with
 
 
-# Every call reads several knobs; os.environ.get encodes the key and decodes the value each time. On
-# POSIX os.environ keeps its bytes mapping in `_data` (updated by every assignment): one dict probe.
-_ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
-if not isinstance(_ENV_BYTES, dict):
-    _ENV_BYTES = None
-
-
-_BYTES_KEYS: dict[str, bytes] = {}  # the knobs' names, encoded once
-
-
 def _env(name: str, default: str | None = None) -> str | None:
-    if _ENV_BYTES is None:
-        return os.environ.get(name, default)
-    key = _BYTES_KEYS.get(name)
-    if key is None:
-        key = _BYTES_KEYS[name] = name.encode()
-    raw = _ENV_BYTES.get(key)
-    return default if raw is None else os.fsdecode(raw)
+    return os.environ.get(name, default)
 
 
 def _int_env(name: str, default: int, minimum: int) -> int:
@@ -181,3 +177,56 @@ def local_size_override() -> int | None:
         raise ValueError(f"RINGREDUCE_LOCAL_SIZE must be a positive integer, got {raw!r}")
     return value
 
+
+
+_DEBUG_OFF = ("", "0", "OFF", "WARN", "WARNING")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Every knob of KNOBS as one ring read it (Note [Knobs are read when a ring is made]); read() makes one."""
+
+    segment_bytes: int  # RINGREDUCE_SEGMENT_BYTES; 0 when unset (CPU: DEFAULT_SEGMENT_BYTES, GPU: the rule's)
+    num_slots: int  # RINGREDUCE_SLOTS; AUTO_SLOTS when unset
+    lanes: int  # RINGREDUCE_LANES; 0 when unset
+    one_shot_bytes: int  # RINGREDUCE_ONESHOT_BYTES; -1 when unset
+    check: str  # RINGREDUCE_CHECK as set ("" when unset): check_enabled() decides per device
+    timeout_ms: int  # RINGREDUCE_TIMEOUT in ms; -1: the group's timeout
+    debug: int  # RINGREDUCE_DEBUG: 0 off, 1 INFO, 2 DETAIL
+    local_size: int | None  # RINGREDUCE_LOCAL_SIZE
+    wire_gather: str  # RINGREDUCE_WIRE_GATHER: "auto", "16" or "32"
+    shm: bool  # RINGREDUCE_SHM
+    # the launcher's node layout (torchrun's GROUP_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE), read with the knobs
+    launcher: tuple[str | None, str | None, str | None]
+
+    def check_enabled(self, is_cuda: bool) -> bool:
+        """The cross-rank agreement check: on by default on CPU, opt-in on GPU."""
+        return self.check not in _OFF if self.check else not is_cuda
+
+    def cpu_segment_bytes(self) -> int:
+        return self.segment_bytes or DEFAULT_SEGMENT_BYTES
+
+
+def read() -> Knobs:
+    """Every knob from the environment now, checked (ValueError names a bad one)."""
+    debug = debug_setting()
+    return Knobs(
+        segment_bytes=segment_bytes(0), num_slots=num_slots(), lanes=lanes(), one_shot_bytes=one_shot_bytes(),
+        check=_env("RINGREDUCE_CHECK") or "", timeout_ms=timeout_ms(),
+        debug=0 if debug in _DEBUG_OFF else 2 if debug == "DETAIL" else 1, local_size=local_size_override(),
+        wire_gather=wire_gather(), shm=shm_enabled(),
+        launcher=(_env("GROUP_RANK"), _env("LOCAL_WORLD_SIZE"), _env("WORLD_SIZE")),
+    )
+
+
+_epoch_lock = threading.Lock()
+epoch = 0  # reload() starts a new one; a ring whose knobs are of an older epoch reads them again
+
+
+def reload() -> Knobs:
+    """ringreduce.reload_knobs(): starts a new epoch, so that every ring reads its knobs again at its
+    next call, and reads (and checks) them now; a bad value raises here and at those calls."""
+    global epoch
+    with _epoch_lock:
+        epoch += 1
+    return read()

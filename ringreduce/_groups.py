@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import os
 import sys
 import threading
 import warnings
@@ -12,7 +11,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ringreduce import _config, _fastpath
+from ringreduce import _config
+from ringreduce._config import Knobs
+
+
+class NotInitializedError(RuntimeError, ValueError):
+    """torch.distributed is not initialized: a RuntimeError, as ringreduce raised it before, and a
+    ValueError, as torch.distributed raises it (its message comes first)."""
 
 
 @dataclass(frozen=True)
@@ -128,9 +133,10 @@ def resolve(group: Any) -> GroupInfo | None:
     if not dist.is_available():
         raise RuntimeError("ringreduce needs torch.distributed, which this torch build lacks")
     if not dist.is_initialized():
-        raise RuntimeError(
-            "ringreduce: the default process group is not initialized; call "
-            "torch.distributed.init_process_group(backend=...) first (e.g. under torchrun)"
+        raise NotInitializedError(
+            "Default process group has not been initialized, please make sure to call init_process_group. "
+            "(ringreduce: the default process group is not initialized; call "
+            "torch.distributed.init_process_group(backend=...) first, e.g. under torchrun)"
         )
     if group is dist.GroupMember.NON_GROUP_MEMBER:  # what dist.new_group returns to outsiders
         _warn_non_member(-1)
@@ -167,10 +173,8 @@ def set_store(pg: Any, store: Any) -> None:
 
 
 def forget_ring(ring: GroupInfo | None = None) -> None:
-    """Drops every plan of a repeated call (Note [Fast path of a repeated call] in _fastpath.py) and
-    every cached entry that refers to `ring`'s process group (being destroyed); with None, every
-    cached GroupInfo and its process group (at interpreter exit, see __init__)."""
-    _fastpath.forget()
+    """Drops every cached entry that refers to `ring`'s process group (being destroyed); with None,
+    every cached GroupInfo and its process group (at interpreter exit, see __init__)."""
     pg = None if ring is None else ring.pg
     with _resolved_lock:
         for key, (_, info) in list(_resolved.items()):
@@ -201,19 +205,17 @@ _layouts: dict[tuple[Any, ...], NodeLayout] = {}
 _NODE_KEY = "ringreduce/node_of_rank/{rank}"
 
 
-def _node_of_global_ranks(global_ranks: list[int]) -> list[int]:
-    """Node id of each global rank, from the launcher (GROUP_RANK, LOCAL_WORLD_SIZE) or the override.
+def _node_of_global_ranks(global_ranks: list[int], knobs: Knobs) -> list[int]:
+    """Node id of each global rank, from the launcher (GROUP_RANK, LOCAL_WORLD_SIZE) or the override,
+    as the ring's `knobs` read them.
 
     Not from hostnames: simulated nodes share one host. Every rank publishes its GROUP_RANK in the
     default store and reads the ring's (one multi_get) rather than deriving it from rank numbering,
     so that all ranks agree on the layout whatever the launcher's numbering.
     """
-    override = _config.local_size_override()
-    if override is not None:
-        return [g // override for g in global_ranks]
-    group_rank = os.environ.get("GROUP_RANK")
-    local_world = os.environ.get("LOCAL_WORLD_SIZE")
-    world = os.environ.get("WORLD_SIZE")
+    if knobs.local_size is not None:
+        return [g // knobs.local_size for g in global_ranks]
+    group_rank, local_world, world = knobs.launcher
     if group_rank is None or local_world is None:
         return [0 for _ in global_ranks]  # no launcher information: one node
     if world is not None and int(world) == int(local_world):
@@ -230,11 +232,11 @@ def _node_of_global_ranks(global_ranks: list[int]) -> list[int]:
 _published_node: dict[int, str] = {}
 
 
-def node_layout(info: GroupInfo) -> NodeLayout:
-    """How the ring's ranks spread over nodes (cached per group and rank list)."""
-    # Keyed by the environment too: tests change RINGREDUCE_LOCAL_SIZE within one process.
-    env = (_config._env("RINGREDUCE_LOCAL_SIZE"), _config._env("GROUP_RANK"), _config._env("LOCAL_WORLD_SIZE"))
-    key = (id(info.pg), info.members, env)
+def node_layout(info: GroupInfo, knobs: Knobs | None = None) -> NodeLayout:
+    """How the ring's ranks spread over nodes, as its `knobs` read the layout (default: the environment
+    now; cached per group, rank list and layout)."""
+    knobs = knobs if knobs is not None else _config.read()
+    key = (id(info.pg), info.members, knobs.local_size, knobs.launcher)
     with _layout_lock:
         cached = _layouts.get(key)
     if cached is not None:
@@ -246,7 +248,7 @@ def node_layout(info: GroupInfo) -> NodeLayout:
         global_ranks = list(ring)
     else:
         global_ranks = [dist.get_global_rank(info.pg, r) for r in ring]
-    nodes = [info.nodes[r] for r in ring] if info.nodes else _node_of_global_ranks(global_ranks)
+    nodes = [info.nodes[r] for r in ring] if info.nodes else _node_of_global_ranks(global_ranks, knobs)
     order = sorted(range(len(ring)), key=lambda i: (nodes[i], global_ranks[i]))
     counts = collections.Counter(nodes)
     sizes = set(counts.values())
@@ -261,15 +263,15 @@ def node_layout(info: GroupInfo) -> NodeLayout:
     return layout
 
 
-def choose_algorithm(info: GroupInfo, algorithm: str) -> tuple[int, tuple[int, ...]]:
+def choose_algorithm(info: GroupInfo, algorithm: str, knobs: Knobs | None = None) -> tuple[int, tuple[int, ...]]:
     """(local_size, members) of an all-reduce: 0 and info.members for the flat ring; L > 0 for the
-    hierarchical all-reduce over `members` ordered node by node, L ranks per node. "auto" picks it for
-    several equal nodes of more than one rank; "hierarchical" is the flat ring on one node or one rank
-    per node, ValueError on unequal nodes.
+    hierarchical all-reduce over `members` ordered node by node, L ranks per node (the layout as the
+    ring's `knobs` read it, node_layout). "auto" picks it for several equal nodes of more than one
+    rank; "hierarchical" is the flat ring on one node or one rank per node, ValueError on unequal nodes.
     """
     if algorithm == "ring" or info.size <= 2:
         return 0, info.members
-    layout = node_layout(info)
+    layout = node_layout(info, knobs)
     if algorithm == "hierarchical" and not layout.local_size:
         raise ValueError(
             f"ringreduce: algorithm='hierarchical' needs the same number of ranks of {info.name} on every "
@@ -281,7 +283,7 @@ def choose_algorithm(info: GroupInfo, algorithm: str) -> tuple[int, tuple[int, .
     return 0, info.members
 
 
-def one_node(info: GroupInfo) -> bool:
+def one_node(info: GroupInfo, knobs: Knobs | None = None) -> bool:
     """Whether every rank of the ring is on one node, as the launcher (or RINGREDUCE_LOCAL_SIZE) says:
     the rings that may use shared memory (the same answer on every rank)."""
-    return node_layout(info).nodes == 1
+    return node_layout(info, knobs).nodes == 1

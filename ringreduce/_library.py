@@ -20,6 +20,7 @@ import torch
 from ringreduce import scatter_gather
 from ringreduce._call import device_of, refuse, run_all_reduce
 from ringreduce._groups import resolve
+from ringreduce._options import options_of
 from ringreduce._traced import group_of
 from ringreduce._types import CallKind, FrameError, ReduceOp
 
@@ -43,8 +44,8 @@ def all_reduce_(
 ) -> None:
     """In-place all-reduce of `tensor` over the group named `group_name` (ringreduce.all_reduce): `op`,
     `accum_dtype`, `algorithm`, `wire_dtype` as there; `predivide_factor` 0.0 means none."""
-    run_all_reduce(tensor, op, group_of(group_name), False, accum_dtype, algorithm, CallKind.ALL_REDUCE,
-                   wire_dtype=wire_dtype, predivide_factor=predivide_factor or None)
+    run_all_reduce(tensor, group_of(group_name), options_of(op, accum_dtype, algorithm, wire_dtype, predivide_factor or None),
+                   False, CallKind.ALL_REDUCE)
 
 
 @torch.library.custom_op("ringreduce::all_reduce_avg_", mutates_args=("tensor",))
@@ -54,8 +55,9 @@ def all_reduce_avg_(
 ) -> None:
     """In-place average of `tensor` over the group named `group_name` (ringreduce.all_reduce_avg):
     `accum_dtype`, `algorithm`, `wire_dtype` as there; `predivide_factor` 0.0 means none."""
-    run_all_reduce(tensor, ReduceOp.AVG, group_of(group_name), False, accum_dtype, algorithm, CallKind.ALL_REDUCE_AVG,
-                   wire_dtype=wire_dtype, predivide_factor=predivide_factor or None)
+    run_all_reduce(tensor, group_of(group_name),
+                   options_of(ReduceOp.AVG, accum_dtype, algorithm, wire_dtype, predivide_factor or None), False,
+                   CallKind.ALL_REDUCE_AVG)
 
 
 def _fake_in_place(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
@@ -73,7 +75,7 @@ all_reduce_avg_.register_fake(_fake_in_place)
 def all_reduce(tensor: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
     """Out-of-place all-reduce: a reduced copy of `tensor` (same shape and strides)."""
     out = tensor.clone()
-    run_all_reduce(out, op, group_of(group_name), False, None, "auto", CallKind.ALL_REDUCE)
+    run_all_reduce(out, group_of(group_name), options_of(op), False, CallKind.ALL_REDUCE)
     return out
 
 
@@ -81,7 +83,7 @@ def all_reduce(tensor: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
 def all_reduce_avg(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
     """Out-of-place average: an averaged copy of `tensor` (same shape and strides)."""
     out = tensor.clone()
-    run_all_reduce(out, ReduceOp.AVG, group_of(group_name), False, None, "auto", CallKind.ALL_REDUCE_AVG)
+    run_all_reduce(out, group_of(group_name), options_of(ReduceOp.AVG), False, CallKind.ALL_REDUCE_AVG)
     return out
 
 

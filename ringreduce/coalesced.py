@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import datetime
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ringreduce._call import local_refusal, local_tensor, refuse, run_all_reduce_with, scaling_refusal
+from ringreduce._call import local_refusal, local_tensor, refuse, run_all_reduce, scaling_refusal, torch_words
 from ringreduce._groups import resolve
-from ringreduce._options import AllreduceOptions
+from ringreduce._options import AllreduceOptions, options_of
 from ringreduce._types import CallKind, FrameError, ReduceOp
-from ringreduce.work import Work, Works
+from ringreduce.work import Work
 
 
 def copy_blocks(flat: torch.Tensor, blocks: Sequence[torch.Tensor]) -> None:
@@ -52,46 +50,23 @@ class _FlatGroup:
             copy_blocks(self.flat, self.tensors)
 
 
-class CoalescedWork(Works, Work):
-    """Work of ``all_reduce_coalesced``: waits for every dtype's ring, then copies the results back
-    (``get_future()``'s value: the list of input tensors, after the copy)."""
-
-    def __init__(self, works: list[Work], groups: list[_FlatGroup], tensors: list[torch.Tensor], describe: str):
-        super().__init__(None, list(tensors), describe=describe)
-
-        def copy_back() -> None:
-            for g in groups:
-                g.copy_back()
-
-        self._hold(works, self._result, copy_back)
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        if timeout is not None and not isinstance(timeout, datetime.timedelta):
-            raise TypeError(f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}")
-        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
-        for w in self._works:
-            left = None if deadline is None else datetime.timedelta(seconds=max(0.0, deadline - time.monotonic()))
-            w.wait(left)
-        self._run_finish()
-        return True
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future_of_all()
+def _in_torch_words(tensors: Any, ours: str) -> str:
+    """`ours`, after what torch.distributed's all_reduce_coalesced says of the same list."""
+    words = torch_words("_check_tensor_list", tensors, "tensor")
+    return f"{words} ({ours})" if words else ours
 
 
 def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, Any, BaseException | None]:
     """(tensor list, frame error code, exception) from purely local checks of the argument."""
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
-        return None, FrameError.NOT_A_TENSOR, TypeError(
-            "ringreduce.all_reduce_coalesced: expected a list or tuple of tensors, got "
-            f"{type(tensors).__name__} (use ringreduce.all_reduce for a single tensor)"
-        )
+        return None, FrameError.NOT_A_TENSOR, TypeError(_in_torch_words(
+            tensors, "ringreduce.all_reduce_coalesced: expected a list or tuple of tensors, got "
+            f"{type(tensors).__name__} (use ringreduce.all_reduce for a single tensor)"))
     tensors = [local_tensor(t) for t in tensors]  # DTensors: their local shards, in place
     for k, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
-            return None, FrameError.NOT_A_TENSOR, TypeError(
-                f"ringreduce.all_reduce_coalesced: element {k} is a {type(t).__name__}, not a torch.Tensor"
-            )
+            return None, FrameError.NOT_A_TENSOR, TypeError(_in_torch_words(
+                list(tensors), f"ringreduce.all_reduce_coalesced: element {k} is a {type(t).__name__}, not a torch.Tensor"))
     if tensors:
         first = tensors[0].device
         for k, t in enumerate(tensors):
@@ -120,39 +95,21 @@ def _refusal(listed: list[torch.Tensor], options: AllreduceOptions) -> tuple[Any
         probe = torch.empty(0)
         code, exc, rop, _ = local_refusal(probe, o.op, None, o.algorithm)
         if exc is None:
-            code, exc, _, _ = scaling_refusal(probe, rop, o.algorithm, o.wire_dtype, o.predivide_factor)
+            code, exc, _, _ = scaling_refusal(probe, rop, o.wire_dtype, o.predivide_factor)
         return code, exc
     rop = None
     for k, t in enumerate(listed):
         b = o.for_buffer(t.dtype)  # what the buffer of t's dtype is reduced with
         code, exc, rop, _ = local_refusal(t, b.op, b.accum_dtype, b.algorithm)
         if exc is None:
-            code, exc, _, _ = scaling_refusal(t, rop, b.algorithm, b.wire_dtype, b.predivide_factor)
+            code, exc, _, _ = scaling_refusal(t, rop, b.wire_dtype, b.predivide_factor)
         if exc is not None:
             return code, type(exc)(f"{exc} (in ringreduce.all_reduce_coalesced, element {k})")
     if o.wire_dtype is not None and not any(t.dtype == torch.float32 for t in listed):
-        code, exc, _, _ = scaling_refusal(listed[0], rop, o.algorithm, o.wire_dtype, o.predivide_factor)
+        code, exc, _, _ = scaling_refusal(listed[0], rop, o.wire_dtype, o.predivide_factor)
         assert exc is not None  # a wire for a tensor that is not float32
         return code, type(exc)(f"{exc} (in ringreduce.all_reduce_coalesced, whose list has no float32 tensor)")
     return FrameError.NONE, None
-
-
-# The options of recent coalesced calls, so that a repeated call's buffers take their plans (Note [Fast
-# path of a repeated call]); an argument that cannot be a key (unhashable) gets options of its own.
-_recent_options: dict[tuple[Any, ...], AllreduceOptions] = {}
-
-
-def _options_of(op: Any, accum_dtype: Any, algorithm: Any, wire_dtype: Any, predivide_factor: Any) -> AllreduceOptions:
-    key = (type(op), op, accum_dtype, algorithm, wire_dtype, type(predivide_factor), predivide_factor)
-    try:
-        options = _recent_options.get(key)
-    except TypeError:
-        return AllreduceOptions(op, accum_dtype, algorithm, wire_dtype, predivide_factor)
-    if options is None:
-        if len(_recent_options) >= 64:
-            _recent_options.clear()
-        options = _recent_options[key] = AllreduceOptions(op, accum_dtype, algorithm, wire_dtype, predivide_factor)
-    return options
 
 
 def _rings(tensors: Any, algorithm: Any, wire_dtype: Any) -> list[Any]:
@@ -234,12 +191,14 @@ def all_reduce_coalesced(
     CUDA tensors run on ringreduce's streams, ordered after the current stream, which waits for
     the results (the host does not block), as in :func:`all_reduce`.
     """
-    info = resolve(group)
-    options = _options_of(op, accum_dtype, algorithm, wire_dtype, predivide_factor)
+    options = options_of(op, accum_dtype, algorithm, wire_dtype, predivide_factor)
     listed, code, exc = _validate(tensors)
     if exc is None:
         assert listed is not None
         code, exc = _refusal(listed, options)
+    if exc is not None and not dist.is_initialized():
+        raise exc  # as torch.distributed checks its arguments before the group
+    info = resolve(group)
     if exc is not None:
         # The device the other ranks run this call on: the list's (CPU for a list that is not one).
         device = listed[0].device if listed else None
@@ -254,11 +213,16 @@ def all_reduce_coalesced(
     groups = [_FlatGroup(ts, alone=len(by_dtype) == 1) for ts in by_dtype.values()]
     works: list[Work] = []
     for g in groups:
-        w = run_all_reduce_with(g.flat, group, options.for_buffer(g.flat.dtype), True,
-                                CallKind.ALL_REDUCE_COALESCED, ntensors=len(listed))
+        w = run_all_reduce(g.flat, group, options.for_buffer(g.flat.dtype), True, CallKind.ALL_REDUCE_COALESCED,
+                           ntensors=len(listed))
         assert w is not None
         works.append(w)
-    work = CoalescedWork(works, groups, listed, describe=f"all_reduce_coalesced of {len(listed)} tensors on {info.name}")
+
+    def copy_back() -> None:  # once every buffer's ring completed
+        for g in groups:
+            g.copy_back()
+
+    work = Work.of_parts(works, listed, copy_back, f"all_reduce_coalesced of {len(listed)} tensors on {info.name}")
     if async_op:
         return work
     work.wait()

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from ringreduce import _traced
 from ringreduce._call import run_all_reduce
+from ringreduce._options import options_of
 from ringreduce._types import CallKind, ReduceOp, to_reduce_op
 from ringreduce.work import Work
 
@@ -114,8 +115,8 @@ def all_reduce(
         torch.ops.ringreduce.all_reduce_(tensor, _traced.op_name(op), _traced.group_name(group), accum_dtype, algorithm,
                                          wire_dtype, _traced.factor(predivide_factor))
         return Work.completed([tensor]) if async_op else None
-    return run_all_reduce(tensor, op, group, async_op, accum_dtype, algorithm, CallKind.ALL_REDUCE,
-                          wire_dtype=wire_dtype, predivide_factor=predivide_factor)
+    return run_all_reduce(tensor, group, options_of(op, accum_dtype, algorithm, wire_dtype, predivide_factor), async_op,
+                          CallKind.ALL_REDUCE)
 
 
 def all_reduce_avg(
@@ -172,8 +173,8 @@ def all_reduce_avg(
         torch.ops.ringreduce.all_reduce_avg_(tensor, _traced.group_name(group), accum_dtype, algorithm, wire_dtype,
                                              _traced.factor(predivide_factor))
         return Work.completed([tensor]) if async_op else None
-    return run_all_reduce(tensor, ReduceOp.AVG, group, async_op, accum_dtype, algorithm, CallKind.ALL_REDUCE_AVG,
-                          wire_dtype=wire_dtype, predivide_factor=predivide_factor)
+    return run_all_reduce(tensor, group, options_of(ReduceOp.AVG, accum_dtype, algorithm, wire_dtype, predivide_factor),
+                          async_op, CallKind.ALL_REDUCE_AVG)
 
 
 __all__ = ["ReduceOp", "all_reduce", "all_reduce_avg", "to_reduce_op"]

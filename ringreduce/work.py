@@ -1,15 +1,31 @@
-"""Work: the handle of an asynchronous ringreduce call, shaped like torch.distributed's Work."""
+"""Work: the handle of an asynchronous ringreduce call, shaped like torch.distributed's Work.
+
+One class for every call: a Work waits for one native call handle (a CPU call, a CUDA work), or for
+several Works of its own (all_reduce_coalesced's buffers, a backend call's parts) and then runs what
+is left (copying results back) once. The torch.distributed backend's adapter (BackendWork,
+ringreduce/distributed/work.py) wraps one.
+"""
 
 from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from ringreduce._interrupt import wait_sliced
+
+
+def _milliseconds(timeout: datetime.timedelta | None) -> int:
+    """A wait's bound in ms (-1: none); TypeError for anything but None or a timedelta."""
+    if timeout is None:
+        return -1
+    if isinstance(timeout, datetime.timedelta):
+        return max(0, int(timeout.total_seconds() * 1000))
+    raise TypeError(f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}")
 
 
 class Work:
@@ -43,6 +59,7 @@ class Work:
         # the current stream and never blocks the host, so only a timed wait is sliced.
         self._on_interrupt = on_interrupt
         self._stream_wait = stream_wait
+        self._parts: list[Work] | None = None  # a Work of several Works (of_parts)
 
     @classmethod
     def completed(cls, result: list[torch.Tensor]) -> Work:
@@ -50,6 +67,24 @@ class Work:
         ``async_op=True`` when nothing needs to move (numel 0, a group of one rank, a rank outside the
         group, or a call traced by torch.compile)."""
         return cls(None, result)
+
+    @classmethod
+    def of_parts(cls, parts: Sequence[Work], result: list[torch.Tensor], finish: Callable[[], None] | None = None,
+                 describe: str = "ringreduce call") -> Work:
+        """A Work that waits for every one of `parts`, then runs `finish` (what is left once they
+        completed, such as copying results back) exactly once; its future's value is `result`, and
+        `describe` names it in messages."""
+        work = cls(None, result, describe=describe)
+        work._parts = list(parts)
+        work._finish = finish
+        work._finish_lock = threading.Lock()
+        return work
+
+    def _run_finish(self) -> None:
+        with self._finish_lock:
+            finish, self._finish = self._finish, None
+        if finish is not None:
+            finish()
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Waits for the call and returns True, as torch.distributed's ``Work.wait``.
@@ -71,13 +106,15 @@ class Work:
             KeyboardInterrupt: Ctrl-C during a blocked host wait (CPU, or CUDA with `timeout`; the
                 group is unusable afterwards).
         """
+        ms = _milliseconds(timeout)
+        if self._parts is not None:
+            deadline = None if ms < 0 else time.monotonic() + ms / 1000.0
+            for part in self._parts:
+                left = None if deadline is None else datetime.timedelta(seconds=max(0.0, deadline - time.monotonic()))
+                part.wait(left)
+            self._run_finish()
+            return True
         if self._handle is not None:
-            if timeout is None:
-                ms = -1
-            elif isinstance(timeout, datetime.timedelta):
-                ms = max(0, int(timeout.total_seconds() * 1000))
-            else:
-                raise TypeError(f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}")
             # host waits go in slices (Ctrl-C); a CUDA handle's wait(-1) is a stream wait, not a host one
             sliced = self._on_interrupt is not None and not (self._stream_wait and ms < 0)
             done = wait_sliced(self._handle, ms, self._on_interrupt) if sliced else self._handle.wait(ms)
@@ -92,14 +129,20 @@ class Work:
 
     def is_completed(self) -> bool:
         """True once the call finished, successfully or not (CUDA: polls the GPU; never blocks)."""
+        if self._parts is not None:
+            return all(p.is_completed() for p in self._parts)
         return self._handle is None or self._handle.is_completed()
 
     def is_success(self) -> bool:
         """True once the call finished without error; False while it runs or after it failed."""
+        if self._parts is not None:
+            return all(p.is_success() for p in self._parts)
         return self.is_completed() and (self._handle is None or self._handle.ok())
 
     def exception(self) -> BaseException | None:
         """The exception a failed call raises in ``wait()``, or None (still running, or succeeded)."""
+        if self._parts is not None:
+            return next((e for e in (p.exception() for p in self._parts) if e is not None), None)
         if self._handle is None or not self._handle.is_completed() or self._handle.ok():
             return None
         try:
@@ -114,16 +157,34 @@ class Work:
 
         CPU: completed by ringreduce's worker thread when the result is in the tensor. CUDA: the
         future is CUDA-aware and completes when the call is *enqueued*; its ``wait()``/``then()``
-        order the current stream after the call.
+        order the current stream after the call. A Work of several calls: completed once every call
+        is, after its results were copied back.
         """
         if self._future is None:
-            if self._handle is None:
+            if self._parts is not None:
+                self._future = self._future_of_parts()
+            elif self._handle is None:
                 fut: torch.futures.Future = torch.futures.Future()
                 fut.set_result(self._result)
                 self._future = fut
             else:
                 self._future = self._handle.get_future()
         return self._future
+
+    def _future_of_parts(self) -> torch.futures.Future:
+        """A future of every part's future: raises the first error, else runs `finish`, then holds the
+        result (the parts' own future when there is one part and nothing to finish)."""
+        assert self._parts is not None
+        if len(self._parts) == 1 and self._finish is None:
+            return self._parts[0].get_future()
+
+        def done(all_done: torch.futures.Future) -> list[torch.Tensor]:
+            for f in all_done.value():
+                f.value()  # raises the call's error
+            self._run_finish()
+            return self._result
+
+        return torch.futures.collect_all([p.get_future() for p in self._parts]).then(done)
 
     def result(self) -> list[torch.Tensor]:
         """The call's output tensors as a list (``[tensor]``; all_gather: ``[gathered]``); read them
@@ -133,48 +194,3 @@ class Work:
     def __repr__(self) -> str:
         state = "completed" if self.is_completed() else "pending"
         return f"<ringreduce.{type(self).__name__} {self._describe} {state}>"
-
-
-class Works:
-    """What a Work made of several calls (``self._works``) answers: done, succeeded, the first error, a
-    future of them all; `finish`, what is left once they completed (copying results back), runs once."""
-
-    def _hold(self, works: list[Any], result: list[torch.Tensor], finish: Callable[[], None] | None) -> None:
-        self._works, self._result, self._finish = works, result, finish
-        self._finished = finish is None
-        self._finish_lock = threading.Lock()
-        self._all_future: torch.futures.Future | None = None
-
-    def _run_finish(self) -> None:
-        with self._finish_lock:
-            if not self._finished:
-                self._finished = True
-                assert self._finish is not None
-                self._finish()
-
-    def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self._works)
-
-    def is_success(self) -> bool:
-        return all(w.is_success() for w in self._works)
-
-    def exception(self) -> BaseException | None:
-        for w in self._works:
-            exc = w.exception()
-            if exc is not None:
-                return exc
-        return None
-
-    def _future_of_all(self) -> torch.futures.Future:
-        """A future of every call's future (made once): raises the first error, else runs `finish`, then
-        holds the result."""
-
-        def done(all_done: torch.futures.Future) -> list[torch.Tensor]:
-            for f in all_done.value():
-                f.value()  # raises the call's error
-            self._run_finish()
-            return self._result
-
-        if self._all_future is None:
-            self._all_future = torch.futures.collect_all([w.get_future() for w in self._works]).then(done)
-        return self._all_future

@@ -18,21 +18,26 @@ export RINGREDUCE_CPU_WITHOUT_GPU=1
 cd "$ROOT"
 
 mode=allreduce
+# The sweep covers float32 and bfloat16 (Note [Several element types in one sweep],
+# ringreduce/bench/sweep.py) unless the arguments name the types (-d) or ask for what runs one type
+# (--wire-dtype: float32 tensors; --vs: one type per run).
+types=(-d float,bfloat16)
 for arg in "$@"; do
   case "$arg" in
     -h|--help) exec python -m ringreduce.bench "$@" ;;
     train|--mode=train) mode=train ;;
+    -d|-d*|--dtype|--dtype=*|--wire-dtype|--wire-dtype=*|--vs|--vs=*) types=() ;;
   esac
 done
 
 OUT="${BENCH_OUT:-benchmarks/results/local/$(date +%Y%m%d-%H%M%S)-$(hostname -s 2>/dev/null || echo host)}"
 mkdir -p "$OUT"
-# The sweep times 2 s per size and implementation (the bench's own default is 6), as README's results
-# table; a --seconds of your own comes later on the command line and wins.
+# The sweep times 2 s per size, type and implementation (the bench's own default is 6), as README's
+# results table; a --seconds of your own comes later on the command line and wins.
 if [ "$mode" = train ]; then
   files=(--json "$OUT/train.json")
 else
-  files=(--seconds 2 --json "$OUT/allreduce.json" --plot "$OUT/allreduce.png")
+  files=(--seconds 2 ${types[@]+"${types[@]}"} --json "$OUT/allreduce.json" --plot "$OUT/allreduce.png")
 fi
 
 # Other processes on the cores make small-size figures move between runs (README, Results).

@@ -6,10 +6,11 @@
 #                                against torch and a device-to-device copy; python -m ringreduce.bench
 #                                --backend nccl at 2 ranks from 8 B to 256 MiB with the NCCL default,
 #                                NCCL_ALGO=RING and loopback columns                   budget 300 s
-#   scripts/gpu_check.sh suite   the multi-rank GPU suite (pytest -m gpu tests/gpu, every error-path
-#                                twin) at 2 ranks, using the build speed left          budget 300 s
+#   scripts/gpu_check.sh suite   the multi-rank GPU suite (pytest -m gpu tests: the behavioural tests'
+#                                cases at the place "cuda" and tests/gpu, error paths included) at 2
+#                                ranks, using the build speed left                      budget 300 s
 #   scripts/gpu_check.sh more    the loopback suite (ranks as threads on one GPU, n = 2..8), the suite
-#                                and the benchmark at 3 ranks                          budget 540 s
+#                                and the benchmark at 3 ranks                           budget 540 s
 #   scripts/gpu_check.sh         speed, then suite                                     budget 540 s
 #
 # --dry-run (or GPU_CHECK_DRY_RUN=1) prints the plan, each step with its time limit, and runs nothing.
@@ -75,11 +76,11 @@ plan() {  # the steps of PART on a GPU, with their limits (what --dry-run prints
             "speed: bench --backend nccl, 2 ranks, 8 B-256 MiB: nccl, nccl-ring, loopback|$LIMIT_BENCH")
   fi
   if [[ "$PART" == suite || "$PART" == all ]]; then
-    steps+=("suite: pytest -m gpu tests/gpu at 2 ranks (with the error-path twins)|$LIMIT_SUITE")
+    steps+=("suite: pytest -m gpu tests at 2 ranks (every place-\"cuda\" case, error paths included)|$LIMIT_SUITE")
   fi
   if [[ "$PART" == more ]]; then
     steps+=("more: loopback suite on one GPU (n = 2..8, halves, sub-rings, hierarchical)|$LIMIT_LOOPBACK"
-            "more: pytest -m gpu tests/gpu at 3 ranks|$LIMIT_SUITE3"
+            "more: pytest -m gpu tests at 3 ranks|$LIMIT_SUITE3"
             "more: bench --backend nccl, 3 ranks, 1 MiB-256 MiB|$LIMIT_BENCH3")
   fi
   echo "[gpu_check] plan of '$PART' on a GPU machine: budget $BUDGET s (device tool: run with timeout_s $((BUDGET + 30)))"
@@ -391,7 +392,7 @@ suite() {  # suite N LIMIT: the multi-rank GPU suite at N ranks
   local n="$1" how
   if (( n <= NGPU )); then how="one GPU per rank"; else how="sharing $NGPU GPU(s) over NCCL's socket transport on lo"; fi
   step "multi-rank GPU suite, $n ranks ($how)" "$2" \
-    env RINGREDUCE_GPU_WORLD="$n" "$PYTHON" -m pytest -v -p no:cacheprovider -m gpu tests/gpu \
+    env RINGREDUCE_GPU_WORLD="$n" "$PYTHON" -m pytest -v -p no:cacheprovider -m gpu tests \
     --ignore=tests/gpu/test_gpu_loopback.py --durations=15 --junitxml="$RESULTS/gpu_suite_$n.xml"
 }
 

@@ -7,9 +7,9 @@ NCCL"): one subcommand per risk, each at most ~60 s on one GPU, each printing on
     python scripts/gpu_review_checks.py lanes-stop    # one check
     python scripts/gpu_review_checks.py all           # every check, in the order of --list
 
-Every check runs 2 ranks as fresh processes (this file with ``_rank``), on GPU ``rank % GPUs``;
-ranks that share a GPU get their own ``NCCL_HOSTID`` and NCCL's socket transport over ``lo``
-(ringreduce/bench/launch.py, Note [Ranks sharing a GPU]). Results are compared with
+Every check runs 2 ranks as fresh processes (ringreduce/_launch.py, the launcher of the tests and the
+bench), on GPU ``rank % GPUs``; ranks that share a GPU get their own ``NCCL_HOSTID`` and NCCL's socket
+transport over ``lo`` (ringreduce/bench/gpu_map.py, Note [Ranks sharing a GPU]). Results are compared with
 ``torch.distributed.all_reduce`` of the same integer-valued data (exact in float32 whatever the
 order). Without a CUDA GPU every check prints that it needs one and the script exits 0. Exit code:
 1 when a check failed, else 0.
@@ -22,9 +22,7 @@ import datetime
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -146,49 +144,56 @@ CHECKS: dict[str, tuple[str, dict[str, str], int]] = {
 
 
 def _rank_env(rank: int, extra: dict[str, str], gpus: int) -> dict[str, str]:
+    """What a rank's environment adds to this process's: NCCL's for its place among the GPUs, the
+    check's own, and this checkout first on PYTHONPATH (for any process the rank starts)."""
     sys.path.insert(0, str(ROOT))
     from ringreduce.bench.gpu_map import nccl_rank_env
 
-    env = dict(os.environ)
-    env.update(nccl_rank_env(rank, WORLD, gpus))
+    env = dict(nccl_rank_env(rank, WORLD, gpus))
     env.update(extra)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
 
+def _rank_entry(check: str, rank: int, init_file: str, result: str) -> int:
+    out = rank_main(check, rank, init_file)
+    with open(result, "w") as f:
+        json.dump(out, f)
+    if check == "lanes-stop":
+        os._exit(0)  # exit handlers would meet the silent peer's dead communicators
+    return 0
+
+
 def run_ranks(check: str, gpus: int, budget: int) -> tuple[list[dict | None], list[str], float]:
-    """Runs `check` on WORLD fresh rank processes; kills them at `budget` s. Returns each rank's result
-    (None when it gave none), each rank's output, and the seconds taken."""
+    """Runs `check` on WORLD fresh rank processes (ringreduce/_launch.py, the tests' and the bench's
+    launcher); kills them, process groups whole, at `budget` s. Returns each rank's result (None when
+    it gave none), each rank's output, and the seconds taken."""
+    sys.path.insert(0, str(ROOT))
+    from ringreduce._launch import RankProcesses
+
     extra = CHECKS[check][1]
-    with tempfile.TemporaryDirectory(prefix="rr_review_") as tmp:
-        init_file = os.path.join(tmp, "init")
-        procs, logs = [], []
-        for r in range(WORLD):
-            log = open(os.path.join(tmp, f"rank{r}.log"), "w+")  # noqa: SIM115 - closed below
-            logs.append(log)
-            procs.append(subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "_rank", check, str(r), init_file,
-                 os.path.join(tmp, f"result{r}.json")],
-                env=_rank_env(r, extra, gpus), stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    ranks = RankProcesses(WORLD, name=f"{check} rank", prefix="rr_review_")
+    try:
+        paths = [os.path.join(ranks.folder, f"result{r}.json") for r in range(WORLD)]
+        ranks.start(_rank_entry, lambda r: (check, r, ranks.init_file, paths[r]),
+                    env=lambda r: _rank_env(r, extra, gpus))
         t0 = time.monotonic()
-        while time.monotonic() - t0 < budget and any(p.poll() is None for p in procs):
-            if check == "lanes-stop" and procs[0].poll() is not None:
+        while time.monotonic() - t0 < budget and any(code is None for code in ranks.exit_codes()):
+            if check == "lanes-stop" and ranks.exit_codes()[0] is not None:
                 break  # rank 0 reported; rank 1 is silent on purpose
             time.sleep(0.2)
         took = time.monotonic() - t0
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
+        ranks.kill()
         results: list[dict | None] = []
-        for r in range(WORLD):
-            path = os.path.join(tmp, f"result{r}.json")
-            results.append(json.load(open(path)) if os.path.exists(path) else None)
-        outputs = []
-        for log in logs:
-            log.seek(0)
-            outputs.append(log.read())
-            log.close()
+        for path in paths:
+            if os.path.exists(path):
+                with open(path) as f:
+                    results.append(json.load(f))
+            else:
+                results.append(None)
+        outputs = [ranks.output(r) for r in range(WORLD)]
+    finally:
+        ranks.close()
     return results, outputs, took
 
 
@@ -229,14 +234,6 @@ def verdict(check: str, results: list[dict | None], outputs: list[str], took: fl
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) >= 1 and argv[0] == "_rank":
-        check, rank, init_file, result = argv[1], int(argv[2]), argv[3], argv[4]
-        out = rank_main(check, rank, init_file)
-        with open(result, "w") as f:
-            json.dump(out, f)
-        if check == "lanes-stop":
-            os._exit(0)  # exit handlers would meet the silent peer's dead communicators
-        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("check", nargs="?", choices=[*CHECKS, "all"], help="the check to run (or all)")
     parser.add_argument("--list", action="store_true", help="print the checks and their budgets")

@@ -10,7 +10,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1}"
-TOOLS=(numpy pytest hypothesis ninja cmake matplotlib psutil ruff torchft==0.2.0)  # torchft: docs/torchft.md; resolved with the torch pin
+# pytorch-lightning and accelerate: docs/trainers.md's programs, which tests/test_trainers.py runs over the
+# backend; torchft: docs/torchft.md, tests/test_torchft.py (pip installs them with torch pinned to TORCH_SPEC
+# in the same command).
+TOOLS=(numpy pytest hypothesis ninja cmake matplotlib psutil ruff "pytorch-lightning==2.6.6" "accelerate==1.15.*"
+       "torchft==0.2.0")
 export PYTHONUNBUFFERED=1
 
 # Runs "$@" with its whole output in the log file $1 and the lines the awk program $2 selects on the
@@ -38,6 +42,7 @@ fi
 
 # pip only when something is missing: a second run starts the benchmark or the tests at once.
 if ! python - "$TORCH_SPEC" "${TOOLS[@]}" <<'PY' 2>/dev/null
+import re
 import sys
 from importlib.metadata import version
 
@@ -46,9 +51,9 @@ name, _, want = spec.partition("==")
 have = version(name).split("+")[0]
 if not want or have != want:
     sys.exit(1)
-for tool in tools:
-    name, _, want = tool.partition("==")
-    if version(name) != (want or version(name)):  # version() raises for a missing tool
+for tool in tools:  # a name, or a name with a version: "accelerate==1.15.*"
+    tool_name, _, tool_want = tool.partition("==")
+    if not re.fullmatch(tool_want.replace(".", r"\.").replace("*", ".*") or ".*", version(tool_name)):
         sys.exit(1)
 PY
 then

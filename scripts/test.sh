@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
-# Quickstart command 2: set up (venv, torch, build) and run every test: C++ unit tests (ctest)
-# and the Python suite (pytest; the GPU tests, marked `gpu`, run where a CUDA GPU exists; ranks share
-# a GPU over NCCL's socket transport when there are fewer GPUs than ranks). RR_CTEST=0 skips ctest.
+# Quickstart command 2: set up (venv, torch, build) and run the tests: C++ unit tests (ctest) and the
+# Python suite (pytest). By default the default set: every test not marked `full`, which covers every
+# behaviour at least once (every public function, both CPU places, every error path, the backend, the
+# hooks; tests/README.md, "The default run", and tests/tools/test_default_run.py proves it) in a few
+# minutes; `--all` runs every test (CI: .ci/run). The GPU tests (marked `gpu`) run where a CUDA GPU
+# exists; ranks share a GPU over NCCL's socket transport when there are fewer GPUs than ranks.
+#   bash scripts/test.sh [--all] [pytest arguments]      RR_CTEST=0 skips ctest
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SET=default
+if [ "${1:-}" = --all ]; then
+  SET=all
+  shift
+fi
+# The default set, written once: the marker expression below (tests/README.md explains the marker).
+DEFAULT_SET=(-m "not full")
 # shellcheck disable=SC1091
 . "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
@@ -19,5 +30,15 @@ else
   ctest --test-dir build-ctest --output-on-failure -j "${MAX_JOBS:-2}"
 fi
 
-echo "[test] Python suite"
-python -m pytest -q "$@"
+SECONDS=0
+status=0
+if [ "$SET" = all ]; then
+  echo "[test] Python suite: every test (--all; load average $(cut -d' ' -f1-3 /proc/loadavg))"
+  RINGREDUCE_TEST_SET=all python -m pytest -q "$@" || status=$?
+else
+  echo "[test] Python suite: the default set, ${DEFAULT_SET[*]} (bash scripts/test.sh --all: every test;" \
+       "load average $(cut -d' ' -f1-3 /proc/loadavg))"
+  RINGREDUCE_TEST_SET=default python -m pytest -q "${DEFAULT_SET[@]}" "$@" || status=$?
+fi
+echo "[test] pytest took ${SECONDS} s ($SET set; load average now $(cut -d' ' -f1-3 /proc/loadavg))"
+exit "$status"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Times both Quickstart commands from a fresh clone of this repository's HEAD (issue 35): the seconds
 # of `bash scripts/bench.sh` to its first table row and to its end, then of `bash scripts/test.sh`,
-# with the machine they ran on (CPU, cores, GPUs, load average before each). Their whole output goes
-# to DIR/bench.log and DIR/test.log. The clone is left in DIR/ringreduce (about 6 GB with .venv).
+# with the machine they ran on (CPU, cores, GPUs, load average before each); with RR_QUICKSTART_ALL=1
+# then `bash scripts/test.sh --all` (every test) too. Their whole output goes to DIR/bench.log,
+# DIR/test.log and DIR/test-all.log. The clone is left in DIR/ringreduce (about 6 GB with .venv).
 #   bash scripts/time_quickstart.sh [DIR]      # DIR: an empty folder (default: a new one under /tmp)
 set -euo pipefail
 SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,3 +36,6 @@ timed() {
 
 timed "$DIR/bench.log" bash scripts/bench.sh
 timed "$DIR/test.log" bash scripts/test.sh
+if [ "${RR_QUICKSTART_ALL:-0}" = 1 ]; then
+  timed "$DIR/test-all.log" bash scripts/test.sh --all
+fi

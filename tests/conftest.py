@@ -6,61 +6,123 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import gpu.gpu_ranks  # noqa: E402,F401 - registers the place "cuda" (Note [Places])
 from ranks import close_pools  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "full: only in the full suite (bash scripts/test.sh --all, CI), not in the "
+                            "default set (tests/README.md, \"The default run\")")
+    config.addinivalue_line("markers", "full_at(*places): the test's cases at those places are marked full")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    """ranks.full_at("tcp", ws=3): the test's cases at those places (with those parameters) run only in
+    the full suite."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        for mark in item.iter_markers(name="full_at"):
+            if callspec.params.get("place") in mark.args and all(
+                    callspec.params.get(k) == v for k, v in mark.kwargs.items()):
+                item.add_marker(pytest.mark.full)
+                break
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _rank_pools():
+def _rank_pools(request):
+    """Closes every pool at the end of the session; where a GPU is visible, says once how the GPU
+    ranks run (Note [Ranks sharing a GPU])."""
+    from gpu.gpu_ranks import shared, transport, visible_gpus, world
+
+    if visible_gpus():
+        how = ("NCCL's socket transport over lo (each rank its own NCCL_HOSTID), not NVLink or P2P"
+               if shared() else "one GPU per rank")
+        line = (f"ringreduce GPU tests: {world()} ranks on {visible_gpus()} GPU(s), {transport()}: {how} "
+                "(RINGREDUCE_GPU_WORLD sets the world size)")
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(line)
     yield
     close_pools()
 
 
-# Modules with BOTH_TRANSPORTS = True run every test over both CPU transports: shared memory (the
-# default for ranks of one host) and gloo point-to-point (RINGREDUCE_SHM=0). Their run_ranks calls
-# use the pool of the test's transport. A test that parametrizes "_transport" itself (ranks.py's
-# transport_cases and SHM_ONLY, Note [Transport cases]) runs only the combinations it lists; a GPU test
-# (marked gpu: its ranks use NCCL, not a CPU transport) runs once.
-def _parametrizes_transport(metafunc) -> bool:
+# Note [Places] (ranks.py): a module with PLACES = ranks.ALL_PLACES (or CPU_PLACES) runs every test at
+# every place it names: "shm" and "tcp" (CPU tensors over shared memory, or gloo point-to-point with
+# RINGREDUCE_SHM=0) and "cuda" (CUDA tensors over ringreduce's NCCL ring; marked gpu, skipped without a
+# GPU). run_ranks uses the pool of the test's place. A test that parametrizes "place" itself
+# (ranks.place_cases, only_place, SHM_ONLY) runs only the combinations it lists; a GPU test (marked
+# gpu: its ranks use NCCL itself) runs once.
+def _parametrizes_place(metafunc) -> bool:
     for mark in metafunc.definition.iter_markers(name="parametrize"):
         names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
         if isinstance(names, str):
             names = [n.strip() for n in names.split(",")]
-        if "_transport" in names:
+        if "place" in names:
             return True
     return False
 
 
 def pytest_generate_tests(metafunc):
-    if (getattr(metafunc.module, "BOTH_TRANSPORTS", False) and "_transport" in metafunc.fixturenames
-            and not _parametrizes_transport(metafunc) and metafunc.definition.get_closest_marker("gpu") is None):
-        metafunc.parametrize("_transport", ["shm", "tcp"], indirect=True)
+    from ranks import place_param
+
+    places = getattr(metafunc.module, "PLACES", ())
+    if (places and "place" in metafunc.fixturenames and not _parametrizes_place(metafunc)
+            and metafunc.definition.get_closest_marker("gpu") is None):
+        metafunc.parametrize("place", [place_param(p) for p in places], indirect=True)
 
 
 @pytest.fixture(autouse=True)
-def _transport(request):
+def place(request):
+    """The test's place (Note [Places]): "shm" unless its module or its parametrization says otherwise."""
     import ranks
 
-    saved = ranks.DEFAULT_TRANSPORT
-    ranks.DEFAULT_TRANSPORT = getattr(request, "param", "shm")
-    yield ranks.DEFAULT_TRANSPORT
-    ranks.DEFAULT_TRANSPORT = saved
+    saved = ranks.DEFAULT_PLACE
+    ranks.DEFAULT_PLACE = getattr(request, "param", "shm")
+    yield ranks.DEFAULT_PLACE
+    ranks.DEFAULT_PLACE = saved
+
+
+def _creator(name: str) -> int | None:
+    m = re.match(r"ringreduce-(\d+)-", name)
+    return int(m.group(1)) if m else None
+
+
+def _descends_from_us(pid: int) -> bool | None:
+    """Whether process `pid` is this one or below it; None when it no longer exists."""
+    me = os.getpid()
+    while pid > 1:
+        if pid == me:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])  # the parent's pid
+        except (OSError, ValueError, IndexError):
+            return None
+    return False
+
+
+@pytest.fixture(autouse=True)
+def _knobs_as_the_environment_says():
+    """After every test, once monkeypatch has put the environment back (this fixture is set up before
+    it, so torn down after it): the knobs are read again, so that a test's RINGREDUCE_* never reaches
+    the next test through rings made later (Note [Knobs are read when a ring is made])."""
+    yield
+    reload = getattr(sys.modules.get("ringreduce"), "reload_knobs", None)
+    if reload is not None:
+        reload()
 
 
 def _shm_entries() -> set[str]:
-    try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("ringreduce")}
-    except FileNotFoundError:
-        return set()
+    """ringreduce's segments in /dev/shm, less those of live processes that are not this session's (other
+    test runs on a shared machine): a segment a dead process left counts, whoever made it."""
+    from ringreduce._launch import shm_entries
 
-
-@pytest.fixture(autouse=True)
-def _nothing_left_in_dev_shm():
-    """Every test, whatever it killed: no ringreduce segment is left in /dev/shm (Note [Shared-memory
-    segments]: a segment is unlinked as soon as every rank of its ring has mapped it)."""
-    before = _shm_entries()
-    yield
-    left = _shm_entries() - before
-    assert not left, f"left in /dev/shm: {sorted(left)}"
+    return {n for n in shm_entries() if _creator(n) is None or _descends_from_us(_creator(n)) is not False}
 
 
 # GPU-only tests on a machine without a CUDA GPU: one line in the -ra summary for all of them

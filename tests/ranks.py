@@ -2,12 +2,14 @@
 tests/gpu/gpu_ranks.py (which GPU each rank uses, NCCL's environment, the skips), for the GPU tests.
 
 ``run_ranks(n, fn, *args)`` runs ``fn(rank, world_size, *args)`` on every rank of a persistent pool
-of n processes (one pool per world size and CPU transport, reused across tests so the suite stays
-fast) and returns the per-rank results. The transport (``transport="shm"`` or ``"tcp"``, default
-DEFAULT_TRANSPORT, which conftest.py sets for modules that run over both) is fixed when a pool
-starts: a ring decides on shared memory at its first call (RINGREDUCE_SHM). ``spawn_ranks`` runs one
-job on fresh processes (for tests that kill ranks or poison their groups) and reports every rank's
-status and exit code. ``fn`` must be a module-level function of an importable module (a test file).
+of n processes (one pool per place and world size, reused across tests and modules so the suite stays
+fast) and returns the per-rank results. The place (Note [Places]: ``"shm"``, ``"tcp"`` or ``"cuda"``;
+default the test's, which conftest.py sets from the `place` fixture) is fixed when a pool starts: a
+ring decides on shared memory at its first call (RINGREDUCE_SHM); inside a job ``device(rank)`` is
+where its tensors go. ``spawn_ranks`` runs one job on fresh processes (for tests that kill ranks or
+poison their groups) and reports every rank's status and exit code. ``fn`` must be a module-level
+function of an importable module (a test file). The processes themselves are started, logged and
+killed by ringreduce/_launch.py, the launcher the benchmark and the GPU checks use too.
 
 Every group of ranks (RankGroup; a RankKind says how its processes start):
 
@@ -30,15 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import faulthandler
 import multiprocessing as mp
 import os
 import re
-import shutil
-import signal
-import socket
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -46,58 +43,137 @@ from typing import Any
 
 import pytest
 
-_CTX = mp.get_context("spawn")
+from ringreduce._launch import RankProcesses, describe_exit, free_port
+
+__all__ = ["describe_exit", "free_port"]  # the shared launcher's (ringreduce/_launch.py), used by tests here
+
+_CTX = mp.get_context("spawn")  # the pipes to the ranks (RankProcesses starts them in this context)
 DEFAULT_TIMEOUT = 180.0
-TRANSPORTS = {"shm": "1", "tcp": "0"}  # RINGREDUCE_SHM of a pool's processes
-DEFAULT_TRANSPORT = "shm"  # the library's default for ranks of one host
+ALL_PLACES = ("shm", "tcp", "cuda")  # where a behavioural test runs: Note [Places]
+CPU_PLACES = ("shm", "tcp")
+TRANSPORTS = {"shm": "1", "tcp": "0"}  # RINGREDUCE_SHM of a CPU pool's processes
+DEFAULT_PLACE = "shm"  # the library's default for ranks of one host; conftest.py sets it per test
+PLACE_VAR = "RINGREDUCE_TEST_PLACE"  # a rank's place, for device() inside its jobs
 GRACE_S = 5.0  # after a rank died: how long the others may still report before they are killed
 STARTUP_S = 180.0  # process start and process group creation, before the first job
 LOG_TAIL = 4000  # characters of a failed rank's output in the report
 DEADLINE_VAR = "RINGREDUCE_GPU_DEADLINE"  # Unix time by which every job must have ended (gpu_check.sh's step limit)
 
 
-# Note [Transport cases]
-# ~~~~~~~~~~~~~~~~~~~~~~
-# A module with BOTH_TRANSPORTS = True (conftest.py) runs each test over shared memory and over gloo
-# point-to-point. The reduction arithmetic (every dtype x op x world size) is csrc/core's, the same
-# for both; below the transport seam (csrc/core/transport.h) gloo point-to-point moves bytes through
-# the plan executor (csrc/cpu/ring_executor.cpp, c10d_transport.cpp) whatever the dtype. A test whose
-# cases are a big matrix therefore lists, with `transport_cases`, every case for shm and the subset
-# for tcp that reaches each distinct path of the point-to-point side (2 ranks, where both neighbours
-# are one peer, and more; element sizes 1, 2, 4, 8 and 16 bytes; the 16-bit converts; one-shot, single-
-# and many-segment calls; uneven chunks); the other tcp combinations are not generated at all (no
-# skips). refdata.TCP_TYPES is the dtype subset that sweeps inside a test use over tcp.
+# Note [Places]
+# ~~~~~~~~~~~~~
+# A place is a (device, transport) pair a ring runs on: "shm" (CPU tensors, ranks of one host in shared
+# memory, the library's default), "tcp" (CPU tensors over gloo point-to-point, RINGREDUCE_SHM=0) and
+# "cuda" (CUDA tensors over ringreduce's NCCL ring; tests/gpu/gpu_ranks.py registers it, and its cases
+# are marked gpu and skip where no CUDA GPU is visible, in one line of the summary). A test module names
+# its places once, `PLACES = ranks.ALL_PLACES` (or CPU_PLACES, for bodies that use CPU tensors only), and
+# conftest.py runs every test of it at every one of them through the `place` fixture; run_ranks then
+# uses the pool of the test's place, and a job's tensors go to `device(rank)`. The pools live for the
+# session, one per (place, world size): one process group and, on a GPU, one NCCL communicator serve
+# every test of every module (issue 48). A test whose cases are a matrix lists its places itself:
+#
+# * `place_cases("ws", [2, 3, 5], tcp=[3], cuda=[2])`: every case over shm, the listed subsets over tcp
+#   and cuda (the other combinations are not generated at all: no skips);
+# * `SHM_ONLY` / `only_place("tcp")`: one place, for a test whose other runs would only repeat Python or
+#   core code (no ranks, or a refusal before any call), or whose ranks pick a transport themselves.
+#
+# Why a subset suffices over tcp: the arithmetic of every dtype x op x world size is csrc/core's, the same
+# for both CPU transports; below the transport seam (csrc/core/transport.h) gloo point-to-point moves
+# bytes (csrc/cpu/c10d_transport.cpp, ring_executor.cpp) whatever the dtype. The tcp cases keep what that
+# side distinguishes: 2 ranks (both neighbours one peer) and more, uneven chunks, one-shot, single- and
+# many-segment calls, the 16-bit converts and wires, agreement frames and refusals, failures and
+# interrupts; refdata.types_for(place) is the dtype subset that sweeps inside a test use (TCP_TYPES).
 
 
-def transport_cases(argnames: str, cases: list, tcp: list | None = None, ids: Callable | None = None) -> Any:
-    """A parametrize mark over ("_transport", *argnames): every one of `cases` over "shm" and the
-    `tcp` subset of them over "tcp" (`tcp=None`: all of them; `[]`: none). A case is a value for one
-    argname, else a tuple. Ids are those of conftest.py's own parametrization ("tcp-3"), or
-    "tcp-" + ids(case)."""
+def place_param(place: str) -> Any:
+    """`place` as a parameter of the `place` fixture: marked gpu, and skipped without a CUDA GPU, for
+    "cuda"."""
+    if place != "cuda":
+        return pytest.param(place, id=place)
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return pytest.param(place, id=place, marks=[pytest.mark.gpu, pytest.mark.skipif(
+        gpus == 0, reason=f"needs a CUDA GPU (found {gpus})")])
+
+
+FULL = pytest.mark.full  # only in the full suite: tests/README.md, "The default run"
+
+
+def place_cases(argnames: str, cases: list, tcp: list | None = None, cuda: list | None = None,
+                ids: Callable | None = None, full: list | None = None) -> Any:
+    """A parametrize mark over ("place", *argnames): every one of `cases` over "shm", the `tcp` subset
+    over "tcp" (`None`: all of them; `[]`: none) and the `cuda` subset over "cuda" (`None`: none). A case
+    is a value for one argname, else a tuple. `full`: the (place, case) pairs that run only in the full
+    suite (marked full). Ids: "tcp-3", or "tcp-" + ids(case)."""
     tcp = list(cases) if tcp is None else list(tcp)
-    missing = [c for c in tcp if c not in cases]
-    assert not missing, f"tcp cases {missing} are not among the shm cases"
+    cuda = list(cuda or [])
+    missing = [c for c in tcp + cuda if c not in cases]
+    assert not missing, f"tcp/cuda cases {missing} are not among the shm cases"
+    full = list(full or [])
     single = "," not in argnames
-    pairs = [("shm", c) for c in cases] + [("tcp", c) for c in tcp]
-    rows = [(t, c) if single else (t, *c) for t, c in pairs]
-    names = [f"{t}-{ids(c)}" for t, c in pairs] if ids else None
-    return pytest.mark.parametrize(f"_transport,{argnames}", rows, indirect=["_transport"], ids=names)
+    rows = []
+    for place, subset in (("shm", cases), ("tcp", tcp), ("cuda", cuda)):
+        marks = list(place_param(place).marks)
+        for c in subset:
+            values = (place, c) if single else (place, *c)
+            extra = [FULL] if (place, c) in full else []
+            rows.append(pytest.param(*values, marks=marks + extra, id=f"{place}-{ids(c)}" if ids else None))
+    unknown = [f for f in full if f[0] not in ("shm", "tcp", "cuda") or f[1] not in
+               {"shm": cases, "tcp": tcp, "cuda": cuda}[f[0]]]
+    assert not unknown, f"full cases {unknown} are not among the cases"
+    return pytest.mark.parametrize(f"place,{argnames}", rows, indirect=["place"])
 
 
-def only_transport(name: str) -> Any:
-    """A parametrize mark running a test of a BOTH_TRANSPORTS module over `name` only: "shm" for a
-    test whose tcp run would retest only the core or Python code, "tcp" for one that picks tcp itself."""
-    return pytest.mark.parametrize("_transport", [name], indirect=True)
+def full_at(*places: str, **params: Any) -> Any:
+    """A mark: the test's cases at `places` (and, given `params`, with those parameter values) run only
+    in the full suite (conftest.py marks them full). Several may be stacked."""
+    return pytest.mark.full_at(*places, **params)
 
 
-SHM_ONLY = only_transport("shm")
+def only_place(*places: str) -> Any:
+    """A parametrize mark running a test at `places` only: "shm" for a test whose tcp run would retest
+    only the core or Python code, "tcp" for one that picks tcp itself."""
+    return pytest.mark.parametrize("place", [place_param(p) for p in places], indirect=True)
+
+
+SHM_ONLY = only_place("shm")
+
+
+def device(rank: int) -> Any:
+    """The device of rank `rank`'s tensors in this job: its GPU at the place "cuda" (round-robin over
+    the visible GPUs, Note [Ranks sharing a GPU]), else the CPU."""
+    import torch
+
+    if os.environ.get(PLACE_VAR) == "cuda":
+        from ringreduce.bench.gpu_map import rank_device
+
+        return torch.device("cuda", rank_device(rank, torch.cuda.device_count()))
+    return torch.device("cpu")
+
+
+def on_cuda() -> bool:
+    """Whether this job runs at the place "cuda" (inside a rank)."""
+    return os.environ.get(PLACE_VAR) == "cuda"
+
+
+def _reload_knobs() -> None:
+    """ringreduce.reload_knobs() where ringreduce is imported (Note [Knobs are read when a ring is made]
+    in ringreduce/_config.py); a bad value is left for the job's calls to raise."""
+    reload = getattr(sys.modules.get("ringreduce"), "reload_knobs", None)
+    if reload is not None:
+        with contextlib.suppress(ValueError):
+            reload()
 
 
 @contextlib.contextmanager
 def job_environ(env: dict) -> Iterator[None]:
-    """os.environ with `env` set (values as strings) for one job of a rank, as it was afterwards."""
+    """os.environ with `env` set (values as strings) for one job of a rank, as it was afterwards; the
+    rings read their knobs again on both sides."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update({k: str(v) for k, v in env.items()})
+    if env:
+        _reload_knobs()
     try:
         yield
     finally:
@@ -106,12 +182,8 @@ def job_environ(env: dict) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        if env:
+            _reload_knobs()
 
 
 def time_left() -> float | None:
@@ -135,19 +207,6 @@ def within_deadline(seconds: float) -> tuple[float, str]:
     if left < 1.0:
         pytest.skip(f"not run: the deadline of this run ({DEADLINE_VAR}, scripts/gpu_check.sh's step limit) has passed")
     return left, f", all that was left before {DEADLINE_VAR}"
-
-
-def describe_exit(code: int | None) -> str:
-    """'exit code 3', 'SIGSEGV (exit code -11)', 'still running'."""
-    if code is None:
-        return "still running"
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    return f"{name} (exit code {code})"
 
 
 class RankKind:
@@ -175,24 +234,19 @@ class RankKind:
         """Runs after every job of the rank, as part of the job (an exception fails it)."""
 
 
-def _rank_main(rank: int, world_size: int, kind: RankKind, init_file: str, log_path: str, conn: Any,
-               sys_path: list[str], base_env: dict, one_job: bool) -> None:
-    # Everything this rank prints goes to its log (the parent reports its tail when the rank fails);
-    # faulthandler writes the Python stack of a fatal signal there too.
-    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - open for the life of the process
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = sys.stderr = log
-    faulthandler.enable(log)
-    faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)  # the parent asks before killing a hung rank
-    sys.path[:] = sys_path
-    os.environ.update(base_env)
+def _rank_main(rank: int, world_size: int, kind: RankKind, init_file: str, conn: Any, one_job: bool) -> None:
+    # Started by RankProcesses (ringreduce/_launch.py): its output goes to its log (the parent reports its
+    # tail when the rank fails), with faulthandler's stacks of a crash or of SIGUSR1 (a hung job).
     try:
         import torch.distributed as dist
 
         backend = kind.start(rank, world_size)
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=kind.pg_timeout))
+        if not one_job:
+            # A pool's rank imports what DDP imports at its first use (torch._dynamo: seconds, a minute and
+            # more on a loaded machine) during startup, which no job's timeout is charged with.
+            import torch._dynamo  # noqa: F401
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         conn.send(("err", f"process group setup failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         return
@@ -224,33 +278,29 @@ class RankGroup:
     def __init__(self, world_size: int, kind: RankKind, base_env: dict | None = None, one_job: bool = False,
                  daemon: bool = False) -> None:
         self.world_size = world_size
-        self.tmp = tempfile.mkdtemp(prefix=kind.folder)
-        init_file = os.path.join(self.tmp, "init")
-        self.logs = [os.path.join(self.tmp, f"rank{r}.log") for r in range(world_size)]
         self.offsets = [0] * world_size  # where the current job's output starts in each log
-        self.procs: list[Any] = []
         self.conns: list[Any] = []
+        children: list[Any] = []
+        for _ in range(world_size):
+            parent, child = _CTX.Pipe()
+            self.conns.append(parent)
+            children.append(child)
         self.broken = False
         self.exit_asked = False
         self.ready = False
-        for r in range(world_size):
-            parent, child = _CTX.Pipe()
-            p = _CTX.Process(target=_rank_main, name=f"{kind.name} {r}", daemon=daemon,
-                             args=(r, world_size, kind, init_file, self.logs[r], child, list(sys.path),
-                                   dict(base_env or {}), one_job))
-            p.start()
+        self.ranks = RankProcesses(world_size, name=kind.name, prefix=kind.folder)
+        self.tmp = self.ranks.folder
+        self.ranks.start(_rank_main, lambda r: (r, world_size, kind, self.ranks.init_file, children[r], one_job),
+                         env=base_env, daemon=daemon)
+        for child in children:
             child.close()
-            self.procs.append(p)
-            self.conns.append(parent)
+
+    @property
+    def procs(self) -> list[Any]:
+        return self.ranks.procs
 
     def output(self, rank: int, since_job: bool = True) -> str:
-        try:
-            with open(self.logs[rank], errors="replace") as f:
-                f.seek(self.offsets[rank] if since_job else 0)
-                text = f.read()
-        except OSError:
-            return ""
-        return text[-LOG_TAIL:] if len(text) > LOG_TAIL else text
+        return self.ranks.output(rank, self.offsets[rank] if since_job else 0, LOG_TAIL)
 
     def wait_ready(self, fn: Callable, limit: float = STARTUP_S) -> None:
         """Every rank has its process group (startup is not charged to the first job's timeout)."""
@@ -284,10 +334,7 @@ class RankGroup:
         tracebacks of ranks that raised, the exit codes of ranks that died (other than as `exits`
         allows: those give None) and the ranks still running."""
         for r in range(self.world_size):
-            try:
-                self.offsets[r] = os.path.getsize(self.logs[r])
-            except OSError:
-                self.offsets[r] = 0
+            self.offsets[r] = self.ranks.log_size(r)
             self.conns[r].send((fn, args, kwargs, env))
         results: list[Any] = [None] * self.world_size
         errors: dict[int, str] = {}
@@ -337,9 +384,7 @@ class RankGroup:
         timeout, cut = within_deadline(timeout)
         results, errors, dead, pending = self.collect(fn, args, kwargs, env, timeout, exits, GRACE_S)
         if pending and not (dead or errors):  # a hang: where is every rank stuck? (Python stacks)
-            for r in pending:
-                if self.procs[r].is_alive() and self.procs[r].pid is not None:
-                    os.kill(self.procs[r].pid, signal.SIGUSR1)
+            self.ranks.dump_stacks(pending)
             time.sleep(1.0)
         if pending or dead or errors:
             self._stop()  # the logs stay until the report below has read them
@@ -402,16 +447,12 @@ class RankGroup:
 
     def _stop(self) -> None:
         self.broken = True
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-        for p in self.procs:
-            p.join(timeout=10)
+        self.ranks.kill()  # every rank's process group
 
     def _remove_files(self) -> None:
         """The group's folder goes once nothing reads its logs any more: after a failure's report is
         built, or when the group is closed or killed."""
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.ranks.remove_folder()
 
 
 _POOLS: dict[tuple, RankGroup] = {}
@@ -443,12 +484,31 @@ def run_ranks(
     transport: str | None = None,
     **kwargs: Any,
 ) -> list[Any]:
-    """Runs fn(rank, world_size, *args, **kwargs) on a persistent pool; returns per-rank results."""
+    """Runs fn(rank, world_size, *args, **kwargs) on the persistent pool of the place `transport`
+    ("shm", "tcp" or "cuda"; default: the test's, Note [Places]); returns per-rank results."""
     within_deadline(timeout)  # past the run's deadline: skip before any process starts
-    transport = transport or DEFAULT_TRANSPORT
-    group = pool(("cpu", world_size, transport), world_size, RankKind(),
-                 {"RINGREDUCE_SHM": TRANSPORTS[transport]}, daemon=True)
+    place = transport or DEFAULT_PLACE
+    kind, base_env = place_kind(place)
+    group = pool((place, world_size), world_size, kind, {**base_env, PLACE_VAR: place}, daemon=True)
     return group.run(fn, args, kwargs, dict(env or {}), timeout, {})
+
+
+# The places other than the CPU transports: a RankKind and the pool's environment for each
+# (tests/gpu/gpu_ranks.py registers "cuda").
+_PLACE_KINDS: dict[str, Callable[[], tuple[RankKind, dict]]] = {}
+
+
+def register_place(place: str, make: Callable[[], tuple[RankKind, dict]]) -> None:
+    _PLACE_KINDS[place] = make
+
+
+def place_kind(place: str) -> tuple[RankKind, dict]:
+    """The RankKind of a pool at `place` and the environment its processes start with."""
+    if place in TRANSPORTS:
+        return RankKind(), {"RINGREDUCE_SHM": TRANSPORTS[place]}
+    if place not in _PLACE_KINDS:
+        raise ValueError(f"unknown place {place!r} (one of {ALL_PLACES}; tests/gpu/gpu_ranks.py registers cuda)")
+    return _PLACE_KINDS[place]()
 
 
 def run_fresh(world_size: int, kind: RankKind, fn: Callable[..., Any], args: tuple, env: dict | None,
@@ -475,19 +535,22 @@ def spawn_ranks(
     env: dict | None = None,
     pg_timeout: float = 60.0,
 ) -> list[tuple[str, Any, int | None]]:
-    """Runs fn on fresh processes (RINGREDUCE_SHM from DEFAULT_TRANSPORT unless `env` sets it), which
+    """Runs fn on fresh CPU processes (RINGREDUCE_SHM from the test's place unless `env` sets it), which
     exit after it. Returns per rank (status, result-or-traceback, exit code).
 
-    status is "ok", "err" (fn raised) or "died" (no result: killed or crashed). Every process is
-    killed at the deadline; the caller asserts on statuses and exit codes. What the ranks printed
-    goes to this process's stderr (pytest shows it when the test fails).
+    status is "ok", "err" (fn raised) or "died" (no result: killed or crashed). Startup (at most
+    STARTUP_S) is not charged to `timeout`, as for the pools: a loaded machine can take a minute to
+    start torch in every rank. Every process is killed at the deadline; the caller asserts on statuses
+    and exit codes. What the ranks printed goes to this process's stderr (pytest shows it when the
+    test fails).
     """
-    timeout, _ = within_deadline(timeout)
-    deadline = time.monotonic() + timeout
-    env = {"RINGREDUCE_SHM": TRANSPORTS[DEFAULT_TRANSPORT], **(env or {})}
+    within_deadline(timeout)  # past the run's deadline: skip before any process starts
+    env = {"RINGREDUCE_SHM": TRANSPORTS.get(DEFAULT_PLACE, "1"), **(env or {})}
     group = RankGroup(world_size, RankKind(pg_timeout), env, one_job=True)
     try:
-        group.wait_ready(fn, timeout)
+        group.wait_ready(fn)
+        timeout, _ = within_deadline(timeout)
+        deadline = time.monotonic() + timeout
         results, errors, dead, pending = group.collect(fn, args, {}, {}, deadline - time.monotonic(), {}, None)
         for p in group.procs:  # its exit code once it exited (atexit handlers included)
             p.join(timeout=max(0.0, deadline - time.monotonic()) + 5)

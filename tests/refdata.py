@@ -10,7 +10,7 @@ INT_TYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
 COMPLEX_TYPES = [torch.complex64, torch.complex128]
 ALL_TYPES = FLOAT_TYPES + INT_TYPES + [torch.bool] + COMPLEX_TYPES
 OPS = ["sum", "avg", "max", "min", "product"]
-# The dtypes of the exact sweeps over gloo point-to-point (ranks.py's Note [Transport cases]): that
+# The dtypes of the exact sweeps over gloo point-to-point (ranks.py's Note [Places]): that
 # transport moves bytes, so one type per element size (1, 2, 4, 8, 16 bytes), both 16-bit floats (they
 # convert to float32 partials) and bool (a logical reduction) reach its paths; the core arithmetic of
 # every dtype is swept over shared memory.

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from ranks import run_ranks
+from ranks import FULL, run_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce as rr
@@ -104,7 +104,7 @@ def _ddp_parity(rank: int, ws: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("ws", [2, 3, 4])
+@pytest.mark.parametrize("ws", [2, 3, pytest.param(4, marks=FULL)])
 def test_ddp_without_a_hook_over_ringreduce(ws: int) -> None:
     """Note [What bitwise-equal DDP needs]: an MLP on random data is bitwise equal at 2 ranks, within
     rounding at 3 and 4 (at 4 the ring and gloo, and DDP's one bucket and GradientAverager's, add in

@@ -8,12 +8,12 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import run_ranks
+from ranks import CPU_PLACES, full_at, run_ranks
 from refdata import bits_equal, ring_reference, same_on_all_ranks
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 
 def _inputs(rank: int, with_base: bool = False) -> list[torch.Tensor]:
@@ -91,6 +91,7 @@ def _exact(rank: int, ws: int, op: str, async_op: bool, segment: bool) -> None:
 
 
 @pytest.mark.parametrize("ws", [2, 3])
+@full_at("tcp", ws=3)
 def test_coalesced_exact(ws: int) -> None:
     for op, async_op in (("sum", False), ("avg", True), ("max", True), ("min", False)):
         run_ranks(ws, _exact, op, async_op, False)
@@ -346,7 +347,7 @@ def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
     gives CUDA tensors without a GPU, and its subclass is refused locally."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ringreduce import _call, coalesced
+    from ringreduce import _call, _rings, coalesced
     from ringreduce._groups import GroupInfo
     from ringreduce._rings import cpu as _cpu
     from ringreduce._rings import cuda as _cuda
@@ -355,12 +356,15 @@ def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
         tensors = [torch.empty(4, device="cuda"), torch.empty(2, device="cuda")]
     info = GroupInfo(pg=None, rank=0, size=2, name="fake group")  # type: ignore[arg-type]
     seen: list[str] = []
+    monkeypatch.setattr(_rings, "_rings", {})  # this test's rings only
     monkeypatch.setattr(coalesced, "resolve", lambda group: info)
-    monkeypatch.setattr(_cuda, "choose_algorithm", lambda info, algorithm: (0, ()))
-    monkeypatch.setattr(_cuda, "cuda_refuse", lambda info, device, kind, error, members=None: seen.append(f"gpu {device}"))
-    monkeypatch.setattr(_cpu, "submit_cpu", lambda *a, **k: seen.append("cpu"))
+    monkeypatch.setattr(_cuda.CudaRing, "refuse", lambda self, call, algorithms: seen.append(f"gpu {call.device}") or [])
+    monkeypatch.setattr(_cpu.CpuRing, "refuse", lambda self, call, algorithms: seen.append("cpu") or [])
     monkeypatch.setitem(_call.C.native_info, "cuda", True)
     monkeypatch.setenv("RINGREDUCE_CHECK", "1")
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
+    for where in (torch.distributed, torch.distributed.distributed_c10d):  # else refused before the group
+        monkeypatch.setattr(where, "is_initialized", lambda: True)
     with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
         rr.all_reduce_coalesced(tensors)
     assert seen == ["gpu cuda:0"], seen
@@ -371,9 +375,11 @@ def test_refused_cuda_call_with_a_wire_tells_the_flat_ring(monkeypatch) -> None:
     across nodes for "auto"): a refusing rank's frame for that call goes around the flat ring, and
     for a coalesced list one frame per dtype buffer in the order the others run them (the float32
     buffer's on the flat ring, the others' on `algorithm`'s). Faked as in the test above."""
+    from types import SimpleNamespace
+
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ringreduce import _call, coalesced
+    from ringreduce import _call, _rings, coalesced
     from ringreduce._groups import GroupInfo
     from ringreduce._rings import cuda as _cuda
 
@@ -382,12 +388,18 @@ def test_refused_cuda_call_with_a_wire_tells_the_flat_ring(monkeypatch) -> None:
                           torch.empty(2, device="cuda"))
     info = GroupInfo(pg=None, rank=0, size=4, name="fake group")  # type: ignore[arg-type]
     algorithms: list[str] = []
+    monkeypatch.setattr(_rings, "_rings", {})  # this test's rings only
     monkeypatch.setattr(coalesced, "resolve", lambda group: info)
     monkeypatch.setattr(_call, "resolve", lambda group: info)
-    monkeypatch.setattr(_cuda, "choose_algorithm", lambda info, algorithm: algorithms.append(algorithm) or (0, ()))
-    monkeypatch.setattr(_cuda, "cuda_refuse", lambda info, device, kind, error, members=None: None)
+    monkeypatch.setattr(_cuda, "choose_algorithm",
+                        lambda info, algorithm, knobs=None: algorithms.append(algorithm) or (0, ()))
+    monkeypatch.setattr(_cuda, "communicator", lambda info, device, knobs=None: None)
+    monkeypatch.setattr(_cuda, "_native", lambda: SimpleNamespace(cuda_refuse=lambda *args: None))
     monkeypatch.setitem(_call.C.native_info, "cuda", True)
     monkeypatch.setenv("RINGREDUCE_CHECK", "1")
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
+    for where in (torch.distributed, torch.distributed.distributed_c10d):  # else refused before the group
+        monkeypatch.setattr(where, "is_initialized", lambda: True)
     with pytest.raises(ValueError, match="tensor subclass FakeTensor"):
         rr.all_reduce_coalesced([f64, f32, f32b], op="avg", wire_dtype=torch.bfloat16)
     assert algorithms == ["auto", "ring"], algorithms

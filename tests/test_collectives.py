@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import SHM_ONLY, run_ranks, spawn_ranks, transport_cases
+from ranks import CPU_PLACES, SHM_ONLY, full_at, place_cases, run_ranks, spawn_ranks
 from refdata import (
     OPS,
     bits_equal,
@@ -22,7 +22,7 @@ from refdata import (
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 TINY_SEGMENTS = {"RINGREDUCE_SEGMENT_BYTES": "16", "RINGREDUCE_SLOTS": "2"}
 
@@ -54,18 +54,18 @@ def _exact_sweep(rank: int, ws: int, counts: list[int], dtypes: list[str]) -> li
     return failures
 
 
-# Every dtype and world size over shm; over tcp (ranks.py's Note [Transport cases]) 2 ranks (one peer
+# Every dtype and world size over shm; over tcp (ranks.py's Note [Places]) 2 ranks (one peer
 # on both sides), 3 and 5, refdata.TCP_TYPES. 1 rank never uses a transport (shared memory needs 2).
-@transport_cases("ws", [1, 2, 3, 4, 5], tcp=[2, 3, 5])
-def test_exact_every_dtype_op_count(ws, _transport):
-    dtypes = [str(d).replace("torch.", "") for d in types_for(_transport)]
+@place_cases("ws", [1, 2, 3, 4, 5], tcp=[2, 3, 5], full=[("shm", 4), ("shm", 5), ("tcp", 5)])
+def test_exact_every_dtype_op_count(ws, place):
+    dtypes = [str(d).replace("torch.", "") for d in types_for(place)]
     results = run_ranks(ws, _exact_sweep, counts_for(ws), dtypes, env=TINY_SEGMENTS)
     assert results[0] == [], "\n".join(results[0])
     results = run_ranks(ws, _exact_sweep, [1000, 4099], dtypes, env={"RINGREDUCE_SEGMENT_BYTES": "512"})
     assert results[0] == [], "\n".join(results[0])
 
 
-@transport_cases("ws", [2, 3], tcp=[3])  # tcp with 2 ranks, many segments: test_exact_every_dtype_op_count
+@place_cases("ws", [2, 3], tcp=[3], full=[("shm", 2), ("tcp", 3)])  # tcp with 2 ranks, many segments: test_exact_every_dtype_op_count
 def test_exact_large_uneven(ws):
     # 2**20 + 3 elements: uneven chunks, many segments at the default segment size and at 4 KiB
     for env in ({}, {"RINGREDUCE_SEGMENT_BYTES": "4096"}):
@@ -99,6 +99,7 @@ def _random_vs_torch(rank: int, ws: int, numel: int) -> list[str]:
 
 
 @pytest.mark.parametrize("ws", [2, 3, 4])
+@full_at("tcp", ws=4)
 def test_random_matches_torch_distributed(ws):
     for numel in (1, 1001, 300_007):
         res = run_ranks(ws, _random_vs_torch, numel)
@@ -213,10 +214,12 @@ def _segment_independence(rank: int, ws: int) -> bool:
     results = []
     for seg in ("16", "128", "4096", str(1 << 20)):
         os.environ["RINGREDUCE_SEGMENT_BYTES"] = seg
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
         t = x.clone()
         rr.all_reduce(t)
         results.append(t)
     os.environ.pop("RINGREDUCE_SEGMENT_BYTES")
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     return all(bits_equal(results[0], r) for r in results[1:]) and same_on_all_ranks(results[0])
 
 
@@ -336,6 +339,7 @@ def _reinitialized_world(rank: int, ws: int, second_init_file: str) -> list[floa
     return out
 
 
+@full_at("tcp")
 def test_a_new_world_after_destroy_process_group(tmp_path):
     ws = 3
     out = spawn_ranks(ws, _reinitialized_world, str(tmp_path / "second_init"), timeout=120)

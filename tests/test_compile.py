@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as tF
-from ranks import expect_raises, run_ranks
+from ranks import FULL, expect_raises, run_ranks
 from test_hooks import assert_identical_across_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -119,6 +119,7 @@ def test_fullgraph_compile_exact_values(ws: int) -> None:
             assert op in functional, f"{op} missing from the graph:\n{functional}"
 
 
+@FULL
 def test_fullgraph_compile_inductor_world() -> None:
     run_ranks(2, _compiled_ops, "world", "inductor", timeout=COMPILE_TIMEOUT)
 
@@ -266,7 +267,7 @@ def _compiled_training(rank: int, ws: int, mode: str) -> int:
     return len(calls)
 
 
-@pytest.mark.parametrize("mode", ["compiled_model", "compiled_autograd", "ddp"])
+@pytest.mark.parametrize("mode", ["compiled_model", pytest.param("compiled_autograd", marks=FULL), "ddp"])
 def test_compiled_training_equals_eager(mode: str) -> None:
     calls = run_ranks(2, _compiled_training, mode, timeout=COMPILE_TIMEOUT)
     if mode == "ddp":

@@ -17,12 +17,12 @@ import uuid
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import run_ranks, spawn_ranks
+from ranks import CPU_PLACES, full_at, run_ranks, spawn_ranks
 from refdata import bits_equal, exact_input, gather_inputs, reference
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 SEGMENTS = {"RINGREDUCE_SEGMENT_BYTES": "4096"}  # many segments: calls stay in flight a while
 _GROUPS: dict[str, list] = {}  # per pool process: created once (every rank runs the same jobs)
@@ -315,6 +315,7 @@ def _poisoned_group(rank: int, ws: int) -> dict:
     return out
 
 
+@full_at("tcp")
 def test_poisoned_group_fails_its_queued_calls_and_spares_other_groups():
     out = spawn_ranks(2, _poisoned_group, env={"RINGREDUCE_TIMEOUT": "3"}, timeout=150)
     for rank, (status, res, code) in enumerate(out):
@@ -344,6 +345,7 @@ def _exit_with_pending_work(rank: int, ws: int, outdir: str) -> str:
     return "returned"
 
 
+@full_at("tcp")
 def test_interpreter_exit_drains_pending_async_work(tmp_path):
     out = spawn_ranks(2, _exit_with_pending_work, str(tmp_path), timeout=120)
     for rank, (status, res, code) in enumerate(out):
@@ -368,6 +370,7 @@ def _unchecked_mismatch(rank: int, ws: int) -> dict:
     return out
 
 
+@full_at("tcp")
 def test_check_disabled_mismatch_behaves_like_stock_gloo():
     # gloo point-to-point: in shared memory the frames are always compared (they cost nothing there)
     out = spawn_ranks(2, _unchecked_mismatch, env={"RINGREDUCE_CHECK": "0", "RINGREDUCE_TIMEOUT": "10",

@@ -1072,6 +1072,7 @@ def _review_checks_module():
     return mod
 
 
+@pytest.mark.full  # the GPU checks' script, not the library (tests/README.md, "The default run")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the checks would run")
 def test_gpu_review_checks_without_a_gpu_say_so_and_exit_0():
     import sys

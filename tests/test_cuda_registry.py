@@ -7,7 +7,7 @@ Guards the communicator registry against issue 15's defects 7 (generation keys t
 disagree or read an old id) and 15 (device mix-ups), and Ctrl-C while a communicator is created
 (docs/design.md 1.4); and what the calls hand to _C: the group's rank and size (not the ring's),
 one communicator per group, the ring's rank list and local size, refusal frames, and the pipeline
-knobs read from the environment at call time.
+knobs read when the ring is made.
 """
 
 from __future__ import annotations
@@ -292,65 +292,92 @@ def test_ctrl_c_during_native_creation_leaves_the_group_unusable(world, monkeypa
 # ---- What the calls hand to _C ---------------------------------------------------------------------
 
 
+def _call(info: GroupInfo, kind: Any, rop: Any = None, **decided: Any) -> Any:
+    """A checked call (ringreduce._call.Call) of `kind` on `info` with CUDA tensors."""
+    from ringreduce._call import Call
+    from ringreduce._types import ReduceOp
+
+    return Call(info, kind, rop if rop is not None else ReduceOp.SUM, device=torch.device("cuda", 0), **decided)
+
+
 def test_cuda_glue_one_communicator_per_group_with_group_ranks(world, native):
     """A ring over a rank list joins the group's communicator with the GROUP's rank and size (not
     the ring index/size), creates it once, and passes the rank list and local size to _C."""
+    from ringreduce._types import CallKind, ReduceOp
+
     make, _ = world
     flat = make(0, 1, "world")
     t = FakeCudaTensor()
     # a made-up ring description whose index/size differ from the group's rank/size; a glue that
     # waited for a unique id under the ring index (not the group's rank 0) fails at the store timeout
     sub = GroupInfo(pg=flat.pg, rank=5, size=9, name="sub", members=(0,))
-    assert _cuda.cuda_all_reduce(t, 0, sub, False, False, 0) is None
-    work = _cuda.cuda_all_reduce(t, 1, flat, True, False, 1, local_size=2, members=(0,))
-    assert isinstance(work, Work) and work.result() == [t]
+    ring = _cuda.CudaRing(sub)
+    call = _call(sub, CallKind.ALL_REDUCE, members=(0,))
+    assert ring.all_reduce(call, t, ring.options(call), False) == (None, None)
+    call = _call(flat, CallKind.ALL_REDUCE_AVG, ReduceOp.AVG, local_size=2, members=(0,))
+    handle, work = _cuda.CudaRing(flat).all_reduce(call, t, ring.options(call), True)
+    assert handle is native and isinstance(work, Work) and work.result() == [t]
     out = FakeCudaTensor()
-    half = _cuda.cuda_ring_half(t, out, 0, sub, True, 4)
+    _, half = ring.ring_half(_call(sub, CallKind.ALL_GATHER), t, out, True)
     assert isinstance(half, Work) and half.result() == [out]
-    assert _cuda.cuda_ring_half(t, out, 0, sub, False, 3) is None
+    assert ring.ring_half(_call(sub, CallKind.REDUCE_SCATTER), t, out, False) == (None, None)
     with pytest.raises(ValueError):
-        _cuda.cuda_ring_half(t, out, 0, sub, False, 0)
+        ring.ring_half(_call(sub, CallKind.ALL_REDUCE), t, out, False)
     assert len(native.comms) == 1, "one communicator per (group, device), shared by every ring"
     comm = native.comms[0]
     assert (comm.nranks, comm.rank, comm.device) == (1, 0, 0)
     assert [c[0] for c in native.calls] == ["all_reduce", "all_reduce", "ring_half", "ring_half"]
     assert native.calls[0][3:5] == ([0], 0)
     assert native.calls[1][3:5] == ([0], 2)
-    assert native.calls[2][2:4] == (4, [0])
+    assert native.calls[2][2:4] == (int(CallKind.ALL_GATHER), [0])
 
 
 def test_cuda_glue_refusal_frames_go_around_the_call_ring(world, native):
+    from ringreduce._types import CallKind
+
     make, _ = world
     info = GroupInfo(pg=make(0, 1, "world").pg, rank=0, size=2, name="sub", members=(0,))
-    _cuda.cuda_refuse(info, torch.device("cuda", 0), 3, 5)
-    _cuda.cuda_refuse(info, torch.device("cuda", 0), 0, 5, members=(0,))
-    assert native.calls == [("refuse", native.comms[0], 3, [0]), ("refuse", native.comms[0], 0, [0])]
+    ring = _cuda.CudaRing(info)
+    assert ring.refuse(_call(info, CallKind.REDUCE_SCATTER, local_error=5), ["ring"]) == []
+    assert ring.refuse(_call(info, CallKind.ALL_REDUCE, local_error=5), ["auto"]) == []
+    assert native.calls == [("refuse", native.comms[0], int(CallKind.REDUCE_SCATTER), [0]),
+                            ("refuse", native.comms[0], int(CallKind.ALL_REDUCE), [0])]
 
 
-def test_cuda_glue_passes_the_pipeline_knobs(world, native, monkeypatch):
-    """RINGREDUCE_SEGMENT_BYTES/_SLOTS/_LANES/_ONESHOT_BYTES reach the native call as overrides, read at
-    call time; unset, they leave the choice to the pipeline rule (0, 0, 0, -1); bad values raise
-    ValueError before anything is sent."""
+def test_cuda_glue_passes_the_pipeline_knobs_the_ring_read(world, native, monkeypatch):
+    """RINGREDUCE_SEGMENT_BYTES/_SLOTS/_LANES/_ONESHOT_BYTES reach the native call as overrides, read
+    when the ring is made and at reload_knobs() (Note [Knobs are read when a ring is made]); unset,
+    they leave the choice to the pipeline rule (0, 0, 0, -1); bad values raise ValueError before
+    anything is sent."""
+    import ringreduce as rr
+    from ringreduce._types import CallKind
+
     make, _ = world
     info = make(0, 1, "world")
     t = FakeCudaTensor()
     for var in ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_LANES", "RINGREDUCE_ONESHOT_BYTES"):
         monkeypatch.delenv(var, raising=False)
-    _cuda.cuda_all_reduce(t, 0, info, False, False, 0)
+    ring = _cuda.CudaRing(info)
+    call = _call(info, CallKind.ALL_REDUCE)
+    ring.all_reduce(call, t, ring.options(call), False)
     k = native.options[-1]
     assert (k.segment_bytes, k.num_slots, k.lanes, k.one_shot_bytes) == (0, 0, 0, -1)
     monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", "4096")
     monkeypatch.setenv("RINGREDUCE_SLOTS", "3")
     monkeypatch.setenv("RINGREDUCE_LANES", "2")
     monkeypatch.setenv("RINGREDUCE_ONESHOT_BYTES", "0")
-    _cuda.cuda_ring_half(t, FakeCudaTensor(), 0, info, False, 3)
+    ring.ring_half(_call(info, CallKind.REDUCE_SCATTER), t, FakeCudaTensor(), False)
+    assert native.options[-1].segment_bytes == 0  # not reloaded: the ring keeps what it read
+    rr.reload_knobs()
+    ring.reload()  # what ring_for does at the ring's next call
+    ring.ring_half(_call(info, CallKind.REDUCE_SCATTER), t, FakeCudaTensor(), False)
     k = native.options[-1]
     assert (k.segment_bytes, k.num_slots, k.lanes, k.one_shot_bytes) == (4096, 3, 2, 0)
-    assert int(k.kind) == 3 and k.check, "a reduce-scatter, checked by default on CUDA"
+    assert int(k.kind) == int(CallKind.REDUCE_SCATTER) and k.check, "a reduce-scatter, checked (RINGREDUCE_CHECK=1)"
     calls = len(native.calls)
     for var, bad in (("RINGREDUCE_LANES", "5"), ("RINGREDUCE_SEGMENT_BYTES", "8"), ("RINGREDUCE_ONESHOT_BYTES", "-2")):
         monkeypatch.setenv(var, bad)
         with pytest.raises(ValueError, match=var):
-            _cuda.cuda_all_reduce(t, 0, info, False, False, 0)
+            _cuda.CudaRing(info)  # a ring made now reads it
         monkeypatch.delenv(var)
     assert len(native.calls) == calls

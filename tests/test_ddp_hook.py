@@ -1,15 +1,15 @@
-"""ringreduce.ddp_comm_hook inside torch's DistributedDataParallel: parity with stock DDP."""
+"""ringreduce.ddp_comm_hook inside torch's DistributedDataParallel: parity with stock DDP, at the CPU
+places and, for the cases listed with ``cuda=``, on CUDA (Note [Places] in ranks.py)."""
 
 from __future__ import annotations
 
 import types
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from ranks import run_ranks, transport_cases
+from ranks import CPU_PLACES, device, place_cases, run_ranks
 from test_hooks import (
     STEPS,
     WORLD_SIZES,
@@ -24,22 +24,24 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 
-def _ddp_parity(rank: int, ws: int, momentum: float, cap_mb: float, state_kind: str, device: str = "cpu") -> int:
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-        device = f"cuda:{rank}"
+def _ddp(model: nn.Module, dev: torch.device, **kwargs) -> DDP:
+    return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kwargs)
+
+
+def _ddp_parity(rank: int, ws: int, momentum: float, cap_mb: float, state_kind: str) -> int:
+    dev = device(rank)
     group = dist.new_group(list(range(ws))) if state_kind != "none" else None
     state = {
         "none": None,
         "group": group,
         "object": types.SimpleNamespace(process_group=group),
     }[state_kind]
-    ref = make_mlp(device=device)
-    stock = DDP(make_mlp(device=device), bucket_cap_mb=cap_mb)
-    ours = DDP(make_mlp(device=device), bucket_cap_mb=cap_mb, process_group=group)
+    ref = make_mlp(device=dev)
+    stock = _ddp(make_mlp(device=dev), dev, bucket_cap_mb=cap_mb)
+    ours = _ddp(make_mlp(device=dev), dev, bucket_cap_mb=cap_mb, process_group=group)
     calls = []
 
     def hook(st, bucket):  # noqa: ANN001, ANN202 - counts calls, then delegates
@@ -49,8 +51,8 @@ def _ddp_parity(rank: int, ws: int, momentum: float, cap_mb: float, state_kind: 
     ours.register_comm_hook(state, hook)
     opts = [sgd(ref, momentum), sgd(stock, momentum), sgd(ours, momentum)]
     for step in range(STEPS):
-        x, y = global_batch(step, device)
-        lx, ly = local_batch(step, rank, ws, device)
+        x, y = global_batch(step, dev)
+        lx, ly = local_batch(step, rank, ws, dev)
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         F.mse_loss(ref(x), y).backward()
@@ -65,10 +67,10 @@ def _ddp_parity(rank: int, ws: int, momentum: float, cap_mb: float, state_kind: 
     return len(calls)
 
 
-# Over tcp (ranks.py's Note [Transport cases]) one bucket on 2 ranks and many on 3 (the hook state
+# Over tcp (ranks.py's Note [Places]) one bucket on 2 ranks and many on 3 (the hook state
 # kinds are Python; every combination runs over shm).
-@transport_cases("cap_mb,momentum,ws", [(c, m, ws) for c in (25.0, 0.001) for m in (0.0, 0.9) for ws in WORLD_SIZES],
-                 tcp=[(25.0, 0.9, 2), (0.001, 0.0, 3)])
+@place_cases("cap_mb,momentum,ws", [(c, m, ws) for c in (25.0, 0.001) for m in (0.0, 0.9) for ws in WORLD_SIZES],
+             tcp=[(25.0, 0.9, 2), (0.001, 0.0, 3)], cuda=[(25.0, 0.9, 2), (0.001, 0.9, 2)])
 def test_ddp_comm_hook_matches_stock_ddp(ws: int, momentum: float, cap_mb: float) -> None:
     state_kind = {(0.0, 25.0): "none", (0.9, 25.0): "group", (0.0, 0.001): "object", (0.9, 0.001): "none"}
     calls = run_ranks(ws, _ddp_parity, momentum, cap_mb, state_kind[(momentum, cap_mb)])
@@ -78,18 +80,19 @@ def test_ddp_comm_hook_matches_stock_ddp(ws: int, momentum: float, cap_mb: float
 
 
 def _linear_parity(rank: int, ws: int) -> None:
+    dev = device(rank)
     torch.manual_seed(0)
-    model = DDP(nn.Linear(1, 5), bucket_cap_mb=1e-6)
+    model = _ddp(nn.Linear(1, 5).to(dev), dev, bucket_cap_mb=1e-6)
     model.register_comm_hook(None, rr.ddp_comm_hook)
     expected = sum(range(ws)) / ws
     for _ in range(20):
         model.zero_grad(set_to_none=True)
-        model(torch.tensor([[float(rank)]])).sum().backward()
-        assert torch.equal(model.module.weight.grad, torch.full((5, 1), expected)), model.module.weight.grad
-        assert torch.equal(model.module.bias.grad, torch.ones(5))
+        model(torch.tensor([[float(rank)]], device=dev)).sum().backward()
+        assert torch.equal(model.module.weight.grad, torch.full((5, 1), expected, device=dev)), model.module.weight.grad
+        assert torch.equal(model.module.bias.grad, torch.ones(5, device=dev))
 
 
-@transport_cases("ws", WORLD_SIZES, tcp=[3])
+@place_cases("ws", WORLD_SIZES, tcp=[3], cuda=[2])
 def test_ddp_comm_hook_linear_grad_is_mean_of_ranks(ws: int) -> None:
     run_ranks(ws, _linear_parity)
 
@@ -107,8 +110,3 @@ def _future_is_a_tensor(rank: int, ws: int) -> None:
 def test_ddp_comm_hook_future_holds_the_bucket_tensor() -> None:
     run_ranks(3, _future_is_a_tensor)
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs >= 2 CUDA GPUs")
-def test_gpu_ddp_comm_hook_matches_stock_ddp() -> None:
-    run_ranks(2, _ddp_parity, 0.9, 0.001, "none", "cuda")

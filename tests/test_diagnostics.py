@@ -27,12 +27,15 @@ def _debug_log(rank: int, ws: int) -> dict:
     log.addHandler(cap)
     try:
         os.environ["RINGREDUCE_DEBUG"] = "INFO"
+        rr.reload_knobs()
         rr.all_reduce_avg(torch.ones(10, dtype=torch.bfloat16), accum_dtype=torch.float32)
         w = rr.all_reduce(torch.ones(3), op="max", async_op=True)
         w.wait()
         os.environ["RINGREDUCE_DEBUG"] = "DETAIL"
+        rr.reload_knobs()
         rr.all_reduce(torch.ones(5))
         os.environ.pop("RINGREDUCE_DEBUG")
+        rr.reload_knobs()
         rr.all_reduce(torch.ones(5))  # not logged
         with torch.profiler.profile() as prof:
             rr.all_reduce(torch.ones(7))
@@ -60,16 +63,20 @@ def _detail_calls(rank: int, ws: int) -> list[str]:
     try:
         rr.all_reduce(torch.ones(3))  # not logged
         os.environ["RINGREDUCE_DEBUG"] = "DETAIL"
+        rr.reload_knobs()
         t = torch.ones(300_000)
         rr.all_reduce_avg(t)  # logged, several segments
         rr.all_reduce(torch.ones(5), op="max")  # logged
         os.environ["RINGREDUCE_CHECK"] = "0"
+        rr.reload_knobs()
         rr.all_reduce(torch.ones(5))  # logged, no check
         os.environ.pop("RINGREDUCE_DEBUG")
+        rr.reload_knobs()
         rr.all_reduce(torch.ones(3))  # not logged
     finally:
         os.environ.pop("RINGREDUCE_DEBUG", None)
         os.environ.pop("RINGREDUCE_CHECK", None)
+        rr.reload_knobs()
         log.removeHandler(cap)
     assert torch.equal(t, torch.ones(300_000))
     return cap.lines
@@ -129,30 +136,34 @@ _GPU_KNOBS = ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_LANES"
 
 
 def test_gpu_detail_line_names_the_pipeline_rule_not_the_cpu_segment(monkeypatch):
-    from ringreduce._call import debug_level, log_call
+    from ringreduce._call import Call, debug_level, log_call
     from ringreduce._groups import GroupInfo
     from ringreduce._rings import cpu, cuda
     from ringreduce._types import CallKind
 
-    monkeypatch.setitem(rr._C.native_info, "cuda", True)  # the CUDA backend's line in a CPU-only build too
+    monkeypatch.setitem(rr._C.native_info, "cuda", True)  # the CUDA ring's line in a CPU-only build too
     for k in _GPU_KNOBS:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("RINGREDUCE_DEBUG", "DETAIL")
-    assert debug_level() == 2  # also sets the logger's level, as a call does
+    info = GroupInfo(pg=None, rank=0, size=2, name="WORLD (size 2)")  # type: ignore[arg-type]
+    gpu, host = cuda.CudaRing(info), cpu.CpuRing.__new__(cpu.CpuRing)
+    host.reload()  # its knobs, without a native ring
+    assert debug_level(gpu.knobs) == 2  # also sets the logger's level, as a call does
     rule = "segment_bytes=gpu rule slots=gpu rule lanes=gpu rule one_shot_bytes=gpu rule"
-    assert cuda.ring_parameters() == rule
-    assert cpu.ring_parameters() == "segment_bytes=1048576 slots=auto"  # the CPU ring's defaults
+    assert gpu.ring_parameters() == rule
+    assert host.ring_parameters() == "segment_bytes=1048576 slots=auto"  # the CPU ring's defaults
     cap = _Capture()
     log = logging.getLogger("ringreduce")
     log.addHandler(cap)
+    call = Call(info, CallKind.ALL_REDUCE, rr.ReduceOp.SUM)
     try:
-        info = GroupInfo(pg=None, rank=0, size=2, name="WORLD (size 2)")
-        log_call(info, None, _CudaTensorStub(), rr.ReduceOp.SUM, CallKind.ALL_REDUCE, 2, False, False, 2e-5)
+        log_call(gpu, call, None, _CudaTensorStub(), False, 2e-5)
         monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", "65536")
         monkeypatch.setenv("RINGREDUCE_SLOTS", "3")
         monkeypatch.setenv("RINGREDUCE_LANES", "1")
         monkeypatch.setenv("RINGREDUCE_ONESHOT_BYTES", "0")
-        log_call(info, None, _CudaTensorStub(), rr.ReduceOp.SUM, CallKind.ALL_REDUCE, 2, False, False, 2e-5)
+        gpu.reload()  # as ring_for does at the first call after reload_knobs()
+        log_call(gpu, call, None, _CudaTensorStub(), False, 2e-5)
     finally:
         log.removeHandler(cap)
     first, second = cap.lines

@@ -11,12 +11,12 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import CPU_PLACES, full_at, run_ranks, spawn_ranks
 from ranks import expect_raises as _expect
-from ranks import run_ranks, spawn_ranks
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 # ---------------------------------------------------------------------------------------------
 # Local refusals: raised before any payload moves; the others are told through the frame
@@ -177,11 +177,13 @@ def test_leading_messages_of_failed_calls_never_meet_later_calls():
 def _segment_mismatch(rank: int, ws: int) -> dict:
     out = {}
     os.environ["RINGREDUCE_SEGMENT_BYTES"] = str(65536 if rank == 1 else 1 << 20)
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     t = torch.ones(1 << 18)
     out["segment"] = _expect(lambda: rr.all_reduce(t), RuntimeError, "disagree", "RINGREDUCE_SEGMENT_BYTES",
                              "segment_bytes=65536")
     out["unchanged"] = "ok" if torch.equal(t, torch.ones(1 << 18)) else "changed"
     del os.environ["RINGREDUCE_SEGMENT_BYTES"]
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     rr.all_reduce(t)
     out["still_works"] = "ok" if torch.equal(t, torch.full_like(t, float(ws))) else f"got {t[:3]}"
     return out
@@ -216,17 +218,21 @@ def _check_toggled(rank: int, ws: int) -> dict:
     out = {}
     for i, check in enumerate(["1", "0", "0", "1", "0", "1", "1"]):
         os.environ["RINGREDUCE_CHECK"] = check
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
         x = torch.full((1000 + i,), float(rank + i))
         rr.all_reduce(x)
         want = float(sum(range(ws)) + ws * i)
         if not torch.equal(x, torch.full_like(x, want)):
             out[f"call{i}"] = f"got {x[:3]}"
     os.environ["RINGREDUCE_CHECK"] = "1"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     out["mismatch"] = _expect(lambda: rr.all_reduce(torch.ones(10 + rank)), RuntimeError, "numel")
     os.environ["RINGREDUCE_CHECK"] = "0"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     y = torch.full((77,), float(rank))
     rr.all_reduce(y)
     os.environ["RINGREDUCE_CHECK"] = "1"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     works = [rr.all_reduce(torch.full((50,), float(rank * k)), async_op=True) for k in range(4)]
     for k, w in enumerate(works):
         w.wait()
@@ -308,6 +314,7 @@ def _peer_leaves_after_last_call(rank: int, ws: int) -> dict:
     return res
 
 
+@full_at("tcp")
 def test_peer_leaving_after_the_last_call_does_not_fail_it():
     out = spawn_ranks(2, _peer_leaves_after_last_call, env={"RINGREDUCE_TIMEOUT": "10"}, timeout=120)
     assert out[0][0] == "died" and out[0][2] == 0, out[0]
@@ -399,6 +406,7 @@ def _wait_timeout(rank: int, ws: int) -> dict:
     return res
 
 
+@full_at("tcp")
 def test_wait_with_timeout_raises_then_completes():
     out = spawn_ranks(2, _wait_timeout, timeout=120)
     assert out[0][0] == "ok" and out[0][1]["short"] == "ok" and out[0][1]["value"], out

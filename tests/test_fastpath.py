@@ -1,14 +1,16 @@
-"""The fast path of repeated identical CPU all-reduce calls (Note [Fast path of a repeated call] in
-ringreduce/_fastpath.py) never serves a stale plan: a knob changed between two calls, a group destroyed
-and created again, another dtype or op, and every refusal, on the first call and on the next ones.
+"""Knobs read when a ring is made, and the plans of repeated identical CPU all-reduce calls (Note [Fast
+path of a repeated call] in ringreduce/_call.py), which never serve a stale plan: a knob changed and
+reloaded between two calls, a group destroyed and created again, another dtype or op, and every
+refusal, on the first call and on the next ones. Nothing patches os.environ.
 
 Most tests run in this process on a "fake" process group of world size 2 (torch's FakeStore), with the
-native submit replaced by a recorder: what a call hands to the native side is then visible per call.
+native ring replaced by a recorder: what a call hands to the native side is then visible per call.
 The last ones run real ranks (tests/ranks.py)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 import pytest
@@ -17,8 +19,7 @@ import torch.distributed as dist
 from ranks import expect_raises, run_ranks
 
 import ringreduce as rr
-from ringreduce import _call, _config, _fastpath, _native
-from ringreduce._rings import cpu as _cpu
+from ringreduce import _call, _config, _native, _rings
 
 
 class _Done:
@@ -37,14 +38,27 @@ class _Done:
 
 
 class _Recorder:
-    """Stands for ringreduce._C.submit_cpu: records (pg, tensor, options, synchronous) of every call."""
+    """Stands for ringreduce._C.CpuRing: each ring it makes records (pg, tensor, options, synchronous)
+    of every call into `calls`."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.rings: list[object] = []
 
-    def __call__(self, pg, name, members, tensor, output, options, store, synchronous):  # noqa: ANN001, ANN204
-        self.calls.append((pg, tensor, options, synchronous))
-        return _Done()
+    def __call__(self, pg, name, members, store):  # noqa: ANN001, ANN204 - the binding's constructor
+        recorder = self
+
+        class Ring:
+            def submit(self, tensor, output, options, synchronous=False):  # noqa: ANN001, ANN202
+                recorder.calls.append((pg, tensor, options, synchronous))
+                return _Done()
+
+            def run(self, tensor, options):  # noqa: ANN001, ANN202 - a synchronous call that ran inline
+                recorder.calls.append((pg, tensor, options, True))
+
+        ring = Ring()
+        self.rings.append(ring)
+        return ring
 
     def last(self) -> tuple:
         return self.calls[-1]
@@ -58,78 +72,54 @@ def _init_fake() -> None:
 
 @pytest.fixture
 def fake(monkeypatch):
-    """A fake WORLD of 2 ranks (this process is rank 0) and the recording native submit; no knob set."""
+    """A fake WORLD of 2 ranks (this process is rank 0), recording native rings and no rings or plans
+    made before; no knob set."""
     if dist.is_initialized():
         pytest.skip("this process already has a default process group")
     for name in [knob.name for knob in _config.KNOBS] + ["GROUP_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"]:
         monkeypatch.delenv(name, raising=False)
     recorder = _Recorder()
-    monkeypatch.setattr(_native.C, "submit_cpu", recorder)
-    _fastpath.forget()
+    monkeypatch.setattr(_native.C, "CpuRing", recorder)
+    monkeypatch.setattr(_rings, "_rings", {})
+    monkeypatch.setattr(_call, "_plans", {})
     _init_fake()
     yield recorder
     if dist.is_initialized():
         dist.destroy_process_group()
-    _fastpath.forget()
 
 
-def test_os_environ_counts_its_writes_and_stays_itself(monkeypatch):
-    """Note [Watched environment]: os.environ keeps its class's behaviour (an os._Environ, the process
-    environment updated), every kind of write starts a new generation, a read does not."""
-    import os
-    import subprocess
-    import sys
-    from unittest import mock
-
-    assert isinstance(os.environ, os._Environ) and _fastpath.WATCHING
-    gens = [_fastpath.generation]
-
-    def wrote() -> bool:
-        gens.append(_fastpath.generation)
-        return gens[-1] != gens[-2]
-
-    monkeypatch.setenv("RR_WATCH_PROBE", "1")
-    assert wrote()
-    assert os.environ["RR_WATCH_PROBE"] == "1" and os.environ.get("PATH") and not wrote()  # reads
-    os.environ.update(RR_WATCH_PROBE="2")
-    assert wrote()
-    with mock.patch.dict(os.environ, {"RR_WATCH_PROBE": "3"}):
-        assert wrote()
-        probe = subprocess.run([sys.executable, "-c", "import os; print(os.environ['RR_WATCH_PROBE'])"],
-                               capture_output=True, text=True, check=True)
-        assert probe.stdout.strip() == "3"  # the process environment itself, as children see it
-    assert wrote() and os.environ["RR_WATCH_PROBE"] == "2"
-    os.environ.pop("RR_WATCH_PROBE")
-    assert wrote() and "RR_WATCH_PROBE" not in os.environ
+def test_os_environ_is_the_standard_librarys():
+    """A library never patches its user's globals: os.environ keeps its own class."""
+    assert type(os.environ) is os._Environ  # type: ignore[attr-defined]
 
 
-def test_a_knob_changed_through_any_write_of_os_environ_takes_effect(fake):
-    from unittest import mock
-
+def test_a_knob_is_read_when_the_ring_is_made_and_at_reload(fake, monkeypatch):
+    """Note [Knobs are read when a ring is made]: a change reaches an existing ring through
+    ringreduce.reload_knobs(), and a new group reads the environment when its ring is made."""
     t = torch.ones(256)
     rr.all_reduce_avg(t)
-    with mock.patch.dict("os.environ", {"RINGREDUCE_SEGMENT_BYTES": "4096"}):
-        rr.all_reduce_avg(t)
-        assert fake.last()[2].segment_bytes == 4096
+    default = fake.last()[2].segment_bytes
+    monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", "4096")
     rr.all_reduce_avg(t)
-    assert fake.last()[2].segment_bytes != 4096
-    import os
-
-    os.environ.setdefault("RINGREDUCE_SEGMENT_BYTES", "8192")
-    try:
-        rr.all_reduce_avg(t)
-        assert fake.last()[2].segment_bytes == 8192
-    finally:
-        del os.environ["RINGREDUCE_SEGMENT_BYTES"]
+    assert fake.last()[2].segment_bytes == default  # not reloaded: the ring keeps what it read
+    g = dist.new_group([0, 1])
+    rr.all_reduce_avg(t, group=g)
+    assert fake.last()[2].segment_bytes == 4096  # a new group's ring reads the environment
+    rr.reload_knobs()
     rr.all_reduce_avg(t)
-    assert fake.last()[2].segment_bytes != 8192
+    assert fake.last()[2].segment_bytes == 4096
+    monkeypatch.delenv("RINGREDUCE_SEGMENT_BYTES")
+    rr.reload_knobs()
+    rr.all_reduce_avg(t)
+    rr.all_reduce_avg(t, group=g)
+    assert [c[2].segment_bytes for c in fake.calls[-2:]] == [default, default]
 
 
 def test_a_repeated_call_takes_the_plan(fake, monkeypatch):
     t = torch.ones(256)
     rr.all_reduce_avg(t)
-    assert len(_fastpath.plans) == 1
-    plan = next(iter(_fastpath.plans.values()))
+    assert len(_call._plans) == 1
+    plan = next(iter(_call._plans.values()))
 
     def checked(*args):  # noqa: ANN002, ANN202
         raise AssertionError("a repeated call ran the checks")
@@ -140,7 +130,7 @@ def test_a_repeated_call_takes_the_plan(fake, monkeypatch):
     rr.all_reduce_avg(torch.ones(3, 5).t())  # another shape and strides: the same plan
     assert len(fake.calls) == 3 and all(c[2] is plan.options for c in fake.calls)
     assert fake.last()[0] is dist.group.WORLD and fake.last()[3] is True
-    assert len(_fastpath.plans) == 1
+    assert len(_call._plans) == 1 and len(fake.rings) == 1
 
 
 @pytest.mark.parametrize(("knob", "values", "field", "expected"), [
@@ -150,7 +140,7 @@ def test_a_repeated_call_takes_the_plan(fake, monkeypatch):
     ("RINGREDUCE_SLOTS", ("3", "5"), "num_slots", (3, 5)),
     ("RINGREDUCE_SHM", ("0", "1"), "shm", (False, True)),
 ])
-def test_a_knob_changed_between_two_identical_calls_takes_effect(fake, monkeypatch, knob, values, field, expected):
+def test_a_knob_reloaded_between_two_identical_calls_takes_effect(fake, monkeypatch, knob, values, field, expected):
     t = torch.ones(256)
     seen = []
     for value in (None, values[0], values[0], values[1], None):
@@ -158,17 +148,20 @@ def test_a_knob_changed_between_two_identical_calls_takes_effect(fake, monkeypat
             monkeypatch.delenv(knob, raising=False)
         else:
             monkeypatch.setenv(knob, value)
+        rr.reload_knobs()
         rr.all_reduce_avg(t)
         seen.append(getattr(fake.last()[2], field))
     default = seen[0]
     assert seen == [default, expected[0], expected[0], expected[1], default], seen
 
 
-def test_a_bad_knob_set_between_two_identical_calls_raises(fake, monkeypatch):
+def test_a_bad_knob_raises_at_reload_and_at_every_call_until_fixed(fake, monkeypatch):
     t = torch.ones(256)
     rr.all_reduce_avg(t)
     rr.all_reduce_avg(t)
     monkeypatch.setenv("RINGREDUCE_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="RINGREDUCE_TIMEOUT='soon' is not a number"):
+        rr.reload_knobs()
     for _ in range(2):
         with pytest.raises(ValueError, match="RINGREDUCE_TIMEOUT='soon' is not a number"):
             rr.all_reduce_avg(t)
@@ -177,13 +170,17 @@ def test_a_bad_knob_set_between_two_identical_calls_raises(fake, monkeypatch):
     with pytest.raises(ValueError, match="RINGREDUCE_SEGMENT_BYTES=8 must be >= 16"):
         rr.all_reduce_avg(t)
     assert len(fake.calls) == 2
+    monkeypatch.delenv("RINGREDUCE_SEGMENT_BYTES")
+    rr.all_reduce_avg(t)  # fixed: the ring reads its knobs at this call
+    assert len(fake.calls) == 3
 
 
-def test_debug_set_between_two_identical_calls_logs(fake, monkeypatch, caplog):
+def test_debug_reloaded_between_two_identical_calls_logs(fake, monkeypatch, caplog):
     t = torch.ones(256)
     rr.all_reduce_avg(t)
     rr.all_reduce_avg(t)
     monkeypatch.setenv("RINGREDUCE_DEBUG", "INFO")
+    rr.reload_knobs()
     logger = logging.getLogger("ringreduce")
     with caplog.at_level(logging.INFO, logger="ringreduce"):
         rr.all_reduce_avg(t)
@@ -212,6 +209,8 @@ def test_a_destroyed_world_and_a_new_one(fake):
     for _ in range(2):
         with pytest.raises(RuntimeError, match="default process group is not initialized"):
             rr.all_reduce_avg(t)
+        with pytest.raises(ValueError, match="^Default process group has not been initialized"):  # torch's words
+            rr.all_reduce_avg(t)
     _init_fake()
     second = dist.group.WORLD
     assert second is not first
@@ -238,15 +237,17 @@ def test_a_destroyed_group_and_a_new_one(fake):
     assert len(fake.calls) == 4
 
 
-def test_forget_ring_drops_the_plans(fake):
-    from ringreduce import _groups
+def test_forget_plans_drops_the_plans_of_a_group(fake):
     from ringreduce._groups import resolve
 
+    g = dist.new_group([0, 1])
     rr.all_reduce_avg(torch.ones(4))
-    assert _fastpath.plans
-    _groups.forget_ring(resolve(None))
-    assert not _fastpath.plans
-
+    rr.all_reduce_avg(torch.ones(4), group=g)
+    assert len(_call._plans) == 2
+    _call.forget_plans(resolve(None).pg)
+    assert [p.group for p in _call._plans.values()] == [g]
+    _call.forget_plans()
+    assert not _call._plans
 
 def test_another_dtype_or_option_is_checked_again(fake):
     half, single = torch.ones(8, dtype=torch.float16), torch.ones(8)
@@ -330,7 +331,7 @@ def test_callers_of_many_calls_reuse_one_options_object_and_take_their_plans(fak
     first = fake.calls[-2:]
     assert [c[2].wire_dtype for c in first] == [_native.C.DType.BFLOAT16, None]  # the wire: float32's buffer only
     assert [c[2].accum_float32 for c in first] == [False, True]  # float32 accumulation: the half buffer only
-    plans = len(_fastpath.plans)
+    plans = len(_call._plans)
 
     def checked(*args):  # noqa: ANN002, ANN202
         raise AssertionError("a repeated buffer ran the checks")
@@ -338,7 +339,7 @@ def test_callers_of_many_calls_reuse_one_options_object_and_take_their_plans(fak
     monkeypatch.setattr(_call, "resolve", checked)
     monkeypatch.setattr(_call, "local_refusal", checked)
     rr.all_reduce_coalesced([*floats, *halves], op="avg", accum_dtype=torch.float32, wire_dtype=torch.bfloat16)
-    assert len(_fastpath.plans) == plans and [c[2] for c in fake.calls[-2:]] == [c[2] for c in first]
+    assert len(_call._plans) == plans and [c[2] for c in fake.calls[-2:]] == [c[2] for c in first]
     o = BackendOptions(wire_dtype=torch.float16)
     avg = o.allreduce_options(rr.ReduceOp.AVG, torch.float32)
     assert avg is o.allreduce_options(rr.ReduceOp.AVG, torch.float32) and avg.wire_dtype == torch.float16
@@ -346,15 +347,13 @@ def test_callers_of_many_calls_reuse_one_options_object_and_take_their_plans(fak
     assert o.allreduce_options(rr.ReduceOp.AVG, torch.float64).wire_dtype is None
 
 
-def test_a_replaced_submit_is_called_on_the_fast_path(fake, monkeypatch):
-    """A stub of _rings.cpu.submit_cpu (as measurements and tests install) sees repeated calls too."""
-    seen = []
-    monkeypatch.setattr(_cpu, "submit_cpu", lambda info, tensor, options, output=None, synchronous=False:
-                        seen.append(tensor) or _Done())
+def test_a_replaced_native_ring_is_called_on_the_fast_path(fake):
+    """A stub put over ringreduce._C.CpuRing before the ring is made (as measurements and tests do)
+    serves the repeated calls too."""
     t = torch.ones(8)
     for _ in range(3):
         rr.all_reduce_avg(t)
-    assert seen == [t, t, t] and not fake.calls
+    assert [c[1] for c in fake.calls] == [t, t, t] and len(fake.rings) == 1
 
 
 # ---------------------------------------------------------------------------------------------

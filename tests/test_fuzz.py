@@ -28,12 +28,12 @@ import torch
 import torch.distributed as dist
 from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
-from ranks import run_ranks
+from ranks import CPU_PLACES, run_ranks
 from refdata import ALL_TYPES, OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 DTYPE_NAMES = [str(d).replace("torch.", "") for d in ALL_TYPES]
 LAYOUTS = ["contiguous", "transpose", "permute", "step", "offset", "channels_last"]
@@ -246,6 +246,7 @@ def _run_batch(rank: int, ws: int, cases: list[dict]) -> list[str]:
         for i, case in enumerate(cases):
             os.environ["RINGREDUCE_SEGMENT_BYTES"] = str(case["segment_bytes"])
             os.environ["RINGREDUCE_SLOTS"] = str(case["slots"])
+            rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
             try:
                 msgs = _one_case(rank, ws, case)
             except Exception as exc:  # noqa: BLE001 - reported, the batch goes on (ranks stay in step)
@@ -257,6 +258,7 @@ def _run_batch(rank: int, ws: int, cases: list[dict]) -> list[str]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = val
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     # the group is still healthy after the batch
     t = torch.full((33,), float(rank + 1))
     rr.all_reduce(t)

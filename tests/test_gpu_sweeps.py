@@ -34,7 +34,8 @@ def _exchanges(n: int, numel: int, dtype: torch.dtype, segment: int | None, accu
     if numel == 0:
         return 0
     seg = min(segment or DEFAULT_SEGMENT, SLOT_BYTES)
-    return max(C.plan_summary(n, r, numel, C.dtype_code(dtype), seg, 4, accum, True, phases)["num_exchanges"]
+    return max(C.plan_summary(n, r, numel, C.dtype_code(dtype), segment_bytes=seg, num_slots=4, accum_float32=accum,
+                               gather_into_data=True, phases=phases)["num_exchanges"]
                for r in range(n))
 
 

@@ -11,13 +11,13 @@ import os
 
 import torch
 import torch.distributed as dist
-from ranks import SHM_ONLY, only_transport, run_ranks, transport_cases
+from ranks import CPU_PLACES, SHM_ONLY, only_place, place_cases, run_ranks
 from refdata import OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported, types_for
 
 import ringreduce as rr
 from ringreduce._native import C
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 
 class _env:
@@ -29,6 +29,7 @@ class _env:
         for k, v in self.env.items():
             self.old[k] = os.environ.get(k)
             os.environ[k] = v
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
 
     def __exit__(self, *exc: object) -> None:
         for k, v in self.old.items():
@@ -36,6 +37,7 @@ class _env:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
 
 
 def _exact(rank: int, ws: int, local: int, tiny: bool, dtypes: list[torch.dtype]) -> list[str]:
@@ -59,10 +61,10 @@ def _exact(rank: int, ws: int, local: int, tiny: bool, dtypes: list[torch.dtype]
     return failures
 
 
-# tcp: tiny segments (every stage pipelined); every dtype over shm (ranks.py's Note [Transport cases])
-@transport_cases("local,tiny", [(2, False), (2, True)], tcp=[(2, True)])
-def test_exact_every_dtype_and_op_two_nodes(local, tiny, _transport):
-    for rank, failures in enumerate(run_ranks(4, _exact, local, tiny, types_for(_transport))):
+# tcp: tiny segments (every stage pipelined); every dtype over shm (ranks.py's Note [Places])
+@place_cases("local,tiny", [(2, False), (2, True)], tcp=[(2, True)])
+def test_exact_every_dtype_and_op_two_nodes(local, tiny, place):
+    for rank, failures in enumerate(run_ranks(4, _exact, local, tiny, types_for(place))):
         assert not failures, f"rank {rank}: {failures[:5]}"
 
 
@@ -125,7 +127,7 @@ def _traffic(rank: int, ws: int) -> dict:
     return out
 
 
-@only_transport("tcp")  # its ranks run over gloo point-to-point whatever the module's transport
+@only_place("tcp")  # its ranks run over gloo point-to-point whatever the module's transport
 def test_cross_node_bytes_flat_vs_hierarchical():
     """4 ranks = 2 nodes x 2, S = 1 MiB: the flat ring's boundary ranks send 2(n-1)/n S = 1.5 S across
     nodes, the others none; hierarchically every rank sends 2(M-1)/M S/L = 0.5 S across."""

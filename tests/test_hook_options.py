@@ -18,13 +18,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from ranks import SHM_ONLY, run_ranks, transport_cases
+from ranks import CPU_PLACES, SHM_ONLY, place_cases, run_ranks
 from test_hooks import assert_identical_across_ranks, global_batch, local_batch, make_mlp, sgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 LR = 2.0**-7
 STEPS = 3  # float32 keeps every value exact for three steps of this model (checked against float64)
@@ -84,8 +84,8 @@ def _sum_matches_single_process_and_data_parallel(rank: int, ws: int, how: str) 
         hook.remove()
 
 
-# Over tcp (ranks.py's Note [Transport cases]): each hook once, on 3 and on 2 ranks.
-@transport_cases("how,ws", [(h, ws) for h in ("averager", "ddp_hook") for ws in (2, 3)],
+# Over tcp (ranks.py's Note [Places]): each hook once, on 3 and on 2 ranks.
+@place_cases("how,ws", [(h, ws) for h in ("averager", "ddp_hook") for ws in (2, 3)],
                  tcp=[("averager", 3), ("ddp_hook", 2)])
 def test_op_sum_is_data_parallel_on_exact_data(ws, how):
     run_ranks(ws, _sum_matches_single_process_and_data_parallel, how)
@@ -106,7 +106,7 @@ def _predivide_changes_nothing(rank: int, ws: int, factor: float) -> None:
     b.remove()
 
 
-@transport_cases("factor", [2.0, 0.25], tcp=[0.25])
+@place_cases("factor", [2.0, 0.25], tcp=[0.25])
 def test_predivide_factor_changes_nothing(factor):
     run_ranks(3, _predivide_changes_nothing, factor)
 
@@ -142,7 +142,7 @@ def _accumulation(rank: int, ws: int, steps: int) -> None:
     b.remove()
 
 
-@transport_cases("steps", [2, 3], tcp=[3])
+@place_cases("steps", [2, 3], tcp=[3])
 def test_accumulation_steps_divides_the_accumulated_gradient(steps):
     run_ranks(2, _accumulation, steps)
 
@@ -227,7 +227,7 @@ def _wire(rank: int, ws: int, how: str, wire: torch.dtype) -> None:
 WIRE_CASES = [(w, h) for w in (torch.bfloat16, torch.float16) for h in ("averager", "ddp_hook")]
 
 
-@transport_cases("wire,how", WIRE_CASES, tcp=[(torch.bfloat16, "averager"), (torch.float16, "ddp_hook")],
+@place_cases("wire,how", WIRE_CASES, tcp=[(torch.bfloat16, "averager"), (torch.float16, "ddp_hook")],
                  ids=lambda c: f"{'bf16' if c[0] == torch.bfloat16 else 'fp16'}-{c[1]}")
 def test_wire_dtype_gradients(how, wire):
     run_ranks(3, _wire, how, wire)

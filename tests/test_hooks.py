@@ -1,8 +1,11 @@
 """GradientAverager: parity with single-process training and stock DDP, unused/tied parameters,
-no_sync, removal, activation checkpointing, launch order, errors and gradient_as_bucket_view.
+no_sync, removal, activation checkpointing, launch order, errors and gradient_as_bucket_view; DDP +
+ddp_comm_hook and all_reduce_coalesced with all_reduce's options beside them.
 
-Every case runs on world sizes 2 and 3 of the persistent gloo pool. References are computed on
-each rank without communication (same seeds; the global batch is known to every rank).
+Every case runs on world sizes 2 and 3 of the persistent pools. References are computed on each rank
+without communication (same seeds; the global batch is known to every rank). The bodies that put
+their tensors on ``device(rank)`` also run at the place "cuda" (Note [Places] in ranks.py): the
+cases listed with ``cuda=`` and the tests marked ``only_place(*ALL_PLACES)``.
 """
 
 from __future__ import annotations
@@ -12,19 +15,21 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from ranks import SHM_ONLY, run_ranks, transport_cases
+from gpu.gpu_ranks import world as gpu_world
+from ranks import ALL_PLACES, CPU_PLACES, SHM_ONLY, device, only_place, place_cases, run_ranks
+from refdata import bits_equal, same_on_all_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 RTOL, ATOL = 1.3e-6, 5e-5
 GLOBAL_BATCH = 12  # divisible by 2 and 3
 STEPS = 5
 WORLD_SIZES = [2, 3]
-# Over tcp (ranks.py's Note [Transport cases]) the hooks' calls are the same all_reduces; one world
+# Over tcp (ranks.py's Note [Places]) the hooks' calls are the same all_reduces; one world
 # size (3: distinct neighbours, uneven chunks) per test, both bucket caps in the MLP parity.
 TCP_WORLD_SIZES = [3]
 MLP_CASES = [(cap_mb, momentum, ws) for cap_mb in (25.0, 0.001) for momentum in (0.0, 0.9) for ws in WORLD_SIZES]
@@ -74,15 +79,20 @@ def sgd(model: nn.Module, momentum: float) -> torch.optim.SGD:
 # --------------------------------------------------------------------------------- MLP parity
 
 
+def _ddp(model: nn.Module, dev: torch.device, **kwargs) -> DDP:
+    return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kwargs)
+
+
 def _mlp_parity(rank: int, ws: int, momentum: float, cap_mb: float, view: bool, accum_dtype) -> list[int]:
-    ref = make_mlp()
-    ours = make_mlp()
-    stock = DDP(make_mlp(), bucket_cap_mb=cap_mb)
+    dev = device(rank)
+    ref = make_mlp(device=dev)
+    ours = make_mlp(device=dev)
+    stock = _ddp(make_mlp(device=dev), dev, bucket_cap_mb=cap_mb)
     avg = rr.GradientAverager(ours, bucket_cap_mb=cap_mb, gradient_as_bucket_view=view, accum_dtype=accum_dtype)
     opts = [sgd(ref, momentum), sgd(ours, momentum), sgd(stock, momentum)]
     for step in range(STEPS):
-        x, y = global_batch(step)
-        lx, ly = local_batch(step, rank, ws)
+        x, y = global_batch(step, dev)
+        lx, ly = local_batch(step, rank, ws, dev)
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         F.mse_loss(ref(x), y).backward()
@@ -98,7 +108,7 @@ def _mlp_parity(rank: int, ws: int, momentum: float, cap_mb: float, view: bool, 
     return avg.bucket_sizes
 
 
-@transport_cases("cap_mb,momentum,ws", MLP_CASES, tcp=[(25.0, 0.0, 2), (0.001, 0.9, 3)])
+@place_cases("cap_mb,momentum,ws", MLP_CASES, tcp=[(25.0, 0.0, 2), (0.001, 0.9, 3)], cuda=[(25.0, 0.0, 2), (0.001, 0.9, 2)])
 def test_mlp_matches_single_process_and_ddp(ws: int, momentum: float, cap_mb: float) -> None:
     view = cap_mb < 1  # both layouts get covered without doubling the matrix
     sizes = run_ranks(ws, _mlp_parity, momentum, cap_mb, view, None)
@@ -118,19 +128,20 @@ def test_accum_dtype_on_float32_model_is_accepted() -> None:
 
 
 def _linear_parity(rank: int, ws: int, cap_mb: float) -> None:
+    dev = device(rank)
     torch.manual_seed(0)
-    lin = nn.Linear(1, 5)
+    lin = nn.Linear(1, 5).to(dev)
     avg = rr.GradientAverager(lin, bucket_cap_mb=cap_mb)
     expected = sum(range(ws)) / ws
     for _ in range(20):
         lin.zero_grad(set_to_none=True)
-        lin(torch.tensor([[float(rank)]])).sum().backward()
-        assert torch.equal(lin.weight.grad, torch.full((5, 1), expected)), lin.weight.grad
-        assert torch.equal(lin.bias.grad, torch.ones(5))
+        lin(torch.tensor([[float(rank)]], device=dev)).sum().backward()
+        assert torch.equal(lin.weight.grad, torch.full((5, 1), expected, device=dev)), lin.weight.grad
+        assert torch.equal(lin.bias.grad, torch.ones(5, device=dev))
     avg.remove()
 
 
-@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
+@place_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES, cuda=[2])
 def test_linear_grad_is_mean_of_ranks(ws: int) -> None:
     run_ranks(ws, _linear_parity, 25.0)
     run_ranks(ws, _linear_parity, 1e-6)
@@ -176,7 +187,7 @@ def _no_sync(rank: int, ws: int, view: bool) -> None:
     avg.remove()
 
 
-@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
+@place_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
 def test_no_sync_accumulates_then_averages(ws: int) -> None:
     run_ranks(ws, _no_sync, False)
     run_ranks(ws, _no_sync, True)
@@ -232,7 +243,7 @@ def _unused(rank: int, ws: int, cap_mb: float, view: bool) -> None:
     avg.remove()
 
 
-@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
+@place_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
 def test_unused_and_locally_unused_parameters(ws: int) -> None:
     run_ranks(ws, _unused, 25.0, False)
     run_ranks(ws, _unused, 1e-6, False)  # one bucket per parameter: unused ones mid-order
@@ -254,7 +265,8 @@ class Tied(nn.Module):
 
 
 def _tied(rank: int, ws: int, cap_mb: float) -> None:
-    ref, ours = Tied(), Tied()
+    dev = device(rank)
+    ref, ours = Tied().to(dev), Tied().to(dev)
     # Passing a parameter list with the tied weight twice must still average it once.
     params = [p for m in ours.modules() if isinstance(m, nn.Linear) for p in m.parameters()]
     assert len(params) == len(list(ours.parameters())) + 1
@@ -262,8 +274,8 @@ def _tied(rank: int, ws: int, cap_mb: float) -> None:
     assert sum(len(b) for b in avg.bucket_parameters) == len(list(ours.parameters()))
     ref_opt, opt = sgd(ref, 0.9), sgd(ours, 0.9)
     for step in range(STEPS):
-        x, y = global_batch(step)
-        lx, ly = local_batch(step, rank, ws)
+        x, y = global_batch(step, dev)
+        lx, ly = local_batch(step, rank, ws, dev)
         ref_opt.zero_grad()
         opt.zero_grad()
         F.mse_loss(ref(x), y).backward()
@@ -274,7 +286,7 @@ def _tied(rank: int, ws: int, cap_mb: float) -> None:
     avg.remove()
 
 
-@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
+@place_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES, cuda=[2])
 def test_tied_parameters_averaged_once(ws: int) -> None:
     run_ranks(ws, _tied, 25.0)
     run_ranks(ws, _tied, 1e-6)
@@ -305,7 +317,7 @@ def _removed(rank: int, ws: int) -> None:
         assert not torch.equal(grads[0], grads[1]), "local gradients should differ between ranks"
 
 
-@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
+@place_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
 def test_removed_hooks_leave_training_local(ws: int) -> None:
     run_ranks(ws, _removed)
 
@@ -351,7 +363,7 @@ def _checkpointed(rank: int, ws: int, where: str, reentrant: bool, cap_mb: float
     avg.remove()
 
 
-@transport_cases("reentrant,ws", [(r, ws) for r in (True, False) for ws in WORLD_SIZES], tcp=[(True, 3), (False, 2)])
+@place_cases("reentrant,ws", [(r, ws) for r in (True, False) for ws in WORLD_SIZES], tcp=[(True, 3), (False, 2)])
 def test_activation_checkpointing(ws: int, reentrant: bool) -> None:
     for where in ("middle", "end"):
         run_ranks(ws, _checkpointed, where, reentrant, 1e-6)
@@ -458,7 +470,7 @@ def _second_backward(rank: int, ws: int) -> None:
     avg.remove()
 
 
-@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
+@place_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
 def test_second_backward_before_sync_is_an_error(ws: int) -> None:
     run_ranks(ws, _second_backward)
 
@@ -530,7 +542,7 @@ def _bucket_view(rank: int, ws: int) -> None:
     avg.remove()
 
 
-@transport_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
+@place_cases("ws", WORLD_SIZES, tcp=TCP_WORLD_SIZES)
 def test_gradient_as_bucket_view(ws: int) -> None:
     run_ranks(ws, _bucket_view)
 
@@ -548,29 +560,106 @@ def test_bucket_assignment_reverse_order_and_caps() -> None:
     assert [m for _, _, m in _assign_buckets(params, 25 * mb, mb)] == [[6, 5, 4, 2, 1, 0], [3]]
 
 
-# ------------------------------------------------------------------------------------------ GPU
+# -------------------------------- every place, CUDA included: the averager and the DDP hook against DDP
+# (tests/gpu/test_gpu_hooks.py until issue 46: one test per place instead of a GPU twin)
 
 
-def _gpu_parity(rank: int, ws: int) -> None:
-    torch.cuda.set_device(rank)
-    dev = f"cuda:{rank}"
-    ref, ours = make_mlp(device=dev), make_mlp(device=dev)
-    avg = rr.GradientAverager(ours, bucket_cap_mb=0.001)
-    ref_opt, opt = sgd(ref, 0.9), sgd(ours, 0.9)
-    for step in range(STEPS):
-        x, y = global_batch(step, dev)
-        lx, ly = local_batch(step, rank, ws, dev)
-        ref_opt.zero_grad()
-        opt.zero_grad()
-        F.mse_loss(ref(x), y).backward()
-        F.mse_loss(ours(lx), ly).backward()
-        ref_opt.step()
-        opt.step()
-        assert_params_close(ours, ref, f"step {step} cuda:")
-    avg.remove()
+def _model(dev: torch.device) -> torch.nn.Module:
+    torch.manual_seed(0)  # the same initial parameters on every rank and for every copy
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(dev)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs >= 2 CUDA GPUs")
-def test_gpu_mlp_parity() -> None:
-    run_ranks(2, _gpu_parity)
+def _train(models: list[torch.nn.Module], dev: torch.device, rank: int, steps: int = 3,
+           after_backward=None) -> None:
+    """SGD steps of every model on the same per-rank batches."""
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    gen = torch.Generator().manual_seed(1234 + rank)
+    for _ in range(steps):
+        x = torch.randn(16, 32, generator=gen).to(dev)
+        y = torch.randn(16, 8, generator=gen).to(dev)
+        for m, opt in zip(models, opts, strict=True):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            if after_backward is not None:
+                after_backward(m)
+            opt.step()
+
+
+def _hooks_match_ddp(rank: int, n: int) -> int:
+    """GradientAverager and DDP + rr.ddp_comm_hook give DDP's parameters after 3 SGD steps (within
+    float32 rounding: DDP sums then divides, ringreduce divides the complete sum once), the same
+    bits on every rank; with a bfloat16 wire (GradientAverager(wire_dtype=...) and
+    rr.CommHookState(wire_dtype=...)) within the wire's rounding of DDP's, again identical on every
+    rank."""
+    dev = device(rank)
+    ref_model = _model(dev)
+    ddp = _ddp(ref_model, dev)
+    averaged = _model(dev)
+    averager = rr.GradientAverager(averaged)
+    hooked_model = _model(dev)
+    hooked = _ddp(hooked_model, dev)
+    hooked.register_comm_hook(state=None, hook=rr.ddp_comm_hook)
+    wired = _model(dev)
+    wired_averager = rr.GradientAverager(wired, wire_dtype=torch.bfloat16)
+    wired_hook_model = _model(dev)
+    wired_hooked = _ddp(wired_hook_model, dev)
+    wired_hooked.register_comm_hook(rr.CommHookState(wire_dtype=torch.bfloat16), rr.ddp_comm_hook)
+    _train([ddp, averaged, hooked, wired, wired_hooked], dev, rank)
+    checked = 0
+    for want, *got in zip(ref_model.parameters(), averaged.parameters(), hooked_model.parameters(),
+                          wired.parameters(), wired_hook_model.parameters(), strict=True):
+        for k, p in enumerate(got):
+            tol = (1e-5, 1e-6) if k < 2 else (2e-2, 2e-3)  # the wire rounds each partial to bfloat16
+            torch.testing.assert_close(p.detach(), want.detach(), rtol=tol[0], atol=tol[1])
+            assert same_on_all_ranks(p.detach()), f"model {k}: ranks differ"
+            checked += 1
+    del averager, wired_averager
+    return checked
+
+
+@only_place(*ALL_PLACES)
+def test_gradient_averager_and_ddp_hook_match_ddp(place):
+    counts = run_ranks(gpu_world() if place == "cuda" else 2, _hooks_match_ddp, timeout=240)
+    assert all(c == 16 for c in counts), counts  # 4 parameters x 4 averaged models
+
+
+def _coalesced_options(rank: int, n: int) -> int:
+    """all_reduce_coalesced with a 16-bit wire and a predivide factor: each tensor gets the bits
+    rr.all_reduce gives its dtype's packed buffer with the same options (the wire on float32 only),
+    on a strided view too, identical on every rank."""
+    dev = device(rank)
+    gen = torch.Generator().manual_seed(77 + rank)
+    base = torch.randn(37, 5, generator=gen).to(dev)
+    tensors = [torch.randn(1000, generator=gen).to(dev), base.t(),  # float32, a transposed view
+               torch.randn(300, generator=gen).to(dev, torch.bfloat16),
+               torch.randn(3 * 2**18 + 5, generator=gen).to(dev),  # float32 beyond the one-shot sizes
+               torch.randn(77, generator=gen).to(dev, torch.float64)]
+    runs = 0
+    for op, kwargs in (("avg", dict(wire_dtype=torch.bfloat16, predivide_factor=2.0)),
+                       ("sum", dict(wire_dtype=torch.float16)), ("avg", dict(predivide_factor=4.0))):
+        inputs = [t.clone() for t in tensors]
+        want = {}
+        for dtype in (torch.float32, torch.bfloat16, torch.float64):
+            flat = torch.cat([t.reshape(-1) for t in inputs if t.dtype == dtype])
+            opts = dict(kwargs) if dtype == torch.float32 else {"predivide_factor": kwargs.get("predivide_factor")}
+            rr.all_reduce(flat, op=op, **opts)
+            want[dtype] = flat
+        work = [t.clone() for t in tensors]
+        view = base.clone().t()  # the view's results land in its base's storage
+        work[1] = view
+        rr.all_reduce_coalesced(work, op=op, **kwargs)
+        offsets = dict.fromkeys(want, 0)
+        for t in work:
+            k = t.numel()
+            expect = want[t.dtype][offsets[t.dtype]:offsets[t.dtype] + k].view(t.shape)
+            offsets[t.dtype] += k
+            assert bits_equal(t, expect), f"{op} {kwargs} {t.dtype} {tuple(t.shape)}"
+            assert same_on_all_ranks(t)
+        runs += 1
+    dist.barrier()
+    return runs
+
+
+@only_place(*ALL_PLACES)
+def test_coalesced_with_all_reduce_options(place):
+    assert all(c == 3 for c in run_ranks(gpu_world() if place == "cuda" else 2, _coalesced_options, timeout=240))

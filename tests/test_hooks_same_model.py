@@ -11,14 +11,14 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
-from ranks import run_ranks
+from ranks import CPU_PLACES, run_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce as rr
 import ringreduce.ops
 import ringreduce.scatter_gather
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 
 def _model(rank: int, case: str) -> nn.Module:

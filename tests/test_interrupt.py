@@ -15,11 +15,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import spawn_ranks
+from ranks import CPU_PLACES, full_at, spawn_ranks
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 LATENCY_BOUND_S = 1.0
 PEER_TIMEOUT_S = 8  # RINGREDUCE_TIMEOUT of both ranks
@@ -80,6 +80,10 @@ def _interrupted(rank: int, ws: int, how: str) -> dict:
 
 
 @pytest.mark.parametrize("how", ["sync", "work_wait", "sync_warm"])
+@full_at("shm", how="work_wait")
+@full_at("shm", how="sync_warm")
+@full_at("tcp", how="sync")
+@full_at("tcp", how="sync_warm")
 def test_ctrl_c_interrupts_a_blocked_call(how: str) -> None:
     env = {"RINGREDUCE_TIMEOUT": str(PEER_TIMEOUT_S)}
     out = spawn_ranks(2, _interrupted, how, env=env, timeout=120, pg_timeout=60)

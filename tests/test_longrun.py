@@ -20,12 +20,12 @@ import time
 
 import torch
 import torch.distributed as dist
-from ranks import run_ranks
+from ranks import CPU_PLACES, run_ranks
 from refdata import bits_equal, exact_input, gather_inputs, reference
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 CALLS = 10_000
 WARMUP = 400

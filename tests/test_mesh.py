@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from ranks import run_ranks, transport_cases
+from ranks import CPU_PLACES, place_cases, run_ranks
 from refdata import gather_inputs
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 WS = 4
 _MESHES: dict[tuple, object] = {}
@@ -119,8 +119,8 @@ def _averager_dp_only(rank: int, ws: int, cap_mb: float, view: bool) -> None:
     avg.remove()
 
 
-# Over tcp (ranks.py's Note [Transport cases]) one bucket, and one bucket per parameter as views.
-@transport_cases("cap_mb,view", [(25.0, False), (1e-6, False), (1e-6, True)], tcp=[(25.0, False), (1e-6, True)])
+# Over tcp (ranks.py's Note [Places]) one bucket, and one bucket per parameter as views.
+@place_cases("cap_mb,view", [(25.0, False), (1e-6, False), (1e-6, True)], tcp=[(25.0, False), (1e-6, True)])
 def test_averager_over_dp_leaves_tp_alone(cap_mb: float, view: bool) -> None:
     run_ranks(WS, _averager_dp_only, cap_mb, view)
 

@@ -15,13 +15,13 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from ranks import CPU_PLACES, place_cases, run_ranks
 from ranks import expect_raises as _expect
-from ranks import run_ranks, transport_cases
 from refdata import gather_inputs
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 WORLD_SIZES = [2, 4]
 BATCH = 8  # global pairs per step, divisible by 2 and 4
@@ -102,8 +102,8 @@ def _contrastive(rank: int, ws: int, averaging: str, local_queries: bool) -> Non
         averager.remove()
 
 
-# Over tcp (ranks.py's Note [Transport cases]) each averaging once, on 4 and on 2 ranks.
-@transport_cases("averaging,ws", [(a, ws) for a in ("all_reduce_avg", "averager") for ws in WORLD_SIZES],
+# Over tcp (ranks.py's Note [Places]) each averaging once, on 4 and on 2 ranks.
+@place_cases("averaging,ws", [(a, ws) for a in ("all_reduce_avg", "averager") for ws in WORLD_SIZES],
                  tcp=[("all_reduce_avg", 4), ("averager", 2)])
 def test_contrastive_loss_matches_single_process(ws: int, averaging: str) -> None:
     run_ranks(ws, _contrastive, averaging, False)
@@ -183,7 +183,7 @@ def _exact_vjps(rank: int, ws: int) -> None:
         assert alone is None and block is None
 
 
-@transport_cases("ws", WORLD_SIZES, tcp=[4])
+@place_cases("ws", WORLD_SIZES, tcp=[4])
 def test_backward_is_the_other_half_of_the_ring(ws: int) -> None:
     run_ranks(ws, _exact_vjps)
 
@@ -224,7 +224,7 @@ def _finite_differences(rank: int, ws: int) -> None:
         torch.testing.assert_close(analytic, numeric, rtol=1e-6, atol=1e-7)
 
 
-@transport_cases("ws", WORLD_SIZES, tcp=[2])
+@place_cases("ws", WORLD_SIZES, tcp=[2])
 def test_gradients_match_finite_differences(ws: int) -> None:
     run_ranks(ws, _finite_differences)
 
@@ -265,7 +265,7 @@ def _errors(rank: int, ws: int) -> dict:
     return out
 
 
-@transport_cases("ws", WORLD_SIZES, tcp=[4])
+@place_cases("ws", WORLD_SIZES, tcp=[4])
 def test_errors_raise_on_every_rank(ws: int) -> None:
     for r in run_ranks(ws, _errors):
         bad = {k: v for k, v in r.items() if v != "ok"}

@@ -7,20 +7,23 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import SHM_ONLY, run_ranks, transport_cases
+from ranks import CPU_PLACES, SHM_ONLY, place_cases, run_ranks
 from ranks import expect_raises as _expect
 from refdata import OPS, bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported, types_for
 
 import ringreduce as rr
 
-BOTH_TRANSPORTS = True  # conftest.py: every test over shared memory and over gloo point-to-point
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 BLOCKS = [1, 3, 7, 33, 1000]
+# plan_summary's options of the ring halves' plans with 16-byte segments and 2 slots (Note [Ring halves])
+_TINY = {"segment_bytes": 16, "num_slots": 2, "owner_shift": -1, "exact_chunks": True}
 
 
 def _with_env(env: dict[str, str], fn, *args):
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     try:
         return fn(*args)
     finally:
@@ -29,6 +32,7 @@ def _with_env(env: dict[str, str], fn, *args):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
 
 
 def _rs_exact(rank: int, ws: int, tiny: bool, dtypes: list[torch.dtype]) -> list[str]:
@@ -53,10 +57,10 @@ def _rs_exact(rank: int, ws: int, tiny: bool, dtypes: list[torch.dtype]) -> list
     return _with_env({"RINGREDUCE_SEGMENT_BYTES": "16", "RINGREDUCE_SLOTS": "2"}, body) if tiny else body()
 
 
-# tcp: 2 ranks and 3 (tiny segments); every dtype over shm (ranks.py's Note [Transport cases])
-@transport_cases("ws", [2, 3, 4], tcp=[2, 3])
-def test_reduce_scatter_exact_every_dtype_and_op(ws, _transport):
-    for rank, failures in enumerate(run_ranks(ws, _rs_exact, ws == 3, types_for(_transport))):
+# tcp: 2 ranks and 3 (tiny segments); every dtype over shm (ranks.py's Note [Places])
+@place_cases("ws", [2, 3, 4], tcp=[2, 3])
+def test_reduce_scatter_exact_every_dtype_and_op(ws, place):
+    for rank, failures in enumerate(run_ranks(ws, _rs_exact, ws == 3, types_for(place))):
         assert not failures, f"rank {rank}: {failures[:5]}"
 
 
@@ -82,9 +86,9 @@ def _ag_exact(rank: int, ws: int, tiny: bool, dtypes: list[torch.dtype]) -> list
 
 
 # tcp: 2 ranks and 3 (tiny segments); 1 rank never uses a transport (shared memory needs 2)
-@transport_cases("ws", [1, 2, 3, 4], tcp=[2, 3])
-def test_all_gather_exact_every_dtype(ws, _transport):
-    for rank, failures in enumerate(run_ranks(ws, _ag_exact, ws == 3, types_for(_transport))):
+@place_cases("ws", [1, 2, 3, 4], tcp=[2, 3])
+def test_all_gather_exact_every_dtype(ws, place):
+    for rank, failures in enumerate(run_ranks(ws, _ag_exact, ws == 3, types_for(place))):
         assert not failures, f"rank {rank}: {failures[:5]}"
 
 
@@ -109,7 +113,7 @@ def _random_vs_torch(rank: int, ws: int) -> dict:
     return out
 
 
-@transport_cases("ws", [2, 4], tcp=[4])  # tcp with 2 ranks: the exact sweeps
+@place_cases("ws", [2, 4], tcp=[4])  # tcp with 2 ranks: the exact sweeps
 def test_random_data_matches_torch_distributed(ws):
     for rank, res in enumerate(run_ranks(ws, _random_vs_torch)):
         assert all(res.values()), f"rank {rank}: {res}"
@@ -157,7 +161,7 @@ def _layouts_async(rank: int, ws: int) -> dict:
     return out
 
 
-@transport_cases("ws", [2, 3], tcp=[3])  # views are copied above the transport; 3 ranks hold a pair subgroup
+@place_cases("ws", [2, 3], tcp=[3])  # views are copied above the transport; 3 ranks hold a pair subgroup
 def test_layouts_async_subgroups(ws):
     for rank, res in enumerate(run_ranks(ws, _layouts_async)):
         assert all(res.values()), f"rank {rank}: {res}"
@@ -189,7 +193,7 @@ def _errors(rank: int, ws: int) -> dict:
     return out
 
 
-@transport_cases("ws", [2, 3], tcp=[3])
+@place_cases("ws", [2, 3], tcp=[3])
 def test_errors_are_clear_on_every_rank(ws):
     for rank, res in enumerate(run_ranks(ws, _errors)):
         bad = {k: v for k, v in res.items() if v != "ok"}
@@ -203,11 +207,11 @@ def test_plan_of_a_half_is_what_the_issue_says():
     # rank r owns block r, blocks are exactly numel / n, and a half sends (n-1) segments per chunk
     for n in (2, 3, 5):
         for r in range(n):
-            s = C.plan_summary(n, r, 7 * n, 0, 16, 2, False, False, 1, -1, True)
+            s = C.plan_summary(n, r, 7 * n, 0, phases=1, **_TINY)
             assert s["owned_chunk"] == r
             assert s["chunks"] == [(7 * c, 7 * (c + 1)) for c in range(n)]
             assert s["num_exchanges"] == (n - 1) * s["nsegs"]
-            full = C.plan_summary(n, r, 7 * n, 0, 16, 2, False, False, 3, -1, True)
+            full = C.plan_summary(n, r, 7 * n, 0, phases=3, **_TINY)
             assert full["num_exchanges"] == 2 * s["num_exchanges"]
     with pytest.raises(ValueError, match="equal blocks"):
-        C.plan_summary(3, 0, 10, 0, 16, 2, False, False, 1, -1, True)
+        C.plan_summary(3, 0, 10, 0, phases=1, **_TINY)

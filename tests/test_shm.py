@@ -1,7 +1,7 @@
 """The shared-memory transport itself: chosen by default for ranks of one host, turned off by
 RINGREDUCE_SHM=0 (on any rank), a fallback with one warning when /dev/shm cannot hold a segment, and
 random data equal to torch.distributed's. Exact values, subgroups, async, dead peers and the
-10,000-call soak run over both transports in the other modules (BOTH_TRANSPORTS); conftest.py checks
+10,000-call soak run at both CPU places in the other modules (PLACES, Note [Places]); conftest.py checks
 after every test that nothing is left in /dev/shm."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import free_port, run_ranks, spawn_ranks
+from ranks import FULL, free_port, run_ranks, spawn_ranks
 from refdata import bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks
 
 import ringreduce as rr
@@ -131,6 +131,7 @@ def _hierarchical_in_shm(rank: int, ws: int) -> dict:
     S = 1 << 20
     out: dict = {}
     os.environ["RINGREDUCE_LOCAL_SIZE"] = "2"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     try:
         exact = []
         for dtype in (torch.float32, torch.bfloat16, torch.int32):
@@ -148,6 +149,7 @@ def _hierarchical_in_shm(rank: int, ws: int) -> dict:
         out["info"] = _info(pg)
     finally:
         del os.environ["RINGREDUCE_LOCAL_SIZE"]
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     return out
 
 
@@ -177,6 +179,7 @@ def _pieces(rank: int, ws: int) -> dict:
     out: dict = {}
     node = [0, 0, 1, 1]
     os.environ["RINGREDUCE_LOCAL_SIZE"] = "2"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     try:
         cases = [(torch.float32, op, 2 * MIB + 5) for op in ("sum", "avg", "max")]
         cases += [(torch.float32, "sum", 3 * MIB + 1), (torch.float32, "sum", MIB), (torch.bfloat16, "sum", 4 * MIB + 3),
@@ -197,9 +200,11 @@ def _pieces(rank: int, ws: int) -> dict:
         for seg in (str(64 << 10), None):  # the segment size never changes a bit of the result
             if seg is not None:
                 os.environ["RINGREDUCE_SEGMENT_BYTES"] = seg
+                rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
             y = x.clone()
             rr.all_reduce_avg(y, algorithm="hierarchical")
             os.environ.pop("RINGREDUCE_SEGMENT_BYTES", None)
+            rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
             out[f"segment {seg}"] = y
         out["same bits whatever the segment"] = torch.equal(out.pop(f"segment {64 << 10}"), out.pop("segment None"))
         works = [rr.all_reduce(torch.full((2 * MIB,), float(i)), algorithm="hierarchical", async_op=True)
@@ -215,6 +220,7 @@ def _pieces(rank: int, ws: int) -> dict:
         out["bytes call exact"] = bool(torch.all(t == ws))
     finally:
         os.environ.pop("RINGREDUCE_LOCAL_SIZE", None)
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     return out
 
 
@@ -230,11 +236,13 @@ def _pieces_whatever_the_segment(rank: int, ws: int) -> bool:
     # pieces' chunk owners set; the pieces depend on (numel, dtype) only, so the segment size changes
     # no bit
     os.environ["RINGREDUCE_LOCAL_SIZE"] = "2"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     try:
         x = torch.randn(3 * MIB + 7, generator=torch.Generator().manual_seed(rank))
         got = []
         for seg in (str(64 << 10), str(1 << 20)):
             os.environ["RINGREDUCE_SEGMENT_BYTES"] = seg
+            rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
             y = x.clone()
             rr.all_reduce(y, algorithm="hierarchical")
             got.append(y)
@@ -242,8 +250,10 @@ def _pieces_whatever_the_segment(rank: int, ws: int) -> bool:
     finally:
         os.environ.pop("RINGREDUCE_LOCAL_SIZE", None)
         os.environ.pop("RINGREDUCE_SEGMENT_BYTES", None)
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
 
 
+@FULL
 def test_pipelined_pieces_do_not_depend_on_the_segment_size():
     assert run_ranks(6, _pieces_whatever_the_segment, transport="shm") == [True] * 6
 

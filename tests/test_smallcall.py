@@ -34,14 +34,23 @@ class _CountedRing:
         _CountedRing.count += 1
         return self.ring.run(tensor, options)
 
+    def submit(self, *args) -> object:  # noqa: ANN002 - the full path's calls, not counted
+        return self.ring.submit(*args)
+
 
 _NATIVE_RING = C.CpuRing
 
 
-def _back_to_back(rank: int, ws: int, rounds: int) -> dict:
-    from ringreduce import _fastpath
+def _forget_rings_and_plans() -> None:
+    """Drops the plans and Python rings (not the native runtimes), so the next calls make them again."""
+    from ringreduce import _call, _rings
 
-    _fastpath.forget()  # the plans made from here on bind counted rings
+    _call.forget_plans()
+    _rings.forget_all()
+
+
+def _back_to_back(rank: int, ws: int, rounds: int) -> dict:
+    _forget_rings_and_plans()  # the rings made from here on bind counted native rings
     _CountedRing.count = 0
     C.CpuRing = _CountedRing
     try:
@@ -58,7 +67,7 @@ def _back_to_back(rank: int, ws: int, rounds: int) -> dict:
                 "transport": C.transport_info(dist.group.WORLD, [])}
     finally:
         C.CpuRing = _NATIVE_RING
-        _fastpath.forget()
+        _forget_rings_and_plans()
 
 
 @pytest.mark.parametrize("ws", [2, 3, 4])
@@ -75,19 +84,20 @@ def test_back_to_back_calls_are_exact_on_every_rank(ws):
 
 
 def _returns_none_or_handle(rank: int, ws: int) -> dict:
-    from ringreduce import _fastpath
+    from ringreduce import _call
 
-    _fastpath.forget()
+    _forget_rings_and_plans()
     t = torch.full((256,), float(rank + 1))
     rr.all_reduce(t)  # its plan is now the only one kept
-    (plan,) = _fastpath.plans.values()
-    out = {"none": plan.ring.run(t, plan.options) is None, "bound": type(plan.ring) is C.CpuRing,
+    (plan,) = _call._plans.values()
+    native = plan.ring.native
+    out = {"none": native.run(t, plan.options) is None, "bound": type(native) is C.CpuRing,
            "value": float(t[0]), "want": float(ws * (ws + 1) // 2 * ws)}
     # Queued behind an async call, a synchronous call does not run on this thread: run() hands back
     # its handle, which has no future.
     a = torch.full((1 << 16,), float(rank))
     work = rr.all_reduce(a, async_op=True)
-    handle = plan.ring.run(t, plan.options)
+    handle = native.run(t, plan.options)
     work.wait()
     if handle is not None:
         handle.wait(-1)
@@ -168,7 +178,7 @@ def test_a_synchronous_call_never_overtakes_a_queued_async_call(ws):
 
 
 def _bound_ring_of_a_destroyed_group(rank: int, ws: int) -> dict:
-    from ringreduce import _fastpath
+    from ringreduce import _call
 
     out = {}
     for k in range(2):
@@ -178,8 +188,8 @@ def _bound_ring_of_a_destroyed_group(rank: int, ws: int) -> dict:
             rr.all_reduce(t, group=g)
             want = torch.arange(300, dtype=torch.float32) * (ws * (ws + 1) // 2) + ws * (i + k)
             out[f"exact {k} {i}"] = torch.equal(t, want)
-        (plan,) = [p for p in _fastpath.plans.values() if p.group is g]
-        out[f"bound {k}"] = type(plan.ring) is C.CpuRing
+        (plan,) = [p for p in _call._plans.values() if p.group is g]
+        out[f"bound {k}"] = type(plan.ring.native) is C.CpuRing
         # a refusal on one rank raises on both through the bound ring
         if rank == 1:
             out[f"refused {k}"] = expect_raises(
@@ -195,7 +205,7 @@ def _bound_ring_of_a_destroyed_group(rank: int, ws: int) -> dict:
         # the ring was released (the plan's ring holds its runtime weakly) and its plans dropped: the
         # next group's calls (k = 1) make a plan and a ring of their own
         out[f"released {k}"] = C.memory_bytes(inner) == 0 and C.transport_info(inner, []) == ""
-        out[f"forgotten {k}"] = all(p.group is not g for p in _fastpath.plans.values())
+        out[f"forgotten {k}"] = all(p.group is not g for p in _call._plans.values())
     return out
 
 
@@ -205,15 +215,15 @@ def test_a_bound_ring_is_exact_and_a_destroyed_groups_plan_is_not_used():
 
 
 def _bound_ring_peer_leaves(rank: int, ws: int) -> dict:
-    from ringreduce import _fastpath
+    from ringreduce import _call
 
     out = {}
     for i in range(3):
         t = torch.full((256,), float(rank + i))
         rr.all_reduce(t)
         out[f"exact {i}"] = torch.equal(t, torch.full((256,), float(1 + 2 * i)))
-    (plan,) = _fastpath.plans.values()
-    out["bound"] = type(plan.ring) is C.CpuRing
+    (plan,) = _call._plans.values()
+    out["bound"] = type(plan.ring.native) is C.CpuRing
     if rank == 1:
         os._exit(0)
     # the next repeated call runs on the bound ring: it raises as an unbound call does, then the

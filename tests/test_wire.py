@@ -15,13 +15,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import SHM_ONLY, run_ranks, transport_cases
+from ranks import CPU_PLACES, SHM_ONLY, place_cases, run_ranks
 from refdata import ring_reference
 
 import ringreduce as rr
 from ringreduce._call import scaling_refusal
 
-BOTH_TRANSPORTS = True
+PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
 WIRES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -80,8 +80,8 @@ CASES = [
 ]
 
 
-# Over tcp (ranks.py's Note [Transport cases]) tiny segments on 3 ranks; the default on both sizes.
-@transport_cases("segment,n", [(s, n) for s in ("64", "default") for n in (2, 3)],
+# Over tcp (ranks.py's Note [Places]) tiny segments on 3 ranks; the default on both sizes.
+@place_cases("segment,n", [(s, n) for s in ("64", "default") for n in (2, 3)],
                  tcp=[("64", 3), ("default", 2), ("default", 3)])
 def test_random_data_is_the_rings_arithmetic(n, segment):
     env = {"RINGREDUCE_SEGMENT_BYTES": segment} if segment != "default" else {}
@@ -272,7 +272,7 @@ ACCURACY_MARGIN = 0.8
 
 
 # the large cases over shm only (CI time); the small ones over both
-@transport_cases("n,numel", ACCURACY_CASES, tcp=[(n, m) for n, m in ACCURACY_CASES if m <= 100_000],
+@place_cases("n,numel", ACCURACY_CASES, tcp=[(n, m) for n, m in ACCURACY_CASES if m <= 100_000],
                  ids=lambda c: f"{c[0]}ranks-{c[1]}")
 def test_error_below_ddp_bf16_compress_hook(n, numel):
     errors = run_ranks(n, _error_vs_compress_hook, numel, "bf16", timeout=600)
@@ -323,6 +323,7 @@ def _hierarchical(rank, n):
     import os
 
     os.environ["RINGREDUCE_LOCAL_SIZE"] = "2"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     try:
         i = torch.arange(999, dtype=torch.float32)
         vals = [((i * 7 + r * 5) % 17 - 6) * 4 for r in range(n)]
@@ -363,6 +364,7 @@ def _hierarchical(rank, n):
             assert numel < 10 or not same_bits(want, flat)  # the reference tells the two apart
     finally:
         del os.environ["RINGREDUCE_LOCAL_SIZE"]
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     return True
 
 
@@ -455,6 +457,7 @@ def _gather16_hierarchical(rank, n):
     import os
 
     os.environ["RINGREDUCE_LOCAL_SIZE"] = "2"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     try:
         i = torch.arange(999, dtype=torch.float64)
         vals = [(i * 7 + r * 5) % 17 - 6 for r in range(n)]
@@ -477,12 +480,14 @@ def _gather16_hierarchical(rank, n):
                 assert all(same_bits(x, t) for x in gather(t)), "ranks differ"
         # RINGREDUCE_WIRE_GATHER=32 on the same data: the float32 all-gather's result, unrounded
         os.environ["RINGREDUCE_WIRE_GATHER"] = "32"
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
         t = vals[rank].float()
         rr.all_reduce_avg(t, algorithm="hierarchical", wire_dtype=torch.bfloat16)
         assert torch.equal(t, (s / n).float())
     finally:
         del os.environ["RINGREDUCE_LOCAL_SIZE"]
         os.environ.pop("RINGREDUCE_WIRE_GATHER", None)
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     return True
 
 
@@ -501,10 +506,12 @@ def _gather16_error(rank, n, numel):
     ref = torch.stack([t.double() for t in inputs]).mean(0)
     ours = inputs[rank].clone()
     os.environ["RINGREDUCE_WIRE_GATHER"] = "16"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     try:
         rr.all_reduce_avg(ours, wire_dtype=torch.bfloat16)
     finally:
         del os.environ["RINGREDUCE_WIRE_GATHER"]
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     theirs = inputs[rank].clone()
     default_hooks.bf16_compress_hook(None, (theirs,)).wait()
     assert all(same_bits(x, ours) for x in gather(ours)), "ranks differ"
@@ -530,10 +537,12 @@ def _gather16_bytes(rank, n, local):
     numel = 1 << 20  # S = 4 MiB, n equal chunks
     if local:
         os.environ["RINGREDUCE_LOCAL_SIZE"] = str(local)
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     sent = {}
     try:
         for width in ("32", "16"):
             os.environ["RINGREDUCE_WIRE_GATHER"] = width
+            rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
             t = torch.full((numel,), float(rank))
             C.bytes_sent(pg, True)
             rr.all_reduce_avg(t, wire_dtype=torch.bfloat16)
@@ -542,19 +551,20 @@ def _gather16_bytes(rank, n, local):
     finally:
         os.environ.pop("RINGREDUCE_WIRE_GATHER", None)
         os.environ.pop("RINGREDUCE_LOCAL_SIZE", None)
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     return sent
 
 
 # the transport is part of each case: the gloo bytes of flat rings, and of the cross-node ring when
 # the node rings run in shared memory
-@pytest.mark.parametrize("_transport,n,local", [("tcp", 2, 0), ("tcp", 4, 0), ("shm", 4, 2)], indirect=["_transport"])
-def test_sixteen_bit_all_gather_halves_the_bytes(n, local, _transport):
+@pytest.mark.parametrize("place,n,local", [("tcp", 2, 0), ("tcp", 4, 0), ("shm", 4, 2)], indirect=["place"])
+def test_sixteen_bit_all_gather_halves_the_bytes(n, local, place):
     # Payload bytes each rank sends: the flat ring's (n - 1) / n x S per half, 16-bit partials in the
     # reduce-scatter and float32 (32) or 16 bits (16) in the all-gather; on 2 simulated nodes x 2 in
     # shared memory only the cross-node ring uses gloo: (M - 1) / M x S / L per half.
     S = 4 << 20
     per_half = S * (n - 1) // n if not local else S // 2 // local
-    for rank, sent in enumerate(run_ranks(n, _gather16_bytes, local, transport=_transport)):
+    for rank, sent in enumerate(run_ranks(n, _gather16_bytes, local, transport=place)):
         assert sent == {"32": per_half // 2 + per_half, "16": per_half}, (rank, sent)
 
 
@@ -563,17 +573,22 @@ def _gather16_refusals(rank, n):
 
     t = torch.ones(100)
     os.environ["RINGREDUCE_WIRE_GATHER"] = "8"
+    # a bad knob raises where the rings read it: at reload_knobs() and at the next call
+    _expect(rr.reload_knobs, ValueError, "RINGREDUCE_WIRE_GATHER")
     try:
         _expect(lambda: rr.all_reduce_avg(t, wire_dtype=torch.bfloat16), ValueError, "RINGREDUCE_WIRE_GATHER")
     finally:
         del os.environ["RINGREDUCE_WIRE_GATHER"]
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     # ranks that disagree on the width: every rank raises, naming it, and no tensor changes
     os.environ["RINGREDUCE_WIRE_GATHER"] = "16" if rank == 0 else "32"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     try:
         _expect(lambda: rr.all_reduce_avg(t, wire_dtype=torch.bfloat16), RuntimeError, "RINGREDUCE_WIRE_GATHER",
                 "wire_gather=16")
     finally:
         del os.environ["RINGREDUCE_WIRE_GATHER"]
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     assert torch.equal(t, torch.ones(100))
     rr.all_reduce_avg(t, wire_dtype=torch.bfloat16)  # the group is fine afterwards
     assert torch.equal(t, torch.ones(100))
@@ -594,16 +609,19 @@ def _backend_wire_gather(rank, n):
     inputs = random_inputs(n, 5000, 3)
     want32 = ring_reference(inputs, "avg", torch.bfloat16)
     os.environ["RINGREDUCE_WIRE_GATHER"] = "32"  # the group's option wins over the knob
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     try:
         x = inputs[rank].clone()
         dist.all_reduce(x, op=dist.ReduceOp.AVG, group=g16)
         assert same_bits(x, round_to(want32, torch.bfloat16)), "BackendOptions(wire_gather=16)"
         os.environ["RINGREDUCE_WIRE_GATHER"] = "16"
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
         x = inputs[rank].clone()
         dist.all_reduce(x, op=dist.ReduceOp.AVG, group=g32)
         assert same_bits(x, want32), "BackendOptions(wire_gather=32)"
     finally:
         del os.environ["RINGREDUCE_WIRE_GATHER"]
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     dist.destroy_process_group(g16)
     dist.destroy_process_group(g32)
     return True
@@ -614,22 +632,26 @@ def test_backend_options_wire_gather():
 
 
 @SHM_ONLY  # Python only, no ranks
-def test_sixteen_bit_all_gather_refused_on_gpus_and_bad_backend_options(monkeypatch):
+def test_sixteen_bit_all_gather_refused_on_gpus_and_bad_backend_options():
     from types import SimpleNamespace
 
+    from ringreduce import _config
     from ringreduce._call import wire_gather_setting
+    from ringreduce._rings.cuda import CudaRing
     from ringreduce._types import ReduceOp
 
     fake_cuda = SimpleNamespace(is_floating_point=lambda: True, is_complex=lambda: False, dtype=torch.float32,
                                 is_cuda=True, device=torch.device("cuda", 0))
-    monkeypatch.setitem(rr._C.native_info, "cuda", True)  # its backend in a CPU-only build too
-    _, exc, _, _ = scaling_refusal(fake_cuda, ReduceOp.AVG, "auto", torch.bfloat16, None, "16")
+    _, exc, wire, _ = scaling_refusal(fake_cuda, ReduceOp.AVG, torch.bfloat16, None)
+    assert exc is None and wire == rr._C.DType.BFLOAT16  # the device decides the rest: its ring's option_refusal
+    gpu = CudaRing.__new__(CudaRing)  # its refusals need no communicator
+    exc = gpu.option_refusal("auto", "16")
     assert isinstance(exc, ValueError) and "CPU rings only" in str(exc)
-    _, exc, _, _ = scaling_refusal(fake_cuda, ReduceOp.AVG, "auto", torch.bfloat16, None, "auto")
-    assert exc is None  # "auto" means 32 bits on GPUs
+    assert gpu.option_refusal("auto", "auto") is None  # "auto" means 32 bits on GPUs
+    knobs = _config.read()
     for bad in (8, True, "16"):
         with pytest.raises(ValueError, match="wire_gather"):
             rr.BackendOptions(wire_gather=bad)
         with pytest.raises(ValueError, match="wire_gather"):
-            wire_gather_setting(bad)
+            wire_gather_setting(bad, knobs)
     assert rr.BackendOptions(wire_gather=16).wire_gather == 16

@@ -1,44 +1,135 @@
 #include "host_reduce.h"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
 #include "../core/error.h"
 #include "../core/functors.h"
 #include "../core/reduce_dispatch.h"
+#include "half_vector.h"
+#include "host_isa.h"
 
 namespace rr {
 
 namespace {
 
-// dst[i] = ReduceStep(a[i], b[i]) (functors.h, Note [Reduction contract]) over plain loops the
-// compiler vectorizes; the storage types come from the one dispatch table the kernels use too.
+// Note [Host loops]
+// ~~~~~~~~~~~~~~~~~
+// dst[i] = ReduceStep(a[i], b[i], scaling) and dst[i] = ConvertStep(a[i], predivide) (functors.h,
+// Note [Reduction contract]), bit for bit, at memory speed:
+// * What a call's Scaling asks for is decided once per call (LoopKind: predivide or not; the final
+//   scaling: none, a division, a multiplication; round_sum; the 16-bit all-gather's wire rounding)
+//   and each kind has a loop of its own: no loop tests anything per element. The factors are computed
+//   once, in the accumulation type, as ReduceStep computes them (AVG's divisor is divisor /
+//   postscale, and it divides: never a multiplication by 1 / n).
+// * A type that is its own accumulation type (float32, float64, complex, integers; bool) runs one
+//   loop over its elements per kind (fusedLoop), which the compiler vectorizes.
+// * Where a 16-bit type takes part (and for float32 rounded through a wire type), one loop per kind
+//   runs ReduceStep's operations on lanes of float32 (loop16, half_vector.h): widening loads,
+//   combine, the scaling, narrowing stores, fused in registers.
+// * Each loop exists for the portable instruction set and, on x86, for AVX2 + F16C (host_loops.inc,
+//   compiled twice); hostIsa() picks one per call (Note [Host loop instruction sets], host_isa.h).
+// * MAX, MIN and PRODUCT are never scaled (the bindings refuse a predivide factor or a wire for
+//   them, and finalScaling gives them no divisor): their loops are the unscaled ones, and a Scaling
+//   that asks for more anyway, or a wire rounding for anything but a float32 tensor's float32
+//   result, runs ReduceStep element by element (stepByStep): the same bits, no loop of its own.
+// dst may be a or b (an in-place reduce): every element is read before it is written at its index.
+// tests/cpp/test_host_loops.cpp compares every loop with the functors, under both instruction sets.
+
+enum class Final { kNone, kDivide, kMultiply };
+enum class Wire { kNone, kBFloat16, kFloat16 };
+
+struct LoopKind {
+  bool pre = false;             // the local operand divided by the predivide factor first
+  Final final = Final::kNone;   // scaleFinal: divide by the divisor (over postscale), or multiply by postscale
+  bool round_sum = false;       // the sum rounded to dst's type before the final scaling
+  Wire wire = Wire::kNone;      // a float32 result rounded through the wire type (Note [16-bit all-gather])
+};
+
+LoopKind loopKind(const Scaling& sc) {
+  LoopKind k;
+  k.pre = sc.predivide > 0;
+  k.final = sc.divisor > 0 ? Final::kDivide : sc.postscale > 0 ? Final::kMultiply : Final::kNone;
+  k.round_sum = sc.round_sum && k.final != Final::kNone;  // scaleFinal returns an unscaled sum as it is
+  k.wire = sc.wire_round == static_cast<int32_t>(DType::kBFloat16)  ? Wire::kBFloat16
+           : sc.wire_round == static_cast<int32_t>(DType::kFloat16) ? Wire::kFloat16
+                                                                    : Wire::kNone;
+  return k;
+}
+
+// ReduceStep's factors in the accumulation type's real type, computed as it computes them.
+template <typename Real>
+struct Factors {
+  Real pre{};    // the predivide factor
+  Real final{};  // the divisor (over postscale), or the multiplier
+};
+
+template <typename Real>
+Factors<Real> factors(const Scaling& sc) {
+  Factors<Real> f;
+  f.pre = static_cast<Real>(sc.predivide);
+  if (sc.divisor > 0)
+    f.final = sc.postscale > 0 ? static_cast<Real>(sc.divisor) / static_cast<Real>(sc.postscale)
+                               : static_cast<Real>(sc.divisor);
+  else
+    f.final = static_cast<Real>(sc.postscale);
+  return f;
+}
+
+template <Final kFinal, typename Acc, typename Real>
+RR_CPU_INLINE Acc finish(Acc s, Real f) {
+  if constexpr (kFinal == Final::kDivide) return divideBy(s, f);
+  else if constexpr (kFinal == Final::kMultiply) return multiplyBy(s, f);
+  else return s;
+}
+
+// Accumulation types that scaling changes (floating and complex); integers pass unchanged.
+template <typename T>
+struct IsScaled : std::integral_constant<bool, std::is_floating_point<T>::value> {};
+template <typename R>
+struct IsScaled<Complex<R>> : std::true_type {};
+
+namespace portable {
+using Lane = PortableLane;
+#include "host_loops.inc"
+}  // namespace portable
+
+#if RR_HOST_AVX2
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c")
+#endif
+namespace avx2 {
+using Lane = Avx2Lane;
+#include "host_loops.inc"
+}  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+// dispatchReduce's launcher: the loop of the operand types, for the instruction set of the call.
 struct HostLoop {
   const void* a;
   const void* b;
   void* dst;
   int64_t count;
-  Scaling sc;
+  const Scaling& sc;
+  LoopKind kind;
+  HostIsa isa;
 
   template <typename TA, typename TB, typename TD, RedOp op>
   void run() const {
-    const TA* __restrict__ pa = static_cast<const TA*>(a);
-    const TB* __restrict__ pb = static_cast<const TB*>(b);
-    TD* pd = static_cast<TD*>(dst);  // may alias pa (in-place reduce)
-    if constexpr (std::is_same<TD, float>::value) {
-      if (sc.wire_round >= 0) {  // the owner's final reduce of a 16-bit all-gather (Note [16-bit all-gather])
-        for (int64_t i = 0; i < count; ++i)
-          pd[i] = roundThroughWire(ReduceStep<TA, TB, TD, op>::apply(pa[i], pb[i], sc), sc.wire_round);
-        return;
-      }
-    }
-    if (sc.predivide > 0 || sc.divisor > 0 || sc.postscale > 0) {
-      const Scaling scaled = sc;  // a local copy: no store through pd can change it
-      for (int64_t i = 0; i < count; ++i) pd[i] = ReduceStep<TA, TB, TD, op>::apply(pa[i], pb[i], scaled);
-    } else {
-      const Scaling none;  // a constant the compiler folds: the plain loop vectorizes
-      for (int64_t i = 0; i < count; ++i) pd[i] = ReduceStep<TA, TB, TD, op>::apply(pa[i], pb[i], none);
-    }
+    constexpr RedOp kOp = op == RedOp::kAvg ? RedOp::kSum : op;  // AVG combines as SUM (functors.h)
+#if RR_HOST_AVX2
+    if (isa == HostIsa::kAvx2) return avx2::reduce<TA, TB, TD, kOp>(a, b, dst, count, kind, sc);
+#endif
+    portable::reduce<TA, TB, TD, kOp>(a, b, dst, count, kind, sc);
   }
 };
 
@@ -47,16 +138,14 @@ struct HostConvert {
   void* dst;
   int64_t count;
   double predivide;
+  HostIsa isa;
 
   template <typename TS, typename TD>
   void convert() const {
-    const TS* pa = static_cast<const TS*>(a);
-    TD* pd = static_cast<TD*>(dst);  // may alias pa (an in-place predivide)
-    if (predivide > 0) {
-      for (int64_t i = 0; i < count; ++i) pd[i] = ConvertStep<TS, TD>::apply(pa[i], predivide);
-    } else {
-      for (int64_t i = 0; i < count; ++i) pd[i] = ConvertStep<TS, TD>::apply(pa[i], 0);
-    }
+#if RR_HOST_AVX2
+    if (isa == HostIsa::kAvx2) return avx2::convert<TS, TD>(a, dst, count, predivide);
+#endif
+    portable::convert<TS, TD>(a, dst, count, predivide);
   }
 };
 
@@ -66,13 +155,13 @@ void hostReduce(RedOp op, const void* a, DType a_type, const void* b, DType b_ty
                 int64_t count, const Scaling& scaling) {
   checkSupported(a_type, op);
   if (count <= 0) return;
-  HostLoop loop{a, b, dst, count, scaling};
+  HostLoop loop{a, b, dst, count, scaling, loopKind(scaling), hostIsa()};
   dispatchReduce(op, a_type, b_type, dst_type, loop);
 }
 
 void hostConvert(const void* a, DType a_type, void* dst, DType dst_type, int64_t count, double predivide) {
   if (count <= 0) return;
-  HostConvert c{a, dst, count, predivide};
+  HostConvert c{a, dst, count, predivide, hostIsa()};
   dispatchConvert(a_type, dst_type, c);
 }
 

@@ -41,20 +41,9 @@ namespace {
   throw std::runtime_error(msg);
 }
 
-py::dict planSummary(int nranks, int rank, int64_t numel, int dtype, int64_t segment_bytes, int num_slots,
-                     bool accum, bool gather, int phases, int owner_shift, bool exact_chunks, int wire_dtype,
-                     double predivide, bool wire_gather16) {
-  rr::PlanOptions o;
-  if (wire_dtype >= 0) o.wire_dtype = static_cast<rr::DType>(wire_dtype);
-  o.wire_gather16 = wire_gather16;
-  o.pre_factor = o.post_factor = predivide;
-  o.phases = static_cast<uint8_t>(phases);
-  o.owner_shift = owner_shift;
-  o.exact_chunks = exact_chunks;
-  o.max_segment_bytes = segment_bytes;
-  o.num_slots = num_slots;
-  o.accum_float32 = accum;
-  o.gather_into_data = gather;
+// The plan one rank would run (plan_summary): `options` as rr::PlanOptions (one struct across the
+// boundary, bound as ringreduce._C.PlanOptions).
+py::dict planSummary(int nranks, int rank, int64_t numel, int dtype, const rr::PlanOptions& o) {
   const rr::Plan p = rr::buildPlan(nranks, rank, numel, static_cast<rr::DType>(dtype), o);
   py::dict d;
   d["chunk"] = p.sched.chunk;
@@ -196,18 +185,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           },
           py::arg("tensor"), py::arg("output"), py::arg("options"), py::arg("synchronous") = false, "Queues a call.");
   m.def(
-      "submit_cpu",
-      [](PG pg, std::string group_name, std::vector<int> members, std::optional<at::Tensor> tensor,
-         std::optional<at::Tensor> output, const rr::CallOptions& options, c10::intrusive_ptr<c10d::Store> store,
-         bool synchronous) {
-        rr::CpuRing ring(std::move(pg), std::move(group_name), std::move(members), std::move(store));
-        return submitFromPython(ring, tensor, output, options, synchronous);
-      },
-      py::arg("group"), py::arg("group_name"), py::arg("members"), py::arg("tensor"), py::arg("output"),
-      py::arg("options"), py::arg("store"), py::arg("synchronous") = false,
-      "Queues one CPU call on the ring `members` (ranks of `group`; [] = the whole group) of `group`.");
-
-  m.def(
       "bytes_sent",
       [](const PG& pg, bool reset) { return rr::bytesSentOf(pg.get(), pg->getSize(), reset); },
       py::arg("group"), py::arg("reset") = false,
@@ -252,11 +229,41 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const char* why = rr::unsupportedReason(static_cast<rr::DType>(dtype), static_cast<rr::RedOp>(op));
     return why == nullptr ? py::none() : py::object(py::str(why));
   });
-  m.def("plan_summary", &planSummary, py::arg("nranks"), py::arg("rank"), py::arg("numel"), py::arg("dtype"),
-        py::arg("segment_bytes") = 1 << 20, py::arg("num_slots") = 4, py::arg("accum_float32") = false,
-        py::arg("gather_into_data") = false, py::arg("phases") = 3, py::arg("owner_shift") = 0,
-        py::arg("exact_chunks") = false, py::arg("wire_dtype") = -1, py::arg("predivide") = 0.0,
-        py::arg("wire_gather16") = false, "The ring schedule and plan one rank would run (for tests and docs).");
+  py::class_<rr::PlanOptions>(m, "PlanOptions", "What a plan is built with (csrc/core/plan.h).")
+      .def(py::init<>())
+      .def_readwrite("max_segment_bytes", &rr::PlanOptions::max_segment_bytes)
+      .def_readwrite("num_slots", &rr::PlanOptions::num_slots)
+      .def_readwrite("accum_float32", &rr::PlanOptions::accum_float32)
+      .def_readwrite("wire_dtype", &rr::PlanOptions::wire_dtype)
+      .def_readwrite("wire_gather16", &rr::PlanOptions::wire_gather16)
+      .def_readwrite("pre_factor", &rr::PlanOptions::pre_factor)
+      .def_readwrite("post_factor", &rr::PlanOptions::post_factor)
+      .def_readwrite("gather_into_data", &rr::PlanOptions::gather_into_data)
+      .def_readwrite("phases", &rr::PlanOptions::phases)
+      .def_readwrite("owner_shift", &rr::PlanOptions::owner_shift)
+      .def_readwrite("exact_chunks", &rr::PlanOptions::exact_chunks);
+  // Keywords are PlanOptions' fields (unknown ones raise AttributeError); `segment_bytes` stands for
+  // max_segment_bytes and `predivide` for both factors, as the plan of a call with that factor has them.
+  m.def(
+      "plan_summary",
+      [](int nranks, int rank, int64_t numel, int dtype, const py::kwargs& fields) {
+        rr::PlanOptions o;
+        py::object options = py::cast(&o, py::return_value_policy::reference);
+        for (const auto& item : fields) {
+          const std::string name = py::str(item.first);
+          if (name == "segment_bytes") {
+            options.attr("max_segment_bytes") = item.second;
+          } else if (name == "predivide") {
+            options.attr("pre_factor") = item.second;
+            options.attr("post_factor") = item.second;
+          } else {
+            options.attr(name.c_str()) = item.second;
+          }
+        }
+        return planSummary(nranks, rank, numel, dtype, o);
+      },
+      py::arg("nranks"), py::arg("rank"), py::arg("numel"), py::arg("dtype"),
+      "The ring schedule and plan one rank would run (for tests and docs); keywords: PlanOptions' fields.");
 
   py::dict info;
   info["version"] = RR_VERSION;

@@ -49,11 +49,11 @@ class CpuCall final : public CallBody, public CallStatus {
 //
 // Note [A bound ring]
 // ~~~~~~~~~~~~~~~~~~~
-// A plan of repeated calls (ringreduce/_fastpath.py) keeps one, so that a call neither converts the
-// group, name, rank list and store from Python nor looks the ring's runtime up in the registry
-// (runtime_registry.h). It holds its runtime weakly: a released ring (its group destroyed) is freed
-// as if no plan held it (shared memory, worker, sockets), and a call after that looks the registry up
-// again, as an unbound call does. submit_cpu binds a ring for its one call.
+// Each Python ring (ringreduce/_rings/cpu.py CpuRing) binds one when it is made, so that a call neither
+// converts the group, name, rank list and store from Python nor looks the ring's runtime up in the
+// registry (runtime_registry.h). It holds its runtime weakly: a released ring (its group destroyed)
+// is freed as if no Python ring held it (shared memory, worker, sockets), and a call after that looks
+// the registry up again.
 class CpuRing {
  public:
   CpuRing(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string name, std::vector<int> members,

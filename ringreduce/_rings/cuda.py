@@ -1,5 +1,6 @@
-"""The CUDA backend: the collectives of CUDA tensors over ringreduce's own NCCL communicator, one per
-process group and device (its ordering rules beside stock NCCL communicators: docs/design.md section 2.4).
+"""CudaRing: the calls of CUDA tensors over ringreduce's own NCCL communicator, one per process group
+and device, and its rendezvous through the group's store (its ordering rules beside stock NCCL
+communicators: docs/design.md section 2.4).
 """
 
 from __future__ import annotations
@@ -16,18 +17,15 @@ import torch.distributed as dist
 from ringreduce import _config
 from ringreduce._groups import GroupInfo, choose_algorithm, resolve
 from ringreduce._interrupt import SLICE_MS, interrupt_reason
-from ringreduce._options import ALGORITHMS
+from ringreduce._options import ALGORITHMS, native_options
 from ringreduce._types import KIND_NAMES, CallKind
 from ringreduce.work import Work
-
-ENQUEUES = True  # a synchronous call returns once its work is ordered on the current stream
-WIRE_RING = "ring"  # a 16-bit wire runs on the flat ring
 
 _UID_KEY = "ringreduce/nccl_uid/{group}/{generation}"
 _COUNTER_KEY = "ringreduce/nccl_generation/{group}"
 
 _lock = threading.Lock()  # guards the dicts below; never held while waiting for other ranks
-# id(process group) -> (process group, device index, CudaRing). One device per group and process
+# id(process group) -> (process group, device index, native _C.CudaRing: the communicator). One device per group and process
 # (Note [One GPU per group]); the group is held so that its id cannot be reused while it lives.
 _comms: dict[int, tuple[Any, int, Any]] = {}
 _creating: dict[int, threading.Lock] = {}  # id(process group) -> its creation lock
@@ -108,9 +106,10 @@ def _store_timeout_s(store: Any, default: float) -> float:
         return default
 
 
-def communicator(info: GroupInfo, device: torch.device) -> Any:
-    """The NCCL communicator of `info`'s process group on `device`, created on first use, collectively
-    over every rank of ``info.pg`` (a ring over a rank list of the group uses it too).
+def communicator(info: GroupInfo, device: torch.device, knobs: _config.Knobs | None = None) -> Any:
+    """The NCCL communicator of `info`'s process group on `device`, created on first use (with the
+    lanes and timeout of `knobs`, default: the environment's now), collectively over every rank of
+    ``info.pg`` (a ring over a rank list of the group uses it too).
 
     Note [One GPU per group]: a process uses one GPU per group; a tensor on another device raises
     ValueError (a second communicator created on one rank only would hang the others). Ctrl-C while
@@ -139,6 +138,7 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
                 )
             return comm
         C = _native()
+        knobs = knobs if knobs is not None else _config.read()
         # The group's ranks, not the ring's indices (info.rank/info.size describe the ring).
         if info.global_ranks:  # a "ringreduce" group's inner group: in no torch.distributed table
             pg_rank, pg_size = info.pg.rank(), info.pg.size()
@@ -147,9 +147,9 @@ def communicator(info: GroupInfo, device: torch.device) -> Any:
         store = info.store
         try:
             ids, generation = _rendezvous_uids(C, info.pg, pg_rank, pg_size,
-                                               _config.lanes() or _config.DEFAULT_LANES, store)
+                                               knobs.lanes or _config.DEFAULT_LANES, store)
             label = info.name if not info.members else f"process group of {info.name}"
-            timeout_ms = _config.timeout_ms()
+            timeout_ms = knobs.timeout_ms
             if timeout_ms <= 0:
                 timeout_ms = int(C.cuda_group_timeout_ms(info.pg))
             comm = C.CudaRing(
@@ -219,53 +219,108 @@ def _check_on_comm(t: torch.Tensor, comm: Any, what: str) -> None:
         )
 
 
-def _members(info: GroupInfo, members: Any) -> list[int]:
-    return [int(m) for m in (info.members if members is None else members)]
+_HALF_KINDS = (CallKind.REDUCE_SCATTER, CallKind.ALL_GATHER)
 
 
-def _options(C: Any, kind: int, op: Any, *, accum_float32: bool = False, local_size: int = 0, one_shot: bool = True,
-             wire: Any = None, predivide: float = 0.0, extra_divisor: int = 1) -> Any:
-    """The native CallOptions (csrc/core/call_options.h) of one CUDA call, with the knobs read now."""
-    opts = C.CallOptions()
-    opts.kind, opts.op, opts.accum_float32, opts.check = C.CallKind(int(kind)), C.RedOp(int(op)), accum_float32, \
-        _config.check_enabled(True)
-    opts.local_size, opts.one_shot = int(local_size), bool(one_shot)
-    opts.wire_dtype, opts.predivide, opts.extra_divisor = wire, float(predivide), int(extra_divisor)
-    opts.segment_bytes, opts.num_slots = _config.segment_bytes(0), _config.num_slots()
-    opts.lanes, opts.one_shot_bytes = _config.lanes(), _config.one_shot_bytes()
-    return opts
+class CudaRing:
+    """The ring of one process group and rank list for CUDA tensors (ringreduce/_rings/__init__.py has
+    the interface): its calls run on the group's NCCL communicator (``communicator``), created at the
+    group's first CUDA call, collectively over every rank of the group."""
 
+    ENQUEUES = True  # a synchronous call returns once its work is ordered on the current stream
+    WIRE_RING = "ring"  # a 16-bit wire runs on the flat ring
+    PLANS = False
 
-def cuda_all_reduce(
-    tensor: torch.Tensor,
-    op: Any,
-    info: GroupInfo,
-    async_op: bool,
-    accum_float32: bool,
-    kind: int,
-    *,
-    local_size: int = 0,
-    members: Any = None,
-    one_shot: bool = True,
-    wire: Any = None,
-    predivide: float = 0.0,
-    extra_divisor: int = 1,
-) -> Work | None:
-    """All-reduce of a CUDA tensor in place, after ringreduce/_call.py's checks; a Work when `async_op`, else None.
+    def __init__(self, info: GroupInfo) -> None:
+        self.pg, self.members, self.name = info.pg, info.members, info.name
+        self.reload()
 
-    `members`: the ring's ranks in ``info.pg`` (default ``info.members``); `local_size` > 1: the
-    hierarchical all-reduce over them, ordered node by node. `one_shot`: a small flat all-reduce may
-    run in one shot (Note [GPU one-shot all-reduce]). `wire`, `predivide`, `extra_divisor`: Note
-    [Reduction contract] in csrc/core/functors.h. Raises DistBackendError on NCCL failures and timeouts.
-    """
-    comm = communicator(info, tensor.device)
-    _check_on_comm(tensor, comm, "tensor")
-    C = _native()
-    options = _options(C, kind, op, accum_float32=bool(accum_float32), local_size=local_size, one_shot=one_shot,
-                       wire=wire, predivide=predivide, extra_divisor=extra_divisor)
-    handle = C.cuda_all_reduce(comm, tensor, options, bool(async_op), info.name, _members(info, members))
-    algo = f" hierarchical(local_size={local_size})" if local_size and local_size > 1 else ""
-    return _work(handle, tensor, f"all_reduce {getattr(op, 'name', str(op))}{algo}", comm, info, async_op)
+    def reload(self) -> None:
+        """Reads the knobs (Note [Knobs are read when a ring is made]); the epoch first."""
+        epoch = _config.epoch
+        self.knobs, self.epoch = _config.read(), epoch
+
+    def check_enabled(self) -> bool:
+        """Whether calls exchange agreement frames (RINGREDUCE_CHECK; off by default on GPUs)."""
+        return self.knobs.check_enabled(True)
+
+    def ring_parameters(self) -> str:
+        """The GPU pipeline rule's overrides that are set (csrc/cuda/gpu_pipeline.h), for a DETAIL log line."""
+        k = self.knobs
+        return " ".join((
+            f"segment_bytes<={k.segment_bytes}" if k.segment_bytes else "segment_bytes=gpu rule",  # a cap on the rule's
+            f"slots={k.num_slots} per lane" if k.num_slots else "slots=gpu rule",
+            f"lanes<={k.lanes}" if k.lanes else "lanes=gpu rule",  # the communicator's lanes bound it too
+            f"one_shot_bytes={k.one_shot_bytes}" if k.one_shot_bytes >= 0 else "one_shot_bytes=gpu rule",
+        ))
+
+    def option_refusal(self, algorithm: str, gather: str) -> BaseException | None:
+        """What of a 16-bit wire's options the GPU path cannot run (`gather`: the all-gather's width setting)."""
+        if algorithm == "hierarchical":
+            return ValueError(
+                "ringreduce: on GPUs wire_dtype runs on the flat ring; use algorithm=\"auto\" or \"ring\" with it"
+            )
+        if gather == "16":
+            return ValueError(
+                "ringreduce: a 16-bit all-gather (RINGREDUCE_WIRE_GATHER=16, or BackendOptions(wire_gather=16)) "
+                "runs on CPU rings only; on GPUs the all-gather of a 16-bit wire moves float32: unset it or set 32"
+            )
+        return None
+
+    def options(self, call: Any) -> Any:
+        """The native CallOptions of `call` on this ring."""
+        return native_options(call, self.knobs, True)
+
+    def all_reduce(self, call: Any, tensor: torch.Tensor, options: Any, async_op: bool) -> tuple[Any, Work | None]:
+        """All-reduce of a CUDA tensor in place, after ringreduce/_call.py's checks, on the ring's members
+        (``call.members``; ordered node by node for the hierarchical all-reduce, ``call.local_size`` > 1);
+        (native handle or None, Work when `async_op`). Raises DistBackendError on NCCL failures and timeouts."""
+        name = f"ringreduce.{KIND_NAMES[call.kind]}"
+        with torch.profiler.record_function(name), torch.cuda.nvtx.range(name):
+            comm = communicator(call.info, tensor.device, self.knobs)
+            _check_on_comm(tensor, comm, "tensor")
+            handle = _native().cuda_all_reduce(comm, tensor, options, bool(async_op), call.info.name,
+                                               [int(m) for m in call.members])
+            algo = f" hierarchical(local_size={call.local_size})" if call.local_size > 1 else ""
+            return handle, _work(handle, tensor, f"all_reduce {call.rop.name}{algo}", comm, call.info, async_op)
+
+    def ring_half(self, call: Any, tensor: torch.Tensor, output: torch.Tensor,
+                  async_op: bool) -> tuple[Any, Work | None]:
+        """reduce_scatter (`output` gets block r of `tensor` reduced with the call's op) or all_gather
+        (the contiguous `output` gets every rank's `tensor` in ring order) over the ring."""
+        if call.kind not in _HALF_KINDS:
+            raise ValueError(f"ringreduce: ring_half runs reduce_scatter or all_gather, got {call.kind}")
+        comm = communicator(call.info, tensor.device, self.knobs)
+        _check_on_comm(tensor, comm, "input")
+        _check_on_comm(output, comm, "output")
+        if tensor.dtype != output.dtype:
+            raise TypeError(f"ringreduce: output ({output.dtype}) and input ({tensor.dtype}) must have one dtype")
+        if call.kind == CallKind.ALL_GATHER and not (output.is_contiguous() and not output.is_conj()
+                                                     and not output.is_neg()):
+            raise ValueError("ringreduce.all_gather: the output must be a plain contiguous tensor")
+        handle = _native().cuda_ring_half(comm, tensor, output, self.options(call), bool(async_op), call.info.name,
+                                          [int(m) for m in call.info.members])
+        name = KIND_NAMES[call.kind]
+        what = f"{name} {call.rop.name}" if call.kind == CallKind.REDUCE_SCATTER else name
+        return handle, _work(handle, output, what, comm, call.info, async_op)
+
+    def refuse(self, call: Any, algorithms: list[str]) -> list[int]:
+        """With RINGREDUCE_CHECK=1, one refusal frame (`call`: its kind and local error) around each ring
+        the others run the call on (ordered node by node), so that they raise RuntimeError at once; the
+        GPU path numbers no call for it."""
+        info = call.info
+        if not self.check_enabled() or info.size <= 1:
+            return []
+        comm = communicator(info, torch.device("cuda", torch.cuda.current_device()) if call.device is None
+                            else call.device, self.knobs)
+        for algo in algorithms:
+            members = info.members if call.kind in _HALF_KINDS else _ring_members(info, algo, self.knobs)
+            try:
+                _native().cuda_refuse(comm, int(call.kind), int(call.local_error), 0, info.name,
+                                      [int(m) for m in members])
+            except RuntimeError:
+                pass  # every rank sees the refusal; ours is reported by the caller's own exception
+        return []
 
 
 def _work(handle: Any, result: torch.Tensor, what: str, comm: Any, info: GroupInfo, async_op: bool) -> Work | None:
@@ -279,56 +334,12 @@ def _work(handle: Any, result: torch.Tensor, what: str, comm: Any, info: GroupIn
                 on_interrupt=lambda: comm.abort(interrupt_reason(info.name, handle.seq)), stream_wait=True)
 
 
-_HALF_NAMES = {int(k): KIND_NAMES[k] for k in (CallKind.REDUCE_SCATTER, CallKind.ALL_GATHER)}
-
-
-def cuda_ring_half(
-    tensor: torch.Tensor,
-    output: torch.Tensor,
-    op: Any,
-    info: GroupInfo,
-    async_op: bool,
-    kind: int,
-) -> Work | None:
-    """reduce_scatter (kind 3: `output` gets block r of `tensor` reduced with `op`) or all_gather
-    (kind 4: the contiguous `output` gets every rank's `tensor` in ring order) over ``info``'s ring."""
-    if int(kind) not in _HALF_NAMES:
-        raise ValueError(f"ringreduce: cuda_ring_half runs reduce_scatter (3) or all_gather (4), got kind {kind}")
-    comm = communicator(info, tensor.device)
-    _check_on_comm(tensor, comm, "input")
-    _check_on_comm(output, comm, "output")
-    if tensor.dtype != output.dtype:
-        raise TypeError(f"ringreduce: output ({output.dtype}) and input ({tensor.dtype}) must have one dtype")
-    if kind == 4 and not (output.is_contiguous() and not output.is_conj() and not output.is_neg()):
-        raise ValueError("ringreduce.all_gather: the output must be a plain contiguous tensor")
-    C = _native()
-    handle = C.cuda_ring_half(comm, tensor, output, _options(C, kind, op), bool(async_op), info.name,
-                              _members(info, None))
-    what = f"{_HALF_NAMES[int(kind)]} {getattr(op, 'name', str(op))}" if kind == 3 else _HALF_NAMES[int(kind)]
-    return _work(handle, output, what, comm, info, async_op)
-
-
-def _ring_members(info: GroupInfo, algorithm: str) -> tuple[int, ...]:
+def _ring_members(info: GroupInfo, algorithm: str, knobs: Any) -> tuple[int, ...]:
     """The ring an all-reduce with `algorithm` runs on (the flat ring's where the layout refuses it)."""
     try:
-        return choose_algorithm(info, algorithm)[1]
+        return choose_algorithm(info, algorithm if algorithm in ALGORITHMS else "auto", knobs)[1]
     except ValueError:
         return info.members
-
-
-def cuda_refuse(info: GroupInfo, device: torch.device, kind: int, error: int, members: Any = None) -> None:
-    """With RINGREDUCE_CHECK=1, sends this rank's frame marked with `error` around the ring the others
-    run the call on (`members`; default: `info`'s ring for kinds 3-4, "auto"'s otherwise), so that they
-    raise RuntimeError at once; the caller then raises its own exception."""
-    if not _config.check_enabled(True) or info.size <= 1:
-        return
-    if members is None:
-        members = info.members if int(kind) in _HALF_NAMES else _ring_members(info, "auto")
-    comm = communicator(info, device)
-    try:
-        _native().cuda_refuse(comm, int(kind), int(error), 0, info.name, _members(info, members))
-    except RuntimeError:
-        pass  # every rank sees the refusal; ours is reported by the caller's own exception
 
 
 def abort_all() -> None:
@@ -350,66 +361,6 @@ def release_group(group: dist.ProcessGroup) -> None:
         _interrupted.pop(id(group), None)
     if entry is not None:
         entry[2].abort("the process group was released")
-
-
-def check_enabled() -> bool:
-    """Whether calls exchange agreement frames (RINGREDUCE_CHECK; off by default on GPUs)."""
-    return _config.check_enabled(True)
-
-
-def ring_parameters() -> str:
-    """The GPU pipeline rule's overrides that are set (csrc/cuda/gpu_pipeline.h), for a DETAIL log line."""
-    segment, slots = _config.segment_bytes(0), _config.num_slots()
-    lanes, one_shot = _config.lanes(), _config.one_shot_bytes()
-    return " ".join((
-        f"segment_bytes<={segment}" if segment else "segment_bytes=gpu rule",  # a set value caps the rule's
-        f"slots={slots} per lane" if slots else "slots=gpu rule",
-        f"lanes<={lanes}" if lanes else "lanes=gpu rule",  # the communicator's lanes bound it too
-        f"one_shot_bytes={one_shot}" if one_shot >= 0 else "one_shot_bytes=gpu rule",
-    ))
-
-
-def option_refusal(algorithm: str, gather: str) -> BaseException | None:
-    """What of a 16-bit wire's options the GPU path cannot run (`gather`: the all-gather's width setting)."""
-    if algorithm == "hierarchical":
-        return ValueError(
-            "ringreduce: on GPUs wire_dtype runs on the flat ring; use algorithm=\"auto\" or \"ring\" with it"
-        )
-    if gather == "16":
-        return ValueError(
-            "ringreduce: a 16-bit all-gather (RINGREDUCE_WIRE_GATHER=16, or BackendOptions(wire_gather=16)) "
-            "runs on CPU rings only; on GPUs the all-gather of a 16-bit wire moves float32: unset it or set 32"
-        )
-    return None
-
-
-def all_reduce(call: Any) -> tuple[Any, Work | None]:
-    """Runs a checked all-reduce (`call`: ringreduce._call.Call); (native handle or None, Work or None)."""
-    name = f"ringreduce.{KIND_NAMES[call.kind]}"
-    with torch.profiler.record_function(name), torch.cuda.nvtx.range(name):
-        work = cuda_all_reduce(
-            call.tensor, call.rop, call.info, call.async_op, call.accum, int(call.kind), local_size=call.local_size,
-            members=call.members, one_shot=call.one_shot, wire=call.wire, predivide=call.factor,
-            extra_divisor=call.extra_divisor,
-        )
-    return getattr(work, "_handle", None), work
-
-
-def ring_half(info: GroupInfo, tensor: torch.Tensor, output: torch.Tensor, rop: Any, kind: Any,
-              async_op: bool) -> tuple[Any, Work | None]:
-    """cuda_ring_half as the backend interface has it: (native handle or None, Work or None)."""
-    work = cuda_ring_half(tensor, output, rop, info, async_op, int(kind))
-    return getattr(work, "_handle", None), work
-
-
-def refuse(info: GroupInfo, kind: Any, code: Any, algorithms: list[str], device: torch.device | None) -> list[int]:
-    """One refusal frame around each ring the others run the call on (ordered node by node); the GPU
-    path numbers no call for it."""
-    assert device is not None
-    for algo in algorithms:
-        members = _ring_members(info, algo if algo in ALGORITHMS else "auto")
-        cuda_refuse(info, device, int(kind), int(code), members=members)
-    return []
 
 
 atexit.register(abort_all)

@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 from ringreduce.bench.config import BenchConfig
-from ringreduce.bench.sizes import DTYPES, parse_dtype, parse_size, size_sweep
+from ringreduce.bench.sizes import DTYPES, parse_dtypes, parse_size, size_sweep
 
 DEFAULT_BEGIN = "1K"
 DEFAULT_END = "64M"
@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"multiply the size by this (default {DEFAULT_FACTOR:g})")
     step.add_argument("-i", "--stepbytes", default=None, help="add this many bytes instead of multiplying")
     run = p.add_argument_group("what and how long")
-    run.add_argument("-d", "--dtype", default="float", help=f"element type: {', '.join(DTYPES)} (default float)")
+    run.add_argument("-d", "--dtype", default="float",
+                     help=f"element type, or several comma-separated (-d float,bfloat16,half: every size times each, "
+                     f"alternating by round, one table per type): {', '.join(DTYPES)} (default float)")
     run.add_argument("-o", "--op", choices=("sum", "avg"), default="avg",
                      help="avg: ringreduce.all_reduce_avg vs all_reduce+div_ (gloo) / ReduceOp.AVG (NCCL); "
                      "sum: all_reduce SUM (default avg)")
@@ -134,11 +136,19 @@ def _resolve_backend(requested: str, launched: bool) -> str:
 
 def make_config(args: argparse.Namespace, argv: list[str], backend: str, launcher: str) -> BenchConfig:
     """Validates `args` (parsed from `argv`) into the ranks' BenchConfig for `backend` and `launcher`."""
-    dtype = parse_dtype(args.dtype)
-    if args.op == "avg" and not dtype.torch_dtype.is_floating_point:
-        raise SystemExit(f"ringreduce.bench: --op avg needs a floating type, not {dtype.name} (use --op sum)")
-    if args.wire_dtype is not None and dtype.name != "float":
-        raise SystemExit(f"ringreduce.bench: --wire-dtype applies to float32 (-d float), not {dtype.name}")
+    try:
+        dtypes = parse_dtypes(args.dtype)
+    except ValueError as e:
+        raise SystemExit(f"ringreduce.bench: {e}") from None
+    names = ",".join(d.name for d in dtypes)
+    for dtype in dtypes:
+        if args.op == "avg" and not dtype.torch_dtype.is_floating_point:
+            raise SystemExit(f"ringreduce.bench: --op avg needs a floating type, not {dtype.name} (use --op sum)")
+    if args.wire_dtype is not None and names != "float":
+        raise SystemExit(f"ringreduce.bench: --wire-dtype applies to float32 tensors alone (-d float), not -d {names}")
+    if args.vs is not None and len(dtypes) > 1:
+        raise SystemExit(f"ringreduce.bench: --vs {args.vs} runs one element type per sweep (its column takes over "
+                         f"torch.distributed.all_reduce once per process), not -d {names}: run one -d at a time")
     if args.check is False and args.check_cost:
         raise SystemExit("ringreduce.bench: --check-cost compares check on and off; drop --no-check")
     if args.iters is not None and args.iters < 1:
@@ -164,12 +174,13 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
             raise SystemExit("ringreduce.bench: --vs deepspeed compares CPU shared memory; use --backend gloo")
     increment = parse_size(args.stepbytes) if args.stepbytes is not None else None
     factor = None if increment is not None else (args.stepfactor or DEFAULT_FACTOR)
+    # Every type gets the same bytes at a size: whole elements of the widest.
     sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), factor, increment,
-                       dtype.torch_dtype.itemsize)
+                       max(d.torch_dtype.itemsize for d in dtypes))
     if not sizes:
         raise SystemExit("ringreduce.bench: no size in the range holds a whole element")
     return BenchConfig(
-        sizes=sizes, dtype=dtype.name, op=args.op, backend=backend, timing=args.timing, rounds=args.rounds,
+        sizes=sizes, dtypes=tuple(d.name for d in dtypes), op=args.op, backend=backend, timing=args.timing, rounds=args.rounds,
         iters=args.iters, warmup=args.warmup, transport=args.transport,
         seconds_per_size=args.seconds, min_iters=args.min_iters, max_iters=args.max_iters,
         check=True if args.check_cost and backend == "nccl" and args.check is None else args.check,

@@ -10,7 +10,7 @@ class BenchConfig:
     """What to sweep and how; built by the CLI, sent to every rank."""
 
     sizes: list[int]  # bytes, already rounded to whole elements
-    dtype: str  # nccl-tests name: float, double, half, bfloat16, int8, uint8, int32, int64
+    dtypes: tuple[str, ...]  # nccl-tests names (float, double, half, bfloat16, int8, ...), each swept at every size
     op: str  # "sum" or "avg"
     backend: str  # "gloo" or "nccl" (resolved, never "auto")
     timing: str = "rounds"  # "rounds": nccl-tests' back-to-back rounds; "single": barrier-aligned single calls

@@ -1,6 +1,7 @@
 """The implementations compared: ringreduce and the stock torch.distributed all_reduce, each an in-place
-all-reduce plus the environment it runs under (ringreduce reads RINGREDUCE_CHECK at every call, so the
-check on/off A/B alternates in one process).
+all-reduce plus the environment it runs under (set, and taken by ringreduce's rings through
+ringreduce.reload_knobs(), as an implementation's round begins, so the check on/off A/B alternates in
+one process).
 """
 
 from __future__ import annotations
@@ -45,12 +46,17 @@ class Impl:
     column: Any = None  # --vs deepspeed: its DeepSpeedColumn (calls and fallbacks per size)
 
     def enter(self) -> None:
-        """Applies this implementation's environment (outside the timed region)."""
+        """Applies this implementation's environment (outside the timed region); ringreduce's rings read
+        their knobs again when it changed one."""
+        changed = False
         for key, value in self.env.items():
+            changed |= os.environ.get(key) != value
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        if changed:
+            ringreduce.reload_knobs()
 
 
 def _ringreduce_call(op: str, **options: Any) -> Callable[[torch.Tensor], None]:
@@ -89,8 +95,14 @@ def _stock_call(op: str, backend: str, world_size: int, group: dist.ProcessGroup
     return sum_then_divide
 
 
+_RING_GROUPS: dict[str, dist.ProcessGroup] = {}  # one per device and process: a sweep of several types shares it
+
+
 def _ring_group(device: torch.device) -> dist.ProcessGroup:
-    """A new NCCL group whose communicator is initialized with NCCL_ALGO=RING (then restored)."""
+    """The NCCL group whose communicator is initialized with NCCL_ALGO=RING (then restored), made by the
+    first call on `device` (collective then; every rank makes the same calls)."""
+    if str(device) in _RING_GROUPS:
+        return _RING_GROUPS[str(device)]
     saved = os.environ.get("NCCL_ALGO")
     os.environ["NCCL_ALGO"] = "RING"
     try:
@@ -102,6 +114,7 @@ def _ring_group(device: torch.device) -> dist.ProcessGroup:
             os.environ.pop("NCCL_ALGO", None)
         else:
             os.environ["NCCL_ALGO"] = saved
+    _RING_GROUPS[str(device)] = group
     return group
 
 
@@ -114,17 +127,17 @@ def loopback_call(op: str, tensors: list[torch.Tensor]) -> Callable[[], None]:
     return lambda: C._cuda_loopback_all_reduce(tensors, code)
 
 
-def build_impls(
-    op: str, backend: str, device: torch.device, dtype: torch.dtype, check: bool | None, check_cost: bool,
-    nccl_ring: bool, wire: str | None = None, algorithms: tuple[str, ...] = (), vs: str | None = None,
-) -> list[Impl]:
-    """The implementations to compare, in table order. `op`, `backend`, `device`, `dtype`: the sweep's;
-    `check`: RINGREDUCE_CHECK (None: the library default); `check_cost`: also ringreduce without the
-    check; `nccl_ring`: also NCCL with NCCL_ALGO=RING; `wire`: also ringreduce with that 16-bit wire and
-    DDP's compress hook; `algorithms`: also ringreduce with each algorithm=; `vs`: "deepspeed" or None.
+def build_impls(cfg: Any, device: torch.device, dtype: torch.dtype) -> list[Impl]:
+    """The implementations to compare, in table order, for the sweep `cfg` (a BenchConfig: its op and
+    backend; check, RINGREDUCE_CHECK, None: the library default; check_cost, also ringreduce without
+    the check; nccl_ring, also NCCL with NCCL_ALGO=RING; wire_dtype, also ringreduce with that 16-bit
+    wire and DDP's compress hook; algorithms, also ringreduce with each algorithm=; vs, "deepspeed" or
+    None) on `device` with `dtype` tensors.
 
     Collective: creates every communicator before any is timed, the NCCL_ALGO=RING one last.
     """
+    op, backend, check, check_cost = cfg.op, cfg.backend, cfg.check, cfg.check_cost
+    nccl_ring, wire, algorithms, vs = cfg.nccl_ring, cfg.wire_dtype, cfg.algorithms, cfg.vs
     n = dist.get_world_size()
     user_check = os.environ.get("RINGREDUCE_CHECK")
     check_env: str | None = user_check if check is None else ("1" if check else "0")

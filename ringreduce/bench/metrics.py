@@ -52,7 +52,8 @@ def aggregate_size(
     size: int, count: int, type_name: str, op: str, world_size: int, per_rank: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """One row per implementation from every rank's measurements of one size (`size` bytes, `count`
-    elements of `type_name`, `op`, on `world_size` ranks); `per_rank[r]`: rank r's sweep.measure_size.
+    elements of `type_name`, `op`, on `world_size` ranks); `per_rank[r]`: rank r's measurements of that
+    type (sweep.measure_size's iters, rounds, warmup and the type's impls).
     Times are averaged over ranks (as nccl-tests), #wrong summed, memory the maximum."""
     rows = []
     for name in per_rank[0]["impls"]:
@@ -94,6 +95,16 @@ def aggregate_size(
             rows[-1].update(loopback_us=float(lb), loopback_copy_us=copy_us,
                             loopback_ideal_us=loopback_ideal_us(world_size, copy_us))
     return rows
+
+
+def add_vs_float(rows: list[dict[str, Any]]) -> None:
+    """Gives every row of another type than float32 whose implementation also ran float32 at its size
+    `vs_float`: its time over that float32 time (the same bytes; Note [Several element types in one sweep])."""
+    floats = {(row["size"], row["impl"]): row["time_us"] for row in rows if row["type"] == "float"}
+    for row in rows:
+        base = floats.get((row["size"], row["impl"]))
+        if row["type"] != "float" and base:
+            row["vs_float"] = row["time_us"] / base
 
 
 def time_ratio(rows: list[dict[str, Any]], numerator: str, denominator: str) -> float | None:

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.gpu_map import nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
 from ringreduce.bench.machine import describe
+from ringreduce.bench.sizes import DTYPES
 from ringreduce.bench.sweep import RankContext, run_sweep
 
 MEMORY_BOUND_BYTES = 12 << 20  # docs/design.md section 5: ringreduce's own memory per CPU group (8 MiB staging + 4 MiB)
@@ -45,13 +46,23 @@ def _init(cfg: BenchConfig) -> RankContext:
 
 
 def _finish(cfg: BenchConfig, rows: list[dict[str, Any]], stock: str, machine: dict[str, Any], elapsed: float) -> int:
+    from ringreduce.bench.metrics import add_vs_float
     from ringreduce.bench.report import build_report, write_json
-    from ringreduce.bench.table import Layout, footer, memory_lines
+    from ringreduce.bench.table import Layout, footer, memory_lines, table_lines
     from ringreduce.bench.targets import target_lines
 
     impls = tuple(dict.fromkeys(row["impl"] for row in rows))
+    add_vs_float(rows)
+    lines: list[str] = []
+    for name in cfg.dtypes:  # the sweep printed one type's lines as it went (sweep.run_sweep)
+        mine = [row for row in rows if row["type"] == name]
+        layout = Layout(impls, stock, loopback=cfg.loopback and cfg.backend == "nccl", wire=cfg.wire_dtype,
+                        vs_float=any("vs_float" in row for row in mine))
+        if len(cfg.dtypes) > 1:
+            lines += ["#", f"# {name} ({DTYPES[name].torch_dtype})"] + table_lines(mine, layout)
+        lines += footer(mine, layout)
     layout = Layout(impls, stock, wire=cfg.wire_dtype)
-    print("\n".join(footer(rows, layout) + memory_lines(rows, layout, MEMORY_BOUND_BYTES)), flush=True)
+    print("\n".join(lines + memory_lines(rows, layout, MEMORY_BOUND_BYTES)), flush=True)
     if cfg.vs == "deepspeed":
         import deepspeed
 

@@ -11,7 +11,7 @@ from ringreduce.bench.impls import RINGREDUCE
 from ringreduce.bench.metrics import average_busbw, ratios_by_size
 from ringreduce.bench.targets import TRANSPORT_NAMES, provenance, ringreduce_transport, targets_for
 
-SCHEMA = "ringreduce.bench.allreduce/3"
+SCHEMA = "ringreduce.bench.allreduce/4"
 
 ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
     "size": int,
@@ -58,9 +58,9 @@ MACHINE_FIELDS = ("cpu_model", "cpu_cores", "gpus", "torch", "nccl", "world_size
 def build_report(
     cfg: BenchConfig, machine: dict[str, Any], rows: list[dict[str, Any]], stock: str, elapsed_s: float
 ) -> dict[str, Any]:
-    """The JSON document: every row, per-size ratios, average busbw per implementation, ringreduce's
-    transport with the design's targets for it (ringreduce.bench.targets) and the provenance."""
-    ratios = {str(size): value for size, value in sorted(ratios_by_size(rows, RINGREDUCE, stock).items())}
+    """The JSON document: every row (each names its element type), the summary (_summary), ringreduce's
+    transport with the design's targets for it per element type (ringreduce.bench.targets) and the
+    provenance."""
     doc = {
         "schema": SCHEMA,
         "command": list(cfg.command),
@@ -69,8 +69,7 @@ def build_report(
         "world_size": int(machine["world_size"]),
         "stock": stock,
         "rows": rows,
-        "summary": {"avg_busbw_gbs": average_busbw(rows), "time_ratio_vs_stock": ratios,
-                    "wrong_total": sum(row["wrong"] for row in rows)},
+        "summary": _summary(rows, stock),
         "elapsed_s": float(elapsed_s),
     }
     _add_targets(doc)
@@ -78,23 +77,53 @@ def build_report(
     return doc
 
 
+def _ratios(rows: list[dict[str, Any]], numerator: str, denominator: str) -> dict[str, float]:
+    return {str(size): value for size, value in sorted(ratios_by_size(rows, numerator, denominator).items())}
+
+
+def _summary(rows: list[dict[str, Any]], stock: str) -> dict[str, Any]:
+    """Per element type (`by_dtype`, in the rows' order): average busbw per implementation, ringreduce's
+    time over the stock one's per size, wrong elements, and for a type other than float32 in a sweep with
+    it ringreduce's time over its float32 time per size (`time_ratio_vs_float`). The first type's figures
+    stand at the top too (what a sweep of one type wrote before several existed), with every type's wrong total."""
+    by_dtype: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(row["type"] for row in rows):
+        mine = [row for row in rows if row["type"] == name]
+        entry = {"avg_busbw_gbs": average_busbw(mine), "time_ratio_vs_stock": _ratios(mine, RINGREDUCE, stock),
+                 "wrong_total": sum(row["wrong"] for row in mine)}
+        vs_float = {str(row["size"]): row["vs_float"] for row in mine if row["impl"] == RINGREDUCE and "vs_float" in row}
+        if vs_float:
+            entry["time_ratio_vs_float"] = vs_float
+        by_dtype[name] = entry
+    first = next(iter(by_dtype.values()), {"avg_busbw_gbs": {}, "time_ratio_vs_stock": {}})
+    return {"avg_busbw_gbs": first["avg_busbw_gbs"], "time_ratio_vs_stock": first["time_ratio_vs_stock"],
+            "wrong_total": sum(row["wrong"] for row in rows), "dtypes": list(by_dtype), "by_dtype": by_dtype}
+
+
 def _add_targets(doc: dict[str, Any]) -> None:
+    """ringreduce's transport, and the design's targets for it per element type (each names its type)."""
     transport = ringreduce_transport(doc)
     doc["ringreduce_transport"] = transport
     doc["ringreduce_transport_name"] = TRANSPORT_NAMES[transport]
-    ratios = doc["summary"]["time_ratio_vs_stock"]
-    doc["targets"] = targets_for(transport, doc["world_size"], ratios) if doc["stock"] in ("gloo", "nccl") else []
+    targets = []
+    if doc["stock"] in ("gloo", "nccl"):
+        for name, entry in doc["summary"]["by_dtype"].items():
+            targets += [{**t, "dtype": name} for t in targets_for(transport, doc["world_size"], entry["time_ratio_vs_stock"])]
+    doc["targets"] = targets
 
 
 def upgrade_report(doc: dict[str, Any]) -> dict[str, Any]:
-    """An older (/2) document `doc` with transport, targets and an unrecorded provenance added."""
+    """An older document `doc` (/2, /3: one element type) with the summary per type, transport and
+    targets, and (/2) an unrecorded provenance added."""
     if doc.get("schema") == SCHEMA:
         return doc
     doc = dict(doc)
+    doc["summary"] = _summary(doc["rows"], doc["stock"])
     _add_targets(doc)
-    doc["provenance"] = {"commit": None, "started_utc": None, "finished_utc": None, "load_average_start": None,
-                         "load_average_end": None, "cpu_cores": doc["machine"].get("cpu_cores"),
-                         "note": f"not recorded: written by the benchmark's schema {doc.get('schema')}"}
+    if "provenance" not in doc:
+        doc["provenance"] = {"commit": None, "started_utc": None, "finished_utc": None, "load_average_start": None,
+                             "load_average_end": None, "cpu_cores": doc["machine"].get("cpu_cores"),
+                             "note": f"not recorded: written by the benchmark's schema {doc.get('schema')}"}
     doc["schema"] = SCHEMA
     return doc
 

@@ -42,6 +42,15 @@ def parse_dtype(text: str) -> DType:
     return DTYPES[key]
 
 
+def parse_dtypes(text: str) -> list[DType]:
+    """The DTypes of a comma-separated list ("float,bfloat16,half"), in order, each once; raises ValueError
+    for an unknown or empty one."""
+    names = [part for part in (p.strip() for p in text.split(",")) if part]
+    if not names:
+        raise ValueError(f"no dtype in {text!r}; choose from {', '.join(DTYPES)}")
+    return list({d.name: d for d in map(parse_dtype, names)}.values())
+
+
 def parse_size(text: str) -> int:
     """Parses a byte count with an optional binary unit: "8", "1K", "16M", "1G" (K = 1024, as nccl-tests)."""
     raw = text.strip().upper()

@@ -1,5 +1,14 @@
 """What every rank runs: for each size, memory probe, warm-up, timed rounds, the memcpy floor and
-correctness (the method: benchmarks/README.md "Timing method"); rank 0 gathers and prints as it goes.
+correctness (the method: benchmarks/README.md "Timing method"); rank 0 gathers, and prints as it goes
+when the sweep has one element type.
+
+Note [Several element types in one sweep]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+With ``-d float,bfloat16,...`` every size runs every (element type, implementation) pair, a Column,
+in the same rounds, alternating as the implementations of one type do (the order reversed every other
+round), with the same calls per round; every type's tensor has the size's bytes. A ratio between
+types (bfloat16 over float32 at the same bytes) is then as fair as one between implementations. The
+rows of each type form its own table, printed after the sweep (rank_main.py).
 """
 
 from __future__ import annotations
@@ -40,48 +49,61 @@ def _agree_max(value: float, device: torch.device) -> float:
     return float(t.item())
 
 
-def _interleaved(impls: list[Impl], round_index: int) -> list[Impl]:
-    return impls if round_index % 2 == 0 else impls[::-1]
+@dataclass(frozen=True)
+class Column:
+    """One implementation on one element type in a size's rounds (Note [Several element types in one sweep])."""
+
+    dtype: str  # nccl-tests name
+    impl: Impl
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype}/{self.impl.name}"
 
 
-def _single_calls(impls: list[Impl], calls: dict[str, Callable[[], None]], n: int,
+def _interleaved(columns: list[Column], round_index: int) -> list[Column]:
+    return columns if round_index % 2 == 0 else columns[::-1]
+
+
+def _single_calls(columns: list[Column], calls: dict[str, Callable[[], None]], n: int,
                   device: torch.device) -> dict[str, list[float]]:
-    """Seconds of each call of `n` rounds of one call per implementation, alternating (A B B A ...).
-    Where the implementation changes, its environment is applied after an untimed barrier; on GPUs the
+    """Seconds of each call of `n` rounds of one call per column, alternating (A B B A ...). Where the
+    column changes, its implementation's environment is applied after an untimed barrier; on GPUs the
     previous calls' device work finishes first (the barrier orders host threads only)."""
-    timers = {impl.name: CallTimer(device) for impl in impls}
+    timers = {col.key: CallTimer(device) for col in columns}
     previous = None
     for i in range(n):
-        for impl in _interleaved(impls, i):
-            if impl is not previous:
+        for col in _interleaved(columns, i):
+            if col is not previous:
                 if previous is not None and device.type == "cuda":
                     torch.cuda.synchronize(device)
                 dist.barrier()
-            impl.enter()
-            previous = impl
-            timers[impl.name].time(calls[impl.name])
-    return {name: timer.seconds() for name, timer in timers.items()}
+            col.impl.enter()
+            previous = col
+            timers[col.key].time(calls[col.key])
+    return {key: timer.seconds() for key, timer in timers.items()}
 
 
-def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: int) -> dict[str, Any]:
-    """This rank's (`ctx`) measurements of `impls` at `size` bytes under `cfg`."""
-    dtype = DTYPES[cfg.dtype].torch_dtype
-    count = size // dtype.itemsize
-    k = pattern_modulus(dtype, ctx.world_size)
-    bufs = {impl.name: torch.empty(count, dtype=dtype, device=ctx.device) for impl in impls}
-    calls = {impl.name: (lambda impl=impl: impl.run(bufs[impl.name])) for impl in impls}
-    for buf in bufs.values():
-        fill_pattern(buf, ctx.rank, k)
+def measure_size(cfg: BenchConfig, ctx: RankContext, columns: list[Column], size: int) -> dict[str, Any]:
+    """This rank's (`ctx`) measurements of `columns` at `size` bytes under `cfg`: per element type, its
+    count and each implementation's figures ({"dtypes": {name: {"count", "impls": {impl: ...}}}, ...})."""
+    dtypes = {col.dtype: DTYPES[col.dtype].torch_dtype for col in columns}
+    counts = {name: size // dtype.itemsize for name, dtype in dtypes.items()}
+    moduli = {name: pattern_modulus(dtype, ctx.world_size) for name, dtype in dtypes.items()}
+    bufs = {col.key: torch.empty(counts[col.dtype], dtype=dtypes[col.dtype], device=ctx.device) for col in columns}
+    calls = {col.key: (lambda col=col: col.impl.run(bufs[col.key])) for col in columns}
+    for col in columns:
+        fill_pattern(bufs[col.key], ctx.rank, moduli[col.dtype])
     results: dict[str, dict[str, Any]] = {}
     probe_s = {}
-    for impl in impls:
-        impl.enter()
+    for col in columns:
+        col.impl.enter()
         t0 = time.perf_counter()
-        results[impl.name] = asdict(measure_call(calls[impl.name], ctx.device))
-        probe_s[impl.name] = time.perf_counter() - t0
+        results[col.key] = asdict(measure_call(calls[col.key], ctx.device))
+        probe_s[col.key] = time.perf_counter() - t0
 
-    warm = _single_calls(impls, calls, cfg.warmup, ctx.device)
-    estimates = [statistics.median(warm[i.name]) if cfg.warmup else probe_s[i.name] for i in impls]
+    warm = _single_calls(columns, calls, cfg.warmup, ctx.device)
+    estimates = [statistics.median(warm[c.key]) if cfg.warmup else probe_s[c.key] for c in columns]
     rounds = cfg.rounds if cfg.timing == "rounds" else 1
     if cfg.iters is not None:
         iters = cfg.iters
@@ -89,52 +111,62 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, impls: list[Impl], size: in
         iters = auto_iters(_agree_max(max(estimates), ctx.device), cfg.seconds_per_size / rounds, cfg.min_iters,
                            cfg.max_iters)
 
-    floor = torch.empty_like(bufs[impls[0].name])
-    source = bufs[impls[0].name]
-    per_call: dict[str, list[float]] = {impl.name: [] for impl in impls}
+    source = bufs[columns[0].key]  # the size's bytes, whatever the type
+    floor = torch.empty_like(source)
+    per_call: dict[str, list[float]] = {col.key: [] for col in columns}
     floor_s: list[float] = []
     if cfg.timing == "rounds":
         for r in range(rounds):
-            for impl in _interleaved(impls, r):
+            for col in _interleaved(columns, r):
                 if ctx.device.type == "cuda":
                     torch.cuda.synchronize(ctx.device)
                 dist.barrier()  # untimed: every rank starts the round together
-                impl.enter()
-                per_call[impl.name].append(time_round(calls[impl.name], iters, ctx.device))
+                col.impl.enter()
+                per_call[col.key].append(time_round(calls[col.key], iters, ctx.device))
             floor_s.append(time_round(lambda: floor.copy_(source), iters, ctx.device))
     else:
-        per_call = _single_calls(impls, calls, iters, ctx.device)
+        per_call = _single_calls(columns, calls, iters, ctx.device)
         floor_s.append(time_round(lambda: floor.copy_(source), iters, ctx.device))
-    for impl in impls:
-        results[impl.name].update(summarize(per_call[impl.name]))
-        results[impl.name]["floor_us"] = statistics.median(floor_s) * 1e6
+    for col in columns:
+        results[col.key].update(summarize(per_call[col.key]))
+        results[col.key]["floor_us"] = statistics.median(floor_s) * 1e6
 
-    for impl in impls:
-        buf = bufs[impl.name]
-        fill_pattern(buf, ctx.rank, k)
-        impl.enter()
-        impl.run(buf)
-        results[impl.name]["wrong"] = count_wrong(buf, ctx.world_size, k, cfg.op, impl.rtol)
-    if cfg.loopback and ctx.device.type == "cuda":
-        _time_loopback(cfg, ctx, count, dtype, k, iters, rounds, floor, source, results)
-    if cfg.wire_dtype is not None or cfg.vs is not None:
-        from ringreduce.bench.accuracy import accuracy
+    for col in columns:
+        buf = bufs[col.key]
+        fill_pattern(buf, ctx.rank, moduli[col.dtype])
+        col.impl.enter()
+        col.impl.run(buf)
+        results[col.key]["wrong"] = count_wrong(buf, ctx.world_size, moduli[col.dtype], cfg.op, col.impl.rtol)
+    by_dtype: dict[str, dict[str, Any]] = {}
+    for name, dtype in dtypes.items():
+        mine = [col for col in columns if col.dtype == name]
+        impl_results = {col.impl.name: results[col.key] for col in mine}
+        if cfg.loopback and ctx.device.type == "cuda":
+            _time_loopback(cfg, ctx, counts[name], dtype, moduli[name], iters, rounds, lambda: floor.copy_(source),
+                           impl_results)
+        if cfg.wire_dtype is not None or cfg.vs is not None:
+            from ringreduce.bench.accuracy import accuracy
 
-        # --vs: every implementation's error and elements off; --wire-dtype: the float32 and wire errors.
-        compared = impls if cfg.vs else [i for i in impls if i.name in (RINGREDUCE, *wire_names(cfg.wire_dtype))]
-        for name, value in accuracy(compared, cfg.op, count, ctx.rank, ctx.world_size, dtype, ctx.device).items():
-            results[name].update(value if cfg.vs else {"rel_error": value["rel_error"]})
-    for impl in impls:
-        if impl.column is not None:  # --vs deepspeed, untimed: the ops one call ran, its calls and fallbacks
-            results[impl.name]["profiled_ops"] = impl.column.profiled_ops(bufs[impl.name])
-            results[impl.name]["calls"], results[impl.name]["fallback_calls"] = impl.column.counts()
-    return {"size": size, "count": count, "iters": iters, "rounds": rounds, "warmup": cfg.warmup, "impls": results}
+            # --vs: every implementation's error and elements off; --wire-dtype: the float32 and wire errors.
+            impls = [col.impl for col in mine]
+            compared = impls if cfg.vs else [i for i in impls if i.name in (RINGREDUCE, *wire_names(cfg.wire_dtype))]
+            for impl_name, value in accuracy(compared, cfg.op, counts[name], ctx.rank, ctx.world_size, dtype,
+                                             ctx.device).items():
+                impl_results[impl_name].update(value if cfg.vs else {"rel_error": value["rel_error"]})
+        for col in mine:
+            if col.impl.column is not None:  # --vs deepspeed, untimed: the ops one call ran, its calls and fallbacks
+                impl_results[col.impl.name]["profiled_ops"] = col.impl.column.profiled_ops(bufs[col.key])
+                impl_results[col.impl.name]["calls"], impl_results[col.impl.name]["fallback_calls"] = (
+                    col.impl.column.counts())
+        by_dtype[name] = {"count": counts[name], "impls": impl_results}
+    return {"size": size, "iters": iters, "rounds": rounds, "warmup": cfg.warmup, "dtypes": by_dtype}
 
 
 def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.dtype, k: int, iters: int,
-                   rounds: int, floor: torch.Tensor, source: torch.Tensor, results: dict[str, dict[str, Any]]) -> None:
-    """Rank 0 times the one-GPU loopback driver over world_size simulated ranks, alone on its GPU, and a
-    copy of the buffer in the same rounds (Note [Loopback ideal] in metrics.py); it is checked too."""
+                   rounds: int, copy: Callable[[], Any], results: dict[str, dict[str, Any]]) -> None:
+    """Rank 0 times the one-GPU loopback driver over world_size simulated ranks, alone on its GPU, and
+    `copy` (one copy of the buffer) in the same rounds (Note [Loopback ideal] in metrics.py); it is
+    checked too."""
     torch.cuda.synchronize(ctx.device)
     dist.barrier()
 
@@ -149,7 +181,7 @@ def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.
         loop_s, copy_s = [], []
         for _ in range(rounds):
             loop_s.append(time_round(run, calls, ctx.device))
-            copy_s.append(time_round(lambda: floor.copy_(source), calls, ctx.device))
+            copy_s.append(time_round(copy, calls, ctx.device))
         for r, t in enumerate(tensors):
             fill_pattern(t, r, k)
         run()
@@ -190,27 +222,37 @@ def _progress(cfg: BenchConfig, index: int, total: int, size: int, started: floa
 
 
 def run_sweep(cfg: BenchConfig, ctx: RankContext) -> tuple[list[dict[str, Any]], str] | None:
-    """Runs the whole sweep of `cfg` on this rank (`ctx`); rank 0 prints and returns (rows, stock name)."""
+    """Runs the whole sweep of `cfg` on this rank (`ctx`); rank 0 returns (rows, stock name), and prints
+    each size's line as it goes when the sweep has one element type (Note [Several element types in one sweep])."""
     from ringreduce.bench.table import Layout, format_row, header
 
-    impls = build_impls(cfg.op, cfg.backend, ctx.device, DTYPES[cfg.dtype].torch_dtype, cfg.check,
-                        cfg.check_cost, cfg.nccl_ring, cfg.wire_dtype, cfg.algorithms, cfg.vs)
+    columns = [Column(name, impl) for name in cfg.dtypes
+               for impl in build_impls(cfg, ctx.device, DTYPES[name].torch_dtype)]
     stock = NCCL if cfg.backend == "nccl" else GLOO
-    layout = Layout(tuple(impl.name for impl in impls), stock, loopback=cfg.loopback and ctx.device.type == "cuda",
-                    wire=cfg.wire_dtype)
+    live = len(cfg.dtypes) == 1
+    layout = Layout(tuple(col.impl.name for col in columns if col.dtype == cfg.dtypes[0]), stock,
+                    loopback=cfg.loopback and ctx.device.type == "cuda", wire=cfg.wire_dtype)
     if ctx.rank == 0:
-        print("\n".join(header(layout)), flush=True)
+        if live:
+            print("\n".join(header(layout)), flush=True)
+        else:
+            print(f"# element types {', '.join(cfg.dtypes)}: each size times every type's implementations in the same "
+                  "rounds; one table per type after the sweep", flush=True)
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
     for index, size in enumerate(cfg.sizes, 1):
-        mine = measure_size(cfg, ctx, impls, size)
+        mine = measure_size(cfg, ctx, columns, size)
         gathered: list[Any] | None = [None] * ctx.world_size if ctx.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         if ctx.rank == 0:
             assert gathered is not None
-            size_rows = aggregate_size(size, mine["count"], cfg.dtype, cfg.op, ctx.world_size, gathered)
-            rows.extend(size_rows)
-            print(format_row(size_rows, layout), flush=True)
+            for name in cfg.dtypes:
+                per_rank = [{**{key: g[key] for key in ("iters", "rounds", "warmup")}, "impls": g["dtypes"][name]["impls"]}
+                            for g in gathered]
+                size_rows = aggregate_size(size, mine["dtypes"][name]["count"], name, cfg.op, ctx.world_size, per_rank)
+                rows.extend(size_rows)
+                if live:
+                    print(format_row(size_rows, layout), flush=True)
             _progress(cfg, index, len(cfg.sizes), size, started)
-    impls[0].enter()  # ringreduce's: leaves RINGREDUCE_CHECK as the user had it
+    columns[0].impl.enter()  # ringreduce's: leaves RINGREDUCE_CHECK as the user had it
     return (rows, stock) if ctx.rank == 0 else None

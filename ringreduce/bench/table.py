@@ -27,12 +27,15 @@ _NA = f"{'n/a':>9}"
 @dataclass(frozen=True)
 class Layout:
     """The implementations the table shows (`impls`, in order), the stock baseline (`stock`), whether
-    the one-GPU loopback driver was timed (`loopback`) and the --wire-dtype (`wire`: "bf16"/"fp16"/None)."""
+    the one-GPU loopback driver was timed (`loopback`), the --wire-dtype (`wire`: "bf16"/"fp16"/None) and
+    whether the rows have ringreduce's time over its float32 time at the same bytes (`vs_float`: a
+    table of another type in a sweep with float, Note [Several element types in one sweep])."""
 
     impls: tuple[str, ...]
     stock: str
     loopback: bool = False
     wire: str | None = None
+    vs_float: bool = False
 
     @property
     def extras(self) -> tuple[str, ...]:
@@ -41,6 +44,8 @@ class Layout:
         if RINGREDUCE in self.impls and self.stock in self.impls:
             cols.append("ratio")
         cols += ["floor(us)", "/floor"]
+        if self.vs_float:
+            cols.append("/f32")
         if RINGREDUCE_NOCHECK in self.impls:
             cols.append("check(us)")
         if NCCL_RING in self.impls:
@@ -94,6 +99,8 @@ def _extra_value(extra: str, rows: list[dict[str, Any]], layout: Layout) -> str:
     if extra in errors:
         value = by_impl.get(errors[extra], {}).get("rel_error")
         return f"{value:9.2e}" if value is not None else _NA
+    if extra == "/f32":
+        return _ratio(rr.get("vs_float"))
     if extra in ("off-rr", "off-ds", "ds-fb"):
         value = by_impl.get(DEEPSPEED if extra != "off-rr" else RINGREDUCE, {}).get(
             "fallback_calls" if extra == "ds-fb" else "off")
@@ -140,10 +147,15 @@ def footer(rows: list[dict[str, Any]], layout: Layout, highlight: tuple[int, ...
         + "  (GB/s)",
     ]
     rr = ratios_by_size(rows, RINGREDUCE, layout.stock)
+    kind = f"{rows[0]['type']} " if layout.vs_float else ""
     if any(size in rr for size in highlight):
         lines.append(f"# Time ratio {RINGREDUCE}/{layout.stock}: "
                      + "  ".join(f"{format_size(size)} {rr[size]:.3f}" for size in highlight if size in rr)
                      + "  (docs/design.md section 5 targets)")
+    if layout.vs_float:
+        lines.append(f"# Time ratio {RINGREDUCE} {kind.strip()}/float (same bytes): "
+                     + "  ".join(f"{format_size(row['size'])} {row['vs_float']:.3f}" for row in rows
+                                 if row["impl"] == RINGREDUCE and row.get("vs_float") is not None))
     for name in (*layout.algorithm_impls, *(wire_names(layout.wire) if layout.wire else ())):
         per_size = ratios_by_size(rows, name, layout.stock)
         if per_size:
@@ -163,6 +175,12 @@ def footer(rows: list[dict[str, Any]], layout: Layout, highlight: tuple[int, ...
                                  f"{loopback_efficiency(row['loopback_us'], row['loopback_ideal_us']):.2f}"
                                  for row in loops))
     return lines
+
+
+def table_lines(rows: list[dict[str, Any]], layout: Layout) -> list[str]:
+    """The header and a line per size of `rows` (one element type), in the order of their sizes."""
+    sizes = list(dict.fromkeys(row["size"] for row in rows))
+    return header(layout) + [format_row([row for row in rows if row["size"] == size], layout) for size in sizes]
 
 
 def memory_lines(rows: list[dict[str, Any]], layout: Layout, bound_bytes: int) -> list[str]:

@@ -112,9 +112,11 @@ def target_lines(doc: dict[str, Any]) -> str:
 
     head = f"# ringreduce ran over {doc['ringreduce_transport_name']}; targets ({SOURCE}, time ratio, lower is better):"
     lines = [head]
+    several = len(doc["summary"].get("dtypes", ())) > 1
     for t in doc["targets"]:
         missed = ", ".join(format_size(s) for s in t["missed"]) or "none"
-        lines.append(f"#   <= {t['max_time_ratio']:g}x {doc['stock']} at {format_size(t['first_size'])}-"
+        kind = f"{t['dtype']}: " if several and t.get("dtype") else ""
+        lines.append(f"#   {kind}<= {t['max_time_ratio']:g}x {doc['stock']} at {format_size(t['first_size'])}-"
                      f"{format_size(t['last_size'])}: missed at {missed}")
     if not doc["targets"]:
         lines[0] = (f"# ringreduce ran over {doc['ringreduce_transport_name']}; {SOURCE} names no target for it "

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ringreduce._options import ALGORITHMS, HALF_TYPES, WIRE_TYPES, AllreduceOptions
+from ringreduce._options import ALGORITHMS, SUM_OR_AVG, WIRE_TYPES, AllreduceOptions
 from ringreduce._types import ReduceOp
 
 
@@ -70,14 +70,20 @@ class BackendOptions:
                 f"ringreduce.BackendOptions: algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}"
             )
 
-    @functools.lru_cache(maxsize=256)  # noqa: B019 - the options are frozen and live as long as their group
-    def allreduce_options(self, op: ReduceOp, dtype: torch.dtype) -> AllreduceOptions:
-        """The options of the group's all-reduce of one `dtype` tensor with `op`: one object per
-        (options, op, dtype), so that repeated calls take their plan. Each option where it fits: the
-        wire for float32 SUM/AVG, float32 accumulation for half types."""
-        wire = self.wire_dtype if dtype == torch.float32 and op in (ReduceOp.SUM, ReduceOp.AVG) else None
-        return AllreduceOptions(op, self.accum_dtype if dtype in HALF_TYPES else None, self.algorithm, wire,
+    @functools.lru_cache(maxsize=8)  # noqa: B019 - the options are frozen and live as long as their group
+    def coalesced_options(self, op: ReduceOp) -> AllreduceOptions:
+        """The group's options of a call with `op`: one object per op (repeated calls take their plans),
+        the wire left off ops other than SUM and AVG (group-wide options apply to the calls they fit);
+        each dtype's buffer then takes what fits it (AllreduceOptions.for_buffer, Note [Options of a
+        buffer] in ringreduce/_options.py)."""
+        wire = self.wire_dtype if op in SUM_OR_AVG else None
+        return AllreduceOptions(op, self.accum_dtype, self.algorithm, wire,
                                 wire_gather=self.wire_gather if wire is not None else None)
+
+    def allreduce_options(self, op: ReduceOp, dtype: torch.dtype) -> AllreduceOptions:
+        """The options of the group's all-reduce of one `dtype` tensor with `op` (one object per op and
+        dtype): coalesced_options(op).for_buffer(dtype)."""
+        return self.coalesced_options(op).for_buffer(dtype)
 
     @classmethod
     def from_pg_options(cls, pg_options: Any) -> BackendOptions:

@@ -13,18 +13,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce import _groups, _rings
-from ringreduce._call import device_of, local_refusal, refuse, run_all_reduce_with
+from ringreduce import _call, _groups, _rings
+from ringreduce._call import device_of, local_refusal, refuse, run_all_reduce
 from ringreduce._groups import GroupInfo
 from ringreduce._native import C
-from ringreduce._options import HALF_TYPES
 from ringreduce._types import CallKind, FrameError, ReduceOp, to_reduce_op
 from ringreduce.coalesced import all_reduce_coalesced, copy_blocks
 from ringreduce.distributed.inner import InnerGroup
 from ringreduce.distributed.options import BackendOptions
 from ringreduce.distributed.support import GLOO_ALLTOALL_TORCH, NAME, torch_at_least
-from ringreduce.distributed.work import BackendWork, TorchWorkCall
+from ringreduce.distributed.work import BackendWork
 from ringreduce.scatter_gather import gather_into, reduce_scatter
+from ringreduce.work import Work
 
 
 def ring_op(op: Any) -> ReduceOp | None:
@@ -85,6 +85,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         self.calls: collections.Counter[str] = collections.Counter()
         self._closing = False  # shutdown() or abort() began: no call may start
         self._abort_reason = ""
+        self._inner.wait_for_every_rank()  # Note [No rank leaves the creation first] (inner.py)
 
     # -- identity ---------------------------------------------------------------------------------
 
@@ -138,6 +139,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         self._closing = True  # before anything is released: _ring_call's check after its submit
         self._abort_reason = abort_reason or f"ringreduce: {self.ring.name} was shut down"
         self._release_rings(abort_reason)
+        _call.forget_plans(self.ring.pg)
         _groups.forget_ring(self.ring)
         self._inner.shutdown()
 
@@ -156,7 +158,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         tensor = tensors[0]
         options = self._options.allreduce_options(rop, tensor.dtype)
         with self._ring_call("all_reduce"):
-            work = run_all_reduce_with(tensor, self.ring, options, True, CallKind.ALL_REDUCE)
+            work = run_all_reduce(tensor, self.ring, options, True, CallKind.ALL_REDUCE)
         return BackendWork([work], [tensor])
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
@@ -164,18 +166,19 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         rop = ring_op(opts.reduceOp)
         if rop is None:
             return self._delegate("all_reduce_coalesced", "allreduce_coalesced", tensors, opts)
-        o = self._options
-        dtypes = {t.dtype for t in tensors if isinstance(t, torch.Tensor)}
-        wire = o.wire_dtype if dtypes == {torch.float32} and rop in (ReduceOp.SUM, ReduceOp.AVG) else None
-        accum = o.accum_dtype if dtypes and dtypes <= set(HALF_TYPES) else None
+        # each dtype's buffer takes the group's options that fit it (AllreduceOptions.for_buffer); a list
+        # without float32 tensors has no buffer for the wire
+        o = self._options.coalesced_options(rop)
+        float32 = any(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in tensors)
         with self._ring_call("all_reduce_coalesced"):
-            work = all_reduce_coalesced(tensors, rop, self.ring, True, accum, o.algorithm, wire)
+            work = all_reduce_coalesced(tensors, rop, self.ring, True, o.accum_dtype, o.algorithm,
+                                        o.wire_dtype if float32 else None)
         return BackendWork([work], list(tensors))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
         with self._ring_call("_all_gather_base"):
             work = self._gather(output, input)
-        return work
+        return BackendWork([work], [output])
 
     _allgather_base = all_gather_single
 
@@ -206,9 +209,8 @@ class RingreduceProcessGroup(dist.ProcessGroup):
             return self._delegate("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", outputs,
                                   inputs, opts)
         with self._ring_call("reduce_scatter_tensor_coalesced"):
-            works = [BackendWork([reduce_scatter(out, inp, rop, self.ring, True)], [out])
-                     for out, inp in zip(outputs, inputs, strict=True)]
-        return BackendWork(works, list(outputs))  # type: ignore[arg-type] - BackendWorks wait alike
+            works = [reduce_scatter(out, inp, rop, self.ring, True) for out, inp in zip(outputs, inputs, strict=True)]
+        return BackendWork(works, list(outputs))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -239,7 +241,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
             and b.device == tensor.device and b.layout == torch.strided for b in blocks
         )
 
-    def _gather(self, output: torch.Tensor, tensor: torch.Tensor, plain_output: bool = False) -> BackendWork:
+    def _gather(self, output: torch.Tensor, tensor: torch.Tensor, plain_output: bool = False) -> Work:
         """The ring's all-gather of `tensor` into `output` (n blocks of its numel, any shape)."""
         ring, kind = self.ring, CallKind.ALL_GATHER
         code, exc, _, _ = local_refusal(tensor, ReduceOp.SUM, None, "ring")
@@ -266,7 +268,8 @@ class RingreduceProcessGroup(dist.ProcessGroup):
                 output.copy_(target)
 
         work = gather_into(ring, target, tensor, True)
-        return BackendWork([work], [output], finish)
+        assert work is not None
+        return Work.of_parts([work], [output], finish)
 
     @contextlib.contextmanager
     def _ring_call(self, name: str) -> Any:
@@ -332,7 +335,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         with _profile("all_to_all"):
             work = self._inner.pg.alltoall_base(recv, send, out_splits, in_splits,
                                                 opts if opts is not None else dist.AllToAllOptions())
-        return BackendWork([TorchWorkCall(work)], list(outputs), functools.partial(copy_blocks, recv, outputs))
+        return BackendWork([work], list(outputs), functools.partial(copy_blocks, recv, outputs))
 
     def barrier(self, *args: Any, **kwargs: Any) -> Any:
         # the inner gloo's (a host barrier) whatever the tensors' device

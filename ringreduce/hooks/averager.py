@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook, _JoinConfig
 
-from ringreduce._call import local_tensor, refuse, run_all_reduce_with
+from ringreduce._call import local_tensor, refuse, run_all_reduce
 from ringreduce._groups import _is_device_mesh, resolve
 from ringreduce._options import AllreduceOptions, avg_or_sum
 from ringreduce._param_check import check_model
@@ -501,7 +501,7 @@ class GradientAverager(Joinable):
         """The asynchronous all-reduce of one bucket `buffer` with `op` and the averager's options (a
         shadowing rank's zeros take the same call: Note [Uneven inputs])."""
         options = self._options[op].for_buffer(buffer.dtype)
-        return run_all_reduce_with(buffer, self.group, options, True, CallKind.ALL_REDUCE)
+        return run_all_reduce(buffer, self.group, options, True, CallKind.ALL_REDUCE)
 
     def _finish_round(self) -> None:
         if not self._round:

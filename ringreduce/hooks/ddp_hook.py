@@ -7,8 +7,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ringreduce._call import run_all_reduce
 from ringreduce._options import AllreduceOptions, avg_or_sum
-from ringreduce.ops import ReduceOp, all_reduce
+from ringreduce._types import CallKind
+from ringreduce.ops import ReduceOp
 
 _NO_GROUP = object()
 _AVERAGE = AllreduceOptions(ReduceOp.AVG)  # a state that is not a CommHookState
@@ -70,8 +72,7 @@ def ddp_comm_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
         )
     buffer = bucket.buffer()
     o = _AVERAGE if options is None else options._options.for_buffer(buffer.dtype)
-    work = all_reduce(buffer, op=o.op, group=group, async_op=True, wire_dtype=o.wire_dtype,
-                      predivide_factor=o.predivide_factor)
+    work = run_all_reduce(buffer, group, o, True, CallKind.ALL_REDUCE)
     assert work is not None
     return work.get_future().then(lambda fut: fut.value()[0])
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 import torch
-from ranks import RankKind, pool, run_fresh, within_deadline
+from ranks import RankKind, pool, register_place, run_fresh, run_ranks, within_deadline
 
 from ringreduce.bench.gpu_map import gpu_world_size, nccl_rank_env, nccl_transport_label, rank_device, ranks_share_gpus
 
@@ -127,4 +127,14 @@ def run_gpu_ranks(fn: Callable, *args: Any, world_size: int | None = None, env: 
     kind = GpuRank(on_cuda, set_device)
     if fresh:
         return run_fresh(n, kind, fn, args, env, timeout, exits)
+    if on_cuda and set_device:  # the pool of the place "cuda", which the behavioural modules' cases use too
+        return run_ranks(n, fn, *args, timeout=timeout, env=env, transport="cuda")
     return pool(("gpu", n, on_cuda, set_device), n, kind).run(fn, args, {}, dict(env or {}), timeout, {})
+
+
+def _cuda_place() -> tuple[RankKind, dict]:
+    """The place "cuda" (Note [Places] in tests/ranks.py): GPU ranks, each on its GPU, over NCCL."""
+    return GpuRank(on_cuda=True, set_device=True), {}
+
+
+register_place("cuda", _cuda_place)

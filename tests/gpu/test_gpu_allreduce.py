@@ -33,10 +33,13 @@ pytestmark = [pytest.mark.gpu, need_gpus(1)]
 
 
 def _set_segment(nbytes: int | None) -> None:
+    import ringreduce as rr
+
     if nbytes is None:
         os.environ.pop("RINGREDUCE_SEGMENT_BYTES", None)
     else:
         os.environ["RINGREDUCE_SEGMENT_BYTES"] = str(nbytes)
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
 
 
 # ---- exact data, every dtype and op ------------------------------------------------------------
@@ -550,6 +553,7 @@ def _debug_lines(rank: int, n: int) -> list[str]:
     knobs = ("RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_SLOTS", "RINGREDUCE_LANES", "RINGREDUCE_ONESHOT_BYTES")
     saved = {k: os.environ.pop(k) for k in knobs if k in os.environ}  # the pipeline rule itself
     os.environ["RINGREDUCE_DEBUG"] = "DETAIL"
+    rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     try:
         x = torch.ones(4096, device=dev)
         rr.all_reduce(x)
@@ -557,6 +561,7 @@ def _debug_lines(rank: int, n: int) -> list[str]:
     finally:
         os.environ.pop("RINGREDUCE_DEBUG")
         os.environ.update(saved)
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
         log.removeHandler(cap)
     torch.cuda.synchronize(dev)
     assert bool((x == n * n).all())

@@ -308,6 +308,7 @@ def _hierarchical(rank: int, n: int) -> None:
     keys = _comm_keys()
     for local in [d for d in range(2, n) if n % d == 0]:
         os.environ["RINGREDUCE_LOCAL_SIZE"] = str(local)
+        rr.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
         assert choose_algorithm(resolve(None), "hierarchical")[0] == local
         # exact data: bitwise equal to the reference for every dtype and op
         for case in all_reduce_cases(n):

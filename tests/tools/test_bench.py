@@ -135,7 +135,7 @@ def test_loopback_columns() -> None:
 
 
 def test_json_schema() -> None:
-    cfg = BenchConfig(sizes=[16 * MIB], dtype="float", op="avg", backend="gloo", command=["python", "-m", "x"])
+    cfg = BenchConfig(sizes=[16 * MIB], dtypes=("float",), op="avg", backend="gloo", command=["python", "-m", "x"])
     machine = {"cpu_model": "cpu", "cpu_cores": 2, "gpus": [], "torch": "2", "nccl": None, "world_size": 2,
                "ringreduce": {"version": "0"}}
     doc = build_report(cfg, machine, _fake_rows(), "gloo", 1.5)
@@ -192,6 +192,7 @@ def test_pattern_expected_matches_brute_force(dtype: torch.dtype, world_size: in
 
 
 @pytest.mark.parametrize("timing", ["rounds", "single"])
+@pytest.mark.full
 def test_cli_short_sweep(tmp_path, timing: str) -> None:
     out = tmp_path / "bench.json"
     png = tmp_path / "bench.png"
@@ -266,7 +267,7 @@ def _sweep_on_rank(rank: int, world_size: int, cfg: BenchConfig) -> list | None:
 
 
 def test_sweep_sum_bfloat16_on_pool() -> None:
-    cfg = BenchConfig(sizes=[2, 1000, 65538], dtype="bfloat16", op="sum", backend="gloo", iters=3, warmup=1,
+    cfg = BenchConfig(sizes=[2, 1000, 65538], dtypes=("bfloat16",), op="sum", backend="gloo", iters=3, warmup=1,
                       quiet=True)
     rows = run_ranks(2, _sweep_on_rank, cfg, timeout=120)[0]
     assert len(rows) == 6 and all(row["wrong"] == 0 for row in rows), rows
@@ -278,7 +279,7 @@ def test_sweep_wire_dtype_adds_the_16_bit_columns_on_pool() -> None:
     pattern data (its sums are exact in 16 bits), relative errors ordered as documented."""
     from ringreduce.bench.table import Layout, format_row, header
 
-    cfg = BenchConfig(sizes=[4096, 1 << 20], dtype="float", op="avg", backend="gloo", iters=3, warmup=1,
+    cfg = BenchConfig(sizes=[4096, 1 << 20], dtypes=("float",), op="avg", backend="gloo", iters=3, warmup=1,
                       quiet=True, wire_dtype="bf16")
     rows = run_ranks(2, _sweep_on_rank, cfg, timeout=120)[0]
     assert {row["impl"] for row in rows} == {"ringreduce", "gloo", "rr-bf16", "ddp-bf16"}
@@ -375,6 +376,7 @@ def _staging_after_each_size(rank: int, world_size: int) -> list[tuple[str, int,
     for label, mib_x16, check in [("1M", 16, "0"), ("1M", 16, "1"), ("4M", 64, "1"), ("64M", 1024, "1"),
                                   ("1M again", 16, "1"), ("16K", 0, "1")]:
         os.environ["RINGREDUCE_CHECK"] = check
+        ringreduce.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
         numel = mib_x16 * MIB // 64 if mib_x16 else 4096
         pattern = (torch.arange(numel) % 4099).to(torch.float32)  # position-dependent, sums exact
         x = pattern + rank
@@ -383,6 +385,7 @@ def _staging_after_each_size(rank: int, world_size: int) -> list[tuple[str, int,
         out.append((f"{label} check={check}", int(_C.staging_bytes(pg)), int(_C.memory_bytes(pg)),
                     bool(torch.equal(x, want))))
     os.environ.pop("RINGREDUCE_CHECK", None)
+    ringreduce.reload_knobs()  # the rings read their knobs again (ringreduce/_config.py)
     dist.destroy_process_group(pg)
     return out
 
@@ -403,6 +406,7 @@ def test_staging_is_a_slot_per_receive_within_the_bound() -> None:
         assert all(staging <= 8 * MIB and staging <= memory <= 12 * MIB for staging, memory, _ in seen.values()), seen
 
 
+@pytest.mark.full
 def test_traffic_mode_reports_cross_node_bytes(tmp_path) -> None:
     out = tmp_path / "traffic.json"
     cmd = [sys.executable, "-m", "ringreduce.bench.traffic", "--nproc", "4", "--local-size", "2", "--size", "64K",
@@ -475,6 +479,7 @@ def test_cli_vs_deepspeed_runs_its_shm_op(tmp_path) -> None:
     assert _deepspeed_segments() <= before
 
 
+@pytest.mark.full
 def test_train_step_ddp_backend_variant_runs_ddp_over_ringreduce(tmp_path) -> None:
     """ddp-backend: stock DDP over a "ringreduce" group, beside DDP over gloo; at 2 ranks the two end
     with the same parameters bit for bit (Note [What bitwise-equal DDP needs] in

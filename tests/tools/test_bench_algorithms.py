@@ -41,6 +41,7 @@ def test_table_has_a_ratio_column_per_algorithm() -> None:
     assert "ring/gloo" not in Layout(("ringreduce", "gloo"), "gloo").extras
 
 
+@pytest.mark.full
 def test_run_on_two_simulated_nodes_gives_exact_rows(tmp_path) -> None:
     env = dict(os.environ, RINGREDUCE_LOCAL_SIZE="2", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))

@@ -35,7 +35,7 @@ def _doc(ratios: dict[int, float], world_size: int = 2, backend: str = "gloo", t
     command = ["python", "-m", "ringreduce.bench", "--nproc", str(world_size), "-b", "1K", "-e", "64M", "-f", "4",
                "--json", "/some/long/path/" + "x" * 40 + "/allreduce.json", "--plot",
                "/some/long/path/" + "y" * 40 + "/allreduce.png", "--seconds", "2", "--rounds", "10", "-w", "5"] * 2
-    cfg = BenchConfig(sizes=sorted(ratios), dtype="float", op="avg", backend=backend, transport=transport,
+    cfg = BenchConfig(sizes=sorted(ratios), dtypes=("float",), op="avg", backend=backend, transport=transport,
                       command=command)
     machine = {"cpu_model": "cpu", "cpu_cores": 2, "gpus": ["GPU"] if backend == "nccl" else [], "torch": "2",
                "nccl": None, "world_size": world_size, "nodes": 1, "ringreduce": {"version": "0", "shm": True},

@@ -101,6 +101,7 @@ def _no_segments_of(procs: dict) -> list[str]:
 
 
 @needs_cluster
+@pytest.mark.full
 def test_link_cut_mid_call_every_rank_raises_within_the_timeout(tmp_path):
     out = str(tmp_path)
     with Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-cut") as c:
@@ -121,6 +122,7 @@ def test_link_cut_mid_call_every_rank_raises_within_the_timeout(tmp_path):
 
 
 @needs_cluster
+@pytest.mark.full
 def test_link_flap_shorter_than_the_timeout_is_survived(tmp_path):
     out = str(tmp_path)
     with Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-flap") as c:
@@ -135,6 +137,7 @@ def test_link_flap_shorter_than_the_timeout_is_survived(tmp_path):
 
 
 @needs_cluster
+@pytest.mark.full
 def test_host_killed_the_other_host_raises(tmp_path):
     out = str(tmp_path)
     with Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-kill") as c:
@@ -150,6 +153,7 @@ def test_host_killed_the_other_host_raises(tmp_path):
 
 
 @needs_cluster
+@pytest.mark.full
 def test_host_that_never_joins_is_named_at_init(tmp_path):
     out = str(tmp_path)
     with Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-absent") as c:
@@ -175,6 +179,7 @@ def _tool(prefix: str, *args: str) -> list[str]:
 
 
 @needs_cluster
+@pytest.mark.full
 def test_tool_runs_the_bench_across_hosts_and_removes_everything(tmp_path):
     prefix = f"rrc-{os.getpid()}-tool"
     scratch = set(glob.glob(os.path.join(tempfile.gettempdir(), "torchelastic_*")))
@@ -195,6 +200,7 @@ def test_tool_runs_the_bench_across_hosts_and_removes_everything(tmp_path):
 
 
 @needs_cluster
+@pytest.mark.full
 def test_traffic_model_matches_what_the_links_carried(tmp_path):
     """python -m ringreduce.bench.traffic on 2 hosts x 2 ranks: the bytes each host's link carried out
     (tc's tbf counters) over each algorithm's calls lie within [1, 1 + MODEL_TOLERANCE] x the model's
@@ -220,6 +226,7 @@ def test_traffic_model_matches_what_the_links_carried(tmp_path):
 
 
 @needs_cluster
+@pytest.mark.full
 def test_tool_cleans_up_on_sigint(tmp_path):
     prefix = f"rrc-{os.getpid()}-int"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))

@@ -23,6 +23,7 @@ def _run(args: list[str], env: dict, timeout: float = 600) -> subprocess.Complet
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU mode")
 @pytest.mark.parametrize("part", ["all", "more"])
+@pytest.mark.full
 def test_each_part_rehearses_without_gpu_and_writes_into_out(tmp_path, part):
     """Without a GPU, no argument ("all": speed's rehearsal, then suite's) and "more" run their
     simulated-device rehearsal (reduced: one quick pytest file, no C++ build): the last line says no GPU
@@ -82,6 +83,7 @@ def test_dry_run_prints_each_part_within_its_budget():
     assert _run(["bogus"], dict(os.environ), timeout=30).returncode == 2
 
 
+@pytest.mark.full
 def test_bench_summary_reads_what_the_benchmark_writes(tmp_path):
     """gpu_check.sh's benchmark lines (scripts/gpu_bench_summary.py) from a JSON the benchmark really
     wrote: a 2-rank CPU run at tiny sizes (the keys are those of every backend's rows)."""

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import ringreduce
@@ -36,6 +37,7 @@ def _python(code: str, cwd: Path, extra_path: list[str]) -> subprocess.Completed
                           text=True, timeout=120)
 
 
+@pytest.mark.full
 def test_an_unbuilt_clone_shadowing_an_installed_package_is_named_as_such(tmp_path) -> None:
     clone = tmp_path / "clone"
     sources = _unbuilt_clone(clone)
@@ -60,6 +62,7 @@ def test_an_unbuilt_clone_alone_says_how_to_build(tmp_path) -> None:
     assert f"pip install -v --no-build-isolation {clone}" in last
 
 
+@pytest.mark.full
 def test_the_folder_holding_a_clone_named_ringreduce_imports_the_installed_package(tmp_path) -> None:
     clone = tmp_path / "ringreduce"
     _unbuilt_clone(clone)

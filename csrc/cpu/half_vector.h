@@ -1,0 +1,191 @@
+// ringreduce CPU: the lanes of the host loops (csrc/cpu/host_loops.inc): loads that widen float16 /
+// bfloat16 to float32, stores that narrow, rounding through a 16-bit type, and float32 arithmetic,
+// bit for bit the scalar functors of csrc/core/functors.h, in two instruction sets.
+//
+// Note [Vector half conversions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A lane type L has a register type L::V of L::kWidth float32 values and, for T = float, Half,
+// BFloat16: load (widen: halfBitsToFloat, bf16BitsToFloat), store (narrow: floatToHalfBits,
+// floatToBf16Bits), round<T> (roundTo<float, T>), combine<op> (Combine<op>::apply), div and mul.
+// * PortableLane: one value, the scalar conversions written without branches (every case computed
+//   and masked, so the compiler cannot sink a float operation into a branch), which a loop over
+//   elements vectorizes with the baseline instruction set.
+// * Avx2Lane (x86): 8 values. bfloat16 by the same integer arithmetic; float16 by F16C's vcvtph2ps /
+//   vcvtps2ph (round to nearest even, subnormals, overflow to infinity: as the scalar code), with
+//   NaNs set to the scalar code's bits: vcvtps2ph keeps a NaN's payload where floatToHalfBits gives
+//   0x7e00 with the sign, and vcvtph2ps quiets a signalling NaN where halfBitsToFloat keeps its bits.
+//   MAX/MIN as Combine's (a != a || a > b) ? a : b, compared unordered / ordered.
+// Everything is always inlined; Avx2Lane's functions only into functions compiled for AVX2 + F16C
+// (Note [Host loop instruction sets] in host_isa.h).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../core/common.h"
+#include "../core/functors.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RR_HOST_AVX2 1
+#else
+#define RR_HOST_AVX2 0
+#endif
+
+#define RR_CPU_INLINE inline __attribute__((always_inline))
+#define RR_AVX2_INLINE inline __attribute__((target("avx2,f16c"), always_inline))
+
+namespace rr {
+
+template <typename T>
+struct IsSixteenBit : std::integral_constant<bool, std::is_same<T, Half>::value || std::is_same<T, BFloat16>::value> {};
+
+namespace halfvec {
+
+RR_CPU_INLINE uint32_t maskIf(bool c) { return 0u - static_cast<uint32_t>(c); }
+
+// halfBitsToFloat without branches.
+RR_CPU_INLINE float widenHalf(uint16_t h) {
+  const uint32_t x = h;
+  const uint32_t sign = (x & 0x8000u) << 16;
+  const uint32_t e = x & 0x7c00u;
+  const uint32_t body = (x & 0x7fffu) << 13;              // exponent << 23 | mantissa << 13
+  const uint32_t special = body | 0x7f800000u;             // exponent 0x1f: inf, NaN (its bits kept)
+  const uint32_t normal = body + 0x38000000u;              // exponent + 112
+  // zero or subnormal: mantissa * 2^-24, exact in float, its sign set (as -magnitude does)
+  const uint32_t subnormal =
+      bitCast<uint32_t>(static_cast<float>(static_cast<int32_t>(x & 0x3ffu)) * 5.9604644775390625e-8f);
+  const uint32_t is_special = maskIf(e == 0x7c00u), is_sub = maskIf(e == 0);
+  return bitCast<float>(sign | (special & is_special) | (subnormal & is_sub) | (normal & ~(is_special | is_sub)));
+}
+
+// floatToHalfBits without branches: its three cases, each computed, one kept (compared as int32:
+// magnitudes are below 2^31).
+RR_CPU_INLINE uint16_t narrowHalf(float value) {
+  const uint32_t bits = bitCast<uint32_t>(value);
+  const uint32_t sign = bits & 0x80000000u;
+  const uint32_t mag = bits ^ sign;
+  const int32_t m = static_cast<int32_t>(mag);
+  const uint32_t big = 0x7c00u | (maskIf(m > 0x7f800000) & 0x200u);                // >= 65536: inf, or NaN 0x7e00
+  const uint32_t small = bitCast<uint32_t>(bitCast<float>(mag) + 0.5f) - 0x3f000000u;  // below 2^-14
+  const uint32_t normal = (mag + 0xc8000fffu + ((mag >> 13) & 1u)) >> 13;
+  const uint32_t is_big = maskIf(m >= 0x47800000), is_small = maskIf(m < 0x38800000);
+  const uint32_t out = (big & is_big) | (small & is_small) | (normal & ~(is_big | is_small));
+  return static_cast<uint16_t>(out | (sign >> 16));
+}
+
+RR_CPU_INLINE float widenBf16(uint16_t b) { return bitCast<float>(static_cast<uint32_t>(b) << 16); }
+
+// floatToBf16Bits without a branch.
+RR_CPU_INLINE uint16_t narrowBf16(float value) {
+  const uint32_t bits = bitCast<uint32_t>(value);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t is_nan = maskIf(static_cast<int32_t>(bits & 0x7fffffffu) > 0x7f800000);
+  return static_cast<uint16_t>((0x7fc0u & is_nan) | (rounded & ~is_nan));
+}
+
+}  // namespace halfvec
+
+struct PortableLane {
+  using V = float;
+  static constexpr int64_t kWidth = 1;
+
+  RR_CPU_INLINE static V splat(float f) { return f; }
+  RR_CPU_INLINE static V load(const float* p) { return *p; }
+  RR_CPU_INLINE static V load(const Half* p) { return halfvec::widenHalf(p->bits); }
+  RR_CPU_INLINE static V load(const BFloat16* p) { return halfvec::widenBf16(p->bits); }
+  RR_CPU_INLINE static void store(float* p, V v) { *p = v; }
+  RR_CPU_INLINE static void store(Half* p, V v) { p->bits = halfvec::narrowHalf(v); }
+  RR_CPU_INLINE static void store(BFloat16* p, V v) { p->bits = halfvec::narrowBf16(v); }
+  template <typename T>
+  RR_CPU_INLINE static V round(V v) {
+    if constexpr (std::is_same<T, Half>::value) return halfvec::widenHalf(halfvec::narrowHalf(v));
+    else if constexpr (std::is_same<T, BFloat16>::value) return halfvec::widenBf16(halfvec::narrowBf16(v));
+    else return v;
+  }
+  template <RedOp op>
+  RR_CPU_INLINE static V combine(V a, V b) {
+    return Combine<op>::apply(a, b);
+  }
+  RR_CPU_INLINE static V div(V a, V b) { return a / b; }
+  RR_CPU_INLINE static V mul(V a, V b) { return a * b; }
+};
+
+#if RR_HOST_AVX2
+struct Avx2Lane {
+  using V = __m256;
+  static constexpr int64_t kWidth = 8;
+
+  RR_AVX2_INLINE static __m256i c(uint32_t v) { return _mm256_set1_epi32(static_cast<int32_t>(v)); }
+  RR_AVX2_INLINE static V splat(float f) { return _mm256_set1_ps(f); }
+
+  RR_AVX2_INLINE static V load(const float* p) { return _mm256_loadu_ps(p); }
+  RR_AVX2_INLINE static V load(const BFloat16* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  // vcvtph2ps quiets a signalling NaN (sets bit 22); halfBitsToFloat keeps it clear. Lanes whose
+  // input has exponent 0x1f and a clear quiet bit (a signalling NaN, or an infinity, whose bit 22 is
+  // clear anyway) get bit 22 cleared.
+  RR_AVX2_INLINE static V load(const Half* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i quiet_clear = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7e00)), _mm_set1_epi16(0x7c00));
+    const __m256i bit22 = _mm256_and_si256(_mm256_cvtepi16_epi32(quiet_clear), c(0x00400000u));
+    return _mm256_andnot_ps(_mm256_castsi256_ps(bit22), _mm256_cvtph_ps(h));
+  }
+
+  RR_AVX2_INLINE static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  // floatToBf16Bits on 8 lanes: round to nearest even, NaN lanes 0x7fc0, packed to 16 bits.
+  RR_AVX2_INLINE static void store(BFloat16* p, V v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), c(1));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, c(0x7fff)), odd), 16);
+    const __m256i r = _mm256_blendv_epi8(rounded, c(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(_mm256_castsi256_si128(r),
+                                                                      _mm256_extracti128_si256(r, 1)));
+  }
+  // vcvtps2ph rounds to nearest even; a NaN result (exponent 0x1f, mantissa not 0, from NaN inputs
+  // only) keeps its sign and quiet bit and loses its payload: 0x7e00 | sign, as floatToHalfBits.
+  RR_AVX2_INLINE static __m128i halfBits(V v) {
+    const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+    const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x7c00));
+    return _mm_andnot_si128(_mm_and_si128(nan, _mm_set1_epi16(0x01ff)), h);
+  }
+  RR_AVX2_INLINE static void store(Half* p, V v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), halfBits(v)); }
+
+  // roundTo<float, T>: a NaN becomes the widened canonical NaN, 0x7fc00000 for bfloat16
+  // (floatToBf16Bits drops the sign) and sign | 0x7fc00000 for float16.
+  template <typename T>
+  RR_AVX2_INLINE static V round(V v) {
+    if constexpr (std::is_same<T, BFloat16>::value) {
+      const __m256i bits = _mm256_castps_si256(v);
+      const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), c(1));
+      const __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(bits, c(0x7fff)), odd), c(0xffff0000u));
+      return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(c(0x7fc00000u)), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    } else if constexpr (std::is_same<T, Half>::value) {
+      const __m256 r = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+      const __m256 canonical = _mm256_or_ps(_mm256_and_ps(v, _mm256_castsi256_ps(c(0x80000000u))),
+                                            _mm256_castsi256_ps(c(0x7fc00000u)));
+      return _mm256_blendv_ps(r, canonical, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    } else {
+      return v;
+    }
+  }
+
+  template <RedOp op>
+  RR_AVX2_INLINE static V combine(V a, V b) {
+    if constexpr (op == RedOp::kSum || op == RedOp::kAvg) {
+      return _mm256_add_ps(a, b);
+    } else if constexpr (op == RedOp::kProduct) {
+      return _mm256_mul_ps(a, b);
+    } else {  // (a != a || a > b) ? a : b, and < for MIN
+      const __m256 wins = _mm256_cmp_ps(a, b, op == RedOp::kMax ? _CMP_GT_OQ : _CMP_LT_OQ);
+      return _mm256_blendv_ps(b, a, _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), wins));
+    }
+  }
+  RR_AVX2_INLINE static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  RR_AVX2_INLINE static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+};
+#endif
+
+}  // namespace rr
