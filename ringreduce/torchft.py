@@ -34,6 +34,7 @@ Note [Failed steps, not exceptions]
 from __future__ import annotations
 
 import datetime
+import functools
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ except ImportError as _exc:
 from ringreduce.distributed.options import BackendOptions
 from ringreduce.distributed.process_group import RingreduceProcessGroup
 from ringreduce.distributed.support import NAME, python_process_groups_supported
+from ringreduce.distributed.work import BackendWork
 
 BACKEND_NAME = "torchft-ringreduce"  # getBackendName(), as torchft's are "torchft-gloo", "torchft-nccl"
 
@@ -67,7 +69,11 @@ class _FailedSteps:
         self._generation += 1
 
     def _wrap_work(self, work: Any, opts: object) -> Any:
-        return _StepWork(work, self, self._generation)
+        """Every call's Work, failing quietly into errored() (BackendWork.failing_quietly): the ring's
+        own BackendWork, or one over an inner torch Work (gloo's, the delegated calls')."""
+        if not isinstance(work, BackendWork):
+            work = BackendWork([work], _result_of(work))
+        return work.failing_quietly(functools.partial(self._failed, generation=self._generation))
 
     def _failed(self, exc: Exception, generation: int) -> None:
         if generation == self._generation and self._errored is None:
@@ -184,67 +190,12 @@ def _allreduce_options(opts: Any, op: Any) -> Any:
     return opts
 
 
-class _StepWork(dist._Work):
-    """A collective's Work on ProcessGroupRingreduce (and ProcessGroupGlooReference): a failed call ends
-    as an aborted Work ends (Note [Failed steps, not exceptions])."""
-
-    def __init__(self, work: Any, owner: _FailedSteps, generation: int) -> None:
-        super().__init__()
-        self._work = work
-        self._owner = owner
-        self._generation = generation
-        self._future: torch.futures.Future | None = None
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        """True once the call succeeded; False when it failed (its error: exception(), the future,
-        the group's errored()). A `timeout` that passes first raises, as ringreduce's Work does: the
-        call goes on."""
-        try:
-            return bool(self._work.wait(timeout) if timeout is not None else self._work.wait())
-        except Exception as exc:
-            if not self._work.is_completed():
-                raise
-            # without its traceback, whose frames hold this Work and so the ring (a cycle through errored())
-            self._owner._failed(exc.with_traceback(None), self._generation)
-            return False
-
-    def block_current_stream(self) -> None:
-        """torchft's _ManagedWork on CUDA: CUDA ring calls' wait() orders the current stream after the
-        call (ringreduce.Work); CPU calls wait on the host."""
-        self.wait()
-
-    def synchronize(self) -> None:
-        self.wait()
-
-    def is_completed(self) -> bool:
-        return bool(self._work.is_completed())
-
-    def is_success(self) -> bool:
-        return bool(self._work.is_success())
-
-    def exception(self) -> BaseException | None:
-        exc = self._work.exception()
-        # its traceback's frames hold this Work: a cycle that only the garbage collector would free
-        return exc.with_traceback(None) if exc is not None else None
-
-    def result(self) -> Any:
-        return self._work.result()
-
-    def get_future(self) -> Any:
-        """Completes with the call's tensors once the call ended, also when it failed (Note [Failed steps,
-        not exceptions]: the failure goes to errored())."""
-        if self._future is None:
-            work, owner, generation = self._work, self._owner, self._generation
-
-            def settle(fut: torch.futures.Future) -> Any:
-                try:
-                    return fut.value()
-                except Exception as exc:  # noqa: BLE001 - reported through errored(), as torchft expects
-                    owner._failed(exc.with_traceback(None), generation)
-                    return work.result()
-
-            self._future = work.get_future().then(settle)
-        return self._future
+def _result_of(work: Any) -> list[torch.Tensor]:
+    """A torch Work's output tensors, or none where its kind has no result() (barrier, send/recv)."""
+    try:
+        return list(work.result())
+    except RuntimeError:
+        return []
 
 
 __all__ = ["BACKEND_NAME", "ProcessGroupGlooReference", "ProcessGroupRingreduce"]
