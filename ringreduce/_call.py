@@ -54,7 +54,25 @@ class Call:
     extra_divisor: int = 1  # GradientAverager's accumulation steps
     local_size: int = 0  # > 0: the hierarchical all-reduce with this many ranks per node
     members: tuple[int, ...] = ()  # the ring's ranks in its group, in ring order (node by node)
-    one_shot: bool = True  # a small flat all-reduce may go in one shot (algorithm "auto")
+    one_shot: bool = True  # a small flat all-reduce may go in one shot (algorithm "auto" or "direct")
+    direct: bool = False  # the direct all-reduce (Note [Direct all-reduce] in csrc/core/direct.h; direct_chosen)
+
+
+DIRECT_AUTO_MAX_RANKS = 64  # the GPU's in-order kernel takes at most 64 inputs (kOneShotMaxRanks)
+
+
+def direct_chosen(algorithm: str, size: int, local_size: int, dtype: torch.dtype, rop: ReduceOp,
+                  narrow: bool) -> bool:
+    """Whether an all-reduce over `size` ranks runs the direct algorithm: "direct" asks for it (every
+    dtype and op, in rank order); "auto" picks it for float16/bfloat16 SUM and AVG on a flat group
+    (`local_size` 0) of up to DIRECT_AUTO_MAX_RANKS ranks on either device, where it sums in float32
+    and rounds once at the 16-bit ring's bytes, unless accum_dtype names the tensor's own dtype
+    (`narrow`: per-hop rounding, the ring's). Across nodes "auto" keeps the hierarchical all-reduce
+    (docs/algorithm.md, "The direct all-reduce")."""
+    if algorithm == "direct":
+        return True
+    return (algorithm == "auto" and not local_size and size <= DIRECT_AUTO_MAX_RANKS and dtype in HALF_TYPES
+            and rop in SUM_OR_AVG and not narrow)
 
 
 def debug_level(knobs: _config.Knobs) -> int:
@@ -75,7 +93,7 @@ def log_call(ring: Any, call: Call, handle: Any, tensor: torch.Tensor, async_op:
     """One RINGREDUCE_DEBUG line for `call` on `ring` (`handle`: its native handle or None; `seconds`:
     how long a synchronous call took, CUDA: to enqueue; None: async); DETAIL adds the knobs."""
     info = call.info
-    algo = f"hierarchical(local_size={call.local_size})" if call.local_size else "ring"
+    algo = "direct" if call.direct else f"hierarchical(local_size={call.local_size})" if call.local_size else "ring"
     number = "" if handle is None else f" call #{handle.seq}"
     msg = (
         f"rank {info.rank}/{info.size} {info.name}{number} {KIND_NAMES.get(call.kind, call.kind)} "
@@ -352,10 +370,11 @@ def _checked_all_reduce(tensor: Any, group: Any, options: AllreduceOptions, asyn
     # a 16-bit wire runs on the ring's WIRE_RING where it has one (the GPU's flat ring)
     local_size, members = choose_algorithm(info, (ring.WIRE_RING if wire is not None else None) or options.algorithm,
                                            ring.knobs)
-    call = Call(info, kind, rop, device=tensor.device, ntensors=ntensors, accum=accum,
-                narrow=options.accum_dtype == tensor.dtype and tensor.dtype in HALF_TYPES, wire=wire, gather=gather,
-                factor=factor, extra_divisor=extra_divisor, local_size=local_size, members=members,
-                one_shot=options.algorithm == "auto")
+    narrow = options.accum_dtype == tensor.dtype and tensor.dtype in HALF_TYPES
+    call = Call(info, kind, rop, device=tensor.device, ntensors=ntensors, accum=accum, narrow=narrow, wire=wire,
+                gather=gather, factor=factor, extra_divisor=extra_divisor, local_size=local_size, members=members,
+                one_shot=options.algorithm in ("auto", "direct"),
+                direct=direct_chosen(options.algorithm, info.size, local_size, tensor.dtype, rop, narrow))
     native = ring.options(call)
     level = debug_level(ring.knobs)
     if key is not None and ring.PLANS and not level:

@@ -264,12 +264,13 @@ def node_layout(info: GroupInfo, knobs: Knobs | None = None) -> NodeLayout:
 
 
 def choose_algorithm(info: GroupInfo, algorithm: str, knobs: Knobs | None = None) -> tuple[int, tuple[int, ...]]:
-    """(local_size, members) of an all-reduce: 0 and info.members for the flat ring; L > 0 for the
-    hierarchical all-reduce over `members` ordered node by node, L ranks per node (the layout as the
-    ring's `knobs` read it, node_layout). "auto" picks it for several equal nodes of more than one
-    rank; "hierarchical" is the flat ring on one node or one rank per node, ValueError on unequal nodes.
+    """(local_size, members) of an all-reduce: 0 and info.members for a flat one (the ring, or the
+    direct all-reduce: "direct" is always flat); L > 0 for the hierarchical all-reduce over `members`
+    ordered node by node, L ranks per node (the layout as the ring's `knobs` read it, node_layout).
+    "auto" picks it for several equal nodes of more than one rank; "hierarchical" is the flat ring on
+    one node or one rank per node, ValueError on unequal nodes.
     """
-    if algorithm == "ring" or info.size <= 2:
+    if algorithm in ("ring", "direct") or info.size <= 2:
         return 0, info.members
     layout = node_layout(info, knobs)
     if algorithm == "hierarchical" and not layout.local_size:

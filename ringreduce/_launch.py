@@ -24,6 +24,7 @@ variables of a torchrun-like launch.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import faulthandler
 import multiprocessing as mp
@@ -121,7 +122,12 @@ def _bootstrap(target: Callable[..., Any], args: tuple, env: dict[str, str], log
     reload = getattr(sys.modules.get("ringreduce"), "reload_knobs", None)
     if reload is not None:
         reload()
-    code = target(*args)
+    try:
+        code = target(*args)
+    finally:
+        # A forked process ends in os._exit, which skips atexit; a rank ends as an interpreter does
+        # (as a spawned one did), its atexit handlers run: ringreduce's drains its pending calls there.
+        atexit._run_exitfuncs()
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -16,7 +16,7 @@ from ringreduce._config import Knobs
 from ringreduce._native import C
 from ringreduce._types import NATIVE_OPS, ReduceOp
 
-ALGORITHMS = ("auto", "ring", "hierarchical")
+ALGORITHMS = ("auto", "ring", "hierarchical", "direct")
 SUM_OR_AVG = (ReduceOp.SUM, ReduceOp.AVG)
 HALF_TYPES = (torch.float16, torch.bfloat16)
 WIRE_TYPES = (torch.bfloat16, torch.float16)
@@ -127,7 +127,7 @@ def native_options(call: Any, knobs: Knobs, is_cuda: bool, one_node: bool = True
     o.kind, o.op, o.local_error, o.ntensors = call.kind, NATIVE_OPS[call.rop], call.local_error, call.ntensors
     o.accum_float32, o.accum_narrow = call.accum, call.narrow
     o.wire_dtype, o.predivide, o.extra_divisor = call.wire, call.factor, call.extra_divisor
-    o.local_size, o.one_shot = call.local_size, call.one_shot
+    o.local_size, o.one_shot, o.direct = call.local_size, call.one_shot, call.direct
     o.check, o.segment_bytes, o.num_slots = knobs.check_enabled(is_cuda), knobs.segment_bytes, knobs.num_slots
     if is_cuda:
         o.lanes, o.one_shot_bytes = knobs.lanes, knobs.one_shot_bytes

@@ -160,7 +160,7 @@ def all_reduce_coalesced(
             and are added in float32 and are rounded once, as in :func:`all_reduce`; tensors of
             other dtypes are reduced as they are. Any other value is checked for every tensor as
             :func:`all_reduce` checks it.
-        algorithm: "auto" (default), "ring" or "hierarchical", for every dtype's ring, as in
+        algorithm: "auto" (default), "ring", "hierarchical" or "direct", for every dtype's ring, as in
             :func:`all_reduce`.
         wire_dtype: None, or ``torch.bfloat16`` / ``torch.float16``: the float32 tensors travel on
             a 16-bit wire with float32 sums per hop, as in :func:`all_reduce`;

@@ -48,18 +48,23 @@ def all_reduce(
             current stream (CUDA). True: return a :class:`Work` at once; ``work.wait()`` before
             reading `tensor`.
         accum_dtype: None, ``torch.float32`` or the tensor's own dtype, for float16/bfloat16
-            tensors with SUM or AVG. None: in shared memory (ranks of one host) partial sums are
-            added in float32 and rounded once; over gloo point-to-point and NCCL they travel in the
-            tensor's dtype and are rounded at every hop. ``torch.float32``: float32 partials
-            everywhere (1.5x the bytes on a wire), rounded once. The tensor's dtype: rounded at
-            every hop everywhere. An fp16 *sum* can overflow (65504) where a pre-divided average
-            would not.
+            tensors with SUM or AVG. None (and ``torch.float32``, which adds nothing there): with
+            "auto" on a flat group the direct all-reduce sums in float32 in rank order and rounds
+            once, on every transport, at 16-bit bytes; with "ring", in shared memory (ranks of one
+            host) partial sums are added in float32 and over gloo point-to-point and NCCL they travel
+            in the tensor's dtype, rounded at every hop (``torch.float32``: float32 partials, 1.5x
+            the bytes, rounded once). The tensor's dtype: rounded at every hop everywhere ("auto"
+            takes the ring). An fp16 *sum* can overflow (65504) where a pre-divided average would not.
         algorithm: "auto" (default): the hierarchical all-reduce when the group spans several
             nodes with equally many of its ranks on each (torchrun's GROUP_RANK and
-            LOCAL_WORLD_SIZE, or RINGREDUCE_LOCAL_SIZE), else the flat ring, which sends small
-            tensors in one shot. "ring": always the flat ring. "hierarchical": reduce-scatter
-            inside each node, all-reduce across nodes among ranks of the same local rank,
-            all-gather inside each node (the flat ring when the group is on one node).
+            LOCAL_WORLD_SIZE, or RINGREDUCE_LOCAL_SIZE); else "direct" for float16/bfloat16 SUM and
+            AVG (up to 64 ranks) and the flat ring otherwise, both sending small tensors in one
+            shot. "ring": always the flat ring. "hierarchical": reduce-scatter inside each node,
+            all-reduce across nodes among ranks of the same local rank, all-gather inside each
+            node (the flat ring when the group is on one node). "direct": the reduce-scatter by
+            direct exchange, each element's contributions added in rank order 0..n-1 (half types
+            in float32, rounded once; with `wire_dtype` each contribution rounded once to it), then
+            the all-gather: the ring's bytes, the same bits on every transport, every dtype and op.
         wire_dtype: None, or ``torch.bfloat16`` / ``torch.float16`` for float32 tensors with SUM
             or AVG: the reduce-scatter's partial sums travel as 16-bit values (0.75x the bytes of
             a float32 ring), but every hop adds the received partial, widened, to the local
@@ -141,12 +146,13 @@ def all_reduce_avg(
             flattened sub-mesh). A rank outside the group returns at once.
         async_op: True returns a :class:`Work` at once; call ``work.wait()`` before reading
             `tensor`.
-        accum_dtype: ``torch.float32`` to carry float16/bfloat16 partial sums in float32 and round
-            once on every transport (use it for fp16 data whose sum can overflow 65504); None: in
-            float32 in shared memory, in the tensor's type over gloo point-to-point and NCCL; the
-            tensor's own dtype: rounded at every hop everywhere (as in :func:`all_reduce`).
+        accum_dtype: None or ``torch.float32``: float16/bfloat16 sums in float32, rounded once
+            (with "auto" on a flat group: the direct all-reduce, on every transport; "ring": float32
+            partials with ``torch.float32``); the tensor's own dtype: rounded at every hop
+            everywhere (as in :func:`all_reduce`).
         algorithm: "auto" (default; hierarchical when the group spans several equal nodes, else
-            the flat ring), "ring" or "hierarchical", as in :func:`all_reduce`.
+            direct for float16/bfloat16 and the flat ring otherwise), "ring", "hierarchical" or
+            "direct", as in :func:`all_reduce`.
         wire_dtype: None, or ``torch.bfloat16`` / ``torch.float16`` for a float32 tensor: a 16-bit
             wire with float32 sums per hop, as in :func:`all_reduce` (on GPUs the flat ring only).
         predivide_factor: None, or f > 0: divide every contribution by f before the ring and the

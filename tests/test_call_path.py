@@ -167,3 +167,32 @@ def test_at_most_two_work_classes():
             if isinstance(node, ast.ClassDef) and "Work" in node.name:
                 works.append(node.name)
     assert sorted(works) == ["BackendWork", "Work"], works
+
+
+def test_a_work_of_parts_waits_for_each_then_finishes_once():
+    """Work.of_parts (a coalesced call's, a backend collective's copy back): wait(), the future and
+    is_completed() see every part; `finish` runs once whichever of wait() and the future comes first;
+    a failed part's error is the Work's, and `finish` does not run then."""
+    a, b = torch.ones(2), torch.zeros(3)
+    finished: list[int] = []
+    work = rr.Work.of_parts([rr.Work.completed([a]), rr.Work.completed([b])], [a, b],
+                            lambda: finished.append(1), describe="two parts")
+    assert work.is_completed() and work.is_success() and work.exception() is None
+    assert finished == [] and "two parts" in repr(work)
+    assert work.get_future().wait() == [a, b] and finished == [1]
+    assert work.wait() and work.result() == [a, b] and finished == [1]  # once only
+
+    class Failed(rr.Work):
+        def exception(self):
+            return RuntimeError("part failed")
+
+        def get_future(self):
+            fut = torch.futures.Future()
+            fut.set_exception(RuntimeError("part failed"))
+            return fut
+
+    failed = rr.Work.of_parts([rr.Work.completed([a]), Failed(None, [b])], [a, b], lambda: finished.append(2))
+    assert isinstance(failed.exception(), RuntimeError)
+    with pytest.raises(RuntimeError, match="part failed"):
+        failed.get_future().wait()
+    assert finished == [1]

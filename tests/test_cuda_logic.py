@@ -35,16 +35,20 @@ SOURCES = [
     "tests/cpp/cuda/cuda_logic_capi.cpp",
     "tests/cpp/cuda/sim_device.cpp",
     "csrc/cuda/ring_executor.cpp",
+    "csrc/cuda/direct_executor.cpp",
     "csrc/cuda/gpu_pipeline.cpp",
     "csrc/core/collectives.cpp",
+    "csrc/core/direct.cpp",
     "csrc/core/plan.cpp",
     "csrc/core/dtype.cpp",
 ]
 HEADERS = [
     "tests/cpp/cuda/sim_device.h",
     "csrc/cuda/ring_executor.h",
+    "csrc/cuda/direct_executor.h",
     "csrc/cuda/gpu_pipeline.h",
     "csrc/core/collectives.h",
+    "csrc/core/direct.h",
     "csrc/core/reduce_body.h",
     "csrc/core/one_shot_body.h",
     "csrc/core/reduce_dispatch.h",
@@ -84,6 +88,16 @@ def supported(dtype: torch.dtype, op: int) -> bool:
     if dtype in COMPLEX:
         return op == SUM
     return True
+
+
+class SimDirect(ctypes.Structure):
+    """RrSimDirect of tests/cpp/cuda/cuda_logic_capi.cpp: one rr_sim_direct run."""
+
+    _fields_ = [("nranks", ctypes.c_int), ("numel", ctypes.c_longlong), ("dtype", ctypes.c_int), ("op", ctypes.c_int),
+                ("accum_narrow", ctypes.c_int), ("wire_dtype", ctypes.c_int), ("predivide", ctypes.c_double),
+                ("extra_divisor", ctypes.c_int), ("segment_bytes", ctypes.c_longlong),
+                ("staging_bytes", ctypes.c_longlong), ("ncalls", ctypes.c_int), ("one_shot_mask", ctypes.c_ulonglong),
+                ("seed", ctypes.c_ulonglong), ("fault", ctypes.c_int)]
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +148,11 @@ def lib() -> ctypes.CDLL:
         ctypes.c_longlong, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int,
         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p, ctypes.c_int,
+    ]
+    lib.rr_sim_direct.restype = ctypes.c_int
+    lib.rr_sim_direct.argtypes = [
+        ctypes.POINTER(SimDirect), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_int,
     ]
     lib.rr_gpu_pipeline.restype = ctypes.c_int
     lib.rr_gpu_pipeline.argtypes = [
@@ -706,6 +725,126 @@ def test_one_shot_race_detector_and_faults(lib):
             caught += int(rc != 0 or any(not same_bits(o, outs[0][0]) for o in outs[0]) or
                           not torch.allclose(outs[0][0], torch.stack(ins[0]).sum(0), atol=1e-4))
         assert caught == 4, f"fault {fault} went unnoticed in {4 - caught} of 4 schedules"
+
+
+# ---------------------------------------------------------------------------------------------
+# The direct all-reduce (Note [Direct all-reduce], csrc/core/direct.h; Note [Direct rounds on
+# streams], csrc/cuda/direct_executor.h) on the simulated device
+
+
+def sim_direct(lib, *, inputs, op, one_shot_mask=0, narrow=False, wire=None, predivide=0.0, extra_divisor=1,
+               segment_bytes=64, staging_bytes=4096, seed=1, fault=0):
+    """Direct all-reduces back to back (call c the direct one-shot when bit c of one_shot_mask is set);
+    inputs: [call][rank]. Returns (rc, message, outputs [call][rank], hand-offs per rank)."""
+    ncalls, nranks = len(inputs), len(inputs[0])
+    numel, dtype = inputs[0][0].numel(), inputs[0][0].dtype
+    flat_in = [t for call in inputs for t in call]
+    outs = [torch.zeros(numel, dtype=dtype) for _ in flat_in]
+    in_ptrs = (ctypes.c_void_p * len(flat_in))(*[t.data_ptr() for t in flat_in])
+    out_ptrs = (ctypes.c_void_p * len(outs))(*[t.data_ptr() for t in outs])
+    hand_offs = (ctypes.c_int * nranks)()
+    err = ctypes.create_string_buffer(8192)
+    args = SimDirect(nranks, numel, DTYPES[dtype], op, int(narrow), DTYPES[wire] if wire else -1, float(predivide),
+                     int(extra_divisor), segment_bytes, staging_bytes, ncalls, one_shot_mask, seed, fault)
+    rc = lib.rr_sim_direct(ctypes.byref(args), in_ptrs, out_ptrs, hand_offs, err, len(err))
+    return rc, err.value.decode(), [outs[c * nranks:(c + 1) * nranks] for c in range(ncalls)], list(hand_offs)
+
+
+def direct_emulation(inputs, op, wire=None, factor=0.0, narrow=False):
+    """Note [Direct all-reduce] in torch ops: each contribution divided by `factor` (rounded to the
+    dtype; with a 16-bit `wire`, then rounded to it), added in rank order in float32 (float64 for
+    float64; rounded to the dtype after every step when `narrow`), the sum scaled once and rounded."""
+    dtype, n = inputs[0].dtype, len(inputs)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    f = torch.tensor(factor, dtype=acc) if factor else None
+
+    def enter(x):
+        c = (x.to(acc) / f).to(dtype) if f is not None else x
+        return c.to(wire).to(acc) if wire is not None else c.to(acc)
+
+    p = enter(inputs[0])
+    for x in inputs[1:]:
+        p = enter(x) + p
+        if narrow:
+            p = p.to(dtype).to(acc)
+    if op == AVG:
+        q = torch.tensor(float(n), dtype=acc)
+        p = p / (q / f if f is not None else q)
+    elif f is not None:
+        p = p * f
+    return p.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", SWEEP_DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_sim_direct_exact(lib, dtype):
+    """Every dtype and op, 2-5 ranks, counts around the chunk edges, tiny segments and staging (many
+    rounds, two in flight), the direct one-shot beside the exchange: the float64 reference, bitwise."""
+    runs = 0
+    for op_name, op in OPS.items():
+        if not supported(dtype, op):
+            continue
+        for nranks in (2, 3, 5):
+            for numel in (1, nranks - 1, nranks + 1, 37, 203):
+                if numel <= 0:
+                    continue
+                ins = [exact_inputs(dtype, op, nranks, numel, c) for c in range(2)]
+                rc, msg, outs, _ = sim_direct(lib, inputs=ins, op=op, one_shot_mask=0b10, seed=numel + nranks,
+                                              segment_bytes=16 if numel < 100 else 48, staging_bytes=2048)
+                label = f"{op_name} {dtype} n={nranks} numel={numel}"
+                assert rc == 0, f"{label}: {msg}"
+                check_results(dtype, op, ins, outs, label)
+                runs += 1
+    assert runs > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_sim_direct_is_the_rank_order(lib, dtype):
+    """Random data under random stream schedules: bitwise the rank order reproduced in torch (half types
+    in float32, rounded once; narrow: rounded per step; a float32 tensor's 16-bit wire rounding each
+    contribution), the one-shot giving the exchange's bits, every rank the same."""
+    gen = torch.Generator().manual_seed(3)
+    wires = (None, torch.bfloat16, torch.float16) if dtype == torch.float32 else (None,)
+    for n in (2, 3, 4):
+        for wire in wires:
+            for op, factor, narrow in ((SUM, 0.0, False), (AVG, 0.0, False), (AVG, 4.0, False), (SUM, 0.0, True)):
+                if narrow and dtype not in HALF:
+                    continue
+                numel = 1001
+                ins = [[(torch.randn(numel, generator=gen) * (r + 1)).to(dtype) for r in range(n)] for _ in range(3)]
+                mask = 0b010 if wire is None else 0  # a wire's pieces: never the one-shot (it moves the tensors)
+                rc, msg, outs, hand_offs = sim_direct(lib, inputs=ins, op=op, one_shot_mask=mask, narrow=narrow,
+                                                      wire=wire, predivide=factor, segment_bytes=96,
+                                                      staging_bytes=4096, seed=n * 7 + int(factor))
+                label = f"{dtype} n={n} op={op} wire={wire} f={factor} narrow={narrow}"
+                assert rc == 0, f"{label}: {msg}"
+                assert hand_offs == [len(ins)] * n, f"{label}: hand-offs {hand_offs}"  # one per call
+                for c, call in enumerate(ins):
+                    want = direct_emulation(call, op, wire, factor, narrow)
+                    for r, got in enumerate(outs[c]):
+                        assert same_bits(got, want), f"{label} call {c} rank {r}: {int((got != want).sum())} off"
+
+
+DIRECT_FAULTS = {
+    2: "the call does not wait for the caller's stream",
+    3: "the first plan wait on kCompute is dropped",
+    4: "one reduce writes one element off",
+    5: "the caller does not wait for the call",
+}
+
+
+@pytest.mark.parametrize("fault", sorted(DIRECT_FAULTS))
+def test_sim_direct_catches_broken_driver(lib, fault):
+    """Each deliberately broken interpreter decision fails the direct exchange too (else the simulator
+    proves nothing about it): a race, a wrong element or a caller reading early."""
+    gen = torch.Generator().manual_seed(8)
+    ins = [[torch.randn(301, generator=gen) for _ in range(3)]]
+    caught = 0
+    for seed in range(4):
+        rc, _, outs, _ = sim_direct(lib, inputs=ins, op=SUM, seed=seed, fault=fault, segment_bytes=64,
+                                    staging_bytes=1024)
+        want = direct_emulation(ins[0], SUM)
+        caught += int(rc != 0 or any(not same_bits(o, want) for o in outs[0]))
+    assert caught == 4, f"fault {fault} ({DIRECT_FAULTS[fault]}) went unnoticed in {4 - caught} of 4 schedules"
 
 
 def ring_emulation(inputs, op, wire=None, factor=0.0):

@@ -1,8 +1,9 @@
 """Half types in shared memory (Note [Half types in shared memory], csrc/cpu/shm_ring.h; docs/design.md
 section 1.5): float16/bfloat16 SUM and AVG accumulate in float32 and round once by default, so the
 result is the float64 sum of the inputs rounded once wherever the float32 sum is exact, bitwise the
-same on every rank; accum_dtype naming the tensor's own dtype keeps the ring's per-hop rounding, and
-gloo point-to-point (RINGREDUCE_SHM=0) keeps it by default.
+same on every rank; accum_dtype naming the tensor's own dtype keeps the ring's per-hop rounding. Over
+gloo point-to-point (RINGREDUCE_SHM=0) the default is the same: "auto" takes the direct all-reduce
+there (Note [Direct all-reduce], csrc/core/direct.h; tests/test_direct.py compares the bits).
 
 The data is position-dependent and finer than the partial sums' precision: 1 + k / 2^(m+1) (m the
 mantissa bits), rounded to the dtype, summed over up to 4 ranks: exact in float32, but a partial of
@@ -83,7 +84,7 @@ def _half_results(rank: int, ws: int, narrow: bool) -> list[str]:
                 once, hops = _once(stack, op), _per_hop(stack, rank, op)
                 # "shm", or "shm; node stages: ..." once a hierarchical call ran on the group
                 shm = C.transport_info(dist.group.WORLD, []).split(";")[0] == "shm"
-                want = hops if narrow or not shm else once
+                want = hops if narrow else once
                 if not torch.equal(t.view(torch.int16), want.view(torch.int16)):
                     off = int((t != want).sum())
                     failures.append(f"{name} {op} numel={numel} transport={'shm' if shm else 'tcp'} narrow={narrow}: "
@@ -107,7 +108,7 @@ def test_accum_dtype_of_the_tensor_keeps_per_hop_rounding_in_shared_memory():
 
 
 @pytest.mark.parametrize("ws", [3, 4])
-def test_gloo_point_to_point_keeps_per_hop_rounding_by_default(ws):
+def test_gloo_point_to_point_rounds_once_by_default(ws):
     res = run_ranks(ws, _half_results, False, transport="tcp", timeout=240)
     assert res[0] == [], "\n".join(res[0])
 

@@ -16,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "direct.h"
 #include "dtype.h"
 #include "frame.h"
 #include "functors.h"
@@ -43,9 +44,11 @@ struct CallOptions {
   FrameError local_error = FrameError::kNone;  // this rank refuses the call: frames only
   int32_t ntensors = 1;                // all_reduce_coalesced: tensors in the call
 
-  // The algorithm: one_shot (Note [One-shot all-reduce]; false for algorithm="ring"); local_size
-  // ranks per node for Note [Hierarchical all-reduce] (0: flat); on CPU node_order lists the ring's
-  // ranks node by node.
+  // The algorithm: direct (Note [Direct all-reduce] in direct.h: algorithm="direct", or "auto" for
+  // float16/bfloat16 SUM and AVG on a flat ring); one_shot (Note [One-shot all-reduce]; false for
+  // algorithm="ring"); local_size ranks per node for Note [Hierarchical all-reduce] (0: flat); on
+  // CPU node_order lists the ring's ranks node by node.
+  bool direct = false;
   bool one_shot = true;
   int32_t local_size = 0;
   std::vector<int> node_order;
@@ -93,11 +96,29 @@ struct CallOptions {
   }
   // Whether an all-reduce on a ring of `ring_size` ranks runs the hierarchical stages.
   bool hierarchical(int ring_size) const { return allReduce() && local_size > 1 && local_size < ring_size; }
+  // Whether an all-reduce runs the direct algorithm (Note [Direct all-reduce]).
+  bool directAllReduce() const { return direct && allReduce(); }
+  // The direct all-reduce of a tensor of `dtype` with these options, segments and staging left at
+  // their defaults (the GPU sets its own).
+  DirectOptions directOptions(DType dtype) const {
+    DirectOptions d;
+    d.op = op;
+    d.accum_narrow = accum_narrow;
+    d.wire_dtype = wire_dtype;
+    d.wire_gather16 = gather16(dtype);
+    d.pre_factor = predivide;
+    d.extra_divisor = extra_divisor;
+    d.max_segment_bytes = cpuSegmentBytes();
+    return d;
+  }
+  // Frame::algorithm of a CPU call: the flat ring 0, hierarchical L, direct kFrameAlgorithmDirect.
+  int32_t cpuFrameAlgorithm() const { return directAllReduce() ? kFrameAlgorithmDirect : local_size; }
 };
 
 // The agreement frame of a call with `o`, without its tensor (describeTensor) or rank and seq.
 // `segment_bytes`: the runtime's segment size (saturated at 2^31-1); `algorithm`: 0 the flat ring,
-// L hierarchical with L ranks per node, -1 the GPU one-shot.
+// L hierarchical with L ranks per node, -1 the GPU one-shot, kFrameAlgorithmDirect (direct.h) the
+// direct all-reduce, kFrameAlgorithmDirectOneShot the GPU's direct one-shot.
 inline Frame callFrame(const CallOptions& o, int64_t segment_bytes, int32_t algorithm) {
   Frame f;
   f.kind = static_cast<int32_t>(o.kind);

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "direct.h"
 #include "dtype.h"
 
 namespace rr {
@@ -69,6 +70,10 @@ std::string describeFrame(const Frame& f) {
   os << "(op=" << redOpName(static_cast<RedOp>(f.op)) << ", dtype=" << dtypeName(static_cast<DType>(f.dtype))
      << ", numel=" << f.numel << ", shape=" << shapeString(f)
      << ", device=" << (f.device_type == 1 ? "cuda" : "cpu");
+  if (f.algorithm > 0) os << ", algorithm=hierarchical (" << f.algorithm << " ranks per node)";
+  if (f.algorithm == -1) os << ", algorithm=ring (GPU one-shot)";
+  if (f.algorithm == kFrameAlgorithmDirect) os << ", algorithm=direct";
+  if (f.algorithm == kFrameAlgorithmDirectOneShot) os << ", algorithm=direct (GPU one-shot)";
   if (f.accum_float32 == 1) os << ", accum_dtype=float32";
   if (f.accum_float32 == 2) os << ", accum_dtype=" << dtypeName(static_cast<DType>(f.dtype));
   if (f.wire_dtype >= 0) {

@@ -15,6 +15,9 @@
 // on every later operand, and Plan::finalScaling at the last step. So it gives the ring's bits on
 // every rank (tests/test_cuda_logic.py compares both). With a 16-bit wire it still moves float32:
 // it reproduces the wire's rounding, not its bytes (latency, not bandwidth, is the cost here).
+// With chunk 0 every element starts at ring index 0: the rank order of the direct all-reduce (Note
+// [Direct all-reduce] in direct.h), whose rounds reduce their pieces with this body too, inputs of
+// T (a wire's 16-bit pieces) and results of D (the float32 tensor).
 #pragma once
 
 #include <type_traits>
@@ -32,13 +35,14 @@ struct OneShotArgs {
   void* dst;                         // may be this rank's own input (elementwise in place)
   int32_t n;
   int64_t count;
-  int64_t chunk;    // elements per chunk (RingSchedule::chunk)
+  int64_t chunk;    // elements per chunk (RingSchedule::chunk); 0: every element in rank order
   Scaling scaling;  // Plan::finalScaling; its predivide also divides every other contribution
 };
 
-// T: the tensor's storage type; P: the plan's partial type (T, float for half types with float32
-// partials, Half/BFloat16 for a float32 tensor with a 16-bit wire).
-template <typename T, typename P, RedOp op>
+// T: the inputs' storage type (the tensor's, or a direct all-reduce's 16-bit wire); P: the partial
+// type (T, float for half types with float32 partials, Half/BFloat16 for a float32 tensor with the
+// ring's 16-bit wire); D: the result's type (T, or float for a direct wire's pieces).
+template <typename T, typename P, RedOp op, typename D = T>
 struct OneShotBody {
   // Float32 partials of a half type start narrow: the ring's first hop sends the tensor's elements
   // and the first reduce widens; a 16-bit wire's first hop sends the converted partial.
@@ -47,12 +51,12 @@ struct OneShotBody {
   using First = typename std::conditional<kWidening, T, P>::type;
 
   // The finished value of element i.
-  RR_HD_INLINE static T element(const OneShotArgs& a, int64_t i) {
+  RR_HD_INLINE static D element(const OneShotArgs& a, int64_t i) {
     const int n = a.n;
     int c = a.chunk > 0 ? static_cast<int>(i / a.chunk) : 0;
     if (c >= n) c = n - 1;
     const T x0 = static_cast<const T*>(a.in[c])[i];
-    if (n == 1) return x0;
+    if (n == 1) return ConvertStep<T, D>::apply(x0, 0);
     // Note [First hop]: the ring converts when the partial type differs or a predivide factor is set.
     First first;
     if constexpr (std::is_same<First, T>::value) {
@@ -61,7 +65,7 @@ struct OneShotBody {
       first = ConvertStep<T, First>::apply(x0, a.scaling.predivide);
     }
     const T x1 = static_cast<const T*>(a.in[(c + 1) % n])[i];
-    if (n == 2) return ReduceStep<T, First, T, op>::apply(x1, first, a.scaling);
+    if (n == 2) return ReduceStep<T, First, D, op>::apply(x1, first, a.scaling);
     Scaling hop;  // the hops between: only the predivide of the local operand
     hop.predivide = a.scaling.predivide;
     P partial = ReduceStep<T, First, P, op>::apply(x1, first, hop);
@@ -70,12 +74,12 @@ struct OneShotBody {
       partial = ReduceStep<T, P, P, op>::apply(xk, partial, hop);
     }
     const T xl = static_cast<const T*>(a.in[(c + n - 1) % n])[i];
-    return ReduceStep<T, P, T, op>::apply(xl, partial, a.scaling);
+    return ReduceStep<T, P, D, op>::apply(xl, partial, a.scaling);
   }
 
   // The elements of [0, count) that belong to `thread` of `nthreads` (grid-stride).
   RR_HD_INLINE static void run(const OneShotArgs& a, int64_t thread, int64_t nthreads) {
-    T* dst = static_cast<T*>(a.dst);
+    D* dst = static_cast<D*>(a.dst);
     for (int64_t i = thread; i < a.count; i += nthreads) dst[i] = element(a, i);
   }
 };

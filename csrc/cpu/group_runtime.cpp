@@ -1,5 +1,6 @@
 #include "group_runtime.h"
 
+#include "direct_exchange.h"
 #include "host_reduce.h"
 
 #include <algorithm>
@@ -210,39 +211,43 @@ std::vector<RingStage> GroupRuntime::stagesFor(const CallOptions& opt, const Cal
 
 // Note [Staging slots] in plan.h. Slots grow and are kept for later calls; when keeping them would
 // take the staging past kStagingCapBytes (auto slot counts differ by size), they are reallocated to
-// exactly what this plan needs.
-RingBuffers GroupRuntime::ringBuffers(const Plan& plan, void* data, int64_t lead_room) {
-  RingBuffers bufs;
-  bufs.data = data;
-  const int64_t each = plan.slotBytes();
-  auto need = [&](size_t k) { return k == 0 ? std::max(each, lead_room) : each; };
-  const size_t count = static_cast<size_t>(plan.num_slots);
+// exactly what this call needs.
+void GroupRuntime::growSlots(const std::vector<int64_t>& need) {
+  const size_t count = need.size();
   int64_t kept = 0;   // bytes after growing in place
-  int64_t exact = 0;  // bytes this plan needs (more than the cap only with RINGREDUCE_SLOTS set)
+  int64_t exact = 0;  // bytes this call needs (more than the cap only with RINGREDUCE_SLOTS set)
   for (size_t k = 0; k < std::max(count, slots_.size()); ++k) {
     const int64_t have = k < slot_sizes_.size() ? slot_sizes_[k] : 0;
-    kept += k < count ? std::max(have, need(k)) : have;
-    exact += k < count ? need(k) : 0;
+    kept += k < count ? std::max(have, need[k]) : have;
+    exact += k < count ? need[k] : 0;
   }
   const bool reset = kept > std::max(kStagingCapBytes, exact);
   bool grow = reset || slots_.size() < count;
-  for (size_t k = 0; !grow && k < count; ++k) grow = slot_sizes_[k] < need(k);
-  if (grow) {
-    std::lock_guard<std::mutex> g(mu_);
-    if (reset) {
-      slots_.clear();
-      slot_sizes_.clear();
-    }
-    if (slots_.size() < count) {
-      slots_.resize(count);
-      slot_sizes_.resize(count, 0);
-    }
-    for (size_t k = 0; k < count; ++k) {
-      if (slot_sizes_[k] >= need(k)) continue;
-      slots_[k].reset(new char[static_cast<size_t>(need(k))]);
-      slot_sizes_[k] = need(k);
-    }
+  for (size_t k = 0; !grow && k < count; ++k) grow = slot_sizes_[k] < need[k];
+  if (!grow) return;
+  std::lock_guard<std::mutex> g(mu_);
+  if (reset) {
+    slots_.clear();
+    slot_sizes_.clear();
   }
+  if (slots_.size() < count) {
+    slots_.resize(count);
+    slot_sizes_.resize(count, 0);
+  }
+  for (size_t k = 0; k < count; ++k) {
+    if (slot_sizes_[k] >= need[k]) continue;
+    slots_[k].reset(new char[static_cast<size_t>(need[k])]);
+    slot_sizes_[k] = need[k];
+  }
+}
+
+RingBuffers GroupRuntime::ringBuffers(const Plan& plan, void* data, int64_t lead_room) {
+  RingBuffers bufs;
+  bufs.data = data;
+  const size_t count = static_cast<size_t>(plan.num_slots);
+  std::vector<int64_t> need(count, plan.slotBytes());
+  if (count > 0) need[0] = std::max(need[0], lead_room);
+  growSlots(need);
   for (size_t k = 0; k < count; ++k) {
     bufs.slots.push_back(slots_[k].get());
     bufs.slot_room.push_back(slot_sizes_[k]);
@@ -256,6 +261,12 @@ RingBuffers GroupRuntime::ringBuffers(const Plan& plan, void* data, int64_t lead
     bufs.accum = accum_.data();
   }
   return bufs;
+}
+
+void GroupRuntime::ensureScratch() {
+  if (scratch_.size() * sizeof(float) >= kReduceInOrderScratchBytes) return;
+  std::lock_guard<std::mutex> g(mu_);
+  scratch_.resize(kReduceInOrderScratchBytes / sizeof(float));
 }
 
 void GroupRuntime::retireLeading(const std::vector<int>& slots, int tag_group) {
@@ -334,15 +345,22 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
     if (p != rank_) sent_[ring_.ranks[static_cast<size_t>(p)]].fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
   // Chunk c in the ring's order: rank c's elements first, then c + 1's, ... (the chunks depend on
   // (n, numel, element size) alone: Note [Chunk ownership]).
+  ensureScratch();
+  std::vector<const void*> inputs(static_cast<size_t>(size_));
+  if (opt.directAllReduce()) {  // Note [Direct all-reduce]: every element in rank order
+    for (int p = 0; p < size_; ++p)
+      inputs[static_cast<size_t>(p)] = p == rank_ ? buf.data : static_cast<const void*>(frames_.payload(p));
+    hostReduceInOrder(directInOrder(buf.dtype, size_, opt.directOptions(buf.dtype)), inputs, buf.data, buf.numel,
+                      scratch_.data());
+    call.body->finish(rank_, size_);
+    timing.ring_us = usSince(reduced);
+    transport_->callDone();
+    return;
+  }
   const RingSchedule sched = makeRingSchedule(size_, buf.numel, static_cast<int64_t>(elem), static_cast<int64_t>(elem),
                                               opt.cpuSegmentBytes());
-  if (scratch_.size() * sizeof(float) < kReduceInOrderScratchBytes) {
-    std::lock_guard<std::mutex> g(mu_);
-    scratch_.resize(kReduceInOrderScratchBytes / sizeof(float));
-  }
   const DType partial = opt.partial(buf.dtype, size_);
   const Scaling final = opt.flatFinalScaling(buf.dtype, size_, partial);
-  std::vector<const void*> inputs(static_cast<size_t>(size_));
   for (int c = 0; c < size_; ++c) {
     const Range range = sched.chunkRange(c);
     if (range.size() <= 0) continue;
@@ -357,6 +375,24 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
   }
   call.body->finish(rank_, size_);
   timing.ring_us = usSince(reduced);
+  transport_->callDone();
+}
+
+void GroupRuntime::runDirect(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing) {
+  const Clock::time_point started = Clock::now();
+  DirectOptions d = call.opt.directOptions(buf.dtype);
+  d.staging_bytes = kAutoStagingBytes;  // the ring's bound (Note [Staging slots])
+  const DirectPlan plan = buildDirectPlan(size_, rank_, buf.numel, buf.dtype, d);
+  growSlots(std::vector<int64_t>(static_cast<size_t>(plan.numBuffers()), plan.buffer_bytes));
+  ensureScratch();
+  DirectBuffers b;
+  b.data = buf.data;
+  for (int k = 0; k < plan.numBuffers(); ++k) b.buffers.push_back(slots_[static_cast<size_t>(k)].get());
+  b.scratch = scratch_.data();
+  RankMapTransport t(payload_, ring_.ranks, rank_);
+  executeDirect(plan, t, b, payloadTag(tag_group, 0), payloadTag(tag_group, 1));
+  call.body->finish(rank_, size_);
+  timing.ring_us = usSince(started);
   transport_->callDone();
 }
 
@@ -448,11 +484,13 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
   const CallOptions& opt = call.opt;
   const Clock::time_point started = Clock::now();
   Frame mine = frameOf(call);
-  const bool flat = !refused && opt.allReduce() && !opt.hierarchical(size_);
+  const bool direct = !refused && opt.directAllReduce();
+  const bool flat = !refused && opt.allReduce() && (direct || !opt.hierarchical(size_));
   // Note [Shared-memory 16-bit wire]: larger float32 all-reduces with a 16-bit wire run the ring.
   // Note [Half types in shared memory]: half-type sums accumulate in float32 by default.
   const DType partial = flat ? opt.shmPartial(buf.dtype, size_) : buf.dtype;
-  const bool wire_ring = flat && buf.dtype == DType::kFloat32 && isHalfType(partial) && ShmRing::wireRingPays(buf.numel);
+  const bool wire_ring = flat && !direct && buf.dtype == DType::kFloat32 && isHalfType(partial) &&
+                         ShmRing::wireRingPays(buf.numel);
   const std::vector<Frame> frames =
       shm_->begin(mine, flat && !wire_ring ? buf.data : nullptr, buf.numel, buf.dtype);
   timing.check_us = usSince(started);
@@ -475,7 +513,10 @@ void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused,
   }
   const Clock::time_point reduced = Clock::now();
   const Scaling final = opt.flatFinalScaling(buf.dtype, size_, partial);
-  if (wire_ring) {
+  if (direct) {  // Note [Direct all-reduce]: every element in rank order, as over gloo
+    shm_->allReduce(buf.data, buf.numel, directInOrder(buf.dtype, size_, opt.directOptions(buf.dtype)),
+                    /*rank_order=*/true);
+  } else if (wire_ring) {
     shm_->allReduceWire(static_cast<float*>(buf.data), buf.numel, opt.op, partial, final);
   } else {
     shm_->allReduce(buf.data, buf.numel, buf.dtype, opt.op, partial, final);
@@ -549,6 +590,7 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
       return;
     }
     std::vector<RingStage> stages;
+    const bool direct = !refused && opt.directAllReduce();
     if (!refused) {
       const int64_t bytes = buf.numel * static_cast<int64_t>(dtypeSize(buf.dtype));
       if (opt.check && opt.one_shot && opt.allReduce() && !opt.hierarchical(size_) && frames_.payloadRoom() > 0 &&
@@ -557,7 +599,7 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
         runOneShot(call, buf, tag_group, timing);
         return;
       }
-      stages = stagesFor(opt, buf);
+      if (!direct) stages = stagesFor(opt, buf);
     }
     // Note [Receives before the verdict]: a checked flat all-reduce over the whole group posts its
     // first payload receive (and sends its first segment) before it waits for the frames.
@@ -580,6 +622,10 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
       checkFrames(call, mine, tag_group, started, timing, lead.get(), lead_slots);
     }
     RR_CHECK(!refused, kRuntime, "ringreduce: call #", call.seq, " refused on this rank");
+    if (direct) {
+      runDirect(call, buf, tag_group, timing);
+      return;
+    }
     runStages(call, buf, stages, tag_group, lead.get(), timing);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kBackend) {

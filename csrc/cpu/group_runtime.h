@@ -81,7 +81,8 @@ constexpr std::chrono::microseconds kWorkerSpin{10};
 // segments still cover the ring) sends its tensor inside its frame message (Note [Payload in the
 // frame message] in agreement.h); once the frames agree every rank reduces the n tensors chunk by
 // chunk in the ring's order (hostReduceInOrder with the plan's partial type and final Scaling), so
-// the result is bitwise the ring's. It moves (n - 1) S bytes per rank instead of 2 (n - 1) / n S,
+// the result is bitwise the ring's; a direct all-reduce's (Note [Direct all-reduce] in
+// csrc/core/direct.h) reduces every element in rank order, as the direct exchange does. It moves (n - 1) S bytes per rank instead of 2 (n - 1) / n S,
 // hence thresholds falling with n (docs/performance.md).
 constexpr int64_t oneShotBytes(int ranks) { return ranks <= 2 ? 1 << 20 : ranks <= 8 ? 64 << 10 : 32 << 10; }
 
@@ -168,6 +169,8 @@ class GroupRuntime {
   std::vector<RingStage> stagesFor(const CallOptions& opt, const CallBuffer& buf) const;
   // Staging sized for `plan`; slot 0 with room for at least lead_room bytes.
   RingBuffers ringBuffers(const Plan& plan, void* data, int64_t lead_room);
+  // Staging slots 0 .. need.size() - 1 with at least need[k] bytes each (Note [Staging slots]).
+  void growSlots(const std::vector<int64_t>& need);
   // A call that failed its check after posting leading receives (Note [Receives before the verdict]):
   // those slots are kept forever and the call's tag group is retired (Note [Retired tag groups]).
   void retireLeading(const std::vector<int>& slots, int tag_group);
@@ -205,6 +208,9 @@ class GroupRuntime {
   void runNodePieces(const Call& call, const CallBuffer& buf, int64_t pieces, ShmRing* node, int tag_group);
   // Note [One-shot all-reduce]: the frames carry the tensors; then every rank reduces them.
   void runOneShot(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing);
+  // Note [Direct all-reduce] (csrc/core/direct.h) over gloo point-to-point, after the frames agreed.
+  void runDirect(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing);
+  void ensureScratch();  // scratch_ holds kReduceInOrderScratchBytes
 
   std::unique_ptr<Transport> transport_;
   std::chrono::milliseconds default_timeout_;
@@ -236,7 +242,7 @@ class GroupRuntime {
   std::vector<std::unique_ptr<char[]>> slots_;
   std::vector<int64_t> slot_sizes_;  // bytes of each slot
   std::vector<float> accum_;
-  std::vector<float> scratch_;  // one-shot partials: kReduceInOrderScratchBytes
+  std::vector<float> scratch_;  // one-shot and direct partials: kReduceInOrderScratchBytes
   // Note [Failed calls keep their buffers]: slots a late message may still land in (under mu_),
   // freed once the transport is closed (Note [Releasing a ring's buffers]).
   std::vector<std::unique_ptr<char[]>> kept_;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../core/direct.h"
 #include "../core/dtype.h"
 #include "../core/functors.h"
 
@@ -27,5 +28,10 @@ constexpr int64_t kReduceInOrderBlock = 8192;
 constexpr size_t kReduceInOrderScratchBytes = 2 * kReduceInOrderBlock * 16;  // widest element: complex128
 void hostReduceInOrder(DType dtype, DType partial, RedOp op, const std::vector<const void*>& inputs, void* dst,
                        int64_t count, const Scaling& scaling, void* scratch);
+// The same for any InOrderReduce (csrc/core/direct.h): inputs of r.dtype, each first rounded to
+// r.round_to (after r.scaling's predivide, which the steps then leave out) where that differs, the
+// result stored as r.dst.
+void hostReduceInOrder(const InOrderReduce& r, const std::vector<const void*>& inputs, void* dst, int64_t count,
+                       void* scratch);
 
 }  // namespace rr

@@ -217,10 +217,16 @@ std::vector<Frame> ShmRing::begin(const Frame& mine, const void* data, int64_t n
 // Elements [begin, end) of the piece that starts at element `piece_offset` of the tensor, combined
 // over the ranks' buffers of `parity` in the ring's order of their chunk, into dst (dst[0] is the
 // piece's element 0).
-void ShmRing::reducePart(int64_t begin, int64_t end, int64_t piece_offset, int parity, void* dst, DType dtype,
-                         RedOp op, DType partial, const Scaling& final, const RingSchedule& sched) {
-  const size_t elem = dtypeSize(dtype);
+void ShmRing::reducePart(int64_t begin, int64_t end, int64_t piece_offset, int parity, void* dst,
+                         const InOrderReduce& how, bool rank_order, const RingSchedule& sched) {
+  const size_t elem = dtypeSize(how.dtype);
   std::vector<const void*> inputs(static_cast<size_t>(size_));
+  if (rank_order) {
+    const size_t off = static_cast<size_t>(begin) * elem;
+    for (int j = 0; j < size_; ++j) inputs[static_cast<size_t>(j)] = buffer(j, parity) + off;
+    if (end > begin) hostReduceInOrder(how, inputs, static_cast<char*>(dst) + off, end - begin, scratch_.data());
+    return;
+  }
   int64_t lo = begin;
   while (lo < end) {
     const int64_t global = piece_offset + lo;
@@ -230,13 +236,24 @@ void ShmRing::reducePart(int64_t begin, int64_t end, int64_t piece_offset, int p
     // Chunk c starts at the rank after its owner (ownedChunk(r) = r + 1 + shift): c - shift.
     const int first = ((c - sched.shift) % size_ + size_) % size_;
     for (int j = 0; j < size_; ++j) inputs[static_cast<size_t>(j)] = buffer((first + j) % size_, parity) + off;
-    hostReduceInOrder(dtype, partial, op, inputs, static_cast<char*>(dst) + off, hi - lo, final, scratch_.data());
+    hostReduceInOrder(how, inputs, static_cast<char*>(dst) + off, hi - lo, scratch_.data());
     lo = hi;
   }
 }
 
 void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, DType partial, const Scaling& final) {
+  InOrderReduce how;
+  how.dtype = how.round_to = how.dst = dtype;
+  how.partial = partial;
+  how.op = op;
+  how.scaling = final;
+  allReduce(data, numel, how, /*rank_order=*/false);
+}
+
+void ShmRing::allReduce(void* data, int64_t numel, const InOrderReduce& how, bool rank_order) {
   if (numel <= 0) return;
+  const DType dtype = how.dtype;
+  const DType partial = how.partial;
   const size_t elem = dtypeSize(dtype);
   const int64_t per_piece = static_cast<int64_t>(kShmBufferBytes / elem);
   RR_CHECK(first_piece_ == std::min(numel, per_piece), kRuntime,
@@ -254,14 +271,14 @@ void ShmRing::allReduce(void* data, int64_t numel, DType dtype, RedOp op, DType 
     }
     if (size_ == 2 || static_cast<size_t>(len) * elem <= kShmFullPieceBytes) {
       // Full: every rank reduces the whole piece into its own tensor.
-      reducePart(0, len, offset, parity, out + static_cast<size_t>(offset) * elem, dtype, op, partial, final, sched);
+      reducePart(0, len, offset, parity, out + static_cast<size_t>(offset) * elem, how, rank_order, sched);
       continue;
     }
     // Split: rank r reduces part r into its buffer; after the barrier everyone copies every part out.
     const int64_t part = (len + size_ - 1) / size_;
     const int64_t mine_lo = std::min(len, part * rank_);
     const int64_t mine_hi = std::min(len, mine_lo + part);
-    reducePart(mine_lo, mine_hi, offset, parity, buffer(rank_, parity), dtype, op, partial, final, sched);
+    reducePart(mine_lo, mine_hi, offset, parity, buffer(rank_, parity), how, rank_order, sched);
     barrier();
     for (int p = 0; p < size_; ++p) {
       const int64_t lo = std::min(len, part * p);
@@ -352,8 +369,13 @@ void ShmRing::reduceScatter(void* data, DType dtype, RedOp op, const RingSchedul
     barrier();
     const int64_t lo = std::max<int64_t>(mine.begin, offset) - offset;
     const int64_t hi = std::min<int64_t>(mine.end, offset + len) - offset;
-    if (hi > lo)
-      reducePart(lo, hi, offset, parity, out + static_cast<size_t>(offset) * elem, dtype, op, dtype, final, sched);
+    if (hi > lo) {
+      InOrderReduce how;
+      how.dtype = how.round_to = how.partial = how.dst = dtype;
+      how.op = op;
+      how.scaling = final;
+      reducePart(lo, hi, offset, parity, out + static_cast<size_t>(offset) * elem, how, /*rank_order=*/false, sched);
+    }
   }
 }
 

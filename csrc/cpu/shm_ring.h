@@ -81,6 +81,10 @@ class ShmRing {
   // reduction, in place, with partials of `partial` between hops (partialDType, plan.h) and `final`
   // the last hop's scaling (finalScaling, functors.h).
   void allReduce(void* data, int64_t numel, DType dtype, RedOp op, DType partial, const Scaling& final);
+  // The same with any in-order reduction of the ranks' elements (`how.dtype`: the tensor's), each
+  // element's contributions combined in the ring's order of its chunk or, with `rank_order`, in rank
+  // order 0 .. n - 1 (Note [Direct all-reduce] in csrc/core/direct.h: the direct exchange's bits).
+  void allReduce(void* data, int64_t numel, const struct InOrderReduce& how, bool rank_order);
   // Note [Shared-memory 16-bit wire]: after begin() without data; bitwise allReduce's result.
   void allReduceWire(float* data, int64_t numel, RedOp op, DType partial, const Scaling& final);
   // Whether allReduceWire pays off for `numel` float32 elements (else allReduce emulates the hops).
@@ -101,8 +105,8 @@ class ShmRing {
   void barrier();
   // Marks this rank as gone from the ring (peers raise at their next liveness poll) and throws.
   [[noreturn]] void leave(const std::string& why);
-  void reducePart(int64_t begin, int64_t end, int64_t piece_offset, int parity, void* dst, DType dtype, RedOp op,
-                  DType partial, const Scaling& final, const struct RingSchedule& sched);
+  void reducePart(int64_t begin, int64_t end, int64_t piece_offset, int parity, void* dst,
+                  const struct InOrderReduce& how, bool rank_order, const struct RingSchedule& sched);
 
   ShmMapping map_;
   bool owns_mapping_;

@@ -7,14 +7,14 @@ namespace rr {
 
 namespace {
 
-// The call's frame (callFrame); a refusal's (`req` null) carries only the kind, op and error.
+// The call's frame (callFrame) with `algorithm` (its Frame::algorithm); a refusal's (`req` null)
+// carries only the kind, op and error.
 Frame makeFrame(const CudaCallRequest* req, CallKind kind, RedOp op, int error, int rank, uint64_t seq,
-                bool one_shot = false) {
+                int32_t algorithm = 0) {
   Frame f;
   if (req != nullptr && error == 0) {
-    // One-shot: -1 (ranks whose thresholds differ would otherwise pair a one-shot group with ring
-    // exchanges). The segment is the pipeline's override: ranks must agree on it.
-    f = callFrame(req->options, req->options.segment_bytes, one_shot ? -1 : req->options.local_size);
+    // The segment is the pipeline's override: ranks must agree on it.
+    f = callFrame(req->options, req->options.segment_bytes, algorithm);
     describeTensor(f, req->dtype, req->numel, req->shape, 1);
   }
   f.rank = rank;
@@ -32,12 +32,19 @@ void agree(CudaRing& ring, const Frame& mine, const RingMembers& members, const 
   if (!verdict.empty()) throw Error(ErrorKind::kRuntime, verdict);
 }
 
-const char* nameOf(const CudaCallRequest& req, bool hier) {
+const char* nameOf(const CudaCallRequest& req, bool hier, bool direct) {
   switch (req.options.kind) {
     case CallKind::kReduceScatter: return "reduce-scatter";
     case CallKind::kAllGather: return "all-gather";
-    default: return hier ? "hierarchical all-reduce" : "all-reduce";
+    default: return direct ? "direct all-reduce" : hier ? "hierarchical all-reduce" : "all-reduce";
   }
+}
+
+// Frame::algorithm: ranks whose one-shot thresholds differ would otherwise pair a one-shot group with
+// ring (or direct) exchanges, and a direct call's arithmetic differs from the ring's.
+int32_t frameAlgorithm(bool direct, bool one_shot, int32_t local_size) {
+  if (direct) return one_shot ? kFrameAlgorithmDirectOneShot : kFrameAlgorithmDirect;
+  return one_shot ? -1 : local_size;
 }
 
 }  // namespace
@@ -50,8 +57,9 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   const bool gather = opt.kind == CallKind::kAllGather;
   const RingMembers rm = resolveRing(req.members, ring.size(), ring.rank());
   const int n = rm.size();
-  const bool hier = !scatter && !gather && opt.local_size > 1 && opt.local_size < n;
-  const std::string what = nameOf(req, hier);
+  const bool direct = opt.directAllReduce();  // Note [Direct all-reduce] (csrc/core/direct.h)
+  const bool hier = !scatter && !gather && !direct && opt.local_size > 1 && opt.local_size < n;
+  const std::string what = nameOf(req, hier, direct);
   ring.checkNotCapturing(req.caller, what);  // 1
   const RedOp op = gather ? RedOp::kSum : opt.op;
   checkSupported(req.dtype, op);  // 2
@@ -64,6 +72,8 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   }
   RR_CHECK(!hier || n % opt.local_size == 0, kValue, "ringreduce: hierarchical all-reduce over ", n,
            " ranks needs equal nodes, got ", opt.local_size, " ranks per node");
+  RR_CHECK(!direct || n <= kOneShotMaxRanks, kValue, "ringreduce: the direct all-reduce on GPUs runs on up to ",
+           kOneShotMaxRanks, " ranks, got ", n, "; use algorithm=\"ring\"");
   RR_CHECK(!opt.wire_dtype || (!hier && !scatter && !gather), kValue,
            "ringreduce: a 16-bit wire (wire_dtype) runs on the flat all-reduce ring only");
   RR_CHECK(!opt.wire_gather16, kValue,
@@ -72,11 +82,14 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   const std::vector<int> key = ringKey(req.members, ring.size());
   const int64_t bytes = req.numel * static_cast<int64_t>(dtypeSize(req.dtype));
   // No one-shot on the simplest path (Note [NCCL versions, environment and the simplest path]).
+  // A direct all-reduce with a wire sends its 16-bit pieces: the one-shot would move float32 tensors.
   const bool one_shot = !scatter && !gather && !hier && opt.one_shot && !ring.comm().simplePath() &&
-                        n <= kOneShotMaxRanks &&
+                        n <= kOneShotMaxRanks && !(direct && opt.wire_dtype) &&
                         bytes <= gpuOneShotBytes(n, ring.stagingBytes(), knobs);
   if (opt.check) {
-    agree(ring, makeFrame(&req, opt.kind, op, 0, ring.rank(), ring.nextSeq(key), one_shot), rm, req.group_name);  // 3
+    agree(ring, makeFrame(&req, opt.kind, op, 0, ring.rank(), ring.nextSeq(key),
+                          frameAlgorithm(direct, one_shot, opt.local_size)),
+          rm, req.group_name);  // 3
   }
   if (req.numel == 0 || n == 1) {  // 4
     if (req.numel > 0 && buf.trivial) buf.trivial();
@@ -85,6 +98,15 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   // 5. The working buffer, in the stages' dtype (stagesDType: a float32 copy for hierarchical + accum).
   const DType wdtype = stagesDType(req.dtype, hier, opt.accum_float32);
   void* data = buf.data(wdtype, rm.index);
+  if (direct) {
+    const DirectOptions d = ring.directOptions(opt.directOptions(req.dtype), opt.segment_bytes);
+    if (buf.protect) buf.protect();  // 6
+    if (one_shot)  // the direct exchange's bits in one group (Note [GPU one-shot all-reduce])
+      return ring.enqueueOneShot(rm, directOneShotLaunch(n, req.numel, directInOrder(req.dtype, n, d)), data, key,
+                                 what, req.caller, !req.async_op, buf.epilogue);  // 7
+    return ring.enqueueDirect(buildDirectPlan(n, rm.index, req.numel, req.dtype, d), rm, data, key, what, req.caller,
+                              !req.async_op, buf.epilogue);  // 7
+  }
   const bool partials32 = opt.accum_float32 && !hier && !scatter && !gather;
   PlanOptions base = ring.planOptions(op, partials32, n, gather ? req.out_numel : req.numel, wdtype, knobs);
   // Note [Reduction contract] (csrc/core/functors.h): the wire, the predivide factor, the divisor.
@@ -94,8 +116,8 @@ std::shared_ptr<CudaWork> runCudaCall(CudaRing& ring, const CudaCallRequest& req
   if (one_shot) {
     // The flat ring's arithmetic, wire and scaling included (Note [GPU one-shot all-reduce]).
     if (buf.protect) buf.protect();  // 6
-    return ring.enqueueOneShot(rm, req.numel, wdtype, op, base, data, key, what, req.caller, !req.async_op,  // 7
-                               buf.epilogue);
+    return ring.enqueueOneShot(rm, ringOneShotLaunch(n, req.numel, wdtype, op, base), data, key, what, req.caller,
+                               !req.async_op, buf.epilogue);  // 7
   }
   std::vector<RingStage> stages;
   if (scatter) {

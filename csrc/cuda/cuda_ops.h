@@ -9,7 +9,8 @@
 //   5. the working buffers (made by the torch layer on the caller's stream), the stages;
 //   6. protect(): every buffer the internal streams touch is recordStream'ed BEFORE anything is
 //      enqueued, so a half-enqueued failure cannot free a block drained kernels still write;
-//   7. CudaRing::enqueue(), or enqueueOneShot() up to gpuOneShotBytes().
+//   7. CudaRing::enqueue(), enqueueDirect() (Note [Direct all-reduce] in csrc/core/direct.h), or
+//      enqueueOneShot() up to gpuOneShotBytes().
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -5,6 +5,7 @@
 
 #include "../core/agreement.h"
 #include "cuda_check.h"
+#include "direct_executor.h"
 #include "host_interrupt.h"
 #include "nccl_frame_transport.h"
 #include "one_shot_kernels.cuh"
@@ -186,15 +187,15 @@ class CudaBackend final : public DeviceBackend {
                           launch == Launch::kHandOff);
   }
 
-  void group(const std::vector<PeerOp>& ops) override {
+  void group(const std::vector<PeerOp>& ops, Launch launch) override {
     enqueued_ = true;
     startTimer(lane_->comm_stream);
-    lane_->comm->group(ops, lane_->comm_stream, /*hand_off=*/true);
+    lane_->comm->group(ops, lane_->comm_stream, launch == Launch::kHandOff);
   }
 
   void reduceInOrder(const OneShotLaunch& l) override {
     enqueued_ = true;
-    launchOneShotReduce(l.dtype, l.partial, l.op, l.args, lane_->compute_stream);
+    launchOneShotReduce(l, lane_->compute_stream);
   }
 
   void reduce(const ReduceLaunch& l) override {
@@ -414,20 +415,49 @@ std::shared_ptr<CudaWork> CudaRing::enqueue(const std::vector<RingStage>& stages
                 [&](DeviceBackend& be) { enqueueRingStages(stages, buffers, be, caller_waits); });
 }
 
-std::shared_ptr<CudaWork> CudaRing::enqueueOneShot(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
-                                                   const PlanOptions& options, void* data, const std::vector<int>& ring_key,
-                                                   const std::string& what, cudaStream_t caller, bool caller_waits,
+std::shared_ptr<CudaWork> CudaRing::enqueueOneShot(const RingMembers& ring, const OneShotLaunch& launch, void* data,
+                                                   const std::vector<int>& ring_key, const std::string& what,
+                                                   cudaStream_t caller, bool caller_waits,
                                                    const std::function<void()>& epilogue) {
   checkNotCapturing(caller, what);
   std::lock_guard<std::mutex> lock(call_mu_);
   checkOpen();
   RR_CHECK(ring.index >= 0 && ring.index < ring.size() && ring.ranks[static_cast<size_t>(ring.index)] == rank(),
            kRuntime, "ringreduce internal error: a one-shot ring that does not hold this rank");
-  const int64_t bytes = numel * static_cast<int64_t>(dtypeSize(dtype));
+  const int64_t bytes = launch.args.count * static_cast<int64_t>(dtypeSize(launch.dtype));
   DeviceBuffers buffers = layOut(data, roundUp(std::max<int64_t>(bytes, 1), 256), ring.size() - 1);
   return submit(ring_key, what, caller, epilogue, /*ops=*/12, [&](DeviceBackend& be) {
-    rr::enqueueOneShot(ring.ranks, ring.index, numel, dtype, op, options, buffers, be, caller_waits);
+    rr::enqueueOneShot(ring.ranks, ring.index, launch, buffers, be, caller_waits);
   });
+}
+
+DirectOptions CudaRing::directOptions(DirectOptions base, int64_t segment_bytes) const {
+  base.staging_bytes = staging_bytes_;
+  base.buffer_align = 256;  // 16-byte aligned vector loads in every buffer
+  base.max_segment_bytes = segment_bytes > 0 ? segment_bytes : staging_bytes_;
+  base.gather_into_data = true;
+  base.wire_gather16 = false;  // the GPU all-gather moves the tensor's type (cuda_ops.cpp refuses 16)
+  return base;
+}
+
+std::shared_ptr<CudaWork> CudaRing::enqueueDirect(const DirectPlan& plan, const RingMembers& ring, void* data,
+                                                  const std::vector<int>& ring_key, const std::string& what,
+                                                  cudaStream_t caller, bool caller_waits,
+                                                  const std::function<void()>& epilogue) {
+  checkNotCapturing(caller, what);
+  std::lock_guard<std::mutex> lock(call_mu_);
+  checkOpen();
+  RR_CHECK(ring.size() == plan.nranks && ring.index == plan.rank &&
+               ring.ranks[static_cast<size_t>(ring.index)] == rank(),
+           kRuntime, "ringreduce internal error: a direct plan for ring index ", plan.rank, " of ", plan.nranks,
+           " on a ring that does not place this rank there");
+  DirectCall call;
+  call.plan = &plan;
+  call.members = ring.ranks;
+  call.buffers = layOut(data, plan.buffer_bytes, plan.numBuffers());
+  call.caller_waits = caller_waits;
+  return submit(ring_key, what, caller, epilogue, directQueuedOps(plan),
+                [&](DeviceBackend& be) { rr::enqueueDirect(call, be); });
 }
 
 DeviceBuffers CudaRing::layOut(void* data, int64_t slot_stride, int32_t slots) const {

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "../core/collectives.h"
+#include "../core/direct.h"
 #include "../core/frame.h"
 #include "../core/plan.h"
 #include "gpu_pipeline.h"
@@ -154,11 +155,23 @@ class CudaRing {
                                     const std::function<void()>& epilogue = {});
 
   // The one-shot all-reduce (Note [GPU one-shot all-reduce]) of `data` over `ring`, the others'
-  // tensors received into the staging, with the arithmetic `options` plan. Otherwise as enqueue().
-  std::shared_ptr<CudaWork> enqueueOneShot(const RingMembers& ring, int64_t numel, DType dtype, RedOp op,
-                                           const PlanOptions& options, void* data, const std::vector<int>& ring_key,
-                                           const std::string& what, cudaStream_t caller, bool caller_waits,
+  // tensors received into the staging, reduced by `launch` (ringOneShotLaunch, directOneShotLaunch).
+  // Otherwise as enqueue().
+  std::shared_ptr<CudaWork> enqueueOneShot(const RingMembers& ring, const OneShotLaunch& launch, void* data,
+                                           const std::vector<int>& ring_key, const std::string& what,
+                                           cudaStream_t caller, bool caller_waits,
                                            const std::function<void()>& epilogue = {});
+
+  // The direct all-reduce `plan` (Note [Direct all-reduce], csrc/core/direct.h; built with
+  // directOptions()) of `data` over `ring`, its buffers in the staging. Otherwise as enqueue().
+  std::shared_ptr<CudaWork> enqueueDirect(const DirectPlan& plan, const RingMembers& ring, void* data,
+                                          const std::vector<int>& ring_key, const std::string& what,
+                                          cudaStream_t caller, bool caller_waits,
+                                          const std::function<void()>& epilogue = {});
+  // A direct all-reduce's options on this ring: `base` with its staging (buffers aligned to 256
+  // bytes) and segments up to `segment_bytes` (RINGREDUCE_SEGMENT_BYTES; 0: the staging decides),
+  // the all-gather received into the tensor.
+  DirectOptions directOptions(DirectOptions base, int64_t segment_bytes) const;
 
   // All-gather of one agreement frame per member of `ring` (Note [Cross-rank agreement]); frames[i]
   // is ring index i's. Blocks the host; at the timeout aborts and throws kBackend.

@@ -120,7 +120,7 @@ class LoopbackBackend final : public DeviceBackend {
     }
   }
 
-  void group(const std::vector<PeerOp>&) override {
+  void group(const std::vector<PeerOp>&, Launch) override {
     RR_THROW(kRuntime, "ringreduce loopback: the loopback driver runs ring stages only, not the one-shot");
   }
 

@@ -6,12 +6,14 @@
 
 #include "../core/dtype.h"
 #include "../core/one_shot_body.h"
+#include "ring_executor.h"
 
 namespace rr {
 
-// Enqueues args.dst[i] = the ring-ordered reduction of args.in[0..n-1][i], with partials of
-// `partial` (partialDType, plan.h) and args.scaling. Throws rr::Error (kType: dtype/op, kValue: n,
+// Enqueues l.args.dst[i] = the reduction of l.args.in[0..n-1][i] in the ring's order (chunk 0: in
+// rank order), inputs of l.dtype, partials of l.partial (partialDType, plan.h; directPartial), the
+// result of l.dst, scaled by l.args.scaling. Throws rr::Error (kType: dtype/op, kValue: n,
 // kBackend: launch).
-void launchOneShotReduce(DType dtype, DType partial, RedOp op, const OneShotArgs& args, cudaStream_t stream);
+void launchOneShotReduce(const OneShotLaunch& l, cudaStream_t stream);
 
 }  // namespace rr

@@ -50,24 +50,6 @@ void checkSpan(const Plan& plan, const DeviceBuffers& b, const Span& s) {
   }
 }
 
-// Framing, steps 1-2 of Note [Driving the plan on streams], on every lane's streams.
-void beginCall(DeviceBackend& be, int32_t lanes) {
-  be.record(Stream::kCaller, kCallStartEvent);
-  for (int32_t lane = 0; lane < lanes; ++lane) {
-    be.setLane(lane);
-    be.wait(Stream::kComm, kCallStartEvent);
-    be.wait(Stream::kCompute, kCallStartEvent);
-    be.wait(Stream::kComm, kPrevCallDoneEvent);
-  }
-}
-
-// Framing, steps 4-5, on lane 0.
-void endCall(DeviceBackend& be, bool caller_waits) {
-  be.finish();
-  be.record(Stream::kCompute, kCallDoneEvent);
-  if (caller_waits) be.wait(Stream::kCaller, kCallDoneEvent);
-}
-
 // Maps plan event ids to dense indices: only events some op waits for get one.
 struct EventMap {
   std::vector<int32_t> dense;  // per plan event: dense index or -1 (never waited: not recorded)
@@ -88,6 +70,22 @@ EventMap mapWaitedEvents(const Plan& plan) {
 }
 
 }  // namespace
+
+void beginCall(DeviceBackend& be, int32_t lanes) {
+  be.record(Stream::kCaller, kCallStartEvent);
+  for (int32_t lane = 0; lane < lanes; ++lane) {
+    be.setLane(lane);
+    be.wait(Stream::kComm, kCallStartEvent);
+    be.wait(Stream::kCompute, kCallStartEvent);
+    be.wait(Stream::kComm, kPrevCallDoneEvent);
+  }
+}
+
+void endCall(DeviceBackend& be, bool caller_waits) {
+  be.finish();
+  be.record(Stream::kCompute, kCallDoneEvent);
+  if (caller_waits) be.wait(Stream::kCaller, kCallDoneEvent);
+}
 
 PlanOptions gpuPlanOptions(RedOp op, bool accum_float32, int64_t max_segment_bytes, int32_t num_slots,
                            int64_t slot_bytes) {
@@ -232,17 +230,8 @@ void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers
   endCall(be, caller_waits);
 }
 
-void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, DType dtype, RedOp op,
-                    const PlanOptions& options, const DeviceBuffers& buffers, DeviceBackend& be, bool caller_waits) {
-  const int n = static_cast<int>(members.size());
-  const size_t bytes = static_cast<size_t>(numel) * dtypeSize(dtype);
+OneShotLaunch ringOneShotLaunch(int n, int64_t numel, DType dtype, RedOp op, const PlanOptions& options) {
   checkSupported(dtype, op);
-  RR_CHECK(n >= 2 && n <= kOneShotMaxRanks && index >= 0 && index < n, kValue, "ringreduce: a one-shot all-reduce of ",
-           n, " ranks (2..", kOneShotMaxRanks, ") at ring index ", index);
-  RR_CHECK(numel > 0 && buffers.data != nullptr, kRuntime, "ringreduce internal error: an empty one-shot all-reduce");
-  RR_CHECK(buffers.slots.size() >= static_cast<size_t>(n - 1) && buffers.slot_bytes >= bytes, kRuntime,
-           "ringreduce internal error: the one-shot needs ", n - 1, " receive buffers of ", bytes, " bytes, have ",
-           buffers.slots.size(), " of ", buffers.slot_bytes);
   // The ring's arithmetic, as buildPlan decides it (Note [GPU one-shot all-reduce]).
   RR_CHECK(!options.wire_dtype || (dtype == DType::kFloat32 && isHalfType(*options.wire_dtype)), kRuntime,
            "ringreduce internal error: a one-shot with a ", dtypeName(*options.wire_dtype), " wire for ",
@@ -251,20 +240,52 @@ void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, D
            "ringreduce internal error: a one-shot with bad scaling");
   const DType partial = partialDType(dtype, n, options.accum_float32, options.wire_dtype);
   const bool wide = isHalfType(dtype) && partial == DType::kFloat32;  // Plan::accum_float32
-  // Note [GPU one-shot all-reduce]: every rank's tensor to every other rank, in one group.
-  std::vector<PeerOp> ops;
   OneShotLaunch l;
   l.op = op;
-  l.dtype = dtype;
+  l.dtype = l.dst = dtype;
   l.partial = partial;
   l.args.n = n;
   l.args.count = numel;
-  l.args.dst = buffers.data;
   const int64_t elem = static_cast<int64_t>(dtypeSize(dtype));
   l.args.chunk = makeRingSchedule(n, numel, elem, std::max(elem, static_cast<int64_t>(dtypeSize(partial))), 16).chunk;
   // Plan::finalScaling, which the ring's final reduce uses.
   l.args.scaling = finalScaling(op, options.avg_divisor > 0 ? options.avg_divisor : n, options.extra_divisor,
                                 options.post_factor, options.pre_factor, /*round_sum=*/!wide);
+  return l;
+}
+
+OneShotLaunch directOneShotLaunch(int n, int64_t numel, const InOrderReduce& how) {
+  checkSupported(how.dtype, how.op);
+  RR_CHECK(how.round_to == how.dtype && how.dst == how.dtype && how.scaling.wire_round < 0, kRuntime,
+           "ringreduce internal error: a direct one-shot that rounds to a wire");
+  OneShotLaunch l;
+  l.op = how.op;
+  l.dtype = how.dtype;
+  l.partial = how.partial;
+  l.dst = how.dst;
+  l.args.n = n;
+  l.args.count = numel;
+  l.args.chunk = 0;  // rank order
+  l.args.scaling = how.scaling;
+  return l;
+}
+
+void enqueueOneShot(const std::vector<int>& members, int index, const OneShotLaunch& launch,
+                    const DeviceBuffers& buffers, DeviceBackend& be, bool caller_waits) {
+  const int n = static_cast<int>(members.size());
+  const int64_t numel = launch.args.count;
+  const size_t bytes = static_cast<size_t>(numel) * dtypeSize(launch.dtype);
+  RR_CHECK(n >= 2 && n <= kOneShotMaxRanks && index >= 0 && index < n && launch.args.n == n, kValue,
+           "ringreduce: a one-shot all-reduce of ", n, " ranks (2..", kOneShotMaxRanks, ") at ring index ", index);
+  RR_CHECK(numel > 0 && buffers.data != nullptr && launch.dst == launch.dtype, kRuntime,
+           "ringreduce internal error: an empty one-shot all-reduce, or one whose result changes type");
+  RR_CHECK(buffers.slots.size() >= static_cast<size_t>(n - 1) && buffers.slot_bytes >= bytes, kRuntime,
+           "ringreduce internal error: the one-shot needs ", n - 1, " receive buffers of ", bytes, " bytes, have ",
+           buffers.slots.size(), " of ", buffers.slot_bytes);
+  // Note [GPU one-shot all-reduce]: every rank's tensor to every other rank, in one group.
+  std::vector<PeerOp> ops;
+  OneShotLaunch l = launch;
+  l.args.dst = buffers.data;
   for (int j = 0; j < n; ++j) {
     if (j == index) {
       l.args.in[j] = buffers.data;
@@ -278,7 +299,7 @@ void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, D
   for (int j = n; j < kOneShotMaxRanks; ++j) l.args.in[j] = nullptr;
   be.prepare(1, 1);
   beginCall(be, 1);
-  be.group(ops);
+  be.group(ops, Launch::kHandOff);
   // The reduce reads every received tensor and overwrites the sent one: it waits for the group.
   be.record(Stream::kComm, 0);
   be.wait(Stream::kCompute, 0);

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "../core/collectives.h"
+#include "../core/direct.h"
 #include "../core/dtype.h"
 #include "../core/one_shot_body.h"
 #include "../core/plan.h"
@@ -88,11 +89,13 @@ struct PeerOp {
   int peer = -1;        // communicator rank
 };
 
-// The one-shot reduce (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h).
+// The one-shot reduce (Note [GPU one-shot all-reduce], csrc/core/one_shot_body.h), also a direct
+// all-reduce's reduce of one round (Note [Direct all-reduce], csrc/core/direct.h).
 struct OneShotLaunch {
   OneShotArgs args;
-  DType dtype = DType::kFloat32;    // the tensor's
-  DType partial = DType::kFloat32;  // the ring's partial type (partialDType, plan.h)
+  DType dtype = DType::kFloat32;    // the inputs' (the tensor's; a direct wire's 16-bit pieces)
+  DType partial = DType::kFloat32;  // the partial type (the ring's: partialDType, plan.h; directPartial)
+  DType dst = DType::kFloat32;      // the result's (dtype, or the float32 tensor of a direct wire)
   RedOp op = RedOp::kSum;
 };
 
@@ -107,8 +110,9 @@ class DeviceBackend {
   // from `recv_peer`, launched as `launch` says. Either side may be empty (null, 0 bytes, peer -1).
   virtual void exchange(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
                         int recv_peer, Launch launch) = 0;
-  // On kComm: the one-shot's group with several peers, always a hand-off.
-  virtual void group(const std::vector<PeerOp>& ops) = 0;
+  // On kComm: one group with several peers (the one-shot's, a direct all-reduce's round), launched
+  // as `launch` says (the one-shot's: a hand-off).
+  virtual void group(const std::vector<PeerOp>& ops, Launch launch) = 0;
   // On kCompute: a reduce, or a convert (launch.b null).
   virtual void reduce(const ReduceLaunch& launch) = 0;
   virtual void reduceInOrder(const OneShotLaunch& launch) = 0;
@@ -135,14 +139,24 @@ struct DeviceBuffers {
 void enqueueRingStages(const std::vector<RingStage>& stages, const DeviceBuffers& buffers, DeviceBackend& backend,
                        bool caller_waits);
 
+// The one-shot's reduce with the flat ring's arithmetic over `n` ranks: from the ring's `options`
+// what decides the bits (partial type, scaling). Throws kValue/kRuntime for what the ring refuses.
+OneShotLaunch ringOneShotLaunch(int n, int64_t numel, DType dtype, RedOp op, const PlanOptions& options);
+// The one-shot's reduce of a direct all-reduce (Note [Direct all-reduce]): every element in rank
+// order with `how`'s arithmetic (its round_to must be its dtype: the tensors travel as they are).
+OneShotLaunch directOneShotLaunch(int n, int64_t numel, const InOrderReduce& how);
+
 // The one-shot all-reduce (Note [GPU one-shot all-reduce]) over `members` (this process at ring
 // index `index`), framed as above: one group on kComm sends buffers.data to every other member and
 // receives member j's tensor into buffers.slots[j < index ? j : j - 1], then one reduce on kCompute
-// writes buffers.data. From the flat ring's `options` it takes what decides the bits (partial type,
-// scaling). Throws kRuntime/kValue before enqueueing anything.
-void enqueueOneShot(const std::vector<int>& members, int index, int64_t numel, DType dtype, RedOp op,
-                    const PlanOptions& options, const DeviceBuffers& buffers, DeviceBackend& backend,
-                    bool caller_waits);
+// (`launch`, its tensors and result filled in here) writes buffers.data. Throws kRuntime/kValue
+// before enqueueing anything.
+void enqueueOneShot(const std::vector<int>& members, int index, const OneShotLaunch& launch,
+                    const DeviceBuffers& buffers, DeviceBackend& backend, bool caller_waits);
+
+// Call framing, steps 1-2 and 4-5 of Note [Driving the plan on streams] (every driver's).
+void beginCall(DeviceBackend& backend, int32_t lanes);
+void endCall(DeviceBackend& backend, bool caller_waits);
 
 // A single flat ring, ring index i being communicator rank i (the tests' entry).
 void enqueueRingCall(const Plan& plan, RedOp op, const DeviceBuffers& buffers, DeviceBackend& backend,

@@ -144,6 +144,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("timeout_ms", &rr::CallOptions::timeout_ms)
       .def_readwrite("local_size", &rr::CallOptions::local_size)
       .def_readwrite("node_order", &rr::CallOptions::node_order)
+      .def_readwrite("direct", &rr::CallOptions::direct)
       .def_readwrite("one_shot", &rr::CallOptions::one_shot)
       .def_readwrite("one_node", &rr::CallOptions::one_node)
       .def_readwrite("shm", &rr::CallOptions::shm);

@@ -43,7 +43,7 @@ CpuCall::CpuCall(at::Tensor tensor, at::Tensor output, CallOptions opt, bool wit
 }
 
 Frame CpuCall::frame() const {
-  Frame f = callFrame(opt_, opt_.cpuSegmentBytes(), opt_.local_size);  // 0: the flat ring; L: hierarchical
+  Frame f = callFrame(opt_, opt_.cpuSegmentBytes(), opt_.cpuFrameAlgorithm());
   if (tensor_.defined() && opt_.local_error == FrameError::kNone) {
     const at::IntArrayRef sizes = tensor_.sizes();  // no vector: no allocation per call
     describeTensor(f, toDType(tensor_.scalar_type()), tensor_.numel(), sizes.data(), static_cast<int>(sizes.size()),

@@ -281,7 +281,7 @@ class CudaRing:
             _check_on_comm(tensor, comm, "tensor")
             handle = _native().cuda_all_reduce(comm, tensor, options, bool(async_op), call.info.name,
                                                [int(m) for m in call.members])
-            algo = f" hierarchical(local_size={call.local_size})" if call.local_size > 1 else ""
+            algo = " direct" if call.direct else f" hierarchical(local_size={call.local_size})" if call.local_size > 1 else ""
             return handle, _work(handle, tensor, f"all_reduce {call.rop.name}{algo}", comm, call.info, async_op)
 
     def ring_half(self, call: Any, tensor: torch.Tensor, output: torch.Tensor,

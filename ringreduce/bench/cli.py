@@ -93,8 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "(ddp-bf16) in the same run, with their time over ringreduce's float32 time (wire/f32) and "
                      "relative errors against float64 on random data (err-f32, err-wire, err-ddp); float only")
     run.add_argument("--algorithms", default="", metavar="LIST",
-                     help="also time ringreduce with each algorithm= of LIST (ring,hierarchical): columns rr-ring, "
-                     "rr-hier and their time over the stock one's (ring/gloo, hier/gloo)")
+                     help="also time ringreduce with each algorithm= of LIST (ring,hierarchical,direct): columns "
+                     "rr-ring, rr-hier, rr-direct and their time over the stock one's (ring/gloo, hier/gloo, "
+                     "direct/gloo); with direct also direct/ring and, on random data, the relative errors against "
+                     "float64 (err-ring, err-direct) and the elements off the correctly rounded result where the "
+                     "float32 sum is exact (off-ring, off-direct); with --wire-dtype also rr-direct-bf16, its time "
+                     "over rr-bf16's (dwire/wire) and its error (err-dwire)")
     run.add_argument("--vs", choices=("deepspeed",), default=None,
                      help="also time DeepSpeed's CPU shared-memory all-reduce (inference_all_reduce) in the same run, "
                      "with rr/ds, its fallback calls (ds-fb) and accuracy on random data (err-*, off-*: elements "
@@ -164,8 +168,8 @@ def make_config(args: argparse.Namespace, argv: list[str], backend: str, launche
         raise SystemExit("ringreduce.bench: --transport shm, but this ringreduce build has no shared-memory "
                          "transport (ringreduce.build_info()['shm'] is missing or False)")
     algorithms = tuple(dict.fromkeys(a.strip() for a in args.algorithms.split(",") if a.strip()))
-    if any(a not in ("ring", "hierarchical") for a in algorithms):
-        raise SystemExit(f"ringreduce.bench: --algorithms takes ring and/or hierarchical, got {args.algorithms!r}")
+    if any(a not in ("ring", "hierarchical", "direct") for a in algorithms):
+        raise SystemExit(f"ringreduce.bench: --algorithms takes ring, hierarchical and/or direct, got {args.algorithms!r}")
     if args.vs == "deepspeed":
         if importlib.util.find_spec("deepspeed") is None:
             raise SystemExit("ringreduce.bench: --vs deepspeed needs DeepSpeed, which this Python lacks: pip install "

@@ -31,6 +31,6 @@ class BenchConfig:
     launcher: str = "spawn"  # "spawn" (local ranks started by the CLI) or "torchrun"
     quiet: bool = False  # no progress lines on stderr
     wire_dtype: str | None = None  # "bf16"/"fp16": also ringreduce's 16-bit wire and DDP's compress hook
-    algorithms: tuple[str, ...] = ()  # also ringreduce with these algorithm= ("ring", "hierarchical"), a column each
+    algorithms: tuple[str, ...] = ()  # also ringreduce with these algorithm= ("ring", "hierarchical", "direct"), a column each
     vs: str | None = None  # "deepspeed": also DeepSpeed's shm all-reduce (bench/deepspeed_shm.py)
     pin: bool = False  # local rank r runs on core r % cores

@@ -22,7 +22,14 @@ GLOO = "gloo"
 NCCL = "nccl"
 NCCL_RING = "nccl-ring"
 WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-ALGORITHM_NAMES = {"ring": "rr-ring", "hierarchical": "rr-hier"}  # --algorithms: ringreduce with algorithm=
+# --algorithms: ringreduce with algorithm=
+ALGORITHM_NAMES = {"ring": "rr-ring", "hierarchical": "rr-hier", "direct": "rr-direct"}
+
+
+def direct_wire_name(wire: str) -> str:
+    """The name of ringreduce with algorithm="direct" and the 16-bit `wire` (--algorithms direct with
+    --wire-dtype): "rr-direct-bf16"."""
+    return f"rr-direct-{wire}"
 
 
 def algorithm_ratio_name(impl: str, stock: str) -> str:
@@ -131,7 +138,8 @@ def build_impls(cfg: Any, device: torch.device, dtype: torch.dtype) -> list[Impl
     """The implementations to compare, in table order, for the sweep `cfg` (a BenchConfig: its op and
     backend; check, RINGREDUCE_CHECK, None: the library default; check_cost, also ringreduce without
     the check; nccl_ring, also NCCL with NCCL_ALGO=RING; wire_dtype, also ringreduce with that 16-bit
-    wire and DDP's compress hook; algorithms, also ringreduce with each algorithm=; vs, "deepspeed" or
+    wire and DDP's compress hook; algorithms, also ringreduce with each algorithm= (with "direct" and a
+    wire, direct with the wire too); vs, "deepspeed" or
     None) on `device` with `dtype` tensors.
 
     Collective: creates every communicator before any is timed, the NCCL_ALGO=RING one last.
@@ -157,6 +165,10 @@ def build_impls(cfg: Any, device: torch.device, dtype: torch.dtype) -> list[Impl
         impls.append(Impl(ddp_name, _compress_hook_call(op, wdt), rtol=2.0 * n * torch.finfo(wdt).eps))
     for algo in algorithms:
         impls.append(Impl(ALGORITHM_NAMES[algo], _ringreduce_call(op, algorithm=algo), {"RINGREDUCE_CHECK": check_env}))
+    if wire is not None and "direct" in algorithms:
+        wdt = WIRE_DTYPES[wire]
+        impls.append(Impl(direct_wire_name(wire), _ringreduce_call(op, algorithm="direct", wire_dtype=wdt),
+                          {"RINGREDUCE_CHECK": check_env}, rtol=float(torch.finfo(wdt).eps)))
     if vs == "deepspeed":
         from ringreduce.bench.deepspeed_shm import NAME, DeepSpeedColumn
 

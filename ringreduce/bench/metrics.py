@@ -83,8 +83,10 @@ def aggregate_size(
             "cuda_growth_bytes": max(cuda) if cuda else None,
             "rel_error": stats[0].get("rel_error"),
         })
-        if "off" in stats[0]:  # --vs
+        if "off" in stats[0]:  # --vs, --algorithms direct
             rows[-1]["off"] = int(stats[0]["off"])
+            if "off_exact" in stats[0]:
+                rows[-1]["off_exact"] = int(stats[0]["off_exact"])
         if "fallback_calls" in stats[0]:  # summed over ranks
             rows[-1].update(calls=sum(int(s["calls"]) for s in stats),
                             fallback_calls=sum(int(s["fallback_calls"]) for s in stats),

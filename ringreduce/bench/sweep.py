@@ -25,7 +25,17 @@ import torch.distributed as dist
 
 from ringreduce.bench.config import BenchConfig
 from ringreduce.bench.data import count_wrong, fill_pattern, pattern_modulus
-from ringreduce.bench.impls import GLOO, NCCL, RINGREDUCE, Impl, build_impls, loopback_call, wire_names
+from ringreduce.bench.impls import (
+    ALGORITHM_NAMES,
+    GLOO,
+    NCCL,
+    RINGREDUCE,
+    Impl,
+    build_impls,
+    direct_wire_name,
+    loopback_call,
+    wire_names,
+)
 from ringreduce.bench.memory import measure_call
 from ringreduce.bench.metrics import aggregate_size
 from ringreduce.bench.sizes import DTYPES, format_size
@@ -144,15 +154,17 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, columns: list[Column], size
         if cfg.loopback and ctx.device.type == "cuda":
             _time_loopback(cfg, ctx, counts[name], dtype, moduli[name], iters, rounds, lambda: floor.copy_(source),
                            impl_results)
-        if cfg.wire_dtype is not None or cfg.vs is not None:
+        direct = "direct" in cfg.algorithms
+        if cfg.wire_dtype is not None or cfg.vs is not None or direct:
             from ringreduce.bench.accuracy import accuracy
 
-            # --vs: every implementation's error and elements off; --wire-dtype: the float32 and wire errors.
+            # --vs: every implementation's error and elements off; --wire-dtype: the float32 and wire errors;
+            # --algorithms direct: the ring's and direct's errors and elements off.
             impls = [col.impl for col in mine]
-            compared = impls if cfg.vs else [i for i in impls if i.name in (RINGREDUCE, *wire_names(cfg.wire_dtype))]
+            compared = impls if cfg.vs else [i for i in impls if i.name in _accuracy_names(cfg)]
             for impl_name, value in accuracy(compared, cfg.op, counts[name], ctx.rank, ctx.world_size, dtype,
                                              ctx.device).items():
-                impl_results[impl_name].update(value if cfg.vs else {"rel_error": value["rel_error"]})
+                impl_results[impl_name].update(value if cfg.vs or direct else {"rel_error": value["rel_error"]})
         for col in mine:
             if col.impl.column is not None:  # --vs deepspeed, untimed: the ops one call ran, its calls and fallbacks
                 impl_results[col.impl.name]["profiled_ops"] = col.impl.column.profiled_ops(bufs[col.key])
@@ -160,6 +172,19 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, columns: list[Column], size
                     col.impl.column.counts())
         by_dtype[name] = {"count": counts[name], "impls": impl_results}
     return {"size": size, "iters": iters, "rounds": rounds, "warmup": cfg.warmup, "dtypes": by_dtype}
+
+
+def _accuracy_names(cfg: BenchConfig) -> set[str]:
+    """The implementations whose accuracy a sweep without --vs reports: ringreduce, its 16-bit wire and
+    DDP's hook (--wire-dtype), the ring and direct (--algorithms direct, with the wire: direct's too)."""
+    names = {RINGREDUCE}
+    if cfg.wire_dtype is not None:
+        names.update(wire_names(cfg.wire_dtype))
+    if "direct" in cfg.algorithms:
+        names.update((ALGORITHM_NAMES["ring"], ALGORITHM_NAMES["direct"]))
+        if cfg.wire_dtype is not None:
+            names.add(direct_wire_name(cfg.wire_dtype))
+    return names
 
 
 def _time_loopback(cfg: BenchConfig, ctx: RankContext, count: int, dtype: torch.dtype, k: int, iters: int,

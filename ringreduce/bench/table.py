@@ -12,6 +12,7 @@ from ringreduce.bench.impls import (
     RINGREDUCE,
     RINGREDUCE_NOCHECK,
     algorithm_ratio_name,
+    direct_wire_name,
     wire_names,
 )
 from ringreduce.bench.metrics import average_busbw, loopback_efficiency, ratios_by_size, time_ratio
@@ -55,6 +56,10 @@ class Layout:
         if self.wire is not None:
             cols += ["wire/f32", "err-f32", "err-wire", "err-ddp"]
         cols += [algorithm_ratio_name(name, self.stock) for name in self.algorithm_impls]
+        if _DIRECT in self.impls:
+            cols += list(_DIRECT_COLUMNS) if _RING in self.impls else []
+            if self.wire is not None and direct_wire_name(self.wire) in self.impls:
+                cols += ["dwire/wire", "err-dwire"]
         if DEEPSPEED in self.impls:
             cols += list(_VS_COLUMNS)
         return tuple(cols)
@@ -66,6 +71,9 @@ class Layout:
 
 
 _VS_COLUMNS = ("rr/ds", "err-rr", "err-ds", "off-rr", "off-ds", "ds-fb")
+_RING, _DIRECT = ALGORITHM_NAMES["ring"], ALGORITHM_NAMES["direct"]
+# --algorithms ring,direct: direct's time over the ring's; errors and elements off where the float32 sum is exact
+_DIRECT_COLUMNS = ("direct/ring", "err-ring", "err-direct", "off-ring", "off-direct")
 
 
 def header(layout: Layout) -> list[str]:
@@ -90,17 +98,22 @@ def _extra_value(extra: str, rows: list[dict[str, Any]], layout: Layout) -> str:
     by_impl = {row["impl"]: row for row in rows}
     rr = by_impl.get(RINGREDUCE, {})
     rr_wire, ddp_wire = wire_names(layout.wire) if layout.wire is not None else ("", "")
-    ratios = {"ratio": (RINGREDUCE, layout.stock), "wire/f32": (rr_wire, RINGREDUCE), "rr/ds": (RINGREDUCE, DEEPSPEED)}
+    dwire = direct_wire_name(layout.wire) if layout.wire is not None else ""
+    ratios = {"ratio": (RINGREDUCE, layout.stock), "wire/f32": (rr_wire, RINGREDUCE), "rr/ds": (RINGREDUCE, DEEPSPEED),
+              "direct/ring": (_DIRECT, _RING), "dwire/wire": (dwire, rr_wire)}
     ratios.update({algorithm_ratio_name(name, layout.stock): (name, layout.stock) for name in layout.algorithm_impls})
     if extra in ratios:
         return _ratio(time_ratio(rows, *ratios[extra]))
     errors = {"err-f32": RINGREDUCE, "err-wire": rr_wire, "err-ddp": ddp_wire,
-              "err-rr": RINGREDUCE, "err-ds": DEEPSPEED}
+              "err-rr": RINGREDUCE, "err-ds": DEEPSPEED, "err-ring": _RING, "err-direct": _DIRECT, "err-dwire": dwire}
     if extra in errors:
         value = by_impl.get(errors[extra], {}).get("rel_error")
         return f"{value:9.2e}" if value is not None else _NA
     if extra == "/f32":
         return _ratio(rr.get("vs_float"))
+    if extra in ("off-ring", "off-direct"):
+        value = by_impl.get(_RING if extra == "off-ring" else _DIRECT, {}).get("off_exact")
+        return f"{value:>9}" if value is not None else _NA
     if extra in ("off-rr", "off-ds", "ds-fb"):
         value = by_impl.get(DEEPSPEED if extra != "off-rr" else RINGREDUCE, {}).get(
             "fallback_calls" if extra == "ds-fb" else "off")
@@ -156,7 +169,8 @@ def footer(rows: list[dict[str, Any]], layout: Layout, highlight: tuple[int, ...
         lines.append(f"# Time ratio {RINGREDUCE} {kind.strip()}/float (same bytes): "
                      + "  ".join(f"{format_size(row['size'])} {row['vs_float']:.3f}" for row in rows
                                  if row["impl"] == RINGREDUCE and row.get("vs_float") is not None))
-    for name in (*layout.algorithm_impls, *(wire_names(layout.wire) if layout.wire else ())):
+    wired = (*wire_names(layout.wire), direct_wire_name(layout.wire)) if layout.wire else ()
+    for name in (*layout.algorithm_impls, *(w for w in wired if w in layout.impls)):
         per_size = ratios_by_size(rows, name, layout.stock)
         if per_size:
             lines.append(f"# Time ratio {name}/{layout.stock}: "

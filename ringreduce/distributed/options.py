@@ -33,7 +33,7 @@ class BackendOptions:
             all-gather of a 16-bit wire in this group's all_reduce calls (16: the owner rounds its
             finished shard once to the wire type and the all-gather moves those 16 bits; CPU only,
             CUDA calls refuse it; all_reduce_coalesced follows the knob).
-        algorithm: "auto" (default), "ring" or "hierarchical", as ``ringreduce.all_reduce``'s.
+        algorithm: "auto" (default), "ring", "hierarchical" or "direct", as ``ringreduce.all_reduce``'s.
 
     Raises:
         TypeError: a field of the wrong type (a dtype that is not a ``torch.dtype``).

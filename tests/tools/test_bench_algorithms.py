@@ -26,7 +26,7 @@ def test_cli_parses_algorithms_and_refuses_others() -> None:
     cfg = cli.make_config(cli.build_parser().parse_args(["--algorithms", "hierarchical,ring,ring"]), [], "gloo", "spawn")
     assert cfg.algorithms == ("hierarchical", "ring")
     assert cli.make_config(cli.build_parser().parse_args([]), [], "gloo", "spawn").algorithms == ()
-    with pytest.raises(SystemExit, match="--algorithms takes ring and/or hierarchical, got 'ring,tree'"):
+    with pytest.raises(SystemExit, match="--algorithms takes ring, hierarchical and/or direct, got 'ring,tree'"):
         cli.make_config(cli.build_parser().parse_args(["--algorithms", "ring,tree"]), [], "gloo", "spawn")
 
 
@@ -52,3 +52,20 @@ def test_run_on_two_simulated_nodes_gives_exact_rows(tmp_path) -> None:
     rows = json.load(open(tmp_path / "r.json"))["rows"]
     assert [r["impl"] for r in rows] == ["ringreduce", "gloo", "rr-ring", "rr-hier"]
     assert all(r["wrong"] == 0 for r in rows)
+
+
+def test_direct_columns_compare_it_with_the_ring() -> None:
+    """--algorithms ring,direct: direct/ring, both errors, the elements off where the float32 sum is exact;
+    with --wire-dtype bf16, direct with the wire over the ring's wire and its error."""
+    layout = Layout(("ringreduce", "gloo", "rr-bf16", "ddp-bf16", "rr-ring", "rr-direct", "rr-direct-bf16"), "gloo",
+                    wire="bf16")
+    assert layout.extras[-7:] == ("direct/ring", "err-ring", "err-direct", "off-ring", "off-direct", "dwire/wire",
+                                  "err-dwire")
+    rows = [_row("ringreduce", 700.0), _row("gloo", 1000.0), _row("rr-bf16", 600.0), _row("ddp-bf16", 650.0),
+            _row("rr-ring", 800.0), _row("rr-direct", 840.0), _row("rr-direct-bf16", 540.0)]
+    for row, err, off in zip(rows[2:], (2e-3, 3e-3, 2.5e-3, 1.5e-3, 1.2e-3), (None, None, 9, 0, None), strict=True):
+        row["rel_error"] = err
+        if off is not None:
+            row["off_exact"] = off
+    assert format_row(rows, layout).split()[-7:] == ["1.050", "2.50e-03", "1.50e-03", "9", "0", "0.900", "1.20e-03"]
+    assert "# Time ratio rr-direct-bf16/gloo: 16M 0.540" in footer(rows, layout)

@@ -11,6 +11,8 @@
 //   rr_gpu_pipeline    the pipeline rule (gpu_pipeline.h) for a call
 //   rr_sim_mixed       calls that are one-shot all-reduces (enqueueOneShot) or rings, back to back
 //                      on one simulated device (shared staging and events)
+//   rr_sim_direct      direct all-reduces (enqueueDirect, direct_executor.h) or their one-shots,
+//                      back to back on one simulated device
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -18,6 +20,8 @@
 
 #include "../../../csrc/core/error.h"
 #include "../../../csrc/core/plan.h"
+#include "../../../csrc/core/direct.h"
+#include "../../../csrc/cuda/direct_executor.h"
 #include "../../../csrc/cuda/gpu_pipeline.h"
 #include "../../../csrc/cuda/ring_executor.h"
 #include "sim_device.h"
@@ -316,7 +320,8 @@ int rr_sim_mixed(int nranks, long long numel, int dtype, int op, int accum_float
         {
           auto be = dev.backend(r, dt, static_cast<rr::sim::Fault>(fault), &calls[i]);
           if (one_shot) {
-            rr::enqueueOneShot(members, r, numel, dt, rop, opts, buf, *be, /*caller_waits=*/true);
+            rr::enqueueOneShot(members, r, rr::ringOneShotLaunch(nranks, numel, dt, rop, opts), buf, *be,
+                               /*caller_waits=*/true);
           } else {
             const rr::Plan plan = rr::buildPlan(nranks, r, numel, dt, opts);
             accum[i].assign(static_cast<size_t>(plan.accum_elems) + 16, -12345.0f);
@@ -330,6 +335,101 @@ int rr_sim_mixed(int nranks, long long numel, int dtype, int op, int accum_float
     }
     const std::string failure = dev.run();
     for (int r = 0; r < nranks; ++r) hand_offs[r] = dev.handOffs(r);
+    if (!failure.empty()) {
+      putError(failure, err, errlen);
+      return -1;
+    }
+    const std::string damage = guardDamage(data, 0, bytes, "call/rank");
+    if (!damage.empty()) {
+      putError(damage, err, errlen);
+      return -1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    putError(std::string("exception: ") + e.what(), err, errlen);
+    return -1;
+  }
+}
+
+// One rr_sim_direct run (tests/test_cuda_logic.py mirrors it as a ctypes.Structure).
+struct RrSimDirect {
+  int nranks;
+  long long numel;
+  int dtype;
+  int op;
+  int accum_narrow;
+  int wire_dtype;  // a DType code, or -1
+  double predivide;
+  int extra_divisor;
+  long long segment_bytes;
+  long long staging_bytes;
+  int ncalls;
+  unsigned long long one_shot_mask;  // call c is the direct one-shot when bit c is set
+  unsigned long long seed;
+  int fault;
+};
+
+// Runs a->ncalls synchronous direct all-reduces (Note [Direct all-reduce]) on a simulated group of
+// a->nranks (call c the direct one-shot when bit c of one_shot_mask is set, else the direct
+// exchange with the given segment and staging), back to back on one device. inputs/outputs as
+// rr_sim_allreduce's; hand_offs: per rank. Returns 0, or -1 with the first failure.
+int rr_sim_direct(const RrSimDirect* a, const void* const* inputs, void* const* outputs, int* hand_offs, char* err,
+                  int errlen) {
+  try {
+    const int n = a->nranks;
+    const rr::DType dt = static_cast<rr::DType>(a->dtype);
+    const size_t bytes = static_cast<size_t>(a->numel) * rr::dtypeSize(dt);
+    rr::DirectOptions d;
+    d.op = static_cast<rr::RedOp>(a->op);
+    d.accum_narrow = a->accum_narrow != 0;
+    if (a->wire_dtype >= 0) d.wire_dtype = static_cast<rr::DType>(a->wire_dtype);
+    d.pre_factor = a->predivide;
+    d.extra_divisor = a->extra_divisor;
+    d.max_segment_bytes = a->segment_bytes;
+    d.staging_bytes = a->staging_bytes;
+    d.buffer_align = 256;
+    d.gather_into_data = true;
+    const rr::DirectPlan shape = rr::buildDirectPlan(n, 0, a->numel, dt, d);  // every rank's buffers are alike
+    const size_t slot = std::max(static_cast<size_t>(shape.buffer_bytes), (bytes + 255) / 256 * 256);
+    rr::sim::SimDevice dev(n, std::max(n - 1, shape.numBuffers()), slot, a->seed);
+    std::vector<std::vector<unsigned char>> data(static_cast<size_t>(a->ncalls * n));
+    std::vector<rr::sim::SimCall> calls(static_cast<size_t>(a->ncalls * n));
+    std::vector<int> members;
+    for (int r = 0; r < n; ++r) members.push_back(r);
+    for (int c = 0; c < a->ncalls; ++c) {
+      const bool one_shot = (a->one_shot_mask >> c) & 1u;
+      for (int r = 0; r < n; ++r) {
+        const size_t i = static_cast<size_t>(c * n + r);
+        data[i].assign(bytes + 64, 0x5A);
+        unsigned char* tensor = data[i].data();
+        const void* in = inputs[i];
+        void* out = outputs[i];
+        dev.callerOp(r, "producer of call " + std::to_string(c), {}, {{tensor, bytes}},
+                     [tensor, in, bytes]() { std::memcpy(tensor, in, bytes); });
+        rr::DeviceBuffers buf;
+        buf.data = tensor;
+        buf.slot_bytes = dev.rank(r).slot_bytes;
+        for (auto& sl : dev.rank(r).slots) buf.slots.push_back(sl.data());
+        {
+          auto be = dev.backend(r, dt, static_cast<rr::sim::Fault>(a->fault), &calls[i]);
+          if (one_shot) {
+            rr::enqueueOneShot(members, r, rr::directOneShotLaunch(n, a->numel, rr::directInOrder(dt, n, d)), buf, *be,
+                               /*caller_waits=*/true);
+          } else {
+            const rr::DirectPlan plan = rr::buildDirectPlan(n, r, a->numel, dt, d);
+            rr::DirectCall call;
+            call.plan = &plan;
+            call.members = members;
+            call.buffers = buf;
+            rr::enqueueDirect(call, *be);
+          }
+        }
+        dev.callerOp(r, "consumer of call " + std::to_string(c), {{tensor, bytes}}, {},
+                     [tensor, out, bytes]() { std::memcpy(out, tensor, bytes); });
+      }
+    }
+    const std::string failure = dev.run();
+    for (int r = 0; r < n; ++r) hand_offs[r] = dev.handOffs(r);
     if (!failure.empty()) {
       putError(failure, err, errlen);
       return -1;

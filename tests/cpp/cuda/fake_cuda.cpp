@@ -751,5 +751,5 @@ ncclResult_t ncclGroupEnd() {
 
 namespace rr {
 void launchReduce(RedOp, const void*, DType, const void*, DType, void*, DType, int64_t, const Scaling&, cudaStream_t) {}
-void launchOneShotReduce(DType, DType, RedOp, const OneShotArgs&, cudaStream_t) {}
+void launchOneShotReduce(const OneShotLaunch&, cudaStream_t) {}
 }  // namespace rr

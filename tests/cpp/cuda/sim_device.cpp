@@ -386,12 +386,12 @@ class SimBackend final : public DeviceBackend {
     dev_.enqueue(r_, Stream::kComm, std::move(op), lane_);
   }
 
-  void group(const std::vector<PeerOp>& ops) override {
+  void group(const std::vector<PeerOp>& ops, Launch launch) override {
     auto op = std::make_unique<Op>();
     op->kind = Op::kExchange;
-    op->what = "hand-off group #" + std::to_string(exchanges_++) + " of " + std::to_string(ops.size()) +
-               " sends/receives";
-    op->launch = static_cast<int>(Launch::kHandOff);
+    op->what = std::string(launch == Launch::kHandOff ? "hand-off" : "queued") + " group #" +
+               std::to_string(exchanges_++) + " of " + std::to_string(ops.size()) + " sends/receives";
+    op->launch = static_cast<int>(launch);
     op->parts = ops;
     for (const PeerOp& p : ops) (p.send ? op->reads : op->writes).push_back({p.buf, p.bytes});
     dev_.enqueue(r_, Stream::kComm, std::move(op), lane_);
@@ -399,19 +399,22 @@ class SimBackend final : public DeviceBackend {
 
   void reduceInOrder(const OneShotLaunch& l) override {
     OneShotLaunch x = l;
-    RR_CHECK(x.dtype == dtype_, kRuntime, "sim: a one-shot of ", dtypeName(x.dtype), " in a call of ", dtypeName(dtype_));
-    const size_t elem = dtypeSize(dtype_);
-    if (fault_ == Fault::kShiftReduce && x.args.count > 1) {
-      x.args.dst = static_cast<char*>(x.args.dst) + elem;
+    RR_CHECK(x.dst == dtype_, kRuntime, "sim: an in-order reduce into ", dtypeName(x.dst), " in a call of ",
+             dtypeName(dtype_));
+    const size_t elem = dtypeSize(x.dtype);
+    const size_t dst_elem = dtypeSize(x.dst);
+    if (fault_ == Fault::kShiftReduce && !shifted_ && x.args.count > 1) {
+      shifted_ = true;
+      x.args.dst = static_cast<char*>(x.args.dst) + dst_elem;
       x.args.count -= 1;
     }
     auto op = std::make_unique<Op>();
     op->kind = Op::kWork;
-    op->what = "one-shot reduce of " + std::to_string(x.args.count) + " elements from " + std::to_string(x.args.n) +
+    op->what = "in-order reduce of " + std::to_string(x.args.count) + " elements from " + std::to_string(x.args.n) +
                " ranks";
     for (int j = 0; j < x.args.n; ++j) op->reads.push_back({x.args.in[j], static_cast<size_t>(x.args.count) * elem});
-    op->writes.push_back({x.args.dst, static_cast<size_t>(x.args.count) * elem});
-    op->fn = [x]() { hostOneShotReduce(x.dtype, x.partial, x.op, x.args, /*nthreads=*/5); };
+    op->writes.push_back({x.args.dst, static_cast<size_t>(x.args.count) * dst_elem});
+    op->fn = [x]() { hostOneShotReduce(x, /*nthreads=*/5); };
     dev_.enqueue(r_, Stream::kCompute, std::move(op), lane_);
   }
 
@@ -535,24 +538,32 @@ struct HostGridLauncher {
 
 struct HostOneShotLauncher {
   const OneShotArgs& args;
+  bool dst_float;  // as launchOneShotReduce's: float32 results of 16-bit inputs
   int nthreads;
   template <typename TA, typename TB, typename TD, RedOp op>
   void run() {
-    if constexpr (std::is_same<TB, TD>::value) {
-      for (int t = 0; t < nthreads; ++t) OneShotBody<TA, TB, op>::run(args, t, nthreads);
-    } else {
+    if constexpr (!std::is_same<TB, TD>::value) {
       RR_THROW(kRuntime, "sim: the one-shot reduce dispatches (tensor, partial, partial)");
+    } else if constexpr ((std::is_same<TA, Half>::value || std::is_same<TA, BFloat16>::value) &&
+                         std::is_same<TB, float>::value) {
+      for (int t = 0; t < nthreads; ++t) {
+        if (dst_float) OneShotBody<TA, TB, op, float>::run(args, t, nthreads);
+        else OneShotBody<TA, TB, op>::run(args, t, nthreads);
+      }
+    } else {
+      RR_CHECK(!dst_float, kRuntime, "sim: a float32 result of a one-shot reduce of ", sizeof(TA), "-byte inputs");
+      for (int t = 0; t < nthreads; ++t) OneShotBody<TA, TB, op>::run(args, t, nthreads);
     }
   }
 };
 
 }  // namespace
 
-void hostOneShotReduce(DType dtype, DType partial, RedOp op, const OneShotArgs& args, int nthreads) {
-  checkSupported(dtype, op);
-  if (args.count <= 0) return;
-  HostOneShotLauncher l{args, nthreads < 1 ? 1 : nthreads};
-  dispatchReduce(op, dtype, partial, partial, l);
+void hostOneShotReduce(const OneShotLaunch& l, int nthreads) {
+  checkSupported(l.dtype, l.op);
+  if (l.args.count <= 0) return;
+  HostOneShotLauncher launcher{l.args, l.dst != l.dtype, nthreads < 1 ? 1 : nthreads};
+  dispatchReduce(l.op, l.dtype, l.partial, l.partial, launcher);
 }
 
 std::unique_ptr<DeviceBackend> SimDevice::backend(int r, DType dtype, Fault fault, SimCall* call) {

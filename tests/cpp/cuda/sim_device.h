@@ -134,8 +134,9 @@ void enqueueSyncCall(SimDevice& dev, int r, DType dtype, const std::vector<RingS
                      size_t bytes, const void* input, void* output, void* accum, Fault fault, SimCall* call);
 
 // The one-shot reduce of the CUDA kernel, on the host: OneShotBody over `nthreads` simulated
-// threads, dispatched as launchOneShotReduce() dispatches the kernels (partials of `partial`).
-void hostOneShotReduce(DType dtype, DType partial, RedOp op, const OneShotArgs& args, int nthreads);
+// threads, dispatched as launchOneShotReduce() dispatches the kernels (inputs of l.dtype, partials
+// of l.partial, the result of l.dst).
+void hostOneShotReduce(const OneShotLaunch& l, int nthreads);
 
 // The reduce of the CUDA kernel, on the host: ReduceBody (ConvertBody when b is null) over
 // `nthreads` simulated threads, dispatched by reduce_dispatch.h exactly as launchReduce()

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../../../csrc/core/collectives.h"
+#include "../../../csrc/core/direct.h"
 #include "../../../csrc/core/error.h"
 #include "throws_kind.h"
 #include "../../../csrc/cuda/cuda_ops.h"
@@ -623,6 +624,77 @@ TEST_CASE(small_all_reduce_is_one_group_with_every_peer) {
   for (int r = 0; r < 3; ++r) {
     CHECK_EQ(hand_offs[static_cast<size_t>(r)], int64_t(1));
     CHECK_MSG(verdict[static_cast<size_t>(r)].find("algorithm") != std::string::npos, verdict[static_cast<size_t>(r)]);
+  }
+  CHECK_EQ(rrfake::messagesLeft(), 0);
+  CHECK_EQ(rrfake::sizeMismatches(), 0);
+}
+
+// Note [Direct all-reduce] (csrc/core/direct.h) through runCudaCall: one group per round with every
+// peer, the first a hand-off (each rank waits on the host once), the others queued on the child;
+// every ordered pair exchanges, every message is received with its size. With the agreement check, a
+// rank that asks for the ring instead makes every rank raise before anything moves; the direct
+// one-shot is one hand-off group and its frame differs from the ring one-shot's too.
+TEST_CASE(direct_all_reduce_is_one_group_per_round_with_every_peer) {
+  rrfake::reset();
+  rrfake::linkRanks();
+  const int64_t numel = 3 << 20;  // 6 MiB of bfloat16: several rounds in 16 MiB of staging
+  std::vector<int64_t> hand_offs(3, -1), one_shot_hand_offs(3, -1);
+  std::vector<int> rounds(3, 0), queued(3, -1);
+  std::vector<std::string> verdict(3), one_shot_verdict(3);
+  std::mutex mu;
+  onLinkedRanks(3, {0, 1, 2}, [&](CudaRing& ring, int r) {
+    cudaStream_t caller = newStream();
+    std::vector<uint16_t> data(static_cast<size_t>(numel), 0x3f80);
+    CudaCallBuffers buf;
+    buf.data = [&](DType, int) { return static_cast<void*>(data.data()); };
+    CudaCallRequest req;
+    req.options.check = false;
+    req.options.direct = true;
+    req.options.one_shot = false;
+    req.options.op = RedOp::kAvg;
+    req.dtype = DType::kBFloat16;
+    req.numel = numel;
+    req.shape = {numel};
+    req.group_name = "fake";
+    req.caller = caller;
+    rounds[static_cast<size_t>(r)] =
+        buildDirectPlan(3, r, numel, DType::kBFloat16, ring.directOptions(req.options.directOptions(DType::kBFloat16), 0))
+            .rounds;
+    std::shared_ptr<CudaWork> work;
+    {
+      std::lock_guard<std::mutex> lock(mu);  // the counters are global: one rank enqueues at a time
+      const int q0 = rrfake::queuedGroups();
+      work = runCudaCall(ring, req, buf);
+      queued[static_cast<size_t>(r)] = rrfake::queuedGroups() - q0;
+    }
+    work->synchronize(ms(20000));
+    hand_offs[static_cast<size_t>(r)] = ring.comm().handOffs();
+    req.options.check = true;
+    req.options.direct = r != 1;  // rank 1 asks for the ring
+    (void)throwsKind([&] { runCudaCall(ring, req, buf); }, ErrorKind::kRuntime, &verdict[static_cast<size_t>(r)]);
+    // The direct one-shot: one hand-off group; a rank on the ring's one-shot makes every rank raise.
+    req.options.check = false;
+    req.options.direct = true;
+    req.options.one_shot = true;
+    req.numel = 1000;
+    req.shape = {1000};
+    const int64_t before = ring.comm().handOffs();
+    runCudaCall(ring, req, buf)->synchronize(ms(5000));
+    one_shot_hand_offs[static_cast<size_t>(r)] = ring.comm().handOffs() - before;
+    req.options.check = true;
+    req.options.direct = r != 2;
+    (void)throwsKind([&] { runCudaCall(ring, req, buf); }, ErrorKind::kRuntime,
+                     &one_shot_verdict[static_cast<size_t>(r)]);
+  });
+  CHECK_EQ(rrfake::pairsUsed(), 12);  // all 6 ordered pairs, on the parent (hand-off) and the child (queued)
+  for (int r = 0; r < 3; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    CHECK_MSG(rounds[i] >= 2, "rounds " << rounds[i]);
+    CHECK_EQ(hand_offs[i], int64_t(1));
+    CHECK_EQ(queued[i], 2 * rounds[i] - 1);  // both halves, one group per round, less the hand-off
+    CHECK_EQ(one_shot_hand_offs[i], int64_t(1));
+    CHECK_MSG(verdict[i].find("algorithm=direct") != std::string::npos, verdict[i]);
+    CHECK_MSG(one_shot_verdict[i].find("algorithm=direct (GPU one-shot)") != std::string::npos, one_shot_verdict[i]);
   }
   CHECK_EQ(rrfake::messagesLeft(), 0);
   CHECK_EQ(rrfake::sizeMismatches(), 0);
