@@ -33,6 +33,11 @@ class GroupInfo:
     # The global rank of each rank of `pg`; () = ask torch.distributed. Set for the inner group of a
     # "ringreduce" backend group (ringreduce/distributed/), which torch's tables do not know.
     global_ranks: tuple[int, ...] = ()
+    # The node of each rank of `pg` when the group's creator knows better than the launcher; () = from
+    # the launcher (_node_of_global_ranks). A torchft group (ringreduce/torchft.py) spans replica groups,
+    # each its own torchrun, whose GROUP_RANK says nothing about the others: all zeros there (the flat
+    # ring, in shared memory where the ranks' hosts match, Note [Shared-memory segments]).
+    nodes: tuple[int, ...] = ()
 
     @property
     def store(self) -> Any:
@@ -243,7 +248,7 @@ def node_layout(info: GroupInfo, knobs: Knobs | None = None) -> NodeLayout:
         global_ranks = list(ring)
     else:
         global_ranks = [dist.get_global_rank(info.pg, r) for r in ring]
-    nodes = _node_of_global_ranks(global_ranks, knobs)
+    nodes = [info.nodes[r] for r in ring] if info.nodes else _node_of_global_ranks(global_ranks, knobs)
     order = sorted(range(len(ring)), key=lambda i: (nodes[i], global_ranks[i]))
     counts = collections.Counter(nodes)
     sizes = set(counts.values())

@@ -11,8 +11,10 @@ cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1}"
 # pytorch-lightning and accelerate: docs/trainers.md's programs, which tests/test_trainers.py runs over the
-# backend (pip installs them with torch pinned to TORCH_SPEC in the same command).
-TOOLS=(numpy pytest hypothesis ninja cmake matplotlib psutil ruff "pytorch-lightning==2.6.6" "accelerate==1.15.*")
+# backend; torchft: docs/torchft.md, tests/test_torchft.py (pip installs them with torch pinned to TORCH_SPEC
+# in the same command).
+TOOLS=(numpy pytest hypothesis ninja cmake matplotlib psutil ruff "pytorch-lightning==2.6.6" "accelerate==1.15.*"
+       "torchft==0.2.0")
 export PYTHONUNBUFFERED=1
 
 # Runs "$@" with its whole output in the log file $1 and the lines the awk program $2 selects on the

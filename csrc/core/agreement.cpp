@@ -45,7 +45,8 @@ FrameAgreement::FrameAgreement(int size, int rank, int tag, bool keep_posted, si
       payload_room_(payload_room) {}
 
 FrameAgreement::~FrameAgreement() {
-  // Receives may still be posted at exit: their memory is leaked (Note [Failed calls keep their buffers]).
+  // Receives may still be posted: their memory is leaked (Note [Failed calls keep their buffers]),
+  // unless the transport was closed first (transportClosed()).
   if (leaked_ || !recvs_.empty()) {
     for (auto& buf : in_) (void)buf.release();
     (void)out_.release();
@@ -106,6 +107,12 @@ std::vector<Frame> FrameAgreement::collect(Transport& t, const Frame& mine, std:
 const char* FrameAgreement::payload(int p) const {
   RR_CHECK(in_[collected_] != nullptr && p >= 0 && p < size_, kRuntime, "ringreduce internal error: no payload of rank ", p);
   return inSlot(collected_, p) + kFrameBytes;
+}
+
+void FrameAgreement::transportClosed() {
+  leaked_ = false;
+  recvs_.clear();
+  sends_.clear();
 }
 
 void FrameAgreement::abandon() {

@@ -74,8 +74,11 @@ class FrameAgreement {
   // After collect(): the payload that came with rank p's frame (valid until the next collect()).
   const char* payload(int p) const;
   // After a transport failure (the transport abandons the requests): the memory pending receives
-  // may still write into is kept for the rest of the process.
+  // may still write into is kept for the rest of the process, unless transportClosed() follows.
   void abandon();
+  // The transport closed every request this object posted and promised that nothing lands in their
+  // memory any more (Transport::close): the destructor frees the buffers. Nothing is posted after it.
+  void transportClosed();
 
  private:
   void postReceives(Transport& t);

@@ -48,6 +48,12 @@ class Transport {
   // From any thread (Ctrl-C): every wait(), pending or future, and every later post throws
   // rr::Error(kBackend) with `reason`. Transports that cannot interrupt a wait ignore it.
   virtual void interrupt(const std::string& reason) { (void)reason; }
+
+  // Once no thread uses the transport any more (its ring's worker joined): drops every request it
+  // still holds, pending or abandoned, and returns true when nothing can write into their buffers
+  // afterwards; false (the default) when it cannot promise that, and the caller then keeps them
+  // (Note [Releasing a ring's buffers] in csrc/cpu/group_runtime.h). Nothing may be posted after it.
+  virtual bool close() { return false; }
 };
 
 // Note [Sub-rings by rank list]

@@ -11,8 +11,8 @@ namespace rr {
 
 namespace {
 
-// Note [Failed calls keep their buffers] (group_runtime.h): the Works of receives that may still be
-// posted inside gloo are moved here and never destroyed.
+// Note [Releasing a ring's buffers] (group_runtime.h): a Work that something besides this transport
+// still holds when it closes keeps its gloo buffer posted; it is moved here and never destroyed.
 std::mutex g_graveyard_mu;
 std::vector<c10::intrusive_ptr<c10d::Work>>* g_graveyard = new std::vector<c10::intrusive_ptr<c10d::Work>>();  // leaked
 
@@ -35,8 +35,8 @@ C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::Backend> backend, int rank
 }
 
 C10dTransport::~C10dTransport() {
-  // Requests still pending at exit (the next call's frame receives) keep their Works alive.
-  abandon();
+  // Requests still pending (the next call's frame receives, a failed call's) are released as by close().
+  close();
 }
 
 std::chrono::milliseconds C10dTransport::defaultTimeout() const {
@@ -51,6 +51,8 @@ template <typename F>
 int64_t C10dTransport::post(F&& f, const char* verb, int peer) {
   std::lock_guard<std::mutex> g(mu_);
   RR_CHECK(interrupted_.empty(), kBackend, interrupted_);
+  RR_CHECK(!closed_, kRuntime, "ringreduce internal error: a ", verb, " rank ", peer, " on ", group_,
+           " after its transport was closed");
   Request r;
   try {
     r.work = f();
@@ -111,11 +113,42 @@ void C10dTransport::callDone() {
 }
 
 void C10dTransport::abandon() {
-  std::lock_guard<std::mutex> mine(mu_);
-  std::lock_guard<std::mutex> g(g_graveyard_mu);
+  std::lock_guard<std::mutex> g(mu_);
   for (auto& kv : requests_)
-    if (!kv.second.waited) g_graveyard->push_back(std::move(kv.second.work));
+    if (!kv.second.waited && kv.second.work) abandoned_.push_back(std::move(kv.second.work));
   requests_.clear();
+}
+
+// Note [Releasing a ring's buffers] (group_runtime.h): gloo posts a receive as a weak reference to its
+// UnboundBuffer, which the Work owns; the UnboundBuffer's destructor waits for a read in progress
+// into it and leaves every later message for it unread (gloo/common/memory.h, "If upon destruction
+// there are pending operations ..."). So once the last reference to each Work is dropped here, no
+// message can land in the memory its receive was posted on.
+bool C10dTransport::close() {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (closed_) return released_;
+    closed_ = true;
+    for (auto& kv : requests_)
+      if (kv.second.work) works.push_back(std::move(kv.second.work));
+    requests_.clear();
+    for (auto& w : abandoned_) works.push_back(std::move(w));
+    abandoned_.clear();
+  }
+  bool released = true;
+  for (auto& w : works) {
+    if (w.use_count() == 1) {
+      w.reset();  // outside mu_: the UnboundBuffer's destructor may wait for gloo's I/O thread
+      continue;
+    }
+    released = false;  // held elsewhere too: its receive may stay posted
+    std::lock_guard<std::mutex> g(g_graveyard_mu);
+    g_graveyard->push_back(std::move(w));
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  released_ = released;
+  return released;
 }
 
 void C10dTransport::interrupt(const std::string& reason) {

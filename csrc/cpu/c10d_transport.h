@@ -43,6 +43,7 @@ class C10dTransport final : public Transport {
   bool rendezvousSends() const override { return true; }
   void callDone() override;
   void interrupt(const std::string& reason) override;
+  bool close() override;
 
   // The backend's own timeout (the process group's), or 30 minutes when it has none.
   std::chrono::milliseconds defaultTimeout() const;
@@ -63,8 +64,12 @@ class C10dTransport final : public Transport {
   // Note [Interrupting a wait]: requests_ is shared with interrupt(), which runs on another thread.
   std::mutex mu_;
   std::unordered_map<int64_t, Request> requests_;
+  // abandon()'s requests, which may still be pending inside gloo: kept until close()
+  std::vector<c10::intrusive_ptr<c10d::Work>> abandoned_;
   int64_t next_id_ = 0;
   std::string interrupted_;  // non-empty once interrupt() ran: why
+  bool closed_ = false;
+  bool released_ = true;  // what close() returned
 };
 
 // The process group's c10d store as the runtime's KeyValueStore (Note [Shared-memory segments]).

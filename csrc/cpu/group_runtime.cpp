@@ -13,9 +13,8 @@ namespace rr {
 
 namespace {
 
-// Note [Failed calls keep their buffers]: memory a late message may still land in.
-std::mutex g_graveyard_mu;
-std::vector<std::unique_ptr<char[]>>* g_graveyard = new std::vector<std::unique_ptr<char[]>>();  // leaked
+// retainedBytes(): Note [Failed calls keep their buffers], Note [Releasing a ring's buffers].
+std::atomic<int64_t> g_retained_bytes{0};
 
 using Clock = std::chrono::steady_clock;
 double usSince(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
@@ -55,7 +54,16 @@ GroupRuntime::GroupRuntime(std::unique_ptr<Transport> transport, std::chrono::mi
   worker_ = std::thread([this] { loop(); });
 }
 
-GroupRuntime::~GroupRuntime() { shutdown(); }
+GroupRuntime::~GroupRuntime() {
+  shutdown();
+  // Note [Releasing a ring's buffers]: nothing runs on the ring now (unless its worker was detached).
+  if (!detached_ && transport_->close()) {
+    frames_.transportClosed();
+    g_retained_bytes.fetch_sub(kept_bytes_, std::memory_order_relaxed);
+    return;  // kept_ is freed with the other members
+  }
+  for (auto& buffer : kept_) (void)buffer.release();  // kept for the rest of the process
+}
 
 void GroupRuntime::shutdown() {
   {
@@ -66,10 +74,20 @@ void GroupRuntime::shutdown() {
   if (worker_.joinable()) {
     if (worker_.get_id() == std::this_thread::get_id()) {
       worker_.detach();  // shutdown from a completion callback on the worker itself
+      detached_ = true;
     } else {
       worker_.join();
     }
   }
+}
+
+int64_t GroupRuntime::retainedBytes() { return g_retained_bytes.load(std::memory_order_relaxed); }
+
+void GroupRuntime::keep(std::unique_ptr<char[]> buffer, int64_t bytes) {
+  if (!buffer) return;
+  kept_.push_back(std::move(buffer));
+  kept_bytes_ += bytes;
+  g_retained_bytes.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 uint64_t GroupRuntime::submit(std::shared_ptr<CallBody> body, CallOptions options, bool synchronous,
@@ -255,12 +273,12 @@ void GroupRuntime::retireLeading(const std::vector<int>& slots, int tag_group) {
   // The leading receives stay posted in the transport; the slots they write into are replaced and kept.
   {
     std::lock_guard<std::mutex> g(mu_);
-    std::lock_guard<std::mutex> gy(g_graveyard_mu);
     for (int k : slots) {
       std::unique_ptr<char[]>& slot = slots_.at(static_cast<size_t>(k));
       if (!slot) continue;
-      g_graveyard->push_back(std::move(slot));
-      slot.reset(new char[static_cast<size_t>(slot_sizes_.at(static_cast<size_t>(k)))]);
+      const int64_t bytes = slot_sizes_.at(static_cast<size_t>(k));
+      keep(std::move(slot), bytes);
+      slot.reset(new char[static_cast<size_t>(bytes)]);
     }
   }
   call_tags_.retire(tag_group);
@@ -271,8 +289,7 @@ void GroupRuntime::poison(const std::string& reason) {
   frames_.abandon();
   {
     std::lock_guard<std::mutex> g(mu_);
-    std::lock_guard<std::mutex> gy(g_graveyard_mu);
-    for (auto& s : slots_) g_graveyard->push_back(std::move(s));
+    for (size_t k = 0; k < slots_.size(); ++k) keep(std::move(slots_[k]), slot_sizes_[k]);
     slots_.clear();
     slot_sizes_.clear();
     poisoned_ = true;
@@ -422,7 +439,7 @@ std::unique_ptr<ShmRing> GroupRuntime::setUpShm(const std::string& ring_id, cons
                    name_.c_str(), why->c_str());
     return nullptr;
   }
-  auto ring = std::make_unique<ShmRing>(mapping, index, size);
+  auto ring = std::make_unique<ShmRing>(mapping, index, size, /*owns_mapping=*/true);
   ring->setAbortCheck([this] { return abortReason(); });
   return ring;
 }
@@ -638,7 +655,7 @@ int64_t GroupRuntime::memoryBytes() {
                      (node_shm_ ? ShmRing::segmentBytes(static_cast<int>(node_shm_members_.size())) +
                                       kReduceInOrderScratchBytes
                                 : 0);
-  return slots + static_cast<int64_t>(frames_.memoryBytes() + scratch_.size() * sizeof(float) +
+  return slots + kept_bytes_ + static_cast<int64_t>(frames_.memoryBytes() + scratch_.size() * sizeof(float) +
                                       accum_.size() * sizeof(float) + shm);
 }
 

@@ -9,9 +9,21 @@
 //
 // Note [Failed calls keep their buffers]
 // After a transport failure (dead peer, timeout) a receive may still be posted inside the transport.
-// The transport keeps its request alive (C10dTransport::abandon) and the runtime never frees or
-// reuses the memory it writes into (staging slots, frame buffers), so a late message lands in
-// memory nobody reads, never in user or freed memory. The group is marked unusable ("poisoned").
+// The transport keeps its request alive (C10dTransport::abandon) and the runtime neither frees nor
+// reuses the memory it writes into (staging slots, frame buffers) while the ring lives, so a late
+// message lands in memory nobody reads, never in user or freed memory. The group is marked unusable
+// ("poisoned"). A call that fails its check after posting leading receives keeps its slots alike.
+//
+// Note [Releasing a ring's buffers]
+// Those buffers belong to the ring, not to the process: when the ring is released (its group
+// destroyed or aborted: runtime_registry.h releaseRuntimesOf), its destructor joins the worker, then
+// closes the transport (Transport::close). Over gloo that destroys every request the ring ever left
+// posted, and gloo guarantees that no message lands in the memory of a destroyed request's buffer
+// (C10dTransport::close); only then are the kept slots and the frame buffers freed. So a process that
+// re-forms its ring many times (torchft reconfigures at every membership change, aborting rings whose
+// calls failed) holds the buffers of live rings only. A transport that cannot promise it (close()
+// returns false: a request is still held elsewhere, or a transport without close) leaves them kept
+// for the rest of the process, as before. retainedBytes() counts what is kept, both ways.
 #pragma once
 
 #include <atomic>
@@ -126,7 +138,7 @@ class GroupRuntime {
   // call fails as interrupt() makes it, and the caller raises.
   uint64_t submit(std::shared_ptr<CallBody> body, CallOptions options, bool synchronous = false,
                   std::function<bool()> interrupted = nullptr);
-  // Finishes the queued calls and joins the worker (interpreter exit).
+  // Finishes the queued calls and joins the worker (interpreter exit, a released ring).
   void shutdown();
   // From any thread: the running call and every later one fail with `reason`, and the group
   // becomes unusable (Note [Interrupting a wait] in c10d_transport.cpp).
@@ -135,8 +147,11 @@ class GroupRuntime {
   int rank() const { return rank_; }  // this process's index in the ring
   int size() const { return size_; }
   int64_t stagingBytes();                       // the staging slots (Note [Staging slots] in plan.h)
-  int64_t memoryBytes();                        // everything the ring holds: slots, frames, scratch
+  int64_t memoryBytes();                        // everything the ring holds: slots (kept ones too), frames, scratch
   std::vector<int64_t> bytesSent(bool reset);   // Note [Traffic counters], by group rank
+  // Bytes of failed and retired calls' buffers that the process's rings keep (Note [Failed calls keep
+  // their buffers]), live rings' and those a released ring could not free (Note [Releasing a ring's buffers]).
+  static int64_t retainedBytes();
   // "" before the first call, then "shm", "tcp" or "tcp (<why not>)", plus "; node stages: ..."
   // once a hierarchical call set its node ring up.
   std::string transportInfo();
@@ -161,6 +176,7 @@ class GroupRuntime {
   void retireLeading(const std::vector<int>& slots, int tag_group);
   // After a transport failure: Note [Failed calls keep their buffers].
   void poison(const std::string& reason);
+  void keep(std::unique_ptr<char[]> buffer, int64_t bytes);  // under mu_: into kept_
   Frame frameOf(const Call& call) const;  // this rank's agreement frame of `call`
   // Collects the frames after this rank's went out (at `started`). A verdict retires the call's tag
   // group (and `lead`'s slots) on every rank alike and raises; when the next call's frame receives
@@ -227,6 +243,11 @@ class GroupRuntime {
   std::vector<int64_t> slot_sizes_;  // bytes of each slot
   std::vector<float> accum_;
   std::vector<float> scratch_;  // one-shot and direct partials: kReduceInOrderScratchBytes
+  // Note [Failed calls keep their buffers]: slots a late message may still land in (under mu_),
+  // freed once the transport is closed (Note [Releasing a ring's buffers]).
+  std::vector<std::unique_ptr<char[]>> kept_;
+  int64_t kept_bytes_ = 0;
+  bool detached_ = false;  // shutdown() ran on the worker itself, which was detached, not joined
 
   // Shared memory (worker-owned after setup; shm_state_ read by other threads under mu_).
   std::shared_ptr<KeyValueStore> store_;

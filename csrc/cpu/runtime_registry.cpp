@@ -71,6 +71,11 @@ int releaseRuntimesOf(const void* owner) {
   return static_cast<int>(released.size());
 }
 
+int runtimeCount() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return static_cast<int>(registry().size());
+}
+
 int64_t stagingBytesOf(const void* owner) {
   int64_t total = 0;
   for (auto& rt : runtimesOf(owner)) total += rt->stagingBytes();

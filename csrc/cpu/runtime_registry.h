@@ -22,6 +22,9 @@ void shutdownAllRuntimes();
 // workers; returns how many. A new group at the same address then gets fresh runtimes.
 int releaseRuntimesOf(const void* owner);
 
+// How many rings (GroupRuntimes) the registry holds, every owner's.
+int runtimeCount();
+
 // Sums over every ring of `owner`: staging bytes, all memory held, and payload bytes sent to each of
 // the owner's `size` ranks (Note [Traffic counters]; `reset` zeroes the counters).
 int64_t stagingBytesOf(const void* owner);

@@ -83,12 +83,23 @@ size_t ShmRing::segmentBytes(int size) {
   return buffersOffset(size) + 2 * static_cast<size_t>(size) * kShmBufferBytes;
 }
 
-ShmRing::ShmRing(ShmMapping mapping, int rank, int size) : map_(mapping), rank_(rank), size_(size) {
+ShmRing::ShmRing(ShmMapping mapping, int rank, int size, bool owns_mapping)
+    : map_(mapping), owns_mapping_(owns_mapping), rank_(rank), size_(size) {
   RR_CHECK(map_.base != nullptr && map_.bytes >= segmentBytes(size), kRuntime,
            "ringreduce internal error: a shared-memory segment too small for ", size, " ranks");
   rankState(map_, rank_)->cpu.store(-1, std::memory_order_relaxed);
   rankState(map_, rank_)->pid.store(static_cast<int32_t>(getpid()), std::memory_order_release);
   scratch_.resize(kReduceInOrderScratchBytes);
+}
+
+ShmRing::~ShmRing() {
+  if (!owns_mapping_) return;
+  // A peer still waiting in a barrier raises at its next liveness poll instead of at its timeout.
+  rankState(map_, rank_)->gone.store(1, std::memory_order_release);
+  Header* h = header(map_);
+  h->bell.fetch_add(1, std::memory_order_seq_cst);
+  futexWakeAll(&h->bell);
+  map_.unmap();
 }
 
 char* ShmRing::buffer(int rank, int parity) const {
@@ -161,8 +172,9 @@ void ShmRing::barrier() {
       RankState* st = rankState(map_, p);
       // A rank that left (even after arriving here) will never arrive at a later barrier.
       if (st->gone.load(std::memory_order_acquire) != 0) {
-        leave("ringreduce: ring rank " + std::to_string(p) + " left the shared-memory ring after a failure (a dead "
-              "or silent peer, or Ctrl-C) while ring rank " + std::to_string(rank_) + " waited in it");
+        leave("ringreduce: ring rank " + std::to_string(p) + " left the shared-memory ring (after a failure: a dead "
+              "or silent peer, Ctrl-C, an abort; or its group was released) while ring rank " + std::to_string(rank_) +
+              " waited in it");
       }
       if (st->arrived.load(std::memory_order_acquire) >= g) continue;
       const int32_t pid = st->pid.load(std::memory_order_acquire);

@@ -28,7 +28,8 @@
 // spins briefly on the others' counters, then sleeps on a futex word that every arrival bumps.
 // A dead peer is noticed by its pid within kShmLivenessPoll, a silent one at the timeout: both
 // raise rr::Error(kBackend) and the ring is never used again. A rank whose barrier fails marks
-// itself gone in the segment, so the others raise at their next liveness poll. Nothing is read
+// itself gone in the segment, so the others raise at their next liveness poll; so does a rank whose
+// ring is released (~ShmRing of a ring that owns its mapping, which it unmaps). Nothing is read
 // from the segment into user memory before the barrier that publishes it, so a peer dying
 // mid-call cannot leave garbage in the tensor of a call that succeeds.
 #pragma once
@@ -55,8 +56,15 @@ class ShmRing {
   // Bytes of the segment of a ring of `size` ranks (about 2 x size x kShmBufferBytes).
   static size_t segmentBytes(int size);
 
-  // `mapping`: the ring's segment (agreeOnSegment). Publishes this process's pid.
-  ShmRing(ShmMapping mapping, int rank, int size);
+  // `mapping`: the ring's segment (agreeOnSegment). Publishes this process's pid. `owns_mapping`: the
+  // destructor marks this rank gone and unmaps the segment (the runtime's rings); else the caller
+  // unmaps it.
+  ShmRing(ShmMapping mapping, int rank, int size, bool owns_mapping = false);
+  // With owns_mapping, only once no thread of this process uses the ring (its worker joined): the
+  // kernel frees the segment when the last process unmaps it (Note [Releasing a ring's buffers]).
+  ~ShmRing();
+  ShmRing(const ShmRing&) = delete;
+  ShmRing& operator=(const ShmRing&) = delete;
 
   void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   // The longest a barrier spins before it sleeps: short for a call that overlaps the caller's own
@@ -101,6 +109,7 @@ class ShmRing {
                   const struct InOrderReduce& how, bool rank_order, const struct RingSchedule& sched);
 
   ShmMapping map_;
+  bool owns_mapping_;
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_{std::chrono::minutes(30)};

@@ -39,7 +39,8 @@ class KeyValueStore {
 // share /dev/shm too only in some setups, which is why every rank must also map the segment.
 std::string hostIdentity();
 
-// A mapped segment; a failed ring keeps it mapped (Note [Failed calls keep their buffers]).
+// A mapped segment; its ShmRing unmaps it when the ring is released (a failed ring's too: its peers
+// write only into their own mappings of it).
 struct ShmMapping {
   void* base = nullptr;
   size_t bytes = 0;

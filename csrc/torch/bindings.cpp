@@ -196,6 +196,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "memory_bytes", [](const PG& pg) { return rr::memoryBytesOf(pg.get()); },
       py::arg("group"), "All the memory ringreduce holds for the group on the CPU path (staging, frames, scratch).");
+  m.def("cpu_ring_count", &rr::runtimeCount, "How many CPU rings (worker, staging, transport) this process holds.");
+  m.def("retained_bytes", &rr::GroupRuntime::retainedBytes,
+        "Bytes of failed calls' buffers that this process's CPU rings keep (Note [Failed calls keep their "
+        "buffers]); a released ring frees its own (Note [Releasing a ring's buffers]).");
   m.def(
       "transport_info",
       [](const PG& pg, const std::vector<int>& members) {

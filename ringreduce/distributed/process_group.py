@@ -16,6 +16,7 @@ import torch.distributed as dist
 from ringreduce import _call, _groups, _rings
 from ringreduce._call import device_of, local_refusal, refuse, run_all_reduce
 from ringreduce._groups import GroupInfo
+from ringreduce._native import C
 from ringreduce._types import CallKind, FrameError, ReduceOp, to_reduce_op
 from ringreduce.coalesced import all_reduce_coalesced, copy_blocks
 from ringreduce.distributed.inner import InnerGroup
@@ -61,7 +62,10 @@ class RingreduceProcessGroup(dist.ProcessGroup):
     ProcessGroup, not a Backend] in ringreduce/distributed/__init__.py)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any, group_id: str,
-                 global_ranks: list[int], options: BackendOptions) -> None:
+                 global_ranks: list[int], options: BackendOptions, nodes: tuple[int, ...] = (),
+                 label: str | None = None) -> None:
+        """`nodes`: the node of each rank when the creator knows better than the launcher (GroupInfo.nodes);
+        `label`: the ring's name in messages instead of "WORLD" / "group <id> ranks [...]"."""
         super().__init__(rank, size)
         self._group_name, self._group_desc = group_id, ""
         self._options = options
@@ -69,14 +73,18 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         ring_store = dist.PrefixStore("ringreduce/ring/", store)
         _groups.set_store(self._inner.pg, ring_store)
         ranks = tuple(global_ranks) if global_ranks else tuple(range(size))
-        label = "WORLD" if not global_ranks else f"group {group_id!r} ranks {list(ranks)}"
+        if label is None:
+            label = "WORLD" if not global_ranks else f"group {group_id!r} ranks {list(ranks)}"
         # the ring this group's collectives run on (over the inner group), what ringreduce's resolve()
         # maps this group to (ringreduce/_groups.py _backend_ring)
         self.ring = self._ringreduce_ring = GroupInfo(pg=self._inner.pg, rank=rank, size=size,
-                                          name=f"{label} (backend ringreduce)", global_ranks=ranks)
+                                          name=f"{label} (backend ringreduce)", global_ranks=ranks,
+                                          nodes=tuple(nodes))
         # collectives by name ("all_reduce", "_reduce_scatter_base", ...) and where they ran: "ring:<name>"
         # or "inner:<name>" (tests and diagnostics: what went through the ring)
         self.calls: collections.Counter[str] = collections.Counter()
+        self._closing = False  # shutdown() or abort() began: no call may start
+        self._abort_reason = ""
         self._inner.wait_for_every_rank()  # Note [No rank leaves the creation first] (inner.py)
 
     # -- identity ---------------------------------------------------------------------------------
@@ -109,16 +117,36 @@ class RingreduceProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Releases the ring (its worker, shared memory, NCCL communicator) and the inner backends;
-        torch calls it from destroy_process_group. Idempotent."""
-        if self._inner.closed:
+        torch calls it from destroy_process_group. Calls queued on the ring finish first. Idempotent."""
+        self._release("")
+
+    def abort(self) -> None:
+        """Ends the group now, even while a ring call waits for a dead or silent peer (within a poll of
+        the shared-memory barriers, 50 ms, or at once over gloo): every ring call in flight or queued
+        fails with DistBackendError saying the group was aborted, and the ring's worker has exited when
+        this returns, so no tensor is written after it; then as shutdown(). Later calls raise
+        DistBackendError. torchft aborts at every reconfiguration and after an error
+        (ringreduce/torchft.py). Idempotent."""
+        self._release(f"ringreduce: {self.ring.name} was aborted on this rank (ProcessGroup.abort(), as torchft "
+                      "does to reconfigure); the group is unusable for ringreduce: create a new one to go on")
+
+    def _release(self, abort_reason: str) -> None:
+        """shutdown() and abort(): with an `abort_reason`, the CPU ring is interrupted first (Note
+        [Interrupting a wait] in csrc/cpu/c10d_transport.cpp) so that joining its worker cannot wait
+        for a peer. A ring call that raced with it (_ring_call) releases again."""
+        if self._closing:
             return
-        _rings.release_group(self.ring.pg)
+        self._closing = True  # before anything is released: _ring_call's check after its submit
+        self._abort_reason = abort_reason or f"ringreduce: {self.ring.name} was shut down"
+        self._release_rings(abort_reason)
         _call.forget_plans(self.ring.pg)
         _groups.forget_ring(self.ring)
         self._inner.shutdown()
 
-    def abort(self) -> None:
-        self.shutdown()
+    def _release_rings(self, abort_reason: str) -> None:
+        if abort_reason:
+            C.interrupt_cpu(self.ring.pg, list(self.ring.members), abort_reason)
+        _rings.release_group(self.ring.pg)
 
     # -- ring collectives --------------------------------------------------------------------------
 
@@ -243,15 +271,30 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         assert work is not None
         return Work.of_parts([work], [output], finish)
 
+    @contextlib.contextmanager
     def _ring_call(self, name: str) -> Any:
+        """Around the submission of a ring call: refused once the group is shut down or aborted; a call
+        that was submitted while abort() ran (after its check, before its release) is released with the
+        ring, so that it fails instead of waiting on a new ring of a dead group."""
+        self._check_open(name)
         self.calls[f"ring:{name}"] += 1
-        return _profile(name)
+        try:
+            with _profile(name):
+                yield
+        finally:
+            if self._closing:
+                self._release_rings(self._abort_reason)
+
+    def _check_open(self, name: str) -> None:
+        if self._closing:
+            raise dist.DistBackendError(f"{self._abort_reason}; {name} was called after it")
 
     # -- delegated to the inner group --------------------------------------------------------------
     # Same arguments as torch's ProcessGroup methods (positional or by keyword), handed on as they
     # came; the inner group picks gloo or NCCL by the tensors' device.
 
     def _delegate(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        self._check_open(name)
         pg = self._inner.for_tensors(*args, *kwargs.values())
         self.calls[f"inner:{name}"] += 1
         with _profile(name):
@@ -287,6 +330,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         send = torch.cat([t.reshape(-1) for t in inputs])
         recv = send.new_empty(sum(t.numel() for t in outputs))
         out_splits, in_splits = [t.numel() for t in outputs], [t.numel() for t in inputs]
+        self._check_open("all_to_all")
         self.calls["inner:all_to_all"] += 1
         with _profile("all_to_all"):
             work = self._inner.pg.alltoall_base(recv, send, out_splits, in_splits,
@@ -295,6 +339,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
 
     def barrier(self, *args: Any, **kwargs: Any) -> Any:
         # the inner gloo's (a host barrier) whatever the tensors' device
+        self._check_open("barrier")
         self.calls["inner:barrier"] += 1
         with _profile("barrier"):
             return self._inner.pg.barrier(*args, **kwargs)
@@ -303,6 +348,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         """gloo's monitored barrier. `timeout`: a timedelta (torch.distributed's Python call) or the
         BarrierOptions that torch's C++ trampoline passes."""
         timeout = getattr(timeout, "timeout", timeout)
+        self._check_open("monitored_barrier")
         self.calls["inner:monitored_barrier"] += 1
         with _profile("monitored_barrier"):
             if timeout is None:

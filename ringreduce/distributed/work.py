@@ -60,6 +60,11 @@ class BackendWork(_TorchWork):  # type: ignore[misc, valid-type]
     waits as long as the call runs; errors raise as ringreduce's (DistBackendError for a dead or
     silent peer, RuntimeError for ranks that disagree or a timeout that passed). ``get_future()``
     completes with `result`, the list of output tensors (DDP reads it).
+
+    ``failing_quietly(report)`` makes a failed call end as an aborted torch Work ends, for torchft
+    (Note [Failed steps, not exceptions] in ringreduce/torchft.py): ``wait()`` returns False and the
+    future completes with `result` as the failure left it, while `report` gets the error (the
+    group's ``errored()``); ``is_success()`` and ``exception()`` still tell the failure.
     """
 
     def __init__(self, parts: Sequence[Any], result: list[torch.Tensor],
@@ -67,11 +72,35 @@ class BackendWork(_TorchWork):  # type: ignore[misc, valid-type]
         super().__init__()
         works = [p if isinstance(p, Work) else Work(TorchHandle(p), result) for p in parts if p is not None]
         self._work = Work.of_parts(works, result, finish)
+        self._report: Callable[[BaseException], None] | None = None
+        self._quiet_future: torch.futures.Future | None = None
+
+    def failing_quietly(self, report: Callable[[BaseException], None]) -> BackendWork:
+        """This Work, its failure handed to `report` instead of raised (see the class); returns self."""
+        self._report = report
+        return self
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if timeout is not None and timeout <= datetime.timedelta(0):
             timeout = None  # torch's kNoTimeout (0 ms): the C++ side passes it when none was given
-        return self._work.wait(timeout)
+        if self._report is None:
+            return self._work.wait(timeout)
+        try:
+            return self._work.wait(timeout)
+        except Exception as exc:
+            if not self._work.is_completed():
+                raise  # a `timeout` that passed first: the call goes on
+            # without its traceback, whose frames hold this Work and so its group (a cycle)
+            self._report(exc.with_traceback(None))
+            return False
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def block_current_stream(self) -> None:
+        """torchft's _ManagedWork on CUDA: wait() of a CUDA call orders the current stream after it
+        (ringreduce.Work); a CPU call waits on the host."""
+        self.wait()
 
     def is_completed(self) -> bool:
         return self._work.is_completed()
@@ -80,10 +109,26 @@ class BackendWork(_TorchWork):  # type: ignore[misc, valid-type]
         return self._work.is_success()
 
     def exception(self) -> BaseException | None:
-        return self._work.exception()
+        exc = self._work.exception()
+        if exc is None or self._report is None:
+            return exc
+        return exc.with_traceback(None)  # its frames hold this Work: a cycle only the collector frees
 
     def result(self) -> list[torch.Tensor]:
         return self._work.result()
 
     def get_future(self) -> torch.futures.Future:
-        return self._work.get_future()
+        if self._report is None:
+            return self._work.get_future()
+        if self._quiet_future is None:
+            work, report = self._work, self._report
+
+            def settle(fut: torch.futures.Future) -> list[torch.Tensor]:
+                try:
+                    return fut.value()
+                except Exception as exc:  # noqa: BLE001 - handed to report (failing_quietly)
+                    report(exc.with_traceback(None))
+                    return work.result()
+
+            self._quiet_future = work.get_future().then(settle)
+        return self._quiet_future

@@ -279,6 +279,10 @@ void reset() {
   g.mail.clear();
   for (auto& s : g.streams) s->q.clear();  // what an earlier test left stuck
 }
+int liveAllocations() {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return static_cast<int>(st().allocations.size());
+}
 void setExchangeBudget(int n) {
   std::lock_guard<std::mutex> lock(st().mu);
   st().budget = n;

@@ -84,5 +84,6 @@ int abortHangs();                   // aborts that would have waited for ever
 int groupedAborts();                // ncclCommAbort calls inside a group (NCCL >= 2.24: deferred)
 int splits();                       // ncclCommSplit calls
 void failSplits(bool on);           // ncclCommSplit fails (ncclInternalError)
+int liveAllocations();              // cudaMalloc/cudaMallocHost blocks not freed yet (kept across reset())
 
 }  // namespace rrfake

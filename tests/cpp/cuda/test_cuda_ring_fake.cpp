@@ -2,6 +2,8 @@
 // fake CUDA runtime and NCCL of fake_cuda.h (Note [Fake CUDA runtime]): the host-side logic of
 // the GPU path - work states, watchdog, abort, shutdown, timeouts, device guard - without a GPU.
 // Each case names the defect of issue 15 it guards against.
+#include <dirent.h>
+
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -1007,6 +1009,90 @@ TEST_CASE(a_prompt_hand_off_does_not_ask_for_ctrl_c) {
   // A wait asks only after kInterruptPoll (50 ms); a loaded machine may stretch one or two.
   CHECK_MSG(asks < 5, asks << " of 100 prompt hand-offs asked for Ctrl-C");
   CHECK(!scope.interrupted());
+}
+
+static int threadCount() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// Issue 47 (torchft): every ProcessGroupRingreduce.configure() makes a new "ringreduce" group, whose
+// CUDA ring is a new communicator from a new unique id (ringreduce/_rings/cuda.py, the new store
+// prefix), and abort() shuts the old ring down (RingreduceProcessGroup.abort -> _rings.release_group
+// -> CudaRing::shutdown). On the fake NCCL, cycles of what that does on two ranks: a new
+// communicator pair, the ring formed by a first all-reduce of both ranks, then rank 0's call waiting
+// on its silent peer (rank 1 never calls: a dead replica); the abort returns within a second, fails
+// that call (kBackend) and leaves its tensor unwritten; the next cycle's communicator works. After
+// the cycles no thread, staging buffer or message of an old ring is left.
+TEST_CASE(torchft_abort_then_a_new_communicator_per_configure) {
+  const int threads_before = threadCount();
+  const int allocations_before = rrfake::liveAllocations();
+  constexpr int kCycles = 20;
+  for (int cycle = 0; cycle < kCycles; ++cycle) {
+    rrfake::reset();
+    rrfake::linkRanks();
+    std::string uid(sizeof(ncclUniqueId::internal), '\x01');
+    uid[0] = static_cast<char>(cycle + 1);  // each configure's rendezvous publishes a new id
+    std::vector<std::shared_ptr<CudaRing>> rings;
+    for (int r = 0; r < 2; ++r)
+      rings.push_back(std::make_shared<CudaRing>(
+          std::make_shared<NcclComm>(uid, 2, r, r, ms(10000), "torchft configure", ms(5000))));
+    // configure() forms the ring: one all-reduce of every rank (Note [Rings formed at configure])
+    std::vector<std::vector<float>> data(2, std::vector<float>(64, 1.0f));
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        cudaSetDevice(r);
+        try {
+          enqueueAllReduce(*rings[static_cast<size_t>(r)], data[static_cast<size_t>(r)], newStream())
+              ->synchronize(ms(5000));
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (const std::string& e : errors) CHECK_MSG(e.empty(), "cycle " << cycle << ": " << e);
+    CHECK_EQ(rrfake::messagesLeft(), 0);
+    CHECK(rrfake::liveAllocations() > allocations_before);  // the rings' staging and frames, freed below
+    // rank 1 dies; rank 0's next call waits for it
+    std::vector<float> user(64);
+    for (size_t i = 0; i < user.size(); ++i) user[i] = static_cast<float>(i);
+    const std::vector<float> before = user;
+    std::atomic<int> outcome{0};  // 1: failed with kBackend
+    std::thread waiter([&] {
+      cudaSetDevice(0);
+      try {
+        enqueueAllReduce(*rings[0], user, newStream())->synchronize(ms(8000));
+        outcome = 2;
+      } catch (const Error& e) {
+        outcome = e.kind() == ErrorKind::kBackend ? 1 : 3;
+      }
+    });
+    std::this_thread::sleep_for(ms(100));
+    const auto t0 = Clock::now();
+    rings[0]->shutdown("ProcessGroupRingreduce.abort()");  // what torchft's abort() reaches on rank 0
+    const auto took = std::chrono::duration_cast<ms>(Clock::now() - t0).count();
+    waiter.join();
+    CHECK_MSG(took < 1000, "cycle " << cycle << ": the abort took " << took << " ms");
+    CHECK_EQ(outcome.load(), 1);
+    // rank 0's communicators (the ring's and the child it splits off), aborted by the shutdown
+    const int rank0_aborts = rrfake::abortCalls();
+    CHECK_MSG(rank0_aborts == 1 + rrfake::splits() / 2, rank0_aborts << " aborts, " << rrfake::splits() << " splits");
+    std::this_thread::sleep_for(ms(20));
+    CHECK(user == before);  // nothing wrote the user's tensor, during the abort or after it
+    rings[1]->shutdown("the replica died");
+    CHECK_EQ(rrfake::abortCalls(), 2 * rank0_aborts);  // and rank 1's: no communicator of this configure is left
+    rings.clear();
+  }
+  rrfake::reset();
+  CHECK_EQ(rrfake::liveAllocations(), allocations_before);  // every ring's staging and frames freed
+  CHECK_EQ(threadCount(), threads_before);                    // every watchdog joined
 }
 
 TEST_MAIN()
