@@ -37,6 +37,7 @@ SOURCES = ["tests/cpp/cuda/cuda_logic_capi.cpp", "tests/cpp/cuda/sim_device.cpp"
 HEADERS = [
     "tests/cpp/cuda/sim_device.h",
     "csrc/cuda/ring_executor.h",
+    "csrc/cuda/reduce_args.h",
     "csrc/cuda/direct_executor.h",
     "csrc/cuda/gpu_pipeline.h",
     "csrc/core/collectives.h",

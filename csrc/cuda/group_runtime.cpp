@@ -200,7 +200,7 @@ class CudaBackend final : public DeviceBackend {
 
   void reduce(const ReduceLaunch& l) override {
     enqueued_ = true;
-    launchReduce(l.op, l.a, l.a_type, l.b, l.b_type, l.dst, l.dst_type, l.count, l.scaling, lane_->compute_stream);
+    launchReduce(l, lane_->compute_stream);
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {

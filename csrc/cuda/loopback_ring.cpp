@@ -129,7 +129,7 @@ class LoopbackBackend final : public DeviceBackend {
   }
 
   void reduce(const ReduceLaunch& l) override {
-    launchReduce(l.op, l.a, l.a_type, l.b, l.b_type, l.dst, l.dst_type, l.count, l.scaling, st_.compute);
+    launchReduce(l, st_.compute);
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {

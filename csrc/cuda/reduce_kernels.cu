@@ -59,15 +59,14 @@ struct KernelLauncher {
 
 }  // namespace
 
-void launchReduce(RedOp op, const void* a, DType a_type, const void* b, DType b_type, void* dst, DType dst_type,
-                  int64_t count, const Scaling& scaling, cudaStream_t stream) {
-  if (count <= 0) {
-    checkSupported(a_type, op);
+void launchReduce(const ReduceLaunch& r, cudaStream_t stream) {
+  if (r.count <= 0) {
+    checkSupported(r.a_type, r.op);
     return;
   }
-  KernelLauncher l{a, b, dst, count, scaling, stream};
-  if (b == nullptr) return dispatchConvert(a_type, dst_type, l);
-  dispatchReduce(op, a_type, b_type, dst_type, l);
+  KernelLauncher l{r.a, r.b, r.dst, r.count, r.scaling, stream};
+  if (r.b == nullptr) return dispatchConvert(r.a_type, r.dst_type, l);
+  dispatchReduce(r.op, r.a_type, r.b_type, r.dst_type, l);
 }
 
 }  // namespace rr

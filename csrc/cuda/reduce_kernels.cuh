@@ -7,6 +7,7 @@
 
 #include "../core/dtype.h"
 #include "../core/functors.h"
+#include "reduce_args.h"
 
 namespace rr {
 
@@ -14,8 +15,7 @@ namespace rr {
 // functors; reduce_dispatch.h lists the type triples); b null: dst[i] = ConvertStep(a[i],
 // scaling.predivide). Any alignment; dst may alias a. Throws rr::Error (kType: dtype/op, kRuntime:
 // impossible types, kBackend: launch).
-void launchReduce(RedOp op, const void* a, DType a_type, const void* b, DType b_type, void* dst, DType dst_type,
-                  int64_t count, const Scaling& scaling, cudaStream_t stream);
+void launchReduce(const ReduceLaunch& l, cudaStream_t stream);
 
 // Threads per block of the reduce kernels (also their __launch_bounds__).
 constexpr int kReduceThreads = 256;

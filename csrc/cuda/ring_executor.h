@@ -41,6 +41,7 @@
 #include "../core/dtype.h"
 #include "../core/one_shot_body.h"
 #include "../core/plan.h"
+#include "reduce_args.h"
 
 namespace rr {
 
@@ -66,20 +67,6 @@ constexpr int32_t kStageDoneEvent = -4;  // between the stages of one lane of a 
 constexpr int32_t laneDoneEvent(int32_t lane) { return -16 - lane; }
 constexpr bool isLaneDoneEvent(int32_t event) { return event <= -17; }
 constexpr int32_t laneOfDoneEvent(int32_t event) { return -16 - event; }
-
-// One launchReduce(): dst = a (op) b, each operand of its own type. b null: a convert (Note [First
-// hop] in plan.h), dst = a / scaling.predivide in dst's type.
-struct ReduceLaunch {
-  const void* a;
-  DType a_type;
-  const void* b;
-  DType b_type;
-  void* dst;
-  DType dst_type;
-  int64_t count;
-  Scaling scaling;  // Plan::scaling(): predivide, and AVG's (or a post factor's) final scaling
-  RedOp op;         // the stage's reduction (a hierarchical AVG sums in its first stage)
-};
 
 // One send or receive of an NCCL group (the one-shot's; NcclComm::group).
 struct PeerOp {

@@ -359,8 +359,9 @@ void registerCudaBindings(pybind11::module& m) {
         Scaling sc;
         sc.divisor = static_cast<RedOp>(op) == RedOp::kAvg ? divisor : 0;
         sc.round_sum = true;
-        launchReduce(static_cast<RedOp>(op), a.data_ptr(), t, b.data_ptr(), t, out.data_ptr(), t, a.numel(), sc,
-                     c10::cuda::getCurrentCUDAStream().stream());
+        const ReduceLaunch launch{a.data_ptr(), t, b.data_ptr(), t, out.data_ptr(), t, a.numel(), sc,
+                                  static_cast<RedOp>(op)};
+        launchReduce(launch, c10::cuda::getCurrentCUDAStream().stream());
       },
       py::arg("a"), py::arg("b"), py::arg("out"), py::arg("op"), py::arg("divisor") = 0,
       "Test hook: the ring's reduce kernel, out = op(a, b) (/ divisor), on the current stream.");

@@ -750,6 +750,6 @@ ncclResult_t ncclGroupEnd() {
 #include "../../../csrc/cuda/reduce_kernels.cuh"
 
 namespace rr {
-void launchReduce(RedOp, const void*, DType, const void*, DType, void*, DType, int64_t, const Scaling&, cudaStream_t) {}
+void launchReduce(const ReduceLaunch&, cudaStream_t) {}
 void launchOneShotReduce(const OneShotLaunch&, cudaStream_t) {}
 }  // namespace rr
