@@ -1,7 +1,7 @@
 // The CPU host loops (csrc/cpu/host_reduce.h) against memcpy of the same bytes, torch-free.
 //
 //   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build --target bench_host_loops
-//   build/bench_host_loops [--bytes 64K,1M,16M] [--seconds 0.2] [--filter NAME] [--isa portable|avx2]
+//   build/bench_host_loops [--bytes 64K,1M,16M] [--seconds 0.2] [--filter NAME] [--isa portable|avx2|avx512]
 //
 // Each row: one loop over a tensor of `bytes` bytes of `dtype` (the operands the all-reduce gives it:
 // the same bytes, the tensor's element count), its time per call (us), its rate (bytes of the tensor
@@ -164,7 +164,7 @@ std::vector<Loop> loops() {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: bench_host_loops [--bytes 64K,1M,16M] [--seconds S] [--filter SUBSTRING] [--isa portable|avx2]\n");
+               "usage: bench_host_loops [--bytes 64K,1M,16M] [--seconds S] [--filter SUBSTRING] [--isa portable|avx2|avx512]\n");
 }
 
 }  // namespace
@@ -193,8 +193,8 @@ int main(int argc, char** argv) {
       seconds = std::atof(value.c_str());
     } else if (arg == "--filter") {
       filter = value;
-    } else if (arg == "--isa" && (value == "portable" || value == "avx2")) {
-      const HostIsa isa = value == "avx2" ? HostIsa::kAvx2 : HostIsa::kPortable;
+    } else if (arg == "--isa" && (value == "portable" || value == "avx2" || value == "avx512")) {
+      const HostIsa isa = value == "avx512" ? HostIsa::kAvx512 : value == "avx2" ? HostIsa::kAvx2 : HostIsa::kPortable;
       if (!hostIsaSupported(isa)) {
         std::fprintf(stderr, "bench_host_loops: this CPU cannot run the %s loops\n", hostIsaName(isa));
         return 2;

@@ -262,6 +262,9 @@ RR_HD_INLINE Acc roundTo(const Acc& v) {
 template <typename TD, typename Acc>
 RR_HD_INLINE Acc scaleFinal(Acc s, const Scaling& sc) {
   using Real = typename RealOf<Acc>::type;
+  // Integers are never scaled (divideBy and multiplyBy pass them unchanged): no factor is computed
+  // in an integer type, where a postscale below 1 would make a division by zero.
+  if constexpr (!std::is_floating_point<Real>::value) return s;
   if (sc.divisor <= 0 && sc.postscale <= 0) return s;
   if (sc.round_sum) s = roundTo<Acc, TD>(s);
   if (sc.divisor > 0) {

@@ -15,8 +15,10 @@
 //   NaNs set to the scalar code's bits: vcvtps2ph keeps a NaN's payload where floatToHalfBits gives
 //   0x7e00 with the sign, and vcvtph2ps quiets a signalling NaN where halfBitsToFloat keeps its bits.
 //   MAX/MIN as Combine's (a != a || a > b) ? a : b, compared unordered / ordered.
-// Everything is always inlined; Avx2Lane's functions only into functions compiled for AVX2 + F16C
-// (Note [Host loop instruction sets] in host_isa.h).
+// * Avx512Lane (x86): 16 values, Avx2Lane's arithmetic with AVX-512's masks where Avx2Lane blends
+//   (the NaN lanes, MAX/MIN's winner) and vpmovdw where it packs and extracts.
+// Everything is always inlined; each vector lane's functions only into functions compiled for its
+// instruction set (Note [Host loop instruction sets] in host_isa.h).
 #pragma once
 
 #include <cstdint>
@@ -26,7 +28,16 @@
 #include "../core/functors.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+// GCC 12 warns -Wmaybe-uninitialized inside its own AVX-512 intrinsics (their _mm512_undefined_*
+// operands; GCC bug 105593, fixed in 13), from the header's lines: silenced for those lines only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #define RR_HOST_AVX2 1
 #else
 #define RR_HOST_AVX2 0
@@ -34,6 +45,8 @@
 
 #define RR_CPU_INLINE inline __attribute__((always_inline))
 #define RR_AVX2_INLINE inline __attribute__((target("avx2,f16c"), always_inline))
+#define RR_AVX512_INLINE \
+  inline __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"), always_inline))
 
 namespace rr {
 
@@ -185,6 +198,80 @@ struct Avx2Lane {
   }
   RR_AVX2_INLINE static V div(V a, V b) { return _mm256_div_ps(a, b); }
   RR_AVX2_INLINE static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+};
+
+struct Avx512Lane {
+  using V = __m512;
+  static constexpr int64_t kWidth = 16;
+
+  RR_AVX512_INLINE static __m512i c(uint32_t v) { return _mm512_set1_epi32(static_cast<int32_t>(v)); }
+  RR_AVX512_INLINE static __m512i bits(V v) { return _mm512_castps_si512(v); }
+  RR_AVX512_INLINE static __mmask16 nans(V v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q); }
+  RR_AVX512_INLINE static V splat(float f) { return _mm512_set1_ps(f); }
+  RR_AVX512_INLINE static V widen(__m256i h) { return _mm512_cvtph_ps(h); }
+  RR_AVX512_INLINE static __m256i narrow(V v) { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT); }
+
+  RR_AVX512_INLINE static V load(const float* p) { return _mm512_loadu_ps(p); }
+  RR_AVX512_INLINE static V load(const BFloat16* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  // As Avx2Lane's: bit 22 cleared where the input has exponent 0x1f and a clear quiet bit.
+  RR_AVX512_INLINE static V load(const Half* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __mmask16 quiet_clear =
+        _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7e00)), _mm256_set1_epi16(0x7c00));
+    const __m512i x = _mm512_castps_si512(widen(h));
+    return _mm512_castsi512_ps(_mm512_mask_and_epi32(x, quiet_clear, x, c(~0x00400000u)));
+  }
+
+  RR_AVX512_INLINE static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  RR_AVX512_INLINE static void store(BFloat16* p, V v) {
+    const __m512i b = bits(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), c(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, c(0x7fff)), odd), 16);
+    const __m512i r = _mm512_mask_mov_epi32(rounded, nans(v), c(0x7fc0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+  RR_AVX512_INLINE static __m256i halfBits(V v) {
+    const __m256i h = narrow(v);
+    const __mmask16 nan =
+        _mm256_cmpgt_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x7c00));
+    return _mm256_mask_blend_epi16(nan, h, _mm256_andnot_si256(_mm256_set1_epi16(0x01ff), h));
+  }
+  RR_AVX512_INLINE static void store(Half* p, V v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), halfBits(v));
+  }
+
+  template <typename T>
+  RR_AVX512_INLINE static V round(V v) {
+    if constexpr (std::is_same<T, BFloat16>::value) {
+      const __m512i b = bits(v);
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), c(1));
+      const __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(b, c(0x7fff)), odd), c(0xffff0000u));
+      return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nans(v), c(0x7fc00000u)));
+    } else if constexpr (std::is_same<T, Half>::value) {
+      const __m512 r = widen(narrow(v));
+      const __m512i canonical = _mm512_or_si512(_mm512_and_si512(bits(v), c(0x80000000u)), c(0x7fc00000u));
+      return _mm512_mask_mov_ps(r, nans(v), _mm512_castsi512_ps(canonical));
+    } else {
+      return v;
+    }
+  }
+
+  template <RedOp op>
+  RR_AVX512_INLINE static V combine(V a, V b) {
+    if constexpr (op == RedOp::kSum || op == RedOp::kAvg) {
+      return _mm512_add_ps(a, b);
+    } else if constexpr (op == RedOp::kProduct) {
+      return _mm512_mul_ps(a, b);
+    } else {  // (a != a || a > b) ? a : b, and < for MIN
+      const __mmask16 wins = _mm512_cmp_ps_mask(a, b, op == RedOp::kMax ? _CMP_GT_OQ : _CMP_LT_OQ) | nans(a);
+      return _mm512_mask_blend_ps(wins, b, a);
+    }
+  }
+  RR_AVX512_INLINE static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  RR_AVX512_INLINE static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
 };
 #endif
 

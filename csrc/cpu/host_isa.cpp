@@ -11,7 +11,11 @@ namespace {
 HostIsa detect() {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return HostIsa::kAvx2;
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    return HostIsa::kAvx512;
+  if (avx2) return HostIsa::kAvx2;
 #endif
   return HostIsa::kPortable;
 }
@@ -30,13 +34,21 @@ HostIsa hostIsa() {
   return static_cast<HostIsa>(isa);
 }
 
-bool hostIsaSupported(HostIsa isa) { return isa == HostIsa::kPortable || detect() == HostIsa::kAvx2; }
+// The instruction sets nest: a CPU with AVX-512's loops runs AVX2's too.
+bool hostIsaSupported(HostIsa isa) { return static_cast<int>(isa) <= static_cast<int>(detect()); }
 
 void setHostIsa(HostIsa isa) {
   RR_CHECK(hostIsaSupported(isa), kValue, "ringreduce: this CPU cannot run the ", hostIsaName(isa), " host loops");
   g_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
 }
 
-const char* hostIsaName(HostIsa isa) { return isa == HostIsa::kAvx2 ? "avx2+f16c" : "portable"; }
+const char* hostIsaName(HostIsa isa) {
+  switch (isa) {
+    case HostIsa::kAvx512: return "avx512";
+    case HostIsa::kAvx2: return "avx2+f16c";
+    case HostIsa::kPortable: break;
+  }
+  return "portable";
+}
 
 }  // namespace rr

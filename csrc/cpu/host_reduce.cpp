@@ -33,8 +33,9 @@ namespace {
 // * Where a 16-bit type takes part (and for float32 rounded through a wire type), one loop per kind
 //   runs ReduceStep's operations on lanes of float32 (loop16, half_vector.h): widening loads,
 //   combine, the scaling, narrowing stores, fused in registers.
-// * Each loop exists for the portable instruction set and, on x86, for AVX2 + F16C (host_loops.inc,
-//   compiled twice); hostIsa() picks one per call (Note [Host loop instruction sets], host_isa.h).
+// * Each loop exists for the portable instruction set and, on x86, for AVX2 + F16C and for AVX-512
+//   (host_loops.inc, compiled three times); hostIsa() picks one per call (Note [Host loop
+//   instruction sets], host_isa.h).
 // * MAX, MIN and PRODUCT are never scaled (the bindings refuse a predivide factor or a wire for
 //   them, and finalScaling gives them no divisor): their loops are the unscaled ones, and a Scaling
 //   that asks for more anyway, or a wire rounding for anything but a float32 tensor's float32
@@ -129,6 +130,22 @@ using Lane = Avx2Lane;
 #else
 #pragma GCC pop_options
 #endif
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c")
+#endif
+namespace avx512 {
+using Lane = Avx512Lane;
+#include "host_loops.inc"
+}  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
 #endif
 
 // dispatchReduce's launcher: the loop of the operand types, for the instruction set of the call.
@@ -145,6 +162,7 @@ struct HostLoop {
   void run() const {
     constexpr RedOp kOp = op == RedOp::kAvg ? RedOp::kSum : op;  // AVG combines as SUM (functors.h)
 #if RR_HOST_AVX2
+    if (isa == HostIsa::kAvx512) return avx512::reduce<TA, TB, TD, kOp>(a, b, dst, count, kind, sc);
     if (isa == HostIsa::kAvx2) return avx2::reduce<TA, TB, TD, kOp>(a, b, dst, count, kind, sc);
 #endif
     portable::reduce<TA, TB, TD, kOp>(a, b, dst, count, kind, sc);
@@ -161,6 +179,7 @@ struct HostConvert {
   template <typename TS, typename TD>
   void convert() const {
 #if RR_HOST_AVX2
+    if (isa == HostIsa::kAvx512) return avx512::convert<TS, TD>(a, dst, count, predivide);
     if (isa == HostIsa::kAvx2) return avx2::convert<TS, TD>(a, dst, count, predivide);
 #endif
     portable::convert<TS, TD>(a, dst, count, predivide);

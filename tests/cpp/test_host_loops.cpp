@@ -30,7 +30,8 @@ namespace {
 
 std::vector<HostIsa> isas() {
   std::vector<HostIsa> out = {HostIsa::kPortable};
-  if (hostIsaSupported(HostIsa::kAvx2)) out.push_back(HostIsa::kAvx2);
+  for (HostIsa isa : {HostIsa::kAvx2, HostIsa::kAvx512})
+    if (hostIsaSupported(isa)) out.push_back(isa);
   return out;
 }
 
@@ -551,18 +552,25 @@ TEST_CASE(instruction_set_selection) {
   setHostIsa(HostIsa::kPortable);
   CHECK(hostIsa() == HostIsa::kPortable);
   CHECK(std::string(hostIsaName(HostIsa::kPortable)) == "portable");
-  if (hostIsaSupported(HostIsa::kAvx2)) {
-    setHostIsa(HostIsa::kAvx2);
-    CHECK(hostIsa() == HostIsa::kAvx2);
-  } else {
-    bool threw = false;
-    try {
-      setHostIsa(HostIsa::kAvx2);
-    } catch (const Error& e) {
-      threw = e.kind() == ErrorKind::kValue;
+  CHECK(std::string(hostIsaName(HostIsa::kAvx2)) == "avx2+f16c");
+  CHECK(std::string(hostIsaName(HostIsa::kAvx512)) == "avx512");
+  for (HostIsa isa : {HostIsa::kAvx2, HostIsa::kAvx512}) {
+    if (hostIsaSupported(isa)) {
+      setHostIsa(isa);
+      CHECK(hostIsa() == isa);
+    } else {
+      bool threw = false;
+      try {
+        setHostIsa(isa);
+      } catch (const Error& e) {
+        threw = e.kind() == ErrorKind::kValue;
+      }
+      CHECK(threw);
     }
-    CHECK(threw);
   }
+  // The sets nest (a CPU with AVX-512's loops runs AVX2's), and the one detected is the widest.
+  if (hostIsaSupported(HostIsa::kAvx512)) CHECK(hostIsaSupported(HostIsa::kAvx2));
+  CHECK(!hostIsaSupported(HostIsa::kAvx512) || guard.saved == HostIsa::kAvx512);
   std::printf("host loops here: %s\n", hostIsaName(guard.saved));
 }
 
