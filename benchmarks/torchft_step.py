@@ -19,8 +19,8 @@ the last replica and lets the others run --steps more. Reported per row:
 * kill -> step (s): from the SIGKILL until every survivor completed its first committed step without
   the killed replica.
 
-The lighthouse runs with --join-timeout-ms (default 1000) and torchft's default heartbeat timeout
-(5 s). With 3 replicas the two survivors are a majority of the healthy replicas and the next quorum
+The lighthouse runs with --join-timeout-ms (default 1000) and --heartbeat-timeout-ms (default 5000,
+torchft's). With 3 replicas the two survivors are a majority of the healthy replicas and the next quorum
 forms at the join timeout; with 2 the survivor alone is not, and waits until the killed replica's
 heartbeat expires (the lighthouse's split-brain rule). The JSON (--json) holds every step of every
 replica, the machine, the command, the commit and the load average.
@@ -134,7 +134,8 @@ def run_one(kind: str, replicas: int, args: argparse.Namespace, folder: str) -> 
     with open(os.path.join(folder, f"lighthouse-{kind}-{replicas}.log"), "w") as log:
         lighthouse = subprocess.Popen(
             [_lighthouse_bin(), "--min_replicas", "1", "--join_timeout_ms", str(args.join_timeout_ms),
-             "--bind", f"[::]:{port}"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+             "--heartbeat_timeout_ms", str(args.heartbeat_timeout_ms), "--bind", f"[::]:{port}"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     outs = [os.path.join(folder, f"{kind}-{replicas}-{r}.jsonl") for r in range(replicas)]
     procs = [_start(kind, r, f"http://localhost:{port}", outs[r], args) for r in range(replicas)]
     victim = replicas - 1
@@ -208,6 +209,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     parser.add_argument("--width", type=int, default=1024, help="MLP width: 2 x width^2 parameters (default 1024)")
     parser.add_argument("--join-timeout-ms", type=int, default=1000, help="the lighthouse's join timeout (default 1000)")
+    parser.add_argument("--heartbeat-timeout-ms", type=int, default=5000,
+                        help="the lighthouse's heartbeat timeout: when a silent replica counts as dead (default "
+                             "5000, torchft's)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is stopped")
     parser.add_argument("--json", default=None, help="write every step and the summary here")
     parser.add_argument("--keep", default=None, help="keep the replicas' and lighthouses' logs in this folder")
@@ -239,7 +243,8 @@ def main() -> int:
     machine["loadavg_end"] = os.getloadavg()
     grad_mib = 2 * (args.width * args.width + args.width) * 4 / 2**20
     print(f"\ntorchft DDP, MLP {2 * args.width * (args.width + 1)} parameters ({grad_mib:.1f} MiB of float32 "
-          f"gradients), {args.steps} timed steps, lighthouse join timeout {args.join_timeout_ms} ms; "
+          f"gradients), {args.steps} timed steps, lighthouse join timeout {args.join_timeout_ms} ms, heartbeat "
+          f"timeout {args.heartbeat_timeout_ms} ms; "
           f"{machine['cpu']} x{machine['cpus']}, commit {machine['commit']}, load {machine['loadavg_start'][0]:.1f}")
     print(f"{'replicas':>8} {'kind':>7} {'step (ms)':>10} {'ratio':>6} {'with a kill (ms)':>17} {'kill -> step (s)':>17}")
     for r in rows:
