@@ -51,6 +51,7 @@ set(RR_SOURCES_cuda_logic
 )
 set(RR_SOURCES_cuda_runtime
   csrc/cuda/cuda_ops.cpp
+  csrc/cuda/cuda_work.cpp
   csrc/cuda/group_runtime.cpp
   csrc/cuda/nccl_comm.cpp
   csrc/cuda/nccl_frame_transport.cpp

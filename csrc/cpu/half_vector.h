@@ -1,6 +1,6 @@
 // ringreduce CPU: the lanes of the host loops (csrc/cpu/host_loops.inc): loads that widen float16 /
 // bfloat16 to float32, stores that narrow, rounding through a 16-bit type, and float32 arithmetic,
-// bit for bit the scalar functors of csrc/core/functors.h, in two instruction sets.
+// bit for bit the scalar functors of csrc/core/functors.h, in three instruction sets.
 //
 // Note [Vector half conversions]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
