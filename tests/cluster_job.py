@@ -3,7 +3,10 @@
     python cluster_job.py OUT_DIR CALLS NUMEL
 
 Environment as torchrun sets it (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
-MASTER_ADDR, MASTER_PORT), plus CLUSTER_PG_TIMEOUT (seconds). Joins the default (gloo) group after a roll call (ringreduce/bench/rollcall.py), then runs CALLS all-reduces of NUMEL exact elements (after the first,
+MASTER_ADDR, MASTER_PORT), plus CLUSTER_JOIN_TIMEOUT (seconds: the roll call's and the group's, so that a
+rank slow to start on a loaded machine still joins) and RINGREDUCE_TIMEOUT (the ring's calls'). Joins the
+default (gloo) group after a roll call (ringreduce/bench/rollcall.py), then runs CALLS all-reduces of
+NUMEL exact elements (after the first,
 OUT_DIR/ready<rank> exists), checks every result, and writes OUT_DIR/rank<rank>.json: the calls done,
 the hostname, and the exception that stopped it (type, the DistBackendError check, message,
 seconds from the failing call's start). Exits 0 after all calls, 3 after an exception.
@@ -29,7 +32,7 @@ def main() -> int:
     out_dir, calls, numel = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     rank = int(os.environ["RANK"])
     report: dict = {"rank": rank, "host": socket.gethostname(), "calls": 0, "error": None}
-    timeout = datetime.timedelta(seconds=float(os.environ["CLUSTER_PG_TIMEOUT"]))
+    timeout = datetime.timedelta(seconds=float(os.environ["CLUSTER_JOIN_TIMEOUT"]))
     started = time.monotonic()
     code = 0
     try:
