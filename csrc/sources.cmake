@@ -31,6 +31,7 @@ set(RR_SOURCES_cpu
   csrc/cpu/node_pipeline.cpp
   csrc/cpu/ring_executor.cpp
   csrc/cpu/runtime_registry.cpp
+  csrc/cpu/shm_path.cpp
   csrc/cpu/shm_ring.cpp
   csrc/cpu/shm_segment.cpp
 )

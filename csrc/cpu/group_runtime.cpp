@@ -27,12 +27,6 @@ int tagSlot(const RingMembers& ring, bool whole_group) {
   return 1 + static_cast<int>(h % static_cast<uint64_t>(kTagSlots - 1));
 }
 
-// Note [Shared-memory segments]: a ring's store keys are ringreduce/shm/<prefix><its group ranks>.
-std::string shmRingId(std::string prefix, const std::vector<int>& ranks) {
-  for (int m : ranks) prefix += std::to_string(m) + ",";
-  return prefix;
-}
-
 }  // namespace
 
 GroupRuntime::GroupRuntime(std::unique_ptr<Transport> transport, std::chrono::milliseconds default_timeout,
@@ -50,7 +44,7 @@ GroupRuntime::GroupRuntime(std::unique_ptr<Transport> transport, std::chrono::mi
               static_cast<size_t>(oneShotBytes(size_))),
       sent_(new std::atomic<int64_t>[static_cast<size_t>(transport_->size())]()),
       payload_(*transport_, sent_.get()),
-      store_(std::move(store)) {
+      shm_(name_, ring_.ranks, rank_, whole_group_, std::move(store), [this] { return abortReason(); }) {
   worker_ = std::thread([this] { loop(); });
 }
 
@@ -100,7 +94,7 @@ uint64_t GroupRuntime::submit(std::shared_ptr<CallBody> body, CallOptions option
     call.seq = next_seq_++;
     // Note [A failed group keeps no thread]: a poisoned group's worker has exited; its calls fail
     // right here, at once. Note [Synchronous calls in shared memory]: run here, too.
-    here = poisoned_ || (synchronous && call.opt.one_node && shm_ready_ && queue_.empty() && !busy_);
+    here = poisoned_ || (synchronous && call.opt.one_node && shm_.ready() && queue_.empty() && !busy_);
     if (here) {
       busy_ = !poisoned_;
     } else {
@@ -422,109 +416,6 @@ int GroupRuntime::payloadTag(int tag_group, size_t stage) const {
          (tag_group * kStagesPerCall + static_cast<int>(stage)) * kTagsPerCall;
 }
 
-std::unique_ptr<ShmRing> GroupRuntime::setUpShm(const std::string& ring_id, const std::vector<int>& ranks,
-                                                int index, bool want, std::chrono::milliseconds timeout,
-                                                std::string* why) {
-  // Note [Shared-memory segments]: one agreement per ring and setup, under keys of its own.
-  const int size = static_cast<int>(ranks.size());
-  const std::string base = "ringreduce/shm/" + ring_id;
-  const int64_t setup = (store_->add(base + "/setups", 1) - 1) / size;
-  ShmMapping mapping;
-  *why = agreeOnSegment(*store_, base + "/" + std::to_string(setup), index, size, ShmRing::segmentBytes(size), want,
-                        timeout, &mapping, [this] { return abortReason(); });
-  if (!why->empty()) {
-    // Warn only when shared memory should have worked (RINGREDUCE_SHM=0 and several hosts are choices).
-    if (why->rfind("RINGREDUCE_SHM=0", 0) != 0 && why->find("more than one host") == std::string::npos)
-      std::fprintf(stderr, "[ringreduce] warning: %s uses gloo point-to-point instead of shared memory: %s\n",
-                   name_.c_str(), why->c_str());
-    return nullptr;
-  }
-  auto ring = std::make_unique<ShmRing>(mapping, index, size, /*owns_mapping=*/true);
-  ring->setAbortCheck([this] { return abortReason(); });
-  return ring;
-}
-
-bool GroupRuntime::ensureShm(const CallOptions& opt, std::chrono::milliseconds timeout) {
-  if (shm_tried_) return shm_ != nullptr;
-  shm_tried_ = true;
-  if (!store_ || size_ < 2) {
-    std::lock_guard<std::mutex> g(mu_);
-    shm_state_ = "tcp";
-    return false;
-  }
-  std::string why;
-  const std::string ring_id = whole_group_ ? "all" : shmRingId("", ring_.ranks);
-  std::unique_ptr<ShmRing> shm = setUpShm(ring_id, ring_.ranks, rank_, opt.shm, timeout, &why);
-  std::lock_guard<std::mutex> g(mu_);
-  if (!shm) {
-    shm_state_ = "tcp (" + why + ")";
-    return false;
-  }
-  shm_ = std::move(shm);
-  shm_state_ = "shm";
-  shm_ready_ = true;
-  return true;
-}
-
-ShmRing* GroupRuntime::nodeShm(const CallOptions& opt, const RingStage& node_stage, std::chrono::milliseconds timeout) {
-  if (!store_ || node_stage.members.size() < 2) return nullptr;
-  if (node_shm_tried_) return node_shm_ && node_shm_members_ == node_stage.members ? node_shm_.get() : nullptr;
-  node_shm_tried_ = true;
-  node_shm_members_ = node_stage.members;
-  std::string why;
-  std::unique_ptr<ShmRing> shm = setUpShm(shmRingId("node:", node_stage.members), node_stage.members,
-                                          node_stage.index(), opt.shm, timeout, &why);
-  std::lock_guard<std::mutex> g(mu_);
-  node_shm_state_ = shm ? "shm" : "tcp (" + why + ")";
-  node_shm_ = std::move(shm);
-  return node_shm_.get();
-}
-
-void GroupRuntime::runShm(const Call& call, const CallBuffer& buf, bool refused, int tag_group, CallTiming& timing) {
-  const CallOptions& opt = call.opt;
-  const Clock::time_point started = Clock::now();
-  Frame mine = frameOf(call);
-  const bool direct = !refused && opt.directAllReduce();
-  const bool flat = !refused && opt.allReduce() && (direct || !opt.hierarchical(size_));
-  // Note [Shared-memory 16-bit wire]: larger float32 all-reduces with a 16-bit wire run the ring.
-  // Note [Half types in shared memory]: half-type sums accumulate in float32 by default.
-  const DType partial = flat ? opt.shmPartial(buf.dtype, size_) : buf.dtype;
-  const bool wire_ring = flat && !direct && buf.dtype == DType::kFloat32 && isHalfType(partial) &&
-                         ShmRing::wireRingPays(buf.numel);
-  const std::vector<Frame> frames =
-      shm_->begin(mine, flat && !wire_ring ? buf.data : nullptr, buf.numel, buf.dtype);
-  timing.check_us = usSince(started);
-  const std::string verdict = compareFrames(frames, name_);
-  RR_CHECK(verdict.empty(), kRuntime, verdict);
-  RR_CHECK(!refused, kRuntime, "ringreduce: call #", call.seq, " refused on this rank");
-  if (!flat) {
-    const std::vector<RingStage> stages = stagesFor(opt, buf);
-    if (opt.allReduce()) {
-      // an explicit algorithm="hierarchical" on one host: its stages, checked already.
-      runStages(call, buf, stages, tag_group, nullptr, timing);
-      return;
-    }
-    // The ring halves in the segment: rank r's block is reduced (or copied) from every rank's.
-    const Clock::time_point moved = Clock::now();
-    shm_->runHalf(stages[0], buf.data, opt.kind == CallKind::kReduceScatter);
-    call.body->finish(rank_, size_);
-    timing.ring_us = usSince(moved);
-    return;
-  }
-  const Clock::time_point reduced = Clock::now();
-  const Scaling final = opt.flatFinalScaling(buf.dtype, size_, partial);
-  if (direct) {  // Note [Direct all-reduce]: every element in rank order, as over gloo
-    shm_->allReduce(buf.data, buf.numel, directInOrder(buf.dtype, size_, opt.directOptions(buf.dtype)),
-                    /*rank_order=*/true);
-  } else if (wire_ring) {
-    shm_->allReduceWire(static_cast<float*>(buf.data), buf.numel, opt.op, partial, final);
-  } else {
-    shm_->allReduce(buf.data, buf.numel, buf.dtype, opt.op, partial, final);
-  }
-  call.body->finish(rank_, size_);
-  timing.ring_us = usSince(reduced);
-}
-
 void GroupRuntime::runStages(const Call& call, const CallBuffer& buf, const std::vector<RingStage>& stages,
                              int tag_group, PlanRun* lead, CallTiming& timing) {
   const Clock::time_point started = Clock::now();
@@ -533,7 +424,7 @@ void GroupRuntime::runStages(const Call& call, const CallBuffer& buf, const std:
   ShmRing* node = nullptr;
   if (stages.size() == 3 && call.opt.hierarchical(size_) && call.opt.shm) {
     const std::chrono::milliseconds timeout = timeoutOf(call.opt);
-    node = nodeShm(call.opt, stages[0], timeout);
+    node = shm_.node(call.opt.shm, stages[0], timeout);
     if (node != nullptr) node->setTimeout(timeout);
   }
   const int64_t pieces = node != nullptr ? nodePieces(buf) : 1;
@@ -577,16 +468,14 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
   try {
     CallBuffer buf;
     if (!refused) buf = call.body->prepare(rank_, size_);
-    if (!opt.one_node) {
-      std::lock_guard<std::mutex> g(mu_);
-      if (shm_state_.empty()) shm_state_ = "tcp (the ring spans several nodes)";
-    }
-    if (opt.one_node && ensureShm(opt, timeout)) {
-      shm_->setTimeout(timeout);
+    if (!opt.one_node) shm_.spansNodes();
+    // Note [Two media below the ring]: the ring's segment when it has one, else messages.
+    if (opt.one_node && shm_.ensure(opt.shm, timeout)) {
       // An async call on the worker runs beside the caller's own work (backward): spin briefly.
-      shm_->setSpinCap(std::this_thread::get_id() == worker_.get_id() ? kWorkerSpin
-                                                                       : std::chrono::microseconds::max());
-      runShm(call, buf, refused, tag_group, timing);
+      shm_.arm(timeout, std::this_thread::get_id() == worker_.get_id() ? kWorkerSpin : std::chrono::microseconds::max());
+      if (!shm_.run(opt, frameOf(call), buf, refused, call.seq, *call.body, [&] { return stagesFor(opt, buf); },
+                    timing))
+        runStages(call, buf, stagesFor(opt, buf), tag_group, nullptr, timing);
       return;
     }
     std::vector<RingStage> stages;
@@ -650,19 +539,11 @@ int64_t GroupRuntime::stagingBytes() {
 int64_t GroupRuntime::memoryBytes() {
   const int64_t slots = stagingBytes();
   std::lock_guard<std::mutex> g(mu_);
-  // Shared-memory segments count in full on every rank that maps them (Note [Shared-memory segments]).
-  const size_t shm = (shm_ ? ShmRing::segmentBytes(size_) + kReduceInOrderScratchBytes : 0) +
-                     (node_shm_ ? ShmRing::segmentBytes(static_cast<int>(node_shm_members_.size())) +
-                                      kReduceInOrderScratchBytes
-                                : 0);
-  return slots + kept_bytes_ + static_cast<int64_t>(frames_.memoryBytes() + scratch_.size() * sizeof(float) +
-                                      accum_.size() * sizeof(float) + shm);
+  return slots + kept_bytes_ + shm_.memoryBytes() +
+         static_cast<int64_t>(frames_.memoryBytes() + scratch_.size() * sizeof(float) + accum_.size() * sizeof(float));
 }
 
-std::string GroupRuntime::transportInfo() {
-  std::lock_guard<std::mutex> g(mu_);
-  return node_shm_state_.empty() ? shm_state_ : shm_state_ + "; node stages: " + node_shm_state_;
-}
+std::string GroupRuntime::transportInfo() { return shm_.info(); }
 
 std::vector<int64_t> GroupRuntime::bytesSent(bool reset) {
   std::vector<int64_t> out(static_cast<size_t>(transport_->size()), 0);

@@ -45,7 +45,9 @@
 #include "../core/frame.h"
 #include "../core/plan.h"
 #include "../core/transport.h"
+#include "call_body.h"
 #include "ring_executor.h"
+#include "shm_path.h"
 #include "shm_ring.h"
 #include "shm_segment.h"
 
@@ -85,36 +87,6 @@ constexpr std::chrono::microseconds kWorkerSpin{10};
 // csrc/core/direct.h) reduces every element in rank order, as the direct exchange does. It moves (n - 1) S bytes per rank instead of 2 (n - 1) / n S,
 // hence thresholds falling with n (docs/performance.md).
 constexpr int64_t oneShotBytes(int ranks) { return ranks <= 2 ? 1 << 20 : ranks <= 8 ? 64 << 10 : 32 << 10; }
-
-// The memory a call's rings run over: `numel` contiguous elements of `dtype`.
-struct CallBuffer {
-  void* data = nullptr;
-  int64_t numel = 0;
-  DType dtype = DType::kFloat32;
-};
-
-// Where a completed call spent its time (RINGREDUCE_DEBUG=DETAIL logs it).
-struct CallTiming {
-  double check_us = 0;  // the agreement frames (0 with the check off)
-  double ring_us = 0;   // the stages, copies included
-};
-
-// The caller's side of one call: its memory and its completion (the torch glue implements it).
-class CallBody {
- public:
-  virtual ~CallBody() = default;
-  // This rank's agreement frame; the runtime fills in rank and sequence number.
-  virtual Frame frame() const = 0;
-  // On the worker, before the frames are compared (never for a locally refused call): the buffer
-  // the rings run over. It may not change anything the caller can see (a working copy, a private
-  // copy of the input, or a fresh output).
-  virtual CallBuffer prepare(int ring_rank, int ring_size) = 0;
-  // On the worker, after every ring succeeded: results to where the caller expects them.
-  virtual void finish(int ring_rank, int ring_size) = 0;
-  // Exactly once, when the call is over (on the worker, or on the submitting thread when the
-  // group is already unusable). Must not throw.
-  virtual void complete(bool ok, ErrorKind kind, const std::string& message, const CallTiming& timing) = 0;
-};
 
 class GroupRuntime {
  public:
@@ -183,17 +155,6 @@ class GroupRuntime {
   // could not be posted (a peer left), this call goes on and later ones fail at once.
   void checkFrames(const Call& call, const Frame& mine, int tag_group, std::chrono::steady_clock::time_point started,
                    CallTiming& timing, const PlanRun* lead = nullptr, const std::vector<int>& lead_slots = {});
-  // Sets shared memory up at the ring's first one_node call (Note [Shared-memory segments]).
-  bool ensureShm(const CallOptions& opt, std::chrono::milliseconds timeout);
-  // The node ring (`node_stage`: stage 1) in shared memory, set up at the first hierarchical call;
-  // null when its ranks cannot share memory (the node stages then use gloo).
-  ShmRing* nodeShm(const CallOptions& opt, const struct RingStage& node_stage, std::chrono::milliseconds timeout);
-  // Agrees on and maps one segment for the ring `ranks` (this process: `index`) under the store keys
-  // of `ring_id`; null with `why` when it cannot.
-  std::unique_ptr<ShmRing> setUpShm(const std::string& ring_id, const std::vector<int>& ranks, int index, bool want,
-                                    std::chrono::milliseconds timeout, std::string* why);
-  // A call through shared memory: the frames, then the flat all-reduce or the other collectives.
-  void runShm(const Call& call, const CallBuffer& buf, bool refused, int tag_group, CallTiming& timing);
   // The stages of a call whose frames were compared already (or that runs unchecked).
   void runStages(const Call& call, const CallBuffer& buf, const std::vector<RingStage>& stages, int tag_group,
                  PlanRun* lead, CallTiming& timing);
@@ -232,7 +193,6 @@ class GroupRuntime {
   std::deque<Call> queue_;
   bool stop_ = false;
   bool busy_ = false;       // a call is executing (on the worker or the submitting thread)
-  bool shm_ready_ = false;  // the ring runs in shared memory
   uint64_t next_seq_ = 0;
   bool poisoned_ = false;
   std::string poison_reason_;
@@ -249,17 +209,8 @@ class GroupRuntime {
   int64_t kept_bytes_ = 0;
   bool detached_ = false;  // shutdown() ran on the worker itself, which was detached, not joined
 
-  // Shared memory (worker-owned after setup; shm_state_ read by other threads under mu_).
-  std::shared_ptr<KeyValueStore> store_;
-  std::unique_ptr<ShmRing> shm_;
-  bool shm_tried_ = false;
-  std::string shm_state_;  // "" until the ring's first call decided it
-  // The hierarchical all-reduce's node ring in shared memory (worker-owned; set up at the first
-  // hierarchical call whose frames agreed; node_shm_state_ read under mu_).
-  std::unique_ptr<ShmRing> node_shm_;
-  std::vector<int> node_shm_members_;
-  bool node_shm_tried_ = false;
-  std::string node_shm_state_;
+  // The ring's shared-memory medium (Note [Two media below the ring] in shm_path.h).
+  ShmPath shm_;
 
   // Note [Interrupting a wait]: set by interrupt() from any thread; asked by shared-memory waits.
   std::atomic<bool> interrupted_{false};
