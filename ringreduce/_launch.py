@@ -19,7 +19,8 @@ non-zero int `target` returns is the exit code), each rank:
 `grace` seconds, then every rank still running is killed; at the timeout too. ``close()`` kills what
 is left and removes the folder; ``shm_left(before)`` names ringreduce's segments that appeared in
 /dev/shm since `before` (``shm_entries()``). ``free_port()`` and ``launcher_env()`` give the env://
-variables of a torchrun-like launch.
+variables of a torchrun-like launch. ``stop_session(p, grace)`` stops a launcher (torchrun, ``ip netns
+exec``) started in a session of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -73,6 +75,30 @@ def describe_exit(code: int | None) -> str:
     except ValueError:
         name = f"signal {-code}"
     return f"{name} (exit code {code})"
+
+
+def stop_session(p: Any, grace: float = 5.0) -> None:
+    """Stops the subprocess.Popen `p`, started with start_new_session=True: SIGTERM to its session, then,
+    after `grace` s, SIGKILL to what is left of it. torchrun starts each worker in a session of its own and
+    stops them only when it is asked to (SIGTERM: its workers get SIGTERM, then SIGKILL after 30 s), so a
+    torchrun killed outright leaves its workers running: give it a `grace` past those 30 s."""
+    if p.poll() is not None:
+        return
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=grace)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(p.pid, signal.SIGKILL)  # also what is left of the session once `p` is gone
+    except ProcessLookupError:
+        pass
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def launcher_env(rank: int, world_size: int, port: int, local_size: int | None = None) -> dict[str, str]:

@@ -16,6 +16,7 @@ import sys
 import pytest
 from ranks import free_port
 
+from ringreduce._launch import stop_session
 from ringreduce.bench.netns import MASTER_PORT, Cluster, ClusterRefused, preflight
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,7 +45,7 @@ def test_torchrun_two_nodes_two_ranks_each(tmp_path, where):
     if cluster:
         cluster.__enter__()  # removes what it built if building fails
     procs = [
-        (cluster.popen if cluster else (lambda _node, argv, **kw: subprocess.Popen(argv, **kw)))(
+        (cluster.popen if cluster else (lambda _node, argv, **kw: subprocess.Popen(argv, start_new_session=True, **kw)))(
             node, cmd + ["--node-rank", str(node), os.path.join(HERE, "torchrun_job.py"), str(tmp_path)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for node in (0, 1)
@@ -55,8 +56,7 @@ def test_torchrun_two_nodes_two_ranks_each(tmp_path, where):
             outputs.append(p.communicate(timeout=240)[0])
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
+            stop_session(p, grace=45)  # torchrun stops its workers (each in a session of its own) on SIGTERM
         if cluster:
             cluster.down()
     for node, (p, text) in enumerate(zip(procs, outputs, strict=True)):

@@ -12,6 +12,8 @@ import sys
 import pytest
 from ranks import free_port
 
+from ringreduce._launch import stop_session
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DOC = os.path.join(ROOT, "docs", "trainers.md")
@@ -45,12 +47,13 @@ def test_trainer_over_ringreduce_equals_gloo_bitwise(tmp_path, name, package):
     path.write_text(program(name))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), os.path.join(HERE, "trainer_runner.py"), str(path), "ringreduce", "gloo"]
+    proc = subprocess.Popen(cmd, env=_env(tmp_path), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=420,
-                              start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{name} did not finish within {exc.timeout} s:\n{exc.stdout}\n{exc.stderr}", pytrace=False)
-    out = proc.stdout + proc.stderr
+        out = proc.communicate(timeout=420)[0]
+    except subprocess.TimeoutExpired:
+        stop_session(proc, grace=45)  # torchrun stops its workers (each in a session of its own) on SIGTERM
+        pytest.fail(f"{name} did not finish within 420 s; its output:\n{proc.communicate()[0][-6000:]}", pytrace=False)
     assert proc.returncode == 0, out[-6000:]
     hashes = dict(re.findall(r"rank (\d: backend \w+), weights sha256 ([0-9a-f]{64})", out))
     assert sorted(hashes) == ["0: backend gloo", "0: backend ringreduce", "1: backend gloo", "1: backend ringreduce"], out

@@ -23,6 +23,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ringreduce._launch import stop_session
+
 SUBNET = "10.213.0"  # the bridge's /24, inside the namespaces only
 HOST_IF = "rr0"
 MASTER_PORT = 29500
@@ -139,7 +141,7 @@ class Cluster:
         """Kills every process here, removes the namespaces it created; returns what it did, a line each."""
         done: list[str] = []
         for p in self.procs:
-            _kill_group(p)
+            stop_session(p)
         self.procs.clear()
         for ns in reversed(self.created):
             killed = self._kill_all(ns)
@@ -203,23 +205,3 @@ class Cluster:
 
         return {"sent": qdisc_bytes(self.namespace(host), HOST_IF), "received": qdisc_bytes(self.switch, f"h{host}")}
 
-
-def _kill_group(p: subprocess.Popen[Any], grace: float = 5.0) -> None:
-    """SIGTERM to `p`'s session (torchrun forwards it to its ranks), SIGKILL after `grace` s."""
-    if p.poll() is not None:
-        return
-    try:
-        os.killpg(p.pid, signal.SIGTERM)
-        p.wait(timeout=grace)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(p.pid, signal.SIGKILL)  # also what is left of the session once `p` is gone
-    except ProcessLookupError:
-        pass
-    try:
-        p.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
