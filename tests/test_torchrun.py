@@ -53,7 +53,7 @@ def test_torchrun_two_nodes_two_ranks_each(tmp_path, where):
     outputs = []
     try:
         for p in procs:
-            outputs.append(p.communicate(timeout=240)[0])
+            outputs.append(p.communicate(timeout=600)[0])  # 11 s idle; minutes at load 10 (new interpreters)
     finally:
         for p in procs:
             stop_session(p, grace=45)  # torchrun stops its workers (each in a session of its own) on SIGTERM
