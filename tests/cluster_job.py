@@ -4,7 +4,8 @@
 
 Environment as torchrun sets it (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 MASTER_ADDR, MASTER_PORT), plus CLUSTER_JOIN_TIMEOUT (seconds: the roll call's and the group's, so that a
-rank slow to start on a loaded machine still joins) and RINGREDUCE_TIMEOUT (the ring's calls'). Joins the
+rank slow to start on a loaded machine still joins), RINGREDUCE_TIMEOUT (the ring's calls') and, if set,
+CLUSTER_GO (a path: the rank writes OUT_DIR/started<rank> and joins once the path exists). Joins the
 default (gloo) group after a roll call (ringreduce/bench/rollcall.py), then runs CALLS all-reduces of
 NUMEL exact elements (after the first,
 OUT_DIR/ready<rank> exists), checks every result, and writes OUT_DIR/rank<rank>.json: the calls done,
@@ -36,6 +37,14 @@ def main() -> int:
     started = time.monotonic()
     code = 0
     try:
+        go = os.environ.get("CLUSTER_GO")
+        if go:  # the test starts the ranks' joins together: new interpreters start slowly on a loaded machine
+            open(os.path.join(out_dir, f"started{rank}"), "w").close()
+            deadline = time.monotonic() + 600
+            while not os.path.exists(go):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{go} did not appear within 600 s")
+                time.sleep(0.05)
         init_process_group("gloo", timeout)
         n = dist.get_world_size()
         want = torch.arange(numel, dtype=torch.float32) * n + n * (n - 1) / 2

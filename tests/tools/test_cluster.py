@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 ROOT = os.path.dirname(HERE)
 PG_TIMEOUT = 6.0  # the ring's (RINGREDUCE_TIMEOUT)
 JOIN_TIMEOUT = 120.0  # at load 15 one rank of four took more than 60 s to join
-ABSENT_JOIN_TIMEOUT = 15.0  # the never-joins case waits it out: shorter, yet room for host 0's two ranks
+ABSENT_JOIN_TIMEOUT = 15.0  # the never-joins case waits it out, its ranks' joins started together (_go)
 NUMEL = 1 << 20  # 4 MiB: a call takes ~70 ms at 1 Gbit/s, so faults land mid-call
 
 
@@ -47,19 +47,22 @@ _REASON = _probe()
 needs_cluster = pytest.mark.skipif(bool(_REASON), reason=f"simulated cluster unavailable: {_REASON}")
 
 
-def _env(cluster: Cluster, rank: int, host: int, per_host: int, hosts: int, join: float) -> dict[str, str]:
+def _env(cluster: Cluster, rank: int, host: int, per_host: int, hosts: int, join: float, go: str) -> dict[str, str]:
     env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(hosts * per_host), LOCAL_RANK=str(rank % per_host),
                LOCAL_WORLD_SIZE=str(per_host), GROUP_RANK=str(host), MASTER_ADDR=cluster.addr(0),
                MASTER_PORT=str(MASTER_PORT), CLUSTER_JOIN_TIMEOUT=str(join), RINGREDUCE_TIMEOUT=str(PG_TIMEOUT),
                OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     env.pop("RINGREDUCE_LOCAL_SIZE", None)
+    if go:
+        env["CLUSTER_GO"] = go
     return env
 
 
 def _start(cluster: Cluster, out: str, per_host: int, calls: int, hosts: tuple[int, ...] | None = None,
-           join: float = JOIN_TIMEOUT):
-    """Starts tests/cluster_job.py for every rank of `hosts` (default all), joining within `join` s, its stderr in
+           join: float = JOIN_TIMEOUT, go: str = ""):
+    """Starts tests/cluster_job.py for every rank of `hosts` (default all), joining within `join` s (once
+    the file `go` exists, when given: _go), its stderr in
     OUT/rank<r>.err (a file: a pipe nobody reads could fill and block the rank); returns {rank: Popen}."""
     procs = {}
     for host in range(cluster.hosts) if hosts is None else hosts:
@@ -68,7 +71,7 @@ def _start(cluster: Cluster, out: str, per_host: int, calls: int, hosts: tuple[i
             with open(os.path.join(out, f"rank{rank}.err"), "w") as err:
                 procs[rank] = cluster.popen(
                     host, [sys.executable, os.path.join(HERE, "cluster_job.py"), out, str(calls), str(NUMEL)],
-                    env=_env(cluster, rank, host, per_host, cluster.hosts, join), stdout=subprocess.DEVNULL, stderr=err)
+                    env=_env(cluster, rank, host, per_host, cluster.hosts, join, go), stdout=subprocess.DEVNULL, stderr=err)
             procs[rank].err_path = err.name
     return procs
 
@@ -80,6 +83,18 @@ def _wait_ready(out: str, procs: dict, limit: float = JOIN_TIMEOUT + 60) -> None
         assert not dead, f"ranks exited before their first call: {dead}: {_said(out, dead)} {_stderr(procs)}"
         assert time.monotonic() < deadline, "the ranks did not finish a first call in time"
         time.sleep(0.05)
+
+
+def _go(out: str, procs: dict, go: str, limit: float = 300.0) -> None:
+    """Once every rank of `procs` started (cluster_job.py's started<rank>), creates `go`: their joins begin
+    together, so that a join timeout measures the join, not how long an interpreter took to start."""
+    deadline = time.monotonic() + limit
+    while len(glob.glob(os.path.join(out, "started*"))) < len(procs):
+        dead = {r: p.returncode for r, p in procs.items() if p.poll() is not None}
+        assert not dead, f"ranks exited before they started: {dead}: {_said(out, dead)} {_stderr(procs)}"
+        assert time.monotonic() < deadline, "the ranks did not start in time"
+        time.sleep(0.05)
+    open(go, "w").close()
 
 
 def _said(out: str, ranks) -> str:
@@ -169,7 +184,9 @@ def test_host_killed_the_other_host_raises(tmp_path):
 def test_host_that_never_joins_is_named_at_init(tmp_path):
     out = str(tmp_path)
     with Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-absent") as c:
-        procs = _start(c, out, per_host=2, calls=1, hosts=(0,), join=ABSENT_JOIN_TIMEOUT)
+        go = os.path.join(out, "go")
+        procs = _start(c, out, per_host=2, calls=1, hosts=(0,), join=ABSENT_JOIN_TIMEOUT, go=go)
+        _go(out, procs, go)
         codes = _finish(procs, limit=ABSENT_JOIN_TIMEOUT + 60)
     assert codes == {0: 3, 1: 3}, _stderr(procs)
     for rep in _reports(out, (0, 1)).values():
