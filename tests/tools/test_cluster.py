@@ -2,10 +2,11 @@
 across hosts - a link cut mid-call, a short flap, a host killed, a host that never joins.
 
 Every test builds its own namespaces (prefix rrc-<pid>-<test>) and removes exactly those; ranks run
-tests/cluster_job.py on 1 Gbit/s links with a 6 s group timeout; every wait is bounded. They need root,
+tests/cluster_job.py on 1 Gbit/s links with the ring's 6 s timeout; every wait is bounded. They need root,
 network namespaces and tbf, and skip with the reason elsewhere. The ranks join with a JOIN_TIMEOUT-second
-roll call and group (a loaded machine starts 4 interpreters slowly); their calls run under the ring's 6 s
-timeout (RINGREDUCE_TIMEOUT), the one the faults are measured against.
+roll call and group, and make their ring (its first call: segments, connections) under the same timeout
+(a loaded machine starts 4 interpreters slowly); their later calls run under the ring's 6 s timeout
+(RINGREDUCE_TIMEOUT, changed through ringreduce.reload_knobs), the one the faults are measured against.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ from ringreduce.bench.netns import MASTER_PORT, Cluster, ClusterRefused, preflig
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 ROOT = os.path.dirname(HERE)
-PG_TIMEOUT = 6.0  # the ring's (RINGREDUCE_TIMEOUT)
+PG_TIMEOUT = 6.0  # the ring's calls' (RINGREDUCE_TIMEOUT from the second call on; the first is the join's)
+# A 2 s flap stalls a call longer than 2 s: TCP's retransmission timer has backed off to seconds by the
+# time the link is back, and a loaded machine adds its own delay (beside two busy loops a call waited
+# more than 6 s).
+FLAP_TIMEOUT = 20.0
 JOIN_TIMEOUT = 120.0  # at load 15 one rank of four took more than 60 s to join
 ABSENT_JOIN_TIMEOUT = 15.0  # the never-joins case waits it out, its ranks' joins started together (_go)
 NUMEL = 1 << 20  # 4 MiB: a call takes ~70 ms at 1 Gbit/s, so faults land mid-call
@@ -47,10 +52,12 @@ _REASON = _probe()
 needs_cluster = pytest.mark.skipif(bool(_REASON), reason=f"simulated cluster unavailable: {_REASON}")
 
 
-def _env(cluster: Cluster, rank: int, host: int, per_host: int, hosts: int, join: float, go: str) -> dict[str, str]:
+def _env(cluster: Cluster, rank: int, host: int, per_host: int, hosts: int, join: float, go: str,
+         call: float) -> dict[str, str]:
     env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(hosts * per_host), LOCAL_RANK=str(rank % per_host),
                LOCAL_WORLD_SIZE=str(per_host), GROUP_RANK=str(host), MASTER_ADDR=cluster.addr(0),
-               MASTER_PORT=str(MASTER_PORT), CLUSTER_JOIN_TIMEOUT=str(join), RINGREDUCE_TIMEOUT=str(PG_TIMEOUT),
+               MASTER_PORT=str(MASTER_PORT), CLUSTER_JOIN_TIMEOUT=str(join), RINGREDUCE_TIMEOUT=str(join),
+               CLUSTER_CALL_TIMEOUT=str(call),
                OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     env.pop("RINGREDUCE_LOCAL_SIZE", None)
@@ -60,7 +67,7 @@ def _env(cluster: Cluster, rank: int, host: int, per_host: int, hosts: int, join
 
 
 def _start(cluster: Cluster, out: str, per_host: int, calls: int, hosts: tuple[int, ...] | None = None,
-           join: float = JOIN_TIMEOUT, go: str = ""):
+           join: float = JOIN_TIMEOUT, go: str = "", call: float = PG_TIMEOUT):
     """Starts tests/cluster_job.py for every rank of `hosts` (default all), joining within `join` s (once
     the file `go` exists, when given: _go), its stderr in
     OUT/rank<r>.err (a file: a pipe nobody reads could fill and block the rank); returns {rank: Popen}."""
@@ -71,7 +78,7 @@ def _start(cluster: Cluster, out: str, per_host: int, calls: int, hosts: tuple[i
             with open(os.path.join(out, f"rank{rank}.err"), "w") as err:
                 procs[rank] = cluster.popen(
                     host, [sys.executable, os.path.join(HERE, "cluster_job.py"), out, str(calls), str(NUMEL)],
-                    env=_env(cluster, rank, host, per_host, cluster.hosts, join, go), stdout=subprocess.DEVNULL, stderr=err)
+                    env=_env(cluster, rank, host, per_host, cluster.hosts, join, go, call), stdout=subprocess.DEVNULL, stderr=err)
             procs[rank].err_path = err.name
     return procs
 
@@ -153,7 +160,7 @@ def test_link_cut_mid_call_every_rank_raises_within_the_timeout(tmp_path):
 def test_link_flap_shorter_than_the_timeout_is_survived(tmp_path):
     out = str(tmp_path)
     with Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-flap") as c:
-        procs = _start(c, out, per_host=1, calls=60)
+        procs = _start(c, out, per_host=1, calls=60, call=FLAP_TIMEOUT)
         _wait_ready(out, procs)
         c.set_link(1, False)
         time.sleep(2.0)
