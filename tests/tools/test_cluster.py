@@ -78,29 +78,31 @@ def _start(cluster: Cluster, out: str, per_host: int, calls: int, hosts: tuple[i
             with open(os.path.join(out, f"rank{rank}.err"), "w") as err:
                 procs[rank] = cluster.popen(
                     host, [sys.executable, os.path.join(HERE, "cluster_job.py"), out, str(calls), str(NUMEL)],
-                    env=_env(cluster, rank, host, per_host, cluster.hosts, join, go, call), stdout=subprocess.DEVNULL, stderr=err)
+                    env=_env(cluster, rank, host, per_host, cluster.hosts, join, go, call),
+                    stdout=subprocess.DEVNULL, stderr=err)
             procs[rank].err_path = err.name
     return procs
 
 
-def _wait_ready(out: str, procs: dict, limit: float = JOIN_TIMEOUT + 60) -> None:
+def _wait_for(out: str, procs: dict, name: str, limit: float, what: str) -> None:
+    """Until every rank of `procs` wrote OUT/<name><rank> (cluster_job.py), at most `limit` s; fails at once
+    when a rank exits before, with its report."""
     deadline = time.monotonic() + limit
-    while len(glob.glob(os.path.join(out, "ready*"))) < len(procs):
+    while len(glob.glob(os.path.join(out, name + "*"))) < len(procs):
         dead = {r: p.returncode for r, p in procs.items() if p.poll() is not None}
-        assert not dead, f"ranks exited before their first call: {dead}: {_said(out, dead)} {_stderr(procs)}"
-        assert time.monotonic() < deadline, "the ranks did not finish a first call in time"
+        assert not dead, f"ranks exited before {what}: {dead}: {_said(out, dead)} {_stderr(procs)}"
+        assert time.monotonic() < deadline, f"the ranks did not reach {what} in time"
         time.sleep(0.05)
+
+
+def _wait_ready(out: str, procs: dict, limit: float = JOIN_TIMEOUT + 60) -> None:
+    _wait_for(out, procs, "ready", limit, "their first call")
 
 
 def _go(out: str, procs: dict, go: str, limit: float = 300.0) -> None:
     """Once every rank of `procs` started (cluster_job.py's started<rank>), creates `go`: their joins begin
     together, so that a join timeout measures the join, not how long an interpreter took to start."""
-    deadline = time.monotonic() + limit
-    while len(glob.glob(os.path.join(out, "started*"))) < len(procs):
-        dead = {r: p.returncode for r, p in procs.items() if p.poll() is not None}
-        assert not dead, f"ranks exited before they started: {dead}: {_said(out, dead)} {_stderr(procs)}"
-        assert time.monotonic() < deadline, "the ranks did not start in time"
-        time.sleep(0.05)
+    _wait_for(out, procs, "started", limit, "they started")
     open(go, "w").close()
 
 
