@@ -4,7 +4,6 @@
 #include "host_reduce.h"
 
 #include <algorithm>
-#include <cstdio>
 #ifdef __linux__
 #include <pthread.h>
 #endif
