@@ -11,14 +11,17 @@ default (gloo) group after a roll call (ringreduce/bench/rollcall.py), then runs
 NUMEL exact elements (after the first,
 OUT_DIR/ready<rank> exists), checks every result, and writes OUT_DIR/rank<rank>.json: the calls done,
 the hostname, and the exception that stopped it (type, the DistBackendError check, message,
-seconds from the failing call's start). Exits 0 after all calls, 3 after an exception.
+seconds from the failing call's start). Exits 0 after all calls, 3 after an exception. SIGUSR1 writes
+every thread's Python stack to stderr (faulthandler).
 """
 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -33,6 +36,7 @@ from ringreduce.bench.rollcall import init_process_group
 def main() -> int:
     out_dir, calls, numel = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     rank = int(os.environ["RANK"])
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr)  # the test asks a rank past its limit where it waits
     report: dict = {"rank": rank, "host": socket.gethostname(), "calls": 0, "error": None}
     timeout = datetime.timedelta(seconds=float(os.environ["CLUSTER_JOIN_TIMEOUT"]))
     started = time.monotonic()

@@ -124,8 +124,19 @@ def _finish(procs: dict, limit: float) -> dict[int, int]:
         try:
             codes[rank] = p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            pytest.fail(f"rank {rank} still runs {limit:.0f} s after the fault")
+            pytest.fail(f"rank {rank} still runs {limit:.0f} s after the fault; {_stacks(procs)}")
     return codes
+
+
+def _stacks(procs: dict) -> str:
+    """The Python stacks of every rank still running (cluster_job.py dumps them on SIGUSR1 into its
+    stderr file), with each rank's stderr: where a rank that outlives its timeout waits."""
+    running = [p for p in procs.values() if p.poll() is None]
+    for p in running:
+        p.send_signal(signal.SIGUSR1)  # the Popen is the rank: ip netns exec, unshare and sh exec it
+    time.sleep(2.0)
+    return "their stacks: " + " | ".join(
+        f"rank {r}: {open(p.err_path).read()[-6000:]}" for r, p in procs.items() if p in running)
 
 
 def _reports(out: str, ranks) -> dict[int, dict]:
@@ -170,6 +181,21 @@ def test_link_flap_shorter_than_the_timeout_is_survived(tmp_path):
         codes = _finish(procs, limit=120)
     assert codes == {0: 0, 1: 0}, _stderr(procs)
     assert [rep["calls"] for rep in _reports(out, range(2)).values()] == [60, 60]  # every result checked exact
+
+
+@needs_cluster
+@pytest.mark.full
+def test_a_rank_past_its_limit_shows_where_it_waits(tmp_path):
+    # What _finish shows when a rank outlives its limit: every running rank's Python stack, down to
+    # the line of cluster_job.py it is on (the call loop, here).
+    out = str(tmp_path)
+    with Cluster(2, "1gbit", prefix=f"rrc-{os.getpid()}-stack") as c:
+        procs = _start(c, out, per_host=1, calls=100000)
+        _wait_ready(out, procs)
+        said = _stacks(procs)
+    for r in range(2):
+        part = said.split(f"rank {r}: ")[1]
+        assert "cluster_job.py" in part and "in main" in part, said
 
 
 @needs_cluster
