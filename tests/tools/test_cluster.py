@@ -112,8 +112,8 @@ def _said(out: str, ranks) -> str:
     return " | ".join(open(p).read() for p in paths if os.path.exists(p))
 
 
-def _stderr(procs: dict) -> str:
-    return " | ".join(f"rank {r}: {open(p.err_path).read()[-1500:]}" for r, p in procs.items())
+def _stderr(procs: dict, tail: int = 1500) -> str:
+    return " | ".join(f"rank {r}: {open(p.err_path).read()[-tail:]}" for r, p in procs.items())
 
 
 def _finish(procs: dict, limit: float) -> dict[int, int]:
@@ -131,12 +131,14 @@ def _finish(procs: dict, limit: float) -> dict[int, int]:
 def _stacks(procs: dict) -> str:
     """The Python stacks of every rank still running (cluster_job.py dumps them on SIGUSR1 into its
     stderr file), with each rank's stderr: where a rank that outlives its timeout waits."""
-    running = [p for p in procs.values() if p.poll() is None]
-    for p in running:
+    running = {r: p for r, p in procs.items() if p.poll() is None}
+    for p in running.values():
         p.send_signal(signal.SIGUSR1)  # the Popen is the rank: ip netns exec, unshare and sh exec it
-    time.sleep(2.0)
-    return "their stacks: " + " | ".join(
-        f"rank {r}: {open(p.err_path).read()[-6000:]}" for r, p in procs.items() if p in running)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and not all(
+            "most recent call first" in open(p.err_path).read() for p in running.values()):
+        time.sleep(0.05)
+    return "their stacks: " + _stderr(running, tail=6000)
 
 
 def _reports(out: str, ranks) -> dict[int, dict]:
