@@ -16,7 +16,11 @@
 //   0x7e00 with the sign, and vcvtph2ps quiets a signalling NaN where halfBitsToFloat keeps its bits.
 //   MAX/MIN as Combine's (a != a || a > b) ? a : b, compared unordered / ordered.
 // * Avx512Lane (x86): 16 values, Avx2Lane's arithmetic with AVX-512's masks where Avx2Lane blends
-//   (the NaN lanes, MAX/MIN's winner) and vpmovdw where it packs and extracts.
+//   (the NaN lanes, MAX/MIN's winner) and vpmovdw where it packs and extracts; float16's narrowing
+//   sets NaN lanes to the canonical quiet NaN before vcvtps2ph (one masked operation) instead of
+//   fixing the 16-bit result.
+// * Paired bfloat16 (Note [Paired bfloat16 lanes]): the vector lanes also load and store 2 x kWidth
+//   bfloat16 values as two registers, for the loops whose operands are all bfloat16.
 // Everything is always inlined; each vector lane's functions only into functions compiled for its
 // instruction set (Note [Host loop instruction sets] in host_isa.h).
 #pragma once
@@ -99,9 +103,22 @@ RR_CPU_INLINE uint16_t narrowBf16(float value) {
 
 }  // namespace halfvec
 
+// Note [Paired bfloat16 lanes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A bfloat16 is the high 16 bits of its float32, so a register of 2 x kWidth bfloat16 values widens
+// in place: the even-indexed elements are each 32-bit lane shifted left by 16 (`lo`), the odd ones
+// the lane with its low 16 bits cleared (`hi`). Element 2i sits in lane i of lo and element 2i + 1
+// in lane i of hi, for every operand alike, so lane-wise arithmetic on (lo, hi) is the arithmetic of
+// each element; the store rounds both registers as round<BFloat16> does and takes the high 16 bits
+// of each lane back into element order (a 16-bit blend). Neither direction crosses a 128-bit lane,
+// and a pair costs 2 operations to widen and 2 (a shift and a blend) to pack, where two registers
+// of kWidth cost 2 widening moves and 2 shifts in, and 2 narrowing moves out. kPairs says whether a
+// lane type has them (the portable lane does not: its loop is vectorized by the compiler).
+
 struct PortableLane {
   using V = float;
   static constexpr int64_t kWidth = 1;
+  static constexpr bool kPairs = false;
 
   RR_CPU_INLINE static V splat(float f) { return f; }
   RR_CPU_INLINE static V load(const float* p) { return *p; }
@@ -148,14 +165,30 @@ struct Avx2Lane {
   }
 
   RR_AVX2_INLINE static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  // floatToBf16Bits on 8 lanes: round to nearest even, NaN lanes 0x7fc0, packed to 16 bits.
-  RR_AVX2_INLINE static void store(BFloat16* p, V v) {
+  // floatToBf16Bits's result in the high 16 bits of each lane (the low 16 bits are not cleared):
+  // round to nearest even, NaN lanes 0x7fc0.
+  RR_AVX2_INLINE static __m256i bf16High(V v) {
     const __m256i bits = _mm256_castps_si256(v);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), c(1));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, c(0x7fff)), odd), 16);
-    const __m256i r = _mm256_blendv_epi8(rounded, c(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(bits, c(0x7fff)), odd);
+    return _mm256_blendv_epi8(r, c(0x7fc00000u), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  }
+  // floatToBf16Bits on 8 lanes, packed to 16 bits.
+  RR_AVX2_INLINE static void store(BFloat16* p, V v) {
+    const __m256i r = _mm256_srli_epi32(bf16High(v), 16);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(_mm256_castsi256_si128(r),
                                                                       _mm256_extracti128_si256(r, 1)));
+  }
+  // Note [Paired bfloat16 lanes]: 16 values, elements 2i in lo, 2i + 1 in hi.
+  static constexpr bool kPairs = true;
+  RR_AVX2_INLINE static void loadPair(const BFloat16* p, V& lo, V& hi) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    lo = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    hi = _mm256_castsi256_ps(_mm256_and_si256(x, c(0xffff0000u)));
+  }
+  RR_AVX2_INLINE static void storePair(BFloat16* p, V lo, V hi) {
+    const __m256i x = _mm256_blend_epi16(_mm256_srli_epi32(bf16High(lo), 16), bf16High(hi), 0xaa);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x);
   }
   // vcvtps2ph rounds to nearest even; a NaN result (exponent 0x1f, mantissa not 0, from NaN inputs
   // only) keeps its sign and quiet bit and loses its payload: 0x7e00 | sign, as floatToHalfBits.
@@ -171,10 +204,7 @@ struct Avx2Lane {
   template <typename T>
   RR_AVX2_INLINE static V round(V v) {
     if constexpr (std::is_same<T, BFloat16>::value) {
-      const __m256i bits = _mm256_castps_si256(v);
-      const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), c(1));
-      const __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(bits, c(0x7fff)), odd), c(0xffff0000u));
-      return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(c(0x7fc00000u)), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      return _mm256_castsi256_ps(_mm256_and_si256(bf16High(v), c(0xffff0000u)));
     } else if constexpr (std::is_same<T, Half>::value) {
       const __m256 r = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
       const __m256 canonical = _mm256_or_ps(_mm256_and_ps(v, _mm256_castsi256_ps(c(0x80000000u))),
@@ -226,19 +256,33 @@ struct Avx512Lane {
   }
 
   RR_AVX512_INLINE static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  RR_AVX512_INLINE static void store(BFloat16* p, V v) {
+  // As Avx2Lane's: floatToBf16Bits's result in the high 16 bits of each lane.
+  RR_AVX512_INLINE static __m512i bf16High(V v) {
     const __m512i b = bits(v);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), c(1));
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, c(0x7fff)), odd), 16);
-    const __m512i r = _mm512_mask_mov_epi32(rounded, nans(v), c(0x7fc0));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(b, c(0x7fff)), odd);
+    return _mm512_mask_mov_epi32(r, nans(v), c(0x7fc00000u));
   }
-  RR_AVX512_INLINE static __m256i halfBits(V v) {
-    const __m256i h = narrow(v);
-    const __mmask16 nan =
-        _mm256_cmpgt_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x7c00));
-    return _mm256_mask_blend_epi16(nan, h, _mm256_andnot_si256(_mm256_set1_epi16(0x01ff), h));
+  RR_AVX512_INLINE static void store(BFloat16* p, V v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16High(v), 16)));
   }
+  // Note [Paired bfloat16 lanes]: 32 values, elements 2i in lo, 2i + 1 in hi.
+  static constexpr bool kPairs = true;
+  RR_AVX512_INLINE static void loadPair(const BFloat16* p, V& lo, V& hi) {
+    const __m512i x = _mm512_loadu_si512(p);
+    lo = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    hi = _mm512_castsi512_ps(_mm512_and_si512(x, c(0xffff0000u)));
+  }
+  RR_AVX512_INLINE static void storePair(BFloat16* p, V lo, V hi) {
+    const __m512i x = _mm512_mask_blend_epi16(0xaaaaaaaau, _mm512_srli_epi32(bf16High(lo), 16), bf16High(hi));
+    _mm512_storeu_si512(p, x);
+  }
+  // NaN lanes set to their sign | 0x7fc00000, a quiet NaN without payload, which vcvtps2ph narrows to
+  // floatToHalfBits's 0x7e00 | sign (one masked ternary-logic operation: (v & sign) | 0x7fc00000).
+  RR_AVX512_INLINE static V halfNansCanonical(V v) {
+    return _mm512_castsi512_ps(_mm512_mask_ternarylogic_epi32(bits(v), nans(v), c(0x80000000u), c(0x7fc00000u), 0xea));
+  }
+  RR_AVX512_INLINE static __m256i halfBits(V v) { return narrow(halfNansCanonical(v)); }
   RR_AVX512_INLINE static void store(Half* p, V v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), halfBits(v));
   }
@@ -246,14 +290,9 @@ struct Avx512Lane {
   template <typename T>
   RR_AVX512_INLINE static V round(V v) {
     if constexpr (std::is_same<T, BFloat16>::value) {
-      const __m512i b = bits(v);
-      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), c(1));
-      const __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(b, c(0x7fff)), odd), c(0xffff0000u));
-      return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nans(v), c(0x7fc00000u)));
+      return _mm512_castsi512_ps(_mm512_and_si512(bf16High(v), c(0xffff0000u)));
     } else if constexpr (std::is_same<T, Half>::value) {
-      const __m512 r = widen(narrow(v));
-      const __m512i canonical = _mm512_or_si512(_mm512_and_si512(bits(v), c(0x80000000u)), c(0x7fc00000u));
-      return _mm512_mask_mov_ps(r, nans(v), _mm512_castsi512_ps(canonical));
+      return widen(narrow(halfNansCanonical(v)));  // a NaN: sign | 0x7fc00000, as roundTo's
     } else {
       return v;
     }

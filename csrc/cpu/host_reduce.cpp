@@ -32,7 +32,10 @@ namespace {
 //   loop over its elements per kind (fusedLoop), which the compiler vectorizes.
 // * Where a 16-bit type takes part (and for float32 rounded through a wire type), one loop per kind
 //   runs ReduceStep's operations on lanes of float32 (loop16, half_vector.h): widening loads,
-//   combine, the scaling, narrowing stores, fused in registers.
+//   combine, the scaling, narrowing stores, fused in registers. Where every operand is bfloat16 the
+//   vector lanes take 2 x kWidth elements at a time, widened in place (Note [Paired bfloat16 lanes]
+//   in half_vector.h), and so do hostReduceInOrder's float32 partials of bfloat16 (Note [Paired
+//   partials]).
 // * Each loop exists for the portable instruction set and, on x86, for AVX2 + F16C and for AVX-512
 //   (host_loops.inc, compiled three times); hostIsa() picks one per call (Note [Host loop
 //   instruction sets], host_isa.h).
@@ -186,6 +189,47 @@ struct HostConvert {
   }
 };
 
+// Note [Paired partials]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// hostReduceInOrder of bfloat16 SUM and AVG with float32 partials over 3 or more inputs (shared memory,
+// direct) keeps its partials, which only its own steps read, in the paired layout: each group of 2 x
+// kWidth elements (kWidth of the call's vector lane) holds its even-indexed elements' float32 values,
+// then its odd-indexed ones', the registers of a paired step (Note [Paired bfloat16 lanes] in
+// half_vector.h) as they are. Every step of the chain then widens its bfloat16 input in place and
+// never packs or unpacks a float32 register. A block's elements past its last whole group, and every
+// element under the portable lane, keep natural order and the plain loops. The arithmetic is each
+// element's own (the layout is a permutation inside a group), so the results are the plain loops'
+// bits (tests/cpp/test_host_loops.cpp compares the instruction sets).
+int64_t pairedGroup(HostIsa isa) {
+#if RR_HOST_AVX2
+  if (isa == HostIsa::kAvx512) return 2 * Avx512Lane::kWidth;
+  if (isa == HostIsa::kAvx2) return 2 * Avx2Lane::kWidth;
+#endif
+  (void)isa;
+  return 0;
+}
+
+template <typename TB, typename TD>
+void pairedFor(HostIsa isa, const void* a, const void* b, void* d, int64_t n, const Scaling& sc) {
+#if RR_HOST_AVX2
+  if (isa == HostIsa::kAvx512) return avx512::reducePaired<TB, TD>(a, b, d, n, loopKind(sc), sc);
+  if (isa == HostIsa::kAvx2) return avx2::reducePaired<TB, TD>(a, b, d, n, loopKind(sc), sc);
+#endif
+  (void)a, (void)b, (void)d, (void)n, (void)sc;
+  RR_CHECK(false, kRuntime, "ringreduce internal error: paired partials under ", hostIsaName(isa));
+}
+
+// The steps of Note [Paired partials]: a bfloat16 input, b bfloat16 (the first step) or float32
+// partials, dst float32 partials or the bfloat16 result.
+void reducePairedBf16(HostIsa isa, const void* a, const void* b, DType b_type, void* d, DType d_type, int64_t n,
+                      const Scaling& sc) {
+  if (b_type == DType::kBFloat16 && d_type == DType::kFloat32) return pairedFor<BFloat16, float>(isa, a, b, d, n, sc);
+  if (b_type == DType::kFloat32 && d_type == DType::kFloat32) return pairedFor<float, float>(isa, a, b, d, n, sc);
+  if (b_type == DType::kFloat32 && d_type == DType::kBFloat16) return pairedFor<float, BFloat16>(isa, a, b, d, n, sc);
+  RR_CHECK(false, kRuntime, "ringreduce internal error: a paired step of ", dtypeName(b_type), " into ",
+           dtypeName(d_type));
+}
+
 }  // namespace
 
 void hostReduce(RedOp op, const void* a, DType a_type, const void* b, DType b_type, void* dst, DType dst_type,
@@ -236,6 +280,25 @@ void hostReduceInOrder(const InOrderReduce& r, const std::vector<const void*>& i
   char* rounded = static_cast<char*>(scratch) + 2 * kReduceInOrderBlock * pelem;  // an input rounded to in_type
   RR_CHECK(!rounds || (2 * pelem + celem) * kReduceInOrderBlock <= kReduceInOrderScratchBytes, kRuntime,
            "ringreduce internal error: in-order scratch too small");
+  // Note [Paired partials]: the group of the paired layout, or 0.
+  const HostIsa isa = hostIsa();
+  const bool sum = r.op == RedOp::kSum || r.op == RedOp::kAvg;
+  const int64_t group = wide && in_type == DType::kBFloat16 && r.dst == DType::kBFloat16 && !rounds && sum && n >= 3
+                            ? pairedGroup(isa)
+                            : 0;
+  // One step on the block's m elements: its whole groups paired, the rest plain.
+  auto reduceStep = [&](const void* a, const void* b, DType b_type, void* out, DType out_type, int64_t m,
+                        const Scaling& sc) {
+    const int64_t paired = group > 0 ? m - m % group : 0;
+    if (paired > 0) reducePairedBf16(isa, a, b, b_type, out, out_type, paired, sc);
+    if (paired < m) {
+      const size_t p = static_cast<size_t>(paired);
+      const char* rest_a = static_cast<const char*>(a) + p * celem;
+      const char* rest_b = static_cast<const char*>(b) + p * dtypeSize(b_type);
+      char* rest_out = static_cast<char*>(out) + p * dtypeSize(out_type);
+      hostReduce(r.op, rest_a, in_type, rest_b, b_type, rest_out, out_type, m - paired, sc);
+    }
+  };
   std::vector<const char*> in(n);
   for (int64_t at = 0; at < count; at += kReduceInOrderBlock) {
     const int64_t m = count - at < kReduceInOrderBlock ? count - at : kReduceInOrderBlock;
@@ -270,7 +333,7 @@ void hostReduceInOrder(const InOrderReduce& r, const std::vector<const void*>& i
       }
       void* out = is_last ? static_cast<void*>(out_last) : s[k % 2];
       const DType out_type = is_last ? r.dst : r.partial;
-      hostReduce(r.op, a, in_type, acc, acc_type, out, out_type, m, is_last ? last : hop);
+      reduceStep(a, acc, acc_type, out, out_type, m, is_last ? last : hop);
       acc = out;
       acc_type = out_type;
     }

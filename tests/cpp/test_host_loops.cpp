@@ -304,8 +304,10 @@ void sweepTriple(Gen& gen, const std::vector<RedOp>& ops, const char* isa) {
         checkReduce<TA, TB, TD>(gen, op, sc, 205, 5, 1, 0, Alias::kB, isa);
       }
     }
-    // Odd and short counts: no lane at all, one lane and a rest, ...
-    for (int64_t n = 0; n <= 40; ++n) checkReduce<TA, TB, TD>(gen, op, all[n % all.size()], n, static_cast<int>(n % 5), 1, 3, Alias::kNone, isa);
+    // Odd and short counts: no lane at all, one lane and a rest, ... up to a pair of AVX-512 lanes
+    // (32 bfloat16 values, Note [Paired bfloat16 lanes]), one lane and a rest.
+    for (int64_t n = 0; n <= 72; ++n)
+      checkReduce<TA, TB, TD>(gen, op, all[n % all.size()], n, static_cast<int>(n % 5), 1, 3, Alias::kNone, isa);
   }
 }
 
@@ -420,7 +422,7 @@ TEST_CASE(conversions_of_every_count) {
   Gen gen;
   for (HostIsa isa : isas()) {
     setHostIsa(isa);
-    for (int n = 0; n <= 40; ++n) {
+    for (int n = 0; n <= 72; ++n) {  // through a pair of AVX-512 lanes, a lane and a rest
       std::vector<float> f(static_cast<size_t>(n));
       gen.fill(f.data(), n);
       std::vector<Half> h(static_cast<size_t>(n));
@@ -436,6 +438,7 @@ TEST_CASE(conversions_of_every_count) {
       checkConvert<Half, float>(h, 0, n % 8, 2, false, hostIsaName(isa));
       checkConvert<BFloat16, float>(b, 0, 3, n % 8, false, hostIsaName(isa));
       checkConvert<Half, Half>(h, 3.0, n % 8, 0, n % 2 == 0, hostIsaName(isa));
+      checkConvert<BFloat16, BFloat16>(b, n % 2 ? 0.37 : 3.0, n % 8, 1, n % 3 == 0, hostIsaName(isa));
       checkConvert<double, double>(x, n % 2 ? 3.0 : 0.0, 1, n % 4, n % 3 == 0, hostIsaName(isa));
       checkConvert<Complex<float>, Complex<float>>(c, 0.37, 0, 1, false, hostIsaName(isa));
     }
@@ -508,8 +511,11 @@ TEST_CASE(reduce_in_order_is_the_same_under_each_instruction_set) {
                           {DType::kFloat32, DType::kBFloat16, RedOp::kAvg}, {DType::kFloat32, DType::kFloat16, RedOp::kSum},
                           {DType::kFloat32, DType::kFloat32, RedOp::kAvg}};
   for (const Setup& s : setups) {
-    for (int n = 2; n <= 5; ++n) {
-      const int64_t count = 20000 + n;  // more than one block of hostReduceInOrder
+    for (int c = 0; c < 8; ++c) {
+      const int n = 2 + c % 4;
+      // More than one block of hostReduceInOrder, then under one block: 2 or 3 groups of paired
+      // partials and a rest, or none (Note [Paired partials]).
+      const int64_t count = c < 4 ? 20000 + n : 61 + 7 * n;
       const size_t elem = dtypeSize(s.dtype);
       std::vector<std::vector<unsigned char>> inputs(static_cast<size_t>(n), std::vector<unsigned char>(count * elem));
       // No NaN inputs: two NaNs meeting may give either payload (this file's comment); infinities
@@ -539,9 +545,17 @@ TEST_CASE(reduce_in_order_is_the_same_under_each_instruction_set) {
         std::vector<unsigned char> out(count * elem);
         hostReduceInOrder(s.dtype, s.partial, s.op, ptrs, out.data(), count, sc, scratch.data());
         results.push_back(out);
+        // In place: dst is the first input.
+        std::vector<unsigned char> first = inputs[0];
+        std::vector<const void*> in_place = ptrs;
+        in_place[0] = first.data();
+        hostReduceInOrder(s.dtype, s.partial, s.op, in_place, first.data(), count, sc, scratch.data());
+        CHECK_MSG(first == out,
+                  hostIsaName(isa) << " in place " << dtypeName(s.dtype) << " n " << n << " count " << count);
       }
       for (size_t k = 1; k < results.size(); ++k)
-        CHECK_MSG(results[k] == results[0], dtypeName(s.dtype) << " partial " << dtypeName(s.partial) << " n " << n);
+        CHECK_MSG(results[k] == results[0], dtypeName(s.dtype) << " partial " << dtypeName(s.partial) << " n " << n
+                                                                << " count " << count);
     }
   }
 }
