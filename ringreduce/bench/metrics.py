@@ -53,7 +53,7 @@ def aggregate_size(
 ) -> list[dict[str, Any]]:
     """One row per implementation from every rank's measurements of one size (`size` bytes, `count`
     elements of `type_name`, `op`, on `world_size` ranks); `per_rank[r]`: rank r's measurements of that
-    type (sweep.measure_size's iters, rounds, warmup and the type's impls).
+    type (sweep.measure_size's iters, rounds, warmup and the type's impls, each with its own iters).
     Times are averaged over ranks (as nccl-tests), #wrong summed, memory the maximum."""
     rows = []
     for name in per_rank[0]["impls"]:
@@ -67,7 +67,8 @@ def aggregate_size(
             "type": type_name,
             "redop": op,
             "impl": name,
-            **{key: per_rank[0][key] for key in ("iters", "rounds", "warmup")},
+            **{key: per_rank[0][key] for key in ("rounds", "warmup")},
+            "iters": stats[0].get("iters", per_rank[0]["iters"]),  # Note [Calls per round] in sweep.py
             "time_us": time_us,
             "time_us_max": max(medians),
             "mean_us": statistics.fmean(s["mean_us"] for s in stats),

@@ -81,7 +81,8 @@ def _finish(cfg: BenchConfig, rows: list[dict[str, Any]], stock: str, machine: d
 
 
 def _banner(cfg: BenchConfig, machine: dict[str, Any]) -> str:
-    iters = f"iters {cfg.iters}" if cfg.iters is not None else f"iters auto (~{cfg.seconds_per_size:g} s/size each)"
+    iters = (f"iters {cfg.iters}" if cfg.iters is not None else
+             f"iters auto (~{cfg.seconds_per_size:g} s/size each{', per implementation' if cfg.timing == 'rounds' else ''})")
     check = {None: "default", True: "on", False: "off"}[cfg.check]
     if cfg.timing == "rounds":
         method = (f"timing: {cfg.rounds} rounds of back-to-back calls per implementation ({iters} per round), "

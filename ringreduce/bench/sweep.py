@@ -6,9 +6,18 @@ Note [Several element types in one sweep]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 With ``-d float,bfloat16,...`` every size runs every (element type, implementation) pair, a Column,
 in the same rounds, alternating as the implementations of one type do (the order reversed every other
-round), with the same calls per round; every type's tensor has the size's bytes. A ratio between
-types (bfloat16 over float32 at the same bytes) is then as fair as one between implementations. The
-rows of each type form its own table, printed after the sweep (rank_main.py).
+round); every type's tensor has the size's bytes. A ratio between types (bfloat16 over float32 at the
+same bytes) is then as fair as one between implementations. The rows of each type form its own table,
+printed after the sweep (rank_main.py).
+
+Note [Calls per round]
+~~~~~~~~~~~~~~~~~~~~~~
+With ``-n`` unset, every column gets its own calls per round: its slowest warm-up median over the
+ranks divided into its share of ``--seconds``, so that each spends about that long in its rounds
+whatever the others cost. One count for all, from the slowest column (gloo takes 10-200x ringreduce's
+time on CPUs), gave ringreduce rounds of a few hundred microseconds at small sizes, where the ranks'
+skew out of the untimed barrier before each round and one scheduler tick weigh as much as the calls,
+and moved its small-size times 5x between runs. ``-n N`` still fixes every column's count.
 """
 
 from __future__ import annotations
@@ -53,10 +62,11 @@ class RankContext:
     device: torch.device
 
 
-def _agree_max(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+def _agree_max(values: list[float], device: torch.device) -> list[float]:
+    """Each of `values`' maximum over the ranks."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return [float(v) for v in t.tolist()]
 
 
 @dataclass(frozen=True)
@@ -94,6 +104,18 @@ def _single_calls(columns: list[Column], calls: dict[str, Callable[[], None]], n
     return {key: timer.seconds() for key, timer in timers.items()}
 
 
+def calls_per_round(cfg: BenchConfig, estimates: list[float]) -> list[int]:
+    """The calls per round (single timing: timed calls) of columns whose one call takes `estimates`
+    seconds (the slowest rank's), under `cfg` (Note [Calls per round]): `-n` for all; in rounds, each
+    column's own count for its share of `--seconds`; single calls alternate one call per column, so
+    one count for all, from the slowest."""
+    if cfg.iters is not None:
+        return [cfg.iters] * len(estimates)
+    if cfg.timing == "rounds":
+        return [auto_iters(est, cfg.seconds_per_size / cfg.rounds, cfg.min_iters, cfg.max_iters) for est in estimates]
+    return [auto_iters(max(estimates), cfg.seconds_per_size, cfg.min_iters, cfg.max_iters)] * len(estimates)
+
+
 def measure_size(cfg: BenchConfig, ctx: RankContext, columns: list[Column], size: int) -> dict[str, Any]:
     """This rank's (`ctx`) measurements of `columns` at `size` bytes under `cfg`: per element type, its
     count and each implementation's figures ({"dtypes": {name: {"count", "impls": {impl: ...}}}, ...})."""
@@ -115,11 +137,8 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, columns: list[Column], size
     warm = _single_calls(columns, calls, cfg.warmup, ctx.device)
     estimates = [statistics.median(warm[c.key]) if cfg.warmup else probe_s[c.key] for c in columns]
     rounds = cfg.rounds if cfg.timing == "rounds" else 1
-    if cfg.iters is not None:
-        iters = cfg.iters
-    else:
-        iters = auto_iters(_agree_max(max(estimates), ctx.device), cfg.seconds_per_size / rounds, cfg.min_iters,
-                           cfg.max_iters)
+    col_iters = dict(zip((col.key for col in columns), calls_per_round(cfg, _agree_max(estimates, ctx.device))))
+    iters = max(col_iters.values())
 
     source = bufs[columns[0].key]  # the size's bytes, whatever the type
     floor = torch.empty_like(source)
@@ -132,7 +151,7 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, columns: list[Column], size
                     torch.cuda.synchronize(ctx.device)
                 dist.barrier()  # untimed: every rank starts the round together
                 col.impl.enter()
-                per_call[col.key].append(time_round(calls[col.key], iters, ctx.device))
+                per_call[col.key].append(time_round(calls[col.key], col_iters[col.key], ctx.device))
             floor_s.append(time_round(lambda: floor.copy_(source), iters, ctx.device))
     else:
         per_call = _single_calls(columns, calls, iters, ctx.device)
@@ -140,6 +159,7 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, columns: list[Column], size
     for col in columns:
         results[col.key].update(summarize(per_call[col.key]))
         results[col.key]["floor_us"] = statistics.median(floor_s) * 1e6
+        results[col.key]["iters"] = col_iters[col.key]
 
     for col in columns:
         buf = bufs[col.key]

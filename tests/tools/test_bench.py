@@ -14,6 +14,7 @@ import torch.distributed as dist
 from ranks import run_ranks, spawn_ranks
 
 from ringreduce.bench.config import BenchConfig
+from ringreduce.bench.sweep import calls_per_round
 from ringreduce.bench.data import count_wrong, expected_chunk, fill_pattern, pattern_modulus
 from ringreduce.bench.metrics import (
     aggregate_size,
@@ -166,6 +167,22 @@ def test_sizes_and_dtypes() -> None:
         parse_dtype("complex32")
     assert auto_iters(0.06, 4.0, 10, 1000) == 67 and auto_iters(1e-5, 4.0, 10, 1000) == 1000
     assert auto_iters(10.0, 4.0, 10, 1000) == 10
+
+
+def test_every_column_gets_its_own_calls_per_round() -> None:
+    """Note [Calls per round]: in rounds a fast column's count fills its own share of --seconds, not the
+    slowest column's; -n fixes every count; single calls take the slowest's for all."""
+    base = dict(sizes=[1024], dtypes=("float",), op="avg", backend="gloo", seconds_per_size=1.0, min_iters=10,
+                max_iters=1000)
+    estimates = [200e-6, 2e-3, 0.5]  # ringreduce, gloo, something slower than --seconds / --rounds
+    assert calls_per_round(BenchConfig(**base, rounds=10), estimates) == [500, 50, 10]
+    assert calls_per_round(BenchConfig(**{**base, "max_iters": 300}, rounds=10), estimates) == [300, 50, 10]
+    assert calls_per_round(BenchConfig(**base, rounds=10, iters=7), estimates) == [7, 7, 7]
+    assert calls_per_round(BenchConfig(**base, timing="single"), estimates[:2]) == [500, 500]
+    per_rank = [{"iters": 50, "rounds": 10, "warmup": 5,
+                 "impls": {"ringreduce": {**_rank_stats(100.0), "iters": 500}, "gloo": {**_rank_stats(200.0), "iters": 50}}}
+                for _ in range(2)]
+    assert [row["iters"] for row in aggregate_size(1024, 256, "float", "avg", 2, per_rank)] == [500, 50]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.float64])
