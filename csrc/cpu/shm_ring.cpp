@@ -40,10 +40,11 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t
 constexpr size_t kFrameSlot = (kFrameBytes + 63) / 64 * 64;
 // How long a waiter spins before it sleeps: long enough to cover a peer's Python between two calls
 // when every rank has a core of its own, short when ranks share cores (the spin takes a peer's core).
-std::chrono::microseconds spinFor(int ranks) {
+bool ranksShareCores(int ranks) {
   static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  return std::chrono::microseconds(ranks <= cpus ? 200 : 10);
+  return ranks > cpus;
 }
+std::chrono::microseconds spinFor(int ranks) { return std::chrono::microseconds(ranksShareCores(ranks) ? 10 : 200); }
 
 // Note [Barrier wait rule]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -262,6 +263,7 @@ void ShmRing::allReduce(void* data, int64_t numel, const InOrderReduce& how, boo
   const RingSchedule sched = makeRingSchedule(size_, numel, static_cast<int64_t>(elem),
                                               static_cast<int64_t>(std::max(elem, dtypeSize(partial))), 1 << 20);
   char* out = static_cast<char*>(data);
+  const size_t full_bytes = ranksShareCores(size_) ? kShmSharedCoresFullPieceBytes : kShmFullPieceBytes;
   for (int64_t offset = 0; offset < numel; offset += per_piece) {
     const int64_t len = std::min(per_piece, numel - offset);
     const int parity = static_cast<int>(pieces_++ % 2);
@@ -269,7 +271,7 @@ void ShmRing::allReduce(void* data, int64_t numel, const InOrderReduce& how, boo
       std::memcpy(buffer(rank_, parity), out + static_cast<size_t>(offset) * elem, static_cast<size_t>(len) * elem);
       barrier();
     }
-    if (size_ == 2 || static_cast<size_t>(len) * elem <= kShmFullPieceBytes) {
+    if (size_ == 2 || static_cast<size_t>(len) * elem <= full_bytes) {
       // Full: every rank reduces the whole piece into its own tensor.
       reducePart(0, len, offset, parity, out + static_cast<size_t>(offset) * elem, how, rank_order, sched);
       continue;

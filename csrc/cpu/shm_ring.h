@@ -9,7 +9,10 @@
 // others at a barrier, where every rank compares all frames (no message: always checked). A "full"
 // piece (two ranks, or at most kShmFullPieceBytes) is reduced whole by every rank into its tensor
 // (one barrier); a "split" piece is reduced 1/n per rank into its buffer and copied out by all (two
-// barriers). Elements combine in the ring's order (hostReduceInOrder): bitwise the TCP ring's result.
+// barriers). Where the ranks outnumber the host's online cores, a full piece's n reductions of the
+// whole take turns on the cores, so pieces above kShmSharedCoresFullPieceBytes are split (4 ranks on
+// 2 cores: 128 and 256 KiB in 0.7-0.8x the full pieces' time, docs/performance.md). Elements combine
+// in the ring's order (hostReduceInOrder): bitwise the TCP ring's result, full or split.
 // Note [Half types in shared memory]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Float32 partials cost no bytes here, so a float16/bfloat16 SUM or AVG sums in float32 by default
@@ -48,6 +51,7 @@ namespace rr {
 
 constexpr size_t kShmBufferBytes = 1 << 20;         // per rank and parity
 constexpr size_t kShmFullPieceBytes = 256 << 10;    // larger pieces are split between ranks (n > 2)
+constexpr size_t kShmSharedCoresFullPieceBytes = 64 << 10;  // the same when the ranks outnumber the cores
 constexpr auto kShmLivenessPoll = std::chrono::milliseconds(100);
 constexpr auto kShmAbortPoll = std::chrono::milliseconds(50);
 
