@@ -11,7 +11,7 @@
 // (one barrier); a "split" piece is reduced 1/n per rank into its buffer and copied out by all (two
 // barriers). Where the ranks outnumber the host's online cores, a full piece's n reductions of the
 // whole take turns on the cores, so pieces above kShmSharedCoresFullPieceBytes are split (4 ranks on
-// 2 cores: 128 and 256 KiB in 0.7-0.8x the full pieces' time, docs/performance.md). Elements combine
+// 2 cores: 256 KiB in 0.66-0.84x the full pieces' time, docs/performance.md). Elements combine
 // in the ring's order (hostReduceInOrder): bitwise the TCP ring's result, full or split.
 // Note [Half types in shared memory]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
