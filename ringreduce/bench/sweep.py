@@ -137,7 +137,7 @@ def measure_size(cfg: BenchConfig, ctx: RankContext, columns: list[Column], size
     warm = _single_calls(columns, calls, cfg.warmup, ctx.device)
     estimates = [statistics.median(warm[c.key]) if cfg.warmup else probe_s[c.key] for c in columns]
     rounds = cfg.rounds if cfg.timing == "rounds" else 1
-    col_iters = dict(zip((col.key for col in columns), calls_per_round(cfg, _agree_max(estimates, ctx.device))))
+    col_iters = dict(zip((col.key for col in columns), calls_per_round(cfg, _agree_max(estimates, ctx.device)), strict=True))
     iters = max(col_iters.values())
 
     source = bufs[columns[0].key]  # the size's bytes, whatever the type

@@ -14,7 +14,6 @@ import torch.distributed as dist
 from ranks import run_ranks, spawn_ranks
 
 from ringreduce.bench.config import BenchConfig
-from ringreduce.bench.sweep import calls_per_round
 from ringreduce.bench.data import count_wrong, expected_chunk, fill_pattern, pattern_modulus
 from ringreduce.bench.metrics import (
     aggregate_size,
@@ -29,6 +28,7 @@ from ringreduce.bench.metrics import (
 )
 from ringreduce.bench.report import build_report, validate_report
 from ringreduce.bench.sizes import format_size, parse_dtype, parse_size, size_sweep
+from ringreduce.bench.sweep import calls_per_round
 from ringreduce.bench.table import Layout, footer, format_row, header, memory_lines
 from ringreduce.bench.timing import auto_iters
 
