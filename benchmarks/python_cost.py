@@ -31,9 +31,9 @@ def _load() -> str:
         return " ".join(f.read().split()[:3])
 
 
-def measure(calls: int, repeats: int, numel: int, op: str, async_op: bool, profile: bool) -> dict:
+def measure(calls: int, repeats: int, numel: int, op: str, async_op: bool, profile: bool, dtype: str = "float32") -> dict:
     """Times `calls` calls of the all-reduce `op` ("avg": all_reduce_avg, else all_reduce with that op)
-    of a float32 tensor of `numel` elements, `repeats` times; microseconds per call."""
+    of a tensor of `numel` elements of `dtype` (a torch dtype's name), `repeats` times; microseconds per call."""
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -81,7 +81,7 @@ def measure(calls: int, repeats: int, numel: int, op: str, async_op: bool, profi
     if hasattr(submitter, "_NATIVE_RUN"):  # an older tree whose fast path calls run_cpu
         submitter._NATIVE_RUN = lambda *args: None
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    tensor = torch.ones(numel)
+    tensor = torch.ones(numel, dtype=getattr(torch, dtype))
     if op == "avg":
         def call() -> object:
             return rr.all_reduce_avg(tensor, async_op=async_op)
@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20000, help="calls per timed repeat (default 20000)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per process (default 5)")
-    parser.add_argument("--numel", type=int, default=256, help="float32 elements (default 256 = 1 KiB)")
+    parser.add_argument("--numel", type=int, default=256, help="elements (default 256 = 1 KiB of float32)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"),
+                        help="the tensor's dtype (default float32)")
     parser.add_argument("--op", default="avg", help="avg (all_reduce_avg, default) or an op of all_reduce")
     parser.add_argument("--async-op", action="store_true", help="async_op=True (the Work path)")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one more repeat (stderr)")
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON line (the children's format)")
     args = parser.parse_args(argv)
     if not args.tree:
-        result = measure(args.calls, args.repeats, args.numel, args.op, args.async_op, args.profile)
+        result = measure(args.calls, args.repeats, args.numel, args.op, args.async_op, args.profile, args.dtype)
         result["load"] = _load()
         if args.json:
             print(json.dumps(result))
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     trees = [os.path.abspath(t) for t in args.tree]
     child = [sys.executable, os.path.abspath(__file__), "--json", "--calls", str(args.calls), "--repeats",
-             str(args.repeats), "--numel", str(args.numel), "--op", args.op] + (["--async-op"] if args.async_op else [])
+             str(args.repeats), "--numel", str(args.numel), "--op", args.op, "--dtype", args.dtype] + (["--async-op"] if args.async_op else [])
     medians: dict[str, list[float]] = {t: [] for t in trees}
     loads = [_load()]
     for _ in range(args.rounds):
@@ -148,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             medians[tree].append(result["median_us"])
             loads.append(result["load"])
-    what = f"{'all_reduce_avg' if args.op == 'avg' else f'all_reduce op={args.op}'} of {args.numel * 4} bytes" + (
+    itemsize = {"float64": 8, "float32": 4}.get(args.dtype, 2)
+    what = f"{'all_reduce_avg' if args.op == 'avg' else f'all_reduce op={args.op}'} of {args.numel * itemsize} bytes " \
+        f"of {args.dtype}" + (
         ", async_op=True" if args.async_op else "")
     print(f"Python per call ({what}), us: median of {args.rounds} processes x {args.repeats} repeats of "
           f"{args.calls} calls")

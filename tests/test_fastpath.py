@@ -412,8 +412,8 @@ def test_python_cost_tool_times_a_tree(tmp_path):
     result = json.loads(one.stdout.strip().splitlines()[-1])
     assert os.path.realpath(result["ringreduce"]) == os.path.realpath(os.path.join(root, "ringreduce"))
     assert len(result["repeats_us"]) == 2 and 0 < result["min_us"] <= result["median_us"]
-    side = subprocess.run([sys.executable, tool, "--tree", root, "--rounds", "1", "--calls", "300", "--repeats", "1"],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    side = subprocess.run([sys.executable, tool, "--tree", root, "--rounds", "1", "--calls", "300", "--repeats", "1",
+                           "--dtype", "bfloat16"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert side.returncode == 0, side.stderr
     assert any(line.startswith(root) for line in side.stdout.splitlines()), side.stdout
-    assert "load average" in side.stdout
+    assert "load average" in side.stdout and "of 512 bytes of bfloat16" in side.stdout, side.stdout
