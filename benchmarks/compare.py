@@ -16,6 +16,11 @@ ratio to DDP's step in the same run, medians over runs.
 side by side, the median over runs of each implementation's time (ringreduce first, then the others
 in the order the JSON lists them: gloo, deepspeed with `--vs deepspeed`) and the median over runs of
 ringreduce's time over each other implementation's.
+
+A sweep of several element types (`-d float,bfloat16,half`) holds rows of each; `--dtype D` reads D's
+(default: the first type of each file), and with `--results` a type other than float also gets the
+median over runs of ringreduce's time over its own float32 time at the same bytes in the same run
+(the bench's `/f32` column).
 """
 
 from __future__ import annotations
@@ -31,18 +36,42 @@ _NAME = re.compile(r"^(?P<build>[A-Za-z0-9_.]+)-(?P<n>\d+)r-(?P<run>\d+)\.json$"
 _TRAIN = re.compile(r"^train-(?P<build>[A-Za-z0-9_.]+)-(?P<run>\d+)\.json$")
 
 
-def load(folder: Path) -> dict[tuple[str, int], list[dict[int, dict[str, float]]]]:
-    """{(build, world size): [one run's {size: {impl: time_us}}, ...]} from the JSON files in `folder`."""
+def load(folder: Path, dtype: str | None = None) -> dict[tuple[str, int], list[dict[int, dict[str, float]]]]:
+    """{(build, world size): [one run's {size: {impl: time_us}}, ...]} from the JSON files in `folder`:
+    the rows of element type `dtype` (a bench type name: float, bfloat16, half), or of each file's
+    first type. A run without rows of that type is left out."""
     runs: dict[tuple[str, int], list[dict[int, dict[str, float]]]] = {}
     for path in sorted(folder.glob("*.json")):
         m = _NAME.match(path.name)
         if not m:
             continue
+        all_rows = json.loads(path.read_text())["rows"]
+        want = dtype if dtype is not None else (all_rows[0].get("type", "float") if all_rows else None)
         rows: dict[int, dict[str, float]] = {}
-        for row in json.loads(path.read_text())["rows"]:
-            rows.setdefault(int(row["size"]), {})[row["impl"]] = float(row["time_us"])
-        runs.setdefault((m["build"], int(m["n"])), []).append(rows)
+        for row in all_rows:
+            if row.get("type", "float") == want:
+                rows.setdefault(int(row["size"]), {})[row["impl"]] = float(row["time_us"])
+        if rows:
+            runs.setdefault((m["build"], int(m["n"])), []).append(rows)
     return runs
+
+
+def load_over_float(folder: Path, dtype: str) -> dict[tuple[str, int], list[dict[int, float]]]:
+    """{(build, world size): [one run's {size: ringreduce's dtype time / its float time}, ...]}, both
+    rows from the same file (a dtype sweep's run), for the files that have both."""
+    over: dict[tuple[str, int], list[dict[int, float]]] = {}
+    for path in sorted(folder.glob("*.json")):
+        m = _NAME.match(path.name)
+        if not m:
+            continue
+        t: dict[tuple[str, int], float] = {}
+        for row in json.loads(path.read_text())["rows"]:
+            if row["impl"] == "ringreduce":
+                t[(row.get("type", "float"), int(row["size"]))] = float(row["time_us"])
+        ratios = {size: v / t[("float", size)] for (ty, size), v in t.items() if ty == dtype and ("float", size) in t}
+        if ratios:
+            over.setdefault((m["build"], int(m["n"])), []).append(ratios)
+    return over
 
 
 def load_train(folder: Path) -> dict[str, list[dict[str, tuple[float, float]]]]:
@@ -111,8 +140,11 @@ def table(runs: dict[tuple[str, int], list[dict[int, dict[str, float]]]], base: 
     return "\n".join(out)
 
 
-def results(runs: dict[tuple[str, int], list[dict[int, dict[str, float]]]], build: str) -> str:
-    """One build's Markdown results table: the world sizes side by side (empty when it has no run)."""
+def results(runs: dict[tuple[str, int], list[dict[int, dict[str, float]]]], build: str,
+            over_float: dict[tuple[str, int], list[dict[int, float]]] | None = None) -> str:
+    """One build's Markdown results table: the world sizes side by side (empty when it has no run).
+    With `over_float` (load_over_float of a half type), one more column per world size: the median
+    over runs of ringreduce's time over its float32 time in the same run."""
     sizes_n = sorted(n for (b, n) in runs if b == build)
     if not sizes_n:
         return ""
@@ -123,6 +155,9 @@ def results(runs: dict[tuple[str, int], list[dict[int, dict[str, float]]]], buil
         head.append(f"{n} ranks: " + " / ".join(["ringreduce"] + [names.get(i, i) for i in impls[n]]) + " (us)")
         head += [f"/ {names.get(i, i)}" for i in impls[n]]
         rule += ["---"] * (1 + len(impls[n]))
+        if over_float is not None:
+            head.append("/ float32")
+            rule.append("---")
     out = [f"{build}: " + ", ".join(f"{len(runs[(build, n)])} runs at {n} ranks" for n in sizes_n)
            + "; medians over runs", "", "| " + " | ".join(head) + " |", "|" + "|".join(rule) + "|"]
     for size in sorted(set().union(*(r for n in sizes_n for r in runs[(build, n)]))):
@@ -133,6 +168,9 @@ def results(runs: dict[tuple[str, int], list[dict[int, dict[str, float]]]], buil
             ratios = [_median([r["ringreduce"] / r[i] for r in rs if i in r]) for i in impls[n]]
             cells.append(" / ".join("-" if t is None else f"{t:.1f}" for t in times))
             cells += ["-" if q is None else f"{q:.3f}" for q in ratios]
+            if over_float is not None:
+                over = _median([r[size] for r in over_float.get((build, n), []) if size in r])
+                cells.append("-" if over is None else f"{over:.2f}")
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out + [""])
 
@@ -143,15 +181,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", default="old", help="the build compared against (file prefix, default old)")
     p.add_argument("--head", default="new", help="the build under test (file prefix, default new)")
     p.add_argument("--results", metavar="BUILD", help="one build's results table (README's) instead of a comparison")
+    p.add_argument("--dtype", metavar="D", help="the element type's rows (float, bfloat16, half; default: each "
+                   "file's first type); with --results, a half type also gets its time over float32's")
     args = p.parse_args(argv)
     if args.results:
-        text = results(load(args.folder), args.results)
+        half = args.dtype is not None and args.dtype != "float"
+        text = results(load(args.folder, args.dtype), args.results,
+                       load_over_float(args.folder, args.dtype) if half else None)
         if not text:
             print(f"compare: no {args.results}-<N>r-<run>.json in {args.folder}", file=sys.stderr)
             return 1
         print(text)
         return 0
-    text = table(load(args.folder), args.base, args.head) + train_table(load_train(args.folder), args.base, args.head)
+    text = table(load(args.folder, args.dtype), args.base, args.head) + train_table(load_train(args.folder), args.base, args.head)
     if not text:
         print(f"compare: no pairs of <{args.base}|{args.head}>-<N>r-<run>.json in {args.folder}", file=sys.stderr)
         return 1

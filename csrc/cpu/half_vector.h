@@ -19,10 +19,26 @@
 //   (the NaN lanes, MAX/MIN's winner) and vpmovdw where it packs and extracts; float16's narrowing
 //   sets NaN lanes to the canonical quiet NaN before vcvtps2ph (one masked operation) instead of
 //   fixing the 16-bit result.
+// * loadQuieting (float16 only): Note [Quieting half loads].
 // * Paired bfloat16 (Note [Paired bfloat16 lanes]): the vector lanes also load and store 2 x kWidth
 //   bfloat16 values as two registers, for the loops whose operands are all bfloat16.
 // Everything is always inlined; each vector lane's functions only into functions compiled for its
 // instruction set (Note [Host loop instruction sets] in host_isa.h).
+//
+// Note [Quieting half loads]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// load(const Half*)'s fix-up (a signalling NaN's quiet bit cleared again after vcvtph2ps) costs about
+// as much as the rest of a float16 step (bench_host_loops, shm-avg-2: 2.8-3.0 us with it and 1.9-2.2
+// us without at 64 KiB, bfloat16's time). It matters only where a widened value can reach a float32
+// result unchanged: MAX/MIN into float32, and a conversion to float32 without a predivide. Everywhere
+// else the value goes through float32 arithmetic, which quiets a signalling NaN exactly as vcvtph2ps
+// does (same bits), or is narrowed to 16 bits, whose NaNs are canonical: there the loops load with
+// loadQuieting, vcvtph2ps alone (host_loops.inc, quietingLoads; the portable lane quiets the same way,
+// so every instruction set reduces the same operands). What may differ from the scalar functors is a
+// signalling NaN meeting another NaN in SUM/AVG/PRODUCT: x86 may return the signalling operand
+// (quieted) where the functor sees one, and returns the first operand where both are quiet, so the
+// result's sign may differ; it is a NaN either way, and the 16-bit result is the canonical 0x7e00 with
+// one of the two signs (tests/cpp/test_host_loops.cpp allows exactly that).
 #pragma once
 
 #include <cstdint>
@@ -124,6 +140,12 @@ struct PortableLane {
   RR_CPU_INLINE static V load(const float* p) { return *p; }
   RR_CPU_INLINE static V load(const Half* p) { return halfvec::widenHalf(p->bits); }
   RR_CPU_INLINE static V load(const BFloat16* p) { return halfvec::widenBf16(p->bits); }
+  // Note [Quieting half loads]: vcvtph2ps's result, a NaN's quiet bit (0x200) set before widening,
+  // so that every instruction set reduces the same operands.
+  RR_CPU_INLINE static V loadQuieting(const Half* p) {
+    const uint16_t h = p->bits;
+    return halfvec::widenHalf(static_cast<uint16_t>(h | (halfvec::maskIf((h & 0x7fffu) > 0x7c00u) & 0x200u)));
+  }
   RR_CPU_INLINE static void store(float* p, V v) { *p = v; }
   RR_CPU_INLINE static void store(Half* p, V v) { p->bits = halfvec::narrowHalf(v); }
   RR_CPU_INLINE static void store(BFloat16* p, V v) { p->bits = halfvec::narrowBf16(v); }
@@ -162,6 +184,10 @@ struct Avx2Lane {
     const __m128i quiet_clear = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7e00)), _mm_set1_epi16(0x7c00));
     const __m256i bit22 = _mm256_and_si256(_mm256_cvtepi16_epi32(quiet_clear), c(0x00400000u));
     return _mm256_andnot_ps(_mm256_castsi256_ps(bit22), _mm256_cvtph_ps(h));
+  }
+  // Note [Quieting half loads]: vcvtph2ps alone, a signalling NaN quieted.
+  RR_AVX2_INLINE static V loadQuieting(const Half* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
 
   RR_AVX2_INLINE static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
@@ -253,6 +279,10 @@ struct Avx512Lane {
         _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7e00)), _mm256_set1_epi16(0x7c00));
     const __m512i x = _mm512_castps_si512(widen(h));
     return _mm512_castsi512_ps(_mm512_mask_and_epi32(x, quiet_clear, x, c(~0x00400000u)));
+  }
+  // Note [Quieting half loads]: vcvtph2ps alone, a signalling NaN quieted.
+  RR_AVX512_INLINE static V loadQuieting(const Half* p) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
 
   RR_AVX512_INLINE static void store(float* p, V v) { _mm512_storeu_ps(p, v); }

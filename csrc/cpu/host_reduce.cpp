@@ -189,45 +189,43 @@ struct HostConvert {
   }
 };
 
-// Note [Paired partials]
-// ~~~~~~~~~~~~~~~~~~~~~~
-// hostReduceInOrder of bfloat16 SUM and AVG with float32 partials over 3 or more inputs (shared memory,
-// direct) keeps its partials, which only its own steps read, in the paired layout: each group of 2 x
-// kWidth elements (kWidth of the call's vector lane) holds its even-indexed elements' float32 values,
-// then its odd-indexed ones', the registers of a paired step (Note [Paired bfloat16 lanes] in
-// half_vector.h) as they are. Every step of the chain then widens its bfloat16 input in place and
-// never packs or unpacks a float32 register. A block's elements past its last whole group, and every
-// element under the portable lane, keep natural order and the plain loops. The arithmetic is each
-// element's own (the layout is a permutation inside a group), so the results are the plain loops'
-// bits (tests/cpp/test_host_loops.cpp compares the instruction sets).
-int64_t pairedGroup(HostIsa isa) {
-#if RR_HOST_AVX2
-  if (isa == HostIsa::kAvx512) return 2 * Avx512Lane::kWidth;
-  if (isa == HostIsa::kAvx2) return 2 * Avx2Lane::kWidth;
-#endif
-  (void)isa;
-  return 0;
-}
+// Note [Fused in-order reduce]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// hostReduceInOrder of SUM or AVG over n >= 2 inputs of float32, bfloat16 or float16, with float32
+// partials and no wire (shared memory's reduce of every rank's copy, the direct exchange's of its
+// shard's pieces) runs its chain of ReduceSteps in one pass (reduceChain, host_loops.inc): for each
+// lane of elements, input 0 widened (and predivided), then input k combined with the partial as the
+// first operand, in rank order, the partial kept in a register, the last step's scaling and
+// rounding, one store. Those are the operations of the step-by-step chain (a hostReduce per input
+// through float32 partials in scratch), in its order, so the same bits
+// (tests/cpp/test_host_loops.cpp compares the two); what goes is the partials' stores and loads:
+// 2 (n - 2) float32 accesses per element. Everything else (MIN, MAX, PRODUCT; 16-bit partials; a
+// wire; inputs rounded to a wire type first; other types) keeps the chain, one block of
+// kReduceInOrderBlock elements at a time.
+struct HostChain {
+  const void* const* in;
+  size_t n;
+  void* dst;
+  int64_t count;
+  const Scaling& sc;
+  HostIsa isa;
 
-template <typename TB, typename TD>
-void pairedFor(HostIsa isa, const void* a, const void* b, void* d, int64_t n, const Scaling& sc) {
+  template <typename T>
+  void run() const {
 #if RR_HOST_AVX2
-  if (isa == HostIsa::kAvx512) return avx512::reducePaired<TB, TD>(a, b, d, n, loopKind(sc), sc);
-  if (isa == HostIsa::kAvx2) return avx2::reducePaired<TB, TD>(a, b, d, n, loopKind(sc), sc);
+    if (isa == HostIsa::kAvx512) return avx512::reduceChain<T>(in, n, dst, count, loopKind(sc), sc);
+    if (isa == HostIsa::kAvx2) return avx2::reduceChain<T>(in, n, dst, count, loopKind(sc), sc);
 #endif
-  (void)a, (void)b, (void)d, (void)n, (void)sc;
-  RR_CHECK(false, kRuntime, "ringreduce internal error: paired partials under ", hostIsaName(isa));
-}
+    portable::reduceChain<T>(in, n, dst, count, loopKind(sc), sc);
+  }
+};
 
-// The steps of Note [Paired partials]: a bfloat16 input, b bfloat16 (the first step) or float32
-// partials, dst float32 partials or the bfloat16 result.
-void reducePairedBf16(HostIsa isa, const void* a, const void* b, DType b_type, void* d, DType d_type, int64_t n,
-                      const Scaling& sc) {
-  if (b_type == DType::kBFloat16 && d_type == DType::kFloat32) return pairedFor<BFloat16, float>(isa, a, b, d, n, sc);
-  if (b_type == DType::kFloat32 && d_type == DType::kFloat32) return pairedFor<float, float>(isa, a, b, d, n, sc);
-  if (b_type == DType::kFloat32 && d_type == DType::kBFloat16) return pairedFor<float, BFloat16>(isa, a, b, d, n, sc);
-  RR_CHECK(false, kRuntime, "ringreduce internal error: a paired step of ", dtypeName(b_type), " into ",
-           dtypeName(d_type));
+// Whether hostReduceInOrder of r has a fused loop (Note [Fused in-order reduce]).
+bool fusedChain(const InOrderReduce& r, size_t n) {
+  const bool sum = r.op == RedOp::kSum || r.op == RedOp::kAvg;
+  const bool floating = r.dtype == DType::kFloat32 || r.dtype == DType::kBFloat16 || r.dtype == DType::kFloat16;
+  return n >= 2 && sum && floating && r.partial == DType::kFloat32 && r.round_to == r.dtype && r.dst == r.dtype &&
+         r.scaling.wire_round < 0;
 }
 
 }  // namespace
@@ -260,6 +258,15 @@ void hostReduceInOrder(const InOrderReduce& r, const std::vector<const void*>& i
                        void* scratch) {
   const size_t n = inputs.size();
   RR_CHECK(n >= 1, kRuntime, "ringreduce internal error: a reduction of no inputs");
+  if (fusedChain(r, n)) {
+    if (count <= 0) return;
+    HostChain chain{inputs.data(), n, dst, count, r.scaling, hostIsa()};
+    switch (r.dtype) {
+      case DType::kFloat32: return chain.run<float>();
+      case DType::kBFloat16: return chain.run<BFloat16>();
+      default: return chain.run<Half>();
+    }
+  }
   // Inputs rounded to a 16-bit wire first (Note [Direct all-reduce]): the steps read the rounded
   // values, which carry the predivide already.
   const bool rounds = r.round_to != r.dtype;
@@ -280,25 +287,6 @@ void hostReduceInOrder(const InOrderReduce& r, const std::vector<const void*>& i
   char* rounded = static_cast<char*>(scratch) + 2 * kReduceInOrderBlock * pelem;  // an input rounded to in_type
   RR_CHECK(!rounds || (2 * pelem + celem) * kReduceInOrderBlock <= kReduceInOrderScratchBytes, kRuntime,
            "ringreduce internal error: in-order scratch too small");
-  // Note [Paired partials]: the group of the paired layout, or 0.
-  const HostIsa isa = hostIsa();
-  const bool sum = r.op == RedOp::kSum || r.op == RedOp::kAvg;
-  const int64_t group = wide && in_type == DType::kBFloat16 && r.dst == DType::kBFloat16 && !rounds && sum && n >= 3
-                            ? pairedGroup(isa)
-                            : 0;
-  // One step on the block's m elements: its whole groups paired, the rest plain.
-  auto reduceStep = [&](const void* a, const void* b, DType b_type, void* out, DType out_type, int64_t m,
-                        const Scaling& sc) {
-    const int64_t paired = group > 0 ? m - m % group : 0;
-    if (paired > 0) reducePairedBf16(isa, a, b, b_type, out, out_type, paired, sc);
-    if (paired < m) {
-      const size_t p = static_cast<size_t>(paired);
-      const char* rest_a = static_cast<const char*>(a) + p * celem;
-      const char* rest_b = static_cast<const char*>(b) + p * dtypeSize(b_type);
-      char* rest_out = static_cast<char*>(out) + p * dtypeSize(out_type);
-      hostReduce(r.op, rest_a, in_type, rest_b, b_type, rest_out, out_type, m - paired, sc);
-    }
-  };
   std::vector<const char*> in(n);
   for (int64_t at = 0; at < count; at += kReduceInOrderBlock) {
     const int64_t m = count - at < kReduceInOrderBlock ? count - at : kReduceInOrderBlock;
@@ -333,7 +321,7 @@ void hostReduceInOrder(const InOrderReduce& r, const std::vector<const void*>& i
       }
       void* out = is_last ? static_cast<void*>(out_last) : s[k % 2];
       const DType out_type = is_last ? r.dst : r.partial;
-      reduceStep(a, acc, acc_type, out, out_type, m, is_last ? last : hop);
+      hostReduce(r.op, a, in_type, acc, acc_type, out, out_type, m, is_last ? last : hop);
       acc = out;
       acc_type = out_type;
     }

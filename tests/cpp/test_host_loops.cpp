@@ -513,8 +513,8 @@ TEST_CASE(reduce_in_order_is_the_same_under_each_instruction_set) {
   for (const Setup& s : setups) {
     for (int c = 0; c < 8; ++c) {
       const int n = 2 + c % 4;
-      // More than one block of hostReduceInOrder, then under one block: 2 or 3 groups of paired
-      // partials and a rest, or none (Note [Paired partials]).
+      // More than one block of hostReduceInOrder, then under one block: a few vector lanes (paired
+      // for bfloat16) and a rest.
       const int64_t count = c < 4 ? 20000 + n : 61 + 7 * n;
       const size_t elem = dtypeSize(s.dtype);
       std::vector<std::vector<unsigned char>> inputs(static_cast<size_t>(n), std::vector<unsigned char>(count * elem));
@@ -537,7 +537,7 @@ TEST_CASE(reduce_in_order_is_the_same_under_each_instruction_set) {
       }
       std::vector<const void*> ptrs;
       for (auto& in : inputs) ptrs.push_back(in.data());
-      Scaling sc = finalScaling(s.op, n, 1, n == 3 ? 2.0 : 0.0, n == 3 ? 2.0 : 0.0, s.partial == s.dtype);
+      Scaling sc = finalScaling(s.op, n, 1, n == 3 ? 2.0 : 0.0, n == 3 ? 2.0 : 0.0, s.partial == s.dtype || c % 2 == 1);
       if (s.dtype == DType::kFloat32 && n == 4) sc.wire_round = static_cast<int32_t>(s.partial);
       std::vector<std::vector<unsigned char>> results;
       for (HostIsa isa : all) {
@@ -556,6 +556,28 @@ TEST_CASE(reduce_in_order_is_the_same_under_each_instruction_set) {
       for (size_t k = 1; k < results.size(); ++k)
         CHECK_MSG(results[k] == results[0], dtypeName(s.dtype) << " partial " << dtypeName(s.partial) << " n " << n
                                                                 << " count " << count);
+      // The chain step by step, a hostReduce per input through partials of their own (Note [Fused
+      // in-order reduce]): input 1 with input 0, then input k with the partial, the last step scaled.
+      if (s.partial == s.dtype || s.partial == DType::kFloat32) {
+        Scaling hop;
+        hop.predivide = sc.predivide;
+        std::vector<unsigned char> first(count * elem), partial(count * dtypeSize(s.partial)), want(count * elem);
+        const void* in0 = ptrs[0];
+        if (sc.predivide > 0) {  // the first input's predivide, in its own type
+          hostConvert(ptrs[0], s.dtype, first.data(), s.dtype, count, sc.predivide);
+          in0 = first.data();
+        }
+        if (n == 2) {
+          hostReduce(s.op, ptrs[1], s.dtype, in0, s.dtype, want.data(), s.dtype, count, sc);
+        } else {
+          hostReduce(s.op, ptrs[1], s.dtype, in0, s.dtype, partial.data(), s.partial, count, hop);
+          for (int k = 2; k + 1 < n; ++k)
+            hostReduce(s.op, ptrs[k], s.dtype, partial.data(), s.partial, partial.data(), s.partial, count, hop);
+          hostReduce(s.op, ptrs[n - 1], s.dtype, partial.data(), s.partial, want.data(), s.dtype, count, sc);
+        }
+        CHECK_MSG(results[0] == want, "step by step: " << dtypeName(s.dtype) << " partial " << dtypeName(s.partial)
+                                                        << " n " << n << " count " << count);
+      }
     }
   }
 }

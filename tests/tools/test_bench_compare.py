@@ -76,3 +76,21 @@ def test_no_pairs_is_an_error(tmp_path, capsys):
 @pytest.mark.parametrize("nbytes,label", [(1024, "1 KiB"), (3 * 2**20, "3 MiB"), (8, "8 B"), (1536, "1536 B")])
 def test_size_labels(nbytes, label):
     assert _compare()._size(nbytes) == label
+
+
+def test_dtype_sweeps_keep_their_types_apart(tmp_path):
+    # a `-d float,bfloat16` run: each type's rows read alone, never one over the other; --results of
+    # bfloat16 adds its time over float32's in the same run (1.5 and 1.0 -> median of two runs 1.25)
+    for i, (f32, bf16) in enumerate([(10.0, 15.0), (20.0, 20.0)], start=1):
+        rows = []
+        for ty, t in (("float", f32), ("bfloat16", bf16)):
+            rows += [{"size": 1024, "type": ty, "impl": "ringreduce", "time_us": t},
+                     {"size": 1024, "type": ty, "impl": "gloo", "time_us": 100.0}]
+        (tmp_path / f"main-2r-{i}.json").write_text(json.dumps({"rows": rows}))
+    cmp = _compare()
+    assert cmp.load(tmp_path)[("main", 2)][0][1024]["ringreduce"] == 10.0  # the first type: float
+    assert cmp.load(tmp_path, "bfloat16")[("main", 2)][1][1024]["ringreduce"] == 20.0
+    assert cmp.load(tmp_path, "half") == {}
+    lines = cmp.results(cmp.load(tmp_path, "bfloat16"), "main", cmp.load_over_float(tmp_path, "bfloat16")).splitlines()
+    assert lines[2] == "| size | 2 ranks: ringreduce / gloo (us) | / gloo | / float32 |"
+    assert lines[4] == "| 1 KiB | 17.5 / 100.0 | 0.175 | 1.25 |"
