@@ -34,8 +34,8 @@ namespace {
 //   runs ReduceStep's operations on lanes of float32 (loop16, half_vector.h): widening loads,
 //   combine, the scaling, narrowing stores, fused in registers. Where every operand is bfloat16 the
 //   vector lanes take 2 x kWidth elements at a time, widened in place (Note [Paired bfloat16 lanes]
-//   in half_vector.h), and so do hostReduceInOrder's float32 partials of bfloat16 (Note [Paired
-//   partials]).
+//   in half_vector.h), and so does hostReduceInOrder's fused chain over bfloat16 inputs (Note
+//   [Fused in-order reduce]).
 // * Each loop exists for the portable instruction set and, on x86, for AVX2 + F16C and for AVX-512
 //   (host_loops.inc, compiled three times); hostIsa() picks one per call (Note [Host loop
 //   instruction sets], host_isa.h).
