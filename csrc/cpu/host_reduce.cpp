@@ -213,10 +213,10 @@ struct HostChain {
   template <typename T>
   void run() const {
 #if RR_HOST_AVX2
-    if (isa == HostIsa::kAvx512) return avx512::reduceChain<T>(in, n, dst, count, loopKind(sc), sc);
-    if (isa == HostIsa::kAvx2) return avx2::reduceChain<T>(in, n, dst, count, loopKind(sc), sc);
+    if (isa == HostIsa::kAvx512) return avx512::reduceChain<T>(in, n, dst, count, sc);
+    if (isa == HostIsa::kAvx2) return avx2::reduceChain<T>(in, n, dst, count, sc);
 #endif
-    portable::reduceChain<T>(in, n, dst, count, loopKind(sc), sc);
+    portable::reduceChain<T>(in, n, dst, count, sc);
   }
 };
 
