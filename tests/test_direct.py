@@ -275,6 +275,34 @@ def test_ranks_that_disagree_on_the_algorithm_all_raise(numel, place):
         assert "disagree" in msg and "algorithm" in msg, msg
 
 
+def _disagree_then_agree(rank: int, ws: int, how: str, numel: int) -> tuple[str, bool]:
+    """Round 0 of a checked direct call leaves before the frames (Note [Direct before the verdict]):
+    ranks that disagree on the size, or on the algorithm, still all raise with their tensors unchanged,
+    and the next call is exact."""
+    if how == "size":
+        n, algorithm = (numel if rank != 1 else numel * 2 // 3), "direct"
+    else:
+        n, algorithm = numel, ("direct" if rank != 2 else "ring")
+    t = torch.ones(n, dtype=torch.bfloat16)
+    try:
+        rr.all_reduce(t, algorithm=algorithm)
+        first = "no error"
+    except RuntimeError as exc:
+        first = str(exc) if torch.equal(t, torch.ones(n, dtype=torch.bfloat16)) else "tensor changed"
+    inputs = random_inputs(ws, numel + 7, 31, torch.bfloat16)
+    x = inputs[rank].clone()
+    rr.all_reduce(x, op="avg", algorithm="direct")
+    return first, bits_equal(x, rank_order(inputs, "avg"))
+
+
+@pytest.mark.parametrize("how", ["size", "algorithm"])
+@pytest.mark.parametrize("numel", [300_000, 3_000_000])  # round 0 within directLeadRoom(3), and beyond it
+def test_leading_round_survives_a_disagreement(how, numel, place):
+    for rank, (first, exact) in enumerate(run_ranks(3, _disagree_then_agree, how, numel)):
+        assert "disagree" in first, (rank, first)
+        assert exact, rank
+
+
 def _backend_and_coalesced(rank: int, ws: int) -> dict:
     out = {}
     g = dist.new_group(backend="ringreduce", pg_options=rr.BackendOptions(algorithm="direct"))

@@ -45,6 +45,9 @@ enum FrameFlags : int32_t {
   // The frame message carries this rank's whole tensor (Note [One-shot all-reduce] in
   // csrc/cpu/group_runtime.h).
   kFrameOneShot = 2,
+  // A direct all-reduce: this rank posted round 0's receive from every peer before the frames, each
+  // with room for directLeadRoom(n) (Note [Direct before the verdict] in csrc/cpu/direct_exchange.h).
+  kFrameDirectLead = 4,
 };
 
 // Frame::wire_dtype's flag: the all-gather moves the wire type too (RINGREDUCE_WIRE_GATHER=16).

@@ -1,6 +1,9 @@
 #include "direct_exchange.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "../core/error.h"
 #include "host_reduce.h"
@@ -10,17 +13,24 @@ namespace rr {
 
 namespace {
 
-// One half of the call (Note [Direct rounds on gloo]): `post` posts round g's messages, `consume`
-// uses what round g received.
+// One half of the call (Note [Direct rounds on gloo]): `post_recvs` and `post_sends` post round g's
+// messages, `consume` uses what round g received. Round 0's requests posted before run() (Note
+// [Direct before the verdict]) are handed in with preposted().
 class Rounds {
  public:
   Rounds(const DirectPlan& plan, Transport& t) : plan_(plan), t_(t), recvs_(plan.rounds), sends_(plan.rounds) {}
+
+  void preposted(std::vector<int64_t> recvs, std::vector<int64_t> sends) {
+    recvs_[0] = std::move(recvs);
+    sends_[0] = std::move(sends);
+    recvs_posted_ = true;
+  }
 
   template <typename PostRecvs, typename PostSends, typename Consume>
   void run(PostRecvs&& post_recvs, PostSends&& post_sends, Consume&& consume) {
     const int rounds = plan_.rounds;
     const int depth = plan_.depth;
-    for (int g = 0; g < depth && g < rounds; ++g) post_recvs(g, recvs_[g]);
+    for (int g = recvs_posted_ ? 1 : 0; g < depth && g < rounds; ++g) post_recvs(g, recvs_[g]);
     for (int g = 0; g < depth && g < rounds; ++g) post_sends(g, sends_[g]);
     for (int g = 0; g < rounds; ++g) {
       for (int64_t q : recvs_[g]) t_.wait(q);
@@ -38,62 +48,117 @@ class Rounds {
   Transport& t_;
   std::vector<std::vector<int64_t>> recvs_;
   std::vector<std::vector<int64_t>> sends_;
+  bool recvs_posted_ = false;
 };
+
+int scatterTag(int base, int g) { return base + (g + 1) % kTagsPerCall; }
+int gatherTag(int base, int g) { return base + g % kTagsPerCall; }
 
 }  // namespace
 
-void executeDirect(const DirectPlan& plan, Transport& t, const DirectBuffers& b, int scatter_tag, int gather_tag) {
-  const int n = plan.nranks;
-  const int r = plan.rank;
-  if (n <= 1 || plan.rounds == 0) return;
+DirectRun::DirectRun(const DirectPlan& plan, Transport& transport, const DirectBuffers& buffers, int scatter_tag,
+                     int gather_tag)
+    : plan_(plan), t_(transport), b_(buffers), scatter_tag_(scatter_tag), gather_tag_(gather_tag),
+      sent0_(static_cast<size_t>(std::max(plan.nranks, 1)), false) {}
+
+bool DirectRun::postsLeadingReceives() const {
+  return plan_.nranks > 1 && plan_.rounds > 0 && !plan_.wire() && !plan_.piece(plan_.rank, 0).empty();
+}
+
+std::vector<int32_t> DirectRun::leadingBuffers() const {
+  std::vector<int32_t> out;
+  if (!postsLeadingReceives()) return out;
+  for (int p = 0; p < plan_.nranks; ++p)
+    if (p != plan_.rank) out.push_back(plan_.recvBuffer(0, p));
+  return out;
+}
+
+void DirectRun::postScatterRecvs(int g, std::vector<int64_t>& reqs, size_t room) {
+  const int n = plan_.nranks;
+  const int r = plan_.rank;
+  const Range mine = plan_.piece(r, g);
+  if (mine.empty()) return;
+  const size_t bytes = std::max(static_cast<size_t>(mine.size()) * dtypeSize(plan_.contrib), room);
+  for (int k = 1; k < n; ++k) {
+    const int p = (r - k + n) % n;
+    const int32_t buf = plan_.recvBuffer(g, p);
+    const int64_t held = b_.room.empty() ? plan_.buffer_bytes : b_.room[static_cast<size_t>(buf)];
+    RR_CHECK(static_cast<int64_t>(bytes) <= held, kRuntime, "ringreduce internal error: a direct receive of ", bytes,
+             " bytes into a staging buffer of ", held);
+    reqs.push_back(t_.irecv(b_.buffers[static_cast<size_t>(buf)], bytes, p, scatterTag(scatter_tag_, g)));
+  }
+}
+
+void DirectRun::postScatterSends(int g, std::vector<int64_t>& reqs, size_t max_bytes, bool leading) {
+  const int n = plan_.nranks;
+  const int r = plan_.rank;
+  const size_t elem = dtypeSize(plan_.dtype);
+  const size_t celem = dtypeSize(plan_.contrib);
+  char* data = static_cast<char*>(b_.data);
+  auto buffer = [&](int k) { return static_cast<char*>(b_.buffers[static_cast<size_t>(k)]); };
+  for (int c = 0; plan_.wire() && c < n; ++c) {  // Note [First hop]'s convert, on every piece this rank sends
+    const Range pc = plan_.piece(c, g);
+    if (!pc.empty())
+      hostConvert(data + static_cast<size_t>(pc.begin) * elem, plan_.dtype, buffer(plan_.convertBuffer(g, c)),
+                  plan_.contrib, pc.size(), plan_.convert_predivide);
+  }
+  for (int k = 1; k < n; ++k) {
+    const int p = (r + k) % n;
+    const Range pp = plan_.piece(p, g);
+    const size_t bytes = static_cast<size_t>(pp.size()) * celem;
+    if (pp.empty() || (g == 0 && sent0_[static_cast<size_t>(p)]) || bytes > max_bytes) continue;
+    const void* src = plan_.wire() ? static_cast<const void*>(buffer(plan_.convertBuffer(g, p)))
+                                   : data + static_cast<size_t>(pp.begin) * elem;
+    const int64_t id = t_.isend(src, bytes, p, scatterTag(scatter_tag_, g));
+    reqs.push_back(id);
+    if (g == 0) sent0_[static_cast<size_t>(p)] = true;
+    if (leading) lead_send_[static_cast<size_t>(p)] = id;
+  }
+}
+
+void DirectRun::postLeading() {
+  RR_CHECK(!led_, kRuntime, "ringreduce internal error: a direct all-reduce's leading messages posted twice");
+  led_ = true;
+  if (plan_.nranks <= 1 || plan_.rounds == 0 || plan_.wire()) return;
+  leading_ = true;
+  const size_t room = static_cast<size_t>(directLeadRoom(plan_.nranks));
+  if (postsLeadingReceives()) postScatterRecvs(0, lead_recvs_, room);
+  lead_send_.assign(static_cast<size_t>(plan_.nranks), -1);
+  postScatterSends(0, lead_sends_, room, true);
+}
+
+void DirectRun::run() {
+  const int n = plan_.nranks;
+  const int r = plan_.rank;
+  if (n <= 1 || plan_.rounds == 0) return;
+  const DirectPlan& plan = plan_;
+  const DirectBuffers& b = b_;
+  Transport& t = t_;
   RR_CHECK(static_cast<int32_t>(b.buffers.size()) >= plan.numBuffers() && b.scratch != nullptr, kRuntime,
            "ringreduce internal error: a direct all-reduce with ", b.buffers.size(), " staging buffers, needs ",
            plan.numBuffers());
   const size_t elem = dtypeSize(plan.dtype);
-  const size_t celem = dtypeSize(plan.contrib);
   const size_t gelem = dtypeSize(plan.gather);
   char* data = static_cast<char*>(b.data);
   auto at = [&](int64_t i) { return data + static_cast<size_t>(i) * elem; };
   auto buffer = [&](int k) { return static_cast<char*>(b.buffers[static_cast<size_t>(k)]); };
-  auto tag = [](int base, int g) { return base + g % kTagsPerCall; };
 
   // Reduce-scatter: every peer's piece of this rank's chunk in, this rank's piece of theirs out.
   Rounds scatter(plan, t);
-  scatter.run(
-      [&](int g, std::vector<int64_t>& reqs) {
-        const Range mine = plan.piece(r, g);
-        if (mine.empty()) return;
-        for (int k = 1; k < n; ++k) {
-          const int p = (r - k + n) % n;
-          reqs.push_back(t.irecv(buffer(plan.recvBuffer(g, p)), static_cast<size_t>(mine.size()) * celem, p,
-                                 tag(scatter_tag, g)));
-        }
-      },
-      [&](int g, std::vector<int64_t>& reqs) {
-        for (int c = 0; plan.wire() && c < n; ++c) {  // Note [First hop]'s convert, on every piece this rank sends
-          const Range pc = plan.piece(c, g);
-          if (!pc.empty())
-            hostConvert(at(pc.begin), plan.dtype, buffer(plan.convertBuffer(g, c)), plan.contrib, pc.size(),
-                        plan.convert_predivide);
-        }
-        for (int k = 1; k < n; ++k) {
-          const int p = (r + k) % n;
-          const Range pp = plan.piece(p, g);
-          if (pp.empty()) continue;
-          const void* src = plan.wire() ? static_cast<const void*>(buffer(plan.convertBuffer(g, p))) : at(pp.begin);
-          reqs.push_back(t.isend(src, static_cast<size_t>(pp.size()) * celem, p, tag(scatter_tag, g)));
-        }
-      },
-      [&](int g) {
-        const Range mine = plan.piece(r, g);
-        if (mine.empty()) return;
-        std::vector<const void*> inputs(static_cast<size_t>(n));
-        for (int k = 0; k < n; ++k) {
-          if (k != r) inputs[static_cast<size_t>(k)] = buffer(plan.recvBuffer(g, k));
-          else inputs[static_cast<size_t>(k)] = plan.wire() ? buffer(plan.convertBuffer(g, r)) : at(mine.begin);
-        }
-        hostReduceInOrder(plan.reduce, inputs, at(mine.begin), mine.size(), b.scratch);
-      });
+  // Round 0's receives, when this rank's piece has elements, and some of its sends (postLeading).
+  if (leading_) scatter.preposted(std::move(lead_recvs_), std::move(lead_sends_));
+  scatter.run([&](int g, std::vector<int64_t>& reqs) { postScatterRecvs(g, reqs, 0); },
+              [&](int g, std::vector<int64_t>& reqs) { postScatterSends(g, reqs, SIZE_MAX, false); },
+              [&](int g) {
+                const Range mine = plan.piece(r, g);
+                if (mine.empty()) return;
+                std::vector<const void*> inputs(static_cast<size_t>(n));
+                for (int k = 0; k < n; ++k) {
+                  if (k != r) inputs[static_cast<size_t>(k)] = buffer(plan.recvBuffer(g, k));
+                  else inputs[static_cast<size_t>(k)] = plan.wire() ? buffer(plan.convertBuffer(g, r)) : at(mine.begin);
+                }
+                hostReduceInOrder(plan.reduce, inputs, at(mine.begin), mine.size(), b.scratch);
+              });
 
   // All-gather: this rank's finished piece out to every peer, theirs in.
   Rounds gather(plan, t);
@@ -104,7 +169,7 @@ void executeDirect(const DirectPlan& plan, Transport& t, const DirectBuffers& b,
           const Range pp = plan.piece(p, g);
           if (!pp.empty())
             reqs.push_back(t.irecv(buffer(plan.recvBuffer(g, p)), static_cast<size_t>(pp.size()) * gelem, p,
-                                   tag(gather_tag, g)));
+                                   gatherTag(gather_tag_, g)));
         }
       },
       [&](int g, std::vector<int64_t>& reqs) {
@@ -116,7 +181,8 @@ void executeDirect(const DirectPlan& plan, Transport& t, const DirectBuffers& b,
           src = buffer(plan.convertBuffer(g, r));
         }
         for (int k = 1; k < n; ++k)
-          reqs.push_back(t.isend(src, static_cast<size_t>(mine.size()) * gelem, (r + k) % n, tag(gather_tag, g)));
+          reqs.push_back(
+              t.isend(src, static_cast<size_t>(mine.size()) * gelem, (r + k) % n, gatherTag(gather_tag_, g)));
       },
       [&](int g) {
         for (int p = 0; p < n; ++p) {
@@ -127,6 +193,10 @@ void executeDirect(const DirectPlan& plan, Transport& t, const DirectBuffers& b,
           else std::memcpy(at(pp.begin), got, static_cast<size_t>(pp.size()) * elem);
         }
       });
+}
+
+void executeDirect(const DirectPlan& plan, Transport& t, const DirectBuffers& b, int scatter_tag, int gather_tag) {
+  DirectRun(plan, t, b, scatter_tag, gather_tag).run();
 }
 
 }  // namespace rr

@@ -299,7 +299,8 @@ Frame GroupRuntime::frameOf(const Call& call) const {
 }
 
 void GroupRuntime::checkFrames(const Call& call, const Frame& mine, int tag_group, Clock::time_point started,
-                               CallTiming& timing, const PlanRun* lead, const std::vector<int>& lead_slots) {
+                               CallTiming& timing, const PlanRun* lead, const std::vector<int>& lead_slots,
+                               const DirectRun* direct) {
   std::string post_error;
   const std::vector<Frame> frames = frames_.collect(ring_transport_, mine, &post_error);
   timing.check_us = usSince(started);
@@ -312,6 +313,12 @@ void GroupRuntime::checkFrames(const Call& call, const Frame& mine, int tag_grou
     if (lead != nullptr && lead->leadingSend() >= 0) {
       const Frame& next = frames[static_cast<size_t>((rank_ + 1) % size_)];
       if ((next.flags & kFrameLeadReceive) != 0 && next.seq == mine.seq) payload_.wait(lead->leadingSend());
+    }
+    // Note [Direct before the verdict]: the same for a direct all-reduce's leading sends, peer by peer.
+    for (int p = 0; direct != nullptr && p < size_; ++p) {
+      const Frame& peer = frames[static_cast<size_t>(p)];
+      if (p != rank_ && direct->leadingSend(p) >= 0 && (peer.flags & kFrameDirectLead) != 0 && peer.seq == mine.seq)
+        payload_.wait(direct->leadingSend(p));
     }
     retireLeading(lead_slots, tag_group);
     transport_->callDone();
@@ -371,19 +378,30 @@ void GroupRuntime::runOneShot(const Call& call, const CallBuffer& buf, int tag_g
   transport_->callDone();
 }
 
-void GroupRuntime::runDirect(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing) {
-  const Clock::time_point started = Clock::now();
-  DirectOptions d = call.opt.directOptions(buf.dtype);
-  d.staging_bytes = kAutoStagingBytes;  // the ring's bound (Note [Staging slots])
-  const DirectPlan plan = buildDirectPlan(size_, rank_, buf.numel, buf.dtype, d);
-  growSlots(std::vector<int64_t>(static_cast<size_t>(plan.numBuffers()), plan.buffer_bytes));
+std::unique_ptr<GroupRuntime::DirectCall> GroupRuntime::prepareDirect(const Call& call, const CallBuffer& buf,
+                                                                      int tag_group) {
+  DirectOptions o = call.opt.directOptions(buf.dtype);
+  o.staging_bytes = kAutoStagingBytes;  // the ring's bound (Note [Staging slots])
+  auto d = std::make_unique<DirectCall>(payload_, ring_.ranks, rank_);
+  d->plan = buildDirectPlan(size_, rank_, buf.numel, buf.dtype, o);
+  d->run = std::make_unique<DirectRun>(d->plan, d->transport, d->buffers, payloadTag(tag_group, 0), payloadTag(tag_group, 1));
+  std::vector<int64_t> need(static_cast<size_t>(d->plan.numBuffers()), d->plan.buffer_bytes);
+  for (int32_t k : d->run->leadingBuffers())  // Note [Direct before the verdict]
+    need[static_cast<size_t>(k)] = std::max<int64_t>(need[static_cast<size_t>(k)], directLeadRoom(size_));
+  growSlots(need);
   ensureScratch();
-  DirectBuffers b;
-  b.data = buf.data;
-  for (int k = 0; k < plan.numBuffers(); ++k) b.buffers.push_back(slots_[static_cast<size_t>(k)].get());
-  b.scratch = scratch_.data();
-  RankMapTransport t(payload_, ring_.ranks, rank_);
-  executeDirect(plan, t, b, payloadTag(tag_group, 0), payloadTag(tag_group, 1));
+  d->buffers.data = buf.data;
+  for (size_t k = 0; k < need.size(); ++k) {
+    d->buffers.buffers.push_back(slots_[k].get());
+    d->buffers.room.push_back(slot_sizes_[k]);
+  }
+  d->buffers.scratch = scratch_.data();
+  return d;
+}
+
+void GroupRuntime::runDirect(const Call& call, DirectCall& d, CallTiming& timing) {
+  const Clock::time_point started = Clock::now();
+  d.run->run();
   call.body->finish(rank_, size_);
   timing.ring_us = usSince(started);
   transport_->callDone();
@@ -490,7 +508,17 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
       if (!direct) stages = stagesFor(opt, buf);
     }
     // Note [Receives before the verdict]: a checked flat all-reduce over the whole group posts its
-    // first payload receive (and sends its first segment) before it waits for the frames.
+    // first payload receive (and sends its first segment) before it waits for the frames; a direct
+    // one its round 0 (Note [Direct before the verdict]).
+    std::unique_ptr<DirectCall> direct_call;
+    if (direct && opt.check && frames_.direct() && whole_group_) {
+      try {
+        direct_call = prepareDirect(call, buf, tag_group);
+      } catch (const Error&) {
+        // raised again after the verdict, where every rank raises it alike
+      }
+    }
+    const bool direct_lead = direct_call != nullptr;
     RingBuffers lead_bufs;
     std::unique_ptr<PlanRun> lead;
     std::vector<int> lead_slots;
@@ -505,13 +533,20 @@ void GroupRuntime::run(Call& call, CallTiming& timing) {
       // receive, posted right after it and before any wait.
       Frame mine = frameOf(call);
       if (lead && lead->postsLeadingReceive()) mine.flags |= kFrameLeadReceive;
+      if (direct_lead && direct_call->run->postsLeadingReceives()) mine.flags |= kFrameDirectLead;
       if (frames_.direct()) frames_.send(ring_transport_, mine);
       if (lead) lead_slots = lead->postLeading(kLeadBytes, kLeadBytes);
-      checkFrames(call, mine, tag_group, started, timing, lead.get(), lead_slots);
+      if (direct_lead) {
+        direct_call->run->postLeading();
+        for (int32_t k : direct_call->run->leadingBuffers()) lead_slots.push_back(k);
+      }
+      checkFrames(call, mine, tag_group, started, timing, lead.get(), lead_slots,
+                  direct_lead ? direct_call->run.get() : nullptr);
     }
     RR_CHECK(!refused, kRuntime, "ringreduce: call #", call.seq, " refused on this rank");
     if (direct) {
-      runDirect(call, buf, tag_group, timing);
+      if (!direct_call) direct_call = prepareDirect(call, buf, tag_group);
+      runDirect(call, *direct_call, timing);
       return;
     }
     runStages(call, buf, stages, tag_group, lead.get(), timing);

@@ -46,6 +46,7 @@
 #include "../core/plan.h"
 #include "../core/transport.h"
 #include "call_body.h"
+#include "direct_exchange.h"
 #include "ring_executor.h"
 #include "shm_path.h"
 #include "shm_ring.h"
@@ -153,8 +154,10 @@ class GroupRuntime {
   // Collects the frames after this rank's went out (at `started`). A verdict retires the call's tag
   // group (and `lead`'s slots) on every rank alike and raises; when the next call's frame receives
   // could not be posted (a peer left), this call goes on and later ones fail at once.
+  // `direct`: a direct all-reduce's leading messages (Note [Direct before the verdict]).
   void checkFrames(const Call& call, const Frame& mine, int tag_group, std::chrono::steady_clock::time_point started,
-                   CallTiming& timing, const PlanRun* lead = nullptr, const std::vector<int>& lead_slots = {});
+                   CallTiming& timing, const PlanRun* lead = nullptr, const std::vector<int>& lead_slots = {},
+                   const DirectRun* direct = nullptr);
   // The stages of a call whose frames were compared already (or that runs unchecked).
   void runStages(const Call& call, const CallBuffer& buf, const std::vector<RingStage>& stages, int tag_group,
                  PlanRun* lead, CallTiming& timing);
@@ -169,8 +172,17 @@ class GroupRuntime {
   void runNodePieces(const Call& call, const CallBuffer& buf, int64_t pieces, ShmRing* node, int tag_group);
   // Note [One-shot all-reduce]: the frames carry the tensors; then every rank reduces them.
   void runOneShot(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing);
-  // Note [Direct all-reduce] (csrc/core/direct.h) over gloo point-to-point, after the frames agreed.
-  void runDirect(const Call& call, const CallBuffer& buf, int tag_group, CallTiming& timing);
+  // Note [Direct all-reduce] (csrc/core/direct.h) over gloo point-to-point: its plan, staging and
+  // run, made before the frames (round 0 may go out before them: Note [Direct before the verdict]).
+  struct DirectCall {
+    DirectCall(Transport& parent, std::vector<int> members, int index) : transport(parent, std::move(members), index) {}
+    RankMapTransport transport;
+    DirectPlan plan;
+    DirectBuffers buffers;
+    std::unique_ptr<DirectRun> run;
+  };
+  std::unique_ptr<DirectCall> prepareDirect(const Call& call, const CallBuffer& buf, int tag_group);
+  void runDirect(const Call& call, DirectCall& d, CallTiming& timing);
   void ensureScratch();  // scratch_ holds kReduceInOrderScratchBytes
 
   std::unique_ptr<Transport> transport_;
