@@ -296,7 +296,7 @@ def _disagree_then_agree(rank: int, ws: int, how: str, numel: int) -> tuple[str,
 
 
 @pytest.mark.parametrize("how", ["size", "algorithm"])
-@pytest.mark.parametrize("numel", [300_000, 3_000_000])  # round 0 within directLeadRoom(3), and beyond it
+@pytest.mark.parametrize("numel", [300_000, 3_000_000])  # round 0 within directLeadRoom(3), and split (beyond it)
 def test_leading_round_survives_a_disagreement(how, numel, place):
     for rank, (first, exact) in enumerate(run_ranks(3, _disagree_then_agree, how, numel)):
         assert "disagree" in first, (rank, first)

@@ -59,7 +59,7 @@ int gatherTag(int base, int g) { return base + g % kTagsPerCall; }
 DirectRun::DirectRun(const DirectPlan& plan, Transport& transport, const DirectBuffers& buffers, int scatter_tag,
                      int gather_tag)
     : plan_(plan), t_(transport), b_(buffers), scatter_tag_(scatter_tag), gather_tag_(gather_tag),
-      sent0_(static_cast<size_t>(std::max(plan.nranks, 1)), false) {}
+      sent0_(static_cast<size_t>(std::max(plan.nranks, 1)), 0) {}
 
 bool DirectRun::postsLeadingReceives() const {
   return plan_.nranks > 1 && plan_.rounds > 0 && !plan_.wire() && !plan_.piece(plan_.rank, 0).empty();
@@ -73,19 +73,25 @@ std::vector<int32_t> DirectRun::leadingBuffers() const {
   return out;
 }
 
-void DirectRun::postScatterRecvs(int g, std::vector<int64_t>& reqs, size_t room) {
+void DirectRun::postScatterRecvs(int g, std::vector<int64_t>& reqs, Part part) {
   const int n = plan_.nranks;
   const int r = plan_.rank;
   const Range mine = plan_.piece(r, g);
   if (mine.empty()) return;
-  const size_t bytes = std::max(static_cast<size_t>(mine.size()) * dtypeSize(plan_.contrib), room);
+  const size_t bytes = static_cast<size_t>(mine.size()) * dtypeSize(plan_.contrib);
+  const size_t room = static_cast<size_t>(directLeadRoom(n));
+  // The leading part: `room` bytes (the whole piece or its first room bytes); the rest: what follows.
+  const size_t offset = part == Part::kRest ? room : 0;
+  const size_t size = part == Part::kLead ? room : part == Part::kRest ? bytes - std::min(bytes, room) : bytes;
+  if (size == 0) return;
   for (int k = 1; k < n; ++k) {
     const int p = (r - k + n) % n;
     const int32_t buf = plan_.recvBuffer(g, p);
     const int64_t held = b_.room.empty() ? plan_.buffer_bytes : b_.room[static_cast<size_t>(buf)];
-    RR_CHECK(static_cast<int64_t>(bytes) <= held, kRuntime, "ringreduce internal error: a direct receive of ", bytes,
-             " bytes into a staging buffer of ", held);
-    reqs.push_back(t_.irecv(b_.buffers[static_cast<size_t>(buf)], bytes, p, scatterTag(scatter_tag_, g)));
+    RR_CHECK(static_cast<int64_t>(offset + size) <= held, kRuntime, "ringreduce internal error: a direct receive of ",
+             offset + size, " bytes into a staging buffer of ", held);
+    reqs.push_back(t_.irecv(static_cast<char*>(b_.buffers[static_cast<size_t>(buf)]) + offset, size, p,
+                            scatterTag(scatter_tag_, g)));
   }
 }
 
@@ -106,12 +112,13 @@ void DirectRun::postScatterSends(int g, std::vector<int64_t>& reqs, size_t max_b
     const int p = (r + k) % n;
     const Range pp = plan_.piece(p, g);
     const size_t bytes = static_cast<size_t>(pp.size()) * celem;
-    if (pp.empty() || (g == 0 && sent0_[static_cast<size_t>(p)]) || bytes > max_bytes) continue;
-    const void* src = plan_.wire() ? static_cast<const void*>(buffer(plan_.convertBuffer(g, p)))
-                                   : data + static_cast<size_t>(pp.begin) * elem;
-    const int64_t id = t_.isend(src, bytes, p, scatterTag(scatter_tag_, g));
+    const size_t sent = g == 0 ? sent0_[static_cast<size_t>(p)] : 0;  // round 0: its leading part
+    if (pp.empty() || sent >= bytes) continue;
+    const size_t len = std::min(bytes - sent, max_bytes);
+    const char* src = plan_.wire() ? buffer(plan_.convertBuffer(g, p)) : data + static_cast<size_t>(pp.begin) * elem;
+    const int64_t id = t_.isend(src + sent, len, p, scatterTag(scatter_tag_, g));
     reqs.push_back(id);
-    if (g == 0) sent0_[static_cast<size_t>(p)] = true;
+    if (g == 0) sent0_[static_cast<size_t>(p)] = sent + len;
     if (leading) lead_send_[static_cast<size_t>(p)] = id;
   }
 }
@@ -121,8 +128,8 @@ void DirectRun::postLeading() {
   led_ = true;
   if (plan_.nranks <= 1 || plan_.rounds == 0 || plan_.wire()) return;
   leading_ = true;
-  const size_t room = static_cast<size_t>(directLeadRoom(plan_.nranks));
-  if (postsLeadingReceives()) postScatterRecvs(0, lead_recvs_, room);
+  const size_t room = static_cast<size_t>(directLeadRoom(plan_.nranks));  // the leading sends' largest
+  if (postsLeadingReceives()) postScatterRecvs(0, lead_recvs_, Part::kLead);
   lead_send_.assign(static_cast<size_t>(plan_.nranks), -1);
   postScatterSends(0, lead_sends_, room, true);
 }
@@ -145,9 +152,12 @@ void DirectRun::run() {
 
   // Reduce-scatter: every peer's piece of this rank's chunk in, this rank's piece of theirs out.
   Rounds scatter(plan, t);
-  // Round 0's receives, when this rank's piece has elements, and some of its sends (postLeading).
-  if (leading_) scatter.preposted(std::move(lead_recvs_), std::move(lead_sends_));
-  scatter.run([&](int g, std::vector<int64_t>& reqs) { postScatterRecvs(g, reqs, 0); },
+  // Round 0's leading parts (postLeading), then the rest of each of its pieces.
+  if (leading_) {
+    postScatterRecvs(0, lead_recvs_, Part::kRest);
+    scatter.preposted(std::move(lead_recvs_), std::move(lead_sends_));
+  }
+  scatter.run([&](int g, std::vector<int64_t>& reqs) { postScatterRecvs(g, reqs, Part::kWhole); },
               [&](int g, std::vector<int64_t>& reqs) { postScatterSends(g, reqs, SIZE_MAX, false); },
               [&](int g) {
                 const Range mine = plan.piece(r, g);

@@ -37,9 +37,11 @@ struct DirectBuffers {
 // A checked call learns that every rank agrees only once every rank's frame arrived, a wait as long
 // as the slowest rank's start. The ring spends it sending its first segment (Note [Receives before the
 // verdict] in group_runtime.h); a direct all-reduce without a wire spends it on round 0 of its
-// reduce-scatter: postLeading posts round 0's n - 1 receives, each with room for
-// directLeadRoom(n) bytes, and its sends of at most that many bytes, before the frames are
-// compared. Nothing lands in the tensor before run(): receives land in staging, sends read the tensor.
+// reduce-scatter: postLeading posts round 0's n - 1 receives of directLeadRoom(n) bytes each and
+// the first (up to) that many bytes of each of its pieces, before the frames are compared; run()
+// sends and receives the rest of a larger piece as a second message on the same tag (messages with
+// equal peer and tag match in posting order). Nothing lands in the tensor before run(): receives
+// land in staging, sends read the tensor.
 // A rank that disagrees cannot break this: a direct rank sends at most directLeadRoom(n) bytes before
 // its verdict and only on tag offset 1 (which a ring rank never posts before its verdict: it posts
 // offset 0), so every message sent before a verdict fits the receive it meets, or meets none and stays
@@ -63,7 +65,8 @@ class DirectRun {
   bool postsLeadingReceives() const;
   // The staging buffers postLeading's receives land in (each needs directLeadRoom(n) bytes).
   std::vector<int32_t> leadingBuffers() const;
-  // Posts round 0's receives (postsLeadingReceives) and its sends of at most directLeadRoom(n) bytes.
+  // Posts round 0's receives (postsLeadingReceives) and the first directLeadRoom(n) bytes (at most) of
+  // each of its sends.
   // Once, before run().
   void postLeading();
   // The leading send to group rank `peer` (else -1).
@@ -71,7 +74,8 @@ class DirectRun {
   void run();  // once
 
  private:
-  void postScatterRecvs(int g, std::vector<int64_t>& reqs, size_t room);
+  enum class Part { kWhole, kLead, kRest };  // of a round's pieces: all, the leading part, the rest
+  void postScatterRecvs(int g, std::vector<int64_t>& reqs, Part part);
   // Round g's sends of at most max_bytes each (round 0: those not posted yet); `leading`: recorded
   // as leading sends.
   void postScatterSends(int g, std::vector<int64_t>& reqs, size_t max_bytes, bool leading);
@@ -86,7 +90,7 @@ class DirectRun {
   std::vector<int64_t> lead_recvs_;
   std::vector<int64_t> lead_sends_;
   std::vector<int64_t> lead_send_;  // per peer, -1: none
-  std::vector<bool> sent0_;         // per peer: round 0's send posted
+  std::vector<size_t> sent0_;       // per peer: bytes of round 0's piece sent
 };
 
 void executeDirect(const DirectPlan& plan, Transport& transport, const DirectBuffers& buffers, int scatter_tag,
