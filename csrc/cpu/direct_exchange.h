@@ -47,8 +47,8 @@ struct DirectBuffers {
 // offset 0), so every message sent before a verdict fits the receive it meets, or meets none and stays
 // with its sender. When the verdict fails, a rank waits for its leading send to each peer whose frame
 // says kFrameDirectLead (that peer posted round 0's receives, all of them) for the same call, then
-// retires the call's tag group and the receives' slots, as the ring does. The room, (kLeadBytes = 1
-// MiB) / (n - 1), keeps the staging within the ring's bound.
+// retires the call's tag group and the receives' slots, as the ring does. The room, kDirectLeadBytes
+// (the ring's kLeadBytes, 1 MiB) / (n - 1), keeps the staging within the ring's bound.
 constexpr int64_t kDirectLeadBytes = 1 << 20;
 constexpr int64_t directLeadRoom(int nranks) {
   return nranks > 1 ? kDirectLeadBytes / (nranks - 1) / 16 * 16 : 0;
