@@ -124,14 +124,13 @@ void DirectRun::postScatterSends(int g, std::vector<int64_t>& reqs, size_t max_b
 }
 
 void DirectRun::postLeading() {
-  RR_CHECK(!led_, kRuntime, "ringreduce internal error: a direct all-reduce's leading messages posted twice");
-  led_ = true;
-  if (plan_.nranks <= 1 || plan_.rounds == 0 || plan_.wire()) return;
+  if (leading_ || plan_.nranks <= 1 || plan_.rounds == 0 || plan_.wire()) return;
   leading_ = true;
   const size_t room = static_cast<size_t>(directLeadRoom(plan_.nranks));  // the leading sends' largest
   if (postsLeadingReceives()) postScatterRecvs(0, lead_recvs_, Part::kLead);
   lead_send_.assign(static_cast<size_t>(plan_.nranks), -1);
-  postScatterSends(0, lead_sends_, room, true);
+  std::vector<int64_t> sends;  // recorded per peer in lead_send_
+  postScatterSends(0, sends, room, true);
 }
 
 void DirectRun::run() {
@@ -155,7 +154,10 @@ void DirectRun::run() {
   // Round 0's leading parts (postLeading), then the rest of each of its pieces.
   if (leading_) {
     postScatterRecvs(0, lead_recvs_, Part::kRest);
-    scatter.preposted(std::move(lead_recvs_), std::move(lead_sends_));
+    std::vector<int64_t> sends;
+    for (int64_t q : lead_send_)
+      if (q >= 0) sends.push_back(q);
+    scatter.preposted(std::move(lead_recvs_), std::move(sends));
   }
   scatter.run([&](int g, std::vector<int64_t>& reqs) { postScatterRecvs(g, reqs, Part::kWhole); },
               [&](int g, std::vector<int64_t>& reqs) { postScatterSends(g, reqs, SIZE_MAX, false); },

@@ -85,10 +85,8 @@ class DirectRun {
   const DirectBuffers& b_;
   int scatter_tag_;
   int gather_tag_;
-  bool led_ = false;      // postLeading ran
-  bool leading_ = false;  // and posted round 0's messages (no wire)
+  bool leading_ = false;  // postLeading posted round 0's messages (no wire)
   std::vector<int64_t> lead_recvs_;
-  std::vector<int64_t> lead_sends_;
   std::vector<int64_t> lead_send_;  // per peer, -1: none
   std::vector<size_t> sent0_;       // per peer: bytes of round 0's piece sent
 };
