@@ -3,15 +3,22 @@
 # command of at most 10 minutes (issue 30), the most valuable first:
 #
 #   scripts/gpu_check.sh speed   build for the visible GPU(s) with every core; the reduce kernels
-#                                against torch and a device-to-device copy; python -m ringreduce.bench
-#                                --backend nccl at 2 ranks from 8 B to 256 MiB with the NCCL default,
-#                                NCCL_ALGO=RING and loopback columns                   budget 300 s
+#                                against torch, and float32 / bfloat16 / float16 SUM and AVG against a
+#                                device-to-device copy; python -m ringreduce.bench --backend nccl at 2
+#                                ranks from 8 B to 256 MiB with the NCCL default, NCCL_ALGO=RING and
+#                                loopback columns; then float32, bfloat16 and float16 from 64 KiB to
+#                                64 MiB with algorithm="ring" and "direct" columns     budget 330 s
 #   scripts/gpu_check.sh suite   the multi-rank GPU suite (pytest -m gpu tests: the behavioural tests'
 #                                cases at the place "cuda" and tests/gpu, error paths included) at 2
 #                                ranks, using the build speed left                      budget 300 s
 #   scripts/gpu_check.sh more    the loopback suite (ranks as threads on one GPU, n = 2..8), the suite
 #                                and the benchmark at 3 ranks                           budget 540 s
-#   scripts/gpu_check.sh         speed, then suite                                     budget 540 s
+#   scripts/gpu_check.sh         speed, then suite                                     budget 570 s
+#   scripts/gpu_check.sh cpu     no GPU needed: the CPU sweeps that need a core per rank, which the
+#                                2-vCPU development VM cannot give (issue 45's 4-rank half-type target):
+#                                python -m ringreduce.bench at 4 ranks pinned to a core each, float32 /
+#                                bfloat16 / float16, AVG then SUM, 64 KiB-64 MiB; with fewer than 4
+#                                cores a rehearsal at tiny sizes                       budget 360 s
 #
 # --dry-run (or GPU_CHECK_DRY_RUN=1) prints the plan, each step with its time limit, and runs nothing.
 # With fewer GPUs than ranks the ranks share them over NCCL's socket transport on lo, and the output
@@ -37,7 +44,8 @@
 # Environment: PYTHON (default: the first of .venv/bin/python, python, python3 that has torch),
 # RESULTS, OUT, MAX_JOBS, CXX (the build's compiler), TORCH_CUDA_ARCH_LIST (default: the visible GPUs'),
 # GPU_CHECK_BUDGET, BENCH_ARGS (extra arguments for ringreduce.bench); SIM_TESTS (the pytest files of a
-# part's rehearsal) and GPU_CHECK_CPP=0 (skip the C++ checks).
+# part's rehearsal), GPU_CHECK_CPP=0 (skip the C++ checks) and GPU_CHECK_CORES (the cores cpu assumes
+# there are; default nproc's).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,37 +54,56 @@ PART=all
 DRY_RUN="${GPU_CHECK_DRY_RUN:-0}"
 for arg in "$@"; do
   case "$arg" in
-    speed|suite|more) PART="$arg" ;;
+    speed|suite|more|cpu) PART="$arg" ;;
     --dry-run) DRY_RUN=1 ;;
     -h|--help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "gpu_check: unknown argument '$arg' (speed, suite, more, --dry-run; none: speed then suite)" >&2
+    *) echo "gpu_check: unknown argument '$arg' (speed, suite, more, cpu, --dry-run; none: speed then suite)" >&2
        exit 2 ;;
   esac
 done
 
 # Step limits (s). speed: the build is ~60-75 s with 16 cores (the 963a10d H100 run), the kernels ~10 s,
-# the 2-rank sweep of 26 sizes x 3 implementations ~100 s at --seconds 0.5; suite: the 2-rank suite
-# with its error-path twins; more: the loopback suite took 138 s on one H100.
-LIMIT_BUILD=110 LIMIT_KERNELS=40 LIMIT_BENCH=150 LIMIT_SUITE=280
-LIMIT_LOOPBACK=150 LIMIT_SUITE3=220 LIMIT_BENCH3=60
+# the 2-rank sweep of 26 sizes x 3 implementations 58 s at --seconds 0.5 (the 185e23a H200 run), the
+# half types' 6 sizes x 3 types x 4 implementations (with the CPU-side accuracy of ring and direct)
+# about as long; suite: the 2-rank suite with its error-path twins; more: the loopback suite took 138 s
+# on one H100.
+LIMIT_BUILD=110 LIMIT_KERNELS=40 LIMIT_BENCH=100 LIMIT_HALF=80 LIMIT_SUITE=280
+LIMIT_LOOPBACK=150 LIMIT_SUITE3=220 LIMIT_BENCH3=60 LIMIT_CPU=120
 case "$PART" in
-  speed) DEFAULT_BUDGET=300 ;;
+  speed) DEFAULT_BUDGET=330 ;;
   suite) DEFAULT_BUDGET=300 ;;
   more) DEFAULT_BUDGET=540 ;;
-  all) DEFAULT_BUDGET=540 LIMIT_SUITE=240 ;;  # speed's 300 s, then the suite in the 240 s left
+  cpu) DEFAULT_BUDGET=360 ;;
+  all) DEFAULT_BUDGET=570 LIMIT_SUITE=240 ;;  # speed's 330 s, then the suite in the 240 s left
 esac
 BUDGET="${GPU_CHECK_BUDGET:-$DEFAULT_BUDGET}"
 BENCH_SWEEP=(-b 8 -e 256M -f 2 --rounds 3 --warmup 2 --seconds 0.5 --min-iters 2)
+# The half types (issue 48, item 3): each type's time over float32's at the same bytes, and
+# algorithm="direct" against the ring on real NCCL, with the elements each leaves off the correctly
+# rounded sum where the float32 sum is exact (0: rounded once).
+HALF_SWEEP=(-d float,bfloat16,float16 --algorithms ring,direct -b 64K -e 64M -f 4 --rounds 3 --warmup 2
+            --seconds 0.3 --min-iters 2 --no-loopback --no-nccl-ring)
+# cpu: each half type's time over float32's at the same bytes, 4 ranks with a core each (the target:
+# <= 1.1x, 64 KiB-64 MiB, AVG and SUM), next to gloo; gloo's half types take up to ~1 s a call at 64 MiB.
+CPU_RANKS=4
+CPU_SWEEP=(--backend gloo --nproc "$CPU_RANKS" --pin -d float,bfloat16,float16 -b 64K -e 64M -f 4 --rounds 6
+           --warmup 2 --seconds 0.5 --min-iters 2)
 
 plan() {  # the steps of PART on a GPU, with their limits (what --dry-run prints)
   local total=0 line name limit
   local steps=("build ringreduce for the visible GPU(s) with every core (where none is usable)|$LIMIT_BUILD")
   if [[ "$PART" == speed || "$PART" == all ]]; then
-    steps+=("speed: reduce kernels vs torch, kernel vs device-to-device copy|$LIMIT_KERNELS"
-            "speed: bench --backend nccl, 2 ranks, 8 B-256 MiB: nccl, nccl-ring, loopback|$LIMIT_BENCH")
+    steps+=("speed: kernels vs torch; f32/bf16/fp16 SUM, AVG vs device-to-device copy|$LIMIT_KERNELS"
+            "speed: bench --backend nccl, 2 ranks, 8 B-256 MiB: nccl, nccl-ring, loopback|$LIMIT_BENCH"
+            "speed: bench --backend nccl, 2 ranks, f32/bf16/fp16 64K-64M: ring, direct|$LIMIT_HALF")
   fi
   if [[ "$PART" == suite || "$PART" == all ]]; then
     steps+=("suite: pytest -m gpu tests at 2 ranks (every place-\"cuda\" case, error paths included)|$LIMIT_SUITE")
+  fi
+  if [[ "$PART" == cpu ]]; then
+    steps=("build ringreduce with every core (where none is usable; no GPU needed)|$LIMIT_BUILD"
+           "cpu: bench, $CPU_RANKS CPU ranks pinned, f32/bf16/fp16 64K-64M, AVG|$LIMIT_CPU"
+           "cpu: bench, $CPU_RANKS CPU ranks pinned, f32/bf16/fp16 64K-64M, SUM|$LIMIT_CPU")
   fi
   if [[ "$PART" == more ]]; then
     steps+=("more: loopback suite on one GPU (n = 2..8, halves, sub-rings, hierarchical)|$LIMIT_LOOPBACK"
@@ -90,7 +117,11 @@ plan() {  # the steps of PART on a GPU, with their limits (what --dry-run prints
     printf '  %-78s limit %3d s, by %3d s\n' "$name" "$limit" "$(( total < BUDGET ? total : BUDGET ))"
   done
   echo "  each limit is cut to what is left of the $BUDGET s budget; a step it cannot hold is 'not run'"
-  echo "  without a GPU: the part's simulated-device rehearsal; the last line says no CUDA GPU was found"
+  if [[ "$PART" == cpu ]]; then
+    echo "  with fewer than $CPU_RANKS cores: the same sweeps at tiny sizes, unpinned (a rehearsal); the last line says so"
+  else
+    echo "  without a GPU: the part's simulated-device rehearsal; the last line says no CUDA GPU was found"
+  fi
 }
 if [[ "$DRY_RUN" == 1 ]]; then
   plan
@@ -109,7 +140,14 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 NGPU="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)"
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
-if [[ "$NGPU" == "0" ]]; then  # nothing worth keeping in the repository
+CORES="${GPU_CHECK_CORES:-$(nproc)}"
+KEEP=1  # whether this run's results are figures worth keeping in the repository
+if [[ "$PART" == cpu ]]; then
+  (( CORES >= CPU_RANKS )) || KEEP=0
+elif [[ "$NGPU" == "0" ]]; then
+  KEEP=0
+fi
+if [[ "$KEEP" == 0 ]]; then  # a rehearsal: nothing worth keeping in the repository
   RESULTS="${RESULTS:-${TMPDIR:-/tmp}/ringreduce-gpu_check-$PART-$STAMP}"
 else
   RESULTS="${RESULTS:-$ROOT/benchmarks/results/gpu_check-$PART-$STAMP}"
@@ -304,13 +342,16 @@ sim_pytest() {  # sim_pytest NAME FILES...: the part's pytest files (SIM_TESTS r
   # shellcheck disable=SC2086
   step "$name (pytest)" 600 "$PYTHON" -m pytest -q -p no:cacheprovider ${SIM_TESTS:-"$@"}
 }
-sim_bench() {  # the benchmark's JSON -> summary path, as speed runs it, on 2 CPU ranks at tiny sizes
-  step "benchmark plumbing on 2 CPU ranks (JSON, summary lines)" 180 \
-    "$PYTHON" -m ringreduce.bench --backend gloo --nproc 2 -b 8 -e 1K -f 8 --rounds 1 -w 1 -n 2 -q \
-    --json "$RESULTS/bench.json" &&
-    "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/bench.json" > "$RESULTS/bench_summary.txt" 2>&1 ||
+sim_bench() {  # sim_bench NAME SWEEP...: the benchmark's JSON -> summary path, as speed runs it, on 2
+  # CPU ranks at tiny sizes
+  local name="$1"
+  shift
+  step "benchmark plumbing on 2 CPU ranks (JSON, summary lines): $*" 180 \
+    "$PYTHON" -m ringreduce.bench --backend gloo --nproc 2 "$@" --rounds 1 -w 1 -n 2 -q \
+    --json "$RESULTS/$name.json" &&
+    "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/$name.json" > "$RESULTS/${name}_summary.txt" 2>&1 ||
     { note "FAIL  benchmark summary (scripts/gpu_bench_summary.py)"; FAILED=1; }
-  [[ -f "$RESULTS/bench_summary.txt" ]] && while IFS= read -r line; do note "      $line"; done < "$RESULTS/bench_summary.txt"
+  [[ -f "$RESULTS/${name}_summary.txt" ]] && while IFS= read -r line; do note "      $line"; done < "$RESULTS/${name}_summary.txt"
   return 0
 }
 sim_cpp() {  # the C++ simulated-device checks
@@ -335,13 +376,47 @@ sim_cpp() {  # the C++ simulated-device checks
   step "simulated streams + fake CUDA runtime (ctest)" 300 \
     ctest --test-dir "$build" --output-on-failure -R "$(IFS='|'; echo "${targets[*]}")"
 }
+# ---- cpu: no GPU needed --------------------------------------------------------------------------
+cpu_bench() {  # cpu_bench NAME LIMIT ARGS...: ringreduce.bench on CPU ranks into NAME.json, its summary lines
+  local name="$1" limit="$2"
+  shift 2
+  step "ringreduce.bench on CPU ranks: $*" "$limit" \
+    "$PYTHON" -m ringreduce.bench "$@" -q --json "$RESULTS/$name.json" ${BENCH_ARGS:-} &&
+    "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/$name.json" > "$RESULTS/${name}_summary.txt" 2>&1 ||
+    { note "FAIL  benchmark summary of $name"; FAILED=1; }
+  [[ -f "$RESULTS/${name}_summary.txt" ]] && while IFS= read -r line; do note "      $line"; done < "$RESULTS/${name}_summary.txt"
+  return 0
+}
+if [[ "$PART" == cpu ]]; then
+  {
+    lscpu 2>&1 | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node\(s\)|L3|Flags)" || true
+    echo "torch: $("$PYTHON" -c 'import torch; print(torch.__version__)' 2>&1)"
+  } > "$RESULTS/machine.txt"
+  if (( CORES < CPU_RANKS )); then  # a small CPU machine (CI): the build takes minutes
+    BUDGET=$(( BUDGET > 1800 ? BUDGET : 1800 )) LIMIT_BUILD=900
+    build 0 || finish "gpu_check cpu: could not build ringreduce (see $LOG)"
+    note "INFO  $CORES cores, fewer than the $CPU_RANKS ranks: the sweeps at tiny sizes, unpinned (a rehearsal)"
+    for op in avg sum; do
+      cpu_bench "cpu_${CPU_RANKS}r_$op" 300 --backend gloo --nproc "$CPU_RANKS" -d float,bfloat16,float16 -b 1K -e 4K \
+        -f 4 --rounds 1 -w 1 -n 2 -o "$op"
+    done
+    finish "gpu_check cpu: $CORES cores, fewer than $CPU_RANKS: ran the rehearsal only ($([[ $FAILED == 0 ]] && echo passed || echo FAILED)); no figure"
+  fi
+  build 0 || finish "gpu_check cpu: could not build ringreduce (see $LOG)"
+  for op in avg sum; do
+    cpu_bench "cpu_${CPU_RANKS}r_$op" "$LIMIT_CPU" "${CPU_SWEEP[@]}" -o "$op"
+  done
+  finish "gpu_check cpu: $CPU_RANKS CPU ranks pinned on $CORES cores; $([[ $FAILED == 0 ]] && echo 'every sweep ran, 0 wrong elements' || echo 'SOME SWEEPS FAILED') (results in $RESULTS)"
+fi
+
 if [[ "$NGPU" == "0" ]]; then
   # The rehearsal runs on small CPU machines (CI): a CPU build there takes minutes, not the GPU's limits.
   BUDGET=$(( BUDGET > 1800 ? BUDGET : 1800 )) LIMIT_BUILD=900
   build 0 || finish "gpu_check: no CUDA GPU was found; could not build ringreduce (see $LOG); nothing ran on a GPU"
   if [[ "$PART" == speed || "$PART" == all ]]; then
     sim_pytest "simulated device: kernel body + ring driver" tests/test_cuda_logic.py tests/tools/test_setup_archs.py
-    sim_bench
+    sim_bench bench -b 8 -e 1K -f 8
+    sim_bench bench_half -d float,bfloat16,float16 --algorithms ring,direct -b 1K -e 4K -f 4
   fi
   if [[ "$PART" == suite || "$PART" == all ]]; then
     sim_pytest "simulated device: communicator registry + GPU harness on CPU ranks" tests/test_cuda_registry.py \
@@ -371,21 +446,22 @@ build 1 || finish "gpu_check: could not build ringreduce with CUDA (see $LOG)"
 tee -a "${LOGS[@]}" < "$RESULTS/machine.txt"
 publish
 
-bench() {  # bench NPROC LIMIT SWEEP...: ringreduce vs NCCL (default, NCCL_ALGO=RING) and the loopback
-  local nproc="$1" limit="$2" plot=(--plot "$RESULTS/bench_${1}r.png")
-  shift 2
+bench() {  # bench NAME NPROC LIMIT SWEEP...: ringreduce vs NCCL (default, NCCL_ALGO=RING unless the
+  # sweep says --no-nccl-ring) and the loopback (unless --no-loopback), into NAME.json, .png, _summary.txt
+  local name="$1" nproc="$2" limit="$3" plot=(--plot "$RESULTS/$1.png")
+  shift 3
   if ! "$PYTHON" -c "import matplotlib" >/dev/null 2>&1; then  # the bench refuses --plot without it
     plot=()
     note "INFO  bench without its PNG: $PYTHON has no matplotlib (the JSON has every figure)"
   fi
   # shellcheck disable=SC2086
   step "ringreduce.bench vs NCCL, $nproc ranks, $*" "$limit" \
-    "$PYTHON" -m ringreduce.bench --backend nccl --nproc "$nproc" "$@" --json "$RESULTS/bench_${nproc}r.json" \
+    "$PYTHON" -m ringreduce.bench --backend nccl --nproc "$nproc" "$@" --json "$RESULTS/$name.json" \
     "${plot[@]}" ${BENCH_ARGS:-}
-  if [[ -f "$RESULTS/bench_${nproc}r.json" ]]; then
-    "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/bench_${nproc}r.json" > "$RESULTS/bench_summary_${nproc}r.txt" 2>&1 ||
+  if [[ -f "$RESULTS/$name.json" ]]; then
+    "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/$name.json" > "$RESULTS/${name}_summary.txt" 2>&1 ||
       FAILED=1
-    while IFS= read -r line; do note "      $line"; done < "$RESULTS/bench_summary_${nproc}r.txt"
+    while IFS= read -r line; do note "      $line"; done < "$RESULTS/${name}_summary.txt"
   fi
 }
 suite() {  # suite N LIMIT: the multi-rank GPU suite at N ranks
@@ -400,10 +476,11 @@ suite() {  # suite N LIMIT: the multi-rank GPU suite at N ranks
 # stopped at its limit still says where the time went) ---------------------------------------------
 NPROC=$(( NGPU >= 2 ? NGPU : 2 ))
 if [[ "$PART" == speed || "$PART" == all ]]; then
-  step "reduce kernel vs torch, kernel vs D2D copy bandwidth" "$LIMIT_KERNELS" \
+  step "reduce kernel vs torch; float32/bf16/fp16 kernels vs D2D copy bandwidth" "$LIMIT_KERNELS" \
     bash -c "set -o pipefail; '$PYTHON' scripts/gpu_kernels.py --json '$RESULTS/kernels.json' | tee '$RESULTS/kernels.txt'"
   [[ -f "$RESULTS/kernels.txt" ]] && while IFS= read -r line; do note "      $line"; done < "$RESULTS/kernels.txt"
-  bench "$NPROC" "$LIMIT_BENCH" "${BENCH_SWEEP[@]}"
+  bench "bench_${NPROC}r" "$NPROC" "$LIMIT_BENCH" "${BENCH_SWEEP[@]}"
+  bench "bench_half_${NPROC}r" "$NPROC" "$LIMIT_HALF" "${HALF_SWEEP[@]}"
 fi
 if [[ "$PART" == suite || "$PART" == all ]]; then
   suite 2 "$LIMIT_SUITE"
@@ -413,7 +490,7 @@ if [[ "$PART" == more ]]; then
     "$PYTHON" -m pytest -v -p no:cacheprovider -m gpu tests/gpu/test_gpu_loopback.py --durations=5 \
     --junitxml="$RESULTS/loopback.xml"
   suite 3 "$LIMIT_SUITE3"
-  bench 3 "$LIMIT_BENCH3" -b 1M -e 256M -f 4 --rounds 3 --warmup 2 --seconds 0.5 --min-iters 2
+  bench bench_3r 3 "$LIMIT_BENCH3" -b 1M -e 256M -f 4 --rounds 3 --warmup 2 --seconds 0.5 --min-iters 2
 fi
 
 finish "gpu_check $PART: $NGPU CUDA GPU(s); $([[ $FAILED == 0 ]] && echo 'every check passed' || echo 'SOME CHECKS FAILED') (results in $RESULTS)"

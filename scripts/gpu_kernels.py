@@ -5,9 +5,11 @@ Run by scripts/gpu_check.sh (needs a CUDA build of ringreduce and one GPU):
 * correctness: ``out = op(a, b)`` (and AVG's final division) through ``ringreduce._C._cuda_reduce``
   (the kernel the ring launches) against torch, for every supported dtype and op, at sizes that
   cover the scalar head, the 16-byte vector body and the tail, and at misaligned storage offsets;
-* bandwidth: a float32 SUM of two 256 MiB inputs into a third buffer, bytes read + written per
-  second, next to the device-to-device copy (``dst.copy_(src)``: bytes read + written per second)
-  measured in the same run. Target (benchmarks/README.md): the kernel >= 85% of the copy.
+* bandwidth: SUM and AVG of two 256 MiB inputs into a third buffer for float32, bfloat16 and float16
+  (the same bytes each), bytes read + written per second, each next to a device-to-device copy of the
+  buffer (``dst.copy_(src)``: bytes read + written per second) timed just before it, and its time
+  over float32 SUM's. Target (benchmarks/README.md; issue 48 for the half types): every kernel
+  >= 85% of the copy.
 
 Prints one line per check and writes ``--json`` if given. Exit code 1 on any mismatch.
 """
@@ -87,25 +89,54 @@ def check_all(C, dev: torch.device, dtypes: list[torch.dtype] | None = None) -> 
     return failures
 
 
-def _time(fn, iters: int) -> float:
-    """Seconds per call of `iters` back-to-back calls after 3 untimed ones (the benchmark's timing)."""
+def _time(fn, iters: int, dev: torch.device) -> float:
+    """Seconds per call of `iters` back-to-back calls on `dev` after 3 untimed ones (the benchmark's timing)."""
     from ringreduce.bench.timing import time_round
 
     for _ in range(3):
         fn()
-    return time_round(fn, iters, torch.device("cuda", torch.cuda.current_device()))
+    return time_round(fn, iters, dev)
 
 
-def bandwidth(C, dev: torch.device, nbytes: int = 256 << 20, iters: int = 20) -> dict:
-    n = nbytes // 4
-    a = torch.ones(n, device=dev)
-    b = torch.ones(n, device=dev)
-    out = torch.empty(n, device=dev)
-    t_kernel = _time(lambda: C._cuda_reduce(a, b, out, 0, 0), iters)
-    t_copy = _time(lambda: out.copy_(a), iters)
-    kernel_gbs = 3 * nbytes / t_kernel / 1e9
-    copy_gbs = 2 * nbytes / t_copy / 1e9
-    return {"bytes": nbytes, "kernel_GBps": kernel_gbs, "copy_GBps": copy_gbs, "ratio": kernel_gbs / copy_gbs}
+BANDWIDTH_TYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def bandwidth(C, dev: torch.device, nbytes: int = 256 << 20, iters: int = 20) -> list[dict]:
+    """One row per (dtype, op) of BANDWIDTH_TYPES x (sum, avg): the kernel's and the copy's GB/s, the
+    kernel's share of the copy's, its time over float32 SUM's (the first row) at the same bytes, and
+    whether its result was right (1 + 2, and (1 + 2) / 2: exact in each type)."""
+    src = torch.ones(nbytes // 4, device=dev)
+    dst = torch.empty_like(src)
+    rows: list[dict] = []
+    for dtype in BANDWIDTH_TYPES:
+        n = nbytes // dtype.itemsize
+        a = torch.ones(n, dtype=dtype, device=dev)
+        b = torch.full((n,), 2.0, dtype=dtype, device=dev)
+        out = torch.empty(n, dtype=dtype, device=dev)
+        for op, want in (("sum", 3.0), ("avg", 1.5)):
+            code, divisor = OPS[op], 2 if op == "avg" else 0
+            t_copy = _time(lambda: dst.copy_(src), iters, dev)
+            t_kernel = _time(lambda: C._cuda_reduce(a, b, out, code, divisor), iters, dev)  # noqa: B023 (called here)
+            kernel_gbs = 3 * nbytes / t_kernel / 1e9
+            copy_gbs = 2 * nbytes / t_copy / 1e9
+            base_us = rows[0]["kernel_us"] if rows else t_kernel * 1e6
+            rows.append({"dtype": str(dtype).removeprefix("torch."), "op": op, "bytes": nbytes,
+                         "kernel_us": t_kernel * 1e6, "kernel_GBps": kernel_gbs, "copy_GBps": copy_gbs,
+                         "ratio": kernel_gbs / copy_gbs, "vs_float32_sum": t_kernel * 1e6 / base_us,
+                         "right": bool(torch.equal(out, torch.full_like(out, want)))})
+    return rows
+
+
+def bandwidth_lines(rows: list[dict]) -> list[str]:
+    from ringreduce.bench.sizes import format_size
+
+    lines = [f"kernel bandwidth, two {format_size(rows[0]['bytes'])} inputs into a third (target >= 0.85 of a D2D "
+             "copy of the buffer, timed just before):"]
+    for row in rows:
+        lines.append(f"  {row['dtype']:>8} {row['op']:<3}: {row['kernel_GBps']:5.0f} GB/s, {row['ratio']:.2f} of the "
+                     f"copy's {row['copy_GBps']:.0f} GB/s; time {row['vs_float32_sum']:.2f}x float32 sum's"
+                     + ("" if row["right"] else "; WRONG RESULT"))
+    return lines
 
 
 def main() -> int:
@@ -123,10 +154,8 @@ def main() -> int:
     for f in failures[:20]:
         print(f"  mismatch: {f}")
     bw = bandwidth(C, dev)
-    print(
-        f"kernel bandwidth (fp32 sum of two 256 MiB inputs): {bw['kernel_GBps']:.0f} GB/s; D2D copy "
-        f"{bw['copy_GBps']:.0f} GB/s; ratio {bw['ratio']:.2f} (target >= 0.85)"
-    )
+    print("\n".join(bandwidth_lines(bw)))
+    failures += [f"bandwidth run: {row['dtype']} {row['op']} gave a wrong result" for row in bw if not row["right"]]
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"device": torch.cuda.get_device_name(dev), "mismatches": failures, "bandwidth": bw}, fh,

@@ -1,5 +1,5 @@
 """algorithm="direct" (Note [Direct all-reduce], csrc/core/direct.h; docs/algorithm.md, "The direct
-all-reduce"), over both CPU transports: the reduce-scatter by direct exchange, each element's n
+all-reduce"), over both CPU transports and ringreduce's NCCL ring: the reduce-scatter by direct exchange, each element's n
 contributions added in rank order 0..n-1 (float16/bfloat16 SUM and AVG in float32, rounded once; a
 float32 tensor's 16-bit wire rounding each contribution once), then the all-gather.
 
@@ -11,6 +11,8 @@ float32 tensor's 16-bit wire rounding each contribution once), then the all-gath
 * The call path: "auto" picks direct for half-type SUM/AVG on a flat group; ranks that disagree on
   the algorithm raise on every rank; BackendOptions(algorithm="direct"); all_reduce_coalesced; the
   staging stays within the ring's bound.
+* On real NCCL (marked gpu; skipped without a CUDA GPU): the exact sweep, the half types' rank order
+  and the float32 wire, test_direct_on_nccl.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import CPU_PLACES, SHM_ONLY, full_at, run_ranks
+from gpu.gpu_ranks import world as gpu_world
+from ranks import CPU_PLACES, SHM_ONLY, device, full_at, only_place, run_ranks
 from refdata import bits_equal, exact_input, gather_inputs, reference, same_on_all_ranks, supported, types_for
 
 import ringreduce as rr
@@ -93,11 +96,11 @@ def _exact_sweep(rank: int, ws: int, transport: str, large: int) -> list[str]:
             for numel in (1, ws - 1, ws + 1, 1003, large):
                 if numel <= 0:
                     continue
-                x = exact_input(numel, rank, dtype, op)
+                x = exact_input(numel, rank, dtype, op).to(device(rank))
                 want = reference(gather_inputs(x), op)
                 _reduce(x, op, algorithm="direct")
                 if not bits_equal(x, want):
-                    failures.append(f"{dtype} {op} numel={numel}: {int((x != want).sum())} elements off")
+                    failures.append(f"{dtype} {op} numel={numel}: {int((x.cpu() != want).sum())} elements off")
                 if not same_on_all_ranks(x):
                     failures.append(f"{dtype} {op} numel={numel}: ranks differ")
     return failures
@@ -151,29 +154,30 @@ def test_strided_views(ws):
 
 def _half_bits(rank: int, ws: int, large: int) -> list[str]:
     failures = []
+    dev = device(rank)
     for dtype in HALF:
         for numel in (3, 1001, large):
             inputs = random_inputs(ws, numel, 11 + numel, dtype)
             for op in ("sum", "avg"):
                 for algorithm, kwargs in (("direct", {}), ("auto", {}), ("auto", {"accum_dtype": torch.float32}),
                                           ("direct", {"accum_dtype": torch.float32}), ("direct", {"predivide_factor": 2.0})):
-                    t = inputs[rank].clone()
+                    t = inputs[rank].to(dev, copy=True)
                     _reduce(t, op, algorithm=algorithm, **kwargs)
                     want = rank_order(inputs, op, factor=kwargs.get("predivide_factor"))
                     label = f"{dtype} {op} numel={numel} {algorithm} {kwargs}"
                     if not bits_equal(t, want):
-                        failures.append(f"{label}: {int((t != want).sum())} elements off the rank order")
+                        failures.append(f"{label}: {int((t.cpu() != want).sum())} elements off the rank order")
                     if not same_on_all_ranks(t):
                         failures.append(f"{label}: ranks differ")
                 # accum_dtype naming the tensor's own dtype: direct rounds every partial; auto keeps the ring
-                t = inputs[rank].clone()
+                t = inputs[rank].to(dev, copy=True)
                 _reduce(t, op, algorithm="direct", accum_dtype=dtype)
                 if not bits_equal(t, rank_order(inputs, op, narrow=True)):
                     failures.append(f"{dtype} {op} numel={numel}: narrow direct is not rounded per step")
             # the float32 sums of these inputs are exact: rounded once, the float64 sum's rounding
             exact = torch.stack([x.double() for x in inputs]).sum(0)
             if bool((exact.float().double() == exact).all()):
-                t = inputs[rank].clone()
+                t = inputs[rank].to(dev, copy=True)
                 rr.all_reduce(t, op="sum")
                 if not bits_equal(t, exact.to(dtype)):
                     failures.append(f"{dtype} numel={numel}: the default sum is not the correctly rounded one")
@@ -192,16 +196,17 @@ def test_half_types_add_in_rank_order_on_every_transport(ws, segment, place):
 
 def _wire_bits(rank: int, ws: int, gather: str) -> list[str]:
     failures = []
+    dev = device(rank)
     for numel in (5, 1009, 300_007):
         inputs = random_inputs(ws, numel, 7 + numel, torch.float32)
         for wire_name, wire in WIRES.items():
             for op, factor in (("avg", None), ("sum", 3.0), ("avg", 2.0)):
-                t = inputs[rank].clone()
+                t = inputs[rank].to(dev, copy=True)
                 _reduce(t, op, algorithm="direct", wire_dtype=wire, predivide_factor=factor)
                 want = rank_order(inputs, op, wire=wire, factor=factor, gather16=gather == "16")
                 label = f"numel={numel} {op} {wire_name} f={factor} gather={gather}"
-                if not torch.equal(t.view(torch.int32), want.view(torch.int32)):
-                    failures.append(f"{label}: {int((t != want).sum())} elements off")
+                if not bits_equal(t, want):
+                    failures.append(f"{label}: {int((t.cpu() != want).sum())} elements off")
                 if not same_on_all_ranks(t):
                     failures.append(f"{label}: ranks differ")
     return failures
@@ -212,6 +217,31 @@ def _wire_bits(rank: int, ws: int, gather: str) -> list[str]:
 def test_float32_wire_rounds_each_contribution_once(ws, gather, place):
     env = {"RINGREDUCE_WIRE_GATHER": gather, "RINGREDUCE_SEGMENT_BYTES": "4096"}
     res = run_ranks(ws, _wire_bits, gather, env=env, timeout=400)
+    assert res[0] == [], "\n".join(res[0])
+
+
+# On real NCCL, the place "cuda": the bodies above on ringreduce's NCCL ring (one group of sends and
+# receives to every peer per round, then the in-order kernel: Note [Direct rounds on streams] in
+# csrc/cuda/direct_executor.h) at the GPU suite's world size, with the default segments (an exchange
+# costs milliseconds where ranks share a GPU: Note [Sizing the GPU sweeps] in tests/gpu/sweeps.py).
+# Without a GPU the same code runs on the simulated device and the fake NCCL (tests/test_cuda_logic.py,
+# test_cuda_ring_fake).
+_ON_NCCL = {
+    "exact": (_exact_sweep, ("cuda", 200_003), {}),
+    "half-rank-order": (_half_bits, (600_001,), {}),
+    "wire-gather32": (_wire_bits, ("32",), {"RINGREDUCE_WIRE_GATHER": "32"}),
+    "wire-gather16": (_wire_bits, ("16",), {"RINGREDUCE_WIRE_GATHER": "16"}),
+}
+
+
+@only_place("cuda")
+@pytest.mark.parametrize("body", list(_ON_NCCL))
+def test_direct_on_nccl(body, place):
+    """Correct (exact data, every dtype of the sweep and op, bitwise) and rounded once (half types:
+    the rank order in float32, rounded once, with auto, accum_dtype and predivide_factor; float32 with
+    a 16-bit wire: each contribution rounded once), the same bits on every rank."""
+    fn, args, env = _ON_NCCL[body]
+    res = run_ranks(gpu_world(), fn, *args, env=env, timeout=240)
     assert res[0] == [], "\n".join(res[0])
 
 
