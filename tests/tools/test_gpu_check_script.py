@@ -92,6 +92,9 @@ def test_dry_run_prints_each_part_within_its_budget():
     assert budgets["all"][0] == 570 and budgets["all"][1][:4] == budgets["speed"][1] and len(budgets["all"][1]) == 5
     assert sum(budgets["all"][1]) <= 570 and sum(budgets["more"][1]) <= 540
     assert budgets["cpu"][0] == 360 and sum(budgets["cpu"][1]) <= 360 and len(budgets["cpu"][1]) == 3
+    # README's device-tool table names every part with its timeout_s (budget + 30)
+    table = dict(re.findall(r"^\| `bash scripts/gpu_check\.sh ?(\w*)` \| (\d+) \|", (ROOT / "README.md").read_text(), re.M))
+    assert {part or "all": int(t) for part, t in table.items()} == {part: b + 30 for part, (b, _) in budgets.items()}
     env = dict(os.environ, GPU_CHECK_DRY_RUN="1")
     assert _run(["speed"], env, timeout=30).stdout == _run(["speed", "--dry-run"], dict(os.environ), timeout=30).stdout
     assert _run(["bogus"], dict(os.environ), timeout=30).returncode == 2
