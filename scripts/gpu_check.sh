@@ -342,17 +342,22 @@ sim_pytest() {  # sim_pytest NAME FILES...: the part's pytest files (SIM_TESTS r
   # shellcheck disable=SC2086
   step "$name (pytest)" 600 "$PYTHON" -m pytest -q -p no:cacheprovider ${SIM_TESTS:-"$@"}
 }
+cpu_bench() {  # cpu_bench LABEL NAME LIMIT ARGS...: ringreduce.bench on CPU ranks into NAME.json, then
+  # its summary lines (scripts/gpu_bench_summary.py, as on a GPU)
+  local label="$1" name="$2" limit="$3"
+  shift 3
+  step "$label: $*" "$limit" "$PYTHON" -m ringreduce.bench "$@" -q --json "$RESULTS/$name.json" ${BENCH_ARGS:-} &&
+    "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/$name.json" > "$RESULTS/${name}_summary.txt" 2>&1 ||
+    { note "FAIL  benchmark summary of $name (scripts/gpu_bench_summary.py)"; FAILED=1; }
+  [[ -f "$RESULTS/${name}_summary.txt" ]] && while IFS= read -r line; do note "      $line"; done < "$RESULTS/${name}_summary.txt"
+  return 0
+}
 sim_bench() {  # sim_bench NAME SWEEP...: the benchmark's JSON -> summary path, as speed runs it, on 2
   # CPU ranks at tiny sizes
   local name="$1"
   shift
-  step "benchmark plumbing on 2 CPU ranks (JSON, summary lines): $*" 180 \
-    "$PYTHON" -m ringreduce.bench --backend gloo --nproc 2 "$@" --rounds 1 -w 1 -n 2 -q \
-    --json "$RESULTS/$name.json" &&
-    "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/$name.json" > "$RESULTS/${name}_summary.txt" 2>&1 ||
-    { note "FAIL  benchmark summary (scripts/gpu_bench_summary.py)"; FAILED=1; }
-  [[ -f "$RESULTS/${name}_summary.txt" ]] && while IFS= read -r line; do note "      $line"; done < "$RESULTS/${name}_summary.txt"
-  return 0
+  cpu_bench "benchmark plumbing on 2 CPU ranks (JSON, summary lines)" "$name" 180 --backend gloo --nproc 2 "$@" \
+    --rounds 1 -w 1 -n 2
 }
 sim_cpp() {  # the C++ simulated-device checks
   if [[ "${GPU_CHECK_CPP:-1}" == "0" ]]; then
@@ -377,16 +382,6 @@ sim_cpp() {  # the C++ simulated-device checks
     ctest --test-dir "$build" --output-on-failure -R "$(IFS='|'; echo "${targets[*]}")"
 }
 # ---- cpu: no GPU needed --------------------------------------------------------------------------
-cpu_bench() {  # cpu_bench NAME LIMIT ARGS...: ringreduce.bench on CPU ranks into NAME.json, its summary lines
-  local name="$1" limit="$2"
-  shift 2
-  step "ringreduce.bench on CPU ranks: $*" "$limit" \
-    "$PYTHON" -m ringreduce.bench "$@" -q --json "$RESULTS/$name.json" ${BENCH_ARGS:-} &&
-    "$PYTHON" scripts/gpu_bench_summary.py "$RESULTS/$name.json" > "$RESULTS/${name}_summary.txt" 2>&1 ||
-    { note "FAIL  benchmark summary of $name"; FAILED=1; }
-  [[ -f "$RESULTS/${name}_summary.txt" ]] && while IFS= read -r line; do note "      $line"; done < "$RESULTS/${name}_summary.txt"
-  return 0
-}
 if [[ "$PART" == cpu ]]; then
   {
     lscpu 2>&1 | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node\(s\)|L3|Flags)" || true
@@ -397,14 +392,14 @@ if [[ "$PART" == cpu ]]; then
     build 0 || finish "gpu_check cpu: could not build ringreduce (see $LOG)"
     note "INFO  $CORES cores, fewer than the $CPU_RANKS ranks: the sweeps at tiny sizes, unpinned (a rehearsal)"
     for op in avg sum; do
-      cpu_bench "cpu_${CPU_RANKS}r_$op" 300 --backend gloo --nproc "$CPU_RANKS" -d float,bfloat16,float16 -b 1K -e 4K \
+      cpu_bench "ringreduce.bench on CPU ranks" "cpu_${CPU_RANKS}r_$op" 300 --backend gloo --nproc "$CPU_RANKS" -d float,bfloat16,float16 -b 1K -e 4K \
         -f 4 --rounds 1 -w 1 -n 2 -o "$op"
     done
     finish "gpu_check cpu: $CORES cores, fewer than $CPU_RANKS: ran the rehearsal only ($([[ $FAILED == 0 ]] && echo passed || echo FAILED)); no figure"
   fi
   build 0 || finish "gpu_check cpu: could not build ringreduce (see $LOG)"
   for op in avg sum; do
-    cpu_bench "cpu_${CPU_RANKS}r_$op" "$LIMIT_CPU" "${CPU_SWEEP[@]}" -o "$op"
+    cpu_bench "ringreduce.bench on CPU ranks" "cpu_${CPU_RANKS}r_$op" "$LIMIT_CPU" "${CPU_SWEEP[@]}" -o "$op"
   done
   finish "gpu_check cpu: $CPU_RANKS CPU ranks pinned on $CORES cores; $([[ $FAILED == 0 ]] && echo 'every sweep ran, 0 wrong elements' || echo 'SOME SWEEPS FAILED') (results in $RESULTS)"
 fi
