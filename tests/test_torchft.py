@@ -97,6 +97,23 @@ def test_abort_while_a_call_waits() -> None:
             assert late["late_sum_right"] if late["late_call_ok"] else late["late_error"] == "DistBackendError", case
 
 
+@needs_torchft
+@pytest.mark.parametrize("body", ["cycles", "abort"])
+def test_the_gpu_bodies_on_cpu_ranks(body) -> None:
+    """tests/gpu/test_gpu_torchft.py's bodies (configure/abort cycles; abort of a call that waits for a
+    silent peer) on CPU ranks through the GPU tests' harness (run_gpu_ranks(device="cpu")), with the
+    GPU test's checks: what a lent GPU runs over NCCL has run here on gloo and shared memory."""
+    from gpu import test_gpu_torchft as g
+    from gpu.gpu_ranks import run_gpu_ranks
+
+    store = g.master_store()
+    if body == "cycles":
+        g.check_cycles(run_gpu_ranks(g.configure_abort_cycles, store.port, "cpu", g.CYCLES, device="cpu", fresh=True,
+                                     timeout=240))
+    else:
+        g.check_abort(run_gpu_ranks(g.abort_while_waiting, store.port, "cpu", device="cpu", fresh=True, timeout=180))
+
+
 # --- 3 replica groups, one SIGKILLed in the middle of an all-reduce (tests/torchft_replica.py) ---------
 
 REPLICA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchft_replica.py")
