@@ -6,6 +6,8 @@ The bodies are device-generic: tests/test_torchft.py runs them on CPU ranks thro
 (run_gpu_ranks(device="cpu")), so that their logic is rehearsed where no GPU is. Fresh processes
 (every configure makes a communicator, every abort destroys one); the test process hosts the TCPStore
 that every configure() connects to under a new prefix, as torchft's Manager does at every quorum.
+Their time limits are tight (each body takes seconds): a hang on real NCCL costs the suite's later
+tests at most that (scripts/gpu_check.sh runs the suite within its budget).
 """
 
 from __future__ import annotations
@@ -164,10 +166,10 @@ def check_abort(results: list[dict]) -> None:
 @needs_torchft
 def test_torchft_configure_abort_cycles_over_nccl():
     store = master_store()
-    check_cycles(run_gpu_ranks(configure_abort_cycles, store.port, "cuda", CYCLES, fresh=True, timeout=240))
+    check_cycles(run_gpu_ranks(configure_abort_cycles, store.port, "cuda", CYCLES, fresh=True, timeout=120))
 
 
 @needs_torchft
 def test_torchft_abort_while_a_call_waits_over_nccl():
     store = master_store()
-    check_abort(run_gpu_ranks(abort_while_waiting, store.port, "cuda", fresh=True, timeout=180))
+    check_abort(run_gpu_ranks(abort_while_waiting, store.port, "cuda", fresh=True, timeout=60))
