@@ -138,7 +138,16 @@ if [[ -z "${PYTHON:-}" ]]; then
   echo "gpu_check: no Python with torch found (set PYTHON, or run scripts/setup_env.sh first)" >&2
   exit 1
 fi
-NGPU="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)"
+# What the script asks torch, in one interpreter start (each start imports torch: seconds, on a lent
+# GPU's clock too): the GPUs, their architectures, torch's and CUDA's versions.
+TORCH_PROBE=()
+mapfile -t TORCH_PROBE < <("$PYTHON" -c 'import torch
+n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+print(n)
+print(";".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(n)})))
+print(torch.__version__)
+print(torch.version.cuda)' 2>/dev/null)
+NGPU="${TORCH_PROBE[0]:-0}" GPU_ARCHS="${TORCH_PROBE[1]:-}" TORCH_VERSION="${TORCH_PROBE[2]:-?}" TORCH_CUDA="${TORCH_PROBE[3]:-?}"
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 CORES="${GPU_CHECK_CORES:-$(nproc)}"
 KEEP=1  # whether this run's results are figures worth keeping in the repository
@@ -332,7 +341,7 @@ build() {  # build NEED_CUDA: in place unless a usable build exists; with the sy
   return 1
 }
 
-say "python: $PYTHON ($("$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1))"
+say "python: $PYTHON (torch $TORCH_VERSION cuda $TORCH_CUDA)"
 say "CUDA GPUs visible to torch: $NGPU; part: $PART (budget $BUDGET s)"
 
 # ---- no GPU: each part's simulated-device rehearsal -------------------------------------------
@@ -385,7 +394,7 @@ sim_cpp() {  # the C++ simulated-device checks
 if [[ "$PART" == cpu ]]; then
   {
     lscpu 2>&1 | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node\(s\)|L3|Flags)" || true
-    echo "torch: $("$PYTHON" -c 'import torch; print(torch.__version__)' 2>&1)"
+    echo "torch: $TORCH_VERSION"
   } > "$RESULTS/machine.txt"
   if [[ "$KEEP" == 0 ]]; then  # fewer cores than ranks (CI): a rehearsal; the build takes minutes, the sweeps tiny
     BUDGET=$(( BUDGET > 1800 ? BUDGET : 1800 )) LIMIT_BUILD=900 LIMIT_CPU=300
@@ -422,8 +431,7 @@ fi
 # ---- a GPU: build, machine -------------------------------------------------------------------
 # Kernels for the GPUs at hand only (setup.py's default too, said here for the log).
 if [[ -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
-  TORCH_CUDA_ARCH_LIST="$("$PYTHON" -c 'import torch; n = torch.cuda.device_count()
-print(";".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(n)})))' 2>/dev/null)"
+  TORCH_CUDA_ARCH_LIST="$GPU_ARCHS"
   [[ -n "$TORCH_CUDA_ARCH_LIST" ]] && export TORCH_CUDA_ARCH_LIST &&
     say "TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST (the visible GPUs; set it to build others)"
 fi
@@ -433,8 +441,9 @@ build 1 || finish "gpu_check: could not build ringreduce with CUDA (see $LOG)"
   nvidia-smi topo -m 2>&1 || true
   nvidia-smi --query-gpu=index,name,memory.total,driver_version,pcie.link.gen.current,clocks.max.sm \
     --format=csv 2>&1 || true
-  echo "build_info: $("$PYTHON" -c 'import json, ringreduce; print(json.dumps(ringreduce.build_info()))' 2>&1)"
-  echo "torch: $("$PYTHON" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' 2>&1)"
+  "$PYTHON" -c 'import json, torch, ringreduce
+print("build_info:", json.dumps(ringreduce.build_info()))
+print("torch:", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' 2>&1
 } > "$RESULTS/machine.txt"
 tee -a "${LOGS[@]}" < "$RESULTS/machine.txt"
 publish

@@ -43,9 +43,10 @@ for san in "${sanitizers[@]}"; do
   start=$(date +%s)
   result=ok
   # -O1, as the sanitizers' documentation advises: the build is about a third shorter than at -O2 and
-  # the instrumented tests run no slower.
+  # the instrumented tests run no slower. -g1: line tables, all a report's stack needs (file:line of each
+  # frame); full debug information made host_reduce.cpp's compile 82 s instead of 65 s.
   if ! cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" -DRR_SANITIZE="$san" -DRR_CUDA=OFF >/dev/null; then
+      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DRR_SANITIZE="$san" -DRR_CUDA=OFF >/dev/null; then
     result="configure failed"
   fi
   targets=() select=()
