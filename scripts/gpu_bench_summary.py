@@ -30,7 +30,7 @@ def _ratio_cells(by_impl: dict[str, dict[str, Any]], names: tuple[str, str]) -> 
     return f" {num['time_us'] / den['time_us']:11.3f}"
 
 
-def _type_lines(rows: list[dict[str, Any]], stock: str, ratios: dict[str, float]) -> list[str]:
+def _type_lines(rows: list[dict[str, Any]], ratios: dict[str, float]) -> list[str]:
     """One element type's table: busbw per implementation and ringreduce/stock per size; for a half
     type in a sweep with float32, ringreduce's time over float32's at the same bytes (vs-float32);
     with --algorithms ring,direct, rr-direct's time over rr-ring's and the elements each left off the
@@ -78,7 +78,7 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
             ratios = summary.get("by_dtype", {}).get(name, {}).get("time_ratio_vs_stock", {})
         else:
             ratios = summary.get("time_ratio_vs_stock", {})
-        lines += _type_lines(mine, stock, ratios)
+        lines += _type_lines(mine, ratios)
     wrong = sum(row["wrong"] for row in rows)
     lines.append(f"bench: wrong elements {wrong} ({'OK' if wrong == 0 else 'FAILED'})")
     return lines
