@@ -1,10 +1,20 @@
 import os
 import re
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+# Importing torch._dynamo (this process, the ranks' forkserver, every DDP) makes inductor's cache
+# folder, /tmp/torchinductor_<user> by default, and a compile fills it: the suite's goes into a folder
+# of its own, removed at the end (unless TORCHINDUCTOR_CACHE_DIR names one already). Set before any
+# import of torch, so that every process the suite starts inherits it.
+_OWN_INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+if _OWN_INDUCTOR_CACHE:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="ringreduce-tests-inductor-")
 
 import gpu.gpu_ranks  # noqa: E402,F401 - registers the place "cuda" (Note [Places])
 from ranks import close_pools  # noqa: E402
@@ -49,6 +59,11 @@ def _rank_pools(request):
             print(line)
     yield
     close_pools()
+
+
+def pytest_unconfigure(config):
+    if _OWN_INDUCTOR_CACHE:
+        shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 
 # Note [Places] (ranks.py): a module with PLACES = ranks.ALL_PLACES (or CPU_PLACES) runs every test at

@@ -7,12 +7,14 @@ compiled results are compared bitwise with the eager calls on the same ranks.
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as tF
-from ranks import FULL, expect_raises, run_ranks
+from ranks import FULL, RankKind, expect_raises, run_fresh, run_ranks
 from test_hooks import assert_identical_across_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -119,9 +121,17 @@ def test_fullgraph_compile_exact_values(ws: int) -> None:
             assert op in functional, f"{op} missing from the graph:\n{functional}"
 
 
+def _compiled_ops_in(rank: int, ws: int, folder: str) -> list:
+    """_compiled_ops with inductor, whose precompiled headers go to `folder`: inductor places them under
+    tempfile.gettempdir() (not TORCHINDUCTOR_CACHE_DIR, which tests/conftest.py sets) when
+    torch._inductor.codecache is imported, here by a fresh rank's first compile."""
+    tempfile.tempdir = folder
+    return _compiled_ops(rank, ws, "world", "inductor")
+
+
 @FULL
-def test_fullgraph_compile_inductor_world() -> None:
-    run_ranks(2, _compiled_ops, "world", "inductor", timeout=COMPILE_TIMEOUT)
+def test_fullgraph_compile_inductor_world(tmp_path) -> None:
+    run_fresh(2, RankKind(), _compiled_ops_in, (str(tmp_path),), None, COMPILE_TIMEOUT, None)
 
 
 # ----------------------------------------------------------------------- functional API, eager
