@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ringreduce._options import scaling_error
@@ -30,9 +31,11 @@ def group_name(group: Any) -> str:
         return group.group_name
     if hasattr(group, "get_group") and hasattr(group, "mesh_dim_names"):
         if group.ndim != 1:
+            where, only = (("ringreduce under torch.compile", "only eagerly") if torch.compiler.is_compiling() else
+                           ("ringreduce.functional", "only by the in-place collectives (ringreduce.all_reduce, ...)"))
             raise TypeError(
-                "ringreduce under torch.compile: group must be None, a ProcessGroup or a 1-D DeviceMesh; a "
-                f"{group.ndim}-D DeviceMesh is flattened only eagerly (pass the process group of one dimension)"
+                f"{where}: group must be None, a ProcessGroup or a 1-D DeviceMesh; a {group.ndim}-D DeviceMesh "
+                f"is flattened {only}: pass the process group of one dimension (mesh[dim].get_group())"
             )
         return group.get_group().group_name
     raise TypeError(

@@ -10,11 +10,13 @@ all-reduce of the incoming gradients, of ``all_reduce_avg`` their average, of ``
 reduce-scatter, of ``reduce_scatter`` an all-gather (divided by n for "avg"). MAX, MIN and PRODUCT
 have no gradient (backward raises RuntimeError).
 
-`group`: None (WORLD), a ProcessGroup or a 1-D DeviceMesh. Every rank of the group must make the
+`group`: None (WORLD), a ProcessGroup or a 1-D DeviceMesh (a multi-dimensional one only in the
+in-place collectives, eagerly). Every rank of the group must make the
 same calls in the same order with the same shapes and dtypes; ranks that disagree raise
 RuntimeError on every rank, a dead or silent peer DistBackendError after the group's timeout.
-A rank outside `group` gets an unchanged copy from all_reduce and all_reduce_avg, and ValueError
-from all_gather and reduce_scatter.
+A rank outside `group` gets an unchanged copy from all_reduce and all_reduce_avg (with a warning),
+and ValueError from all_gather and reduce_scatter; every function raises RuntimeError (also a
+ValueError, as torch's) before torch.distributed is initialized.
 
 Example (a compiled data-parallel step without hooks)::
 
@@ -40,14 +42,27 @@ from ringreduce._groups import resolve
 from ringreduce._types import CallKind, FrameError, ReduceOp
 
 
-def _check_tensor(tensor: Any, what: str, kind: Any, group: Any) -> None:
-    """A non-tensor raises TypeError here and, eagerly, the other ranks are told (they raise RuntimeError)."""
-    if isinstance(tensor, torch.Tensor):
-        return
-    exc = TypeError(f"ringreduce.functional.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+def _takes_part(tensor: Any, what: str, kind: Any, group: Any) -> bool:
+    """Whether this rank runs the call. Eagerly: NotInitializedError (a RuntimeError and a ValueError)
+    before init_process_group, False on a rank outside `group` (resolve warns once), and a non-tensor
+    raises TypeError here while the other ranks are told (they raise RuntimeError). Under
+    torch.compile the op itself resolves the group; a non-tensor raises TypeError."""
     if torch.compiler.is_compiling():
-        raise exc
-    refuse(resolve(group), kind, FrameError.NOT_A_TENSOR, exc, None)
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"ringreduce.functional.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+        return True
+    info = resolve(group)
+    if not isinstance(tensor, torch.Tensor):
+        exc = TypeError(f"ringreduce.functional.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+        refuse(info, kind, FrameError.NOT_A_TENSOR, exc, None)
+    return info is not None
+
+
+def _no_result(what: str) -> ValueError:
+    return ValueError(
+        f"ringreduce.functional.{what}: this rank is not in `group`, and a rank outside the group has no "
+        f"{what} to return; call it on the group's ranks only (ringreduce.{what} returns None there)"
+    )
 
 
 def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None) -> torch.Tensor:
@@ -59,7 +74,8 @@ def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None) -> torc
     non-tensor or an unsupported dtype/op pair (integer "avg" included), ValueError for an unknown
     op, RuntimeError when the ranks disagree, DistBackendError when a peer dies or times out.
     """
-    _check_tensor(tensor, "all_reduce", CallKind.ALL_REDUCE, group)
+    if not _takes_part(tensor, "all_reduce", CallKind.ALL_REDUCE, group):
+        return tensor.clone()
     name = _traced.op_name(op)  # an unknown name is refused by the op, on every rank
     return torch.ops.ringreduce.all_reduce(tensor, name, _traced.group_name(group))
 
@@ -70,7 +86,8 @@ def all_reduce_avg(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     Equals ``t = tensor.clone(); ringreduce.all_reduce_avg(t, group)`` bitwise (sum, then one
     division by the group's size). Integer and bool tensors raise TypeError on every rank.
     """
-    _check_tensor(tensor, "all_reduce_avg", CallKind.ALL_REDUCE_AVG, group)
+    if not _takes_part(tensor, "all_reduce_avg", CallKind.ALL_REDUCE_AVG, group):
+        return tensor.clone()
     return torch.ops.ringreduce.all_reduce_avg(tensor, _traced.group_name(group))
 
 
@@ -83,7 +100,8 @@ def all_gather(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     process group), a ProcessGroup or a 1-D DeviceMesh. Raises TypeError for a non-tensor,
     DistBackendError when a peer dies or times out.
     """
-    _check_tensor(tensor, "all_gather", CallKind.ALL_GATHER, group)
+    if not _takes_part(tensor, "all_gather", CallKind.ALL_GATHER, group):
+        raise _no_result("all_gather")
     return torch.ops.ringreduce.all_gather(tensor, _traced.group_size(group), _traced.group_name(group))
 
 
@@ -95,7 +113,8 @@ def reduce_scatter(tensor: torch.Tensor, op: Any = "sum", group: Any = None) -> 
     dimension that is not a multiple of n raises ValueError (the other ranks raise RuntimeError);
     `op` as in :func:`all_reduce`.
     """
-    _check_tensor(tensor, "reduce_scatter", CallKind.REDUCE_SCATTER, group)
+    if not _takes_part(tensor, "reduce_scatter", CallKind.REDUCE_SCATTER, group):
+        raise _no_result("reduce_scatter")
     name = _traced.op_name(op)  # an unknown name is refused by the op, on every rank
     return torch.ops.ringreduce.reduce_scatter(tensor, name, _traced.group_size(group), _traced.group_name(group))
 

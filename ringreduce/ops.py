@@ -30,7 +30,8 @@ def all_reduce(
     the same shape and dtype and the same arguments, in the same order as its other collectives.
     Every rank ends with bitwise-identical values, whatever the segment size. AVG divides the
     fully reduced sum once by the group's size (in float32 for half types, float64 for
-    float64/complex128), so it equals ``all_reduce(SUM)`` then ``div_(world_size)``.
+    float64/complex128, per component), so for real dtypes it equals ``all_reduce(SUM)`` then
+    ``div_(world_size)`` (torch's complex ``div_`` multiplies by 1/n instead).
 
     Args:
         tensor: the input and output, a dense CPU or CUDA tensor of float32, float64, float16,

@@ -8,6 +8,7 @@ compiled results are compared bitwise with the eager calls on the same ranks.
 from __future__ import annotations
 
 import tempfile
+import warnings
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as tF
 from ranks import FULL, RankKind, expect_raises, run_fresh, run_ranks
 from test_hooks import assert_identical_across_ranks
+from test_mesh import mesh_of
+from test_nn import solo_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce as rr
@@ -168,6 +171,26 @@ def _functional_eager(rank: int, ws: int) -> None:
                         ValueError if rank == 0 else RuntimeError, "")
     assert bad == "ok", bad
     assert torch.equal(F.all_reduce(torch.ones(3)), torch.full((3,), float(ws)))
+    # a group of rank 0 alone: rank 0 reduces over itself; the others are outside it, where all_reduce
+    # and all_reduce_avg return an unchanged copy and the gathers have no result (ValueError)
+    solo = solo_group()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the outsiders' warning
+        for fn in (F.all_reduce, F.all_reduce_avg):
+            got = fn(x, group=solo)
+            assert torch.equal(got, x) and got.stride() == x.stride() and got.data_ptr() != x.data_ptr()
+        for fn in (F.all_gather, F.reduce_scatter):
+            if rank == 0:
+                assert torch.equal(fn(y, group=solo), y)
+            else:
+                assert expect_raises(lambda fn=fn: fn(y, group=solo), ValueError, "not in `group`") == "ok"
+    # a 2-D DeviceMesh: the in-place collectives flatten it, the functional ones say to pass one dimension
+    mesh = mesh_of((1, ws), ("dp", "cp"))  # cached per process: init_device_mesh is collective
+    for fn in (F.all_reduce, F.all_reduce_avg, F.all_gather, F.reduce_scatter):
+        bad = expect_raises(lambda fn=fn: fn(y, group=mesh), TypeError,
+                            "ringreduce.functional: group must be", "in-place collectives")
+        assert bad == "ok", bad
+    assert torch.equal(F.all_reduce(y, group=mesh["cp"]), F.all_reduce(y))  # its one dimension of ws ranks
 
 
 @pytest.mark.parametrize("ws", [2, 3])

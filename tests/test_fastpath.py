@@ -19,6 +19,7 @@ import torch.distributed as dist
 from ranks import expect_raises, run_ranks
 
 import ringreduce as rr
+import ringreduce.functional as F
 from ringreduce import _call, _config, _native, _rings
 
 
@@ -211,6 +212,9 @@ def test_a_destroyed_world_and_a_new_one(fake):
             rr.all_reduce_avg(t)
         with pytest.raises(ValueError, match="^Default process group has not been initialized"):  # torch's words
             rr.all_reduce_avg(t)
+        for fn in (F.all_reduce, F.all_reduce_avg, F.all_gather, F.reduce_scatter):  # the same error
+            with pytest.raises(RuntimeError, match="default process group is not initialized"):
+                fn(t)
     _init_fake()
     second = dist.group.WORLD
     assert second is not first
