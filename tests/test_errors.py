@@ -62,14 +62,17 @@ def _one_rank_refuses(rank: int, ws: int) -> dict:
         out["avg"] = _expect(lambda: rr.all_reduce_avg(t), TypeError, "AVG")
         out["unchanged"] = "ok" if torch.equal(t, torch.arange(6)) else "changed"
     else:
-        out["avg"] = _expect(lambda: rr.all_reduce_avg(t), RuntimeError, "rank 1: all_reduce_avg refused locally")
+        # the refusal is all that differs: the others' op, numel and shape agree
+        out["avg"] = _expect(lambda: rr.all_reduce_avg(t), RuntimeError, "rank 1: all_reduce_avg refused locally",
+                             "[differs: a rank refused the call]")
         out["unchanged"] = "ok" if torch.equal(t, torch.arange(6, dtype=torch.float32)) else "changed"
     # a non-tensor on rank 0 only
     u = torch.ones(3)
     if rank == 0:
         out["nontensor"] = _expect(lambda: rr.all_reduce("grad"), TypeError, "torch.Tensor")
     else:
-        out["nontensor"] = _expect(lambda: rr.all_reduce(u), RuntimeError, "rank 0: all_reduce refused locally", "not a tensor")
+        out["nontensor"] = _expect(lambda: rr.all_reduce(u), RuntimeError, "rank 0: all_reduce refused locally", "not a tensor",
+                                   "[differs: a rank refused the call]")
     x = torch.ones(5)
     rr.all_reduce(x)
     out["still_works"] = "ok" if torch.equal(x, torch.full((5,), float(ws))) else f"got {x}"

@@ -90,20 +90,30 @@ std::string describeFrame(const Frame& f) {
 std::string compareFrames(const std::vector<Frame>& frames, const std::string& group) {
   if (frames.empty()) return "";
   auto unreadable = [](const Frame& f) { return f.magic != kFrameMagic || f.version != kFrameVersion; };
-  const Frame& ref = frames[0];
+  // The reference: the first rank that did not refuse (a refusal frame carries its call's kind and
+  // number, not its arguments, so only those are compared with it).
+  const Frame* first = &frames[0];
+  for (const Frame& f : frames) {
+    if (!unreadable(f) && f.error == 0) {
+      first = &f;
+      break;
+    }
+  }
+  const Frame& ref = *first;
   bool bad = false, err = false, kind = false, op = false, dt = false, numel = false, shape = false, acc = false,
        dev = false, seq = false, nt = false, alg = false, segb = false, wire = false, pre = false, steps = false;
   for (const Frame& f : frames) {
     bad = bad || unreadable(f);
     err = err || f.error != 0;
     kind = kind || f.kind != ref.kind;
+    seq = seq || f.seq != ref.seq;
+    if (f.error != 0 || ref.error != 0) continue;
     op = op || f.op != ref.op;
     dt = dt || f.dtype != ref.dtype;
     numel = numel || f.numel != ref.numel;
     shape = shape || f.ndim != ref.ndim || f.shape_hash != ref.shape_hash;
     acc = acc || f.accum_float32 != ref.accum_float32;
     dev = dev || f.device_type != ref.device_type;
-    seq = seq || f.seq != ref.seq;
     nt = nt || f.ntensors != ref.ntensors;
     alg = alg || f.algorithm != ref.algorithm;
     segb = segb || f.segment_bytes != ref.segment_bytes;
