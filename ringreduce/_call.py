@@ -150,11 +150,38 @@ def not_a_tensor(value: Any) -> TypeError:
     return TypeError(f"{words} ({ours})" if words else ours)
 
 
+def overlaps(tensor: torch.Tensor) -> bool:
+    """Whether elements of the strided `tensor` may share memory (an expand()ed view, stride 0, or an
+    overlapping as_strided view). With the dims of size > 1 sorted by stride, the elements are apart
+    when each stride exceeds the reach of the smaller-stride dims, the sum of their stride * (size - 1);
+    anything else counts as overlapping (a few exotic interleavings that do not overlap included, as
+    torch's own check calls them "too hard"). Contiguous tensors never overlap: check is_contiguous()
+    first, this loop is for the others."""
+    reach = 0
+    for stride, size in sorted((st, sz) for sz, st in zip(tensor.shape, tensor.stride(), strict=True) if sz > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def overlap_error(tensor: torch.Tensor, what: str = "the tensor", fix: str = "reduce a .clone() and copy it back",
+                  who: str = "ringreduce") -> ValueError:
+    """The ValueError for a written-to `tensor` whose elements may share memory (overlaps)."""
+    return ValueError(
+        f"{who}: the elements of {what} share memory (an expand()ed or overlapping as_strided view: sizes "
+        f"{tuple(tensor.shape)}, strides {tuple(tensor.stride())}), so the ranks' results could differ; {fix}"
+    )
+
+
 def local_refusal(
-    tensor: Any, op: Any, accum_dtype: torch.dtype | None, algorithm: str, collective: str = "all_reduce"
+    tensor: Any, op: Any, accum_dtype: torch.dtype | None, algorithm: str, collective: str = "all_reduce",
+    written: bool = True,
 ) -> tuple[Any, BaseException | None, ReduceOp | None, bool]:
     """(frame error code, exception to raise, op, accum_float32) from purely local checks; messages
-    start with torch.distributed's words where it raises for the same input (`collective`: its name)."""
+    start with torch.distributed's words where it raises for the same input (`collective`: its name).
+    `written`: the call writes its result into `tensor` (all-reduce), which then must not overlap
+    itself; an input that is only read (all_gather, reduce_scatter) may."""
     if not isinstance(tensor, torch.Tensor):
         return FrameError.NOT_A_TENSOR, not_a_tensor(tensor), None, False
     try:
@@ -189,6 +216,8 @@ def local_refusal(
             "supported: float32, float64, float16, bfloat16, int8, int16, int32, int64, uint8, bool, "
             "complex64, complex128 - convert the tensor first"
         ), rop, False
+    if written and not tensor.is_contiguous() and overlaps(tensor):
+        return FrameError.OTHER, overlap_error(tensor), rop, False
     why = C.unsupported_reason(code, int(rop))
     if why is not None:
         ours = f"ringreduce: op {rop.name} is not supported for dtype {_dtype_name(tensor.dtype)}: {why}"
@@ -301,7 +330,10 @@ def device_of(tensor: Any) -> torch.device | None:
 # - the ring's knobs' epoch (Note [Knobs are read when a ring is made] in ringreduce/_config.py): after
 #   ringreduce.reload_knobs() every plan is made again.
 #
-# A refused call, a call with RINGREDUCE_DEBUG set or under the profiler takes the full path each time.
+# The plan serves a tensor of any shape and strides, except one whose elements may share memory
+# (overlaps: local_refusal refuses it), which takes the full path; a contiguous tensor costs one
+# is_contiguous() there. A refused call, a call with RINGREDUCE_DEBUG set or under the profiler takes
+# the full path each time.
 # forget_plans() drops the plans (a destroyed ring's group, and at exit).
 _plans: dict[tuple[Any, ...], Any] = {}
 _plans_lock = threading.Lock()
@@ -327,7 +359,8 @@ def run_all_reduce(tensor: Any, group: Any, options: AllreduceOptions, async_op:
         key = (id(group), id(kind), tensor.dtype, tensor.layout, options, ntensors)
         plan = _plans.get(key)
         if (plan is not None and plan.epoch == _config.epoch and plan.world is _c10d._world.default_pg
-                and plan.group is group and plan.kind is kind and tensor.numel()):
+                and plan.group is group and plan.kind is kind and tensor.numel()
+                and (tensor.is_contiguous() or not overlaps(tensor))):
             return plan.run(tensor, async_op)
     return _checked_all_reduce(tensor, group, options, async_op, kind, ntensors, key)
 

@@ -37,8 +37,10 @@ def all_reduce(
         tensor: the input and output, a dense CPU or CUDA tensor of float32, float64, float16,
             bfloat16, int8/16/32/64, uint8, bool or complex64/128 (complex: SUM and AVG only). Any
             strides, views, transposed or channels_last layouts work (elements are matched by
-            logical index; memory outside the tensor's elements is untouched). A DTensor is reduced
-            through its local shard, keeping its placements.
+            logical index; memory outside the tensor's elements is untouched), except views whose
+            elements share memory (``expand()``, an overlapping ``as_strided``: ValueError; reduce
+            a ``.clone()`` and copy it back). A DTensor is reduced through its local shard,
+            keeping its placements.
         op: ``ReduceOp.SUM`` (default), ``AVG``, ``MAX``, ``MIN`` or ``PRODUCT``; also the strings
             "sum", "avg", ... and ``torch.distributed.ReduceOp.*``. Integer and bool tensors take
             no AVG.
@@ -94,7 +96,9 @@ def all_reduce(
         ValueError: an unknown `op` or `algorithm`, a sparse tensor, an unsupported device,
             "hierarchical" for a group with unequal nodes or (GPU) with a `wire_dtype`, a `wire_dtype`
             other than bfloat16/float16 or not narrower than the tensor, a `predivide_factor` <= 0,
-            or either of them with MAX, MIN or PRODUCT; every rank raises alike.
+            or either of them with MAX, MIN or PRODUCT; every rank raises alike. Also a tensor whose
+            elements share memory (an ``expand()``-ed or overlapping ``as_strided`` view), before any
+            data moves, `tensor` unchanged; the other ranks raise RuntimeError naming this rank.
         RuntimeError: the ranks disagree (shape, dtype, op, call order...): every rank raises,
             naming each rank's call (the agreement check, on by default on CPU, RINGREDUCE_CHECK).
         torch.distributed.DistBackendError: a peer died or stayed silent past the group's timeout
@@ -142,7 +146,8 @@ def all_reduce_avg(
 
     Args:
         tensor: the input and output, a dense floating-point or complex CPU or CUDA tensor (any
-            strides and views; a DTensor through its local shard).
+            strides and views whose elements do not share memory; a DTensor through its local
+            shard).
         group: None (the default process group), a ``ProcessGroup`` or a ``DeviceMesh`` (1-D or a
             flattened sub-mesh). A rank outside the group returns at once.
         async_op: True returns a :class:`Work` at once; call ``work.wait()`` before reading
@@ -168,7 +173,8 @@ def all_reduce_avg(
             moves, `tensor` unchanged; the other ranks raise RuntimeError naming this rank.
         ValueError: an unknown `algorithm`, a sparse tensor, an unsupported device, a `wire_dtype`
             other than bfloat16/float16 or not narrower than the tensor, a `predivide_factor`
-            <= 0, or a 16-bit wire with "hierarchical" on GPUs; every rank raises alike.
+            <= 0, or a 16-bit wire with "hierarchical" on GPUs; every rank raises alike. Also a
+            tensor whose elements share memory (the other ranks raise RuntimeError).
         RuntimeError: the ranks disagree on shape, dtype or call: every rank raises.
         torch.distributed.DistBackendError: a peer died or the group's timeout passed.
 

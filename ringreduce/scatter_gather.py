@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ringreduce import _traced
-from ringreduce._call import device_of, local_refusal, local_tensor, refuse, run_ring_half
+from ringreduce._call import device_of, local_refusal, local_tensor, overlap_error, overlaps, refuse, run_ring_half
 from ringreduce._groups import resolve
 from ringreduce._types import CallKind, FrameError, ReduceOp
 from ringreduce.work import Work
@@ -38,9 +38,10 @@ def reduce_scatter(
 
     Args:
         output: receives block r on rank r: ``output.numel()`` elements, `input`'s dtype and
-            device, any shape and strides (typically ``(d0, ...)``).
+            device, any shape and strides (typically ``(d0, ...)``) whose elements do not share
+            memory (an ``expand()``-ed or overlapping ``as_strided`` view raises ValueError).
         input: n blocks of ``output.numel()`` elements back to back in row-major order (typically
-            shape ``(n * d0, ...)``); not modified. Any strides.
+            shape ``(n * d0, ...)``); not modified. Any strides and views.
         op: SUM (default), AVG (divides once by n, as all_reduce's), MAX, MIN or PRODUCT; also a
             string or ``torch.distributed.ReduceOp``.
         group: None (the default process group), a ``ProcessGroup`` or a ``DeviceMesh``. A rank
@@ -54,7 +55,8 @@ def reduce_scatter(
     Raises:
         TypeError: a non-tensor, an `output` whose dtype or device differs from `input`'s, or a
             dtype that does not support `op`; the other ranks raise RuntimeError.
-        ValueError: `input` is not n blocks of `output`'s size, a sparse tensor, an unknown `op`.
+        ValueError: `input` is not n blocks of `output`'s size, a sparse tensor, an unknown `op`,
+            an `output` whose elements share memory; the other ranks raise RuntimeError.
         RuntimeError: the ranks disagree on shape, dtype or op (every rank raises).
         torch.distributed.DistBackendError: a peer died or the group's timeout passed.
 
@@ -71,7 +73,7 @@ def reduce_scatter(
     kind = CallKind.REDUCE_SCATTER
     input, output = local_tensor(input), local_tensor(output)  # DTensors: their local shards
     info = resolve(group)
-    code, exc, rop, _ = local_refusal(input, op, None, "ring")
+    code, exc, rop, _ = local_refusal(input, op, None, "ring", written=False)  # only read: it may overlap
     if exc is None:
         if not isinstance(output, torch.Tensor):
             code, exc = FrameError.NOT_A_TENSOR, TypeError(
@@ -90,6 +92,9 @@ def reduce_scatter(
             )
         elif output.layout != torch.strided:
             code, exc = FrameError.SPARSE, ValueError("ringreduce.reduce_scatter: output must be a dense tensor")
+        elif not output.is_contiguous() and overlaps(output):
+            code, exc = FrameError.OTHER, overlap_error(output, "`output`", "pass an output made by torch.empty",
+                                                        "ringreduce.reduce_scatter")
     if exc is not None:
         refuse(info, kind, code, exc, device_of(input))
     assert rop is not None
@@ -132,7 +137,7 @@ def all_gather(tensor: torch.Tensor, group: Any = None, async_op: bool = False) 
     kind = CallKind.ALL_GATHER
     tensor = local_tensor(tensor)  # a DTensor: its local shard (the result is a plain tensor)
     info = resolve(group)
-    code, exc, _, _ = local_refusal(tensor, ReduceOp.SUM, None, "ring")
+    code, exc, _, _ = local_refusal(tensor, ReduceOp.SUM, None, "ring", written=False)  # only read: it may overlap
     if exc is not None:
         refuse(info, kind, code, exc, device_of(tensor))
     if info is None:

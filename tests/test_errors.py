@@ -85,6 +85,101 @@ def test_one_rank_refusing_makes_all_raise():
         assert not bad, bad
 
 
+def _overlapping_views(rank: int, ws: int) -> dict:
+    """Written-to tensors whose elements share memory (findings 1 and 2 of the bad-input audit): refused
+    before anything moves, on every rank, also once the argument set has a plan (Note [Fast path of a
+    repeated call]); legitimate strided views and read-only overlapping inputs still work."""
+    from ringreduce import scatter_gather
+
+    out = {}
+    share = "share memory"
+    warm = torch.ones(8)
+    rr.all_reduce(warm)
+    rr.all_reduce(warm)  # the default argument set now has a plan, which must not serve the views below
+    out["warm"] = "ok" if torch.equal(warm, torch.full((8,), float(ws * ws))) else f"got {warm}"
+
+    def one_rank(name: str, bad_rank: int, make_bad, call=rr.all_reduce, what: str = "all_reduce") -> None:  # noqa: ANN001
+        t = make_bad() if rank == bad_rank else torch.arange(20.0).view(5, 4)
+        before = t.clone()
+        if rank == bad_rank:
+            out[name] = _expect(lambda: call(t), ValueError, share, ".clone()", "the other ranks were told")
+        else:
+            out[name] = _expect(lambda: call(t), RuntimeError, f"rank {bad_rank}: {what} refused locally")
+        out[name + "_unchanged"] = "ok" if torch.equal(t, before) else f"changed to {t}"
+
+    one_rank("expand", 0, lambda: torch.ones(1).expand(20).view(5, 4))
+    one_rank("expand_row", ws - 1, lambda: torch.arange(4.0).expand(5, 4))
+    # the audit's view: element (i, j) is storage[i + j], 20 elements on 8 floats
+    one_rank("as_strided", 1, lambda: torch.arange(10.0).as_strided((5, 4), (1, 1)))
+    one_rank("avg", 0, lambda: torch.ones(1).expand(5, 4), rr.all_reduce_avg, "all_reduce_avg")
+    # every rank's tensor overlaps: every rank raises ValueError
+    t = torch.ones(1).expand(6)
+    out["every_rank"] = _expect(lambda: rr.all_reduce(t, op="max"), ValueError, share, "sizes (6,), strides (0,)")
+    # coalesced: checked per element
+    parts = [torch.ones(1).expand(4) if rank == 0 else torch.ones(4), torch.ones(3)]
+    if rank == 0:
+        out["coalesced"] = _expect(lambda: rr.all_reduce_coalesced(parts), ValueError, share, "element 0")
+    else:
+        out["coalesced"] = _expect(lambda: rr.all_reduce_coalesced(parts), RuntimeError, "rank 0: all_reduce_coalesced")
+    out["coalesced_unchanged"] = "ok" if all(torch.equal(p, torch.ones(p.shape)) for p in parts) else "changed"
+    # reduce_scatter's output is written: refused; its input is only read: an expanded one works
+    output = torch.zeros(1).expand(3) if rank == 1 else torch.zeros(3)
+    want_msg = (ValueError, share, "`output`") if rank == 1 else (RuntimeError, "rank 1: reduce_scatter refused locally")
+    out["rs_output"] = _expect(lambda: scatter_gather.reduce_scatter(output, torch.ones(3 * ws)), *want_msg)
+    block = torch.empty(2)
+    scatter_gather.reduce_scatter(block, torch.tensor([float(rank + 1)]).expand(2 * ws))
+    out["rs_input"] = "ok" if torch.equal(block, torch.full((2,), float(sum(range(1, ws + 1))))) else f"got {block}"
+    gathered = scatter_gather.all_gather(torch.tensor([float(rank)]).expand(2))
+    want = torch.arange(ws, dtype=torch.float32).repeat_interleave(2)
+    out["ag_input"] = "ok" if torch.equal(gathered, want) else f"got {gathered}"
+    # the "ringreduce" backend reaches the same refusal
+    g = dist.new_group(backend="ringreduce")
+    t = torch.ones(1).expand(8) if rank == 0 else torch.ones(8)
+    if rank == 0:
+        out["backend"] = _expect(lambda: dist.all_reduce(t, group=g), ValueError, share)
+    else:
+        out["backend"] = _expect(lambda: dist.all_reduce(t, group=g), RuntimeError, "rank 0: all_reduce refused locally")
+    gather_out = torch.zeros(1).expand(2 * ws) if rank == 0 else torch.zeros(2 * ws)
+    want_msg = (ValueError, share, "all_gather_into_tensor's output") if rank == 0 else (RuntimeError, "rank 0")
+    out["backend_gather_output"] = _expect(
+        lambda: dist.all_gather_into_tensor(gather_out, torch.ones(2), group=g), *want_msg)
+    b = torch.arange(6.0) + rank
+    dist.all_reduce(b, group=g)
+    out["backend_after"] = "ok" if torch.equal(b, torch.arange(6.0) * ws + sum(range(ws))) else f"got {b}"
+    dist.destroy_process_group(g)
+    # legitimate views, also on the plan of the default argument set: exact per-element sums
+    base = torch.arange(60.0) + rank
+    views = {
+        "transposed": lambda x: x.view(6, 10).t(),
+        "stepped": lambda x: x[::3],
+        "sliced": lambda x: x.view(6, 10)[1:5, 2:9],
+        "channels_last": lambda x: x.view(1, 3, 4, 5).contiguous(memory_format=torch.channels_last),
+        "size1_stride0": lambda x: x.as_strided((4, 1), (1, 0)),  # stride 0 on a dim of size 1
+        "gapped_as_strided": lambda x: x.as_strided((4, 3), (7, 2)),  # rows 7 apart, 3 elements 2 apart
+        "permuted": lambda x: x.view(3, 4, 5).permute(2, 0, 1),
+    }
+    for name, view in views.items():
+        mine = view(base.clone())
+        want = sum(view(torch.arange(60.0) + r) for r in range(ws))
+        for _ in range(2):  # the full path, then the plan
+            rr.all_reduce(mine)
+            if not torch.equal(mine, want):
+                out[f"view_{name}"] = f"got {mine.flatten()[:4]}, want {want.flatten()[:4]}"
+                break
+            want = want * ws
+    x = torch.ones(5)
+    rr.all_reduce(x)
+    out["still_works"] = "ok" if torch.equal(x, torch.full((5,), float(ws))) else f"got {x}"
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_overlapping_views_are_refused_on_every_rank(ws):
+    for r in run_ranks(ws, _overlapping_views):
+        bad = {k: v for k, v in r.items() if v != "ok"}
+        assert not bad, bad
+
+
 # ---------------------------------------------------------------------------------------------
 # Cross-rank mismatches on 3 ranks: every rank raises RuntimeError naming what differs
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ringreduce import _call, _groups, _rings
-from ringreduce._call import device_of, local_refusal, refuse, run_all_reduce
+from ringreduce._call import device_of, local_refusal, overlap_error, overlaps, refuse, run_all_reduce
 from ringreduce._groups import GroupInfo
 from ringreduce._native import C
 from ringreduce._types import CallKind, FrameError, ReduceOp, to_reduce_op
@@ -244,11 +244,14 @@ class RingreduceProcessGroup(dist.ProcessGroup):
     def _gather(self, output: torch.Tensor, tensor: torch.Tensor, plain_output: bool = False) -> Work:
         """The ring's all-gather of `tensor` into `output` (n blocks of its numel, any shape)."""
         ring, kind = self.ring, CallKind.ALL_GATHER
-        code, exc, _, _ = local_refusal(tensor, ReduceOp.SUM, None, "ring")
+        code, exc, _, _ = local_refusal(tensor, ReduceOp.SUM, None, "ring", written=False)  # only read
         if exc is None:
             if not isinstance(output, torch.Tensor) or output.layout != torch.strided:
                 code, exc = FrameError.OTHER, TypeError(
                     "ringreduce: all_gather_into_tensor's output must be a dense tensor")
+            elif not output.is_contiguous() and overlaps(output):
+                code, exc = FrameError.OTHER, overlap_error(output, "all_gather_into_tensor's output",
+                                                            "pass an output made by torch.empty")
             elif output.dtype != tensor.dtype or output.device != tensor.device:
                 code, exc = FrameError.OTHER, TypeError(
                     f"ringreduce: all_gather_into_tensor's output ({output.dtype}, {output.device}) must have the "
