@@ -188,6 +188,11 @@ def local_refusal(
         rop = to_reduce_op(op)
     except ValueError as exc:
         return FrameError.UNSUPPORTED, exc, None, False
+    if not isinstance(algorithm, str):
+        return FrameError.OTHER, TypeError(
+            f"ringreduce: algorithm must be a string, one of {ALGORITHMS}, got {type(algorithm).__name__} "
+            f"{algorithm!r}"
+        ), rop, False
     if algorithm not in ALGORITHMS:
         return FrameError.OTHER, ValueError(
             f"ringreduce: algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
@@ -298,12 +303,15 @@ def refuse(info: GroupInfo | None, kind: Any, code: Any, exc: BaseException, dev
     where `info` is None: a rank outside the group).
 
     `device`: where the call's tensors live (None: the CPU path). `algorithm`: what the others run
-    the call with, or one per native call they run for it (all_reduce_coalesced: one per dtype
-    buffer): a refusal frame stands in for each, so that the next collective's frames meet.
+    the call with, or a list or tuple of one per native call they run for it (all_reduce_coalesced:
+    one per dtype buffer): a refusal frame stands in for each, so that the next collective's frames
+    meet. Anything else (an invalid algorithm argument the refusal is about) stands for one call, on
+    the ring "auto" picks.
     """
     ring = refusing_ring(info, device) if info is not None and info.size > 1 else None
     if ring is not None and ring.check_enabled():
-        algorithms = [algorithm] if isinstance(algorithm, str) else list(algorithm)
+        algorithms = list(algorithm) if isinstance(algorithm, (list, tuple)) else [algorithm]
+        algorithms = [a if isinstance(a, str) and a in ALGORITHMS else "auto" for a in algorithms]
         seqs = ring.refuse(Call(info, kind, device=device, local_error=code), algorithms)
         if seqs:
             which = f"call #{seqs[0]}" if len(seqs) == 1 else f"calls #{seqs[0]}-#{seqs[-1]}"
@@ -391,7 +399,9 @@ def _checked_all_reduce(tensor: Any, group: Any, options: AllreduceOptions, asyn
                 code, exc = FrameError.OTHER, device_refusal
     if exc is not None:
         # the others run a call with a 16-bit wire on the flat ring (on GPUs; below)
-        refuse(info, kind, code, exc, device_of(tensor), "ring" if wire_dtype is not None else options.algorithm)
+        # (a single call: an algorithm that is not a string is one of the refused arguments)
+        refuse(info, kind, code, exc, device_of(tensor),
+               "ring" if wire_dtype is not None else options.algorithm if isinstance(options.algorithm, str) else "auto")
     assert rop is not None
     if extra_divisor != 1 and (rop not in SUM_OR_AVG or extra_divisor < 1):
         raise ValueError(f"ringreduce internal error: extra divisor {extra_divisor} with {rop.name}")

@@ -37,24 +37,43 @@ from ringreduce import (
     _library,  # noqa: F401 - registers the ringreduce:: ops
     _traced,
 )
-from ringreduce._call import refuse
+from ringreduce._call import device_of, refuse
 from ringreduce._groups import resolve
+from ringreduce._rings import ring_type
 from ringreduce._types import CallKind, FrameError, ReduceOp
 
+_NO_OP = object()  # _takes_part of a collective without an op
 
-def _takes_part(tensor: Any, what: str, kind: Any, group: Any) -> bool:
+
+def _takes_part(tensor: Any, what: str, kind: Any, group: Any, op: Any = _NO_OP) -> bool:
     """Whether this rank runs the call. Eagerly: NotInitializedError (a RuntimeError and a ValueError)
-    before init_process_group, False on a rank outside `group` (resolve warns once), and a non-tensor
-    raises TypeError here while the other ranks are told (they raise RuntimeError). Under
-    torch.compile the op itself resolves the group; a non-tensor raises TypeError."""
+    before init_process_group, False on a rank outside `group` (resolve warns once); what the custom op
+    would not see refuses here while the other ranks are told (they raise RuntimeError): a non-tensor
+    (TypeError), a tensor on a device no ring runs on (ValueError; a meta tensor would otherwise get
+    the op's fake result) and an `op` that is not an op at all (None, a bool...: op_name's error; an
+    unknown name is the op's to refuse). Under torch.compile the op itself resolves the group; a
+    non-tensor raises TypeError."""
     if torch.compiler.is_compiling():
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"ringreduce.functional.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
         return True
     info = resolve(group)
+    code, exc = FrameError.NONE, None
     if not isinstance(tensor, torch.Tensor):
+        code = FrameError.NOT_A_TENSOR
         exc = TypeError(f"ringreduce.functional.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
-        refuse(info, kind, FrameError.NOT_A_TENSOR, exc, None)
+    else:
+        try:
+            ring_type(tensor.device)
+        except (ValueError, RuntimeError) as error:
+            code, exc = FrameError.DEVICE, error
+        if exc is None and op is not _NO_OP:
+            try:
+                _traced.op_name(op)
+            except (TypeError, ValueError) as error:
+                code, exc = FrameError.UNSUPPORTED, error
+    if exc is not None:
+        refuse(info, kind, code, exc, device_of(tensor))
     return info is not None
 
 
@@ -72,9 +91,11 @@ def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Any = None) -> torc
     ``torch.distributed.ReduceOp``). The result has `tensor`'s shape, dtype and strides and equals
     ``t = tensor.clone(); ringreduce.all_reduce(t, op, group)`` bitwise. Raises TypeError for a
     non-tensor or an unsupported dtype/op pair (integer "avg" included), ValueError for an unknown
-    op, RuntimeError when the ranks disagree, DistBackendError when a peer dies or times out.
+    op or a tensor on a device other than CPU and CUDA (a meta tensor included) - each before any
+    data moves, the other ranks told (they raise RuntimeError) - RuntimeError when the ranks
+    disagree, DistBackendError when a peer dies or times out.
     """
-    if not _takes_part(tensor, "all_reduce", CallKind.ALL_REDUCE, group):
+    if not _takes_part(tensor, "all_reduce", CallKind.ALL_REDUCE, group, op):
         return tensor.clone()
     name = _traced.op_name(op)  # an unknown name is refused by the op, on every rank
     return torch.ops.ringreduce.all_reduce(tensor, name, _traced.group_name(group))
@@ -98,7 +119,8 @@ def all_gather(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     identical on every rank and bitwise equal to :func:`ringreduce.all_gather`. Every rank must pass
     the same shape and dtype (RuntimeError on every rank otherwise). `group`: None (the default
     process group), a ProcessGroup or a 1-D DeviceMesh. Raises TypeError for a non-tensor,
-    DistBackendError when a peer dies or times out.
+    ValueError for a tensor on a device other than CPU and CUDA (meta included; the other ranks
+    raise RuntimeError), DistBackendError when a peer dies or times out.
     """
     if not _takes_part(tensor, "all_gather", CallKind.ALL_GATHER, group):
         raise _no_result("all_gather")
@@ -113,7 +135,7 @@ def reduce_scatter(tensor: torch.Tensor, op: Any = "sum", group: Any = None) -> 
     dimension that is not a multiple of n raises ValueError (the other ranks raise RuntimeError);
     `op` as in :func:`all_reduce`.
     """
-    if not _takes_part(tensor, "reduce_scatter", CallKind.REDUCE_SCATTER, group):
+    if not _takes_part(tensor, "reduce_scatter", CallKind.REDUCE_SCATTER, group, op):
         raise _no_result("reduce_scatter")
     name = _traced.op_name(op)  # an unknown name is refused by the op, on every rank
     return torch.ops.ringreduce.reduce_scatter(tensor, name, _traced.group_size(group), _traced.group_name(group))

@@ -180,6 +180,61 @@ def test_overlapping_views_are_refused_on_every_rank(ws):
         assert not bad, bad
 
 
+def _refusals_that_crashed_or_stayed_local(rank: int, ws: int) -> dict:
+    """Finding 4 of the bad-input audit: these refusals once raised before their frame was sent (or
+    returned a meta tensor), so the others' call met the refuser's next one. Each now tells the
+    others; the next call then pairs with the next call on every rank and reduces exact data."""
+    import ringreduce.functional as F
+
+    out = {}
+    bad_rank = ws - 1
+    accepted = "('auto', 'ring', 'hierarchical', 'direct')"
+    cases = {
+        "algorithm_none": (lambda: rr.all_reduce(torch.ones(4), algorithm=None), lambda: rr.all_reduce(torch.ones(4)),
+                           TypeError, ("algorithm must be a string", accepted, "NoneType"), "all_reduce"),
+        "algorithm_int": (lambda: rr.all_reduce(torch.ones(4), algorithm=5),
+                          lambda: rr.all_reduce(torch.ones(4), algorithm="ring"),
+                          TypeError, ("algorithm must be a string", accepted, "int 5"), "all_reduce"),
+        # a list stands for one call, not one per element
+        "algorithm_list": (lambda: rr.all_reduce_avg(torch.ones(4), algorithm=["ring", "ring"]),
+                           lambda: rr.all_reduce_avg(torch.ones(4)), TypeError, ("algorithm", "list"), "all_reduce_avg"),
+        "algorithm_coalesced": (lambda: rr.all_reduce_coalesced([torch.ones(4)], algorithm=None),
+                                lambda: rr.all_reduce_coalesced([torch.ones(4)]), TypeError, ("algorithm",),
+                                "all_reduce_coalesced"),
+        "F_op_none": (lambda: F.all_reduce(torch.ones(4), op=None), lambda: F.all_reduce(torch.ones(4)),
+                      ValueError, ("unsupported reduce op None",), "all_reduce"),
+        "F_reduce_scatter_op_none": (lambda: F.reduce_scatter(torch.ones(2 * ws), op=None),
+                                     lambda: F.reduce_scatter(torch.ones(2 * ws)), ValueError,
+                                     ("unsupported reduce op None",), "reduce_scatter"),
+        "F_meta": (lambda: F.all_reduce(torch.ones(4, device="meta")), lambda: F.all_reduce(torch.ones(4)),
+                   ValueError, ("tensors on meta are not supported",), "all_reduce"),
+        "F_avg_meta": (lambda: F.all_reduce_avg(torch.ones(4, device="meta")), lambda: F.all_reduce_avg(torch.ones(4)),
+                       ValueError, ("meta",), "all_reduce_avg"),
+        "F_gather_meta": (lambda: F.all_gather(torch.ones(2, device="meta")), lambda: F.all_gather(torch.ones(2)),
+                          ValueError, ("meta",), "all_gather"),
+    }
+    for name, (bad, good, exc, needles, kind) in cases.items():
+        if rank == bad_rank:
+            out[name] = _expect(bad, exc, *needles, "the other ranks were told")
+        else:
+            out[name] = _expect(good, RuntimeError, f"rank {bad_rank}: {kind} refused locally")
+        # the next identical call on every rank is the same call everywhere
+        x = torch.arange(7.0) + rank
+        rr.all_reduce(x)
+        want = torch.arange(7.0) * ws + sum(range(ws))
+        out[name + "_next"] = "ok" if torch.equal(x, want) else f"got {x}"
+    got = F.all_reduce(torch.full((3,), float(rank)), op="max")
+    out["F_after"] = "ok" if torch.equal(got, torch.full((3,), float(ws - 1))) else f"got {got}"
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_refusals_of_bad_arguments_tell_the_other_ranks(ws):
+    for r in run_ranks(ws, _refusals_that_crashed_or_stayed_local):
+        bad = {k: v for k, v in r.items() if v != "ok"}
+        assert not bad, bad
+
+
 # ---------------------------------------------------------------------------------------------
 # Cross-rank mismatches on 3 ranks: every rank raises RuntimeError naming what differs
 
