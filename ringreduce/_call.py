@@ -287,6 +287,33 @@ def scaling_refusal(
     return _NONE, None, wire, factor
 
 
+_WIDE_TYPES = (torch.float64, torch.complex128)  # accumulated in float64; every other floating type in float32
+
+
+def predivide_refusal(factor: float, dtype: torch.dtype, rop: ReduceOp, size: int,
+                      extra_divisor: int = 1) -> ValueError | None:
+    """The ValueError for a predivide factor (> 0, finite: scaling_refusal's) whose scalings the
+    accumulation type cannot hold, else None. Rule (docs/design.md, "Predivide factor"): f and m / f
+    must be normal numbers of the accumulation type, float64 for float64/complex128 tensors and float32
+    for the others (float32, float16, bfloat16, complex64), where m is the final division's divisor:
+    the group's `size` for AVG, 1 for SUM, either times `extra_divisor` (GradientAverager's accumulation
+    steps). Outside it f, or the scaling n / f (d / f, f) that the finished sum gets, rounds to 0 or
+    infinity in that type and the result would be NaN or infinite on every rank."""
+    if not factor:
+        return None
+    info = torch.finfo(torch.float64 if dtype in _WIDE_TYPES else torch.float32)
+    m = (size if rop == ReduceOp.AVG else 1) * extra_divisor
+    low, high = max(info.tiny, m / info.max), min(info.max, m / info.tiny)
+    if low <= factor <= high:
+        return None
+    acc = "float64" if dtype in _WIDE_TYPES else "float32"
+    return ValueError(
+        f"ringreduce: predivide_factor={factor!r} is out of range for a {_dtype_name(dtype)} {rop.name} over "
+        f"{size} rank(s): it and {m}/predivide_factor (the final scaling) must be normal {acc} numbers, "
+        f"so pass a factor in [{low!r}, {high!r}] (typically the group's size, {size})"
+    )
+
+
 def wire_gather_setting(override: int | None, knobs: _config.Knobs) -> str:
     """The all-gather's width of a 16-bit wire: "16", "32" or "auto" (`override`,
     BackendOptions.wire_gather: 16 or 32; None: RINGREDUCE_WIRE_GATHER as the ring read it)."""
@@ -386,6 +413,10 @@ def _checked_all_reduce(tensor: Any, group: Any, options: AllreduceOptions, asyn
     wire, factor, gather = None, 0.0, "auto"
     if exc is None:
         code, exc, wire, factor = scaling_refusal(tensor, rop, wire_dtype, options.predivide_factor)
+    if exc is None and factor and info is not None:
+        assert rop is not None
+        exc = predivide_refusal(factor, tensor.dtype, rop, info.size, max(1, extra_divisor))
+        code = FrameError.OTHER if exc is not None else code
     ring = None
     if exc is None and info is not None:
         ring = ring_for(info, tensor.device)

@@ -82,7 +82,10 @@ def all_reduce(
             as it enters the ring (rounded to the tensor's dtype), then the finished sum is divided
             by n/f (AVG) or multiplied by f (SUM), once, in the accumulation precision (Horovod's
             gradient_predivide_factor: it keeps fp16 sums in range). f = n pre-divides fully, as
-            DDP's default hook does.
+            DDP's default hook does. f and m/f (m: n for AVG, 1 for SUM) must be normal numbers of
+            the accumulation type, float32 (about 1.2e-38 to 3.4e38) for float32, float16,
+            bfloat16 and complex64 tensors and float64 for float64 and complex128 ones, else
+            ValueError naming the range (docs/design.md, "Predivide factor").
 
     Returns:
         None, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns True and whose
@@ -95,8 +98,9 @@ def all_reduce(
             this rank.
         ValueError: an unknown `op` or `algorithm`, a sparse tensor, an unsupported device,
             "hierarchical" for a group with unequal nodes or (GPU) with a `wire_dtype`, a `wire_dtype`
-            other than bfloat16/float16 or not narrower than the tensor, a `predivide_factor` <= 0,
-            or either of them with MAX, MIN or PRODUCT; every rank raises alike. Also a tensor whose
+            other than bfloat16/float16 or not narrower than the tensor, a `predivide_factor` <= 0 or
+            out of the accumulation type's range, or either of them with MAX, MIN or PRODUCT; every
+            rank raises alike. Also a tensor whose
             elements share memory (an ``expand()``-ed or overlapping ``as_strided`` view), before any
             data moves, `tensor` unchanged; the other ranks raise RuntimeError naming this rank.
         RuntimeError: the ranks disagree (shape, dtype, op, call order...): every rank raises,
@@ -162,7 +166,8 @@ def all_reduce_avg(
         wire_dtype: None, or ``torch.bfloat16`` / ``torch.float16`` for a float32 tensor: a 16-bit
             wire with float32 sums per hop, as in :func:`all_reduce` (on GPUs the flat ring only).
         predivide_factor: None, or f > 0: divide every contribution by f before the ring and the
-            finished sum by n/f after it, as in :func:`all_reduce`.
+            finished sum by n/f after it, as in :func:`all_reduce` (f and n/f must be normal numbers
+            of the accumulation type: float32's, float64's for float64 and complex128).
 
     Returns:
         None, or with ``async_op=True`` a :class:`Work` (``wait()`` returns True; future value
@@ -173,7 +178,8 @@ def all_reduce_avg(
             moves, `tensor` unchanged; the other ranks raise RuntimeError naming this rank.
         ValueError: an unknown `algorithm`, a sparse tensor, an unsupported device, a `wire_dtype`
             other than bfloat16/float16 or not narrower than the tensor, a `predivide_factor`
-            <= 0, or a 16-bit wire with "hierarchical" on GPUs; every rank raises alike. Also a
+            <= 0 or out of range, or a 16-bit wire with "hierarchical" on GPUs; every rank raises
+            alike. Also a
             tensor whose elements share memory (the other ranks raise RuntimeError).
         RuntimeError: the ranks disagree on shape, dtype or call: every rank raises.
         torch.distributed.DistBackendError: a peer died or the group's timeout passed.

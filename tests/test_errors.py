@@ -235,6 +235,57 @@ def test_refusals_of_bad_arguments_tell_the_other_ranks(ws):
         assert not bad, bad
 
 
+def _predivide_ranges(rank: int, ws: int) -> dict:
+    """Finding 7 of the bad-input audit: a predivide factor whose scalings the accumulation type cannot
+    hold (1e308 gave NaN) is refused, naming the range; factors at the range's far ends still give the
+    exact result (powers of two: every scaling is exact)."""
+    out = {}
+    refused = {
+        "f32_huge": (torch.float32, "sum", 1e308, "in [1.1754943508222875e-38, 8.507059173023462e+37]"),  # 1/f too
+        "f32_tiny_avg": (torch.float32, "avg", 1e-308, "float32"),
+        "f32_avg_scaling": (torch.float32, "avg", 2.0**127 * 1.9, f"{ws}/predivide_factor"),  # f fits, n / f does not
+        "bf16_tiny": (torch.bfloat16, "sum", 2.0**-130, "normal float32 numbers"),
+        "c64_huge": (torch.complex64, "avg", 1e39, "float32"),
+        "f64_huge_avg": (torch.float64, "avg", 1.7e308, "normal float64 numbers"),  # n / f: subnormal
+        "c128_tiny": (torch.complex128, "sum", 1e-310, "float64"),
+    }
+    for name, (dtype, op, f, needle) in refused.items():
+        t = torch.ones(4, dtype=dtype)
+        out[name] = _expect(lambda t=t, op=op, f=f: rr.all_reduce(t, op=op, predivide_factor=f), ValueError,
+                            f"predivide_factor={f!r} is out of range", needle, "the other ranks were told")
+        out[name + "_unchanged"] = "ok" if torch.equal(t, torch.ones(4, dtype=dtype)) else f"changed to {t}"
+    parts = [torch.ones(3), torch.ones(2, dtype=torch.float64)]
+    out["coalesced"] = _expect(lambda: rr.all_reduce_coalesced(parts, predivide_factor=1e-300), ValueError,
+                               "out of range")
+    # one rank's factor only: the others are told
+    t = torch.ones(4)
+    if rank == 0:
+        out["one_rank"] = _expect(lambda: rr.all_reduce_avg(t, predivide_factor=1e300), ValueError, "out of range")
+    else:
+        out["one_rank"] = _expect(lambda: rr.all_reduce_avg(t, predivide_factor=2.0), RuntimeError,
+                                  "rank 0: all_reduce_avg refused locally")
+    # the far ends of the range: exact results
+    x = torch.arange(8.0) + rank
+    total = torch.arange(8.0) * ws + sum(range(ws))
+    accepted = {
+        "f32_sum_2^100": (x.clone(), "sum", 2.0**100, total),
+        "f32_avg_2^-100": (x.clone(), "avg", 2.0**-100, total / ws),
+        "f32_sum_2^-126": (x / 64, "sum", 2.0**-126, total / 64),  # contributions x * 2^126: small x
+        "f64_avg_2^1000": (x.double(), "avg", 2.0**1000, total.double() / ws),
+    }
+    for name, (t, op, f, want) in accepted.items():
+        rr.all_reduce(t, op=op, predivide_factor=f)
+        out[name] = "ok" if torch.equal(t, want) else f"got {t}, want {want}"
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_predivide_factors_out_of_range_are_refused(ws):
+    for r in run_ranks(ws, _predivide_ranges):
+        bad = {k: v for k, v in r.items() if v != "ok"}
+        assert not bad, bad
+
+
 # ---------------------------------------------------------------------------------------------
 # Cross-rank mismatches on 3 ranks: every rank raises RuntimeError naming what differs
 
