@@ -15,6 +15,7 @@ os.environ; a call reads no environment variable.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("RINGREDUCE_CHECK", "on (CPU), off (GPU)",
          "the cross-rank agreement check; `0` turns it off, `1` turns it on"),
     Knob("RINGREDUCE_TIMEOUT", "the group's timeout",
-         "seconds before a silent peer raises `DistBackendError`"),
+         "seconds (> 0, at most 10^9) before a silent peer raises `DistBackendError`"),
     Knob("RINGREDUCE_DEBUG", "off",
          "`INFO` logs every call (rank, call #, op, dtype, numel, time); `DETAIL` adds the ring's parameters "
          "and where the time went"),
@@ -82,7 +83,19 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
 
-def _int_env(name: str, default: int, minimum: int) -> int:
+# Upper bounds: the native field each knob ends in (csrc/core/call_options.h: int64_t segment_bytes and
+# one_shot_bytes, int32_t num_slots and local_size), so that a value read here always reaches it.
+INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+# RINGREDUCE_TIMEOUT's largest value in seconds: the runtimes add the timeout to std::chrono's
+# steady_clock, which counts nanoseconds in 64 bits (2^63 ns: 292 years); 10^9 s (31.7 years) keeps that
+# sum far from overflowing.
+MAX_TIMEOUT_S = 1e9
+
+
+def _int_env(name: str, default: int, minimum: int, maximum: int) -> int:
+    """The integer knob `name` (`default` when unset or empty), ValueError naming it unless
+    minimum <= value <= maximum."""
     raw = _env(name)
     if raw is None or raw == "":
         return default
@@ -92,31 +105,30 @@ def _int_env(name: str, default: int, minimum: int) -> int:
         raise ValueError(f"ringreduce: {name}={raw!r} is not an integer") from None
     if value < minimum:
         raise ValueError(f"ringreduce: {name}={value} must be >= {minimum}")
+    if value > maximum:
+        raise ValueError(f"ringreduce: {name}={value} must be <= {maximum}")
     return value
 
 
 def segment_bytes(default: int = DEFAULT_SEGMENT_BYTES) -> int:
     """Largest segment the ring sends at once (RINGREDUCE_SEGMENT_BYTES), `default` when unset (GPUs: 0,
     the pipeline rule then picks the segment)."""
-    return _int_env("RINGREDUCE_SEGMENT_BYTES", default, 16)
+    return _int_env("RINGREDUCE_SEGMENT_BYTES", default, 16, INT64_MAX)
 
 
 def lanes() -> int:
     """RINGREDUCE_LANES (KNOBS), 0 when unset (the pipeline rule's choice)."""
-    value = _int_env("RINGREDUCE_LANES", 0, 1)
-    if value > MAX_LANES:
-        raise ValueError(f"ringreduce: RINGREDUCE_LANES={value} must be <= {MAX_LANES}")
-    return value
+    return _int_env("RINGREDUCE_LANES", 0, 1, MAX_LANES)
 
 
 def one_shot_bytes() -> int:
     """RINGREDUCE_ONESHOT_BYTES (KNOBS), -1 when unset (the pipeline rule's threshold)."""
-    return _int_env("RINGREDUCE_ONESHOT_BYTES", -1, 0)
+    return _int_env("RINGREDUCE_ONESHOT_BYTES", -1, 0, INT64_MAX)
 
 
 def num_slots() -> int:
     """RINGREDUCE_SLOTS (KNOBS), AUTO_SLOTS when unset (resolved per call by each path)."""
-    return _int_env("RINGREDUCE_SLOTS", AUTO_SLOTS, 1)
+    return _int_env("RINGREDUCE_SLOTS", AUTO_SLOTS, 1, INT32_MAX)
 
 
 _OFF = ("0", "false", "False", "off")
@@ -129,7 +141,8 @@ def check_enabled(is_cuda: bool) -> bool:
 
 
 def timeout_ms() -> int:
-    """RINGREDUCE_TIMEOUT in seconds (float) overrides the group's timeout; -1 means the group's."""
+    """RINGREDUCE_TIMEOUT in seconds (float, > 0 and at most MAX_TIMEOUT_S) overrides the group's
+    timeout; -1 means the group's."""
     raw = _env("RINGREDUCE_TIMEOUT")
     if raw is None or raw == "":
         return -1
@@ -137,8 +150,13 @@ def timeout_ms() -> int:
         seconds = float(raw)
     except ValueError:
         raise ValueError(f"ringreduce: RINGREDUCE_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not math.isfinite(seconds):
+        raise ValueError(f"ringreduce: RINGREDUCE_TIMEOUT={raw!r} must be a finite number of seconds")
     if seconds <= 0:
         raise ValueError(f"ringreduce: RINGREDUCE_TIMEOUT={raw!r} must be > 0")
+    if seconds > MAX_TIMEOUT_S:
+        raise ValueError(f"ringreduce: RINGREDUCE_TIMEOUT={raw!r} must be <= {MAX_TIMEOUT_S:.0e} seconds (about 31 "
+                         "years; unset it for the group's own timeout)")
     return max(1, int(seconds * 1000))
 
 
@@ -173,8 +191,8 @@ def local_size_override() -> int | None:
         value = int(raw)
     except ValueError:
         value = 0
-    if value < 1:
-        raise ValueError(f"RINGREDUCE_LOCAL_SIZE must be a positive integer, got {raw!r}")
+    if not 1 <= value <= INT32_MAX:
+        raise ValueError(f"RINGREDUCE_LOCAL_SIZE must be a positive integer of at most {INT32_MAX}, got {raw!r}")
     return value
 
 

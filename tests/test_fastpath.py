@@ -172,6 +172,14 @@ def test_a_bad_knob_raises_at_reload_and_at_every_call_until_fixed(fake, monkeyp
         rr.all_reduce_avg(t)
     assert len(fake.calls) == 2
     monkeypatch.delenv("RINGREDUCE_SEGMENT_BYTES")
+    # beyond the native field's range (int32): by name too, never pybind's TypeError about CallOptions
+    monkeypatch.setenv("RINGREDUCE_SLOTS", str(1 << 31))
+    with pytest.raises(ValueError, match="RINGREDUCE_SLOTS=2147483648 must be <= 2147483647"):
+        rr.reload_knobs()
+    with pytest.raises(ValueError, match="RINGREDUCE_SLOTS=2147483648 must be <= 2147483647"):
+        rr.all_reduce_avg(t)
+    assert len(fake.calls) == 2
+    monkeypatch.delenv("RINGREDUCE_SLOTS")
     rr.all_reduce_avg(t)  # fixed: the ring reads its knobs at this call
     assert len(fake.calls) == 3
 

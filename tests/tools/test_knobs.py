@@ -66,3 +66,55 @@ def test_local_size_unset_and_set(monkeypatch):
     assert _config.local_size_override() is None
     monkeypatch.setenv("RINGREDUCE_LOCAL_SIZE", "3")
     assert _config.local_size_override() == 3
+
+
+# Out-of-range values (audit finding 9): refused by name when read, as 'abc' and -5 are, instead of
+# reaching the native CallOptions, whose fields (int64/int32) would raise a TypeError naming no knob.
+_OUT_OF_RANGE = [
+    ("RINGREDUCE_SEGMENT_BYTES", str(1 << 63), "RINGREDUCE_SEGMENT_BYTES=9223372036854775808 must be <= 9223372036854775807"),
+    ("RINGREDUCE_SLOTS", str(1 << 31), "RINGREDUCE_SLOTS=2147483648 must be <= 2147483647"),
+    ("RINGREDUCE_ONESHOT_BYTES", str(1 << 64), "RINGREDUCE_ONESHOT_BYTES=18446744073709551616 must be <= 9223372036854775807"),
+    ("RINGREDUCE_LANES", "5", "RINGREDUCE_LANES=5 must be <= 4"),
+    ("RINGREDUCE_LOCAL_SIZE", str(1 << 31), "RINGREDUCE_LOCAL_SIZE must be a positive integer of at most 2147483647"),
+    ("RINGREDUCE_TIMEOUT", "1e30", "RINGREDUCE_TIMEOUT='1e30' must be <= 1e+09 seconds"),
+    ("RINGREDUCE_TIMEOUT", "1000000001", "RINGREDUCE_TIMEOUT='1000000001' must be <= 1e+09 seconds"),
+    ("RINGREDUCE_TIMEOUT", "nan", "RINGREDUCE_TIMEOUT='nan' must be a finite number of seconds"),
+    ("RINGREDUCE_TIMEOUT", "inf", "RINGREDUCE_TIMEOUT='inf' must be a finite number of seconds"),
+    ("RINGREDUCE_TIMEOUT", "-inf", "RINGREDUCE_TIMEOUT='-inf' must be a finite number of seconds"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), _OUT_OF_RANGE, ids=[f"{n}={v}" for n, v, _ in _OUT_OF_RANGE])
+def test_out_of_range_knobs_are_refused_by_name(monkeypatch, name, value, message):
+    for knob in _config.KNOBS:
+        monkeypatch.delenv(knob.name, raising=False)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as info:
+        _config.read()
+    assert message in str(info.value)
+
+
+def test_the_largest_accepted_knobs_fit_the_native_fields(monkeypatch):
+    """The bounds are the native fields' ranges: the largest accepted values reach CallOptions, one
+    more would not (pybind's TypeError)."""
+    from ringreduce._native import C
+
+    for knob in _config.KNOBS:
+        monkeypatch.delenv(knob.name, raising=False)
+    monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", str(_config.INT64_MAX))
+    monkeypatch.setenv("RINGREDUCE_SLOTS", str(_config.INT32_MAX))
+    monkeypatch.setenv("RINGREDUCE_ONESHOT_BYTES", str(_config.INT64_MAX))
+    monkeypatch.setenv("RINGREDUCE_LANES", "4")
+    monkeypatch.setenv("RINGREDUCE_LOCAL_SIZE", str(_config.INT32_MAX))
+    monkeypatch.setenv("RINGREDUCE_TIMEOUT", "1e9")
+    knobs = _config.read()
+    assert (knobs.segment_bytes, knobs.num_slots, knobs.one_shot_bytes, knobs.lanes, knobs.local_size,
+            knobs.timeout_ms) == ((1 << 63) - 1, (1 << 31) - 1, (1 << 63) - 1, 4, (1 << 31) - 1, 10**12)
+    o = C.CallOptions()
+    o.segment_bytes, o.one_shot_bytes, o.timeout_ms = knobs.segment_bytes, knobs.one_shot_bytes, knobs.timeout_ms
+    o.num_slots, o.lanes, o.local_size = knobs.num_slots, knobs.lanes, knobs.local_size
+    assert (o.segment_bytes, o.num_slots, o.timeout_ms, o.local_size) == (
+        knobs.segment_bytes, knobs.num_slots, knobs.timeout_ms, knobs.local_size)
+    for field, value in (("segment_bytes", 1 << 63), ("num_slots", 1 << 31), ("local_size", 1 << 31)):
+        with pytest.raises(TypeError):
+            setattr(o, field, value)
