@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 
@@ -21,6 +22,24 @@
 namespace rr {
 
 namespace {
+
+// Whether process `pid` has exited: gone (ESRCH), or a zombie that its parent has not reaped yet (a
+// launcher that waits for its children one by one leaves a killed rank so until the rank before it
+// ends), which kill(pid, 0) still finds. /proc/<pid>/stat's state, the field after the name's ')',
+// is Z (zombie) or X (dead) then.
+bool processExited(int32_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char path[32];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return false;
+  char buf[512];
+  const size_t got = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[got] = '\0';
+  const char* close = std::strrchr(buf, ')');
+  return close != nullptr && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
 
 // The segment's layout (Note [Shared-memory all-reduce]). Atomics of 4 and 8 bytes are lock-free
 // and address-free, so they work across processes that map the same pages.
@@ -179,7 +198,7 @@ void ShmRing::barrier() {
       }
       if (st->arrived.load(std::memory_order_acquire) >= g) continue;
       const int32_t pid = st->pid.load(std::memory_order_acquire);
-      if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+      if (pid > 0 && processExited(pid)) {
         leave("ringreduce: ring rank " + std::to_string(p) + " (pid " + std::to_string(pid) + ") exited while ring rank " +
               std::to_string(rank_) + " waited for it in shared memory");
       }

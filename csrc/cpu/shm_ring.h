@@ -29,7 +29,7 @@
 //
 // The barrier (Note [Barrier wait rule] in shm_ring.cpp): a rank publishes its arrival (release),
 // spins briefly on the others' counters, then sleeps on a futex word that every arrival bumps.
-// A dead peer is noticed by its pid within kShmLivenessPoll, a silent one at the timeout: both
+// A dead peer (or an unreaped zombie) is noticed by its pid within kShmLivenessPoll, a silent one at the timeout: both
 // raise rr::Error(kBackend) and the ring is never used again. A rank whose barrier fails marks
 // itself gone in the segment, so the others raise at their next liveness poll; so does a rank whose
 // ring is released (~ShmRing of a ring that owns its mapping, which it unmaps). Nothing is read

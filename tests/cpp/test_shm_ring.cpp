@@ -1,14 +1,17 @@
 // The shared-memory transport without torch: segment agreement through a KeyValueStore (ranks as
 // threads of one process), segment names and permissions, nothing left in /dev/shm, exact values of
 // the all-reduce for several ring sizes and piece counts (full and split pieces), bitwise equality
-// across ranks, the frames every rank sees, and a silent peer raising kBackend at the timeout.
+// across ranks, the frames every rank sees, a silent peer raising kBackend at the timeout, and a dead one (a
+// zombie forked for it) before it.
 #include <dirent.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -285,6 +288,52 @@ TEST_CASE(silent_peer_raises_backend_error_at_the_timeout) {
   CHECK(kind == ErrorKind::kBackend);
   CHECK_MSG(what.find("never arrived") != std::string::npos, what);
   CHECK_MSG(ms >= 300 && ms < 5000, ms);
+  for (auto& m : maps) m.unmap();
+}
+
+// A peer that was killed but not reaped yet (its parent waits for another child first) is a zombie,
+// which kill(pid, 0) still finds: the wait ends as soon as the liveness poll reads its state, not at
+// the timeout.
+TEST_CASE(an_unreaped_dead_peer_is_noticed_before_the_timeout) {
+  std::vector<ShmMapping> maps;
+  const std::vector<std::string> why = agree(2, &maps);
+  CHECK(why[0].empty() && why[1].empty());
+  if (!why[0].empty()) return;
+  const pid_t child = fork();
+  if (child == 0) {  // ring rank 1: records its pid in the segment, then dies without leaving
+    ShmRing peer(maps[1], 1, 2);
+    _exit(0);
+  }
+  CHECK(child > 0);
+  if (child <= 0) return;
+  // Until the child has exited (a zombie now: nothing reaps it), rank 1's pid may still be unset.
+  for (int i = 0; i < 500; ++i) {
+    char path[32];
+    std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(child));
+    std::string stat;
+    if (FILE* f = std::fopen(path, "r")) {
+      char buf[256] = {};
+      stat.assign(buf, std::fread(buf, 1, sizeof buf - 1, f));
+      std::fclose(f);
+    }
+    const size_t close = stat.rfind(')');
+    if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z') break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ShmRing ring(maps[0], 0, 2);
+  ring.setTimeout(std::chrono::milliseconds(20000));
+  std::vector<float> d(16, 1.0f);
+  std::string what;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ring.begin(frameOf(0, 16), d.data(), 16, DType::kFloat32);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  CHECK_MSG(what.find("(pid " + std::to_string(child) + ") exited while") != std::string::npos, what);
+  CHECK_MSG(ms < 10000, ms);
+  waitpid(child, nullptr, 0);
   for (auto& m : maps) m.unmap();
 }
 
