@@ -186,7 +186,7 @@ def local_refusal(
         return FrameError.NOT_A_TENSOR, not_a_tensor(tensor), None, False
     try:
         rop = to_reduce_op(op)
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:  # TypeError: a bool or a plain integer
         return FrameError.UNSUPPORTED, exc, None, False
     if not isinstance(algorithm, str):
         return FrameError.OTHER, TypeError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import numbers
 from typing import Any
 
 import torch.distributed as dist
@@ -25,7 +26,8 @@ class UnsupportedOpError(ValueError, TypeError):
 
 
 class ReduceOp(enum.IntEnum):
-    """Reduction operators. Functions also accept "sum"/"avg"/... and torch.distributed.ReduceOp."""
+    """Reduction operators. Functions also accept "sum"/"avg"/... and torch.distributed.ReduceOp, but
+    no plain integer (TypeError: torch.distributed's numbering differs, its 2 is PRODUCT) nor bool."""
 
     SUM = int(C.RedOp.SUM)
     AVG = int(C.RedOp.AVG)
@@ -46,7 +48,10 @@ _DIST_OPS = {
 
 
 def to_reduce_op(op: Any) -> ReduceOp:
-    """Normalizes `op`; raises ValueError for unknown operators (BAND, PREMUL_SUM, ...)."""
+    """Normalizes `op` (a ReduceOp, a name such as "sum" in any case, or a torch.distributed.ReduceOp);
+    raises ValueError for unknown operators (BAND, PREMUL_SUM, "mean", ...) and TypeError for a bool
+    or a plain integer: torch.distributed numbers its ops otherwise (2 is its PRODUCT, ReduceOp.MAX
+    here), so an integer cannot say which op it means."""
     if isinstance(op, ReduceOp):
         return op
     if isinstance(op, str):
@@ -54,6 +59,17 @@ def to_reduce_op(op: Any) -> ReduceOp:
             return ReduceOp[op.strip().upper()]
         except KeyError:
             pass
+    elif isinstance(op, (bool, numbers.Integral)):  # before the comparisons: dist.ReduceOp.AVG == 1 == True
+        what = "a bool" if isinstance(op, bool) else "a plain integer"
+        raise TypeError(
+            f"ringreduce: op must be a string (\"sum\", \"avg\", \"max\", \"min\", \"product\"), a "
+            f"ringreduce.ReduceOp or a torch.distributed.ReduceOp, got {what} {op!r}"
+            + ("" if isinstance(op, bool) else
+               " (torch.distributed and ringreduce.ReduceOp number the ops differently: pass "
+               + (f"ringreduce.ReduceOp({int(op)}), {ReduceOp(int(op)).name}, if that is the one you mean, or "
+                  if int(op) in ReduceOp._value2member_map_ else "")
+               + "the op's name)")
+        )
     else:
         for dist_op, ours in _DIST_OPS.items():
             try:
@@ -61,8 +77,6 @@ def to_reduce_op(op: Any) -> ReduceOp:
                     return ours
             except Exception:  # noqa: BLE001 - foreign comparison
                 continue
-        if isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(ReduceOp):
-            return ReduceOp(op)
     raise ValueError(
         f"ringreduce: unsupported reduce op {op!r}; use one of SUM, AVG, MAX, MIN, PRODUCT "
         "(ringreduce.ReduceOp, a string, or torch.distributed.ReduceOp)"

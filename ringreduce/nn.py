@@ -127,7 +127,7 @@ def reduce_scatter(input: torch.Tensor, op: Any = "sum", group: Any = None) -> t
     kind = CallKind.REDUCE_SCATTER
     try:
         rop = to_reduce_op(op)
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:  # TypeError: a bool or a plain integer
         rop, error = None, (FrameError.UNSUPPORTED, exc)
     else:
         error = None

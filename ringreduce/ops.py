@@ -42,8 +42,9 @@ def all_reduce(
             a ``.clone()`` and copy it back). A DTensor is reduced through its local shard,
             keeping its placements.
         op: ``ReduceOp.SUM`` (default), ``AVG``, ``MAX``, ``MIN`` or ``PRODUCT``; also the strings
-            "sum", "avg", ... and ``torch.distributed.ReduceOp.*``. Integer and bool tensors take
-            no AVG.
+            "sum", "avg", ... and ``torch.distributed.ReduceOp.*``, but no plain integer or bool
+            (TypeError: torch.distributed's numbering differs from ReduceOp's). Integer and bool
+            tensors take no AVG.
         group: None (the default process group), a ``ProcessGroup`` from ``dist.new_group``, or a
             ``DeviceMesh`` (1-D, or a sub-mesh such as ``mesh["dp", "cp"]``, flattened into one
             ring). A rank outside the group returns at once.
@@ -92,8 +93,9 @@ def all_reduce(
         future's value is ``[tensor]``.
 
     Raises:
-        TypeError: `tensor` is not a tensor, or its dtype does not support `op` (integer or bool
-            AVG, complex MAX...) or `wire_dtype`/`predivide_factor` (an integer tensor), raised
+        TypeError: `tensor` is not a tensor, `op` is a bool or a plain integer, or the tensor's
+            dtype does not support `op` (integer or bool AVG, complex MAX...) or
+            `wire_dtype`/`predivide_factor` (an integer tensor), raised
             before any data moves, `tensor` unchanged; the other ranks raise RuntimeError naming
             this rank.
         ValueError: an unknown `op` or `algorithm`, a sparse tensor, an unsupported device,

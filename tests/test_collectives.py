@@ -421,6 +421,14 @@ def test_reduce_op_spellings():
         rr.ops.to_reduce_op("band")
     with pytest.raises(ValueError):
         rr.ops.to_reduce_op(dist.ReduceOp.BAND)
+    # no bools, no plain integers: torch's 2 is PRODUCT, int(rr.ReduceOp.MAX) is 2
+    assert int(rr.ReduceOp.MAX) == 2 and dist.ReduceOp.PRODUCT == 2
+    for value in (True, False, 1, int(rr.ReduceOp.MAX), 0, 99):
+        with pytest.raises(TypeError, match="op must be a string") as info:
+            rr.ops.to_reduce_op(value)
+        assert ("got a bool" if isinstance(value, bool) else "got a plain integer") in str(info.value)
+    with pytest.raises(TypeError, match=r"pass ringreduce.ReduceOp\(2\), MAX, if that is the one you mean"):
+        rr.ops.to_reduce_op(2)
 
 
 @SHM_ONLY  # plan arithmetic, no ranks

@@ -37,6 +37,10 @@ def _local_refusals(rank: int, ws: int) -> dict:
                                        "uint16")
     out["sparse"] = _expect(lambda: rr.all_reduce(torch.eye(3).to_sparse()), ValueError, "dense")
     out["bad_op"] = _expect(lambda: rr.all_reduce(torch.ones(3), op="band"), ValueError, "unsupported reduce op")
+    # an int would run torch's numbering (2: PRODUCT) though int(rr.ReduceOp.MAX) is 2; op=True ran AVG
+    out["int_op"] = _expect(lambda: rr.all_reduce(torch.ones(3), op=int(rr.ReduceOp.MAX)), TypeError,
+                            "got a plain integer 2", "ringreduce.ReduceOp(2), MAX")
+    out["bool_op"] = _expect(lambda: rr.all_reduce_coalesced([torch.ones(3)], op=True), TypeError, "got a bool True")
     out["bad_accum"] = _expect(lambda: rr.all_reduce(torch.ones(3), accum_dtype=torch.float16), TypeError,
                                "accum_dtype")
     out["bad_algorithm"] = _expect(lambda: rr.all_reduce(torch.ones(3), algorithm="tree"), ValueError, "algorithm")
@@ -203,6 +207,12 @@ def _refusals_that_crashed_or_stayed_local(rank: int, ws: int) -> dict:
                                 "all_reduce_coalesced"),
         "F_op_none": (lambda: F.all_reduce(torch.ones(4), op=None), lambda: F.all_reduce(torch.ones(4)),
                       ValueError, ("unsupported reduce op None",), "all_reduce"),
+        "op_true": (lambda: rr.all_reduce(torch.ones(4), op=True), lambda: rr.all_reduce(torch.ones(4), op="avg"),
+                    TypeError, ("got a bool True",), "all_reduce"),
+        "F_op_int": (lambda: F.all_reduce(torch.ones(4), op=2), lambda: F.all_reduce(torch.ones(4), op="max"),
+                     TypeError, ("got a plain integer 2",), "all_reduce"),
+        "nn_op_int": (lambda: rr.nn.reduce_scatter(torch.ones(2 * ws), op=0), lambda: rr.nn.reduce_scatter(torch.ones(2 * ws)),
+                      TypeError, ("got a plain integer 0",), "reduce_scatter"),
         "F_reduce_scatter_op_none": (lambda: F.reduce_scatter(torch.ones(2 * ws), op=None),
                                      lambda: F.reduce_scatter(torch.ones(2 * ws)), ValueError,
                                      ("unsupported reduce op None",), "reduce_scatter"),
