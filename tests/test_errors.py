@@ -18,6 +18,14 @@ import ringreduce as rr
 
 PLACES = CPU_PLACES  # conftest.py: every test at each place (Note [Places] in ranks.py)
 
+
+def every_rank_ok(*args, **kwargs) -> None:
+    """run_ranks(*args, **kwargs) of a job returning {check: "ok" or what happened}: every check "ok"
+    on every rank."""
+    for r in run_ranks(*args, **kwargs):
+        bad = {k: v for k, v in r.items() if v != "ok"}
+        assert not bad, bad
+
 # ---------------------------------------------------------------------------------------------
 # Local refusals: raised before any payload moves; the others are told through the frame
 
@@ -54,9 +62,7 @@ def _local_refusals(rank: int, ws: int) -> dict:
 
 @pytest.mark.parametrize("ws", [2, 3])
 def test_local_refusals_on_every_rank(ws):
-    for r in run_ranks(ws, _local_refusals):
-        bad = {k: v for k, v in r.items() if v != "ok"}
-        assert not bad, bad
+    every_rank_ok(ws, _local_refusals)
 
 
 def _one_rank_refuses(rank: int, ws: int) -> dict:
@@ -84,13 +90,11 @@ def _one_rank_refuses(rank: int, ws: int) -> dict:
 
 
 def test_one_rank_refusing_makes_all_raise():
-    for r in run_ranks(3, _one_rank_refuses):
-        bad = {k: v for k, v in r.items() if v != "ok"}
-        assert not bad, bad
+    every_rank_ok(3, _one_rank_refuses)
 
 
 def _overlapping_views(rank: int, ws: int) -> dict:
-    """Written-to tensors whose elements share memory (findings 1 and 2 of the bad-input audit): refused
+    """Written-to tensors whose elements share memory: refused
     before anything moves, on every rank, also once the argument set has a plan (Note [Fast path of a
     repeated call]); legitimate strided views and read-only overlapping inputs still work."""
     from ringreduce import scatter_gather
@@ -113,7 +117,7 @@ def _overlapping_views(rank: int, ws: int) -> dict:
 
     one_rank("expand", 0, lambda: torch.ones(1).expand(20).view(5, 4))
     one_rank("expand_row", ws - 1, lambda: torch.arange(4.0).expand(5, 4))
-    # the audit's view: element (i, j) is storage[i + j], 20 elements on 8 floats
+    # an overlapping view: element (i, j) is storage[i + j], 20 elements on 8 floats
     one_rank("as_strided", 1, lambda: torch.arange(10.0).as_strided((5, 4), (1, 1)))
     one_rank("avg", 0, lambda: torch.ones(1).expand(5, 4), rr.all_reduce_avg, "all_reduce_avg")
     # every rank's tensor overlaps: every rank raises ValueError
@@ -179,13 +183,11 @@ def _overlapping_views(rank: int, ws: int) -> dict:
 
 @pytest.mark.parametrize("ws", [2, 3])
 def test_overlapping_views_are_refused_on_every_rank(ws):
-    for r in run_ranks(ws, _overlapping_views):
-        bad = {k: v for k, v in r.items() if v != "ok"}
-        assert not bad, bad
+    every_rank_ok(ws, _overlapping_views)
 
 
 def _refusals_that_crashed_or_stayed_local(rank: int, ws: int) -> dict:
-    """Finding 4 of the bad-input audit: these refusals once raised before their frame was sent (or
+    """These refusals once raised before their frame was sent (or
     returned a meta tensor), so the others' call met the refuser's next one. Each now tells the
     others; the next call then pairs with the next call on every rank and reduces exact data."""
     import ringreduce.functional as F
@@ -240,13 +242,11 @@ def _refusals_that_crashed_or_stayed_local(rank: int, ws: int) -> dict:
 
 @pytest.mark.parametrize("ws", [2, 3])
 def test_refusals_of_bad_arguments_tell_the_other_ranks(ws):
-    for r in run_ranks(ws, _refusals_that_crashed_or_stayed_local):
-        bad = {k: v for k, v in r.items() if v != "ok"}
-        assert not bad, bad
+    every_rank_ok(ws, _refusals_that_crashed_or_stayed_local)
 
 
 def _predivide_ranges(rank: int, ws: int) -> dict:
-    """Finding 7 of the bad-input audit: a predivide factor whose scalings the accumulation type cannot
+    """A predivide factor whose scalings the accumulation type cannot
     hold (1e308 gave NaN) is refused, naming the range; factors at the range's far ends still give the
     exact result (powers of two: every scaling is exact)."""
     out = {}
@@ -291,9 +291,7 @@ def _predivide_ranges(rank: int, ws: int) -> dict:
 
 @pytest.mark.parametrize("ws", [2, 3])
 def test_predivide_factors_out_of_range_are_refused(ws):
-    for r in run_ranks(ws, _predivide_ranges):
-        bad = {k: v for k, v in r.items() if v != "ok"}
-        assert not bad, bad
+    every_rank_ok(ws, _predivide_ranges)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,9 +331,7 @@ def _mismatches(rank: int, ws: int) -> dict:
 
 
 def test_mismatches_raise_on_every_rank():
-    for r in run_ranks(3, _mismatches):
-        bad = {k: v for k, v in r.items() if v != "ok"}
-        assert not bad, bad
+    every_rank_ok(3, _mismatches)
 
 
 def _lead_mismatches_then_wrap(rank: int, ws: int) -> dict:
@@ -383,9 +379,7 @@ def _lead_mismatches_then_wrap(rank: int, ws: int) -> dict:
 
 def test_leading_messages_of_failed_calls_never_meet_later_calls():
     env = {"RINGREDUCE_TIMEOUT": "30"}
-    for r in run_ranks(3, _lead_mismatches_then_wrap, env=env, timeout=240):
-        bad = {k: v for k, v in r.items() if v != "ok"}
-        assert not bad, bad
+    every_rank_ok(3, _lead_mismatches_then_wrap, env=env, timeout=240)
 
 
 def _segment_mismatch(rank: int, ws: int) -> dict:
@@ -406,9 +400,7 @@ def _segment_mismatch(rank: int, ws: int) -> dict:
 def test_ranks_disagreeing_on_segment_size_all_raise():
     # Segment sizes decide the exchanges' sizes: ranks that disagree would otherwise feed gloo a
     # message larger than its receive. The frame carries the size, so all raise instead.
-    for r in run_ranks(2, _segment_mismatch):
-        bad = {k: v for k, v in r.items() if v != "ok"}
-        assert not bad, bad
+    every_rank_ok(2, _segment_mismatch)
 
 
 def test_not_initialized():
