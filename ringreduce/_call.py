@@ -46,6 +46,7 @@ class Call:
     device: torch.device | None = None  # where its tensors live (None: no tensor)
     local_error: Any = _NONE  # this rank refuses the call: its frame says why
     ntensors: int = 1  # all_reduce_coalesced: the list's length
+    layout: int = 0  # all_reduce_coalesced: layout_hash() of its list (0: not a list)
     accum: bool = False  # half types: float32 partials (accum_dtype=torch.float32)
     narrow: bool = False  # half types: accum_dtype is the tensor's own (per-hop rounding everywhere)
     wire: Any = None  # the native 16-bit wire DType of a float32 tensor, or None
@@ -386,22 +387,23 @@ def forget_plans(pg: Any = None) -> None:
 
 
 def run_all_reduce(tensor: Any, group: Any, options: AllreduceOptions, async_op: bool, kind: Any,
-                   ntensors: int = 1) -> Work | None:
+                   ntensors: int = 1, layout: int = 0) -> Work | None:
     """An all-reduce of `tensor` in place with `options` (one object per argument set: Note [Fast path
-    of a repeated call]); `kind`: the agreement frame's collective; `ntensors`: a coalesced call's count."""
+    of a repeated call]); `kind`: the agreement frame's collective; `ntensors` and `layout`: a coalesced
+    call's count and layout_hash()."""
     key = None
     if type(tensor) in PLAIN_TYPES and tensor.is_cpu and not _profiler_enabled():
-        key = (id(group), id(kind), tensor.dtype, tensor.layout, options, ntensors)
+        key = (id(group), id(kind), tensor.dtype, tensor.layout, options, ntensors, layout)
         plan = _plans.get(key)
         if (plan is not None and plan.epoch == _config.epoch and plan.world is _c10d._world.default_pg
                 and plan.group is group and plan.kind is kind and tensor.numel()
                 and (tensor.is_contiguous() or not overlaps(tensor))):
             return plan.run(tensor, async_op)
-    return _checked_all_reduce(tensor, group, options, async_op, kind, ntensors, key)
+    return _checked_all_reduce(tensor, group, options, async_op, kind, ntensors, layout, key)
 
 
 def _checked_all_reduce(tensor: Any, group: Any, options: AllreduceOptions, async_op: bool, kind: Any, ntensors: int,
-                        key: Any) -> Work | None:
+                        layout: int, key: Any) -> Work | None:
     """The full path: every check, then a refusal or the ring's call (whose plan, where `key` is set,
     serves the next identical call)."""
     tensor = local_tensor(tensor)
@@ -445,7 +447,7 @@ def _checked_all_reduce(tensor: Any, group: Any, options: AllreduceOptions, asyn
     local_size, members = choose_algorithm(info, (ring.WIRE_RING if wire is not None else None) or options.algorithm,
                                            ring.knobs)
     narrow = options.accum_dtype == tensor.dtype and tensor.dtype in HALF_TYPES
-    call = Call(info, kind, rop, device=tensor.device, ntensors=ntensors, accum=accum, narrow=narrow, wire=wire,
+    call = Call(info, kind, rop, device=tensor.device, ntensors=ntensors, layout=layout, accum=accum, narrow=narrow, wire=wire,
                 gather=gather, factor=factor, extra_divisor=extra_divisor, local_size=local_size, members=members,
                 one_shot=options.algorithm in ("auto", "direct"),
                 direct=direct_chosen(options.algorithm, info.size, local_size, tensor.dtype, rop, narrow))
@@ -479,7 +481,7 @@ def run_ring_half(info: GroupInfo, tensor: torch.Tensor, output: torch.Tensor, r
     handle, work = ring.ring_half(call, tensor, output, async_op)
     if level:
         log_call(ring, call, handle, tensor, async_op, None if async_op else time.perf_counter() - start)
-    return work
+    return work if async_op else None  # a synchronous call returns None, as torch.distributed's
 
 
 __all__ = ["CallKind", "FrameError", "ReduceOp", "to_reduce_op"]

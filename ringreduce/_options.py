@@ -125,6 +125,7 @@ def native_options(call: Any, knobs: Knobs, is_cuda: bool, one_node: bool = True
     is on one node). Note [Call options] in csrc/core/call_options.h says which runtime reads what."""
     o = C.CallOptions()
     o.kind, o.op, o.local_error, o.ntensors = call.kind, NATIVE_OPS[call.rop], call.local_error, call.ntensors
+    o.layout_hash = call.layout
     o.accum_float32, o.accum_narrow = call.accum, call.narrow
     o.wire_dtype, o.predivide, o.extra_divisor = call.wire, call.factor, call.extra_divisor
     o.local_size, o.one_shot, o.direct = call.local_size, call.one_shot, call.direct

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ringreduce._call import local_refusal, local_tensor, refuse, run_all_reduce, scaling_refusal, torch_words
+from ringreduce._call import (
+    local_refusal,
+    local_tensor,
+    predivide_refusal,
+    refuse,
+    run_all_reduce,
+    scaling_refusal,
+    torch_words,
+)
 from ringreduce._groups import resolve
 from ringreduce._options import AllreduceOptions, options_of
 from ringreduce._types import CallKind, FrameError, ReduceOp
@@ -81,9 +90,17 @@ def _validate(tensors: Any) -> tuple[list[torch.Tensor] | None, Any, BaseExcepti
 # Note [Options of a coalesced list]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Each dtype's buffer takes the options as all_reduce applies them to it (Note [Options of a buffer] in
-# _options.py; docs/design.md section 1.1). Every tensor is checked before any ring, and each buffer's
-# frame carries its wire and factor, so ranks that disagree raise with no tensor changed; a refusing
-# rank sends one refusal frame per ring the others run (_rings).
+# _options.py; docs/design.md section 1.1). Every tensor is checked before any ring (its predivide factor
+# too, against the group's size), and each buffer's frame carries its wire and factor and the list's
+# layout_hash() (Frame::layout_hash), so ranks that disagree on an option or on the list (dtypes, shapes,
+# order: lists of one total size would otherwise add unrelated elements) raise with no tensor changed; a
+# refusing rank sends one refusal frame per ring the others run (_rings).
+
+
+def layout_hash(tensors: Sequence[torch.Tensor]) -> int:
+    """A 64-bit hash of the list's dtypes and shapes in order, the same in every process (never 0)."""
+    text = ";".join(f"{t.dtype}{tuple(t.shape)}" for t in tensors)
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") or 1
 
 
 def _refusal(listed: list[torch.Tensor], options: AllreduceOptions) -> tuple[Any, BaseException | None]:
@@ -109,6 +126,21 @@ def _refusal(listed: list[torch.Tensor], options: AllreduceOptions) -> tuple[Any
         code, exc, _, _ = scaling_refusal(listed[0], rop, o.wire_dtype, o.predivide_factor)
         assert exc is not None  # a wire for a tensor that is not float32
         return code, type(exc)(f"{exc} (in ringreduce.all_reduce_coalesced, whose list has no float32 tensor)")
+    return FrameError.NONE, None
+
+
+def _size_refusal(listed: list[torch.Tensor], options: AllreduceOptions, size: int) -> tuple[Any, BaseException | None]:
+    """(frame error code, exception) of the predivide factor of each tensor's buffer in a group of `size`
+    ranks (predivide_refusal), for a list _refusal accepted: checked before any buffer's ring runs."""
+    for k, t in enumerate(listed):
+        b = options.for_buffer(t.dtype)
+        if b.predivide_factor is None:
+            continue
+        _, _, rop, _ = local_refusal(t, b.op, b.accum_dtype, b.algorithm)
+        assert rop is not None
+        exc = predivide_refusal(float(b.predivide_factor), t.dtype, rop, size, max(1, b.extra_divisor))
+        if exc is not None:
+            return FrameError.OTHER, ValueError(f"{exc} (in ringreduce.all_reduce_coalesced, element {k})")
     return FrameError.NONE, None
 
 
@@ -144,8 +176,9 @@ def all_reduce_coalesced(
     for a list of one contiguous tensor, empty tensors aside): a tensor gets the bits of its
     elements in ``all_reduce`` of its dtype's packed buffer, and a call refused or disagreed on
     leaves every tensor unchanged. Every rank must pass the same list (same dtypes, shapes and order) and the
-    same options: the agreement frame describes the call as coalesced with its number of tensors,
-    and each buffer's frame its wire and factor, so a mismatch raises on every rank.
+    same options: the agreement frame describes the call as coalesced with its number of tensors
+    and a hash of their dtypes and shapes in order, and each buffer's frame its wire and factor, so a
+    mismatch raises on every rank (lists of one total size included).
 
     Args:
         tensors: a list or tuple of tensors, any shapes, strides and dtypes, all on one device
@@ -199,6 +232,8 @@ def all_reduce_coalesced(
     if exc is not None and not dist.is_initialized():
         raise exc  # as torch.distributed checks its arguments before the group
     info = resolve(group)
+    if exc is None and info is not None and listed:
+        code, exc = _size_refusal(listed, options, info.size)
     if exc is not None:
         # The device the other ranks run this call on: the list's (CPU for a list that is not one).
         device = listed[0].device if listed else None
@@ -212,9 +247,10 @@ def all_reduce_coalesced(
         by_dtype.setdefault(t.dtype, []).append(t)
     groups = [_FlatGroup(ts, alone=len(by_dtype) == 1) for ts in by_dtype.values()]
     works: list[Work] = []
+    layout = layout_hash(listed)
     for g in groups:
         w = run_all_reduce(g.flat, group, options.for_buffer(g.flat.dtype), True, CallKind.ALL_REDUCE_COALESCED,
-                           ntensors=len(listed))
+                           ntensors=len(listed), layout=layout)
         assert w is not None
         works.append(w)
 

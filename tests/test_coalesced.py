@@ -325,6 +325,46 @@ def test_coalesced_bad_options_raise_on_every_rank() -> None:
     run_ranks(3, _bad_options)
 
 
+def _lists_that_differ(rank: int, ws: int) -> None:
+    """Lists of the same total numel (one packed buffer of the same size on every rank) whose tensors
+    differ in order, shape or dtype raise on every rank, naming the list, with every tensor unchanged;
+    before, only the packed buffer was in the frame and unrelated elements were added."""
+
+    def listed(*shapes: tuple[int, ...], dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+        return [torch.arange(float(torch.Size(s).numel())).reshape(s).to(dtype) + 100 * rank for s in shapes]
+
+    cases = [
+        # (this rank's list, rank 0's list) for rank 1; the others pass rank 0's
+        (listed((5,), (3,)), listed((3,), (5,))),  # order
+        (listed((2, 3), (4,)), listed((3, 2), (4,))),  # shape, same numel per tensor
+        (listed((3,), (0,), (2,)), listed((3,), (2,), (0,))),  # where an empty tensor sits
+        ([torch.ones(4), torch.ones(2, dtype=torch.float64)], [torch.ones(2, dtype=torch.float64), torch.ones(4)]),
+    ]
+    agreed = listed((3,), (5,))
+    for _ in range(2):  # the same call twice: the second one takes the fast path's plan
+        rr.all_reduce_coalesced(agreed)
+    for mine, first in cases:
+        tensors = mine if rank == 1 else first
+        before = [t.clone() for t in tensors]
+        _expect(lambda t=tensors: rr.all_reduce_coalesced(t), RuntimeError, "disagree", "all_reduce_coalesced",
+                "list layout #")
+        assert all(torch.equal(t, b) for t, b in zip(tensors, before, strict=True)), "a tensor changed"
+    # a rank's plan of the agreed list is not the other list's
+    other = listed((5,), (3,)) if rank == 1 else listed((3,), (5,))
+    _expect(lambda: rr.all_reduce_coalesced(other), RuntimeError, "the list's dtypes, shapes or order")
+    # Agreed lists still work, with the exact sums.
+    for shapes in (((3,), (5,)), ((2, 3), (4,))):
+        tensors = listed(*shapes)
+        rr.all_reduce_coalesced(tensors)
+        total = 100 * ws * (ws - 1) // 2
+        for t, s in zip(tensors, shapes, strict=True):
+            assert torch.equal(t, torch.arange(float(torch.Size(s).numel())).reshape(s) * ws + total)
+
+
+def test_coalesced_lists_that_differ_raise_on_every_rank() -> None:
+    run_ranks(3, _lists_that_differ)
+
+
 def _gpu_exact(rank: int, ws: int) -> None:
     torch.cuda.set_device(rank)
     tensors = [t.cuda() for t in _inputs(rank)]

@@ -267,6 +267,11 @@ def _predivide_ranges(rank: int, ws: int) -> dict:
     parts = [torch.ones(3), torch.ones(2, dtype=torch.float64)]
     out["coalesced"] = _expect(lambda: rr.all_reduce_coalesced(parts, predivide_factor=1e-300), ValueError,
                                "out of range")
+    # a factor the float64 buffer takes and the float32 one does not: refused before either ring, naming it
+    mixed = [torch.ones(3, dtype=torch.float64), torch.ones(2)]
+    out["coalesced_mixed"] = _expect(lambda: rr.all_reduce_coalesced(mixed, predivide_factor=1e300), ValueError,
+                                     "out of range for a float32 SUM", "all_reduce_coalesced, element 1")
+    out["coalesced_mixed_unchanged"] = "ok" if all(torch.equal(t, torch.ones_like(t)) for t in mixed) else "changed"
     # one rank's factor only: the others are told
     t = torch.ones(4)
     if rank == 0:

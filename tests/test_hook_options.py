@@ -241,6 +241,10 @@ def _bad_options(rank: int, ws: int) -> None:
         ({"wire_dtype": "bf16"}, TypeError, "wire_dtype"),
         ({"predivide_factor": 0.0}, ValueError, "> 0"),
         ({"predivide_factor": "2"}, TypeError, "number"),
+        # a factor the float32 sums cannot take (the first bucket refused it before)
+        ({"predivide_factor": 1e308}, ValueError, "out of range for a float32 AVG over 2 rank(s)"),
+        # accepted with one step: 1000 accumulation steps make the final scaling 1000 / f overflow
+        ({"predivide_factor": 1e-37, "op": "sum", "accumulation_steps": 1000}, ValueError, "1000/predivide_factor"),
         ({"accumulation_steps": 0}, ValueError, "accumulation_steps"),
         ({"accumulation_steps": 1.5}, ValueError, "accumulation_steps"),
     ):
@@ -258,7 +262,8 @@ def _bad_options(rank: int, ws: int) -> None:
     else:
         raise AssertionError("a 16-bit wire for a bfloat16 model did not raise")
     for kwargs, exc in (({"op": "product"}, ValueError), ({"wire_dtype": torch.int8}, ValueError),
-                        ({"predivide_factor": -1}, ValueError), ({"process_group": "world"}, TypeError)):
+                        ({"predivide_factor": -1}, ValueError), ({"process_group": "world"}, TypeError),
+                        ({"predivide_factor": 1e308}, ValueError)):  # out of even float64's range over 2 ranks
         try:
             rr.CommHookState(**kwargs)
         except exc:

@@ -43,6 +43,7 @@ struct CallOptions {
   bool check = true;                   // exchange agreement frames first
   FrameError local_error = FrameError::kNone;  // this rank refuses the call: frames only
   int32_t ntensors = 1;                // all_reduce_coalesced: tensors in the call
+  uint64_t layout_hash = 0;            // all_reduce_coalesced: its list's dtypes and shapes (Frame)
 
   // The algorithm: direct (Note [Direct all-reduce] in direct.h: algorithm="direct", or "auto" for
   // float16/bfloat16 SUM and AVG on a flat ring); one_shot (Note [One-shot all-reduce]; false for
@@ -125,6 +126,7 @@ inline Frame callFrame(const CallOptions& o, int64_t segment_bytes, int32_t algo
   f.op = static_cast<int32_t>(o.op);
   f.error = static_cast<int32_t>(o.local_error);
   f.ntensors = o.ntensors;
+  f.layout_hash = o.layout_hash;
   f.accum_float32 = o.accum_float32 ? 1 : o.accum_narrow ? 2 : 0;  // 2: accum_dtype = the tensor's
   f.wire_dtype = o.wire_dtype ? static_cast<int32_t>(*o.wire_dtype) | (o.wire_gather16 ? kFrameWireGather16 : 0) : -1;
   f.predivide = o.predivide;

@@ -1,5 +1,6 @@
 #include "frame.h"
 
+#include <cstdio>
 #include <sstream>
 
 #include "direct.h"
@@ -83,6 +84,11 @@ std::string describeFrame(const Frame& f) {
   if (f.predivide != 0) os << ", predivide_factor=" << f.predivide;
   if (f.extra_divisor != 1) os << ", accumulation_steps=" << f.extra_divisor;
   if (f.ntensors != 1) os << ", tensors=" << f.ntensors;
+  if (f.layout_hash != 0) {
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(f.layout_hash));
+    os << ", list layout #" << std::string(hex, 8);
+  }
   os << ")";
   return os.str();
 }
@@ -101,7 +107,8 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
   }
   const Frame& ref = *first;
   bool bad = false, err = false, kind = false, op = false, dt = false, numel = false, shape = false, acc = false,
-       dev = false, seq = false, nt = false, alg = false, segb = false, wire = false, pre = false, steps = false;
+       dev = false, seq = false, nt = false, layout = false, alg = false, segb = false, wire = false, pre = false,
+       steps = false;
   for (const Frame& f : frames) {
     bad = bad || unreadable(f);
     err = err || f.error != 0;
@@ -115,6 +122,7 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
     acc = acc || f.accum_float32 != ref.accum_float32;
     dev = dev || f.device_type != ref.device_type;
     nt = nt || f.ntensors != ref.ntensors;
+    layout = layout || f.layout_hash != ref.layout_hash;
     alg = alg || f.algorithm != ref.algorithm;
     segb = segb || f.segment_bytes != ref.segment_bytes;
     wire = wire || f.wire_dtype != ref.wire_dtype;
@@ -122,8 +130,8 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
     steps = steps || f.extra_divisor != ref.extra_divisor;
   }
   // The agreeing case (every call) builds no message (a stream costs about a microsecond).
-  if (!(bad || err || kind || op || dt || numel || shape || acc || dev || seq || nt || alg || segb || wire || pre ||
-        steps))
+  if (!(bad || err || kind || op || dt || numel || shape || acc || dev || seq || nt || layout || alg || segb || wire ||
+        pre || steps))
     return "";
   std::ostringstream os;
   // Corrupt or foreign frames first: they mean the ranks are not even running the same protocol.
@@ -162,6 +170,7 @@ std::string compareFrames(const std::vector<Frame>& frames, const std::string& g
   note(dev, "device");
   note(seq, "call sequence (a rank skipped or added a call)");
   note(nt, "number of tensors");
+  note(layout && !nt, "the list's dtypes, shapes or order");
   note(alg, "algorithm");
   note(wire, "wire_dtype or its all-gather width (RINGREDUCE_WIRE_GATHER)");
   note(pre, "predivide_factor");

@@ -17,7 +17,7 @@
 namespace rr {
 
 constexpr uint32_t kFrameMagic = 0x52524652u;  // "RRFR"
-constexpr uint32_t kFrameVersion = 2;
+constexpr uint32_t kFrameVersion = 3;
 constexpr int kFrameMaxDims = 8;
 
 enum class CallKind : int32_t {
@@ -79,8 +79,12 @@ struct Frame {
   int32_t wire_dtype = -1;
   int32_t extra_divisor = 1;
   double predivide = 0;
+  // all_reduce_coalesced: a hash of the list's dtypes and shapes in order (0: not a list), so that
+  // lists of equal total size but other tensors never add unrelated elements (Note [Options of a
+  // coalesced list] in ringreduce/coalesced.py).
+  uint64_t layout_hash = 0;
 };
-static_assert(sizeof(Frame) == 160, "the frame's wire size is part of the protocol");
+static_assert(sizeof(Frame) == 168, "the frame's wire size is part of the protocol");
 constexpr size_t kFrameBytes = sizeof(Frame);
 
 const char* callKindName(int32_t kind);

@@ -136,6 +136,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("extra_divisor", &rr::CallOptions::extra_divisor)
       .def_readwrite("local_error", &rr::CallOptions::local_error)
       .def_readwrite("ntensors", &rr::CallOptions::ntensors)
+      .def_readwrite("layout_hash", &rr::CallOptions::layout_hash)
       .def_readwrite("check", &rr::CallOptions::check)
       .def_readwrite("segment_bytes", &rr::CallOptions::segment_bytes)
       .def_readwrite("num_slots", &rr::CallOptions::num_slots)

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook, _JoinConfig
 
-from ringreduce._call import local_tensor, refuse, run_all_reduce
+from ringreduce._call import local_tensor, predivide_refusal, refuse, run_all_reduce
 from ringreduce._groups import _is_device_mesh, resolve
 from ringreduce._options import AllreduceOptions, avg_or_sum
 from ringreduce._param_check import check_model
@@ -179,7 +179,7 @@ class GradientAverager(Joinable):
             raise ValueError(
                 f"ringreduce.GradientAverager: accumulation_steps must be an int >= 1, got {accumulation_steps!r}"
             )
-        resolve(group)  # a clear error now if torch.distributed is not initialized
+        info = resolve(group)  # a clear error now if torch.distributed is not initialized
         self.group = group
         self.accum_dtype = accum_dtype
         self.predivide_factor = predivide_factor
@@ -209,6 +209,11 @@ class GradientAverager(Joinable):
                 f"ringreduce.GradientAverager: wire_dtype={wire_dtype} applies to float32 gradients, and this "
                 f"model has none (dtypes {sorted({str(b.dtype) for b in self._buckets})}); drop wire_dtype"
             )
+        if predivide_factor is not None and info is not None:  # a factor no bucket's sum could take
+            for dtype in dict.fromkeys(b.dtype for b in self._buckets if b.dtype.is_floating_point or b.dtype.is_complex):
+                error = predivide_refusal(float(predivide_factor), dtype, self.op, info.size, accumulation_steps)
+                if error is not None:
+                    raise ValueError(f"{error} (ringreduce.GradientAverager)")
         if self._buckets:
             self._buckets[-1].flags = len(self._params)
         for b in self._buckets:

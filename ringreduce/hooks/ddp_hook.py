@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce._call import run_all_reduce
+from ringreduce._call import predivide_refusal, run_all_reduce
 from ringreduce._options import AllreduceOptions, avg_or_sum
 from ringreduce._types import CallKind
 from ringreduce.ops import ReduceOp
@@ -38,6 +38,13 @@ class CommHookState:
             raise TypeError(
                 f"ringreduce.CommHookState: process_group must be a ProcessGroup or None, got {type(process_group).__name__}"
             )
+        if predivide_factor is not None and dist.is_initialized():
+            # a factor that no bucket could take, float64 ones included (float32 buckets' narrower range:
+            # the first bucket's check, as DDP's buckets' dtypes are not known here)
+            size = dist.get_world_size(process_group)
+            error = predivide_refusal(float(predivide_factor), torch.float64, self.op, size)
+            if error is not None:
+                raise ValueError(f"{error} (ringreduce.CommHookState)")
         self.wire_dtype = wire_dtype
         self.predivide_factor = predivide_factor
         self.process_group = process_group
