@@ -421,7 +421,7 @@ def _checked_all_reduce(tensor: Any, group: Any, options: AllreduceOptions, asyn
         code = FrameError.OTHER if exc is not None else code
     ring = None
     if exc is None and info is not None:
-        ring = ring_for(info, tensor.device)
+        ring = ring_for(info, tensor.device, not async_op)
         try:
             gather = wire_gather_setting(options.wire_gather, ring.knobs) if wire is not None else "auto"
         except ValueError as error:
@@ -474,7 +474,7 @@ def run_ring_half(info: GroupInfo, tensor: torch.Tensor, output: torch.Tensor, r
         if output.numel():
             output.copy_(tensor.reshape(output.shape))
         return Work.completed([output]) if async_op else None
-    ring = ring_for(info, tensor.device)
+    ring = ring_for(info, tensor.device, not async_op)
     call = Call(info, kind, rop, device=tensor.device, members=info.members)
     level = debug_level(ring.knobs)
     start = time.perf_counter()

@@ -44,14 +44,17 @@ KNOBS: tuple[Knob, ...] = (
          "largest GPU all-reduce sent whole to every peer in one NCCL group and reduced in the ring's order "
          "(same bits as the ring; at most a set `RINGREDUCE_SEGMENT_BYTES`); `0` turns it off"),
     Knob("RINGREDUCE_CHECK", "on (CPU), off (GPU)",
-         "the cross-rank agreement check; `0` turns it off, `1` turns it on"),
+         "the cross-rank agreement check; `0`, `false`, `off` or `no` turns it off, `1`, `true`, `on` or `yes` "
+         "turns it on (any case; anything else raises `ValueError`); set it alike on every rank (a ring's ranks "
+         "compare it at its first call)"),
     Knob("RINGREDUCE_TIMEOUT", "the group's timeout",
          "seconds (> 0, at most 10^9) before a silent peer raises `DistBackendError`"),
     Knob("RINGREDUCE_DEBUG", "off",
          "`INFO` logs every call (rank, call #, op, dtype, numel, time); `DETAIL` adds the ring's parameters "
          "and where the time went"),
     Knob("RINGREDUCE_LOCAL_SIZE", "from torchrun",
-         "simulate nodes of this many consecutive ranks (hierarchical all-reduce on one host)"),
+         "simulate nodes of this many consecutive ranks (hierarchical all-reduce on one host); set it alike on "
+         "every rank (a ring's ranks compare it, and the launcher's layout, at its first call)"),
     Knob("RINGREDUCE_NCCL_SIMPLE", "0, or 1 where NCCL < 2.23 or NCCL_COMM_* overrides ask for it",
          "`1`: GPU groups take the simplest path (one lane, no one-shot, no split child; every exchange waited "
          "on the one non-blocking communicator), with one warning naming the NCCL version; set it on every "
@@ -62,7 +65,8 @@ KNOBS: tuple[Knob, ...] = (
          "refuses it); `32`: it moves float32 (0.75); `auto`: 16 where the CPU ring spans several nodes, 32 on "
          "one node and on GPUs (docs/algorithm.md, \"A 16-bit all-gather\")"),
     Knob("RINGREDUCE_SHM", "on",
-         "`0`: CPU ranks on one host use gloo point-to-point instead of shared memory"),
+         "`0` (or `false`, `off`, `no`; `1`, `true`, `on`, `yes`: on; any case): CPU ranks on one host use gloo "
+         "point-to-point instead of shared memory (all of a ring's ranks do where any of them says 0)"),
 )
 
 
@@ -131,13 +135,36 @@ def num_slots() -> int:
     return _int_env("RINGREDUCE_SLOTS", AUTO_SLOTS, 1, INT32_MAX)
 
 
-_OFF = ("0", "false", "False", "off")
+# The spellings of a boolean knob (RINGREDUCE_CHECK, RINGREDUCE_SHM), compared stripped and lower-cased;
+# unset or empty: the knob's default; anything else raises ValueError naming the knob.
+_OFF = ("0", "false", "off", "no")
+_ON = ("1", "true", "on", "yes")
+
+
+def bool_value(name: str, raw: str | None) -> bool | None:
+    """The boolean knob `name` set to `raw`: True (_ON), False (_OFF) or None (unset, empty or blank:
+    the default); ValueError naming the knob and the spellings it takes otherwise."""
+    if raw is None:
+        return None
+    word = raw.strip().lower()
+    if not word:
+        return None
+    if word in _ON:
+        return True
+    if word in _OFF:
+        return False
+    raise ValueError(f"ringreduce: {name}={raw!r} is not a boolean: use one of {', '.join(_OFF)} (off) or "
+                     f"{', '.join(_ON)} (on), in any case")
+
+
+def _bool_env(name: str) -> bool | None:
+    return bool_value(name, _env(name))
 
 
 def check_enabled(is_cuda: bool) -> bool:
     """Cross-rank agreement check: on by default on CPU, opt-in on GPU (RINGREDUCE_CHECK)."""
-    raw = _env("RINGREDUCE_CHECK")
-    return raw not in _OFF if raw else not is_cuda
+    value = _bool_env("RINGREDUCE_CHECK")
+    return not is_cuda if value is None else value
 
 
 def timeout_ms() -> int:
@@ -173,8 +200,10 @@ def wire_gather() -> str:
 
 
 def shm_enabled() -> bool:
-    """RINGREDUCE_SHM (KNOBS), read at a ring's first call (its ranks use gloo if any of them says 0)."""
-    return _env("RINGREDUCE_SHM") not in _OFF
+    """RINGREDUCE_SHM (KNOBS), read at a ring's first call (its ranks use gloo if any of them says 0:
+    the native setup agrees on it, Note [Shared-memory segments] in csrc/cpu/shm_path.cpp)."""
+    value = _bool_env("RINGREDUCE_SHM")
+    return True if value is None else value
 
 
 def debug_setting() -> str:
@@ -208,7 +237,7 @@ class Knobs:
     num_slots: int  # RINGREDUCE_SLOTS; AUTO_SLOTS when unset
     lanes: int  # RINGREDUCE_LANES; 0 when unset
     one_shot_bytes: int  # RINGREDUCE_ONESHOT_BYTES; -1 when unset
-    check: str  # RINGREDUCE_CHECK as set ("" when unset): check_enabled() decides per device
+    check: str  # RINGREDUCE_CHECK as set, stripped ("" when unset), a valid spelling: check_enabled() decides per device
     timeout_ms: int  # RINGREDUCE_TIMEOUT in ms; -1: the group's timeout
     debug: int  # RINGREDUCE_DEBUG: 0 off, 1 INFO, 2 DETAIL
     local_size: int | None  # RINGREDUCE_LOCAL_SIZE
@@ -216,10 +245,14 @@ class Knobs:
     shm: bool  # RINGREDUCE_SHM
     # the launcher's node layout (torchrun's GROUP_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE), read with the knobs
     launcher: tuple[str | None, str | None, str | None]
+    # RINGREDUCE_NCCL_SIMPLE as set, stripped ("" when unset): the native side reads and checks it when a
+    # GPU communicator is created (csrc/cuda/nccl_comm.cpp); read here for the ranks' agreement only
+    nccl_simple: str = ""
 
     def check_enabled(self, is_cuda: bool) -> bool:
         """The cross-rank agreement check: on by default on CPU, opt-in on GPU."""
-        return self.check not in _OFF if self.check else not is_cuda
+        value = bool_value("RINGREDUCE_CHECK", self.check)
+        return not is_cuda if value is None else value
 
     def cpu_segment_bytes(self) -> int:
         return self.segment_bytes or DEFAULT_SEGMENT_BYTES
@@ -228,13 +261,142 @@ class Knobs:
 def read() -> Knobs:
     """Every knob from the environment now, checked (ValueError names a bad one)."""
     debug = debug_setting()
+    check = (_env("RINGREDUCE_CHECK") or "").strip()
+    bool_value("RINGREDUCE_CHECK", check)  # a bad spelling raises here, when the knobs are read
     return Knobs(
         segment_bytes=segment_bytes(0), num_slots=num_slots(), lanes=lanes(), one_shot_bytes=one_shot_bytes(),
-        check=_env("RINGREDUCE_CHECK") or "", timeout_ms=timeout_ms(),
+        check=check, timeout_ms=timeout_ms(),
         debug=0 if debug in _DEBUG_OFF else 2 if debug == "DETAIL" else 1, local_size=local_size_override(),
         wire_gather=wire_gather(), shm=shm_enabled(),
         launcher=(_env("GROUP_RANK"), _env("LOCAL_WORLD_SIZE"), _env("WORLD_SIZE")),
+        nccl_simple=(_env("RINGREDUCE_NCCL_SIMPLE") or "").strip(),
     )
+
+
+# Note [The ranks of a ring agree on its knobs]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Some knobs change what a ring's ranks send one another, so a knob set on one rank only would leave
+# the others waiting for a message that never comes until the timeout, which then blames a dead peer:
+# RINGREDUCE_CHECK (whether an agreement frame precedes every call), RINGREDUCE_LOCAL_SIZE and the
+# launcher's layout (GROUP_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE: whether the ring is on one node, i.e.
+# shared memory or gloo point-to-point, and the hierarchical all-reduce's split), on GPUs also
+# RINGREDUCE_LANES, RINGREDUCE_SLOTS, RINGREDUCE_ONESHOT_BYTES and RINGREDUCE_NCCL_SIMPLE (the
+# pipeline's segments and lanes, the one-shot threshold), and, where the check is off on every rank,
+# RINGREDUCE_SEGMENT_BYTES and RINGREDUCE_WIRE_GATHER (with the check on, the frame compares them per
+# call and names the call). So at a ring's first call, where its ranks meet through the group's store
+# anyway (the shared-memory segments' names, gloo's pairs, the NCCL unique ids), they exchange these
+# through that store (ringreduce/_rings/agree.py, read_knobs) and, where they differ, every rank raises
+# the ValueError of disagreement() before anything is sent; the ring's next call compares again, until
+# they agree. A call that waits for its peers anyway (a synchronous one; a GPU ring's first, whose
+# communicator's rendezvous waits for every rank) waits for their knobs too; an asynchronous CPU call
+# returns before its peers call (tests/test_errors.py), so it compares the knobs published by now and
+# goes on, and the ring's next call compares again. The last rank to make its first call always sees
+# every rank's knobs and raises before it sends, so no call completes on knobs that differ; a rank whose
+# asynchronous first call went ahead sees that call fail at the ring's timeout (its peer never sends)
+# and raises the ValueError at its next call. After that a ring compares nothing: ringreduce.
+# reload_knobs() reads the knobs again without an exchange, since a store round trip on a running ring
+# is not bounded by the ring's timeout (a TCP store's client waits out the store's own timeout for a
+# peer behind a cut link: tests/tools/test_cluster.py), so a knob changed mid-run is changed alike on
+# every rank. RINGREDUCE_SHM needs none of this: the native shared-memory setup agrees on it (gloo
+# point-to-point where any rank says 0). RINGREDUCE_TIMEOUT and RINGREDUCE_DEBUG may differ between
+# ranks. A repeated call exchanges nothing.
+class AgreedKnob(NamedTuple):
+    """One protocol knob as one rank read it (Note [The ranks of a ring agree on its knobs])."""
+
+    name: str  # what the message names
+    shown: str  # its value as this rank has it ("" when unset)
+    meaning: str  # what that value means here ("" when shown says it all)
+    value: str  # what the ranks compare
+    framed: bool  # compared only where the check is off on every rank (the frame compares it otherwise)
+
+
+LAUNCHER_LAYOUT = "the launcher's node layout (GROUP_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE)"
+
+
+def _layout_mode(knobs: Knobs) -> tuple[str, str]:
+    """(compared value, meaning) of the launcher's node layout, as _groups._node_of_global_ranks reads it."""
+    if knobs.local_size is not None:
+        return "override", "RINGREDUCE_LOCAL_SIZE decides"
+    group_rank, local_world, world = knobs.launcher
+    if group_rank is None or local_world is None:
+        return "none", "no launcher layout: one node"
+    try:
+        one = world is not None and int(world) == int(local_world)
+    except ValueError:
+        return f"unreadable {world!r}/{local_world!r}", "not a number"
+    return ("one node", "one node") if one else ("nodes", "its node from GROUP_RANK")
+
+
+def _shown_int(value: int, unset: int) -> str:
+    return "" if value == unset else str(value)
+
+
+def agreed_knobs(knobs: Knobs, is_cuda: bool) -> list[AgreedKnob]:
+    """The knobs the ranks of a ring (on a GPU: `is_cuda`) must have alike, as `knobs` read them (Note
+    [The ranks of a ring agree on its knobs])."""
+    check = knobs.check_enabled(is_cuda)
+    mode, layout_meaning = _layout_mode(knobs)
+    group_rank, local_world, world = knobs.launcher
+    local = "" if knobs.local_size is None else str(knobs.local_size)
+    out = [
+        AgreedKnob("RINGREDUCE_CHECK", knobs.check, "on" if check else "off", str(check), False),
+        AgreedKnob("RINGREDUCE_LOCAL_SIZE", local, "" if local else "unset: the launcher's layout", local, False),
+        AgreedKnob(LAUNCHER_LAYOUT, " ".join(f"{n}={'unset' if v is None else v}" for n, v in (
+            ("GROUP_RANK", group_rank), ("LOCAL_WORLD_SIZE", local_world), ("WORLD_SIZE", world))), layout_meaning,
+                   mode, False),
+        AgreedKnob("RINGREDUCE_SEGMENT_BYTES", _shown_int(knobs.segment_bytes, 0), "", str(knobs.segment_bytes), True),
+        AgreedKnob("RINGREDUCE_WIRE_GATHER", knobs.wire_gather, "", knobs.wire_gather, True),
+    ]
+    if is_cuda:
+        simple = "1" if knobs.nccl_simple == "1" else "0"
+        out += [
+            AgreedKnob("RINGREDUCE_LANES", _shown_int(knobs.lanes, 0), "", str(knobs.lanes), False),
+            AgreedKnob("RINGREDUCE_SLOTS", _shown_int(knobs.num_slots, AUTO_SLOTS), "", str(knobs.num_slots), False),
+            AgreedKnob("RINGREDUCE_ONESHOT_BYTES", _shown_int(knobs.one_shot_bytes, -1), "",
+                       str(knobs.one_shot_bytes), False),
+            AgreedKnob("RINGREDUCE_NCCL_SIMPLE", knobs.nccl_simple, "", simple, False),
+        ]
+    return out
+
+
+def rank_list(ranks: list[int]) -> str:
+    """"rank 3", "ranks 0, 2" or "ranks 0-5, 7"."""
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if j == i else f"{ranks[i]}, {ranks[j]}" if j == i + 1 else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
+
+
+def disagreement(group: str, ranks: list[int], read: list[list[AgreedKnob]]) -> str | None:
+    """The message every rank raises (ValueError) where the ranks `ranks` of `group` read the agreed
+    knobs differently (`read`: agreed_knobs() of each, in that order), or None where they agree."""
+    if all(r.value == "False" for k in read for r in k if r.name == "RINGREDUCE_CHECK"):
+        names = [k.name for k in read[0]]
+    else:
+        names = [k.name for k in read[0] if not k.framed]
+    clauses = []
+    for name in names:
+        mine = [next((k for k in knobs if k.name == name), None) for knobs in read]
+        if len({k.value if k is not None else None for k in mine}) <= 1:
+            continue
+        if name == LAUNCHER_LAYOUT and any(k is not None and k.value == "override" for k in mine):
+            continue  # RINGREDUCE_LOCAL_SIZE is set on some rank: its own clause says where it differs
+        groups: dict[tuple[str, str], list[int]] = {}
+        for rank, k in zip(ranks, mine, strict=True):
+            key = (k.shown, k.meaning) if k is not None else ("", "not read")
+            groups.setdefault(key, []).append(rank)
+        values = ", ".join(f"{rank_list(rs)} {'has' if len(rs) == 1 else 'have'} {shown!r}"
+                           + (f" ({meaning})" if meaning else "") for (shown, meaning), rs in groups.items())
+        clauses.append(f"{name}: {values}")
+    if not clauses:
+        return None
+    return (f"ringreduce: ranks of {group} disagree on " + "; and on ".join(clauses)
+            + f"; set {'it' if len(clauses) == 1 else 'each'} alike on every rank (the ring compares again at its "
+            "next call; a knob set after import is read again after ringreduce.reload_knobs() on every rank)")
 
 
 _epoch_lock = threading.Lock()

@@ -379,6 +379,17 @@ def test_gpu_coalesced_exact() -> None:
     run_ranks(2, _gpu_exact)
 
 
+def _agree_alone(monkeypatch) -> None:
+    """The ranks' agreement on the knobs at a ring's first call (ringreduce/_rings/agree.py) of a faked
+    group of one process: nothing published, the others' knobs taken as alike."""
+    from types import SimpleNamespace
+
+    from ringreduce._rings import agree
+
+    monkeypatch.setattr(agree, "Agreement", lambda info, knobs, device: SimpleNamespace(compare=lambda timeout_s: True))
+    monkeypatch.setattr(agree, "group_timeout_s", lambda *args: 1.0)  # the fake group has no store
+
+
 def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
     """A refused coalesced call of CUDA tensors sends its refusal frame on the GPU path (the ring the
     other ranks run it on), never on the CPU worker: on an NCCL-only group the CPU path has no
@@ -397,6 +408,7 @@ def test_refused_cuda_call_tells_the_ranks_of_the_gpu_ring(monkeypatch) -> None:
     info = GroupInfo(pg=None, rank=0, size=2, name="fake group")  # type: ignore[arg-type]
     seen: list[str] = []
     monkeypatch.setattr(_rings, "_rings", {})  # this test's rings only
+    _agree_alone(monkeypatch)
     monkeypatch.setattr(coalesced, "resolve", lambda group: info)
     monkeypatch.setattr(_cuda.CudaRing, "refuse", lambda self, call, algorithms: seen.append(f"gpu {call.device}") or [])
     monkeypatch.setattr(_cpu.CpuRing, "refuse", lambda self, call, algorithms: seen.append("cpu") or [])
@@ -429,6 +441,7 @@ def test_refused_cuda_call_with_a_wire_tells_the_flat_ring(monkeypatch) -> None:
     info = GroupInfo(pg=None, rank=0, size=4, name="fake group")  # type: ignore[arg-type]
     algorithms: list[str] = []
     monkeypatch.setattr(_rings, "_rings", {})  # this test's rings only
+    _agree_alone(monkeypatch)
     monkeypatch.setattr(coalesced, "resolve", lambda group: info)
     monkeypatch.setattr(_call, "resolve", lambda group: info)
     monkeypatch.setattr(_cuda, "choose_algorithm",

@@ -5,8 +5,9 @@ A ring is a ``cpu.CpuRing`` (the native CPU runtime: shared memory between ranks
 point-to-point between hosts) or a ``cuda.CudaRing`` (ringreduce's NCCL communicator and CUDA
 kernels), each with the one interface below. It holds the knobs it read when it was made (Note [Knobs
 are read when a ring is made] in ringreduce/_config.py) and reads them again at its first call after
-``ringreduce.reload_knobs()``. Each ring's Work carries what Ctrl-C during its wait does (Note [Ctrl-C]
-in ringreduce/_interrupt.py).
+``ringreduce.reload_knobs()``; at its first call its ranks agree on the knobs that change what they send
+one another (ringreduce/_rings/agree.py: Note [The ranks of a ring agree on its knobs]). Each ring's Work
+carries what Ctrl-C during its wait does (Note [Ctrl-C] in ringreduce/_interrupt.py).
 
 The interface of a ring (tests/test_call_path.py holds both to it): ENQUEUES (a synchronous call
 returns before the result exists: CUDA), WIRE_RING (the algorithm a 16-bit wire runs on, None: the
@@ -48,9 +49,11 @@ def ring_type(device: torch.device) -> type:
     return ring
 
 
-def ring_for(info: GroupInfo, device: torch.device) -> Any:
+def ring_for(info: GroupInfo, device: torch.device, blocking: bool = True) -> Any:
     """The ring of `info` (a group this rank is in, and its rank list) for tensors on `device`, made at
-    its first call (ring_type's errors for a device without one); its knobs are current."""
+    its first call (ring_type's errors for a device without one); its knobs are current. `blocking`:
+    the call waits for its peers (not an asynchronous CPU call), so the first call's agreement on the
+    knobs may too (agree.read_knobs)."""
     key = (id(info.pg), info.members, device.type)
     hit = _rings.get(key)
     if hit is not None and hit[0] is info.pg:
@@ -62,8 +65,8 @@ def ring_for(info: GroupInfo, device: torch.device) -> Any:
             if hit is None or hit[0] is not info.pg:
                 hit = _rings[key] = (info.pg, make(info))
         ring = hit[1]
-    if ring.epoch != _config.epoch:
-        ring.reload()
+    if ring.epoch != _config.epoch:  # a new ring (epoch -1) or a reload_knobs() since its last read
+        ring.reload(info, blocking)  # reads them, and the ring's ranks agree on them (agree.read_knobs)
     return ring
 
 

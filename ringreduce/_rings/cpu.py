@@ -13,6 +13,7 @@ from ringreduce._groups import GroupInfo, one_node
 from ringreduce._interrupt import SLICE_MS, interrupt_ring, wait_sliced
 from ringreduce._native import C
 from ringreduce._options import native_options
+from ringreduce._rings.agree import read_knobs
 from ringreduce._types import KIND_NAMES
 from ringreduce.work import Work
 
@@ -25,17 +26,23 @@ class CpuRing:
     ENQUEUES = False  # a synchronous call returns once its result is in the tensor
     WIRE_RING = None  # a 16-bit wire runs on the caller's algorithm (the hierarchical one's cross-node ring too)
     PLANS = True
+    # the ranks' agreement on the knobs (agree.read_knobs): done, this rank's read in progress, and why
+    # every call raises after Ctrl-C in it
+    agreed: bool = False
+    pending: Any = None
+    interrupted: str | None = None
 
     def __init__(self, info: GroupInfo) -> None:
         self.pg, self.members, self.name = info.pg, info.members, info.name
         self.native = C.CpuRing(info.pg, info.name, list(info.members), info.store)
-        self.reload()
+        # read now; ring_for reads them again at the first call, where the ranks agree on them (epoch -1)
+        self.knobs, self.epoch = _config.read(), -1
 
-    def reload(self) -> None:
-        """Reads the knobs (Note [Knobs are read when a ring is made]); the epoch first, so that a
-        reload_knobs() meanwhile makes the next call read them again."""
-        epoch = _config.epoch
-        self.knobs, self.epoch = _config.read(), epoch
+    def reload(self, info: GroupInfo | None = None, blocking: bool = True) -> None:
+        """Reads the knobs (Note [Knobs are read when a ring is made]); with the ring's `info` (ring_for,
+        the calls' path) at its first call its ranks agree on them first (agree.read_knobs: an
+        asynchronous call, not `blocking`, waits for no peer)."""
+        read_knobs(self, info, "cpu", blocking)
 
     def check_enabled(self) -> bool:
         """Whether calls exchange agreement frames (RINGREDUCE_CHECK; on by default on CPUs)."""

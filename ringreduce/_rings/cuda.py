@@ -16,8 +16,9 @@ import torch.distributed as dist
 
 from ringreduce import _config
 from ringreduce._groups import GroupInfo, choose_algorithm, resolve
-from ringreduce._interrupt import SLICE_MS, interrupt_reason
+from ringreduce._interrupt import interrupt_reason
 from ringreduce._options import ALGORITHMS, native_options
+from ringreduce._rings.agree import poll_until, read_knobs, store_timeout_s
 from ringreduce._types import KIND_NAMES, CallKind
 from ringreduce.work import Work
 
@@ -86,24 +87,12 @@ def _rendezvous_uids(C: Any, pg: dist.ProcessGroup, pg_rank: int, pg_size: int, 
 def _wait_for_key(store: Any, key: str, what: str) -> None:
     """Waits until `key` is in `store` (DistStoreError saying `what` after the store's timeout), polling:
     ``store.get`` would block out of Ctrl-C's reach (Note [Ctrl-C] in ringreduce/_interrupt.py)."""
-    limit_s = _store_timeout_s(store, 300.0)  # without one: torch's default
-    deadline = time.monotonic() + limit_s
-    pause = 0.001  # rank 0 usually published already: check again soon, then every half slice
-    while not store.check([key]):
-        if time.monotonic() > deadline:
-            raise dist.DistStoreError(
-                f"ringreduce: {what} within {limit_s:.0f} s (the store's timeout, key {key}): every rank of the "
-                "group must make the group's first CUDA call (or init_communicator) together"
-            )
-        time.sleep(pause)
-        pause = min(2 * pause, SLICE_MS / 2000.0)
-
-
-def _store_timeout_s(store: Any, default: float) -> float:
-    try:
-        return store.timeout.total_seconds()
-    except Exception:  # noqa: BLE001 - a store without a timeout
-        return default
+    limit_s = store_timeout_s(store, 300.0)  # without one: torch's default
+    if not poll_until(store, [key], time.monotonic() + limit_s):
+        raise dist.DistStoreError(
+            f"ringreduce: {what} within {limit_s:.0f} s (the store's timeout, key {key}): every rank of the "
+            "group must make the group's first CUDA call (or init_communicator) together"
+        )
 
 
 def communicator(info: GroupInfo, device: torch.device, knobs: _config.Knobs | None = None) -> Any:
@@ -162,7 +151,7 @@ def communicator(info: GroupInfo, device: torch.device, knobs: _config.Knobs | N
                 0,  # staging: the default (kGpuStagingBytes)
                 # init and first connections: at least the store's timeout (NCCL init of many GPUs can
                 # take longer than a short RINGREDUCE_TIMEOUT)
-                max(timeout_ms, int(_store_timeout_s(store, 0.0) * 1000)),
+                max(timeout_ms, int(store_timeout_s(store, 0.0) * 1000)),
                 lane_ids=ids[1:],
             )
         except KeyboardInterrupt:
@@ -230,15 +219,21 @@ class CudaRing:
     ENQUEUES = True  # a synchronous call returns once its work is ordered on the current stream
     WIRE_RING = "ring"  # a 16-bit wire runs on the flat ring
     PLANS = False
+    agreed: bool = False  # the ranks' agreement on the knobs, as the CPU ring's (agree.read_knobs)
+    pending: Any = None
+    interrupted: str | None = None
 
     def __init__(self, info: GroupInfo) -> None:
         self.pg, self.members, self.name = info.pg, info.members, info.name
-        self.reload()
+        # read now; ring_for reads them again at the first call, where the ranks agree on them (epoch -1)
+        self.knobs, self.epoch = _config.read(), -1
 
-    def reload(self) -> None:
-        """Reads the knobs (Note [Knobs are read when a ring is made]); the epoch first."""
-        epoch = _config.epoch
-        self.knobs, self.epoch = _config.read(), epoch
+    def reload(self, info: GroupInfo | None = None, blocking: bool = True) -> None:
+        """Reads the knobs (Note [Knobs are read when a ring is made]); with the ring's `info` (ring_for)
+        at its first call its ranks agree on them first, as the CPU ring's do (agree.read_knobs; on GPUs
+        the pipeline's knobs too), waiting at least the store's timeout, as the communicator's rendezvous
+        does, whether or not the call is `blocking` (the rendezvous waits for every rank anyway)."""
+        read_knobs(self, info, "cuda", True, store_timeout=True)
 
     def check_enabled(self) -> bool:
         """Whether calls exchange agreement frames (RINGREDUCE_CHECK; off by default on GPUs)."""
