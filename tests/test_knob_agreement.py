@@ -13,6 +13,7 @@ import datetime
 import os
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from ranks import expect_raises, run_ranks, spawn_ranks
 import ringreduce as rr
 from ringreduce import _config, _groups
 from ringreduce._native import C
-from ringreduce._rings.agree import agree_knobs
+from ringreduce._rings.agree import Agreement, read_knobs
 
 ON = ["1", "true", "TRUE", "True", "on", "ON", "On", "yes", "YES", "Yes", " yes ", "\ttrue\n"]
 OFF = ["0", "false", "FALSE", "False", "off", "OFF", "Off", "no", "NO", "No", " no ", " 0 "]
@@ -198,7 +199,7 @@ def _exchange(store, knobs_of_rank, device="cpu", timeout_s=20.0, members=(), ra
     def rank(r):
         info = _groups.GroupInfo(pg=pg, rank=r, size=size, name="ring of the test", members=members)
         try:
-            agree_knobs(info, knobs_of_rank[r], device, timeout_s)
+            Agreement(info, knobs_of_rank[r], device).compare(timeout_s)
             out[r] = "ok"
         except Exception as exc:  # noqa: BLE001 - reported
             out[r] = f"{type(exc).__name__}: {exc}"
@@ -246,8 +247,18 @@ class _NoStore:
 
 
 def test_one_rank_exchanges_nothing(monkeypatch):
-    knobs = _plain(monkeypatch)
-    assert _exchange(_NoStore(), [knobs]) == {0: "ok"}
+    """A ring of one rank reads its knobs and is agreed at once, its store untouched (read_knobs, as
+    ring_for calls it at the ring's first call)."""
+    _plain(monkeypatch)
+    pg = _Group()
+    _groups.set_store(pg, _NoStore())
+    info = _groups.GroupInfo(pg=pg, rank=0, size=1, name="ring of one")
+    ring = SimpleNamespace(agreed=False, pending=None, interrupted=None, knobs=None, epoch=-1)
+    try:
+        read_knobs(ring, info, "cpu")
+    finally:
+        _groups.forget_ring(info)
+    assert ring.agreed and ring.pending is None and ring.epoch == _config.epoch and ring.knobs == _config.read()
 
 
 def test_a_store_that_keeps_nothing_is_not_compared(monkeypatch):

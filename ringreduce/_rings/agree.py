@@ -27,7 +27,7 @@ _KNOBS_KEY = "ringreduce/knobs/{device}/{ring}"
 
 
 class Agreement:
-    """One read of a ring's agreed knobs: this rank's published, the others' awaited (agree_knobs)."""
+    """One read of a ring's agreed knobs (read_knobs): this rank's published, the others' awaited."""
 
     def __init__(self, info: GroupInfo, knobs: _config.Knobs, device: str) -> None:
         """Publishes this rank's agreed knobs (_config.agreed_knobs of `knobs`) in the group's store."""
@@ -70,16 +70,6 @@ class Agreement:
             for key in [*self.keys, self.prefix + "done"]:
                 with contextlib.suppress(Exception):  # a store without deletion: never read again anyway
                     self.store.delete_key(key)
-
-
-def agree_knobs(info: GroupInfo, knobs: _config.Knobs, device: str, timeout_s: float) -> None:
-    """Every rank of the ring of `info` on `device` ("cpu" or "cuda") publishes the knobs of `knobs` that
-    its ranks must have alike (_config.agreed_knobs) and reads every other's, waiting at most `timeout_s`
-    (DistBackendError naming the ranks that did not publish); ValueError on every rank where they differ
-    (Note [The ranks of a ring agree on its knobs] in ringreduce/_config.py). A ring of one rank, and a
-    store that keeps nothing (torch's FakeStore of a "fake" group), exchange nothing."""
-    if info.size > 1:
-        Agreement(info, knobs, device).compare(timeout_s)
 
 
 def poll_until(store: Any, keys: list[str], deadline: float) -> bool:
@@ -156,8 +146,10 @@ def read_knobs(ring: Any, info: GroupInfo | None, device: str, blocking: bool = 
         first = ring.pending is None
         if first:
             ring.pending = Agreement(info, knobs, device)
-        else:  # an earlier call of this ring runs with the knobs published: the native ring waits for
-            knobs = ring.knobs  # the peers (and times out, or fails at once where it is unusable)
+        else:
+            # an earlier call of this ring runs with the knobs published: the native ring waits for the
+            # peers (and times out, or fails at once where it is unusable)
+            knobs = ring.knobs
         timeout_s = None
         if blocking and first:
             timeout_s = group_timeout_s(info, knobs, device, store_timeout)
@@ -181,4 +173,4 @@ def read_knobs(ring: Any, info: GroupInfo | None, device: str, blocking: bool = 
     ring.knobs, ring.epoch = knobs, epoch
 
 
-__all__ = ["Agreement", "agree_knobs", "group_timeout_s", "poll_until", "read_knobs", "store_timeout_s"]
+__all__ = ["Agreement", "group_timeout_s", "poll_until", "read_knobs", "store_timeout_s"]
